@@ -1,0 +1,110 @@
+/* hs_common.h - status codes, logging, clocks, checksums and small parsers
+ * shared by every hsflow module.
+ *
+ * Ownership: nothing here allocates except hs_aligned_alloc(), whose memory
+ * the caller frees with hs_aligned_free(). */
+#ifndef HS_COMMON_H
+#define HS_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status ------------------------------------------------------------ */
+
+/* 0 is success, every error is negative. */
+typedef enum {
+    HS_OK = 0,
+    HS_ERR_INVALID = -1,     /* bad argument, flag or value */
+    HS_ERR_NOMEM = -2,       /* allocation failed */
+    HS_ERR_IO = -3,          /* read/write/open failed (errno logged) */
+    HS_ERR_FORMAT = -4,      /* malformed file or frame */
+    HS_ERR_PROTO = -5,       /* peer broke the protocol */
+    HS_ERR_MISMATCH = -6,    /* version, layout or plan differs from the peer's */
+    HS_ERR_AUTH = -7,        /* authentication failed or required */
+    HS_ERR_CHECKSUM = -8,    /* checksum did not match */
+    HS_ERR_CLOSED = -9,      /* peer or object closed */
+    HS_ERR_AGAIN = -10,      /* would block; try later */
+    HS_ERR_TIMEOUT = -11,    /* deadline passed */
+    HS_ERR_NOSPACE = -12,    /* cache or buffer full */
+    HS_ERR_NOT_FOUND = -13,  /* no such item */
+    HS_ERR_UNSUPPORTED = -14,/* not built in or not available here */
+    HS_ERR_CUDA = -15,       /* CUDA or cuBLAS call failed */
+    HS_ERR_BUSY = -16,       /* resource in use */
+} hs_status_t;
+
+const char *hs_status_str(hs_status_t status);
+
+/* ---- logging ------------------------------------------------------------ */
+
+/* Level from HS_LOG_LEVEL (error, warn, info, debug, trace; default info). */
+typedef enum { HS_LOG_ERROR, HS_LOG_WARN, HS_LOG_INFO, HS_LOG_DEBUG, HS_LOG_TRACE } hs_log_level_t;
+
+void hs_log_set_level(hs_log_level_t level);
+hs_log_level_t hs_log_get_level(void);
+/* Tag printed in front of every line, e.g. "consumer" or "producer[2]". */
+void hs_log_set_tag(const char *tag);
+void hs_log_write(hs_log_level_t level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define hs_log(level, ...)                                                             \
+    do {                                                                               \
+        if ((level) <= hs_log_get_level()) hs_log_write((level), __FILE__, __LINE__, __VA_ARGS__); \
+    } while (0)
+#define hs_error(...) hs_log(HS_LOG_ERROR, __VA_ARGS__)
+#define hs_warn(...) hs_log(HS_LOG_WARN, __VA_ARGS__)
+#define hs_info(...) hs_log(HS_LOG_INFO, __VA_ARGS__)
+#define hs_debug(...) hs_log(HS_LOG_DEBUG, __VA_ARGS__)
+#define hs_trace(...) hs_log(HS_LOG_TRACE, __VA_ARGS__)
+
+/* ---- time ------------------------------------------------------------- */
+
+uint64_t hs_now_ns(void); /* CLOCK_MONOTONIC */
+double hs_now_s(void);
+
+/* ---- checksums -------------------------------------------------------- */
+
+/* CRC-32C (Castagnoli), used for control frame bodies. `crc` is the running
+ * value (start with 0). SSE4.2 when the CPU has it. */
+uint32_t hs_crc32c(uint32_t crc, const void *data, size_t len);
+
+/* Payload checksum: XXH3-64 of each HS_CHECKSUM_CHUNK-byte chunk, then
+ * XXH3-64 of the array of chunk hashes (little-endian u64). Chunking lets a
+ * GPU or several threads compute it in parallel with the same result. */
+#define HS_CHECKSUM_CHUNK (1u << 20)
+uint64_t hs_checksum64(const void *data, size_t len);
+/* Parts of the same computation, for callers that split the work. */
+uint64_t hs_checksum64_chunk(const void *chunk, size_t len);
+uint64_t hs_checksum64_combine(const uint64_t *chunk_hashes, size_t n_chunks);
+
+/* ---- memory ------------------------------------------------------------ */
+
+void *hs_aligned_alloc(size_t alignment, size_t size); /* NULL on failure */
+void hs_aligned_free(void *p);
+static inline size_t hs_align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* ---- parsing (CLI, env) ------------------------------------------------- */
+
+/* Parse an unsigned integer with an optional K, M, G or T suffix (powers of
+ * 1024; "KiB"/"KB" spellings accepted too). */
+hs_status_t hs_parse_size(const char *s, uint64_t *out);
+/* Parse a decimal u64 / i64 / double; the whole string must be consumed. */
+hs_status_t hs_parse_u64(const char *s, uint64_t *out);
+hs_status_t hs_parse_i64(const char *s, int64_t *out);
+hs_status_t hs_parse_double(const char *s, double *out);
+/* Parse "1,9,17" into out[0..*n); fails if more than cap entries. */
+hs_status_t hs_parse_int_list(const char *s, int *out, int cap, int *n);
+/* Split "host:port"; host copied into host[hostcap]. "[::1]:7000" works. */
+hs_status_t hs_parse_hostport(const char *s, char *host, size_t hostcap, uint16_t *port);
+
+/* Value of flag --foo-bar from the environment as HS_FOO_BAR, or NULL. */
+const char *hs_env_for_flag(const char *long_name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_COMMON_H */

@@ -1,0 +1,179 @@
+/* hs_proto.h - hsflow's wire format: the batch region and the control frames.
+ *
+ * Nothing outside proto/ parses bytes that came from the network or from a
+ * batch region; everything here bounds-checks its input and returns a status.
+ *
+ * Ownership: functions that fill caller buffers never allocate; decoded
+ * protobuf messages are owned by the caller and freed with the matching
+ * hs_msg_free(). */
+#ifndef HS_PROTO_H
+#define HS_PROTO_H
+
+#include "hs_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ======================================================================
+ * Layout: what every batch of a run carries (agreed in the handshake).
+ * Layers are Hugging Face output_hidden_states indices (0 = embeddings,
+ * i = output of decoder layer i-1, N = final normed output).
+ * ==================================================================== */
+
+#define HS_MAX_LAYERS 32
+#define HS_DTYPE_BF16 1u
+
+typedef struct {
+    uint32_t hidden_size;          /* H */
+    uint32_t dtype;                /* HS_DTYPE_BF16 */
+    uint32_t n_layers;             /* k, 1..HS_MAX_LAYERS */
+    int32_t layers[HS_MAX_LAYERS]; /* captured indices, strictly increasing */
+} hs_layout_t;
+
+/* Validates ranges (H in 1..65536, k in 1..HS_MAX_LAYERS, indices >= 0 and
+ * strictly increasing, known dtype). */
+hs_status_t hs_layout_check(const hs_layout_t *layout);
+/* Stable 64-bit id of a layout (XXH3 of its canonical little-endian form). */
+uint64_t hs_layout_id(const hs_layout_t *layout);
+/* "H=4096 dtype=bf16 layers=[2,16,29]" into buf. */
+void hs_layout_describe(const hs_layout_t *layout, char *buf, size_t cap);
+/* Bytes of hidden state per token: k * H * 2. */
+static inline uint64_t hs_layout_token_bytes(const hs_layout_t *l)
+{
+    return (uint64_t)l->n_layers * l->hidden_size * 2u;
+}
+
+/* ======================================================================
+ * Batch region: one contiguous little-endian block per batch.
+ *
+ *   [header 256 B][cu_seqlens i32 x n+1][sample_ids u64 x n]
+ *   [input_ids i32 x T][loss_mask u8 x T][hidden bf16 x T*k*H]
+ *
+ * every part starting on a HS_BATCH_ALIGN boundary; total size rounded up to
+ * HS_BATCH_ALIGN. The checksum is hs_checksum64() over bytes
+ * [HS_BATCH_HEADER_BYTES, total_bytes); header fields are checked one by one
+ * against the ticket instead.
+ * ==================================================================== */
+
+#define HS_BATCH_MAGIC 0x31425348u /* "HSB1" little-endian */
+#define HS_BATCH_VERSION 1u
+#define HS_BATCH_ALIGN 256u
+#define HS_BATCH_HEADER_BYTES 256u
+
+typedef struct {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t dtype;
+    uint32_t epoch;
+    uint32_t index;        /* batch index within the epoch's plan */
+    uint32_t n_seqs;       /* n */
+    uint32_t n_tokens;     /* T */
+    uint32_t hidden_size;  /* H */
+    uint32_t n_layers;     /* k */
+    uint64_t layout_id;
+    uint64_t total_bytes;
+    uint64_t checksum;     /* hs_checksum64 of the body */
+    uint64_t plan_hash;
+    uint8_t reserved[HS_BATCH_HEADER_BYTES - 64];
+} hs_batch_header_t;
+
+/* Byte offsets of each part inside the region. */
+typedef struct {
+    uint64_t cu_seqlens, sample_ids, input_ids, loss_mask, hidden, total;
+} hs_batch_offsets_t;
+
+/* Offsets for a batch of n sequences and T tokens in `layout`. */
+hs_batch_offsets_t hs_batch_offsets(uint32_t n_seqs, uint32_t n_tokens, const hs_layout_t *layout);
+/* Same as hs_batch_offsets(...).total. */
+uint64_t hs_batch_bytes(uint32_t n_seqs, uint32_t n_tokens, const hs_layout_t *layout);
+
+/* Typed views into a region; pointers alias `region`, which the caller owns. */
+typedef struct {
+    hs_batch_header_t *header;
+    int32_t *cu_seqlens;
+    uint64_t *sample_ids;
+    int32_t *input_ids;
+    uint8_t *loss_mask;
+    uint16_t *hidden; /* bf16 bits, [T][k*H] */
+} hs_batch_view_t;
+
+hs_batch_view_t hs_batch_view(void *region, uint32_t n_seqs, uint32_t n_tokens,
+                              const hs_layout_t *layout);
+
+/* Writes the header fields (everything but checksum, which is 0). */
+void hs_batch_header_init(hs_batch_header_t *h, uint32_t epoch, uint32_t index, uint32_t n_seqs,
+                          uint32_t n_tokens, const hs_layout_t *layout, uint64_t plan_hash);
+/* Computes the body checksum and stores it in the header. */
+void hs_batch_seal(void *region, uint64_t total_bytes);
+
+/* Checks a received region of `bytes` bytes against what its ticket said:
+ * magic, version, epoch, index, n, T, layout id, total size, cu_seqlens
+ * monotone from 0 to T, and the checksum. Returns HS_ERR_FORMAT,
+ * HS_ERR_MISMATCH or HS_ERR_CHECKSUM with the reason in why[whycap]. */
+hs_status_t hs_batch_verify(const void *region, uint64_t bytes, uint32_t epoch, uint32_t index,
+                            uint32_t n_seqs, uint32_t n_tokens, const hs_layout_t *layout,
+                            char *why, size_t whycap);
+
+/* Synthetic hidden states: bf16 bits that are a deterministic function of
+ * (sample id, layer index, token position within its sequence, channel).
+ * hs_batch_synth_fill writes the hidden part of a view whose cu_seqlens and
+ * sample_ids are already set; hs_batch_synth_check compares every element
+ * and reports the first mismatch in why. */
+uint16_t hs_synth_value(uint64_t sample_id, int32_t layer, uint32_t pos, uint32_t channel);
+void hs_batch_synth_fill(hs_batch_view_t *v, const hs_layout_t *layout);
+hs_status_t hs_batch_synth_check(const hs_batch_view_t *v, const hs_layout_t *layout, char *why,
+                                 size_t whycap);
+
+/* ======================================================================
+ * Control frames (DESIGN §3):
+ *   magic u32 | version u16 | type u16 | body_len u32 | crc32c(body) u32
+ * followed by body_len bytes of a protobuf message from hsflow.proto.
+ * ==================================================================== */
+
+#define HS_FRAME_MAGIC 0x46534848u /* "HHSF" little-endian */
+#define HS_PROTO_VERSION 1u
+#define HS_FRAME_HEADER_BYTES 16u
+#define HS_FRAME_MAX_BODY (4u << 20) /* larger bodies are rejected before allocating */
+
+/* Frame types; each carries the hsflow.proto message of the same name. */
+typedef enum {
+    HS_MSG_HELLO = 1,   /* producer -> consumer: identity, layout, plan hash/shape */
+    HS_MSG_AUTH = 2,    /* producer -> consumer: HMAC over the consumer's challenge */
+    HS_MSG_WELCOME = 3, /* consumer -> producer: accepted, session id, epochs, resume */
+    HS_MSG_TICKET = 4,  /* consumer -> producer: compute (epoch, index) into slot, B bytes */
+    HS_MSG_DONE = 5,    /* producer -> consumer: ticket finished; payload follows */
+    HS_MSG_STATS = 6,   /* producer -> consumer: producer-side figures */
+    HS_MSG_ERROR = 7,   /* either way: code + text, then close */
+    HS_MSG_BYE = 8,     /* consumer -> producer: run over; producer -> consumer: leaving */
+    HS_MSG_PLAN = 9,    /* producer -> consumer: a page of the plan's batch shapes */
+    HS_MSG_CHALLENGE = 10, /* consumer -> producer: nonce to sign */
+    HS_MSG_TYPE_MAX = 10
+} hs_msg_type_t;
+
+const char *hs_msg_type_str(uint16_t type);
+
+typedef struct {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t type;
+    uint32_t body_len;
+    uint32_t body_crc;
+} hs_frame_header_t;
+
+/* Writes the 16-byte header for `body` (crc computed here). */
+void hs_frame_header_encode(uint8_t out[HS_FRAME_HEADER_BYTES], uint16_t type, const void *body,
+                            uint32_t body_len);
+/* Parses and checks magic, version, type range and body_len <= max_body.
+ * On failure says what was wrong in why[whycap]; `out` is set only on success. */
+hs_status_t hs_frame_header_decode(const uint8_t in[HS_FRAME_HEADER_BYTES], uint32_t max_body,
+                                   hs_frame_header_t *out, char *why, size_t whycap);
+/* Checks the body's crc32c against the header. */
+hs_status_t hs_frame_body_check(const hs_frame_header_t *h, const void *body, char *why,
+                                size_t whycap);
+
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_PROTO_H */

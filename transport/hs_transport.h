@@ -1,0 +1,126 @@
+/* hs_transport.h - the one interface every transport implements (TCP here,
+ * UCX in transport/ucx.c, a fault injector for tests).
+ *
+ * Model: a transport instance owns one event loop, driven by
+ * hs_tp_progress() from a single thread (the "loop thread"). Every callback
+ * runs on that thread, inside hs_tp_progress(). All other hs_tp_* calls must
+ * be made from the loop thread too, except hs_tp_wakeup(), which any thread
+ * may call to make a blocked hs_tp_progress() return early.
+ *
+ * Messages are complete control frames (hs_proto.h: 16-byte header + body).
+ * The transport delimits frames and checks their header and crc; a bad frame
+ * gets an ERROR frame back (best effort) and the connection is closed with
+ * on_close(HS_ERR_PROTO). It never parses the protobuf body.
+ *
+ * Bulk payloads travel next to a control frame (the DONE): the sender calls
+ * hs_tp_send_payload(frame, payload); the receiver gets on_frame() for the
+ * frame with `payload_bytes` set, and, inside that callback, either calls
+ * hs_tp_recv_payload(conn, dest, bytes) to have the payload land straight in
+ * `dest`, or does not, in which case the connection is closed (the payload
+ * was refused). No transport writes a payload byte anywhere but `dest`, and
+ * only after a size that equals `payload_bytes` was accepted.
+ *
+ * Ownership: hs_tp_send() copies the frame before returning. For
+ * hs_tp_send_payload() the frame is copied, while the payload buffer belongs
+ * to the transport until its completion callback runs (exactly once, with
+ * HS_OK or an error, possibly after the connection closed). `dest` of
+ * hs_tp_recv_payload() belongs to the transport until on_payload() runs for
+ * it (exactly once). A function that fails never calls its callback.
+ */
+#ifndef HS_TRANSPORT_H
+#define HS_TRANSPORT_H
+
+#include "hs_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hs_tp hs_tp_t;
+typedef struct hs_tp_conn hs_tp_conn_t;
+
+typedef enum { HS_TP_TCP = 1, HS_TP_UCX = 2 } hs_tp_kind_t;
+
+typedef struct {
+    /* Consumer side: a new peer connected. Returning non-OK closes it. */
+    hs_status_t (*on_accept)(void *arg, hs_tp_conn_t *conn);
+    /* A complete, crc-checked frame. `body` is valid only during the call.
+     * payload_bytes > 0 when a payload follows the frame (see above). */
+    void (*on_frame)(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t *body,
+                     uint32_t body_len, uint64_t payload_bytes);
+    /* The payload accepted with hs_tp_recv_payload() finished (HS_OK) or
+     * failed; `cookie` is the value given there. */
+    void (*on_payload)(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_status_t status);
+    /* The connection is gone (peer closed, error, or hs_tp_close()). After
+     * this returns the conn pointer is invalid. `reason` is HS_ERR_CLOSED for
+     * an orderly close. */
+    void (*on_close)(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const char *why);
+} hs_tp_callbacks_t;
+
+typedef void (*hs_tp_send_cb)(void *arg, hs_status_t status);
+
+typedef struct {
+    hs_tp_kind_t kind;
+    uint32_t max_frame_body; /* 0 = HS_FRAME_MAX_BODY */
+    /* Seconds of silence after which a peer counts as failed (0 = 10 s). */
+    uint32_t peer_timeout_s;
+    /* UCX: device list for UCX_NET_DEVICES (NULL = UCX's choice) and
+     * whether a connection without an RDMA lane is refused. */
+    const char *net_devices;
+    bool require_rdma;
+} hs_tp_config_t;
+
+/* Creates a transport with its event loop; `cb` is copied, `arg` is passed
+ * to every callback. Fails with HS_ERR_UNSUPPORTED for a kind not built in. */
+hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb, void *arg,
+                         hs_tp_t **out);
+/* Closes every connection (on_close runs for each), then frees. NULL is ok. */
+void hs_tp_destroy(hs_tp_t *tp);
+
+/* Listens on host:port ("0.0.0.0", "::", "127.0.0.1"; port 0 picks one).
+ * The bound port is returned in *bound_port when not NULL. */
+hs_status_t hs_tp_listen(hs_tp_t *tp, const char *host, uint16_t port, uint16_t *bound_port);
+/* Connects (blocking, up to timeout_ms, retrying while the peer is not yet
+ * listening). */
+hs_status_t hs_tp_connect(hs_tp_t *tp, const char *host, uint16_t port, int timeout_ms,
+                          hs_tp_conn_t **out);
+
+hs_status_t hs_tp_send(hs_tp_conn_t *conn, const void *frame, size_t frame_len);
+hs_status_t hs_tp_send_payload(hs_tp_conn_t *conn, const void *frame, size_t frame_len,
+                               const void *payload, uint64_t payload_len, hs_tp_send_cb cb,
+                               void *cb_arg);
+/* Only inside on_frame() for a frame with payload_bytes > 0, and only with
+ * bytes == payload_bytes. */
+hs_status_t hs_tp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie);
+
+/* Sends what is queued (best effort, bounded by a short linger), then closes;
+ * on_close runs from a later hs_tp_progress(). */
+void hs_tp_close(hs_tp_conn_t *conn, hs_status_t reason);
+
+/* Runs the loop for at most timeout_ms (-1 = until something happens,
+ * 0 = poll). Returns HS_OK or an error of the transport itself. */
+hs_status_t hs_tp_progress(hs_tp_t *tp, int timeout_ms);
+/* Thread-safe: makes the current or next hs_tp_progress() return soon. */
+void hs_tp_wakeup(hs_tp_t *tp);
+
+/* Registers memory that payloads will be sent from or received into (UCX
+ * maps it once; TCP does nothing). Unregistered memory still works, slower. */
+hs_status_t hs_tp_mem_register(hs_tp_t *tp, void *addr, size_t len);
+
+/* Peer address as "1.2.3.4:5678", and whether it is a loopback address. */
+const char *hs_tp_conn_peer(const hs_tp_conn_t *conn);
+bool hs_tp_conn_is_loopback(const hs_tp_conn_t *conn);
+/* What carries this connection, e.g. "tcp" or "ucx: rc_mlx5/mlx5_0:1". */
+const char *hs_tp_conn_describe(const hs_tp_conn_t *conn);
+/* Opaque per-connection pointer for the owner of the callbacks. */
+void hs_tp_conn_set_user(hs_tp_conn_t *conn, void *user);
+void *hs_tp_conn_get_user(const hs_tp_conn_t *conn);
+
+hs_status_t hs_tp_kind_parse(const char *s, hs_tp_kind_t *out); /* "tcp", "ucx", "auto" */
+const char *hs_tp_kind_str(hs_tp_kind_t kind);
+bool hs_tp_kind_available(hs_tp_kind_t kind);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_TRANSPORT_H */
