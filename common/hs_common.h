@@ -81,6 +81,20 @@ uint64_t hs_checksum64(const void *data, size_t len);
 uint64_t hs_checksum64_chunk(const void *chunk, size_t len);
 uint64_t hs_checksum64_combine(const uint64_t *chunk_hashes, size_t n_chunks);
 
+/* ---- deterministic shuffles ------------------------------------------- */
+
+/* splitmix64 step: the project's one PRNG for plans and synthetic data. */
+static inline uint64_t hs_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* The batch order of `epoch`: a Fisher-Yates permutation of 0..n-1 seeded by
+ * (seed, epoch). Producers and consumer call it to agree on the plan. */
+void hs_permutation(uint64_t seed, uint32_t epoch, uint32_t n, uint32_t *out);
+
 /* ---- memory ------------------------------------------------------------ */
 
 void *hs_aligned_alloc(size_t alignment, size_t size); /* NULL on failure */

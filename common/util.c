@@ -145,3 +145,16 @@ const char *hs_env_for_flag(const char *long_name)
     const char *v = getenv(name);
     return (v && *v) ? v : NULL;
 }
+
+void hs_permutation(uint64_t seed, uint32_t epoch, uint32_t n, uint32_t *out)
+{
+    uint64_t st = seed ^ (0xD1B54A32D192ED03ull * ((uint64_t)epoch + 1));
+    for (uint32_t i = 0; i < n; i++) out[i] = i;
+    for (uint32_t i = n; i > 1; i--) {
+        /* unbiased enough for n << 2^64: multiply-shift range reduction */
+        uint32_t j = (uint32_t)(((unsigned __int128)hs_splitmix64(&st) * i) >> 64);
+        uint32_t t = out[i - 1];
+        out[i - 1] = out[j];
+        out[j] = t;
+    }
+}
