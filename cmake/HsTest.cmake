@@ -7,7 +7,7 @@ function(hs_add_test)
     set(T_TIMEOUT 120)
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
-  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} PkgConfig::CHECK Threads::Threads m)
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} hsflow_static PkgConfig::CHECK Threads::Threads m)
   target_include_directories(${T_NAME} PRIVATE ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/tests)
   add_test(NAME ${T_NAME} COMMAND ${T_NAME} ${T_ARGS})
   set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE 77

@@ -118,6 +118,18 @@ hs_status_t hs_parse_hostport(const char *s, char *host, size_t hostcap, uint16_
 /* Value of flag --foo-bar from the environment as HS_FOO_BAR, or NULL. */
 const char *hs_env_for_flag(const char *long_name);
 
+/* getopt_long with environment defaults: first every long option found as
+ * HS_<NAME> in the environment (flags without an argument count as given
+ * when the variable is 1/true/yes), then argv, so the command line wins.
+ * `apply` handles one option (getopt's return value and its argument) and
+ * returns 0, or non-zero to stop with that value. Returns 0 on success, 2
+ * for an unknown option or missing argument (getopt has printed why), or
+ * apply's non-zero value. *first_operand gets optind. */
+struct option;
+typedef int (*hs_cli_apply_cb)(void *ctx, int opt, const char *arg, const char *from);
+int hs_cli_parse(int argc, char **argv, const char *shortopts, const struct option *longopts,
+                 hs_cli_apply_cb apply, void *ctx, int *first_operand);
+
 #ifdef __cplusplus
 }
 #endif

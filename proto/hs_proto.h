@@ -10,6 +10,9 @@
 #define HS_PROTO_H
 
 #include "hs_common.h"
+/* The Hsflow__* message types, generated from hsflow.proto by protoc-c into
+ * the build tree (see "Control messages" below). */
+#include "hsflow.pb-c.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,6 +37,8 @@ typedef struct {
 /* Validates ranges (H in 1..65536, k in 1..HS_MAX_LAYERS, indices >= 0 and
  * strictly increasing, known dtype). */
 hs_status_t hs_layout_check(const hs_layout_t *layout);
+/* Same checks, without logging: the reason goes to why[whycap]. */
+hs_status_t hs_layout_validate(const hs_layout_t *layout, char *why, size_t whycap);
 /* Stable 64-bit id of a layout (XXH3 of its canonical little-endian form). */
 uint64_t hs_layout_id(const hs_layout_t *layout);
 /* "H=4096 dtype=bf16 layers=[2,16,29]" into buf. */
@@ -172,6 +177,110 @@ hs_status_t hs_frame_header_decode(const uint8_t in[HS_FRAME_HEADER_BYTES], uint
 hs_status_t hs_frame_body_check(const hs_frame_header_t *h, const void *body, char *why,
                                 size_t whycap);
 
+/* ======================================================================
+ * Control messages: the Hsflow__* messages of hsflow.proto packed into and
+ * unpacked from complete frames. A frame of type HS_MSG_X carries exactly
+ * the message Hsflow__X.
+ * ==================================================================== */
+
+#define HS_AUTH_NONCE_BYTES 32u
+#define HS_AUTH_MAC_BYTES 32u
+#define HS_MSG_NAME_MAX 256u    /* producer, consumer and target names, bytes */
+#define HS_MSG_TEXT_MAX 4096u   /* error text and bye reason, bytes */
+#define HS_MSG_MAX_WORKERS 4096u /* workers one producer may report */
+/* Batches per PLAN page: each entry costs at most 10 bytes on the wire, so a
+ * full page stays far below HS_FRAME_MAX_BODY. */
+#define HS_PLAN_PAGE_MAX 262144u
+
+/* The message descriptor a frame of `type` carries; NULL for an unknown type. */
+const ProtobufCMessageDescriptor *hs_msg_descriptor(uint16_t type);
+
+/* Bytes of the whole frame (header + body) that hs_msg_pack would write. */
+size_t hs_msg_frame_size(const ProtobufCMessage *msg);
+
+/* Validates `msg` (the same checks as hs_msg_unpack) and writes header + body
+ * into buf[cap]; *frame_len is set only on success. HS_ERR_INVALID when msg
+ * is not the message of `type` or fails validation (logged: a local bug),
+ * HS_ERR_NOSPACE when the frame does not fit cap or the body exceeds
+ * HS_FRAME_MAX_BODY. */
+hs_status_t hs_msg_pack(uint16_t type, const ProtobufCMessage *msg, uint8_t *buf, size_t cap,
+                        size_t *frame_len);
+
+/* Field checks for a decoded message of `type`: lengths of nonces and MACs,
+ * layout layer counts, plan page arrays, string sizes, counts. Names the bad
+ * field in why. HS_ERR_FORMAT on failure. */
+hs_status_t hs_msg_validate(uint16_t type, const ProtobufCMessage *msg, char *why, size_t whycap);
+
+/* Decodes the body of a frame of `type` (header already decoded and body crc
+ * checked) and validates it. On success *out is a new message the caller
+ * frees with hs_msg_free(); cast it to the Hsflow__* type of `type`.
+ * HS_ERR_FORMAT (undecodable or invalid, reason in why) or HS_ERR_NOMEM. */
+hs_status_t hs_msg_unpack(uint16_t type, const uint8_t *body, uint32_t len, ProtobufCMessage **out,
+                          char *why, size_t whycap);
+
+/* Everything at once for a complete frame in frame[len]: header decode, body
+ * length, crc and unpack. *type and *out are set only on success. */
+hs_status_t hs_msg_decode_frame(const uint8_t *frame, size_t len, uint16_t *type,
+                                ProtobufCMessage **out, char *why, size_t whycap);
+
+/* Frees a message from hs_msg_unpack; NULL is fine. */
+void hs_msg_free(ProtobufCMessage *msg);
+
+/* An ERROR frame with `code` and `text` (cut to HS_MSG_TEXT_MAX - 1 bytes). */
+hs_status_t hs_msg_error_frame(hs_status_t code, const char *text, uint8_t *buf, size_t cap,
+                               size_t *frame_len);
+
+/* Fills `msg` (initialised here) from `layout`, including its layout id.
+ * msg->layers points into layers_storage[HS_MAX_LAYERS], which the caller
+ * keeps alive as long as msg. */
+void hs_layout_to_msg(const hs_layout_t *layout, Hsflow__Layout *msg, int32_t *layers_storage);
+/* Converts and checks a received layout: ranges (HS_ERR_FORMAT) and that its
+ * layout_id is the id of its fields (HS_ERR_MISMATCH). *out set on success. */
+hs_status_t hs_layout_from_msg(const Hsflow__Layout *msg, hs_layout_t *out, char *why,
+                               size_t whycap);
+
+/* ======================================================================
+ * Authentication over a shared secret (libsodium).
+ *
+ *   producer HELLO(client_nonce) -> consumer CHALLENGE(server_nonce)
+ *   -> producer AUTH(mac = HMAC-SHA256(key, "hsflow-producer" || server_nonce
+ *                                      || client_nonce || SHA-256(hello body)))
+ *   -> consumer WELCOME(server_mac = HMAC-SHA256(key, "hsflow-consumer"
+ *                                      || client_nonce || server_nonce))
+ *
+ * Both nonces are fresh per connection, so a recorded proof is useless on
+ * another connection; hashing the HELLO body binds the proof to what the
+ * producer announced.
+ * ==================================================================== */
+
+typedef struct {
+    uint8_t bytes[32]; /* BLAKE2b-256 of the secret file's content */
+} hs_auth_key_t;
+
+/* Initialises libsodium once (thread-safe); every hs_auth_* calls it. */
+hs_status_t hs_auth_init(void);
+/* Reads the shared secret from `path`: at least 16 bytes once a trailing
+ * newline is removed, hashed into *key. HS_ERR_IO when it cannot be read,
+ * HS_ERR_INVALID when too short or too long (both logged). Warns when group
+ * or others may read the file. */
+hs_status_t hs_auth_load_secret(const char *path, hs_auth_key_t *key);
+/* Wipes a key; NULL is fine. */
+void hs_auth_key_clear(hs_auth_key_t *key);
+/* HS_AUTH_NONCE_BYTES random bytes. */
+hs_status_t hs_auth_nonce(uint8_t out[HS_AUTH_NONCE_BYTES]);
+/* The producer's proof over the consumer's challenge (see above). */
+hs_status_t hs_auth_producer_mac(const hs_auth_key_t *key,
+                                 const uint8_t server_nonce[HS_AUTH_NONCE_BYTES],
+                                 const uint8_t client_nonce[HS_AUTH_NONCE_BYTES],
+                                 const void *hello_body, size_t hello_len,
+                                 uint8_t mac[HS_AUTH_MAC_BYTES]);
+/* The consumer's proof, returned in WELCOME. */
+hs_status_t hs_auth_consumer_mac(const hs_auth_key_t *key,
+                                 const uint8_t client_nonce[HS_AUTH_NONCE_BYTES],
+                                 const uint8_t server_nonce[HS_AUTH_NONCE_BYTES],
+                                 uint8_t mac[HS_AUTH_MAC_BYTES]);
+/* Constant-time comparison: HS_OK when equal, HS_ERR_AUTH otherwise. */
+hs_status_t hs_auth_verify(const uint8_t a[HS_AUTH_MAC_BYTES], const uint8_t b[HS_AUTH_MAC_BYTES]);
 
 #ifdef __cplusplus
 }

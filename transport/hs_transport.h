@@ -10,7 +10,12 @@
  * Messages are complete control frames (hs_proto.h: 16-byte header + body).
  * The transport delimits frames and checks their header and crc; a bad frame
  * gets an ERROR frame back (best effort) and the connection is closed with
- * on_close(HS_ERR_PROTO). It never parses the protobuf body.
+ * on_close(HS_ERR_FORMAT: bad magic, type or oversized body; HS_ERR_MISMATCH:
+ * other protocol version; HS_ERR_CHECKSUM: body crc). It never parses the
+ * protobuf body. Other on_close reasons: HS_ERR_CLOSED the peer closed between
+ * messages (or the transport was destroyed); HS_ERR_IO reset, socket error,
+ * peer failure, or the stream ended inside a message; HS_ERR_PROTO a payload
+ * was not accepted; for hs_tp_close(), the reason given there.
  *
  * Bulk payloads travel next to a control frame (the DONE): the sender calls
  * hs_tp_send_payload(frame, payload); the receiver gets on_frame() for the
@@ -42,7 +47,8 @@ typedef struct hs_tp_conn hs_tp_conn_t;
 typedef enum { HS_TP_TCP = 1, HS_TP_UCX = 2 } hs_tp_kind_t;
 
 typedef struct {
-    /* Consumer side: a new peer connected. Returning non-OK closes it. */
+    /* Consumer side: a new peer connected. Returning non-OK closes it (and
+     * on_close runs for it later, like for every connection seen here). */
     hs_status_t (*on_accept)(void *arg, hs_tp_conn_t *conn);
     /* A complete, crc-checked frame. `body` is valid only during the call.
      * payload_bytes > 0 when a payload follows the frame (see above). */
@@ -74,7 +80,9 @@ typedef struct {
  * to every callback. Fails with HS_ERR_UNSUPPORTED for a kind not built in. */
 hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb, void *arg,
                          hs_tp_t **out);
-/* Closes every connection (on_close runs for each), then frees. NULL is ok. */
+/* Closes every connection (on_close runs for each, after the failure
+ * callbacks of its pending sends and receive), then frees. NULL is ok. Not
+ * from inside a callback. */
 void hs_tp_destroy(hs_tp_t *tp);
 
 /* Listens on host:port ("0.0.0.0", "::", "127.0.0.1"; port 0 picks one).
@@ -98,7 +106,8 @@ hs_status_t hs_tp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, u
 void hs_tp_close(hs_tp_conn_t *conn, hs_status_t reason);
 
 /* Runs the loop for at most timeout_ms (-1 = until something happens,
- * 0 = poll). Returns HS_OK or an error of the transport itself. */
+ * 0 = poll). Returns HS_OK or an error of the transport itself; HS_ERR_BUSY
+ * when called from inside a callback. */
 hs_status_t hs_tp_progress(hs_tp_t *tp, int timeout_ms);
 /* Thread-safe: makes the current or next hs_tp_progress() return soon. */
 void hs_tp_wakeup(hs_tp_t *tp);

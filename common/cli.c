@@ -1,0 +1,36 @@
+/* cli.c - getopt_long with HS_* environment defaults (STYLE: every flag is
+ * also settable from the environment; the command line wins). */
+#include "hs_common.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+static bool env_true(const char *v)
+{
+    return !strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes");
+}
+
+int hs_cli_parse(int argc, char **argv, const char *shortopts, const struct option *longopts,
+                 hs_cli_apply_cb apply, void *ctx, int *first_operand)
+{
+    for (const struct option *o = longopts; o->name; o++) {
+        const char *v = hs_env_for_flag(o->name);
+        if (!v || o->flag) continue;
+        if (o->has_arg == no_argument && !env_true(v)) continue;
+        char from[96];
+        snprintf(from, sizeof(from), "environment variable for --%s", o->name);
+        int rc = apply(ctx, o->val, o->has_arg == no_argument ? NULL : v, from);
+        if (rc) return rc;
+    }
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+        if (c == '?' || c == ':') return 2;
+        int rc = apply(ctx, c, optarg, "command line");
+        if (rc) return rc;
+    }
+    if (first_operand) *first_operand = optind;
+    return 0;
+}

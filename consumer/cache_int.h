@@ -1,0 +1,112 @@
+/* cache_int.h - the consumer's host-RAM cache: one page-aligned region carved
+ * into variable-size slots, one per ticket (DESIGN §2, §5).
+ *
+ * The region is mmap'd once at create and never grows or moves. Slots start
+ * on 4096-byte boundaries and their sizes are rounded up to 4096. Free space
+ * is a list of address-ordered extents that coalesce on free; reserve picks
+ * the best fit (smallest extent that fits, lowest address on ties), which
+ * keeps large extents whole for the large batches.
+ *
+ * Preparation: with HS_CACHE_PIN_CUDA (built with CUDA) and/or
+ * HS_CACHE_PREFAULT the region is prepared chunk by chunk (registered with
+ * cudaHostRegister / touched), in address order, on a background thread; only
+ * the prepared prefix of the region is handed out, so the cache "grows" as
+ * chunks become ready and producers can start at once. If pinning fails (no
+ * GPU at run time) one warning is logged and the rest is used unpinned.
+ * Without either flag the whole region is usable at once.
+ *
+ * Threads: every function may be called from any thread (one mutex); reserve
+ * typically runs on the network thread and free on the trainer's thread.
+ *
+ * Ownership: the cache owns the region; a slot's memory belongs to whoever
+ * reserved it until hs_cache_free(). hs_cache_destroy() unmaps everything,
+ * live slots included. */
+#ifndef HS_CACHE_INT_H
+#define HS_CACHE_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "hs_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HS_CACHE_SLOT_ALIGN 4096u
+#define HS_CACHE_DEFAULT_CHUNK (1ull << 30) /* preparation unit: 1 GiB */
+
+/* hs_cache_create flags */
+enum {
+    HS_CACHE_PIN_CUDA = 1u << 0, /* cudaHostRegister the region (ignored without CUDA) */
+    HS_CACHE_PREFAULT = 1u << 1, /* touch every page before handing it out */
+    /* Do not start the background thread: the caller prepares the region by
+     * calling hs_cache_prepare_next() until it returns false. */
+    HS_CACHE_MANUAL_PREPARE = 1u << 2,
+};
+
+typedef struct hs_cache hs_cache_t;
+
+typedef struct {
+    uint64_t offset; /* from the region's base; multiple of HS_CACHE_SLOT_ALIGN */
+    uint64_t bytes;  /* the requested size rounded up to HS_CACHE_SLOT_ALIGN */
+    void *ptr;       /* base + offset */
+} hs_cache_slot_t;
+
+typedef struct {
+    uint64_t capacity;       /* region size */
+    uint64_t ready_bytes;    /* prepared prefix that reserve may hand out */
+    uint64_t used;           /* bytes in live slots */
+    uint64_t free_bytes;     /* ready bytes not in a slot */
+    uint64_t largest_free;   /* largest free extent: the largest reserve that succeeds now */
+    uint64_t n_slots;        /* live slots */
+    uint64_t n_free_extents;
+    uint64_t pinned_bytes;   /* registered with CUDA */
+    uint64_t high_water;     /* most bytes ever in live slots at once */
+    uint64_t n_reserve_fail; /* reserves answered HS_ERR_NOSPACE */
+    double prepare_s;        /* time spent pinning/prefaulting so far */
+    bool prepared;           /* every chunk is ready */
+    bool pin_failed;         /* pinning was asked for and did not work */
+} hs_cache_stats_t;
+
+typedef struct {
+    uint64_t capacity;    /* bytes; rounded DOWN to the page size */
+    uint32_t flags;       /* HS_CACHE_* */
+    uint64_t chunk_bytes; /* preparation unit; 0 = HS_CACHE_DEFAULT_CHUNK */
+    int cuda_device;      /* device whose context registers the region; -1 = the
+                           * creating thread's current device */
+} hs_cache_config_t;
+
+/* Map a region of `capacity` bytes, rounded DOWN to the page size so the
+ * cache never holds more than asked. flags: HS_CACHE_*. The cache is usable
+ * on return; with PIN_CUDA/PREFAULT only its prepared part is handed out. */
+hs_status_t hs_cache_create(uint64_t capacity, uint32_t flags, hs_cache_t **out);
+hs_status_t hs_cache_create_ex(const hs_cache_config_t *cfg, hs_cache_t **out);
+/* Stops preparation, unregisters and unmaps. Accepts NULL. */
+void hs_cache_destroy(hs_cache_t *c);
+
+/* Carve a slot of at least `bytes` (rounded up to 4096) out of the prepared
+ * region. HS_ERR_NOSPACE when no free extent fits now (free a slot, or wait
+ * for preparation, then retry); HS_ERR_INVALID when `bytes` is 0 or larger
+ * than the whole cache (it can never fit). `out` is set only on success. */
+hs_status_t hs_cache_reserve(hs_cache_t *c, uint64_t bytes, hs_cache_slot_t *out);
+/* Give back the slot that starts at `offset`; it merges with free
+ * neighbours. HS_ERR_NOT_FOUND (logged) if no live slot starts there. */
+hs_status_t hs_cache_free(hs_cache_t *c, uint64_t offset);
+/* True when [p, p+bytes) lies entirely inside one live slot. */
+bool hs_cache_contains(const hs_cache_t *c, const void *p, uint64_t bytes);
+
+void *hs_cache_base(const hs_cache_t *c);
+uint64_t hs_cache_capacity(const hs_cache_t *c);
+void hs_cache_stats(const hs_cache_t *c, hs_cache_stats_t *out);
+
+/* Prepare the next chunk on the calling thread (HS_CACHE_MANUAL_PREPARE).
+ * Returns false when every chunk is already prepared. */
+bool hs_cache_prepare_next(hs_cache_t *c);
+/* Block until every chunk is prepared (or the cache is being destroyed). */
+void hs_cache_wait_prepared(hs_cache_t *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_CACHE_INT_H */

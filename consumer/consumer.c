@@ -1,0 +1,1032 @@
+/* consumer.c - the consumer engine: accepts producers, runs the handshake,
+ * hands out tickets against reserved cache slots, receives payloads straight
+ * into those slots, verifies them on checksum threads, and delivers batches
+ * one at a time to the trainer (DESIGN §2).
+ *
+ * Threads:
+ *   - the network thread owns the transport, the scheduler and every peer;
+ *   - checksum threads verify received batches (jobs in, results out);
+ *   - the trainer calls hs_consumer_next()/release() from its own thread.
+ * They meet in three mutex-protected queues (verify jobs, verify results,
+ * deliverable batches) and in the cache, which has its own lock. */
+#include "consumer_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PEER_MAX_PREFETCH 64u
+
+static void peer_drop(hs_consumer_t *c, peer_t *p, hs_status_t code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static void peer_send_msg(hs_consumer_t *c, peer_t *p, uint16_t type, const ProtobufCMessage *m)
+{
+    size_t len;
+    if (!p->conn) return;
+    hs_status_t st = hs_msg_pack(type, m, c->frame_buf, sizeof(c->frame_buf), &len);
+    if (st == HS_OK) st = hs_tp_send(p->conn, c->frame_buf, len);
+    if (st != HS_OK)
+        hs_warn("producer %s: sending %s failed: %s", p->name, hs_msg_type_str(type),
+                hs_status_str(st));
+}
+
+static void peer_drop(hs_consumer_t *c, peer_t *p, hs_status_t code, const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    if (!p->conn) return;
+    hs_error("producer %s dropped: %s", p->name, text);
+    size_t len;
+    if (hs_msg_error_frame(code, text, c->frame_buf, sizeof(c->frame_buf), &len) == HS_OK)
+        hs_tp_send(p->conn, c->frame_buf, len);
+    hs_tp_close(p->conn, code);
+    if (code != HS_ERR_CLOSED) c->n_dropped++;
+}
+
+static peer_t *peer_find(hs_consumer_t *c, uint64_t id)
+{
+    for (peer_t *p = c->peers; p; p = p->next)
+        if (p->id == id) return p;
+    return NULL;
+}
+
+/* Frees a dead peer once no payload of it is being received or verified:
+ * only then can its leases go back to the queue without a slot being written
+ * twice. */
+static void peer_reap(hs_consumer_t *c, peer_t *p)
+{
+    if (p->conn || p->receiving || p->verifying) return;
+    if (c->sched) {
+        uint32_t n = hs_sched_return_leases(c->sched, p->id);
+        c->leases_returned += n;
+        if (n) hs_warn("producer %s gone: %u ticket(s) back to the front of the queue", p->name, n);
+    }
+    if (c->plan_sender == p->id) c->plan_sender = 0;
+    peer_t **pp = &c->peers;
+    while (*pp != p) pp = &(*pp)->next;
+    *pp = p->next;
+    free(p->hello_body);
+    free(p);
+}
+
+/* ---- handshake -------------------------------------------------------------- */
+
+static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
+{
+    Hsflow__Welcome w = HSFLOW__WELCOME__INIT;
+    uint8_t mac[HS_AUTH_MAC_BYTES];
+    w.session_id = c->session_id;
+    w.epochs = c->cfg.epochs;
+    w.need_plan = need_plan;
+    w.order = (uint32_t)c->cfg.order;
+    w.consumer_name = c->name;
+    if (c->have_secret) {
+        hs_auth_consumer_mac(&c->key, p->client_nonce, p->server_nonce, mac);
+        w.server_mac.data = mac;
+        w.server_mac.len = sizeof(mac);
+    }
+    peer_send_msg(c, p, HS_MSG_WELCOME, &w.base);
+    if (need_plan) {
+        c->plan_sender = p->id;
+        p->state = PEER_SENDING_PLAN;
+        hs_info("producer %s sends the plan (%u batches per epoch)", p->name, c->n_batches);
+    } else {
+        p->state = PEER_READY;
+        hs_info("producer %s ready: %u worker(s) x %u tickets, %s", p->name, p->workers,
+                p->prefetch, hs_tp_conn_describe(p->conn));
+    }
+}
+
+/* After HELLO (and AUTH): start the plan exchange or join the run. */
+static void peer_admit(hs_consumer_t *c, peer_t *p)
+{
+    if (c->sched)
+        send_welcome(c, p, false);
+    else if (!c->plan_sender)
+        send_welcome(c, p, true);
+    else
+        p->state = PEER_WAIT_PLAN; /* WELCOME when the plan is complete */
+}
+
+static void on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
+{
+    char why[256];
+    ProtobufCMessage *m;
+    if (p->state != PEER_NEW) {
+        peer_drop(c, p, HS_ERR_PROTO, "HELLO sent twice");
+        return;
+    }
+    if (hs_msg_unpack(HS_MSG_HELLO, body, len, &m, why, sizeof(why)) != HS_OK) {
+        peer_drop(c, p, HS_ERR_FORMAT, "bad HELLO: %s", why);
+        return;
+    }
+    Hsflow__Hello *h = (Hsflow__Hello *)m;
+    hs_layout_t layout;
+    snprintf(p->name, sizeof(p->name), "%s (%s)", h->producer_name, hs_tp_conn_peer(p->conn));
+    if (h->version != HS_PROTO_VERSION) {
+        peer_drop(c, p, HS_ERR_MISMATCH, "producer speaks protocol version %u, consumer %u",
+                  h->version, HS_PROTO_VERSION);
+        goto out;
+    }
+    if (hs_layout_from_msg(h->layout, &layout, why, sizeof(why)) != HS_OK) {
+        peer_drop(c, p, HS_ERR_FORMAT, "bad layout in HELLO: %s", why);
+        goto out;
+    }
+    if (h->workers == 0 || h->workers > HS_MSG_MAX_WORKERS || h->n_batches == 0) {
+        peer_drop(c, p, HS_ERR_FORMAT, "HELLO with %u workers and %u batches", h->workers,
+                  h->n_batches);
+        goto out;
+    }
+    if (c->have_run) {
+        if (hs_layout_id(&layout) != hs_layout_id(&c->layout)) {
+            char mine[160], theirs[160];
+            hs_layout_describe(&c->layout, mine, sizeof(mine));
+            hs_layout_describe(&layout, theirs, sizeof(theirs));
+            peer_drop(c, p, HS_ERR_MISMATCH,
+                      "layout mismatch: this run carries %s, producer offers %s; start every "
+                      "producer with the same --hidden-size and --layers",
+                      mine, theirs);
+            goto out;
+        }
+        if (h->plan_hash != c->plan_hash || h->n_batches != c->n_batches) {
+            peer_drop(c, p, HS_ERR_MISMATCH,
+                      "plan mismatch: this run's plan hash is %016llx (%u batches), producer's is "
+                      "%016llx (%u batches); give every producer the same --data, "
+                      "--token-budget, --max-seq-len and --seed",
+                      (unsigned long long)c->plan_hash, c->n_batches,
+                      (unsigned long long)h->plan_hash, h->n_batches);
+            goto out;
+        }
+    } else {
+        /* The first producer defines the run. */
+        c->layout = layout;
+        c->plan_hash = h->plan_hash;
+        c->n_batches = h->n_batches;
+        c->seed = h->seed;
+        c->token_budget = h->token_budget;
+        c->have_run = true;
+        char desc[160];
+        hs_layout_describe(&layout, desc, sizeof(desc));
+        hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens",
+                p->name, desc, (unsigned long long)c->plan_hash, c->n_batches, c->token_budget);
+    }
+    p->workers = h->workers;
+    p->prefetch = c->cfg.prefetch;
+    if (h->prefetch_per_worker && h->prefetch_per_worker < p->prefetch)
+        p->prefetch = h->prefetch_per_worker;
+    if (p->prefetch > PEER_MAX_PREFETCH) p->prefetch = PEER_MAX_PREFETCH;
+    memcpy(p->client_nonce, h->client_nonce.data, HS_AUTH_NONCE_BYTES);
+
+    if (c->have_secret) {
+        /* Keep the HELLO body: the producer's proof covers it. */
+        p->hello_body = malloc(len ? len : 1);
+        if (!p->hello_body) {
+            peer_drop(c, p, HS_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        memcpy(p->hello_body, body, len);
+        p->hello_len = len;
+        hs_auth_nonce(p->server_nonce);
+        Hsflow__Challenge ch = HSFLOW__CHALLENGE__INIT;
+        ch.server_nonce.data = p->server_nonce;
+        ch.server_nonce.len = HS_AUTH_NONCE_BYTES;
+        peer_send_msg(c, p, HS_MSG_CHALLENGE, &ch.base);
+        p->state = PEER_AUTH;
+    } else {
+        peer_admit(c, p);
+    }
+out:
+    hs_msg_free(m);
+}
+
+static void on_auth(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
+{
+    char why[256];
+    ProtobufCMessage *m;
+    if (p->state != PEER_AUTH) {
+        peer_drop(c, p, HS_ERR_PROTO, "AUTH without a CHALLENGE");
+        return;
+    }
+    if (hs_msg_unpack(HS_MSG_AUTH, body, len, &m, why, sizeof(why)) != HS_OK) {
+        peer_drop(c, p, HS_ERR_FORMAT, "bad AUTH: %s", why);
+        return;
+    }
+    Hsflow__Auth *a = (Hsflow__Auth *)m;
+    uint8_t expect[HS_AUTH_MAC_BYTES];
+    hs_auth_producer_mac(&c->key, p->server_nonce, p->client_nonce, p->hello_body, p->hello_len,
+                         expect);
+    if (a->mac.len != HS_AUTH_MAC_BYTES || hs_auth_verify(a->mac.data, expect) != HS_OK)
+        peer_drop(c, p, HS_ERR_AUTH,
+                  "authentication failed: the producer's --secret-file differs from the "
+                  "consumer's");
+    else
+        peer_admit(c, p);
+    hs_msg_free(m);
+}
+
+/* The plan arrived in full: build the scheduler and let waiting peers in. */
+static void plan_complete(hs_consumer_t *c)
+{
+    hs_sched_config_t sc = {0};
+    uint64_t max_bytes = 0;
+    for (uint32_t b = 0; b < c->n_batches; b++) {
+        c->plan_bytes[b] = hs_batch_bytes(c->plan_nseqs[b], c->plan_ntokens[b], &c->layout);
+        if (c->plan_bytes[b] > max_bytes) max_bytes = c->plan_bytes[b];
+        c->tokens_per_epoch += c->plan_ntokens[b];
+    }
+    if (max_bytes > hs_cache_capacity(c->cache)) {
+        snprintf(c->fatal, sizeof(c->fatal),
+                 "the largest batch needs %.2f GiB but --cache-gb gives %.2f GiB: raise "
+                 "--cache-gb or lower the producers' --token-budget",
+                 (double)max_bytes / (1 << 30), (double)hs_cache_capacity(c->cache) / (1 << 30));
+        hs_error("%s", c->fatal);
+        c->stop = true;
+        return;
+    }
+    sc.n_batches = c->n_batches;
+    sc.bytes = c->plan_bytes;
+    sc.n_seqs = c->plan_nseqs;
+    sc.n_tokens = c->plan_ntokens;
+    sc.epochs = c->cfg.epochs;
+    sc.seed = c->seed;
+    sc.order = c->cfg.order == HS_ORDER_PLAN ? HS_SCHED_PLAN : HS_SCHED_ARRIVAL;
+    hs_status_t st = hs_sched_create(&sc, &c->sched);
+    if (st != HS_OK) {
+        snprintf(c->fatal, sizeof(c->fatal), "scheduler: %s", hs_status_str(st));
+        c->stop = true;
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->batches_planned = (uint64_t)c->n_batches * c->cfg.epochs;
+    c->t_start = hs_now_s();
+    pthread_mutex_unlock(&c->lock);
+    hs_info("plan complete: %u batches/epoch x %u epochs, %.1f MiB max batch, %llu tokens/epoch",
+            c->n_batches, c->cfg.epochs, (double)max_bytes / (1 << 20),
+            (unsigned long long)c->tokens_per_epoch);
+    for (peer_t *p = c->peers; p; p = p->next) {
+        if (p->state == PEER_SENDING_PLAN) {
+            p->state = PEER_READY;
+            hs_info("producer %s ready: %u worker(s) x %u tickets, %s", p->name, p->workers,
+                    p->prefetch, hs_tp_conn_describe(p->conn));
+        } else if (p->state == PEER_WAIT_PLAN) {
+            send_welcome(c, p, false);
+        }
+    }
+}
+
+static void on_plan(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
+{
+    char why[256];
+    ProtobufCMessage *m;
+    if (p->state != PEER_SENDING_PLAN) {
+        peer_drop(c, p, HS_ERR_PROTO, "PLAN page without being asked for the plan");
+        return;
+    }
+    if (hs_msg_unpack(HS_MSG_PLAN, body, len, &m, why, sizeof(why)) != HS_OK) {
+        peer_drop(c, p, HS_ERR_FORMAT, "bad PLAN page: %s", why);
+        return;
+    }
+    Hsflow__Plan *pl = (Hsflow__Plan *)m;
+    if (!c->plan_nseqs) {
+        c->plan_nseqs = calloc(c->n_batches, sizeof(uint32_t));
+        c->plan_ntokens = calloc(c->n_batches, sizeof(uint32_t));
+        c->plan_bytes = calloc(c->n_batches, sizeof(uint64_t));
+        if (!c->plan_nseqs || !c->plan_ntokens || !c->plan_bytes) {
+            peer_drop(c, p, HS_ERR_NOMEM, "out of memory for a plan of %u batches", c->n_batches);
+            goto out;
+        }
+    }
+    if (pl->first_batch != c->plan_received || pl->n_n_seqs > c->n_batches - c->plan_received) {
+        peer_drop(c, p, HS_ERR_PROTO, "PLAN page for batches %u..%zu, expected to start at %u of %u",
+                  pl->first_batch, pl->first_batch + pl->n_n_seqs, c->plan_received,
+                  c->n_batches);
+        goto out;
+    }
+    for (size_t i = 0; i < pl->n_n_seqs; i++) {
+        uint32_t ns = pl->n_seqs[i], nt = pl->n_tokens[i];
+        if (ns == 0 || nt < ns || nt > c->token_budget) {
+            peer_drop(c, p, HS_ERR_FORMAT,
+                      "PLAN batch %zu has %u sequences and %u tokens (budget %u)",
+                      pl->first_batch + i, ns, nt, c->token_budget);
+            goto out;
+        }
+        c->plan_nseqs[c->plan_received] = ns;
+        c->plan_ntokens[c->plan_received] = nt;
+        c->plan_received++;
+    }
+    if (pl->last != (c->plan_received == c->n_batches)) {
+        peer_drop(c, p, HS_ERR_PROTO, "PLAN ended at %u of %u batches", c->plan_received,
+                  c->n_batches);
+        goto out;
+    }
+    if (pl->last) plan_complete(c);
+out:
+    hs_msg_free(m);
+}
+
+/* ---- tickets and payloads ------------------------------------------------- */
+
+static void on_done(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len,
+                    uint64_t payload_bytes)
+{
+    char why[256];
+    ProtobufCMessage *m;
+    hs_sched_item_t it;
+    if (p->state != PEER_READY) {
+        peer_drop(c, p, HS_ERR_PROTO, "DONE before the handshake finished");
+        return;
+    }
+    if (hs_msg_unpack(HS_MSG_DONE, body, len, &m, why, sizeof(why)) != HS_OK) {
+        peer_drop(c, p, HS_ERR_FORMAT, "bad DONE: %s", why);
+        return;
+    }
+    Hsflow__Done *d = (Hsflow__Done *)m;
+    if (hs_sched_lookup(c->sched, p->id, d->ticket_id, &it) != HS_OK) {
+        peer_drop(c, p, HS_ERR_PROTO, "DONE for ticket %llu, which this producer does not hold",
+                  (unsigned long long)d->ticket_id);
+    } else if (d->epoch != it.epoch || d->batch != it.batch) {
+        peer_drop(c, p, HS_ERR_PROTO, "DONE for ticket %llu names batch %u/%u, the ticket was for %u/%u",
+                  (unsigned long long)d->ticket_id, d->epoch, d->batch, it.epoch, it.batch);
+    } else if (payload_bytes != it.bytes || d->bytes != it.bytes) {
+        peer_drop(c, p, HS_ERR_PROTO,
+                  "payload of %llu bytes for ticket %llu, which granted exactly %llu",
+                  (unsigned long long)payload_bytes, (unsigned long long)d->ticket_id,
+                  (unsigned long long)it.bytes);
+    } else {
+        uint8_t *dest = (uint8_t *)hs_cache_base(c->cache) + it.slot_offset;
+        if (hs_tp_recv_payload(p->conn, dest, it.bytes, d->ticket_id) == HS_OK) p->receiving++;
+    }
+    hs_msg_free(m);
+}
+
+static void on_stats(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
+{
+    char why[256];
+    ProtobufCMessage *m;
+    if (hs_msg_unpack(HS_MSG_STATS, body, len, &m, why, sizeof(why)) != HS_OK) {
+        peer_drop(c, p, HS_ERR_FORMAT, "bad STATS: %s", why);
+        return;
+    }
+    Hsflow__Stats *s = (Hsflow__Stats *)m;
+    p->stall_pct = s->stall_pct;
+    p->tokens_per_s = s->tokens_per_s;
+    p->has_stats = true;
+    hs_msg_free(m);
+}
+
+/* Hands out tickets round-robin while the cache has room and a producer has
+ * fewer than workers x prefetch tickets. */
+static void issue_tickets(hs_consumer_t *c)
+{
+    if (!c->sched || c->stop) return;
+    bool progress = true;
+    while (progress) {
+        progress = false;
+        for (peer_t *p = c->peers; p; p = p->next) {
+            if (p->state != PEER_READY || !p->conn) continue;
+            if (hs_sched_leases_of(c->sched, p->id) >= p->workers * p->prefetch) continue;
+            hs_sched_item_t it;
+            if (!hs_sched_peek(c->sched, &it)) return;
+            uint64_t offset = it.slot_offset;
+            if (!it.has_slot) {
+                hs_cache_slot_t slot;
+                if (hs_cache_reserve(c->cache, it.bytes, &slot) != HS_OK) return; /* full */
+                offset = slot.offset;
+            }
+            uint64_t tid;
+            if (hs_sched_lease(c->sched, p->id, offset, &tid) != HS_OK) return;
+            Hsflow__Ticket t = HSFLOW__TICKET__INIT;
+            t.ticket_id = tid;
+            t.epoch = it.epoch;
+            t.batch = it.batch;
+            t.bytes = it.bytes;
+            t.n_seqs = it.n_seqs;
+            t.n_tokens = it.n_tokens;
+            t.worker_hint = 0xffffffffu;
+            t.slot_offset = offset;
+            peer_send_msg(c, p, HS_MSG_TICKET, &t.base);
+            progress = true;
+        }
+    }
+}
+
+/* Moves every batch the scheduler says may go next onto the delivery queue. */
+static void push_deliverable(hs_consumer_t *c)
+{
+    hs_sched_item_t it;
+    bool pushed = false;
+    while (c->sched && hs_sched_next_ready(c->sched, &it)) {
+        hs_sched_delivered(c->sched, it.ticket);
+        pthread_mutex_lock(&c->lock);
+        if (c->ready_n == c->ready_cap) {
+            uint32_t ncap = c->ready_cap ? c->ready_cap * 2 : 64;
+            hs_sched_item_t *q = malloc(ncap * sizeof(*q));
+            for (uint32_t i = 0; i < c->ready_n; i++)
+                q[i] = c->ready[(c->ready_head + i) % c->ready_cap];
+            free(c->ready);
+            c->ready = q;
+            c->ready_cap = ncap;
+            c->ready_head = 0;
+        }
+        c->ready[(c->ready_head + c->ready_n++) % c->ready_cap] = it;
+        pthread_mutex_unlock(&c->lock);
+        pushed = true;
+    }
+    if (pushed) pthread_cond_broadcast(&c->cond);
+    if (c->sched && hs_sched_finished(c->sched) && !c->all_queued) {
+        c->all_queued = true;
+        pthread_mutex_lock(&c->lock);
+        c->finished = true;
+        pthread_mutex_unlock(&c->lock);
+        pthread_cond_broadcast(&c->cond);
+        for (peer_t *p = c->peers; p; p = p->next) {
+            Hsflow__Bye b = HSFLOW__BYE__INIT;
+            b.reason = "every batch of every epoch delivered";
+            peer_send_msg(c, p, HS_MSG_BYE, &b.base);
+        }
+        hs_info("every batch of %u epoch(s) delivered; told producers BYE", c->cfg.epochs);
+    }
+}
+
+/* ---- checksum threads ------------------------------------------------------- */
+
+static void *verify_main(void *arg)
+{
+    hs_consumer_t *c = arg;
+    pthread_mutex_lock(&c->vlock);
+    for (;;) {
+        while (!c->vjobs_n && !c->vstop) pthread_cond_wait(&c->vcond, &c->vlock);
+        if (c->vstop) break;
+        verify_job_t *j = c->vjobs;
+        c->vjobs = j->next;
+        c->vjobs_n--;
+        pthread_mutex_unlock(&c->vlock);
+
+        const uint8_t *region = (const uint8_t *)hs_cache_base(c->cache) + j->item.slot_offset;
+        j->status = hs_batch_verify(region, j->item.bytes, j->item.epoch, j->item.batch,
+                                    j->item.n_seqs, j->item.n_tokens, &c->layout, j->why,
+                                    sizeof(j->why));
+        if (j->status == HS_OK && c->cfg.verify_synthetic) {
+            hs_batch_view_t v = hs_batch_view((void *)region, j->item.n_seqs, j->item.n_tokens,
+                                              &c->layout);
+            j->status = hs_batch_synth_check(&v, &c->layout, j->why, sizeof(j->why));
+        }
+
+        pthread_mutex_lock(&c->vlock);
+        j->next = c->vdone;
+        c->vdone = j;
+        hs_tp_wakeup(c->tp);
+    }
+    pthread_mutex_unlock(&c->vlock);
+    return NULL;
+}
+
+static void collect_verified(hs_consumer_t *c)
+{
+    pthread_mutex_lock(&c->vlock);
+    verify_job_t *done = c->vdone;
+    c->vdone = NULL;
+    pthread_mutex_unlock(&c->vlock);
+    while (done) {
+        verify_job_t *j = done;
+        done = j->next;
+        peer_t *p = peer_find(c, j->peer_id);
+        if (j->status == HS_OK) {
+            hs_sched_fill(c->sched, j->peer_id, j->ticket_id);
+            pthread_mutex_lock(&c->lock);
+            c->bytes_received += j->item.bytes;
+            pthread_mutex_unlock(&c->lock);
+        } else {
+            pthread_mutex_lock(&c->lock);
+            c->checksum_failures++;
+            pthread_mutex_unlock(&c->lock);
+            if (p)
+                peer_drop(c, p, j->status, "batch %u/%u failed verification: %s", j->item.epoch,
+                          j->item.batch, j->why);
+        }
+        if (p) {
+            p->verifying--;
+            peer_reap(c, p);
+        }
+        free(j);
+    }
+}
+
+/* ---- transport callbacks ---------------------------------------------------- */
+
+static hs_status_t cb_accept(void *arg, hs_tp_conn_t *conn)
+{
+    hs_consumer_t *c = arg;
+    peer_t *p = calloc(1, sizeof(*p));
+    if (!p) return HS_ERR_NOMEM;
+    p->id = ++c->next_peer_id;
+    p->conn = conn;
+    p->state = PEER_NEW;
+    snprintf(p->name, sizeof(p->name), "%s", hs_tp_conn_peer(conn));
+    hs_tp_conn_set_user(conn, p);
+    p->next = c->peers;
+    c->peers = p;
+    c->n_seen++;
+    if (!c->have_secret && !c->cfg.insecure && !hs_tp_conn_is_loopback(conn)) {
+        peer_drop(c, p, HS_ERR_AUTH,
+                  "peer %s is not on a loopback address and no shared secret is set: start both "
+                  "sides with --secret-file FILE (or the consumer with --insecure)",
+                  hs_tp_conn_peer(conn));
+        return HS_OK;
+    }
+    if (c->stop || c->all_queued) {
+        Hsflow__Bye b = HSFLOW__BYE__INIT;
+        b.reason = "the run is over";
+        peer_send_msg(c, p, HS_MSG_BYE, &b.base);
+        hs_tp_close(conn, HS_ERR_CLOSED);
+        return HS_OK;
+    }
+    hs_debug("connection from %s", hs_tp_conn_peer(conn));
+    return HS_OK;
+}
+
+static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t *body,
+                     uint32_t body_len, uint64_t payload_bytes)
+{
+    hs_consumer_t *c = arg;
+    peer_t *p = hs_tp_conn_get_user(conn);
+    if (!p || !p->conn) return;
+    if (payload_bytes && type != HS_MSG_DONE) {
+        peer_drop(c, p, HS_ERR_PROTO, "%s frame carries a payload", hs_msg_type_str(type));
+        return;
+    }
+    switch (type) {
+    case HS_MSG_HELLO: on_hello(c, p, body, body_len); break;
+    case HS_MSG_AUTH: on_auth(c, p, body, body_len); break;
+    case HS_MSG_PLAN: on_plan(c, p, body, body_len); break;
+    case HS_MSG_DONE: on_done(c, p, body, body_len, payload_bytes); break;
+    case HS_MSG_STATS: on_stats(c, p, body, body_len); break;
+    case HS_MSG_BYE:
+        hs_info("producer %s says goodbye", p->name);
+        hs_tp_close(conn, HS_ERR_CLOSED);
+        break;
+    case HS_MSG_ERROR: {
+        char why[256];
+        ProtobufCMessage *m;
+        if (hs_msg_unpack(HS_MSG_ERROR, body, body_len, &m, why, sizeof(why)) == HS_OK) {
+            hs_error("producer %s reports: %s", p->name, ((Hsflow__Error *)m)->text);
+            hs_msg_free(m);
+        }
+        hs_tp_close(conn, HS_ERR_CLOSED);
+        break;
+    }
+    default:
+        peer_drop(c, p, HS_ERR_PROTO, "unexpected %s frame from a producer",
+                  hs_msg_type_str(type));
+    }
+}
+
+static void cb_payload(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_status_t status)
+{
+    hs_consumer_t *c = arg;
+    peer_t *p = hs_tp_conn_get_user(conn);
+    if (!p) return;
+    p->receiving--;
+    if (status != HS_OK) {
+        peer_reap(c, p);
+        return;
+    }
+    hs_sched_item_t it;
+    if (hs_sched_lookup(c->sched, p->id, cookie, &it) != HS_OK) return; /* cannot happen */
+    verify_job_t *j = calloc(1, sizeof(*j));
+    if (!j) {
+        peer_drop(c, p, HS_ERR_NOMEM, "out of memory");
+        return;
+    }
+    j->peer_id = p->id;
+    j->ticket_id = cookie;
+    j->item = it;
+    p->verifying++;
+    pthread_mutex_lock(&c->vlock);
+    j->next = c->vjobs;
+    c->vjobs = j;
+    c->vjobs_n++;
+    pthread_cond_signal(&c->vcond);
+    pthread_mutex_unlock(&c->vlock);
+}
+
+static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const char *why)
+{
+    hs_consumer_t *c = arg;
+    peer_t *p = hs_tp_conn_get_user(conn);
+    if (!p) return;
+    if (reason != HS_ERR_CLOSED && p->state != PEER_NEW)
+        hs_warn("producer %s disconnected: %s", p->name, why && *why ? why : hs_status_str(reason));
+    else if (reason != HS_ERR_CLOSED)
+        hs_warn("connection %s closed: %s", p->name, why && *why ? why : hs_status_str(reason));
+    if (reason == HS_ERR_PROTO || reason == HS_ERR_FORMAT || reason == HS_ERR_CHECKSUM)
+        c->n_proto_errors++;
+    p->conn = NULL;
+    if (p->state == PEER_SENDING_PLAN && !c->sched) {
+        /* Another producer must send the plan from the start. */
+        c->plan_received = 0;
+        c->plan_sender = 0;
+        for (peer_t *q = c->peers; q; q = q->next)
+            if (q->state == PEER_WAIT_PLAN && q->conn) {
+                send_welcome(c, q, true);
+                break;
+            }
+    }
+    p->state = PEER_GONE;
+    peer_reap(c, p);
+}
+
+/* ---- network thread ---------------------------------------------------------- */
+
+/* Publishes the network thread's figures for hs_consumer_stats(). */
+static void snapshot(hs_consumer_t *c)
+{
+    hs_consumer_stats_t s = {0};
+    double stall = 0;
+    for (peer_t *p = c->peers; p; p = p->next)
+        if (p->conn && p->state == PEER_READY) {
+            s.producers_connected++;
+            stall += p->stall_pct;
+        }
+    s.producer_stall_pct = s.producers_connected ? stall / (double)s.producers_connected : 0;
+    if (c->sched) {
+        hs_sched_stats_t ss;
+        hs_sched_stats(c->sched, &ss);
+        s.duplicates = ss.duplicates;
+        s.tickets_out = ss.leased;
+    }
+    s.protocol_errors = c->n_proto_errors;
+    s.producers_seen = c->n_seen;
+    s.producers_dropped = c->n_dropped;
+    s.leases_returned = c->leases_returned;
+    pthread_mutex_lock(&c->lock);
+    c->snap = s;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Retires the scheduler records of batches the trainer released. */
+static void collect_released(hs_consumer_t *c)
+{
+    uint64_t tickets[256];
+    uint32_t n;
+    do {
+        pthread_mutex_lock(&c->lock);
+        n = c->released_n < 256 ? c->released_n : 256;
+        c->released_n -= n;
+        memcpy(tickets, c->released + c->released_n, n * sizeof(uint64_t));
+        pthread_mutex_unlock(&c->lock);
+        for (uint32_t i = 0; i < n; i++) hs_sched_release(c->sched, tickets[i]);
+    } while (n == 256);
+}
+
+static void *net_main(void *arg)
+{
+    hs_consumer_t *c = arg;
+    while (!c->stop) {
+        hs_tp_progress(c->tp, 200);
+        collect_verified(c);
+        collect_released(c);
+        push_deliverable(c);
+        issue_tickets(c);
+        snapshot(c);
+        double now = hs_now_s();
+        if (now - c->t_last_status >= c->status_interval && c->status_interval > 0) {
+            c->t_last_status = now;
+            char line[512];
+            hs_consumer_status_line(c, line, sizeof(line));
+            hs_info("%s", line);
+        }
+    }
+    /* Orderly end: BYE went out in push_deliverable; give it a moment. */
+    for (peer_t *p = c->peers; p; p = p->next)
+        if (p->conn) hs_tp_close(p->conn, HS_ERR_CLOSED);
+    for (int i = 0; i < 5 && c->peers; i++) {
+        hs_tp_progress(c->tp, 20);
+        collect_verified(c);
+    }
+    return NULL;
+}
+
+/* ---- public API ------------------------------------------------------------- */
+
+void hs_consumer_config_default(hs_consumer_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->listen_host = "0.0.0.0";
+    cfg->listen_port = 7000;
+    cfg->cache_bytes = 4ull << 30;
+    cfg->epochs = 1;
+    cfg->gpu = -1;
+    cfg->order = HS_ORDER_ARRIVAL;
+    cfg->prefetch = 2;
+    cfg->transport = "auto";
+    cfg->verify_threads = 1;
+    cfg->peer_timeout_s = 10;
+}
+
+static const hs_tp_callbacks_t consumer_callbacks = {
+    .on_accept = cb_accept,
+    .on_frame = cb_frame,
+    .on_payload = cb_payload,
+    .on_close = cb_close,
+};
+
+hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer_t **out)
+{
+    hs_status_t st;
+    if (cfg->epochs == 0 || cfg->prefetch == 0 || cfg->cache_bytes < (1u << 20) ||
+        cfg->verify_threads == 0 || cfg->verify_threads > 64) {
+        hs_error("consumer: epochs, prefetch and verify threads must be >= 1 and the cache at "
+                 "least 1 MiB");
+        return HS_ERR_INVALID;
+    }
+    if (cfg->gpu >= 0) {
+        hs_error("consumer: delivery to a GPU (--gpu %d) is not available in this build; use "
+                 "--gpu none",
+                 cfg->gpu);
+        return HS_ERR_UNSUPPORTED;
+    }
+    hs_consumer_t *c = calloc(1, sizeof(*c));
+    if (!c) return HS_ERR_NOMEM;
+    c->cfg = *cfg;
+    c->status_interval = 5.0;
+    const char *si = getenv("HS_STATUS_INTERVAL");
+    if (si) c->status_interval = atof(si);
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    pthread_mutex_init(&c->vlock, NULL);
+    pthread_cond_init(&c->vcond, NULL);
+    char host[64];
+    gethostname(host, sizeof(host));
+    host[sizeof(host) - 1] = 0;
+    snprintf(c->name, sizeof(c->name), "%s:%d", host, (int)getpid());
+    randombytes_buf(&c->session_id, sizeof(c->session_id));
+
+    if (cfg->secret_file) {
+        st = hs_auth_load_secret(cfg->secret_file, &c->key);
+        if (st != HS_OK) goto err_free;
+        c->have_secret = true;
+    }
+    st = hs_cache_create(cfg->cache_bytes, 0, &c->cache);
+    if (st != HS_OK) {
+        hs_error("consumer: cannot map a cache of %llu bytes: %s",
+                 (unsigned long long)cfg->cache_bytes, hs_status_str(st));
+        goto err_free;
+    }
+    hs_tp_config_t tc = {0};
+    st = hs_tp_kind_parse(cfg->transport ? cfg->transport : "auto", &tc.kind);
+    if (st != HS_OK) {
+        hs_error("consumer: unknown transport '%s': use auto, tcp or ucx", cfg->transport);
+        goto err_cache;
+    }
+    tc.peer_timeout_s = cfg->peer_timeout_s;
+    st = hs_tp_create(&tc, &consumer_callbacks, c, &c->tp);
+    if (st != HS_OK) goto err_cache;
+    hs_tp_mem_register(c->tp, hs_cache_base(c->cache), hs_cache_capacity(c->cache));
+    st = hs_tp_listen(c->tp, cfg->listen_host, cfg->listen_port, &c->port);
+    if (st != HS_OK) goto err_tp;
+
+    c->n_verify = cfg->verify_threads;
+    c->verify_threads = calloc(c->n_verify, sizeof(pthread_t));
+    for (uint32_t i = 0; i < c->n_verify; i++)
+        pthread_create(&c->verify_threads[i], NULL, verify_main, c);
+    if (pthread_create(&c->net_thread, NULL, net_main, c) != 0) {
+        st = HS_ERR_NOMEM;
+        goto err_threads;
+    }
+    hs_info("listening on %s:%u (%s), cache %.2f GiB, %u epoch(s), order %s, %s", cfg->listen_host,
+            c->port, hs_tp_kind_str(tc.kind), (double)hs_cache_capacity(c->cache) / (1 << 30),
+            cfg->epochs, cfg->order == HS_ORDER_PLAN ? "plan" : "arrival",
+            c->have_secret ? "HMAC auth" : (cfg->insecure ? "INSECURE: any peer" : "loopback peers only"));
+    *out = c;
+    return HS_OK;
+
+err_threads:
+    pthread_mutex_lock(&c->vlock);
+    c->vstop = true;
+    pthread_cond_broadcast(&c->vcond);
+    pthread_mutex_unlock(&c->vlock);
+    for (uint32_t i = 0; i < c->n_verify; i++) pthread_join(c->verify_threads[i], NULL);
+    free(c->verify_threads);
+err_tp:
+    hs_tp_destroy(c->tp);
+err_cache:
+    hs_cache_destroy(c->cache);
+err_free:
+    free(c);
+    return st;
+}
+
+uint16_t hs_consumer_port(const hs_consumer_t *c) { return c->port; }
+
+hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
+{
+    double t0 = hs_now_s();
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    if (timeout_ms >= 0) {
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+    }
+    hs_status_t st = HS_OK;
+    pthread_mutex_lock(&c->lock);
+    while (!c->ready_n) {
+        if (c->finished || c->stop) {
+            st = c->fatal[0] ? HS_ERR_NOSPACE : HS_ERR_CLOSED;
+            if (c->t_end == 0) c->t_end = hs_now_s();
+            break;
+        }
+        if (timeout_ms < 0)
+            pthread_cond_wait(&c->cond, &c->lock);
+        else if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) == ETIMEDOUT) {
+            st = HS_ERR_TIMEOUT;
+            break;
+        }
+    }
+    if (c->t_start > 0) c->starve_s += hs_now_s() - (t0 > c->t_start ? t0 : c->t_start);
+    if (st != HS_OK) {
+        pthread_mutex_unlock(&c->lock);
+        return st;
+    }
+    hs_sched_item_t it = c->ready[c->ready_head];
+    c->ready_head = (c->ready_head + 1) % c->ready_cap;
+    c->ready_n--;
+    c->batches_delivered++;
+    c->tokens_delivered += it.n_tokens;
+    c->in_trainer++;
+    pthread_mutex_unlock(&c->lock);
+
+    uint8_t *region = (uint8_t *)hs_cache_base(c->cache) + it.slot_offset;
+    hs_batch_view_t v = hs_batch_view(region, it.n_seqs, it.n_tokens, &c->layout);
+    memset(out, 0, sizeof(*out));
+    out->epoch = it.epoch;
+    out->batch = it.batch;
+    out->n_seqs = it.n_seqs;
+    out->n_tokens = it.n_tokens;
+    out->hidden_size = c->layout.hidden_size;
+    out->n_layers = c->layout.n_layers;
+    out->layers = c->layout.layers;
+    out->cu_seqlens = v.cu_seqlens;
+    out->sample_ids = v.sample_ids;
+    out->input_ids = v.input_ids;
+    out->loss_mask = v.loss_mask;
+    out->hidden = v.hidden;
+    out->bytes = it.bytes;
+    out->handle = it.slot_offset;
+    out->ticket = it.ticket;
+    return HS_OK;
+}
+
+hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
+{
+    hs_status_t st = hs_cache_free(c->cache, batch->handle);
+    if (st != HS_OK) {
+        hs_error("release of a batch this consumer did not hand out (slot %llu)",
+                 (unsigned long long)batch->handle);
+        return st;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->in_trainer--;
+    if (c->released_n == c->released_cap) {
+        uint32_t ncap = c->released_cap ? c->released_cap * 2 : 64;
+        uint64_t *r = realloc(c->released, ncap * sizeof(uint64_t));
+        if (r) {
+            c->released = r;
+            c->released_cap = ncap;
+        }
+    }
+    if (c->released_n < c->released_cap) c->released[c->released_n++] = batch->ticket;
+    pthread_mutex_unlock(&c->lock);
+    hs_tp_wakeup(c->tp); /* room for new tickets */
+    return HS_OK;
+}
+
+void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    hs_cache_stats_t cs;
+    hs_cache_stats(c->cache, &cs);
+    pthread_mutex_lock(&c->lock);
+    s->batches_planned = c->batches_planned;
+    s->batches_delivered = c->batches_delivered;
+    s->checksum_failures = c->checksum_failures;
+    s->bytes_received = c->bytes_received;
+    s->tokens_delivered = c->tokens_delivered;
+    s->finished = c->finished && !c->ready_n;
+    double now = c->t_end > 0 ? c->t_end : hs_now_s();
+    s->seconds = c->t_start > 0 ? now - c->t_start : 0;
+    s->starve_pct = s->seconds > 0 ? 100.0 * c->starve_s / s->seconds : 0;
+    /* The network thread's own figures, as of its last snapshot. */
+    s->duplicates = c->snap.duplicates;
+    s->tickets_out = c->snap.tickets_out;
+    s->protocol_errors = c->snap.protocol_errors;
+    s->producers_seen = c->snap.producers_seen;
+    s->producers_dropped = c->snap.producers_dropped;
+    s->leases_returned = c->snap.leases_returned;
+    s->producers_connected = c->snap.producers_connected;
+    s->producer_stall_pct = c->snap.producer_stall_pct;
+    pthread_mutex_unlock(&c->lock);
+    s->epochs = c->cfg.epochs;
+    s->cache_capacity = cs.capacity;
+    s->cache_used = cs.used;
+    s->cache_high_water = cs.high_water;
+}
+
+void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap)
+{
+    hs_consumer_stats_t s;
+    hs_consumer_stats(c, &s);
+    double secs = s.seconds > 0 ? s.seconds : 1e-9;
+    snprintf(buf, cap,
+             "%llu/%llu batches | %.0f tok/s | %.2f batch/s | %.2f GB/s | cache %.0f%% | "
+             "tickets out %llu | producers %llu | producer stall %.0f%% | starve %.0f%%",
+             (unsigned long long)s.batches_delivered, (unsigned long long)s.batches_planned,
+             (double)s.tokens_delivered / secs, (double)s.batches_delivered / secs,
+             (double)s.bytes_received / secs / 1e9,
+             s.cache_capacity ? 100.0 * (double)s.cache_used / (double)s.cache_capacity : 0,
+             (unsigned long long)s.tickets_out, (unsigned long long)s.producers_connected,
+             s.producer_stall_pct, s.starve_pct);
+}
+
+int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
+{
+    double secs = s->seconds > 0 ? s->seconds : 1e-9;
+    return snprintf(
+        buf, cap,
+        "{\n  \"batches_planned\": %llu,\n  \"batches_delivered\": %llu,\n"
+        "  \"duplicates\": %llu,\n  \"checksum_failures\": %llu,\n"
+        "  \"protocol_errors\": %llu,\n  \"bytes\": %llu,\n  \"tokens\": %llu,\n"
+        "  \"seconds\": %.3f,\n  \"tokens_per_s\": %.1f,\n  \"batches_per_s\": %.3f,\n"
+        "  \"gbytes_per_s\": %.4f,\n  \"epochs\": %u,\n  \"producers_seen\": %llu,\n"
+        "  \"producers_dropped\": %llu,\n  \"leases_returned\": %llu,\n"
+        "  \"cache_capacity\": %llu,\n  \"cache_high_water\": %llu,\n"
+        "  \"starve_pct\": %.2f,\n  \"producer_stall_pct\": %.2f,\n  \"complete\": %s\n}\n",
+        (unsigned long long)s->batches_planned, (unsigned long long)s->batches_delivered,
+        (unsigned long long)s->duplicates, (unsigned long long)s->checksum_failures,
+        (unsigned long long)s->protocol_errors, (unsigned long long)s->bytes_received,
+        (unsigned long long)s->tokens_delivered, s->seconds, (double)s->tokens_delivered / secs,
+        (double)s->batches_delivered / secs, (double)s->bytes_received / secs / 1e9, s->epochs,
+        (unsigned long long)s->producers_seen, (unsigned long long)s->producers_dropped,
+        (unsigned long long)s->leases_returned, (unsigned long long)s->cache_capacity,
+        (unsigned long long)s->cache_high_water, s->starve_pct, s->producer_stall_pct,
+        s->batches_planned && s->batches_delivered == s->batches_planned ? "true" : "false");
+}
+
+void hs_consumer_destroy(hs_consumer_t *c)
+{
+    if (!c) return;
+    pthread_mutex_lock(&c->lock);
+    if (c->t_end == 0) c->t_end = hs_now_s();
+    pthread_mutex_unlock(&c->lock);
+    c->stop = true;
+    hs_tp_wakeup(c->tp);
+    pthread_join(c->net_thread, NULL);
+    pthread_mutex_lock(&c->vlock);
+    c->vstop = true;
+    pthread_cond_broadcast(&c->vcond);
+    pthread_mutex_unlock(&c->vlock);
+    for (uint32_t i = 0; i < c->n_verify; i++) pthread_join(c->verify_threads[i], NULL);
+    free(c->verify_threads);
+    for (verify_job_t *j = c->vjobs, *n; j; j = n) {
+        n = j->next;
+        free(j);
+    }
+    for (verify_job_t *j = c->vdone, *n; j; j = n) {
+        n = j->next;
+        free(j);
+    }
+    hs_tp_destroy(c->tp);
+    while (c->peers) {
+        peer_t *p = c->peers;
+        c->peers = p->next;
+        free(p->hello_body);
+        free(p);
+    }
+    hs_sched_destroy(c->sched);
+    hs_cache_destroy(c->cache);
+    hs_auth_key_clear(&c->key);
+    free(c->plan_nseqs);
+    free(c->plan_ntokens);
+    free(c->plan_bytes);
+    free(c->ready);
+    free(c->released);
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cond);
+    pthread_mutex_destroy(&c->vlock);
+    pthread_cond_destroy(&c->vcond);
+    free(c);
+}
+
+const char *hsflow_status_str(hs_status_code_t status) { return hs_status_str(status); }

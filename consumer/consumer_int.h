@@ -1,0 +1,104 @@
+/* consumer_int.h - the consumer engine's state, shared by the consumer/ sources. */
+#ifndef HS_CONSUMER_INT_H
+#define HS_CONSUMER_INT_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <sodium.h>
+
+#include "hsflow.h"
+#include "hs_common.h"
+#include "hs_proto.h"
+#include "hs_transport.h"
+#include "cache_int.h"
+#include "sched_int.h"
+
+typedef enum {
+    PEER_NEW,          /* waiting for HELLO */
+    PEER_AUTH,         /* CHALLENGE sent, waiting for AUTH */
+    PEER_SENDING_PLAN, /* WELCOME(need_plan) sent, PLAN pages coming */
+    PEER_WAIT_PLAN,    /* admitted; WELCOME once another producer's plan is in */
+    PEER_READY,        /* gets tickets */
+    PEER_GONE,         /* connection closed; waits for its payloads to settle */
+} peer_state_t;
+
+/* One producer connection. Owned by the network thread. */
+typedef struct peer {
+    struct peer *next;
+    hs_tp_conn_t *conn; /* NULL once closed */
+    uint64_t id;        /* scheduler connection id, never reused */
+    peer_state_t state;
+    char name[300];
+    uint32_t workers, prefetch;
+    uint32_t receiving; /* payloads accepted and still landing */
+    uint32_t verifying; /* payloads with the checksum threads */
+    uint8_t client_nonce[HS_AUTH_NONCE_BYTES];
+    uint8_t server_nonce[HS_AUTH_NONCE_BYTES];
+    uint8_t *hello_body; /* kept for the AUTH check */
+    uint32_t hello_len;
+    double stall_pct, tokens_per_s;
+    bool has_stats;
+} peer_t;
+
+typedef struct verify_job {
+    struct verify_job *next;
+    uint64_t peer_id, ticket_id;
+    hs_sched_item_t item;
+    hs_status_t status;
+    char why[256];
+} verify_job_t;
+
+struct hs_consumer {
+    hs_consumer_config_t cfg;
+    char name[128];
+    uint64_t session_id;
+    hs_auth_key_t key;
+    bool have_secret;
+
+    hs_cache_t *cache;
+    hs_tp_t *tp;
+    uint16_t port;
+    pthread_t net_thread;
+    volatile bool stop;
+    char fatal[256];
+
+    /* network thread only */
+    peer_t *peers;
+    uint64_t next_peer_id;
+    uint8_t frame_buf[HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES];
+    bool have_run, all_queued;
+    hs_layout_t layout;
+    uint64_t plan_hash, seed;
+    uint32_t n_batches, token_budget, plan_received;
+    uint64_t plan_sender; /* peer id sending PLAN pages, 0 = none */
+    uint32_t *plan_nseqs, *plan_ntokens;
+    uint64_t *plan_bytes;
+    uint64_t tokens_per_epoch;
+    hs_sched_t *sched;
+    uint64_t n_seen, n_dropped, n_proto_errors, leases_returned;
+    double t_last_status, status_interval;
+
+    /* checksum threads */
+    pthread_t *verify_threads;
+    uint32_t n_verify;
+    pthread_mutex_t vlock;
+    pthread_cond_t vcond;
+    verify_job_t *vjobs, *vdone;
+    uint32_t vjobs_n;
+    bool vstop;
+
+    /* shared with the trainer, under lock */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    hs_sched_item_t *ready; /* ring of deliverable batches */
+    uint32_t ready_head, ready_n, ready_cap;
+    uint64_t *released; /* tickets released by the trainer, for the scheduler */
+    uint32_t released_n, released_cap;
+    bool finished;
+    uint64_t batches_planned, batches_delivered, tokens_delivered, bytes_received;
+    uint64_t checksum_failures, in_trainer;
+    double t_start, t_end, starve_s;
+    hs_consumer_stats_t snap; /* network thread's figures */
+};
+
+#endif /* HS_CONSUMER_INT_H */

@@ -1,0 +1,363 @@
+/* hs_consumer_main.c - the hs-consumer command: listens for producers, fills
+ * the host-RAM cache through tickets, and consumes every batch itself (or
+ * feeds the trainer through the library); --loopback N also starts N local
+ * producers, so one command runs the whole pipeline on one machine. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <limits.h>
+
+#include "hsflow.h"
+#include "hs_common.h"
+
+#define MAX_LOOPBACK 64
+
+static const char usage[] =
+    "usage: hs-consumer --listen HOST:PORT --cache-gb N --epochs E [options]\n"
+    "       hs-consumer --loopback N [consumer options] -- [hs-producer options]\n"
+    "\n"
+    "Receives packed hidden states from hs-producer processes into a host-RAM cache,\n"
+    "hands out work tickets so producers never overrun it, verifies every batch and\n"
+    "delivers each batch of each epoch exactly once.\n"
+    "\n"
+    "options (each also settable as HS_<NAME>, e.g. HS_CACHE_GB=64):\n"
+    "  --listen HOST:PORT     address to listen on (default 0.0.0.0:7000)\n"
+    "  --cache-gb N           host-RAM cache in GiB, fractions allowed (default 4)\n"
+    "  --epochs E             epochs to deliver (default 1)\n"
+    "  --gpu none|K           deliver batches to GPU K, or keep them in host memory (default none)\n"
+    "  --order arrival|plan   delivery order: as verified (default) or strict plan order\n"
+    "  --prefetch N           tickets queued per producer worker (default 2)\n"
+    "  --verify-synthetic     check every hidden-state element against the synthetic source\n"
+    "  --verify-threads N     checksum threads (default 1)\n"
+    "  --secret-file FILE     shared secret: producers must prove they hold it (HMAC)\n"
+    "  --insecure             accept non-loopback producers without a secret\n"
+    "  --transport KIND       auto, tcp or ucx (default auto)\n"
+    "  --train-ms MS          hold each batch MS milliseconds before releasing it (a stand-in\n"
+    "                         for trainer time; default 0)\n"
+    "  --summary-json FILE    write the end-of-run summary as JSON (\"-\" = stdout)\n"
+    "  --status-interval S    seconds between status lines (default 5; 0 = off)\n"
+    "  --loopback N           run N local hs-producer processes against 127.0.0.1; the\n"
+    "                         arguments after -- go to each of them\n"
+    "  -h, --help             this text\n"
+    "\n"
+    "examples:\n"
+    "  hs-consumer --listen 0.0.0.0:7000 --cache-gb 64 --epochs 2 --secret-file /etc/hsflow.key\n"
+    "  hs-consumer --loopback 3 --cache-gb 1 --epochs 2 --verify-synthetic -- \\\n"
+    "      --data data.jsonl --token-budget 8192 --hidden-size 1024 --layers 2,16,29 \\\n"
+    "      --source synthetic --gpus cpu:1\n";
+
+typedef struct {
+    hs_consumer_config_t cfg;
+    char host[256];
+    int loopback;
+    unsigned train_ms;
+    const char *summary_json;
+} options_t;
+
+enum {
+    OPT_LISTEN = 1000, OPT_CACHE_GB, OPT_EPOCHS, OPT_GPU, OPT_ORDER, OPT_PREFETCH,
+    OPT_VERIFY_SYNTH, OPT_VERIFY_THREADS, OPT_SECRET, OPT_INSECURE, OPT_TRANSPORT, OPT_TRAIN_MS,
+    OPT_SUMMARY, OPT_STATUS, OPT_LOOPBACK,
+};
+
+static const struct option long_options[] = {
+    {"listen", required_argument, NULL, OPT_LISTEN},
+    {"cache-gb", required_argument, NULL, OPT_CACHE_GB},
+    {"epochs", required_argument, NULL, OPT_EPOCHS},
+    {"gpu", required_argument, NULL, OPT_GPU},
+    {"order", required_argument, NULL, OPT_ORDER},
+    {"prefetch", required_argument, NULL, OPT_PREFETCH},
+    {"verify-synthetic", no_argument, NULL, OPT_VERIFY_SYNTH},
+    {"verify-threads", required_argument, NULL, OPT_VERIFY_THREADS},
+    {"secret-file", required_argument, NULL, OPT_SECRET},
+    {"insecure", no_argument, NULL, OPT_INSECURE},
+    {"transport", required_argument, NULL, OPT_TRANSPORT},
+    {"train-ms", required_argument, NULL, OPT_TRAIN_MS},
+    {"summary-json", required_argument, NULL, OPT_SUMMARY},
+    {"status-interval", required_argument, NULL, OPT_STATUS},
+    {"loopback", required_argument, NULL, OPT_LOOPBACK},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+static int bad(const char *flag, const char *arg, const char *from, const char *expect)
+{
+    fprintf(stderr, "hs-consumer: --%s '%s' (%s): %s\n", flag, arg ? arg : "", from, expect);
+    return 2;
+}
+
+static int apply(void *ctx, int opt, const char *arg, const char *from)
+{
+    options_t *o = ctx;
+    uint64_t u;
+    double d;
+    switch (opt) {
+    case 'h': fputs(usage, stdout); return 3;
+    case OPT_LISTEN: {
+        uint16_t port;
+        if (hs_parse_hostport(arg, o->host, sizeof(o->host), &port) != HS_OK)
+            return bad("listen", arg, from, "expected HOST:PORT, e.g. 0.0.0.0:7000");
+        o->cfg.listen_host = o->host;
+        o->cfg.listen_port = port;
+        return 0;
+    }
+    case OPT_CACHE_GB:
+        if (hs_parse_double(arg, &d) != HS_OK || d < 0.001 || d > 1 << 20)
+            return bad("cache-gb", arg, from, "expected a size in GiB such as 64 or 0.5");
+        o->cfg.cache_bytes = (uint64_t)(d * (double)(1ull << 30));
+        return 0;
+    case OPT_EPOCHS:
+        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 1000000)
+            return bad("epochs", arg, from, "expected a whole number >= 1");
+        o->cfg.epochs = (uint32_t)u;
+        return 0;
+    case OPT_GPU:
+        if (!strcmp(arg, "none")) {
+            o->cfg.gpu = -1;
+            return 0;
+        }
+        if (hs_parse_u64(arg, &u) != HS_OK || u > 1023)
+            return bad("gpu", arg, from, "expected none or a GPU index such as 3");
+        o->cfg.gpu = (int)u;
+        return 0;
+    case OPT_ORDER:
+        if (!strcmp(arg, "arrival"))
+            o->cfg.order = HS_ORDER_ARRIVAL;
+        else if (!strcmp(arg, "plan"))
+            o->cfg.order = HS_ORDER_PLAN;
+        else
+            return bad("order", arg, from, "expected arrival or plan");
+        return 0;
+    case OPT_PREFETCH:
+        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 64)
+            return bad("prefetch", arg, from, "expected 1..64");
+        o->cfg.prefetch = (uint32_t)u;
+        return 0;
+    case OPT_VERIFY_SYNTH: o->cfg.verify_synthetic = true; return 0;
+    case OPT_VERIFY_THREADS:
+        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 64)
+            return bad("verify-threads", arg, from, "expected 1..64");
+        o->cfg.verify_threads = (uint32_t)u;
+        return 0;
+    case OPT_SECRET: o->cfg.secret_file = arg; return 0;
+    case OPT_INSECURE: o->cfg.insecure = true; return 0;
+    case OPT_TRANSPORT:
+        if (strcmp(arg, "auto") && strcmp(arg, "tcp") && strcmp(arg, "ucx"))
+            return bad("transport", arg, from, "expected auto, tcp or ucx");
+        o->cfg.transport = arg;
+        return 0;
+    case OPT_TRAIN_MS:
+        if (hs_parse_u64(arg, &u) != HS_OK || u > 600000)
+            return bad("train-ms", arg, from, "expected milliseconds, 0..600000");
+        o->train_ms = (unsigned)u;
+        return 0;
+    case OPT_SUMMARY: o->summary_json = arg; return 0;
+    case OPT_STATUS:
+        if (hs_parse_double(arg, &d) != HS_OK || d < 0)
+            return bad("status-interval", arg, from, "expected seconds >= 0");
+        setenv("HS_STATUS_INTERVAL", arg, 1);
+        return 0;
+    case OPT_LOOPBACK:
+        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > MAX_LOOPBACK)
+            return bad("loopback", arg, from, "expected 1..64 producers");
+        o->loopback = (int)u;
+        return 0;
+    }
+    return 2;
+}
+
+static volatile sig_atomic_t g_interrupted;
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_interrupted = 1;
+}
+
+/* The hs-producer next to this binary, else the one on PATH. */
+static void producer_path(char *out, size_t cap)
+{
+    const char *env = getenv("HS_PRODUCER_BIN");
+    if (env) {
+        snprintf(out, cap, "%s", env);
+        return;
+    }
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        self[n] = 0;
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(out, cap, "%s/hs-producer", self);
+            if (access(out, X_OK) == 0) return;
+        }
+    }
+    snprintf(out, cap, "hs-producer");
+}
+
+static pid_t spawn_producer(const char *bin, uint16_t port, int index, int nargs, char **args)
+{
+    char to[64], name[64];
+    snprintf(to, sizeof(to), "127.0.0.1:%u", port);
+    snprintf(name, sizeof(name), "loopback-%d", index);
+    char **argv = calloc((size_t)nargs + 6, sizeof(char *));
+    int k = 0;
+    argv[k++] = (char *)bin;
+    argv[k++] = "--to";
+    argv[k++] = to;
+    argv[k++] = "--name";
+    argv[k++] = name;
+    for (int i = 0; i < nargs; i++) argv[k++] = args[i];
+    argv[k] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        execvp(bin, argv);
+        fprintf(stderr, "hs-consumer: cannot run %s: %m (set HS_PRODUCER_BIN)\n", bin);
+        _exit(127);
+    }
+    free(argv);
+    return pid;
+}
+
+int main(int argc, char **argv)
+{
+    options_t o = {0};
+    hs_consumer_config_default(&o.cfg);
+    snprintf(o.host, sizeof(o.host), "0.0.0.0");
+    o.cfg.listen_host = o.host;
+    hs_log_set_tag("consumer");
+
+    /* Arguments after "--" belong to the loopback producers. */
+    int split = argc;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--")) {
+            split = i;
+            break;
+        }
+    int first;
+    int rc = hs_cli_parse(split, argv, "h", long_options, apply, &o, &first);
+    if (rc == 3) return 0;
+    if (rc) {
+        fprintf(stderr, "run hs-consumer --help for the options\n");
+        return 2;
+    }
+    if (first < split) {
+        fprintf(stderr, "hs-consumer: unexpected argument '%s' (producer options go after --)\n",
+                argv[first]);
+        return 2;
+    }
+    if (split < argc && !o.loopback) {
+        fprintf(stderr, "hs-consumer: arguments after -- are for --loopback producers; add "
+                        "--loopback N\n");
+        return 2;
+    }
+    if (o.loopback) {
+        snprintf(o.host, sizeof(o.host), "127.0.0.1");
+        if (!hs_env_for_flag("listen")) o.cfg.listen_port = 0;
+    }
+    hs_info("config: listen %s:%u, cache %.3f GiB, epochs %u, gpu %d, order %s, prefetch %u, "
+            "verify-synthetic %s, transport %s, loopback %d",
+            o.cfg.listen_host, o.cfg.listen_port, (double)o.cfg.cache_bytes / (1 << 30),
+            o.cfg.epochs, o.cfg.gpu, o.cfg.order == HS_ORDER_PLAN ? "plan" : "arrival",
+            o.cfg.prefetch, o.cfg.verify_synthetic ? "on" : "off", o.cfg.transport, o.loopback);
+
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+
+    hs_consumer_t *c;
+    if (hs_consumer_create(&o.cfg, &c) != HS_OK) return 1;
+
+    pid_t pids[MAX_LOOPBACK] = {0};
+    int alive = 0;
+    if (o.loopback) {
+        char bin[PATH_MAX];
+        producer_path(bin, sizeof(bin));
+        for (int i = 0; i < o.loopback; i++) {
+            pids[i] = spawn_producer(bin, hs_consumer_port(c), i, argc - split - 1,
+                                     argv + split + 1);
+            if (pids[i] > 0) alive++;
+        }
+        hs_info("started %d local producer(s): %s --to 127.0.0.1:%u ...", alive, bin,
+                hs_consumer_port(c));
+    }
+
+    int exit_code = 0;
+    hs_batch_t b;
+    for (;;) {
+        if (g_interrupted) {
+            hs_warn("interrupted: stopping before the run is complete");
+            exit_code = 130;
+            break;
+        }
+        hs_status_code_t st = hs_consumer_next(c, &b, 250);
+        if (st == HS_OK) {
+            if (o.train_ms) usleep(o.train_ms * 1000u);
+            hs_consumer_release(c, &b);
+            continue;
+        }
+        if (st == -9 /* HS_ERR_CLOSED: every batch delivered */) break;
+        if (st != -11 /* HS_ERR_TIMEOUT */) {
+            exit_code = 1;
+            break;
+        }
+        /* Loopback: if every producer is gone and work remains, nobody will finish it. */
+        for (int i = 0; i < o.loopback; i++) {
+            int status;
+            if (pids[i] > 0 && waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+                pids[i] = 0;
+                alive--;
+                if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                    hs_warn("local producer %d ended with %s %d", i,
+                            WIFEXITED(status) ? "exit code" : "signal",
+                            WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            }
+        }
+        if (o.loopback && alive == 0) {
+            hs_error("every local producer has exited and the run is not complete");
+            exit_code = 1;
+            break;
+        }
+    }
+
+    hs_consumer_stats_t s;
+    hs_consumer_stats(c, &s);
+    hs_consumer_destroy(c);
+    if (o.loopback) {
+        for (int i = 0; i < o.loopback; i++) {
+            if (pids[i] <= 0) continue;
+            if (exit_code) kill(pids[i], SIGTERM);
+            int status;
+            waitpid(pids[i], &status, 0);
+        }
+    }
+    double secs = s.seconds > 0 ? s.seconds : 1e-9;
+    bool complete = s.batches_planned > 0 && s.batches_delivered == s.batches_planned;
+    printf("hsflow summary: %llu/%llu batches delivered (%s), %llu duplicates, %llu checksum "
+           "failures, %llu protocol errors, %.3f GB in %.2f s = %.3f GB/s, %.0f tokens/s, "
+           "%llu producers seen (%llu dropped), %llu tickets re-issued, starve %.1f%%\n",
+           (unsigned long long)s.batches_delivered, (unsigned long long)s.batches_planned,
+           complete ? "complete" : "INCOMPLETE", (unsigned long long)s.duplicates,
+           (unsigned long long)s.checksum_failures, (unsigned long long)s.protocol_errors,
+           (double)s.bytes_received / 1e9, s.seconds, (double)s.bytes_received / secs / 1e9,
+           (double)s.tokens_delivered / secs, (unsigned long long)s.producers_seen,
+           (unsigned long long)s.producers_dropped, (unsigned long long)s.leases_returned,
+           s.starve_pct);
+    if (o.summary_json) {
+        FILE *f = strcmp(o.summary_json, "-") ? fopen(o.summary_json, "w") : stdout;
+        if (!f) {
+            hs_error("cannot write the summary to %s: %m", o.summary_json);
+            return 1;
+        }
+        char json[4096];
+        hs_consumer_stats_json(&s, json, sizeof(json));
+        fputs(json, f);
+        if (f != stdout) fclose(f);
+    }
+    if (!exit_code && !complete) exit_code = 1;
+    return exit_code;
+}

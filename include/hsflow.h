@@ -1,0 +1,126 @@
+/* hsflow.h - the public C API of libhsflow.
+ *
+ * A consumer listens for producers, hands out work tickets so they can never
+ * overrun its host-RAM cache, verifies every batch, and delivers batches one
+ * at a time to the trainer:
+ *
+ *     hs_consumer_config_t cfg;
+ *     hs_consumer_config_default(&cfg);
+ *     cfg.listen_host = "0.0.0.0"; cfg.listen_port = 7000;
+ *     cfg.cache_bytes = 64ull << 30; cfg.epochs = 2;
+ *     hs_consumer_t *c;
+ *     if (hs_consumer_create(&cfg, &c) != HS_OK) ...;
+ *     hs_batch_t b;
+ *     while (hs_consumer_next(c, &b, -1) == HS_OK) {
+ *         train(b.hidden, b.input_ids, b.loss_mask, b.cu_seqlens, b.n_tokens);
+ *         hs_consumer_release(c, &b);
+ *     }
+ *     hs_consumer_destroy(c);
+ *
+ * Ownership: a batch's memory belongs to the consumer; the pointers in an
+ * hs_batch_t stay valid until hs_consumer_release() of that batch. Every
+ * batch taken with hs_consumer_next() must be released exactly once.
+ * Threads: hs_consumer_next()/release() may be called from any one thread
+ * (the trainer's); the consumer runs its own network thread. */
+#ifndef HSFLOW_H
+#define HSFLOW_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HSFLOW_VERSION_STRING "0.1.0"
+
+/* hs_status_t values: 0 ok, negative errors (see hs_status_str()). */
+typedef int hs_status_code_t;
+const char *hsflow_status_str(hs_status_code_t status);
+
+typedef enum { HS_ORDER_ARRIVAL = 0, HS_ORDER_PLAN = 1 } hs_order_t;
+
+typedef struct {
+    const char *listen_host;  /* default "0.0.0.0" */
+    uint16_t listen_port;     /* default 7000; 0 picks a free port */
+    uint64_t cache_bytes;     /* host-RAM cache size; default 4 GiB */
+    uint32_t epochs;          /* default 1 */
+    int gpu;                  /* -1 = host delivery (default) */
+    hs_order_t order;         /* default HS_ORDER_ARRIVAL */
+    uint32_t prefetch;        /* tickets per producer worker; default 2 */
+    bool verify_synthetic;    /* check every element against the synthetic source */
+    bool insecure;            /* accept non-loopback peers without a secret */
+    const char *secret_file;  /* shared secret for HMAC auth; NULL = none */
+    const char *transport;    /* "auto", "tcp", "ucx"; default "auto" */
+    uint32_t verify_threads;  /* checksum threads; default 1 */
+    uint32_t peer_timeout_s;  /* default 10 */
+} hs_consumer_config_t;
+
+/* One batch, as views into consumer-owned memory (host or device). */
+typedef struct {
+    uint32_t epoch;
+    uint32_t batch;           /* batch id in the plan */
+    uint32_t n_seqs;
+    uint32_t n_tokens;        /* T */
+    uint32_t hidden_size;     /* H */
+    uint32_t n_layers;        /* k */
+    const int32_t *layers;    /* the k captured layer indices */
+    const int32_t *cu_seqlens;/* n_seqs + 1 */
+    const uint64_t *sample_ids;
+    const int32_t *input_ids; /* T */
+    const uint8_t *loss_mask; /* T */
+    const uint16_t *hidden;   /* bf16 bits, [T][k*H] row-major */
+    bool on_device;           /* pointers are device pointers */
+    uint64_t bytes;           /* size of the whole batch region */
+    uint64_t handle;          /* internal; for hs_consumer_release */
+    uint64_t ticket;          /* internal; for hs_consumer_release */
+} hs_batch_t;
+
+typedef struct {
+    uint64_t batches_planned;   /* over all epochs; 0 until the plan is known */
+    uint64_t batches_delivered;
+    uint64_t duplicates;
+    uint64_t checksum_failures;
+    uint64_t protocol_errors;
+    uint64_t producers_connected, producers_seen, producers_dropped;
+    uint64_t bytes_received;    /* payload bytes that landed in the cache */
+    uint64_t tokens_delivered;
+    uint64_t tickets_out;
+    uint64_t leases_returned;   /* tickets that went back to the queue */
+    uint64_t cache_capacity, cache_used, cache_high_water;
+    double seconds;             /* since the first ticket */
+    double starve_pct;          /* trainer waited for data */
+    double producer_stall_pct;  /* reported by producers (mean) */
+    uint32_t epochs;
+    bool finished;
+} hs_consumer_stats_t;
+
+typedef struct hs_consumer hs_consumer_t;
+
+void hs_consumer_config_default(hs_consumer_config_t *cfg);
+/* Validates the config, allocates the cache, starts listening and the
+ * network thread. On failure nothing is left running. */
+hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer_t **out);
+/* The port actually bound (useful with listen_port 0). */
+uint16_t hs_consumer_port(const hs_consumer_t *c);
+/* Waits up to timeout_ms (-1 = forever) for the next verified batch.
+ * Returns 0 with *out set, HS_ERR_TIMEOUT (-11), or HS_ERR_CLOSED (-9) once
+ * every batch of every epoch has been delivered (or the consumer stopped). */
+hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms);
+/* Gives the batch's cache slot back; new tickets can then be issued. */
+hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
+void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *out);
+/* The summary as a JSON object into buf[cap]; returns the length it needs
+ * (as snprintf). Keys: batches_planned, batches_delivered, duplicates,
+ * checksum_failures, bytes, seconds, tokens_per_s, gbytes_per_s, ... */
+int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap);
+/* One-line live status into buf. */
+void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap);
+/* Tells producers BYE, stops the network thread, frees everything. NULL ok. */
+void hs_consumer_destroy(hs_consumer_t *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HSFLOW_H */

@@ -1,0 +1,346 @@
+/* attention.cu - causal attention over packed variable-length sequences on
+ * CUDA tensor cores (flash-attention-2 style), grouped-query heads.
+ *
+ * For sequence s (rows cu_seqlens[s]..cu_seqlens[s+1]), query head h and kv
+ * head h / (Hq / Hkv):  out[i] = sum_j softmax_j(scale * q_i . k_j) v_j over
+ * keys j <= i of the same sequence (and i - j < window when window > 0).
+ * q, k, v are [T, heads * d] row slices (row strides q_stride, kv_stride),
+ * so the fused qkv GEMM output is read in place; out is [T, Hq * d].
+ *
+ * One block of 4 warps takes 64 query rows of one (sequence, head); each
+ * warp owns 16 rows. Key/value tiles of 64 rows stream through shared memory
+ * with cp.async, double-buffered. S = Q K^T and O += P V run on mma.sync
+ * m16n8k16 (bf16 in, fp32 accumulate); the softmax is online (running max
+ * and sum per row, in the exp2 domain), so memory is linear in sequence
+ * length and nothing of size L^2 exists. P is rounded to bf16 for the second
+ * product, as in flash attention. Shared rows are padded by 16 bytes so the
+ * ldmatrix reads are free of bank conflicts. Blocks of the longest (most
+ * expensive) query tiles of each sequence are launched first.
+ * hs_kn_attention_schedule() computes the per-sequence tile prefix sums once
+ * per batch on the device, so the host needs no copy of cu_seqlens. */
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "attention.h"
+#include "cublaslt.h"
+
+typedef __nv_bfloat16 bf16;
+
+namespace {
+
+constexpr int kBM = 64, kBN = 64, kThreads = 128;
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int n = pred ? 16 : 0; /* 0 source bytes: zero-fill */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,
+                                        const void *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,
+                                          const void *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(a));
+}
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    attn_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+                int64_t q_stride, int64_t kv_stride, bf16 *__restrict__ out, int64_t out_stride,
+                const int32_t *__restrict__ cu, const int32_t *__restrict__ tile_prefix, int n_seqs,
+                int group, float scale_log2, int window)
+{
+    constexpr int LDS = D + 8;     /* padded shared row, elements */
+    constexpr int CPR = D / 8;     /* 16-byte chunks per row */
+    constexpr int NT = kBN / 8;    /* n-tiles of S */
+    constexpr int DT = D / 8;      /* n-tiles of O */
+    constexpr int KC = D / 16;     /* k-chunks of Q K^T */
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *sQ = (bf16 *)smem_raw;
+    bf16 *sK = sQ + kBM * LDS; /* [2][kBN][LDS] */
+    bf16 *sV = sK + 2 * kBN * LDS;
+
+    /* block -> (sequence, query tile): binary search in the tile prefix sums;
+     * within a sequence the last (longest) tiles come first */
+    const int b = blockIdx.x, head = blockIdx.y;
+    if (b >= tile_prefix[n_seqs]) return;
+    int lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (tile_prefix[mid] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    const int seq = lo;
+    const int start = cu[seq], len = cu[seq + 1] - start;
+    const int q0 = (tile_prefix[seq + 1] - 1 - b) * kBM;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int kvh = head / group;
+    const bf16 *qb = q + (int64_t)start * q_stride + (int64_t)head * D;
+    const bf16 *kb = k + (int64_t)start * kv_stride + (int64_t)kvh * D;
+    const bf16 *vb = v + (int64_t)start * kv_stride + (int64_t)kvh * D;
+
+    const int kv_end = min(len, q0 + kBM);
+    const int kv_begin = window > 0 ? max(0, q0 - window + 1) : 0;
+    const int jt0 = kv_begin / kBN, jt1 = (kv_end + kBN - 1) / kBN;
+
+    for (int c = tid; c < kBM * CPR; c += kThreads) {
+        int r = c / CPR, cc = c % CPR, row = q0 + r;
+        bool ok = row < len;
+        cp_async16(sQ + r * LDS + cc * 8, qb + (int64_t)(ok ? row : 0) * q_stride + cc * 8, ok);
+    }
+    auto load_kv = [&](int jt, int buf) {
+        for (int c = tid; c < kBN * CPR; c += kThreads) {
+            int r = c / CPR, cc = c % CPR, row = jt * kBN + r;
+            bool ok = row < kv_end;
+            int64_t off = (int64_t)(ok ? row : 0) * kv_stride + cc * 8;
+            cp_async16(sK + (buf * kBN + r) * LDS + cc * 8, kb + off, ok);
+            cp_async16(sV + (buf * kBN + r) * LDS + cc * 8, vb + off, ok);
+        }
+    };
+    load_kv(jt0, 0);
+    cp_async_commit();
+
+    uint32_t qf[KC][4];
+    float o[DT][4];
+#pragma unroll
+    for (int i = 0; i < DT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const int row_lo = q0 + warp * 16;           /* first query row of this warp */
+    const int qr0 = row_lo + (lane >> 2);        /* rows held by this thread: qr0, qr0 + 8 */
+
+    for (int jt = jt0; jt < jt1; jt++) {
+        const int buf = (jt - jt0) & 1;
+        if (jt + 1 < jt1) {
+            load_kv(jt + 1, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (jt == jt0) {
+#pragma unroll
+            for (int kc = 0; kc < KC; kc++)
+                ldsm_x4(qf[kc][0], qf[kc][1], qf[kc][2], qf[kc][3],
+                        sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + kc * 16 +
+                            (lane >> 4) * 8);
+        }
+        const bf16 *kt = sK + buf * kBN * LDS;
+        const bf16 *vt = sV + buf * kBN * LDS;
+        const int key0 = jt * kBN;
+
+        float s[NT][4];
+#pragma unroll
+        for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) {
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3,
+                        kt + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LDS + kc * 16 +
+                            ((lane >> 3) & 1) * 8);
+                mma_bf16(s[2 * np], qf[kc], b0, b1);
+                mma_bf16(s[2 * np + 1], qf[kc], b2, b3);
+            }
+        }
+        /* mask: keys past the diagonal, past the sequence, or out of the window */
+        bool need_mask = key0 + kBN - 1 > row_lo || key0 + kBN > len ||
+                         (window > 0 && row_lo + 15 - key0 >= window);
+        if (need_mask) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+                    int qr = qr0 + (e >> 1) * 8;
+                    if (key > qr || key >= len || (window > 0 && qr - key >= window)) s[nt][e] = -INFINITY;
+                }
+        }
+        /* online softmax, rows qr0 (r = 0) and qr0 + 8 (r = 1) */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float m_new = fmaxf(m[r], mx * scale_log2);
+            float m_use = m_new == -INFINITY ? 0.f : m_new;
+            float alpha = exp2f(m[r] - m_use);
+            m[r] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float p0 = exp2f(s[nt][2 * r] * scale_log2 - m_use);
+                float p1 = exp2f(s[nt][2 * r + 1] * scale_log2 - m_use);
+                s[nt][2 * r] = p0;
+                s[nt][2 * r + 1] = p1;
+                sum += p0 + p1;
+            }
+            l[r] = l[r] * alpha + sum;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                o[dt][2 * r] *= alpha;
+                o[dt][2 * r + 1] *= alpha;
+            }
+        }
+        /* O += P V: the S accumulators are already laid out as A fragments */
+#pragma unroll
+        for (int kc = 0; kc < kBN / 16; kc++) {
+            uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                             pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                             pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; dp++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3,
+                          vt + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dp * 16 +
+                              (lane >> 4) * 8);
+                mma_bf16(o[2 * dp], a, b0, b1);
+                mma_bf16(o[2 * dp + 1], a, b2, b3);
+            }
+        }
+        __syncthreads(); /* this buffer is refilled two tiles from now */
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = l[r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        float inv = sum > 0.f ? 1.f / sum : 0.f;
+        int row = qr0 + r * 8;
+        if (row < len) {
+            bf16 *orow = out + (int64_t)(start + row) * out_stride + (int64_t)head * D;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                *(__nv_bfloat162 *)(orow + dt * 8 + 2 * (lane & 3)) =
+                    __floats2bfloat162_rn(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+        }
+    }
+}
+
+/* tile_prefix[s] = sum over sequences before s of ceil(len / kBM), for
+ * s = 0..n_seqs. One block: each thread sums a run of sequences, then a
+ * warp-level scan over the per-thread totals. */
+__global__ void attn_schedule_kernel(const int32_t *cu, int n_seqs, int32_t *tile_prefix)
+{
+    __shared__ int32_t part[1024];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int per = (n_seqs + nt - 1) / nt;
+    const int s0 = min(n_seqs, tid * per), s1 = min(n_seqs, s0 + per);
+    int32_t sum = 0;
+    for (int s = s0; s < s1; s++) sum += (cu[s + 1] - cu[s] + kBM - 1) / kBM;
+    part[tid] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        int32_t acc = 0;
+        for (int i = 0; i < nt; i++) {
+            int32_t v = part[i];
+            part[i] = acc;
+            acc += v;
+        }
+    }
+    __syncthreads();
+    int32_t acc = part[tid];
+    for (int s = s0; s < s1; s++) {
+        tile_prefix[s] = acc;
+        acc += (cu[s + 1] - cu[s] + kBM - 1) / kBM;
+    }
+    if (tid == nt - 1) tile_prefix[n_seqs] = acc;
+}
+
+template <int D>
+hs_status_t attn_launch(const void *q, const void *k, const void *v, int64_t q_stride,
+                        int64_t kv_stride, void *out, int64_t out_stride, const int32_t *cu_seqlens,
+                        const int32_t *tile_prefix, int n_seqs, int T, int n_heads, int group,
+                        float scale, int window, cudaStream_t stream)
+{
+    const size_t smem = (size_t)(kBM + 4 * kBN) * (D + 8) * sizeof(bf16);
+    hs_status_t st = HS_CUDA_CHECK(
+        cudaFuncSetAttribute(attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (st) return st;
+    /* an upper bound on the tiles: sum ceil(len / kBM) <= T / kBM + n_seqs */
+    dim3 grid((unsigned)((T + kBM - 1) / kBM + n_seqs), n_heads);
+    attn_kernel<D><<<grid, kThreads, smem, stream>>>(
+        (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, q_stride, kv_stride, (bf16 *)out, out_stride,
+        cu_seqlens, tile_prefix, n_seqs, group, scale * 1.4426950408889634f, window);
+    return HS_CUDA_LAUNCH_CHECK("attention kernel");
+}
+
+} // namespace
+
+extern "C" int hs_kn_attention_schedule(const int32_t *cu_seqlens, int n_seqs, int32_t *tile_prefix,
+                                        cudaStream_t stream)
+{
+    if (n_seqs <= 0) return HS_OK;
+    attn_schedule_kernel<<<1, 1024, 0, stream>>>(cu_seqlens, n_seqs, tile_prefix);
+    return HS_CUDA_LAUNCH_CHECK("attention schedule kernel");
+}
+
+extern "C" int hs_kn_attention(const void *q, int64_t q_stride, const void *k, const void *v,
+                               int64_t kv_stride, void *out, int64_t out_stride,
+                               const int32_t *cu_seqlens, const int32_t *tile_prefix, int n_seqs,
+                               int T, int n_heads, int n_kv_heads, int head_dim, float scale,
+                               int window, cudaStream_t stream)
+{
+    if (n_seqs <= 0 || T <= 0) return HS_OK;
+    if (n_kv_heads <= 0 || n_heads % n_kv_heads) {
+        hs_error("attention: %d query heads is not a multiple of %d kv heads", n_heads, n_kv_heads);
+        return HS_ERR_INVALID;
+    }
+    if (n_heads > 65535) {
+        hs_error("attention: %d heads exceeds one launch (65535)", n_heads);
+        return HS_ERR_INVALID;
+    }
+    if (q_stride % 8 || kv_stride % 8 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16) {
+        hs_error("attention: q/k/v rows must be 16-byte aligned (strides %lld/%lld)",
+                 (long long)q_stride, (long long)kv_stride);
+        return HS_ERR_INVALID;
+    }
+    int group = n_heads / n_kv_heads;
+#define HS_ATTN_CASE(d)                                                                              \
+    case d:                                                                                          \
+        return attn_launch<d>(q, k, v, q_stride, kv_stride, out, out_stride, cu_seqlens, tile_prefix, \
+                              n_seqs, T, n_heads, group, scale, window, stream)
+    switch (head_dim) {
+        HS_ATTN_CASE(64);
+        HS_ATTN_CASE(80);
+        HS_ATTN_CASE(96);
+        HS_ATTN_CASE(128);
+    default:
+        hs_error("attention: head_dim %d is not supported on CUDA (64, 80, 96 or 128)", head_dim);
+        return HS_ERR_UNSUPPORTED;
+    }
+#undef HS_ATTN_CASE
+}

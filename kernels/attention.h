@@ -1,0 +1,51 @@
+/* attention.h - causal self-attention over packed variable-length sequences
+ * (no padding) with grouped-query heads:
+ *   for sequence s, token i in it, query head h (kv head g = h / (Hq / Hkv)):
+ *     out[i, h] = sum_j softmax_j(scale * q[i, h] . k[j, g]) * v[j, g]
+ *   over keys j of the same sequence with j <= i, and i - j < window when
+ *   window > 0 (Mistral's sliding window; 0 = unlimited).
+ *
+ * Shapes: q, out [T, Hq * d]; k, v [T, Hkv * d]; T = cu_seqlens[n_seqs];
+ * Hq a multiple of Hkv. Rows are contiguous (row stride = heads * d).
+ * Precision: fp32 everywhere; the C twin uses online softmax (running max
+ * and sum), so it needs no scratch and works for any sequence length. */
+#ifndef HS_KN_ATTENTION_H
+#define HS_KN_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest head_dim the C twin accepts (its accumulator lives on the stack). */
+#define HS_KN_ATTN_MAX_HEAD_DIM 512
+
+/* C twin. head_dim <= HS_KN_ATTN_MAX_HEAD_DIM; out must not overlap q/k/v. */
+void hs_kn_attention_ref(const float *q, const float *k, const float *v, float *out,
+                         const int32_t *cu_seqlens, int n_seqs, int n_heads, int n_kv_heads,
+                         int head_dim, float scale, int window);
+
+/* ---- CUDA launchers (kernels/attention.cu) ---- */
+/* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory;
+ * stream is a cudaStream_t. They return 0 or a negative hs_status_t
+ * (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad arguments). */
+struct CUstream_st;
+/* Per batch, before hs_kn_attention: tile_prefix [n_seqs + 1] (device) gets
+ * the prefix sums of each sequence's 64-row query tiles. */
+int hs_kn_attention_schedule(const int32_t *cu_seqlens, int n_seqs, int32_t *tile_prefix,
+                             struct CUstream_st *stream);
+/* bf16 tensor-core version: q rows of stride q_stride, k and v rows of stride
+ * kv_stride (the fused qkv rows work in place), out rows of stride
+ * out_stride; cu_seqlens and tile_prefix in device memory; T = total tokens.
+ * head_dim 64, 80, 96 or 128; rows 16-byte aligned. */
+int hs_kn_attention(const void *q, int64_t q_stride, const void *k, const void *v,
+                    int64_t kv_stride, void *out, int64_t out_stride, const int32_t *cu_seqlens,
+                    const int32_t *tile_prefix, int n_seqs, int T, int n_heads, int n_kv_heads,
+                    int head_dim, float scale, int window, struct CUstream_st *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_KN_ATTENTION_H */

@@ -1,0 +1,113 @@
+/* rmsnorm.cu - RMSNorm on CUDA, over token rows or over heads inside rows.
+ *
+ * y = bf16( w * bf16( x / sqrt(mean(x^2) + eps) ) ), the two roundings of
+ * Hugging Face's bf16 RMSNorm (normalise in fp32, cast, then scale by the
+ * bf16 weight). Row r of a launch is head (r % heads) of token (r / heads):
+ * heads = 1 for the per-token norms, n_heads for Qwen3's q/k norm, which
+ * works in place on the fused qkv rows.
+ *
+ * One warp per row; 16-byte loads when dim and strides are multiples of 8.
+ * The row is read twice (sum of squares, then scale); the second read comes
+ * from L1/L2. Optionally the input row is also copied to copy[t] (row stride
+ * copy_stride): that is how a captured layer's residual stream lands in its
+ * column slice of the pack buffer while the next layer's input norm reads it. */
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "cublaslt.h"
+#include "rmsnorm.h"
+
+typedef __nv_bfloat16 bf16;
+
+template <bool VEC>
+__global__ void rmsnorm_kernel(const bf16 *x, int64_t x_stride, const bf16 *w, bf16 *y,
+                               int64_t y_stride, bf16 *copy, int64_t copy_stride, int rows,
+                               int heads, int dim, float eps)
+{
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= rows) return;
+    int64_t t = warp / heads, h = warp % heads;
+    const bf16 *xr = x + t * x_stride + h * dim;
+    bf16 *yr = y + t * y_stride + h * dim;
+    float ss = 0.f;
+    if (VEC) {
+        for (int i = lane * 8; i < dim; i += 256) {
+            uint4 u = *(const uint4 *)(xr + i);
+            const bf16 *e = (const bf16 *)&u;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float f = __bfloat162float(e[j]);
+                ss += f * f;
+            }
+        }
+    } else {
+        for (int i = lane; i < dim; i += 32) {
+            float f = __bfloat162float(xr[i]);
+            ss += f * f;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    float r = rsqrtf(ss / (float)dim + eps);
+    bf16 *cr = copy ? copy + t * copy_stride : nullptr;
+    if (VEC) {
+        for (int i = lane * 8; i < dim; i += 256) {
+            uint4 u = *(const uint4 *)(xr + i);
+            uint4 wu = *(const uint4 *)(w + i);
+            if (cr) *(uint4 *)(cr + i) = u;
+            const bf16 *e = (const bf16 *)&u, *we = (const bf16 *)&wu;
+            uint4 o;
+            bf16 *oe = (bf16 *)&o;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float n = __bfloat162float(__float2bfloat16(__bfloat162float(e[j]) * r));
+                oe[j] = __float2bfloat16(n * __bfloat162float(we[j]));
+            }
+            *(uint4 *)(yr + i) = o;
+        }
+    } else {
+        for (int i = lane; i < dim; i += 32) {
+            bf16 v = xr[i];
+            if (cr) cr[i] = v;
+            float n = __bfloat162float(__float2bfloat16(__bfloat162float(v) * r));
+            yr[i] = __float2bfloat16(n * __bfloat162float(w[i]));
+        }
+    }
+}
+
+static hs_status_t rmsnorm_launch(const void *x, int64_t x_stride, const void *w, void *y,
+                                  int64_t y_stride, void *copy, int64_t copy_stride, int rows,
+                                  int heads, int dim, float eps, cudaStream_t stream)
+{
+    if (rows <= 0) return HS_OK;
+    bool vec = dim % 8 == 0 && x_stride % 8 == 0 && y_stride % 8 == 0 &&
+               (!copy || copy_stride % 8 == 0) &&
+               ((uintptr_t)x | (uintptr_t)y | (uintptr_t)w | (uintptr_t)copy) % 16 == 0;
+    const int threads = 256, rows_per_block = threads / 32;
+    int blocks = (rows + rows_per_block - 1) / rows_per_block;
+    if (vec)
+        rmsnorm_kernel<true><<<blocks, threads, 0, stream>>>(
+            (const bf16 *)x, x_stride, (const bf16 *)w, (bf16 *)y, y_stride, (bf16 *)copy,
+            copy_stride, rows, heads, dim, eps);
+    else
+        rmsnorm_kernel<false><<<blocks, threads, 0, stream>>>(
+            (const bf16 *)x, x_stride, (const bf16 *)w, (bf16 *)y, y_stride, (bf16 *)copy,
+            copy_stride, rows, heads, dim, eps);
+    return HS_CUDA_LAUNCH_CHECK("rmsnorm kernel");
+}
+
+extern "C" int hs_kn_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y,
+                                     int64_t y_stride, int rows, int dim, float eps, void *copy,
+                                     int64_t copy_stride, cudaStream_t stream)
+{
+    return rmsnorm_launch(x, x_stride, w, y, y_stride, copy, copy_stride, rows, 1, dim, eps, stream);
+}
+
+extern "C" int hs_kn_rmsnorm_heads(void *x, int64_t row_stride, int T, int n_heads,
+                                           int head_dim, const void *w, float eps,
+                                           cudaStream_t stream)
+{
+    return rmsnorm_launch(x, row_stride, w, x, row_stride, NULL, 0, T * n_heads, n_heads, head_dim,
+                          eps, stream);
+}

@@ -1,0 +1,490 @@
+/* forward_cuda.c - the CUDA forward of the Llama-family decoder: bf16
+ * activations, fp32 accumulation, every GEMM through the cuBLASLt wrapper.
+ *
+ * Per decoder layer (h is the residual stream [T, H]):
+ *   xa  = rmsnorm(h, input_layernorm)        (+ copy of h into a captured slice)
+ *   qkv = xa [Wq;Wk;Wv]^T (+ [bq;bk;bv])     one GEMM on the fused weight
+ *   q/k rmsnorm per head (Qwen3), rope on q and k in place, positions per sequence
+ *   xa  = attention(q, k, v)                 varlen causal, tensor cores
+ *   h  += xa Wo^T (+ bo)                     GEMM with beta = 1: no add kernel
+ *   xa  = rmsnorm(h, post_attention_layernorm)
+ *   gu  = xa [Wg;Wu]^T (+ [bg;bu])           one GEMM on the fused weight
+ *   gu[:, :I] = silu(gate) * up              in place
+ *   h  += gu[:, :I] Wd^T (+ bd)              GEMM with beta = 1
+ * Captured index i < N is the input of layer i: the input rmsnorm of layer
+ * i writes it into its column slice as it reads it; the highest index, when
+ * no layer reads it, is copied there; index N is the final rmsnorm, written
+ * straight into its slice.
+ *
+ * Memory (planned once at create, nothing allocated per batch):
+ *   weights: one allocation, q/k/v and gate/up concatenated at upload;
+ *   activations for token_budget tokens: h [T, H], xa [T, max(H, Hq d)],
+ *   big [T, max((Hq + 2 Hkv) d, 2 I)] (qkv, then gate|up), positions [T],
+ *   attention tile prefix [max_seqs + 1]; plus the cuBLASLt workspace. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+
+#include "attention.h"
+#include "cublaslt.h"
+#include "embedding.h"
+#include "hs_model_cuda_int.h"
+#include "model_int.h"
+#include "rmsnorm.h"
+#include "rope.h"
+#include "swiglu.h"
+
+#define ALIGN 256
+
+typedef struct {
+    void *qkv, *qkv_b, *o, *o_b, *gu, *gu_b, *down, *down_b;
+    void *in_norm, *post_norm, *q_norm, *k_norm;
+} dev_layer_t;
+
+struct hs_model_cuda {
+    const hs_model_t *m;
+    int device;
+    uint32_t budget, max_seqs;
+    int H, I, N, nh, nkv, d, q_dim, qkv_dim, xa_dim, big_dim;
+    void *wbase;             /* all weights */
+    size_t wbytes;
+    void *abase;             /* all activations */
+    size_t abytes;
+    dev_layer_t *layers;     /* [N], pointers into wbase */
+    void *embed, *final_norm;
+    float *inv_freq;
+    void *h, *xa, *big;      /* bf16 activations */
+    int32_t *pos, *tiles;
+    hs_lt_t *lt;
+    size_t lt_bytes;
+};
+
+/* ---- planning ------------------------------------------------------------ */
+
+/* Hands out 256-byte aligned offsets; with base == NULL it only counts. */
+typedef struct {
+    char *base;
+    size_t off;
+} planner_t;
+
+static void *plan_take(planner_t *p, size_t bytes)
+{
+    size_t at = hs_align_up(p->off, ALIGN);
+    p->off = at + bytes;
+    return p->base ? p->base + at : NULL;
+}
+
+/* Upload n bf16 values (or zeros when src is NULL) to dst. */
+static hs_status_t put(void *dst, const uint16_t *src, size_t n)
+{
+    if (!dst || !n) return HS_OK;
+    if (!src) return HS_CUDA_CHECK(cudaMemset(dst, 0, n * 2));
+    return HS_CUDA_CHECK(cudaMemcpy(dst, src, n * 2, cudaMemcpyHostToDevice));
+}
+
+/* Lays the weights out in p; with p->base set, uploads them too. */
+static hs_status_t plan_weights(hs_model_cuda_t *mc, planner_t *p)
+{
+    const hs_model_t *m = mc->m;
+    const hs_model_config_t *c = &m->cfg;
+    const size_t H = (size_t)mc->H, I = (size_t)mc->I;
+    const size_t qd = (size_t)mc->q_dim, kvd = (size_t)mc->nkv * mc->d;
+    hs_status_t st;
+    mc->embed = plan_take(p, (size_t)c->vocab_size * H * 2);
+    if ((st = put(mc->embed, m->embed, (size_t)c->vocab_size * H))) return st;
+    mc->final_norm = plan_take(p, H * 2);
+    if ((st = put(mc->final_norm, m->final_norm, H))) return st;
+    mc->inv_freq = plan_take(p, (size_t)mc->d / 2 * sizeof(float));
+    if (mc->inv_freq &&
+        (st = HS_CUDA_CHECK(cudaMemcpy(mc->inv_freq, m->inv_freq, (size_t)mc->d / 2 * sizeof(float),
+                                       cudaMemcpyHostToDevice))))
+        return st;
+    for (int l = 0; l < mc->N; l++) {
+        const hs__layer_weights_t *w = &m->layers[l];
+        dev_layer_t *dl = &mc->layers[l];
+        char *q = plan_take(p, (qd + 2 * kvd) * H * 2);
+        dl->qkv = q;
+        if (q) {
+            if ((st = put(q, w->q_proj, qd * H))) return st;
+            if ((st = put(q + qd * H * 2, w->k_proj, kvd * H))) return st;
+            if ((st = put(q + (qd + kvd) * H * 2, w->v_proj, kvd * H))) return st;
+        }
+        if (w->q_bias || w->k_bias || w->v_bias) {
+            char *b = plan_take(p, (qd + 2 * kvd) * 2);
+            dl->qkv_b = b;
+            if (b) {
+                if ((st = put(b, w->q_bias, qd))) return st;
+                if ((st = put(b + qd * 2, w->k_bias, kvd))) return st;
+                if ((st = put(b + (qd + kvd) * 2, w->v_bias, kvd))) return st;
+            }
+        }
+        dl->o = plan_take(p, H * qd * 2);
+        if ((st = put(dl->o, w->o_proj, H * qd))) return st;
+        if (w->o_bias) {
+            dl->o_b = plan_take(p, H * 2);
+            if ((st = put(dl->o_b, w->o_bias, H))) return st;
+        }
+        char *g = plan_take(p, 2 * I * H * 2);
+        dl->gu = g;
+        if (g) {
+            if ((st = put(g, w->gate_proj, I * H))) return st;
+            if ((st = put(g + I * H * 2, w->up_proj, I * H))) return st;
+        }
+        if (w->gate_bias || w->up_bias) {
+            char *b = plan_take(p, 2 * I * 2);
+            dl->gu_b = b;
+            if (b) {
+                if ((st = put(b, w->gate_bias, I))) return st;
+                if ((st = put(b + I * 2, w->up_bias, I))) return st;
+            }
+        }
+        dl->down = plan_take(p, H * I * 2);
+        if ((st = put(dl->down, w->down_proj, H * I))) return st;
+        if (w->down_bias) {
+            dl->down_b = plan_take(p, H * 2);
+            if ((st = put(dl->down_b, w->down_bias, H))) return st;
+        }
+        dl->in_norm = plan_take(p, H * 2);
+        if ((st = put(dl->in_norm, w->input_norm, H))) return st;
+        dl->post_norm = plan_take(p, H * 2);
+        if ((st = put(dl->post_norm, w->post_norm, H))) return st;
+        if (w->q_norm) {
+            dl->q_norm = plan_take(p, (size_t)mc->d * 2);
+            if ((st = put(dl->q_norm, w->q_norm, (size_t)mc->d))) return st;
+        }
+        if (w->k_norm) {
+            dl->k_norm = plan_take(p, (size_t)mc->d * 2);
+            if ((st = put(dl->k_norm, w->k_norm, (size_t)mc->d))) return st;
+        }
+    }
+    return HS_OK;
+}
+
+static void plan_activations(hs_model_cuda_t *mc, planner_t *p)
+{
+    const size_t T = mc->budget;
+    mc->h = plan_take(p, T * (size_t)mc->H * 2);
+    mc->xa = plan_take(p, T * (size_t)mc->xa_dim * 2);
+    mc->big = plan_take(p, T * (size_t)mc->big_dim * 2);
+    mc->pos = plan_take(p, T * sizeof(int32_t));
+    mc->tiles = plan_take(p, ((size_t)mc->max_seqs + 1) * sizeof(int32_t));
+}
+
+hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget, uint32_t max_seqs,
+                                 hs_model_cuda_t **out)
+{
+    if (!m || !out || token_budget == 0 || max_seqs == 0 || max_seqs > token_budget) {
+        hs_error("cuda forward: need a model, token_budget >= 1 and 1 <= max_seqs <= token_budget "
+                 "(got budget %u, max_seqs %u)",
+                 token_budget, max_seqs);
+        return HS_ERR_INVALID;
+    }
+    const hs_model_config_t *c = &m->cfg;
+    if (c->head_dim != 64 && c->head_dim != 80 && c->head_dim != 96 && c->head_dim != 128) {
+        hs_error("cuda forward: head_dim %d is not supported by the CUDA attention kernel (64, 80, 96 "
+                 "or 128); use --device cpu",
+                 c->head_dim);
+        return HS_ERR_UNSUPPORTED;
+    }
+    if (c->hidden_size % 8 || c->intermediate_size % 8) {
+        hs_error("cuda forward: hidden_size %d and intermediate_size %d must be multiples of 8 for "
+                 "cuBLASLt; use --device cpu",
+                 c->hidden_size, c->intermediate_size);
+        return HS_ERR_UNSUPPORTED;
+    }
+    hs_status_t st = HS_CUDA_CHECK(cudaSetDevice(device));
+    if (st) return st;
+    hs_model_cuda_t *mc = calloc(1, sizeof(*mc));
+    if (!mc) return HS_ERR_NOMEM;
+    mc->m = m;
+    mc->device = device;
+    mc->budget = token_budget;
+    mc->max_seqs = max_seqs;
+    mc->H = c->hidden_size;
+    mc->I = c->intermediate_size;
+    mc->N = c->num_layers;
+    mc->nh = c->num_heads;
+    mc->nkv = c->num_kv_heads;
+    mc->d = c->head_dim;
+    mc->q_dim = mc->nh * mc->d;
+    mc->qkv_dim = (mc->nh + 2 * mc->nkv) * mc->d;
+    mc->xa_dim = mc->H > mc->q_dim ? mc->H : mc->q_dim;
+    mc->big_dim = mc->qkv_dim > 2 * mc->I ? mc->qkv_dim : 2 * mc->I;
+    mc->layers = calloc((size_t)mc->N, sizeof(dev_layer_t));
+    if (!mc->layers) {
+        st = HS_ERR_NOMEM;
+        goto err;
+    }
+
+    planner_t pw = {NULL, 0}, pa = {NULL, 0};
+    if ((st = plan_weights(mc, &pw))) goto err;
+    plan_activations(mc, &pa);
+    mc->wbytes = pw.off;
+    mc->abytes = pa.off;
+    mc->lt_bytes = HS_LT_WORKSPACE_DEFAULT;
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    hs_info("cuda:%d forward plan: weights %.2f GiB, activations for %u tokens %.2f GiB, "
+            "cublaslt workspace %.0f MiB (device free %.2f of %.2f GiB)",
+            device, mc->wbytes / 1073741824.0, token_budget, mc->abytes / 1073741824.0,
+            mc->lt_bytes / 1048576.0, free_b / 1073741824.0, total_b / 1073741824.0);
+    if (mc->wbytes + mc->abytes + mc->lt_bytes > free_b) {
+        hs_error("cuda:%d: the forward needs %.2f GiB but %.2f GiB are free; lower --token-budget "
+                 "(activations take %.1f KiB per token)",
+                 device, (mc->wbytes + mc->abytes + mc->lt_bytes) / 1073741824.0,
+                 free_b / 1073741824.0, (double)mc->abytes / token_budget / 1024.0);
+        st = HS_ERR_NOSPACE;
+        goto err;
+    }
+    if ((st = HS_CUDA_CHECK(cudaMalloc(&mc->wbase, mc->wbytes)))) goto err;
+    if ((st = HS_CUDA_CHECK(cudaMalloc(&mc->abase, mc->abytes)))) goto err;
+    pw.base = mc->wbase;
+    pw.off = 0;
+    if ((st = plan_weights(mc, &pw))) goto err;
+    pa.base = mc->abase;
+    pa.off = 0;
+    plan_activations(mc, &pa);
+    if ((st = hs_lt_create(mc->lt_bytes, &mc->lt))) goto err;
+    if ((st = HS_CUDA_CHECK(cudaDeviceSynchronize()))) goto err;
+    *out = mc;
+    return HS_OK;
+err:
+    hs_model_cuda_destroy(mc);
+    return st;
+}
+
+void hs_model_cuda_destroy(hs_model_cuda_t *mc)
+{
+    if (!mc) return;
+    hs_lt_destroy(mc->lt);
+    cudaFree(mc->wbase);
+    cudaFree(mc->abase);
+    free(mc->layers);
+    free(mc);
+}
+
+hs_status_t hs_model_cuda_peak_bytes(const hs_model_cuda_t *mc, uint64_t *out)
+{
+    if (!mc || !out) return HS_ERR_INVALID;
+    *out = (uint64_t)(mc->wbytes + mc->abytes + mc->lt_bytes);
+    return HS_OK;
+}
+
+/* ---- forward ---------------------------------------------------------------- */
+
+/* Copies h into the slices of captured entries equal to idx, except entry
+ * `skip` (already written by a fused kernel; -1 = none). */
+static hs_status_t capture_copy(hs_model_cuda_t *mc, const void *src, size_t src_stride, int idx,
+                                int skip, int T, const int32_t *layers, int n_layers, char *out,
+                                size_t row_stride, cudaStream_t s)
+{
+    for (int j = 0; j < n_layers; j++) {
+        if (layers[j] != idx || j == skip) continue;
+        hs_status_t st = HS_CUDA_CHECK(cudaMemcpy2DAsync(
+            out + (size_t)j * mc->H * 2, row_stride * 2, src, src_stride * 2, (size_t)mc->H * 2,
+            (size_t)T, cudaMemcpyDeviceToDevice, s));
+        if (st) return st;
+    }
+    return HS_OK;
+}
+
+static int first_capture(const int32_t *layers, int n_layers, int idx)
+{
+    for (int j = 0; j < n_layers; j++)
+        if (layers[j] == idx) return j;
+    return -1;
+}
+
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        if ((st = (hs_status_t)(call)) != HS_OK) return st;                                        \
+    } while (0)
+
+hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_ids,
+                                  const int32_t *d_cu_seqlens, int n_seqs, int T,
+                                  const int32_t *layers, int n_layers, void *d_out_bf16,
+                                  size_t row_stride_elems, void *stream)
+{
+    hs_status_t st;
+    if (!mc || !d_input_ids || !d_cu_seqlens || !d_out_bf16) {
+        hs_error("cuda forward: NULL model, input ids, cu_seqlens or output");
+        return HS_ERR_INVALID;
+    }
+    if (T < 1 || (uint32_t)T > mc->budget || n_seqs < 1 || (uint32_t)n_seqs > mc->max_seqs) {
+        hs_error("cuda forward: batch of %d tokens in %d sequences exceeds the plan (%u tokens, "
+                 "%u sequences); create the forward with a larger budget",
+                 T, n_seqs, mc->budget, mc->max_seqs);
+        return HS_ERR_INVALID;
+    }
+    TRY(hs_model_check_layers(mc->N, layers, n_layers));
+    if (row_stride_elems < (size_t)n_layers * mc->H) {
+        hs_error("cuda forward: row stride %zu is smaller than %d layers x H=%d", row_stride_elems,
+                 n_layers, mc->H);
+        return HS_ERR_INVALID;
+    }
+    const hs_model_config_t *c = &mc->m->cfg;
+    cudaStream_t s = (cudaStream_t)stream;
+    char *out = d_out_bf16;
+    const int H = mc->H, I = mc->I, d = mc->d;
+    const float eps = c->rms_norm_eps, scale = 1.0f / sqrtf((float)d);
+    int top = 0;
+    for (int j = 0; j < n_layers; j++)
+        if (layers[j] > top) top = layers[j];
+    const int run = top < mc->N ? top : mc->N;
+
+    TRY(HS_CUDA_CHECK(cudaSetDevice(mc->device)));
+    TRY(hs_kn_embedding(mc->embed, c->vocab_size, H, d_input_ids, T, mc->h, H, s));
+    TRY(hs_kn_rope_positions(d_cu_seqlens, n_seqs, mc->pos, s));
+    TRY(hs_kn_attention_schedule(d_cu_seqlens, n_seqs, mc->tiles, s));
+
+    char *qkv = mc->big;
+    for (int l = 0; l < run; l++) {
+        const dev_layer_t *w = &mc->layers[l];
+        int cj = first_capture(layers, n_layers, l);
+        void *cp = cj >= 0 ? out + (size_t)cj * H * 2 : NULL;
+        TRY(hs_kn_rmsnorm(mc->h, H, w->in_norm, mc->xa, H, T, H, eps, cp, (int64_t)row_stride_elems, s));
+        if (cj >= 0)
+            TRY(capture_copy(mc, mc->h, H, l, cj, T, layers, n_layers, out, row_stride_elems, s));
+        TRY(hs_lt_linear(mc->lt, qkv, mc->qkv_dim, mc->xa, H, w->qkv, w->qkv_b, T, mc->qkv_dim, H,
+                         false, s));
+        if (w->q_norm) {
+            TRY(hs_kn_rmsnorm_heads(qkv, mc->qkv_dim, T, mc->nh, d, w->q_norm, eps, s));
+            TRY(hs_kn_rmsnorm_heads(qkv + (size_t)mc->q_dim * 2, mc->qkv_dim, T, mc->nkv, d,
+                                    w->k_norm, eps, s));
+        }
+        TRY(hs_kn_rope(qkv, mc->qkv_dim, T, mc->nh + mc->nkv, d, mc->pos, mc->inv_freq, s));
+        TRY(hs_kn_attention(qkv, mc->qkv_dim, qkv + (size_t)mc->q_dim * 2,
+                            qkv + (size_t)(mc->q_dim + mc->nkv * d) * 2, mc->qkv_dim, mc->xa,
+                            mc->q_dim, d_cu_seqlens, mc->tiles, n_seqs, T, mc->nh, mc->nkv, d, scale,
+                            c->sliding_window, s));
+        TRY(hs_lt_linear(mc->lt, mc->h, H, mc->xa, mc->q_dim, w->o, w->o_b, T, H, mc->q_dim, true, s));
+        TRY(hs_kn_rmsnorm(mc->h, H, w->post_norm, mc->xa, H, T, H, eps, NULL, 0, s));
+        TRY(hs_lt_linear(mc->lt, mc->big, 2 * I, mc->xa, H, w->gu, w->gu_b, T, 2 * I, H, false, s));
+        TRY(hs_kn_swiglu(mc->big, 2 * I, mc->big, 2 * I, T, I, s));
+        TRY(hs_lt_linear(mc->lt, mc->h, H, mc->big, 2 * I, w->down, w->down_b, T, H, I, true, s));
+    }
+    if (top < mc->N) {
+        /* nothing reads index top (no layer runs after it): copy it */
+        TRY(capture_copy(mc, mc->h, H, top, -1, T, layers, n_layers, out, row_stride_elems, s));
+    } else {
+        int cj = first_capture(layers, n_layers, mc->N);
+        char *dst = out + (size_t)cj * H * 2;
+        TRY(hs_kn_rmsnorm(mc->h, H, mc->final_norm, dst, (int64_t)row_stride_elems, T, H, eps, NULL, 0, s));
+        TRY(capture_copy(mc, dst, row_stride_elems, mc->N, cj, T, layers, n_layers, out,
+                         row_stride_elems, s));
+    }
+    return HS_OK;
+}
+
+/* ---- preflight ---------------------------------------------------------------- */
+
+double hs_model_forward_flops(const hs_model_config_t *c, int n_run, const int32_t *cu_seqlens,
+                              int n_seqs)
+{
+    double H = c->hidden_size, I = c->intermediate_size, d = c->head_dim;
+    double q = c->num_heads * d, kv = c->num_kv_heads * d;
+    double params = H * (q + 2 * kv) + q * H + 3 * H * I;
+    double T = cu_seqlens[n_seqs];
+    double attn = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        double L = cu_seqlens[s + 1] - cu_seqlens[s];
+        double w = c->sliding_window > 0 && c->sliding_window < L ? c->sliding_window : 0;
+        /* causal pairs: L (L + 1) / 2, fewer under a sliding window */
+        double pairs = w > 0 ? w * (w + 1) / 2 + (L - w) * w : L * (L + 1) / 2;
+        attn += 4.0 * c->num_heads * d * pairs;
+    }
+    return n_run * (2.0 * params * T + attn);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len,
+                                    const int32_t *layers, int n_layers, int iters,
+                                    double peak_tflops, hs_model_cuda_preflight_t *out)
+{
+    hs_status_t st;
+    if (!mc || !out || n_seqs < 1 || seq_len < 1) return HS_ERR_INVALID;
+    int64_t T64 = (int64_t)n_seqs * seq_len;
+    if (T64 > mc->budget || (uint32_t)n_seqs > mc->max_seqs) {
+        hs_error("preflight: %d x %d = %lld tokens does not fit the plan (%u tokens, %u sequences)",
+                 n_seqs, seq_len, (long long)T64, mc->budget, mc->max_seqs);
+        return HS_ERR_INVALID;
+    }
+    if ((st = hs_model_check_layers(mc->N, layers, n_layers))) return st;
+    if (iters < 1) iters = 1;
+    if (peak_tflops <= 0) peak_tflops = HS_MODEL_CUDA_PEAK_TFLOPS;
+    const int T = (int)T64;
+    const size_t row = (size_t)n_layers * mc->H;
+    int32_t *ids = malloc((size_t)T * sizeof(int32_t)), *cu = malloc(((size_t)n_seqs + 1) * sizeof(int32_t));
+    double *times = malloc((size_t)iters * sizeof(double));
+    void *d_ids = NULL, *d_cu = NULL, *d_out = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaStream_t s = NULL;
+    if (!ids || !cu || !times) {
+        st = HS_ERR_NOMEM;
+        goto out;
+    }
+    uint64_t rng = 0x5eed;
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)(hs_splitmix64(&rng) % (uint64_t)mc->m->cfg.vocab_size);
+    for (int i = 0; i <= n_seqs; i++) cu[i] = i * seq_len;
+    if ((st = HS_CUDA_CHECK(cudaSetDevice(mc->device)))) goto out;
+    if ((st = HS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)))) goto out;
+    if ((st = HS_CUDA_CHECK(cudaEventCreate(&e0)))) goto out;
+    if ((st = HS_CUDA_CHECK(cudaEventCreate(&e1)))) goto out;
+    if ((st = HS_CUDA_CHECK(cudaMalloc(&d_ids, (size_t)T * sizeof(int32_t))))) goto out;
+    if ((st = HS_CUDA_CHECK(cudaMalloc(&d_cu, ((size_t)n_seqs + 1) * sizeof(int32_t))))) goto out;
+    if ((st = HS_CUDA_CHECK(cudaMalloc(&d_out, (size_t)T * row * 2)))) goto out;
+    if ((st = HS_CUDA_CHECK(cudaMemcpy(d_ids, ids, (size_t)T * 4, cudaMemcpyHostToDevice)))) goto out;
+    if ((st = HS_CUDA_CHECK(cudaMemcpy(d_cu, cu, ((size_t)n_seqs + 1) * 4, cudaMemcpyHostToDevice))))
+        goto out;
+    /* warm-up: picks and caches the GEMM algorithms of this shape */
+    if ((st = hs_model_cuda_forward(mc, d_ids, d_cu, n_seqs, T, layers, n_layers, d_out, row, s)))
+        goto out;
+    if ((st = HS_CUDA_CHECK(cudaStreamSynchronize(s)))) goto out;
+    for (int i = 0; i < iters; i++) {
+        float ms = 0;
+        if ((st = HS_CUDA_CHECK(cudaEventRecord(e0, s)))) goto out;
+        if ((st = hs_model_cuda_forward(mc, d_ids, d_cu, n_seqs, T, layers, n_layers, d_out, row, s)))
+            goto out;
+        if ((st = HS_CUDA_CHECK(cudaEventRecord(e1, s)))) goto out;
+        if ((st = HS_CUDA_CHECK(cudaEventSynchronize(e1)))) goto out;
+        if ((st = HS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1)))) goto out;
+        times[i] = ms;
+    }
+    qsort(times, (size_t)iters, sizeof(double), cmp_double);
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    int top = 0;
+    for (int j = 0; j < n_layers; j++)
+        if (layers[j] > top) top = layers[j];
+    int run = top < mc->N ? top : mc->N;
+    hs_model_cuda_preflight_t r = {0};
+    r.n_seqs = n_seqs;
+    r.seq_len = seq_len;
+    r.peak_bytes = (uint64_t)(mc->wbytes + mc->abytes + mc->lt_bytes) + (uint64_t)T * row * 2 +
+                   (uint64_t)T * 4 + ((uint64_t)n_seqs + 1) * 4;
+    r.device_used_bytes = (uint64_t)(total_b - free_b);
+    r.ms = times[iters / 2];
+    r.us_per_token = r.ms * 1000.0 / T;
+    r.tokens_per_s = T / (r.ms / 1000.0);
+    r.tflop = hs_model_forward_flops(&mc->m->cfg, run, cu, n_seqs) / 1e12;
+    r.mfu = r.tflop / (r.ms / 1000.0) / peak_tflops;
+    *out = r;
+    st = HS_OK;
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (s) cudaStreamDestroy(s);
+    cudaFree(d_ids);
+    cudaFree(d_cu);
+    cudaFree(d_out);
+    free(ids);
+    free(cu);
+    free(times);
+    return st;
+}

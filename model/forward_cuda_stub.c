@@ -1,0 +1,27 @@
+/* forward_cuda_stub.c - the CUDA forward's entry points in a build without
+ * CUDA: each says so and returns HS_ERR_UNSUPPORTED. */
+#include "hs_model.h"
+
+hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget, uint32_t max_seqs,
+                                 hs_model_cuda_t **out)
+{
+    hs_error("cuda:%d asked for, but this build of hsflow has no CUDA support: use --device cpu "
+             "or rebuild with -DHS_CUDA=ON",
+             device);
+    return HS_ERR_UNSUPPORTED;
+}
+
+hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_ids,
+                                  const int32_t *d_cu_seqlens, int n_seqs, int T,
+                                  const int32_t *layers, int n_layers, void *d_out_bf16,
+                                  size_t row_stride_elems, void *stream)
+{
+    return HS_ERR_UNSUPPORTED;
+}
+
+void hs_model_cuda_destroy(hs_model_cuda_t *mc) { (void)mc; }
+
+hs_status_t hs_model_cuda_peak_bytes(const hs_model_cuda_t *mc, uint64_t *out)
+{
+    return HS_ERR_UNSUPPORTED;
+}

@@ -1,0 +1,407 @@
+/* hs_forward_main.c - hs-forward: runs the built-in target forward on token
+ * sequences from a JSONL file and writes the captured hidden states to a
+ * safetensors file, to check parity with another stack.
+ *
+ * Output: one tensor per captured layer, "hidden_states.<idx>" [T_total, H]
+ * (F32 on cpu, BF16 on cuda), plus "cu_seqlens" I32 [n+1] and "input_ids"
+ * I32 [T_total]; __metadata__ holds the model folder and the layers. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "hs_common.h"
+#include "hs_model.h"
+#include "safetensors_int.h"
+
+#ifdef HS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define MAX_CAPTURED 64
+
+static void usage(FILE *fp)
+{
+    fprintf(fp,
+            "usage: hs-forward --model DIR --data FILE (--layers LIST | --dflash-layers N)\n"
+            "                  [--device cpu|cuda:N] [--token-budget N] --out FILE\n"
+            "\n"
+            "Runs the built-in forward on every sequence of FILE and writes the hidden states\n"
+            "of the captured layers to a safetensors file: hidden_states.<idx> [T_total, H]\n"
+            "(F32 on cpu, BF16 on cuda), cu_seqlens I32 [n+1] and input_ids I32 [T_total].\n"
+            "\n"
+            "  --model DIR         Hugging Face folder (config.json, *.safetensors)\n"
+            "  --data FILE         JSONL, one {\"input_ids\": [...]} object per line\n"
+            "  --layers LIST       output_hidden_states indices: 0 = embeddings, i = output of\n"
+            "                      decoder layer i-1, N = final normed output\n"
+            "  --dflash-layers N   DFlash's default set for an N-layer drafter instead\n"
+            "  --device DEV        cpu (default) or cuda:0, cuda:1, ...\n"
+            "  --token-budget N    tokens per forward call (default 16384)\n"
+            "  --out FILE          safetensors file to write\n"
+            "Every flag can also be set as HS_<FLAG> in the environment (HS_MODEL=...).\n"
+            "\n"
+            "example:\n"
+            "  hs-forward --model ~/models/Llama-3.1-8B --data tokens.jsonl \\\n"
+            "             --layers 2,16,29 --device cuda:0 --out hs.safetensors\n");
+}
+
+typedef struct {
+    int32_t *ids;
+    int32_t *cu; /* n + 1 */
+    int n;
+    int64_t T;
+} seqs_t;
+
+static void seqs_free(seqs_t *s)
+{
+    free(s->ids);
+    free(s->cu);
+}
+
+/* Reads JSONL {"input_ids": [...]} lines (blank lines skipped). */
+static hs_status_t read_jsonl(const char *path, seqs_t *out)
+{
+    FILE *fp = fopen(path, "r");
+    if (!fp) {
+        hs_error("cannot open --data %s: %m", path);
+        return HS_ERR_IO;
+    }
+    hs_status_t rc = HS_ERR_NOMEM;
+    seqs_t s = {0};
+    size_t cap_ids = 0, cap_cu = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t len;
+    long lineno = 0;
+    cJSON *obj = NULL;
+    while ((len = getline(&line, &lcap, fp)) >= 0) {
+        lineno++;
+        size_t sp = strspn(line, " \t\r\n");
+        if ((ssize_t)sp == len) continue;
+        obj = cJSON_ParseWithLength(line, (size_t)len);
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(obj, "input_ids");
+        int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : 0;
+        if (n < 1) {
+            hs_error("%s:%ld: expected an object with a non-empty \"input_ids\" array", path, lineno);
+            rc = HS_ERR_FORMAT;
+            goto err;
+        }
+        if ((size_t)(s.n + 2) > cap_cu) {
+            cap_cu = cap_cu ? cap_cu * 2 : 64;
+            int32_t *c = realloc(s.cu, cap_cu * sizeof *c);
+            if (!c) goto err;
+            s.cu = c;
+        }
+        if ((size_t)(s.T + n) > cap_ids) {
+            while ((size_t)(s.T + n) > cap_ids) cap_ids = cap_ids ? cap_ids * 2 : 4096;
+            int32_t *c = realloc(s.ids, cap_ids * sizeof *c);
+            if (!c) goto err;
+            s.ids = c;
+        }
+        const cJSON *e;
+        int64_t t = s.T;
+        cJSON_ArrayForEach(e, ids)
+        {
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 2147483647.0 ||
+                e->valuedouble != (double)(int32_t)e->valuedouble) {
+                hs_error("%s:%ld: input_ids entry %lld is not a token id (a non-negative int32)",
+                         path, lineno, (long long)(t - s.T));
+                rc = HS_ERR_FORMAT;
+                goto err;
+            }
+            s.ids[t++] = (int32_t)e->valuedouble;
+        }
+        if (t > 2147483647) {
+            hs_error("%s: more than 2^31 tokens in all; split the file", path);
+            rc = HS_ERR_FORMAT;
+            goto err;
+        }
+        if (s.n == 0) s.cu[0] = 0;
+        s.cu[++s.n] = (int32_t)t;
+        s.T = t;
+        cJSON_Delete(obj);
+        obj = NULL;
+    }
+    if (s.n == 0) {
+        hs_error("%s: no sequences", path);
+        rc = HS_ERR_FORMAT;
+        goto err;
+    }
+    free(line);
+    fclose(fp);
+    *out = s;
+    return HS_OK;
+err:
+    cJSON_Delete(obj);
+    free(line);
+    fclose(fp);
+    seqs_free(&s);
+    return rc;
+}
+
+#ifdef HS_HAVE_CUDA
+/* One chunk on the GPU: ids and cu_seqlens (rebased to 0) up, bf16 down. */
+static hs_status_t run_cuda_chunk(hs_model_cuda_t *mc, const int32_t *ids, const int32_t *cu,
+                                  int n, const int32_t *layers, int k, int H, uint16_t *out_host,
+                                  void *d_ids, void *d_cu, void *d_out)
+{
+    int T = cu[n] - cu[0];
+    int32_t *rebased = malloc((size_t)(n + 1) * sizeof *rebased);
+    if (!rebased) return HS_ERR_NOMEM;
+    for (int i = 0; i <= n; i++) rebased[i] = cu[i] - cu[0];
+    hs_status_t rc = HS_ERR_CUDA;
+    if (cudaMemcpy(d_ids, ids + cu[0], (size_t)T * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(d_cu, rebased, (size_t)(n + 1) * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
+        hs_error("cuda: copying a chunk's inputs failed");
+        goto out;
+    }
+    rc = hs_model_cuda_forward(mc, d_ids, d_cu, n, T, layers, k, d_out, (size_t)k * H, NULL);
+    if (rc != HS_OK) goto out;
+    if (cudaMemcpy(out_host, d_out, (size_t)T * k * H * 2, cudaMemcpyDeviceToHost) !=
+        cudaSuccess) {
+        hs_error("cuda: forward or copy back failed");
+        rc = HS_ERR_CUDA;
+        goto out;
+    }
+    rc = HS_OK;
+out:
+    free(rebased);
+    return rc;
+}
+#endif
+
+int main(int argc, char **argv)
+{
+    const char *model_dir = hs_env_for_flag("model"), *data = hs_env_for_flag("data");
+    const char *layers_s = hs_env_for_flag("layers"), *dflash_s = hs_env_for_flag("dflash-layers");
+    const char *device = hs_env_for_flag("device"), *out_path = hs_env_for_flag("out");
+    const char *budget_s = hs_env_for_flag("token-budget");
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},  {"data", required_argument, 0, 'd'},
+        {"layers", required_argument, 0, 'l'}, {"dflash-layers", required_argument, 0, 'f'},
+        {"device", required_argument, 0, 'D'}, {"token-budget", required_argument, 0, 'b'},
+        {"out", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_dir = optarg; break;
+        case 'd': data = optarg; break;
+        case 'l': layers_s = optarg; break;
+        case 'f': dflash_s = optarg; break;
+        case 'D': device = optarg; break;
+        case 'b': budget_s = optarg; break;
+        case 'o': out_path = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "hs-forward: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    if (!model_dir || !data || !out_path) {
+        fprintf(stderr, "hs-forward: --model, --data and --out are required (see --help)\n");
+        return 2;
+    }
+    if (!!layers_s == !!dflash_s) {
+        fprintf(stderr, "hs-forward: give exactly one of --layers LIST or --dflash-layers N\n");
+        return 2;
+    }
+    if (!device) device = "cpu";
+    int cuda_dev = -1;
+    if (strncmp(device, "cuda:", 5) == 0) {
+        int64_t v;
+        if (hs_parse_i64(device + 5, &v) != HS_OK || v < 0 || v > 1023) {
+            fprintf(stderr, "hs-forward: --device '%s': use cpu or cuda:N\n", device);
+            return 2;
+        }
+        cuda_dev = (int)v;
+    } else if (strcmp(device, "cpu") != 0) {
+        fprintf(stderr, "hs-forward: --device '%s': use cpu or cuda:N\n", device);
+        return 2;
+    }
+    uint64_t budget = 16384;
+    if (budget_s && (hs_parse_u64(budget_s, &budget) != HS_OK || budget < 1 ||
+                     budget > 2147483647u)) {
+        fprintf(stderr, "hs-forward: --token-budget '%s' must be a positive integer\n", budget_s);
+        return 2;
+    }
+    int dflash_n = 0, layer_list[MAX_CAPTURED], k = 0;
+    if (layers_s) {
+        if (hs_parse_int_list(layers_s, layer_list, MAX_CAPTURED, &k) != HS_OK || k < 1) {
+            fprintf(stderr,
+                    "hs-forward: --layers '%s': expected a comma-separated list such as 2,16,29 "
+                    "(at most %d)\n",
+                    layers_s, MAX_CAPTURED);
+            return 2;
+        }
+    } else {
+        int64_t v;
+        if (hs_parse_i64(dflash_s, &v) != HS_OK || v < 1 || v > MAX_CAPTURED) {
+            fprintf(stderr, "hs-forward: --dflash-layers '%s' must be 1..%d\n", dflash_s,
+                    MAX_CAPTURED);
+            return 2;
+        }
+        dflash_n = (int)v;
+    }
+
+    int rc = 1;
+    hs_model_t *m = NULL;
+    seqs_t s = {0};
+    void *out = NULL;
+    int32_t layers[MAX_CAPTURED];
+#ifdef HS_HAVE_CUDA
+    hs_model_cuda_t *mc = NULL;
+    void *d_ids = NULL, *d_cu = NULL, *d_out = NULL;
+#endif
+    if (hs_model_load(model_dir, &m) != HS_OK) goto done;
+    int N = hs_model_num_layers(m), H = hs_model_hidden_size(m);
+    if (dflash_n) {
+        if (hs_model_dflash_layers(N, dflash_n, layers, MAX_CAPTURED) != HS_OK) goto done;
+        k = dflash_n;
+    } else {
+        for (int i = 0; i < k; i++) layers[i] = layer_list[i];
+    }
+    if (hs_model_check_layers(N, layers, k) != HS_OK) goto done;
+    for (int j = 1; j < k; j++) {
+        for (int i = 0; i < j; i++) {
+            if (layers[i] == layers[j]) {
+                hs_error("hs-forward: layer %d is listed twice in --layers", layers[j]);
+                goto done;
+            }
+        }
+    }
+    if (read_jsonl(data, &s) != HS_OK) goto done;
+    char lay[512];
+    size_t ln = 0;
+    lay[0] = 0;
+    for (int i = 0; i < k && ln < sizeof lay; i++)
+        ln += (size_t)snprintf(lay + ln, sizeof lay - ln, "%s%d", i ? "," : "", layers[i]);
+    hs_info("hs-forward: model=%s data=%s (%d sequences, %lld tokens) layers=%s device=%s "
+            "token-budget=%llu out=%s",
+            model_dir, data, s.n, (long long)s.T, lay, device, (unsigned long long)budget,
+            out_path);
+
+    int esize = cuda_dev >= 0 ? 2 : 4;
+    size_t row = (size_t)k * (size_t)H;
+    out = malloc((size_t)s.T * row * (size_t)esize);
+    if (!out) {
+        hs_error("hs-forward: no memory for %lld tokens x %d layers x H=%d of output",
+                 (long long)s.T, k, H);
+        goto done;
+    }
+    for (int i = 0; i < s.n; i++) {
+        if ((uint64_t)(s.cu[i + 1] - s.cu[i]) > budget) {
+            hs_error("hs-forward: sequence %d has %d tokens, more than --token-budget %llu", i,
+                     s.cu[i + 1] - s.cu[i], (unsigned long long)budget);
+            goto done;
+        }
+    }
+    if (cuda_dev >= 0) {
+#ifdef HS_HAVE_CUDA
+        if (hs_model_cuda_create(m, cuda_dev, (uint32_t)budget, (uint32_t)s.n, &mc) != HS_OK)
+            goto done;
+        if (cudaMalloc(&d_ids, budget * 4) != cudaSuccess ||
+            cudaMalloc(&d_cu, ((size_t)s.n + 1) * 4) != cudaSuccess ||
+            cudaMalloc(&d_out, budget * row * 2) != cudaSuccess) {
+            hs_error("hs-forward: cudaMalloc of the input/output buffers failed");
+            goto cuda_done;
+        }
+#else
+        hs_model_cuda_t *none = NULL;
+        hs_model_cuda_create(m, cuda_dev, (uint32_t)budget, (uint32_t)s.n, &none);
+        goto done;
+#endif
+    }
+    /* greedy chunks of whole sequences under the budget, in file order */
+    int first = 0;
+    while (first < s.n) {
+        int last = first + 1;
+        while (last < s.n && (uint64_t)(s.cu[last + 1] - s.cu[first]) <= budget) last++;
+        int n = last - first;
+        uint8_t *dst = (uint8_t *)out + (size_t)s.cu[first] * row * (size_t)esize;
+        hs_status_t st;
+        if (cuda_dev < 0) {
+            int32_t *cu = malloc((size_t)(n + 1) * sizeof *cu);
+            if (!cu) goto done;
+            for (int i = 0; i <= n; i++) cu[i] = s.cu[first + i] - s.cu[first];
+            st = hs_model_forward_cpu(m, s.ids + s.cu[first], cu, n, layers, k, dst,
+                                      HS_MODEL_OUT_F32, row);
+            free(cu);
+        } else {
+#ifdef HS_HAVE_CUDA
+            st = run_cuda_chunk(mc, s.ids, s.cu + first, n, layers, k, H, (uint16_t *)dst, d_ids,
+                                d_cu, d_out);
+#else
+            st = HS_ERR_UNSUPPORTED;
+#endif
+        }
+        if (st != HS_OK) {
+            hs_error("hs-forward: forward of sequences %d..%d failed: %s", first, last - 1,
+                     hs_status_str(st));
+#ifdef HS_HAVE_CUDA
+            goto cuda_done;
+#else
+            goto done;
+#endif
+        }
+        hs_debug("hs-forward: sequences %d..%d done", first, last - 1);
+        first = last;
+    }
+
+    {
+        hs__st_write_tensor_t *t = calloc((size_t)k + 2, sizeof *t);
+        char(*names)[48] = calloc((size_t)k, sizeof *names);
+        if (!t || !names) {
+            free(t);
+            free(names);
+            goto cuda_done;
+        }
+        for (int j = 0; j < k; j++) {
+            snprintf(names[j], sizeof names[j], "hidden_states.%d", layers[j]);
+            t[j] = (hs__st_write_tensor_t){
+                .name = names[j],
+                .dtype = esize == 4 ? "F32" : "BF16",
+                .ndim = 2,
+                .shape = {s.T, H},
+                .data = (uint8_t *)out + (size_t)j * H * esize,
+                .rows = (size_t)s.T,
+                .row_bytes = (size_t)H * esize,
+                .src_stride = row * esize,
+            };
+        }
+        t[k] = (hs__st_write_tensor_t){.name = "cu_seqlens", .dtype = "I32", .ndim = 1,
+                                       .shape = {s.n + 1}, .data = s.cu, .rows = 1,
+                                       .row_bytes = ((size_t)s.n + 1) * 4};
+        t[k + 1] = (hs__st_write_tensor_t){.name = "input_ids", .dtype = "I32", .ndim = 1,
+                                           .shape = {s.T}, .data = s.ids, .rows = 1,
+                                           .row_bytes = (size_t)s.T * 4};
+        const char *mk[] = {"format", "model", "layers", "device"};
+        const char *mv[] = {"hsflow-hidden-states", model_dir, lay, device};
+        hs_status_t st = hs__st_write(out_path, t, k + 2, mk, mv, 4);
+        free(t);
+        free(names);
+        if (st != HS_OK) goto cuda_done;
+    }
+    hs_info("hs-forward: wrote %d layers x %lld tokens x H=%d to %s", k, (long long)s.T, H,
+            out_path);
+    rc = 0;
+cuda_done:
+#ifdef HS_HAVE_CUDA
+    cudaFree(d_ids);
+    cudaFree(d_cu);
+    cudaFree(d_out);
+    hs_model_cuda_destroy(mc);
+#endif
+done:
+    free(out);
+    seqs_free(&s);
+    hs_model_destroy(m);
+    return rc;
+}

@@ -1,0 +1,134 @@
+/* hs_model.h - the built-in target forward: a Llama-family decoder (Llama
+ * 2/3 incl. llama3 rope scaling, Qwen2/2.5 with qkv bias, Qwen3 with q/k
+ * norm, Mistral) loaded from a Hugging Face folder (config.json and
+ * *.safetensors, single file or sharded), run up to the highest captured
+ * layer, with each captured layer's hidden states written into its column
+ * slice of a [T, k*H] buffer. No LM head.
+ *
+ * Layers are named by their index in Hugging Face's output_hidden_states:
+ * 0 = embeddings, i = output of decoder layer i-1 (1 <= i < N),
+ * N = the final normed output (N = num_hidden_layers).
+ *
+ * Ownership: hs_model_load() returns a model the caller releases with
+ * hs_model_destroy(); it owns its weights (mapped files or converted copies).
+ * Forward calls read the caller's inputs and write only the caller's output
+ * buffer. A loaded model is immutable: several threads may run forwards on
+ * it at once. hs_model_cuda_* objects borrow the model, which must outlive
+ * them. */
+#ifndef HS_MODEL_H
+#define HS_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hs_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hs_model hs_model_t;
+typedef struct hs_model_cuda hs_model_cuda_t;
+
+typedef enum {
+    HS_MODEL_LLAMA = 1,   /* LlamaForCausalLM */
+    HS_MODEL_QWEN2 = 2,   /* Qwen2ForCausalLM */
+    HS_MODEL_QWEN3 = 3,   /* Qwen3ForCausalLM */
+    HS_MODEL_MISTRAL = 4, /* MistralForCausalLM */
+} hs_model_arch_t;
+
+/* Output element type of the forward. */
+typedef enum { HS_MODEL_OUT_F32 = 0, HS_MODEL_OUT_BF16 = 1 } hs_model_dtype_t;
+
+/* The parsed config.json (Hugging Face names in comments). */
+typedef struct {
+    hs_model_arch_t arch;
+    char architecture[64];     /* architectures[0] */
+    char torch_dtype[16];      /* torch_dtype (or dtype); "" when absent */
+    int hidden_size;           /* H */
+    int intermediate_size;     /* I */
+    int num_layers;            /* num_hidden_layers, N */
+    int num_heads;             /* num_attention_heads */
+    int num_kv_heads;          /* num_key_value_heads (default num_heads) */
+    int head_dim;              /* head_dim (default hidden_size / num_heads) */
+    int vocab_size;
+    float rms_norm_eps;
+    float rope_theta;          /* rope_theta (or rope_parameters.rope_theta) */
+    int rope_type;             /* hs_rope_type_t: 0 default, 1 linear, 2 llama3 */
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions;
+    int sliding_window;        /* Mistral, or Qwen with use_sliding_window; 0 = none */
+    int tie_word_embeddings;
+    int qkv_bias;              /* q/k/v projections have a bias (Qwen2, attention_bias) */
+    int o_bias;                /* o_proj has a bias (attention_bias) */
+    int mlp_bias;              /* gate/up/down have a bias (Llama mlp_bias) */
+    int qk_norm;               /* per-head RMSNorm on q and k before rope (Qwen3) */
+} hs_model_config_t;
+
+/* Loads the model in folder `dir` (config.json plus model.safetensors, or
+ * model.safetensors.index.json and its shards). Weights stored as BF16 are
+ * used in place from the mapped files; F16/F32 are converted to bf16.
+ * Unknown architecture, missing or malformed field, missing tensor, wrong
+ * shape, unsupported dtype or truncated file: an error naming the field or
+ * tensor is logged and HS_ERR_FORMAT (or HS_ERR_IO / HS_ERR_UNSUPPORTED)
+ * returned. *out is set only on success. */
+hs_status_t hs_model_load(const char *dir, hs_model_t **out);
+void hs_model_destroy(hs_model_t *m); /* NULL is fine */
+
+const hs_model_config_t *hs_model_config(const hs_model_t *m);
+int hs_model_hidden_size(const hs_model_t *m);
+int hs_model_num_layers(const hs_model_t *m); /* N: valid layer indices are 0..N */
+int hs_model_vocab_size(const hs_model_t *m);
+
+/* Checks a list of captured layers against a model of n_target_layers
+ * decoder layers: 1..max_layers entries, each in 0..n_target_layers.
+ * Logs what is wrong. */
+hs_status_t hs_model_check_layers(int n_target_layers, const int32_t *layers, int n_layers);
+
+/* DFlash's default captured layers for a drafter of n_draft_layers layers on
+ * a target of n_target_layers layers, as output_hidden_states indices (here
+ * 1..N; DFlash's own target_layer_ids are these minus one):
+ *   n_draft == 1: { N/2 + 1 }
+ *   else:         { round(1 + i * (N - 4) / (n_draft - 1)) + 1 }, i = 0..n_draft-1
+ * (round half to even, as Python's round()). Writes n_draft_layers entries
+ * to out[cap]. E.g. N = 32, 5 draft layers: 2, 9, 16, 23, 30. */
+hs_status_t hs_model_dflash_layers(int n_target_layers, int n_draft_layers, int32_t *out, int cap);
+
+/* CPU reference forward (fp32 activations, bf16 weights, fp32 accumulation).
+ *   input_ids:  T = cu_seqlens[n_seqs] token ids, each in [0, vocab_size)
+ *   cu_seqlens: n_seqs + 1 entries, cu_seqlens[0] = 0, non-decreasing;
+ *               each sequence is causal on its own, positions restart at 0
+ *   layers:     n_layers output_hidden_states indices in 0..N (any order)
+ *   out:        [T, row_stride_elems] of out_dtype (hs_model_dtype_t); layer
+ *               layers[j] goes to columns [j*H, (j+1)*H) of every row.
+ *               row_stride_elems >= n_layers * H. Other columns untouched.
+ * Only decoder layers up to the highest captured index run. Allocates its
+ * fp32 work buffers per call (this is the reference, not the fast path).
+ * Bad input: HS_ERR_INVALID with a message; nothing written to out. */
+hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids, const int32_t *cu_seqlens,
+                                 int n_seqs, const int32_t *layers, int n_layers, void *out,
+                                 int out_dtype, size_t row_stride_elems);
+
+/* ---- CUDA forward (model/forward_cuda.c; without CUDA every call returns
+ * HS_ERR_UNSUPPORTED) ---------------------------------------------------- */
+
+/* Uploads the weights to `device` and plans every device buffer for batches
+ * of up to token_budget tokens and max_seqs sequences; nothing is allocated
+ * per batch afterwards. The model must outlive the returned object. */
+hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget, uint32_t max_seqs,
+                                 hs_model_cuda_t **out);
+/* Runs one packed batch on `stream` (a cudaStream_t; NULL = default stream).
+ * d_input_ids [T], d_cu_seqlens [n_seqs + 1] and d_out_bf16 [T,
+ * row_stride_elems] are device pointers; semantics as hs_model_forward_cpu
+ * with bf16 output. Asynchronous: results are ready when the stream is. */
+hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_ids,
+                                  const int32_t *d_cu_seqlens, int n_seqs, int T,
+                                  const int32_t *layers, int n_layers, void *d_out_bf16,
+                                  size_t row_stride_elems, void *stream);
+void hs_model_cuda_destroy(hs_model_cuda_t *mc); /* NULL is fine */
+/* Peak device memory the object uses (weights + planned buffers), bytes. */
+hs_status_t hs_model_cuda_peak_bytes(const hs_model_cuda_t *mc, uint64_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_MODEL_H */

@@ -1,0 +1,200 @@
+/* model.c - loads a Hugging Face Llama-family folder into an hs_model_t
+ * (config.json + safetensors, every tensor's shape checked against the
+ * config), and the layer-index helpers (captured layer checks, DFlash's
+ * default set). */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_int.h"
+#include "rope.h"
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    char *buf = NULL;
+    long n = -1;
+    if (fseek(fp, 0, SEEK_END) == 0) n = ftell(fp);
+    if (n >= 0 && n < (64l << 20) && fseek(fp, 0, SEEK_SET) == 0) {
+        buf = malloc((size_t)n + 1);
+        if (buf && fread(buf, 1, (size_t)n, fp) == (size_t)n) {
+            buf[n] = 0;
+            *len = (size_t)n;
+        } else {
+            free(buf);
+            buf = NULL;
+        }
+    }
+    fclose(fp);
+    return buf;
+}
+
+/* Fetches "model.<name>" as bf16 of the given 1-D or 2-D shape. */
+static hs_status_t get_w(hs_model_t *m, const char *name, int64_t d0, int64_t d1,
+                         const uint16_t **out)
+{
+    char full[256];
+    snprintf(full, sizeof full, "model.%s", name);
+    int64_t shape[2] = {d0, d1};
+    return hs__st_get_bf16(m->st, full, d1 ? 2 : 1, shape, out);
+}
+
+static hs_status_t load_layer(hs_model_t *m, int i)
+{
+    const hs_model_config_t *c = &m->cfg;
+    hs__layer_weights_t *w = &m->layers[i];
+    int64_t H = c->hidden_size, I = c->intermediate_size, d = c->head_dim;
+    int64_t nq = c->num_heads * d, nkv = c->num_kv_heads * d;
+    char n[128];
+    hs_status_t rc;
+#define W(field, fmt, d0, d1)                                                              \
+    do {                                                                                   \
+        snprintf(n, sizeof n, "layers.%d." fmt, i);                                         \
+        if ((rc = get_w(m, n, (d0), (d1), &w->field)) != HS_OK) return rc;                 \
+    } while (0)
+    W(q_proj, "self_attn.q_proj.weight", nq, H);
+    W(k_proj, "self_attn.k_proj.weight", nkv, H);
+    W(v_proj, "self_attn.v_proj.weight", nkv, H);
+    W(o_proj, "self_attn.o_proj.weight", H, nq);
+    if (c->qkv_bias) {
+        W(q_bias, "self_attn.q_proj.bias", nq, 0);
+        W(k_bias, "self_attn.k_proj.bias", nkv, 0);
+        W(v_bias, "self_attn.v_proj.bias", nkv, 0);
+    }
+    if (c->o_bias) W(o_bias, "self_attn.o_proj.bias", H, 0);
+    if (c->qk_norm) {
+        W(q_norm, "self_attn.q_norm.weight", d, 0);
+        W(k_norm, "self_attn.k_norm.weight", d, 0);
+    }
+    W(gate_proj, "mlp.gate_proj.weight", I, H);
+    W(up_proj, "mlp.up_proj.weight", I, H);
+    W(down_proj, "mlp.down_proj.weight", H, I);
+    if (c->mlp_bias) {
+        W(gate_bias, "mlp.gate_proj.bias", I, 0);
+        W(up_bias, "mlp.up_proj.bias", I, 0);
+        W(down_bias, "mlp.down_proj.bias", H, 0);
+    }
+    W(input_norm, "input_layernorm.weight", H, 0);
+    W(post_norm, "post_attention_layernorm.weight", H, 0);
+#undef W
+    return HS_OK;
+}
+
+hs_status_t hs_model_load(const char *dir, hs_model_t **out)
+{
+    hs_status_t rc = HS_ERR_NOMEM;
+    char path[PATH_MAX];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *json = read_file(path, &len);
+    if (!json) {
+        hs_error("cannot read %s: %m (is %s a Hugging Face model folder?)", path, dir);
+        return HS_ERR_IO;
+    }
+    hs_model_t *m = calloc(1, sizeof *m);
+    if (!m) goto err_json;
+    rc = hs__model_config_parse(json, len, path, &m->cfg);
+    if (rc != HS_OK) goto err_model;
+    const hs_model_config_t *c = &m->cfg;
+
+    rc = hs__st_open_dir(dir, &m->st);
+    if (rc != HS_OK) goto err_model;
+    rc = HS_ERR_NOMEM;
+    m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
+    m->inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(float));
+    if (!m->layers || !m->inv_freq) goto err_model;
+
+    rc = get_w(m, "embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed);
+    if (rc != HS_OK) goto err_model;
+    rc = get_w(m, "norm.weight", c->hidden_size, 0, &m->final_norm);
+    if (rc != HS_OK) goto err_model;
+    for (int i = 0; i < c->num_layers; i++) {
+        rc = load_layer(m, i);
+        if (rc != HS_OK) goto err_model;
+    }
+    hs_rope_scaling_t sc = {
+        .type = (hs_rope_type_t)c->rope_type,
+        .factor = c->rope_factor,
+        .low_freq_factor = c->rope_low_freq_factor,
+        .high_freq_factor = c->rope_high_freq_factor,
+        .original_max_positions = c->rope_original_max_positions,
+    };
+    hs_kn_rope_inv_freq(c->head_dim, c->rope_theta, &sc, m->inv_freq);
+
+    hs_info("model %s: %s, H=%d I=%d layers=%d heads=%d/%d head_dim=%d vocab=%d%s%s%s rope "
+            "theta=%g%s",
+            dir, c->architecture, c->hidden_size, c->intermediate_size, c->num_layers,
+            c->num_heads, c->num_kv_heads, c->head_dim, c->vocab_size,
+            c->qkv_bias ? " qkv-bias" : "", c->qk_norm ? " qk-norm" : "",
+            c->tie_word_embeddings ? " tied" : "", (double)c->rope_theta,
+            c->rope_type == HS_ROPE_LLAMA3   ? " llama3-scaling"
+            : c->rope_type == HS_ROPE_LINEAR ? " linear-scaling"
+                                             : "");
+    free(json);
+    *out = m;
+    return HS_OK;
+
+err_model:
+    hs_model_destroy(m);
+err_json:
+    free(json);
+    return rc;
+}
+
+void hs_model_destroy(hs_model_t *m)
+{
+    if (!m) return;
+    hs__st_close(m->st);
+    free(m->layers);
+    free(m->inv_freq);
+    free(m);
+}
+
+const hs_model_config_t *hs_model_config(const hs_model_t *m) { return &m->cfg; }
+int hs_model_hidden_size(const hs_model_t *m) { return m->cfg.hidden_size; }
+int hs_model_num_layers(const hs_model_t *m) { return m->cfg.num_layers; }
+int hs_model_vocab_size(const hs_model_t *m) { return m->cfg.vocab_size; }
+
+hs_status_t hs_model_check_layers(int n_target_layers, const int32_t *layers, int n_layers)
+{
+    if (n_layers < 1 || !layers) {
+        hs_error("no captured layers given: pass at least one output_hidden_states index");
+        return HS_ERR_INVALID;
+    }
+    for (int i = 0; i < n_layers; i++) {
+        if (layers[i] < 0 || layers[i] > n_target_layers) {
+            hs_error("captured layer %d is out of range: this model has %d decoder layers, so "
+                     "indices run 0 (embeddings) .. %d (final normed output)",
+                     layers[i], n_target_layers, n_target_layers);
+            return HS_ERR_INVALID;
+        }
+    }
+    return HS_OK;
+}
+
+hs_status_t hs_model_dflash_layers(int n_target_layers, int n_draft_layers, int32_t *out, int cap)
+{
+    if (n_draft_layers < 1 || n_draft_layers > cap) {
+        hs_error("dflash layers: %d draft layers asked, 1..%d possible", n_draft_layers, cap);
+        return HS_ERR_INVALID;
+    }
+    if (n_target_layers < 4 && n_draft_layers > 1) {
+        hs_error("dflash layers: a target of %d layers is too shallow for DFlash's default set "
+                 "(needs at least 4); pass --layers explicitly",
+                 n_target_layers);
+        return HS_ERR_INVALID;
+    }
+    if (n_draft_layers == 1) {
+        out[0] = n_target_layers / 2 + 1;
+        return HS_OK;
+    }
+    /* DFlash: round(start + i * span / (n - 1)) with start 1, end N - 3;
+     * nearbyint() in the default rounding mode is Python's round-half-even. */
+    double start = 1.0, span = (double)(n_target_layers - 3) - start;
+    for (int i = 0; i < n_draft_layers; i++)
+        out[i] = (int32_t)nearbyint(start + (i * span) / (double)(n_draft_layers - 1)) + 1;
+    return HS_OK;
+}

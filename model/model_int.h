@@ -1,0 +1,53 @@
+/* model_int.h - what is inside an hs_model_t, for the files of model/ (the
+ * CPU forward, the loader and the CUDA forward that uploads the weights).
+ *
+ * Every weight is bf16 (raw uint16_t bits), row-major in PyTorch's layout
+ * (nn.Linear weight [out_features, in_features]). Pointers point either into
+ * a mapped safetensors file or into a buffer the model owns; either way they
+ * live as long as the model. Optional tensors are NULL when absent. */
+#ifndef HS_MODEL_INT_H
+#define HS_MODEL_INT_H
+
+#include "hs_model.h"
+#include "safetensors_int.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const uint16_t *q_proj;  /* [num_heads * head_dim, H] */
+    const uint16_t *k_proj;  /* [num_kv_heads * head_dim, H] */
+    const uint16_t *v_proj;  /* [num_kv_heads * head_dim, H] */
+    const uint16_t *o_proj;  /* [H, num_heads * head_dim] */
+    const uint16_t *q_bias;  /* [num_heads * head_dim] or NULL */
+    const uint16_t *k_bias;  /* [num_kv_heads * head_dim] or NULL */
+    const uint16_t *v_bias;  /* [num_kv_heads * head_dim] or NULL */
+    const uint16_t *o_bias;  /* [H] or NULL */
+    const uint16_t *q_norm;  /* [head_dim] or NULL (Qwen3) */
+    const uint16_t *k_norm;  /* [head_dim] or NULL (Qwen3) */
+    const uint16_t *gate_proj; /* [I, H] */
+    const uint16_t *up_proj;   /* [I, H] */
+    const uint16_t *down_proj; /* [H, I] */
+    const uint16_t *gate_bias, *up_bias, *down_bias; /* [I], [I], [H] or NULL */
+    const uint16_t *input_norm; /* input_layernorm [H] */
+    const uint16_t *post_norm;  /* post_attention_layernorm [H] */
+} hs__layer_weights_t;
+
+struct hs_model {
+    hs_model_config_t cfg;
+    const uint16_t *embed;      /* embed_tokens [vocab, H] */
+    const uint16_t *final_norm; /* norm [H] */
+    hs__layer_weights_t *layers; /* [num_layers] */
+    float *inv_freq;            /* rope [head_dim / 2], rope scaling applied */
+    hs__st_set_t *st;           /* the mapped safetensors files */
+};
+
+/* Parses config.json text (path only for messages) into *cfg. */
+hs_status_t hs__model_config_parse(const char *json, size_t len, const char *path,
+                                   hs_model_config_t *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_MODEL_INT_H */

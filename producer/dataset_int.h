@@ -1,0 +1,60 @@
+/* dataset_int.h - token datasets for the producer: JSONL or .hst files.
+ *
+ * A dataset is n sequences, each a run of input_ids (int32, >= 0) with a
+ * loss_mask (u8, 0/1) of the same length. Two file formats, told apart by
+ * their first bytes, not by their name:
+ *   - JSONL: one object per line, {"input_ids": [...], "loss_mask": [...]}
+ *     (loss_mask optional, all ones by default; blank lines skipped);
+ *   - .hst: hsflow's binary token file (docs/hst-format.md), mapped read-only.
+ *
+ * Ownership: hs_dataset_open() returns a dataset the caller releases with
+ * hs_dataset_close(). Pointers returned by hs_dataset_ids()/hs_dataset_mask()
+ * point into the dataset and stay valid until it is closed. A dataset is
+ * immutable once open, so several threads may read it at once. */
+#ifndef HS_DATASET_INT_H
+#define HS_DATASET_INT_H
+
+#include "hs_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hs_dataset hs_dataset_t;
+
+typedef enum { HS_DATASET_JSONL = 1, HS_DATASET_HST = 2 } hs_dataset_format_t;
+
+/* Opens `path`, choosing the format by content. Any malformed line or
+ * structure fails the whole load with HS_ERR_FORMAT, after logging
+ * "file:line: what is wrong" (nothing is skipped silently). A dataset with
+ * no sequences is rejected. *out is set only on success. */
+hs_status_t hs_dataset_open(const char *path, hs_dataset_t **out);
+void hs_dataset_close(hs_dataset_t *ds); /* NULL is fine */
+
+hs_dataset_format_t hs_dataset_format(const hs_dataset_t *ds);
+uint64_t hs_dataset_count(const hs_dataset_t *ds);
+uint64_t hs_dataset_total_tokens(const hs_dataset_t *ds);
+/* Sequence i (i < count): its length (>= 1), ids and mask (len entries). */
+uint32_t hs_dataset_seq_len(const hs_dataset_t *ds, uint64_t i);
+const int32_t *hs_dataset_ids(const hs_dataset_t *ds, uint64_t i);
+const uint8_t *hs_dataset_mask(const hs_dataset_t *ds, uint64_t i);
+
+/* XXH3-64 of the dataset's canonical body: the offsets (u64 x n+1), then
+ * every input_id (i32), then every loss_mask byte, all little-endian; the
+ * same data gives the same fingerprint whatever file it came from. */
+uint64_t hs_dataset_fingerprint(const hs_dataset_t *ds);
+
+/* Writes `ds` as an .hst file: to a temporary file in the same directory,
+ * flushed, then renamed over `path`, so a reader never sees half a file. */
+hs_status_t hs_dataset_write_hst(const hs_dataset_t *ds, const char *path);
+
+/* Builds a dataset from memory (copies everything): n sequences, lens[i]
+ * tokens each, ids/mask concatenated; mask may be NULL (all ones). For
+ * tests and the synthetic source. */
+hs_status_t hs_dataset_from_arrays(uint64_t n, const uint32_t *lens, const int32_t *ids,
+                                   const uint8_t *mask, hs_dataset_t **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_DATASET_INT_H */

@@ -1,0 +1,441 @@
+/* hs_data_main.c - hs-data: import, inspect, plan and synthesise token datasets.
+ *
+ *   hs-data import IN OUT.hst    JSONL (or .hst) -> .hst
+ *   hs-data info FILE            format, counts, lengths, fingerprint
+ *   hs-data plan FILE ...        the batch plan a producer would build
+ *   hs-data synth OUT.jsonl ...  a random JSONL dataset
+ *
+ * Exit status: 0 ok, 1 the operation failed, 2 bad command line. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "dataset_int.h"
+#include "hs_common.h"
+#include "plan_int.h"
+
+enum { CMD_IMPORT = 1, CMD_INFO = 2, CMD_PLAN = 4, CMD_SYNTH = 8, CMD_ALL = 15 };
+
+enum {
+    OPT_TOKEN_BUDGET = 256,
+    OPT_MAX_SEQ_LEN,
+    OPT_OVERFLOW,
+    OPT_SEED,
+    OPT_EPOCHS,
+    OPT_SEQUENCES,
+    OPT_MIN_LEN,
+    OPT_MAX_LEN,
+    OPT_VOCAB,
+    OPT_LOG_LEVEL,
+};
+
+static const struct option long_opts[] = {
+    {"token-budget", required_argument, NULL, OPT_TOKEN_BUDGET},
+    {"max-seq-len", required_argument, NULL, OPT_MAX_SEQ_LEN},
+    {"overflow", required_argument, NULL, OPT_OVERFLOW},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"epochs", required_argument, NULL, OPT_EPOCHS},
+    {"sequences", required_argument, NULL, OPT_SEQUENCES},
+    {"min-len", required_argument, NULL, OPT_MIN_LEN},
+    {"max-len", required_argument, NULL, OPT_MAX_LEN},
+    {"vocab", required_argument, NULL, OPT_VOCAB},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+/* Which commands each option applies to (indexed by option - OPT_TOKEN_BUDGET). */
+static const int opt_cmds[] = {
+    CMD_PLAN, CMD_PLAN, CMD_PLAN, CMD_PLAN | CMD_SYNTH, CMD_PLAN,
+    CMD_SYNTH, CMD_SYNTH, CMD_SYNTH, CMD_SYNTH, CMD_ALL,
+};
+
+typedef struct {
+    uint64_t token_budget; /* 0 = not given */
+    uint64_t max_seq_len;
+    hs_overflow_t overflow;
+    uint64_t seed;
+    uint64_t epochs;
+    uint64_t sequences; /* 0 = not given */
+    uint64_t min_len, max_len, vocab;
+} opts_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: hs-data COMMAND ARGS [OPTIONS]\n"
+        "\n"
+        "Prepare and inspect the token datasets hsflow producers read.\n"
+        "\n"
+        "commands:\n"
+        "  import IN OUT.hst    convert a dataset (JSONL or .hst) to hsflow's binary .hst\n"
+        "                       format; prints sequences, tokens and fingerprint\n"
+        "  info FILE            format, sequences, tokens, min/mean/max length, fingerprint\n"
+        "  plan FILE            pack FILE into batches as a producer would; prints batches,\n"
+        "                       fill, truncated/dropped sequences, plan hash, batch shapes\n"
+        "  synth OUT.jsonl      write a random JSONL dataset (demos and tests)\n"
+        "\n"
+        "A JSONL dataset has one JSON object per line: {\"input_ids\": [1, 2, 3]} with an\n"
+        "optional \"loss_mask\": [0, 1, 1] (default all ones). The format of a file is\n"
+        "recognised by its content, not its name.\n"
+        "\n"
+        "plan options:\n"
+        "  --token-budget N     tokens per batch (required; K/M suffixes, e.g. 64K)\n"
+        "  --max-seq-len M      longest sequence kept whole (default: the token budget)\n"
+        "  --overflow P         what to do with longer sequences: truncate (default) or drop\n"
+        "  --seed S             seed of the per-epoch batch order (default 0)\n"
+        "  --epochs E           show the batch order of the first E epochs (default 1)\n"
+        "synth options:\n"
+        "  --sequences N        how many sequences (required)\n"
+        "  --min-len A          shortest sequence (default 16)\n"
+        "  --max-len B          longest sequence (default 2048)\n"
+        "  --seed S             random seed (default 0)\n"
+        "  --vocab V            token ids are drawn from 0..V-1 (default 32000)\n"
+        "common:\n"
+        "  --log-level L        error, warn, info, debug or trace (default info)\n"
+        "  -h, --help           this text\n"
+        "\n"
+        "Every option can also come from the environment: --token-budget as\n"
+        "HS_TOKEN_BUDGET, --max-seq-len as HS_MAX_SEQ_LEN, and so on; the command line wins.\n"
+        "\n"
+        "examples:\n"
+        "  hs-data synth demo.jsonl --sequences 20000 --min-len 64 --max-len 8192 --seed 1\n"
+        "  hs-data import demo.jsonl demo.hst\n"
+        "  hs-data info demo.hst\n"
+        "  hs-data plan demo.hst --token-budget 64K --max-seq-len 8192 --overflow drop --seed 7\n"
+        "  HS_TOKEN_BUDGET=32768 hs-data plan demo.hst --epochs 3\n");
+}
+
+static int die_usage(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "hs-data: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\nrun `hs-data --help` for usage and examples\n");
+    return 2;
+}
+
+static const char *opt_name(int id)
+{
+    for (const struct option *o = long_opts; o->name; o++)
+        if (o->val == id) return o->name;
+    return "?";
+}
+
+/* Applies one option value; `src` names where it came from for messages.
+ * Returns 0 or 2 (usage error, message printed). */
+static int opt_apply(opts_t *o, int id, const char *val, const char *src)
+{
+    uint64_t v = 0;
+    switch (id) {
+    case OPT_TOKEN_BUDGET:
+    case OPT_MAX_SEQ_LEN:
+    case OPT_SEQUENCES:
+    case OPT_MIN_LEN:
+    case OPT_MAX_LEN:
+    case OPT_VOCAB:
+        if (hs_parse_size(val, &v) != HS_OK || v == 0 || v > INT32_MAX)
+            return die_usage("%s: '%s' is not a count in 1..2147483647 (e.g. 65536 or 64K)", src,
+                             val);
+        if (id == OPT_TOKEN_BUDGET) o->token_budget = v;
+        if (id == OPT_MAX_SEQ_LEN) o->max_seq_len = v;
+        if (id == OPT_SEQUENCES) o->sequences = v;
+        if (id == OPT_MIN_LEN) o->min_len = v;
+        if (id == OPT_MAX_LEN) o->max_len = v;
+        if (id == OPT_VOCAB) o->vocab = v;
+        return 0;
+    case OPT_OVERFLOW:
+        if (hs_overflow_parse(val, &o->overflow) != HS_OK)
+            return die_usage("%s: '%s' is not an overflow policy; use truncate or drop", src, val);
+        return 0;
+    case OPT_SEED:
+        if (hs_parse_u64(val, &o->seed) != HS_OK)
+            return die_usage("%s: '%s' is not an unsigned 64-bit seed", src, val);
+        return 0;
+    case OPT_EPOCHS:
+        if (hs_parse_u64(val, &v) != HS_OK || v == 0 || v > 1000000)
+            return die_usage("%s: '%s' is not a number of epochs in 1..1000000", src, val);
+        o->epochs = v;
+        return 0;
+    case OPT_LOG_LEVEL: {
+        static const char *names[] = {"error", "warn", "info", "debug", "trace"};
+        for (int i = 0; i < 5; i++) {
+            if (strcasecmp(val, names[i]) == 0) {
+                hs_log_set_level((hs_log_level_t)i);
+                return 0;
+            }
+        }
+        return die_usage("%s: '%s' is not a log level; use error, warn, info, debug or trace", src,
+                         val);
+    }
+    }
+    return 2;
+}
+
+/* ---- commands --------------------------------------------------------------- */
+
+static int cmd_import(const char *in, const char *out)
+{
+    hs_dataset_t *ds = NULL;
+    if (hs_dataset_open(in, &ds) != HS_OK) return 1;
+    double t0 = hs_now_s();
+    hs_status_t st = hs_dataset_write_hst(ds, out);
+    if (st == HS_OK) {
+        printf("wrote %s: %" PRIu64 " sequences, %" PRIu64 " tokens, fingerprint %016" PRIx64
+               " (%.2f s)\n",
+               out, hs_dataset_count(ds), hs_dataset_total_tokens(ds), hs_dataset_fingerprint(ds),
+               hs_now_s() - t0);
+    }
+    hs_dataset_close(ds);
+    return st == HS_OK ? 0 : 1;
+}
+
+static int cmd_info(const char *path)
+{
+    hs_dataset_t *ds = NULL;
+    if (hs_dataset_open(path, &ds) != HS_OK) return 1;
+    uint64_t n = hs_dataset_count(ds), total = hs_dataset_total_tokens(ds), loss = 0;
+    uint32_t mn = UINT32_MAX, mx = 0;
+    uint64_t hist[33] = {0}; /* by floor(log2(len)) */
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t len = hs_dataset_seq_len(ds, i);
+        const uint8_t *m = hs_dataset_mask(ds, i);
+        for (uint32_t t = 0; t < len; t++) loss += m[t];
+        if (len < mn) mn = len;
+        if (len > mx) mx = len;
+        hist[31 - __builtin_clz(len)]++;
+    }
+    printf("file          %s\n", path);
+    printf("format        %s\n", hs_dataset_format(ds) == HS_DATASET_HST ? "hst" : "jsonl");
+    printf("sequences     %" PRIu64 "\n", n);
+    printf("tokens        %" PRIu64 "\n", total);
+    printf("length        min %" PRIu32 ", mean %.1f, max %" PRIu32 "\n", mn,
+           (double)total / (double)n, mx);
+    printf("loss tokens   %" PRIu64 " (%.1f%% of tokens have loss_mask 1)\n", loss,
+           100.0 * (double)loss / (double)total);
+    printf("fingerprint   %016" PRIx64 "\n", hs_dataset_fingerprint(ds));
+    printf("lengths:\n");
+    for (int b = 0; b < 33; b++) {
+        if (!hist[b]) continue;
+        uint64_t lo = 1ull << b, hi = (2ull << b) - 1;
+        printf("  %8" PRIu64 "..%-8" PRIu64 " %10" PRIu64 " sequences (%5.1f%%)\n", lo, hi, hist[b],
+               100.0 * (double)hist[b] / (double)n);
+    }
+    hs_dataset_close(ds);
+    return 0;
+}
+
+static int cmd_plan(const char *path, const opts_t *o)
+{
+    hs_dataset_t *ds = NULL;
+    hs_plan_t *plan = NULL;
+    uint32_t *order = NULL;
+    int rc = 1;
+    if (hs_dataset_open(path, &ds) != HS_OK) return 1;
+    hs_plan_config_t cfg = {
+        .token_budget = (uint32_t)o->token_budget,
+        .max_seq_len = (uint32_t)o->max_seq_len,
+        .overflow = o->overflow,
+        .seed = o->seed,
+    };
+    double t0 = hs_now_s();
+    if (hs_plan_build(ds, &cfg, &plan) != HS_OK) goto out;
+    double took = hs_now_s() - t0;
+    hs_plan_stats_t s;
+    hs_plan_stats(plan, &s);
+    const hs_plan_config_t *c = hs_plan_config(plan);
+
+    printf("dataset       %s (%" PRIu64 " sequences, %" PRIu64 " tokens, fingerprint %016" PRIx64 ")\n",
+           path, s.n_samples, hs_dataset_total_tokens(ds), hs_dataset_fingerprint(ds));
+    printf("config        token budget %" PRIu32 ", max seq len %" PRIu32 ", overflow %s, seed %" PRIu64
+           "\n",
+           c->token_budget, c->max_seq_len, hs_overflow_str(c->overflow), c->seed);
+    printf("batches       %" PRIu32 " per epoch (planned in %.3f s)\n", s.n_batches, took);
+    printf("fill          mean %.2f%%, batch tokens min %" PRIu32 " max %" PRIu32 "\n",
+           s.mean_fill_pct, s.min_batch_tokens, s.max_batch_tokens);
+    printf("kept          %" PRIu64 " sequences, %" PRIu64 " tokens per epoch\n", s.n_kept, s.tokens);
+    printf("truncated     %" PRIu64 " sequences\n", s.n_truncated);
+    printf("dropped       %" PRIu64 " sequences\n", s.n_dropped);
+    printf("tokens lost   %" PRIu64 " (%.2f%%) to truncation and dropping\n", s.tokens_dropped,
+           100.0 * (double)s.tokens_dropped / (double)hs_dataset_total_tokens(ds));
+    printf("plan hash     %016" PRIx64 "\n", hs_plan_hash(plan));
+
+    /* batch shapes, bucketed by sequences per batch (powers of two) */
+    struct {
+        uint64_t batches, tokens;
+        uint32_t max_tokens, longest;
+    } sh[33] = {{0}};
+    for (uint32_t b = 0; b < s.n_batches; b++) {
+        hs_plan_batch_t pb;
+        hs_plan_batch(plan, b, &pb);
+        int k = 31 - __builtin_clz(pb.n_seqs);
+        sh[k].batches++;
+        sh[k].tokens += pb.n_tokens;
+        if (pb.n_tokens > sh[k].max_tokens) sh[k].max_tokens = pb.n_tokens;
+        if (pb.lengths[0] > sh[k].longest) sh[k].longest = pb.lengths[0];
+    }
+    printf("batch shapes (sequences per batch):\n");
+    printf("  %-13s %9s %7s %12s %11s %12s\n", "sequences", "batches", "share", "mean tokens",
+           "max tokens", "longest seq");
+    for (int k = 0; k < 33; k++) {
+        if (!sh[k].batches) continue;
+        char range[32];
+        uint64_t lo = 1ull << k, hi = (2ull << k) - 1;
+        if (lo == hi)
+            snprintf(range, sizeof(range), "%" PRIu64, lo);
+        else
+            snprintf(range, sizeof(range), "%" PRIu64 "..%" PRIu64, lo, hi);
+        printf("  %-13s %9" PRIu64 " %6.1f%% %12.1f %11" PRIu32 " %12" PRIu32 "\n", range,
+               sh[k].batches, 100.0 * (double)sh[k].batches / s.n_batches,
+               (double)sh[k].tokens / (double)sh[k].batches, sh[k].max_tokens, sh[k].longest);
+    }
+
+    order = malloc((size_t)s.n_batches * sizeof(uint32_t));
+    if (!order) goto out;
+    uint64_t epochs = o->epochs ? o->epochs : 1;
+    for (uint64_t e = 0; e < epochs; e++) {
+        hs_plan_epoch_order(plan, (uint32_t)e, order);
+        printf("epoch %-7" PRIu64 " order:", e);
+        uint32_t show = s.n_batches < 16 ? s.n_batches : 16;
+        for (uint32_t i = 0; i < show; i++) printf(" %" PRIu32, order[i]);
+        printf("%s\n", show < s.n_batches ? " ..." : "");
+    }
+    rc = 0;
+out:
+    free(order);
+    hs_plan_destroy(plan);
+    hs_dataset_close(ds);
+    return rc;
+}
+
+static int cmd_synth(const char *path, const opts_t *o)
+{
+    uint64_t min_len = o->min_len ? o->min_len : 16, max_len = o->max_len ? o->max_len : 2048;
+    uint64_t vocab = o->vocab ? o->vocab : 32000;
+    if (min_len > max_len) {
+        fprintf(stderr, "hs-data: --min-len %" PRIu64 " is above --max-len %" PRIu64
+                        "; give min <= max\n", min_len, max_len);
+        return 2;
+    }
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    if (!tmp) return 1;
+    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        hs_error("%s: cannot create %s: %m; check the folder exists and is writable", path, tmp);
+        if (fd >= 0) close(fd);
+        free(tmp);
+        return 1;
+    }
+    uint64_t rng = o->seed ^ 0x5EEDDA7A5EEDDA7Aull, total = 0;
+    for (uint64_t i = 0; i < o->sequences; i++) {
+        uint64_t len = min_len + hs_splitmix64(&rng) % (max_len - min_len + 1);
+        /* a prompt of up to half the sequence carries no loss, like chat data */
+        uint64_t prompt = hs_splitmix64(&rng) % (len / 2 + 1);
+        fputs("{\"input_ids\":[", f);
+        for (uint64_t t = 0; t < len; t++)
+            fprintf(f, t ? ",%" PRIu64 : "%" PRIu64, hs_splitmix64(&rng) % vocab);
+        fputs("],\"loss_mask\":[", f);
+        for (uint64_t t = 0; t < len; t++) fputs(t ? (t < prompt ? ",0" : ",1") : (t < prompt ? "0" : "1"), f);
+        fputs("]}\n", f);
+        total += len;
+    }
+    int bad = ferror(f) | (fflush(f) != 0) | (fsync(fileno(f)) != 0);
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        hs_error("%s: write failed: %m; check free disk space", path);
+        unlink(tmp);
+        free(tmp);
+        return 1;
+    }
+    free(tmp);
+    printf("wrote %s: %" PRIu64 " sequences, %" PRIu64 " tokens (lengths %" PRIu64 "..%" PRIu64
+           ", vocab %" PRIu64 ", seed %" PRIu64 ")\n",
+           path, o->sequences, total, min_len, max_len, vocab, o->seed);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    hs_log_set_tag("hs-data");
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd_name = argv[1];
+    int cmd = 0;
+    if (!strcmp(cmd_name, "-h") || !strcmp(cmd_name, "--help") || !strcmp(cmd_name, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd_name, "import")) cmd = CMD_IMPORT;
+    else if (!strcmp(cmd_name, "info")) cmd = CMD_INFO;
+    else if (!strcmp(cmd_name, "plan")) cmd = CMD_PLAN;
+    else if (!strcmp(cmd_name, "synth")) cmd = CMD_SYNTH;
+    else return die_usage("unknown command '%s'%s; use import, info, plan or synth", cmd_name, "");
+
+    opts_t o = {.overflow = HS_OVERFLOW_TRUNCATE, .epochs = 1};
+    /* environment first (only options that apply to this command), then the
+     * command line, which wins */
+    for (const struct option *lo = long_opts; lo->name; lo++) {
+        if (lo->val < OPT_TOKEN_BUDGET || !(opt_cmds[lo->val - OPT_TOKEN_BUDGET] & cmd)) continue;
+        const char *v = hs_env_for_flag(lo->name);
+        if (!v) continue;
+        char src[64] = "HS_";
+        for (size_t i = 0, j = 3; lo->name[i] && j + 1 < sizeof(src); i++, j++)
+            src[j] = lo->name[i] == '-' ? '_' : (char)(lo->name[i] & ~0x20);
+        if (opt_apply(&o, lo->val, v, src)) return 2;
+    }
+    opterr = 0;
+    optind = 2;
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", long_opts, NULL)) != -1) {
+        if (c == 'h') {
+            usage(stdout);
+            return 0;
+        }
+        if (c == '?') return die_usage("unknown option '%s'%s", argv[optind - 1], "");
+        if (c == ':') return die_usage("option '%s' needs a value%s", argv[optind - 1], "");
+        if (!(opt_cmds[c - OPT_TOKEN_BUDGET] & cmd))
+            return die_usage("--%s does not apply to '%s'", opt_name(c), cmd_name);
+        char src[64];
+        snprintf(src, sizeof(src), "--%s", opt_name(c));
+        if (opt_apply(&o, c, optarg, src)) return 2;
+    }
+    int npos = argc - optind;
+    char **pos = argv + optind;
+    int want = cmd == CMD_IMPORT ? 2 : 1;
+    if (npos != want) {
+        static const char *forms[] = {"", "import IN OUT.hst", "info FILE", "", "plan FILE", "", "", "",
+                                      "synth OUT.jsonl"};
+        return die_usage("wrong number of arguments; usage: hs-data %s%s", forms[cmd],
+                         " [OPTIONS]");
+    }
+    switch (cmd) {
+    case CMD_IMPORT:
+        return cmd_import(pos[0], pos[1]);
+    case CMD_INFO:
+        return cmd_info(pos[0]);
+    case CMD_PLAN:
+        if (!o.token_budget)
+            return die_usage("plan needs --token-budget N (or HS_TOKEN_BUDGET), e.g. %s%s",
+                             "--token-budget 64K", "");
+        if (o.max_seq_len > o.token_budget) {
+            fprintf(stderr, "hs-data: --max-seq-len %" PRIu64 " is above --token-budget %" PRIu64
+                            "; a sequence must fit one batch\n", o.max_seq_len, o.token_budget);
+            return 2;
+        }
+        return cmd_plan(pos[0], &o);
+    case CMD_SYNTH:
+        if (!o.sequences)
+            return die_usage("synth needs --sequences N (or HS_SEQUENCES), e.g. %s%s",
+                             "--sequences 10000", "");
+        return cmd_synth(pos[0], &o);
+    }
+    return 2;
+}

@@ -1,0 +1,59 @@
+/* hs_producer.h - the producer engine: reads the dataset, builds the shared
+ * plan, connects to the consumer, and runs one worker per device that turns
+ * tickets into sealed batch regions sent straight from staging buffers.
+ *
+ * Ownership: the config's strings are borrowed for the duration of
+ * hs_producer_run(); the engine owns everything it allocates and frees it
+ * before returning. */
+#ifndef HS_PRODUCER_H
+#define HS_PRODUCER_H
+
+#include "hs_common.h"
+#include "hs_proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HS_PRODUCER_MAX_WORKERS 64
+
+typedef enum { HS_SOURCE_SYNTHETIC = 1, HS_SOURCE_MODEL = 2 } hs_source_t;
+
+typedef struct {
+    const char *to_host;   /* consumer address */
+    uint16_t to_port;
+    const char *data_path; /* JSONL or .hst */
+    uint32_t token_budget;
+    uint32_t max_seq_len;  /* 0 = token_budget */
+    int overflow;          /* hs_overflow_t: truncate or drop */
+    uint64_t seed;
+    hs_layout_t layout;    /* hidden size and captured layers; with a model, a
+                            * hidden size of 0 means the model's */
+    hs_source_t source;
+    const char *model_dir; /* HS_SOURCE_MODEL */
+    int dflash_layers;     /* > 0: layers = DFlash's default set for this many draft layers */
+    uint32_t n_workers;
+    int gpu_ids[HS_PRODUCER_MAX_WORKERS]; /* -1 = CPU worker */
+    uint32_t prefetch;     /* tickets each worker wants queued */
+    const char *secret_file;
+    const char *transport; /* "auto", "tcp", "ucx" */
+    uint32_t connect_timeout_s;
+    const char *summary_json; /* NULL = none */
+    const char *name;      /* identity in logs; NULL = host:pid */
+} hs_producer_config_t;
+
+void hs_producer_config_default(hs_producer_config_t *cfg);
+
+/* Runs until the consumer says BYE (HS_OK), or fails: HS_ERR_CLOSED when the
+ * consumer vanished, HS_ERR_MISMATCH/HS_ERR_AUTH when it refused us, others
+ * for local problems. Every error is logged once with what to do. */
+hs_status_t hs_producer_run(const hs_producer_config_t *cfg);
+
+/* Parses a "--gpus" value into cfg->n_workers and cfg->gpu_ids: "cpu:N" for
+ * N CPU workers, or "0,1,2" for one worker per GPU id. */
+hs_status_t hs_producer_parse_devices(const char *s, hs_producer_config_t *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_PRODUCER_H */

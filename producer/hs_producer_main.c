@@ -1,0 +1,256 @@
+/* hs_producer_main.c - the hs-producer command: computes the hidden states a
+ * consumer asks for (one worker per device) and streams them to it. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hs_producer.h"
+#include "hs_model.h"
+#include "plan_int.h"
+
+static const char usage[] =
+    "usage: hs-producer --to HOST:PORT --data FILE --token-budget N --layers L1,L2,...\n"
+    "                   [--hidden-size H] [--source synthetic|model] [--gpus cpu:N|0,1,2] [options]\n"
+    "\n"
+    "Computes packed hidden states of the batches a consumer tickets and streams them to\n"
+    "it. Every producer of a run must use the same --data, --token-budget, --max-seq-len,\n"
+    "--seed, --hidden-size and --layers: the consumer checks the plan hash and layout.\n"
+    "\n"
+    "options (each also settable as HS_<NAME>, e.g. HS_TOKEN_BUDGET=65536):\n"
+    "  --to HOST:PORT         the consumer (hs-consumer --listen)\n"
+    "  --data FILE            dataset: JSONL lines {\"input_ids\": [...], \"loss_mask\": [...]}\n"
+    "                         or a .hst file from hs-data import\n"
+    "  --token-budget N       tokens per batch (default 65536)\n"
+    "  --max-seq-len M        longer sequences are truncated or dropped (default: the budget)\n"
+    "  --overflow truncate|drop  what to do with sequences longer than --max-seq-len\n"
+    "  --seed S               epoch shuffle seed (default 0)\n"
+    "  --layers L1,L2,...     captured layers as Hugging Face output_hidden_states indices\n"
+    "                         (0 = embeddings, i = output of decoder layer i-1)\n"
+    "  --dflash-layers N      DFlash's default layer set for an N-layer drafter (needs --model)\n"
+    "  --hidden-size H        hidden size (taken from the model with --source model)\n"
+    "  --source synthetic|model  synthetic: deterministic bytes the consumer can verify\n"
+    "                         (--verify-synthetic); model: the built-in target forward\n"
+    "  --model DIR            Hugging Face model folder (config.json + *.safetensors)\n"
+    "  --gpus cpu:N|LIST      N CPU workers, or one worker per GPU id (default cpu:1)\n"
+    "  --prefetch N           tickets each worker keeps queued (default 2)\n"
+    "  --secret-file FILE     shared secret for the HMAC handshake\n"
+    "  --transport KIND       auto, tcp or ucx (default auto)\n"
+    "  --connect-timeout S    seconds to keep trying to reach the consumer (default 30)\n"
+    "  --summary-json FILE    write this producer's summary as JSON\n"
+    "  --name NAME            identity in the consumer's logs (default host:pid)\n"
+    "  -h, --help             this text\n"
+    "\n"
+    "examples:\n"
+    "  hs-producer --to drafter:7000 --data train.hst --token-budget 65536 \\\n"
+    "      --source model --model /models/Llama-3.1-8B --layers 2,16,29 --gpus 0,1,2\n"
+    "  hs-producer --to 127.0.0.1:7000 --data data.jsonl --token-budget 8192 \\\n"
+    "      --hidden-size 1024 --layers 2,16,29 --source synthetic --gpus cpu:3\n";
+
+enum {
+    OPT_TO = 1000, OPT_DATA, OPT_BUDGET, OPT_MAXLEN, OPT_OVERFLOW, OPT_SEED, OPT_LAYERS,
+    OPT_DFLASH, OPT_HIDDEN, OPT_SOURCE, OPT_MODEL, OPT_GPUS, OPT_PREFETCH, OPT_SECRET,
+    OPT_TRANSPORT, OPT_CONNECT_TIMEOUT, OPT_SUMMARY, OPT_NAME,
+};
+
+static const struct option long_options[] = {
+    {"to", required_argument, NULL, OPT_TO},
+    {"data", required_argument, NULL, OPT_DATA},
+    {"token-budget", required_argument, NULL, OPT_BUDGET},
+    {"max-seq-len", required_argument, NULL, OPT_MAXLEN},
+    {"overflow", required_argument, NULL, OPT_OVERFLOW},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"layers", required_argument, NULL, OPT_LAYERS},
+    {"dflash-layers", required_argument, NULL, OPT_DFLASH},
+    {"hidden-size", required_argument, NULL, OPT_HIDDEN},
+    {"source", required_argument, NULL, OPT_SOURCE},
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"gpus", required_argument, NULL, OPT_GPUS},
+    {"prefetch", required_argument, NULL, OPT_PREFETCH},
+    {"secret-file", required_argument, NULL, OPT_SECRET},
+    {"transport", required_argument, NULL, OPT_TRANSPORT},
+    {"connect-timeout", required_argument, NULL, OPT_CONNECT_TIMEOUT},
+    {"summary-json", required_argument, NULL, OPT_SUMMARY},
+    {"name", required_argument, NULL, OPT_NAME},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+typedef struct {
+    hs_producer_config_t cfg;
+    char host[256];
+    bool have_to, have_layers, have_budget;
+    int dflash_layers;
+    const char *layers_arg;
+} options_t;
+
+static int bad(const char *flag, const char *arg, const char *from, const char *expect)
+{
+    fprintf(stderr, "hs-producer: --%s '%s' (%s): %s\n", flag, arg ? arg : "", from, expect);
+    return 2;
+}
+
+static int apply(void *ctx, int opt, const char *arg, const char *from)
+{
+    options_t *o = ctx;
+    hs_producer_config_t *c = &o->cfg;
+    uint64_t u;
+    switch (opt) {
+    case 'h': fputs(usage, stdout); return 3;
+    case OPT_TO:
+        if (hs_parse_hostport(arg, o->host, sizeof(o->host), &c->to_port) != HS_OK)
+            return bad("to", arg, from, "expected HOST:PORT, e.g. drafter:7000");
+        c->to_host = o->host;
+        o->have_to = true;
+        return 0;
+    case OPT_DATA: c->data_path = arg; return 0;
+    case OPT_BUDGET:
+        if (hs_parse_size(arg, &u) != HS_OK || u == 0 || u > (1u << 30))
+            return bad("token-budget", arg, from, "expected tokens per batch, e.g. 65536 or 64K");
+        c->token_budget = (uint32_t)u;
+        o->have_budget = true;
+        return 0;
+    case OPT_MAXLEN:
+        if (hs_parse_size(arg, &u) != HS_OK || u == 0 || u > (1u << 30))
+            return bad("max-seq-len", arg, from, "expected a length in tokens");
+        c->max_seq_len = (uint32_t)u;
+        return 0;
+    case OPT_OVERFLOW: {
+        hs_overflow_t ov;
+        if (hs_overflow_parse(arg, &ov) != HS_OK)
+            return bad("overflow", arg, from, "expected truncate or drop");
+        c->overflow = (int)ov;
+        return 0;
+    }
+    case OPT_SEED:
+        if (hs_parse_u64(arg, &u) != HS_OK) return bad("seed", arg, from, "expected an integer");
+        c->seed = u;
+        return 0;
+    case OPT_LAYERS: o->layers_arg = arg; return 0;
+    case OPT_DFLASH:
+        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > HS_MAX_LAYERS)
+            return bad("dflash-layers", arg, from, "expected 1..32 draft layers");
+        o->dflash_layers = (int)u;
+        return 0;
+    case OPT_HIDDEN:
+        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 65536)
+            return bad("hidden-size", arg, from, "expected 1..65536");
+        c->layout.hidden_size = (uint32_t)u;
+        return 0;
+    case OPT_SOURCE:
+        if (!strcmp(arg, "synthetic"))
+            c->source = HS_SOURCE_SYNTHETIC;
+        else if (!strcmp(arg, "model"))
+            c->source = HS_SOURCE_MODEL;
+        else
+            return bad("source", arg, from, "expected synthetic or model");
+        return 0;
+    case OPT_MODEL: c->model_dir = arg; return 0;
+    case OPT_GPUS:
+        if (hs_producer_parse_devices(arg, c) != HS_OK)
+            return bad("gpus", arg, from,
+                       "expected cpu:N (N CPU workers) or distinct GPU ids such as 0,1,2");
+        return 0;
+    case OPT_PREFETCH:
+        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 64)
+            return bad("prefetch", arg, from, "expected 1..64");
+        c->prefetch = (uint32_t)u;
+        return 0;
+    case OPT_SECRET: c->secret_file = arg; return 0;
+    case OPT_TRANSPORT:
+        if (strcmp(arg, "auto") && strcmp(arg, "tcp") && strcmp(arg, "ucx"))
+            return bad("transport", arg, from, "expected auto, tcp or ucx");
+        c->transport = arg;
+        return 0;
+    case OPT_CONNECT_TIMEOUT:
+        if (hs_parse_u64(arg, &u) != HS_OK || u > 86400)
+            return bad("connect-timeout", arg, from, "expected seconds");
+        c->connect_timeout_s = (uint32_t)u;
+        return 0;
+    case OPT_SUMMARY: c->summary_json = arg; return 0;
+    case OPT_NAME: c->name = arg; return 0;
+    }
+    return 2;
+}
+
+/* Cross-flag checks; returns 0 or prints what is wrong and returns 2. */
+static int check(options_t *o)
+{
+    hs_producer_config_t *c = &o->cfg;
+    if (!o->have_to) return fprintf(stderr, "hs-producer: --to HOST:PORT is required\n"), 2;
+    if (!c->data_path) return fprintf(stderr, "hs-producer: --data FILE is required\n"), 2;
+    if (c->max_seq_len > c->token_budget)
+        return fprintf(stderr,
+                       "hs-producer: --max-seq-len %u is larger than --token-budget %u: a "
+                       "sequence must fit in one batch\n",
+                       c->max_seq_len, c->token_budget),
+               2;
+    if (c->source == HS_SOURCE_MODEL && !c->model_dir)
+        return fprintf(stderr, "hs-producer: --source model needs --model DIR\n"), 2;
+    if (c->source == HS_SOURCE_SYNTHETIC && c->model_dir)
+        return fprintf(stderr, "hs-producer: --model is only used with --source model\n"), 2;
+    if (o->layers_arg && o->dflash_layers)
+        return fprintf(stderr, "hs-producer: give --layers or --dflash-layers, not both\n"), 2;
+    if (!o->layers_arg && !o->dflash_layers)
+        return fprintf(stderr, "hs-producer: --layers L1,L2,... is required (e.g. 2,16,29)\n"), 2;
+    if (o->dflash_layers && c->source != HS_SOURCE_MODEL)
+        return fprintf(stderr, "hs-producer: --dflash-layers needs --source model (the layer "
+                               "count comes from the model)\n"),
+               2;
+    if (o->layers_arg) {
+        int layers[HS_MAX_LAYERS], n;
+        if (hs_parse_int_list(o->layers_arg, layers, HS_MAX_LAYERS, &n) != HS_OK)
+            return fprintf(stderr, "hs-producer: --layers '%s': expected up to %d comma-separated "
+                                   "indices such as 2,16,29\n",
+                           o->layers_arg, HS_MAX_LAYERS),
+                   2;
+        for (int i = 0; i < n; i++) {
+            if (layers[i] < 0 || (i && layers[i] <= layers[i - 1]))
+                return fprintf(stderr, "hs-producer: --layers '%s': indices must be >= 0 and "
+                                       "strictly increasing\n",
+                               o->layers_arg),
+                       2;
+            c->layout.layers[i] = layers[i];
+        }
+        c->layout.n_layers = (uint32_t)n;
+    }
+    if (c->source == HS_SOURCE_SYNTHETIC && !c->layout.hidden_size)
+        return fprintf(stderr, "hs-producer: --source synthetic needs --hidden-size H\n"), 2;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    options_t o = {0};
+    hs_producer_config_default(&o.cfg);
+    o.cfg.layout.dtype = HS_DTYPE_BF16;
+    hs_log_set_tag("producer");
+    int first;
+    int rc = hs_cli_parse(argc, argv, "h", long_options, apply, &o, &first);
+    if (rc == 3) return 0;
+    if (rc) {
+        fprintf(stderr, "run hs-producer --help for the options\n");
+        return 2;
+    }
+    if (first < argc) {
+        fprintf(stderr, "hs-producer: unexpected argument '%s'\n", argv[first]);
+        return 2;
+    }
+    if (check(&o)) return 2;
+    if (o.cfg.name) {
+        char tag[48];
+        snprintf(tag, sizeof(tag), "producer %s", o.cfg.name);
+        hs_log_set_tag(tag);
+    }
+    o.cfg.dflash_layers = o.dflash_layers;
+    signal(SIGPIPE, SIG_IGN);
+    hs_status_t st = hs_producer_run(&o.cfg);
+    switch (st) {
+    case HS_OK: return 0;
+    case HS_ERR_INVALID:
+    case HS_ERR_FORMAT:
+    case HS_ERR_IO: return 2;
+    default: return 1;
+    }
+}

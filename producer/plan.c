@@ -1,0 +1,301 @@
+/* plan.c - deterministic packing of a dataset into token-budget batches.
+ *
+ * Packing is first-fit-decreasing: sequences sorted longest first (ties by
+ * sample id) each go into the lowest-numbered batch that still has room, a
+ * new batch opening when none has. Finding "the first batch with at least
+ * len tokens free" uses a max segment tree over the batches' free space, so
+ * the whole plan costs O(n log n). Long sequences fill the first batches and
+ * the short ones top up their leftover room, so batches come out nearly full
+ * while sequences of similar length still tend to share a batch. */
+#include "plan_int.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
+struct hs_plan {
+    hs_plan_config_t cfg;
+    uint64_t fingerprint;
+    uint64_t hash;
+    uint32_t n_batches;
+    uint64_t *batch_start;   /* n_batches+1 indices into sample_ids/lengths */
+    uint32_t *batch_tokens;  /* n_batches */
+    uint64_t *sample_ids;    /* n_kept, batch by batch */
+    uint32_t *lengths;       /* n_kept */
+    hs_plan_stats_t stats;
+};
+
+typedef struct {
+    uint64_t id;
+    uint32_t len;
+    uint32_t bin;
+} plan_item_t;
+
+const char *hs_overflow_str(hs_overflow_t policy)
+{
+    return policy == HS_OVERFLOW_DROP ? "drop" : "truncate";
+}
+
+hs_status_t hs_overflow_parse(const char *s, hs_overflow_t *out)
+{
+    if (!s) return HS_ERR_INVALID;
+    if (strcasecmp(s, "truncate") == 0) {
+        *out = HS_OVERFLOW_TRUNCATE;
+        return HS_OK;
+    }
+    if (strcasecmp(s, "drop") == 0) {
+        *out = HS_OVERFLOW_DROP;
+        return HS_OK;
+    }
+    return HS_ERR_INVALID;
+}
+
+static int item_cmp(const void *pa, const void *pb)
+{
+    const plan_item_t *a = pa, *b = pb;
+    if (a->len != b->len) return a->len > b->len ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+static void hash_u32(XXH3_state_t *st, uint32_t v) { XXH3_64bits_update(st, &v, 4); }
+static void hash_u64(XXH3_state_t *st, uint64_t v) { XXH3_64bits_update(st, &v, 8); }
+
+/* Canonical little-endian form of everything that defines the plan. */
+static uint64_t plan_compute_hash(const hs_plan_t *p, uint64_t n_kept)
+{
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, "HSPLAN01", 8);
+    hash_u64(&st, p->fingerprint);
+    hash_u32(&st, p->cfg.token_budget);
+    hash_u32(&st, p->cfg.max_seq_len);
+    hash_u32(&st, (uint32_t)p->cfg.overflow);
+    hash_u64(&st, p->cfg.seed);
+    hash_u32(&st, p->n_batches);
+    hash_u64(&st, n_kept);
+    XXH3_64bits_update(&st, p->batch_start, ((size_t)p->n_batches + 1) * sizeof(uint64_t));
+    XXH3_64bits_update(&st, p->sample_ids, (size_t)n_kept * sizeof(uint64_t));
+    XXH3_64bits_update(&st, p->lengths, (size_t)n_kept * sizeof(uint32_t));
+    return XXH3_64bits_digest(&st);
+}
+
+/* First-fit-decreasing over sorted items; sets each item's bin and returns
+ * the number of bins, with bin_tokens[b] their fill (bin_tokens has room for
+ * n entries). */
+static hs_status_t plan_pack(plan_item_t *items, uint64_t n, uint32_t budget, uint64_t *n_bins_out,
+                             uint32_t **bin_tokens_out)
+{
+    uint64_t leaves = 1;
+    while (leaves < n) leaves *= 2;
+    /* tree[1] is the root; leaves at [leaves, 2*leaves); each node holds the
+     * largest free space below it. Unopened batches have the whole budget,
+     * and there are always more leaves than items, so a fit always exists. */
+    uint32_t *tree = malloc((size_t)(2 * leaves) * sizeof(uint32_t));
+    if (!tree) return HS_ERR_NOMEM;
+    for (uint64_t i = 0; i < 2 * leaves; i++) tree[i] = budget;
+    uint64_t n_bins = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t len = items[i].len;
+        uint64_t node = 1;
+        while (node < leaves) node = tree[2 * node] >= len ? 2 * node : 2 * node + 1;
+        uint64_t bin = node - leaves;
+        tree[node] -= len;
+        for (node /= 2; node >= 1; node /= 2) {
+            uint32_t l = tree[2 * node], r = tree[2 * node + 1];
+            tree[node] = l > r ? l : r;
+        }
+        items[i].bin = (uint32_t)bin;
+        if (bin + 1 > n_bins) n_bins = bin + 1;
+    }
+    uint32_t *bin_tokens = malloc((size_t)(n_bins ? n_bins : 1) * sizeof(uint32_t));
+    if (!bin_tokens) {
+        free(tree);
+        return HS_ERR_NOMEM;
+    }
+    for (uint64_t b = 0; b < n_bins; b++) bin_tokens[b] = budget - tree[leaves + b];
+    free(tree);
+    *n_bins_out = n_bins;
+    *bin_tokens_out = bin_tokens;
+    return HS_OK;
+}
+
+hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, hs_plan_t **out)
+{
+    if (!ds || !cfg || !out) return HS_ERR_INVALID;
+    hs_plan_config_t c = *cfg;
+    if (c.token_budget == 0 || c.token_budget > INT32_MAX) {
+        hs_error("plan: token budget %" PRIu32 " is out of range; give 1..%d tokens per batch "
+                 "(e.g. --token-budget 65536)",
+                 c.token_budget, INT32_MAX);
+        return HS_ERR_INVALID;
+    }
+    if (c.max_seq_len == 0) c.max_seq_len = c.token_budget;
+    if (c.max_seq_len > c.token_budget) {
+        hs_error("plan: max sequence length %" PRIu32 " exceeds the token budget %" PRIu32
+                 "; a sequence must fit in one batch: lower --max-seq-len or raise --token-budget",
+                 c.max_seq_len, c.token_budget);
+        return HS_ERR_INVALID;
+    }
+    if (c.overflow != HS_OVERFLOW_TRUNCATE && c.overflow != HS_OVERFLOW_DROP) {
+        hs_error("plan: unknown overflow policy %d; use truncate or drop", (int)c.overflow);
+        return HS_ERR_INVALID;
+    }
+
+    hs_status_t st = HS_ERR_NOMEM;
+    uint64_t n = hs_dataset_count(ds);
+    hs_plan_t *p = calloc(1, sizeof(*p));
+    plan_item_t *items = malloc((size_t)(n ? n : 1) * sizeof(plan_item_t));
+    uint32_t *bin_tokens = NULL;
+    if (!p || !items) goto err_free;
+    p->cfg = c;
+    p->fingerprint = hs_dataset_fingerprint(ds);
+    p->stats.n_samples = n;
+    p->stats.max_seq_len = c.max_seq_len;
+
+    uint64_t k = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t len = hs_dataset_seq_len(ds, i);
+        if (len > c.max_seq_len) {
+            if (c.overflow == HS_OVERFLOW_DROP) {
+                p->stats.n_dropped++;
+                p->stats.tokens_dropped += len;
+                continue;
+            }
+            p->stats.n_truncated++;
+            p->stats.tokens_dropped += len - c.max_seq_len;
+            len = c.max_seq_len;
+        }
+        items[k].id = i;
+        items[k].len = len;
+        items[k].bin = 0;
+        k++;
+    }
+    if (k == 0) {
+        hs_error("plan: all %" PRIu64 " sequences are longer than max sequence length %" PRIu32
+                 " and the overflow policy is drop; use --overflow truncate or raise --max-seq-len",
+                 n, c.max_seq_len);
+        st = HS_ERR_INVALID;
+        goto err_free;
+    }
+    qsort(items, (size_t)k, sizeof(*items), item_cmp);
+
+    uint64_t n_bins = 0;
+    st = plan_pack(items, k, c.token_budget, &n_bins, &bin_tokens);
+    if (st != HS_OK) goto err_free;
+    if (n_bins > UINT32_MAX) {
+        hs_error("plan: %" PRIu64 " batches do not fit 32-bit batch ids; raise --token-budget", n_bins);
+        st = HS_ERR_INVALID;
+        goto err_free;
+    }
+    st = HS_ERR_NOMEM;
+    p->n_batches = (uint32_t)n_bins;
+    p->batch_tokens = bin_tokens;
+    bin_tokens = NULL;
+    p->batch_start = calloc((size_t)n_bins + 1, sizeof(uint64_t));
+    p->sample_ids = malloc((size_t)k * sizeof(uint64_t));
+    p->lengths = malloc((size_t)k * sizeof(uint32_t));
+    if (!p->batch_start || !p->sample_ids || !p->lengths) goto err_free;
+
+    /* counting sort by batch, stable, so each batch stays longest first */
+    for (uint64_t i = 0; i < k; i++) p->batch_start[items[i].bin + 1]++;
+    for (uint64_t b = 0; b < n_bins; b++) p->batch_start[b + 1] += p->batch_start[b];
+    uint64_t *cursor = malloc((size_t)n_bins * sizeof(uint64_t));
+    if (!cursor) goto err_free;
+    memcpy(cursor, p->batch_start, (size_t)n_bins * sizeof(uint64_t));
+    for (uint64_t i = 0; i < k; i++) {
+        uint64_t at = cursor[items[i].bin]++;
+        p->sample_ids[at] = items[i].id;
+        p->lengths[at] = items[i].len;
+    }
+    free(cursor);
+    free(items);
+    items = NULL;
+
+    p->stats.n_kept = k;
+    p->stats.n_batches = p->n_batches;
+    p->stats.min_batch_tokens = UINT32_MAX;
+    for (uint32_t b = 0; b < p->n_batches; b++) {
+        uint32_t t = p->batch_tokens[b];
+        p->stats.tokens += t;
+        if (t > p->stats.max_batch_tokens) p->stats.max_batch_tokens = t;
+        if (t < p->stats.min_batch_tokens) p->stats.min_batch_tokens = t;
+    }
+    p->stats.mean_fill_pct =
+        100.0 * (double)p->stats.tokens / ((double)p->n_batches * (double)c.token_budget);
+    p->hash = plan_compute_hash(p, k);
+    hs_debug("plan: %" PRIu64 " sequences -> %" PRIu32 " batches, budget %" PRIu32
+             ", fill %.1f%%, hash %016" PRIx64,
+             k, p->n_batches, c.token_budget, p->stats.mean_fill_pct, p->hash);
+    *out = p;
+    return HS_OK;
+
+err_free:
+    free(bin_tokens);
+    free(items);
+    hs_plan_destroy(p);
+    return st;
+}
+
+void hs_plan_destroy(hs_plan_t *plan)
+{
+    if (!plan) return;
+    free(plan->batch_start);
+    free(plan->batch_tokens);
+    free(plan->sample_ids);
+    free(plan->lengths);
+    free(plan);
+}
+
+uint32_t hs_plan_n_batches(const hs_plan_t *plan) { return plan->n_batches; }
+uint64_t hs_plan_hash(const hs_plan_t *plan) { return plan->hash; }
+uint64_t hs_plan_fingerprint(const hs_plan_t *plan) { return plan->fingerprint; }
+const hs_plan_config_t *hs_plan_config(const hs_plan_t *plan) { return &plan->cfg; }
+void hs_plan_stats(const hs_plan_t *plan, hs_plan_stats_t *out) { *out = plan->stats; }
+
+hs_status_t hs_plan_batch(const hs_plan_t *plan, uint32_t id, hs_plan_batch_t *out)
+{
+    if (!plan || !out || id >= plan->n_batches) return HS_ERR_INVALID;
+    uint64_t s = plan->batch_start[id];
+    out->n_seqs = (uint32_t)(plan->batch_start[id + 1] - s);
+    out->n_tokens = plan->batch_tokens[id];
+    out->sample_ids = plan->sample_ids + s;
+    out->lengths = plan->lengths + s;
+    return HS_OK;
+}
+
+void hs_plan_epoch_order(const hs_plan_t *plan, uint32_t epoch, uint32_t *out)
+{
+    hs_permutation(plan->cfg.seed, epoch, plan->n_batches, out);
+}
+
+hs_status_t hs_plan_fill_batch(const hs_plan_t *plan, const hs_dataset_t *ds, uint32_t batch_id,
+                               hs_batch_view_t *view)
+{
+    hs_plan_batch_t b;
+    if (!ds || !view || hs_plan_batch(plan, batch_id, &b) != HS_OK) {
+        hs_error("plan: batch %" PRIu32 " does not exist (the plan has %" PRIu32 " batches)",
+                 batch_id, plan ? plan->n_batches : 0);
+        return HS_ERR_INVALID;
+    }
+    if (hs_dataset_fingerprint(ds) != plan->fingerprint) {
+        hs_error("plan: dataset fingerprint %016" PRIx64 " differs from the plan's %016" PRIx64
+                 "; build the plan from the dataset you fill batches from",
+                 hs_dataset_fingerprint(ds), plan->fingerprint);
+        return HS_ERR_MISMATCH;
+    }
+    uint32_t t = 0;
+    view->cu_seqlens[0] = 0;
+    for (uint32_t j = 0; j < b.n_seqs; j++) {
+        uint64_t id = b.sample_ids[j];
+        uint32_t len = b.lengths[j];
+        memcpy(view->input_ids + t, hs_dataset_ids(ds, id), (size_t)len * sizeof(int32_t));
+        memcpy(view->loss_mask + t, hs_dataset_mask(ds, id), len);
+        view->sample_ids[j] = id;
+        t += len;
+        view->cu_seqlens[j + 1] = (int32_t)t;
+    }
+    return HS_OK;
+}

@@ -1,0 +1,787 @@
+/* producer.c - the producer engine (DESIGN §2, §5).
+ *
+ * The calling thread runs the network loop: handshake, PLAN pages, TICKETs
+ * in, DONE + payload out. One worker thread per device takes tickets from a
+ * shared queue, fills one of its two staging buffers (ids, mask, cu_seqlens,
+ * hidden states, header, checksum) and hands it to the network thread, which
+ * sends it straight from that buffer and gives it back when the send
+ * completes. So worker k computes batch n+1 while batch n is on the wire. */
+#include "hs_producer.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dataset_int.h"
+#include "plan_int.h"
+#include "hs_transport.h"
+#include "hs_model.h"
+
+#define STAGING_PER_WORKER 2
+
+typedef struct ticket {
+    struct ticket *next;
+    uint64_t id;
+    uint32_t epoch, batch, n_seqs, n_tokens;
+    uint64_t bytes;
+} ticket_t;
+
+typedef struct producer producer_t;
+
+typedef struct staging {
+    uint8_t *buf;
+    bool busy; /* filled and waiting for / on the wire */
+    struct worker *owner;
+} staging_t;
+
+typedef struct worker {
+    producer_t *pr;
+    uint32_t index;
+    int gpu; /* -1 = CPU */
+    pthread_t thread;
+    staging_t staging[STAGING_PER_WORKER];
+    /* figures, under pr->lock */
+    uint64_t batches, tokens;
+    double busy_s, stall_s;
+} worker_t;
+
+typedef struct outgoing {
+    struct outgoing *next;
+    ticket_t t;
+    staging_t *st;
+    uint32_t worker;
+    uint64_t checksum, compute_ns;
+} outgoing_t;
+
+struct producer {
+    const hs_producer_config_t *cfg; /* = &config, completed from the model */
+    hs_producer_config_t config;
+    hs_dataset_t *ds;
+    hs_plan_t *plan;
+    hs_model_t *model;
+    uint64_t max_batch_bytes;
+    hs_auth_key_t key;
+    bool have_secret;
+    uint8_t client_nonce[HS_AUTH_NONCE_BYTES];
+    uint8_t server_nonce[HS_AUTH_NONCE_BYTES];
+    uint8_t hello_body[HS_FRAME_MAX_BODY];
+    size_t hello_len;
+
+    hs_tp_t *tp;
+    hs_tp_conn_t *conn;
+    uint8_t *frame_buf;
+    hs_status_t result;
+    bool done, welcomed;
+    char consumer_name[256];
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;       /* tickets arrived / staging freed / stop */
+    ticket_t *tickets, *tickets_tail;
+    outgoing_t *outbox;        /* filled batches for the network thread */
+    bool stop;
+    double t_start;
+
+    worker_t workers[HS_PRODUCER_MAX_WORKERS];
+};
+
+/* ---- workers ---------------------------------------------------------------- */
+
+/* Writes the batch of ticket t into region: metadata from the plan, hidden
+ * states from the source, then the header and checksum. */
+static hs_status_t fill_batch(producer_t *pr, worker_t *w, const ticket_t *t, uint8_t *region)
+{
+    const hs_layout_t *layout = &pr->cfg->layout;
+    hs_batch_view_t v = hs_batch_view(region, t->n_seqs, t->n_tokens, layout);
+    hs_batch_header_init(v.header, t->epoch, t->batch, t->n_seqs, t->n_tokens, layout,
+                         hs_plan_hash(pr->plan));
+    hs_status_t st = hs_plan_fill_batch(pr->plan, pr->ds, t->batch, &v);
+    if (st != HS_OK) return st;
+    if (pr->cfg->source == HS_SOURCE_SYNTHETIC) {
+        hs_batch_synth_fill(&v, layout);
+    } else {
+        st = hs_model_forward_cpu(pr->model, v.input_ids, v.cu_seqlens, (int)t->n_seqs,
+                                  layout->layers, (int)layout->n_layers, v.hidden,
+                                  HS_MODEL_OUT_BF16, hs_layout_token_bytes(layout) / 2);
+        if (st != HS_OK) return st;
+    }
+    hs_batch_seal(region, t->bytes);
+    (void)w;
+    return HS_OK;
+}
+
+static void *worker_main(void *arg)
+{
+    worker_t *w = arg;
+    producer_t *pr = w->pr;
+    pthread_mutex_lock(&pr->lock);
+    for (;;) {
+        double t_wait = hs_now_s();
+        staging_t *st = NULL;
+        while (!pr->stop) {
+            st = NULL;
+            for (int i = 0; i < STAGING_PER_WORKER; i++)
+                if (!w->staging[i].busy) st = &w->staging[i];
+            if (pr->tickets && st) break;
+            pthread_cond_wait(&pr->cond, &pr->lock);
+        }
+        if (pr->stop) break;
+        ticket_t *t = pr->tickets;
+        pr->tickets = t->next;
+        if (!pr->tickets) pr->tickets_tail = NULL;
+        st->busy = true;
+        double t0 = hs_now_s();
+        if (pr->t_start > 0) w->stall_s += t0 - (t_wait > pr->t_start ? t_wait : pr->t_start);
+        pthread_mutex_unlock(&pr->lock);
+
+        hs_status_t rc = fill_batch(pr, w, t, st->buf);
+        double t1 = hs_now_s();
+        outgoing_t *o = calloc(1, sizeof(*o));
+
+        pthread_mutex_lock(&pr->lock);
+        w->busy_s += t1 - t0;
+        if (rc != HS_OK || !o) {
+            hs_error("worker %u: batch %u/%u failed: %s", w->index, t->epoch, t->batch,
+                     hs_status_str(rc != HS_OK ? rc : HS_ERR_NOMEM));
+            pr->result = rc != HS_OK ? rc : HS_ERR_NOMEM;
+            pr->stop = true;
+            st->busy = false;
+            free(o);
+            free(t);
+            pthread_cond_broadcast(&pr->cond);
+            hs_tp_wakeup(pr->tp);
+            break;
+        }
+        w->batches++;
+        w->tokens += t->n_tokens;
+        o->t = *t;
+        o->st = st;
+        o->worker = w->index;
+        o->checksum = ((hs_batch_header_t *)st->buf)->checksum;
+        o->compute_ns = (uint64_t)((t1 - t0) * 1e9);
+        o->next = pr->outbox;
+        pr->outbox = o;
+        free(t);
+        hs_tp_wakeup(pr->tp);
+    }
+    pthread_mutex_unlock(&pr->lock);
+    return NULL;
+}
+
+/* ---- network thread ---------------------------------------------------------- */
+
+static void send_msg(producer_t *pr, uint16_t type, const ProtobufCMessage *m)
+{
+    size_t len;
+    if (!pr->conn) return;
+    hs_status_t st = hs_msg_pack(type, m, pr->frame_buf, HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES,
+                                 &len);
+    if (st == HS_OK) st = hs_tp_send(pr->conn, pr->frame_buf, len);
+    if (st != HS_OK) hs_error("sending %s failed: %s", hs_msg_type_str(type), hs_status_str(st));
+}
+
+static void fail(producer_t *pr, hs_status_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail(producer_t *pr, hs_status_t code, const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    hs_error("%s", text);
+    if (pr->conn) {
+        size_t len;
+        if (hs_msg_error_frame(code, text, pr->frame_buf, HS_FRAME_MAX_BODY, &len) == HS_OK)
+            hs_tp_send(pr->conn, pr->frame_buf, len);
+        hs_tp_close(pr->conn, code);
+    }
+    if (pr->result == HS_OK) pr->result = code;
+    pr->done = true;
+}
+
+static void send_plan(producer_t *pr)
+{
+    uint32_t n = hs_plan_n_batches(pr->plan);
+    const uint32_t page = 100000; /* ~1 MB per page, well under the frame limit */
+    uint32_t *ns = malloc(page * sizeof(uint32_t)), *nt = malloc(page * sizeof(uint32_t));
+    if (!ns || !nt) {
+        free(ns);
+        free(nt);
+        fail(pr, HS_ERR_NOMEM, "out of memory sending the plan");
+        return;
+    }
+    for (uint32_t first = 0; first < n; first += page) {
+        uint32_t cnt = n - first < page ? n - first : page;
+        for (uint32_t i = 0; i < cnt; i++) {
+            hs_plan_batch_t b;
+            hs_plan_batch(pr->plan, first + i, &b);
+            ns[i] = b.n_seqs;
+            nt[i] = b.n_tokens;
+        }
+        Hsflow__Plan m = HSFLOW__PLAN__INIT;
+        m.first_batch = first;
+        m.n_n_seqs = cnt;
+        m.n_seqs = ns;
+        m.n_n_tokens = cnt;
+        m.n_tokens = nt;
+        m.last = first + cnt == n;
+        send_msg(pr, HS_MSG_PLAN, &m.base);
+    }
+    free(ns);
+    free(nt);
+}
+
+static void on_challenge(producer_t *pr, const uint8_t *body, uint32_t len)
+{
+    char why[256];
+    ProtobufCMessage *m;
+    if (!pr->have_secret) {
+        fail(pr, HS_ERR_AUTH,
+             "the consumer requires authentication: start this producer with --secret-file "
+             "(the same file as the consumer's)");
+        return;
+    }
+    if (hs_msg_unpack(HS_MSG_CHALLENGE, body, len, &m, why, sizeof(why)) != HS_OK) {
+        fail(pr, HS_ERR_FORMAT, "bad CHALLENGE from the consumer: %s", why);
+        return;
+    }
+    Hsflow__Challenge *c = (Hsflow__Challenge *)m;
+    memcpy(pr->server_nonce, c->server_nonce.data, HS_AUTH_NONCE_BYTES);
+    hs_msg_free(m);
+    uint8_t mac[HS_AUTH_MAC_BYTES];
+    hs_auth_producer_mac(&pr->key, pr->server_nonce, pr->client_nonce, pr->hello_body,
+                         pr->hello_len, mac);
+    Hsflow__Auth a = HSFLOW__AUTH__INIT;
+    a.mac.data = mac;
+    a.mac.len = sizeof(mac);
+    send_msg(pr, HS_MSG_AUTH, &a.base);
+}
+
+static void on_welcome(producer_t *pr, const uint8_t *body, uint32_t len)
+{
+    char why[256];
+    ProtobufCMessage *m;
+    if (hs_msg_unpack(HS_MSG_WELCOME, body, len, &m, why, sizeof(why)) != HS_OK) {
+        fail(pr, HS_ERR_FORMAT, "bad WELCOME from the consumer: %s", why);
+        return;
+    }
+    Hsflow__Welcome *w = (Hsflow__Welcome *)m;
+    if (pr->have_secret) {
+        uint8_t expect[HS_AUTH_MAC_BYTES];
+        hs_auth_consumer_mac(&pr->key, pr->client_nonce, pr->server_nonce, expect);
+        if (w->server_mac.len != HS_AUTH_MAC_BYTES ||
+            hs_auth_verify(w->server_mac.data, expect) != HS_OK) {
+            hs_msg_free(m);
+            fail(pr, HS_ERR_AUTH,
+                 "the consumer could not prove it holds the shared secret: wrong peer or a "
+                 "different --secret-file");
+            return;
+        }
+    }
+    snprintf(pr->consumer_name, sizeof(pr->consumer_name), "%s", w->consumer_name);
+    hs_info("welcomed by consumer %s: %u epoch(s), %s order%s", w->consumer_name, w->epochs,
+            w->order ? "plan" : "arrival", w->need_plan ? "; sending the plan" : "");
+    bool need_plan = w->need_plan;
+    hs_msg_free(m);
+    pr->welcomed = true;
+    if (need_plan) send_plan(pr);
+    pthread_mutex_lock(&pr->lock);
+    pr->t_start = hs_now_s();
+    pthread_mutex_unlock(&pr->lock);
+}
+
+static void on_ticket(producer_t *pr, const uint8_t *body, uint32_t len)
+{
+    char why[256];
+    ProtobufCMessage *m;
+    if (!pr->welcomed) {
+        fail(pr, HS_ERR_PROTO, "TICKET before WELCOME");
+        return;
+    }
+    if (hs_msg_unpack(HS_MSG_TICKET, body, len, &m, why, sizeof(why)) != HS_OK) {
+        fail(pr, HS_ERR_FORMAT, "bad TICKET from the consumer: %s", why);
+        return;
+    }
+    Hsflow__Ticket *t = (Hsflow__Ticket *)m;
+    hs_plan_batch_t b;
+    if (hs_plan_batch(pr->plan, t->batch, &b) != HS_OK) {
+        fail(pr, HS_ERR_PROTO, "TICKET for batch %u, the plan has %u", t->batch,
+             hs_plan_n_batches(pr->plan));
+    } else if (b.n_seqs != t->n_seqs || b.n_tokens != t->n_tokens ||
+               hs_batch_bytes(b.n_seqs, b.n_tokens, &pr->cfg->layout) != t->bytes) {
+        fail(pr, HS_ERR_MISMATCH,
+             "TICKET for batch %u asks %u seqs / %u tokens / %llu bytes; the plan says %u / %u / "
+             "%llu",
+             t->batch, t->n_seqs, t->n_tokens, (unsigned long long)t->bytes, b.n_seqs, b.n_tokens,
+             (unsigned long long)hs_batch_bytes(b.n_seqs, b.n_tokens, &pr->cfg->layout));
+    } else {
+        ticket_t *q = calloc(1, sizeof(*q));
+        if (!q) {
+            fail(pr, HS_ERR_NOMEM, "out of memory");
+        } else {
+            *q = (ticket_t){NULL, t->ticket_id, t->epoch, t->batch, t->n_seqs, t->n_tokens,
+                            t->bytes};
+            pthread_mutex_lock(&pr->lock);
+            if (pr->tickets_tail)
+                pr->tickets_tail->next = q;
+            else
+                pr->tickets = q;
+            pr->tickets_tail = q;
+            pthread_cond_broadcast(&pr->cond);
+            pthread_mutex_unlock(&pr->lock);
+        }
+    }
+    hs_msg_free(m);
+}
+
+static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t *body,
+                     uint32_t body_len, uint64_t payload_bytes)
+{
+    producer_t *pr = arg;
+    char why[256];
+    ProtobufCMessage *m;
+    if (payload_bytes) {
+        fail(pr, HS_ERR_PROTO, "the consumer sent a payload with a %s frame",
+             hs_msg_type_str(type));
+        return;
+    }
+    switch (type) {
+    case HS_MSG_CHALLENGE: on_challenge(pr, body, body_len); break;
+    case HS_MSG_WELCOME: on_welcome(pr, body, body_len); break;
+    case HS_MSG_TICKET: on_ticket(pr, body, body_len); break;
+    case HS_MSG_BYE:
+        if (hs_msg_unpack(HS_MSG_BYE, body, body_len, &m, why, sizeof(why)) == HS_OK) {
+            hs_info("consumer says BYE: %s", ((Hsflow__Bye *)m)->reason);
+            hs_msg_free(m);
+        }
+        pr->done = true;
+        hs_tp_close(conn, HS_ERR_CLOSED);
+        break;
+    case HS_MSG_ERROR:
+        if (hs_msg_unpack(HS_MSG_ERROR, body, body_len, &m, why, sizeof(why)) == HS_OK) {
+            Hsflow__Error *e = (Hsflow__Error *)m;
+            hs_error("consumer refused us: %s", e->text);
+            pr->result = e->code < 0 ? (hs_status_t)e->code : HS_ERR_PROTO;
+            hs_msg_free(m);
+        } else {
+            pr->result = HS_ERR_PROTO;
+        }
+        pr->done = true;
+        hs_tp_close(conn, HS_ERR_CLOSED);
+        break;
+    default: fail(pr, HS_ERR_PROTO, "unexpected %s frame from the consumer", hs_msg_type_str(type));
+    }
+}
+
+static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const char *why)
+{
+    producer_t *pr = arg;
+    (void)conn;
+    pr->conn = NULL;
+    if (!pr->done) {
+        hs_error("lost the consumer: %s", why && *why ? why : hs_status_str(reason));
+        pr->result = HS_ERR_CLOSED;
+        pr->done = true;
+    }
+}
+
+static void cb_sent(void *arg, hs_status_t status)
+{
+    staging_t *st = arg;
+    producer_t *pr = st->owner->pr;
+    pthread_mutex_lock(&pr->lock);
+    st->busy = false;
+    pthread_cond_broadcast(&pr->cond);
+    pthread_mutex_unlock(&pr->lock);
+    (void)status; /* a failed send means the connection is gone: cb_close reports it */
+}
+
+static const hs_tp_callbacks_t producer_callbacks = {
+    .on_frame = cb_frame,
+    .on_close = cb_close,
+};
+
+/* Sends every batch the workers finished: DONE frame + payload from staging. */
+static void flush_outbox(producer_t *pr)
+{
+    pthread_mutex_lock(&pr->lock);
+    outgoing_t *o = pr->outbox;
+    pr->outbox = NULL;
+    pthread_mutex_unlock(&pr->lock);
+    /* The list is newest first; send oldest first. */
+    outgoing_t *rev = NULL;
+    while (o) {
+        outgoing_t *n = o->next;
+        o->next = rev;
+        rev = o;
+        o = n;
+    }
+    while (rev) {
+        o = rev;
+        rev = o->next;
+        hs_status_t st = HS_ERR_CLOSED;
+        if (pr->conn) {
+            Hsflow__Done d = HSFLOW__DONE__INIT;
+            size_t len;
+            d.ticket_id = o->t.id;
+            d.epoch = o->t.epoch;
+            d.batch = o->t.batch;
+            d.bytes = o->t.bytes;
+            d.checksum = o->checksum;
+            d.worker = o->worker;
+            d.compute_ns = o->compute_ns;
+            st = hs_msg_pack(HS_MSG_DONE, &d.base, pr->frame_buf, HS_FRAME_MAX_BODY, &len);
+            if (st == HS_OK)
+                st = hs_tp_send_payload(pr->conn, pr->frame_buf, len, o->st->buf, o->t.bytes,
+                                        cb_sent, o->st);
+        }
+        if (st != HS_OK) cb_sent(o->st, st);
+        free(o);
+    }
+}
+
+static void send_stats(producer_t *pr)
+{
+    Hsflow__Stats s = HSFLOW__STATS__INIT;
+    uint32_t n = pr->cfg->n_workers;
+    double now = hs_now_s(), stall = 0;
+    uint64_t tokens = 0, batches = 0;
+    pthread_mutex_lock(&pr->lock);
+    double elapsed = pr->t_start > 0 ? now - pr->t_start : 0;
+    for (uint32_t i = 0; i < n; i++) {
+        worker_t *w = &pr->workers[i];
+        stall += elapsed > 0 ? 100.0 * w->stall_s / elapsed : 0;
+        tokens += w->tokens;
+        batches += w->batches;
+    }
+    pthread_mutex_unlock(&pr->lock);
+    s.worker_count = n;
+    s.tokens = tokens;
+    s.batches = batches;
+    s.stall_pct = n ? stall / n : 0;
+    s.tokens_per_s = elapsed > 0 ? (double)tokens / elapsed : 0;
+    s.uptime_ns = (uint64_t)(elapsed * 1e9);
+    send_msg(pr, HS_MSG_STATS, &s.base);
+}
+
+static void print_summary(producer_t *pr)
+{
+    const hs_producer_config_t *cfg = pr->cfg;
+    double elapsed = pr->t_start > 0 ? hs_now_s() - pr->t_start : 0;
+    uint64_t tokens = 0, batches = 0;
+    FILE *f = cfg->summary_json ? fopen(cfg->summary_json, "w") : NULL;
+    if (cfg->summary_json && !f) hs_error("cannot write %s: %m", cfg->summary_json);
+    if (f) fprintf(f, "{\n  \"workers\": [\n");
+    for (uint32_t i = 0; i < cfg->n_workers; i++) {
+        worker_t *w = &pr->workers[i];
+        tokens += w->tokens;
+        batches += w->batches;
+        double busy = elapsed > 0 ? 100.0 * w->busy_s / elapsed : 0;
+        double stall = elapsed > 0 ? 100.0 * w->stall_s / elapsed : 0;
+        hs_info("worker %u (%s%d): %llu batches, %llu tokens, busy %.0f%%, stall %.0f%%", i,
+                w->gpu < 0 ? "cpu" : "gpu", w->gpu < 0 ? (int)i : w->gpu,
+                (unsigned long long)w->batches, (unsigned long long)w->tokens, busy, stall);
+        if (f)
+            fprintf(f,
+                    "    {\"worker\": %u, \"gpu\": %d, \"batches\": %llu, \"tokens\": %llu, "
+                    "\"busy_pct\": %.2f, \"stall_pct\": %.2f}%s\n",
+                    i, w->gpu, (unsigned long long)w->batches, (unsigned long long)w->tokens,
+                    busy, stall, i + 1 < cfg->n_workers ? "," : "");
+    }
+    hs_info("done: %llu batches, %llu tokens in %.2f s (%.0f tokens/s)",
+            (unsigned long long)batches, (unsigned long long)tokens, elapsed,
+            elapsed > 0 ? (double)tokens / elapsed : 0);
+    if (f) {
+        fprintf(f,
+                "  ],\n  \"batches\": %llu,\n  \"tokens\": %llu,\n  \"seconds\": %.3f,\n"
+                "  \"tokens_per_s\": %.1f,\n  \"status\": \"%s\"\n}\n",
+                (unsigned long long)batches, (unsigned long long)tokens, elapsed,
+                elapsed > 0 ? (double)tokens / elapsed : 0, hs_status_str(pr->result));
+        fclose(f);
+    }
+}
+
+/* ---- setup --------------------------------------------------------------------- */
+
+static hs_status_t send_hello(producer_t *pr)
+{
+    const hs_producer_config_t *cfg = pr->cfg;
+    char name[256], host[64];
+    gethostname(host, sizeof(host));
+    host[sizeof(host) - 1] = 0;
+    snprintf(name, sizeof(name), "%s", cfg->name ? cfg->name : "");
+    if (!cfg->name) snprintf(name, sizeof(name), "%s:%d", host, (int)getpid());
+
+    Hsflow__Hello h = HSFLOW__HELLO__INIT;
+    Hsflow__Layout lm;
+    int32_t layers[HS_MAX_LAYERS];
+    hs_layout_to_msg(&cfg->layout, &lm, layers);
+    hs_plan_stats_t ps;
+    hs_plan_stats(pr->plan, &ps);
+    h.version = HS_PROTO_VERSION;
+    h.producer_name = name;
+    h.workers = cfg->n_workers;
+    h.prefetch_per_worker = cfg->prefetch;
+    h.layout = &lm;
+    h.plan_hash = hs_plan_hash(pr->plan);
+    h.n_batches = hs_plan_n_batches(pr->plan);
+    h.seed = cfg->seed;
+    h.token_budget = cfg->token_budget;
+    h.max_seq_len = ps.max_seq_len;
+    h.dataset_fingerprint = hs_dataset_fingerprint(pr->ds);
+    h.total_tokens = ps.tokens;
+    h.total_seqs = ps.n_kept;
+    h.target_name = cfg->source == HS_SOURCE_MODEL ? (char *)cfg->model_dir : "synthetic";
+    hs_auth_nonce(pr->client_nonce);
+    h.client_nonce.data = pr->client_nonce;
+    h.client_nonce.len = HS_AUTH_NONCE_BYTES;
+    size_t len;
+    hs_status_t st = hs_msg_pack(HS_MSG_HELLO, &h.base, pr->frame_buf,
+                                 HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES, &len);
+    if (st != HS_OK) return st;
+    /* The AUTH proof covers the HELLO body exactly as sent. */
+    pr->hello_len = len - HS_FRAME_HEADER_BYTES;
+    memcpy(pr->hello_body, pr->frame_buf + HS_FRAME_HEADER_BYTES, pr->hello_len);
+    return hs_tp_send(pr->conn, pr->frame_buf, len);
+}
+
+void hs_producer_config_default(hs_producer_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->to_port = 7000;
+    cfg->token_budget = 65536;
+    cfg->overflow = HS_OVERFLOW_TRUNCATE;
+    cfg->source = HS_SOURCE_SYNTHETIC;
+    cfg->n_workers = 1;
+    cfg->gpu_ids[0] = -1;
+    cfg->prefetch = 2;
+    cfg->transport = "auto";
+    cfg->connect_timeout_s = 30;
+}
+
+hs_status_t hs_producer_parse_devices(const char *s, hs_producer_config_t *cfg)
+{
+    uint64_t n;
+    if (!strncmp(s, "cpu:", 4)) {
+        if (hs_parse_u64(s + 4, &n) != HS_OK || n == 0 || n > HS_PRODUCER_MAX_WORKERS)
+            return HS_ERR_INVALID;
+        cfg->n_workers = (uint32_t)n;
+        for (uint32_t i = 0; i < n; i++) cfg->gpu_ids[i] = -1;
+        return HS_OK;
+    }
+    int ids[HS_PRODUCER_MAX_WORKERS], cnt;
+    if (hs_parse_int_list(s, ids, HS_PRODUCER_MAX_WORKERS, &cnt) != HS_OK) return HS_ERR_INVALID;
+    for (int i = 0; i < cnt; i++) {
+        if (ids[i] < 0) return HS_ERR_INVALID;
+        for (int j = 0; j < i; j++)
+            if (ids[j] == ids[i]) return HS_ERR_INVALID;
+    }
+    cfg->n_workers = (uint32_t)cnt;
+    memcpy(cfg->gpu_ids, ids, sizeof(int) * (size_t)cnt);
+    return HS_OK;
+}
+
+static hs_status_t load_inputs(producer_t *pr)
+{
+    const hs_producer_config_t *cfg = pr->cfg;
+    hs_status_t st = hs_dataset_open(cfg->data_path, &pr->ds);
+    if (st != HS_OK) return st;
+    hs_plan_config_t pc = {.token_budget = cfg->token_budget,
+                           .max_seq_len = cfg->max_seq_len,
+                           .overflow = (hs_overflow_t)cfg->overflow,
+                           .seed = cfg->seed};
+    st = hs_plan_build(pr->ds, &pc, &pr->plan);
+    if (st != HS_OK) return st;
+    hs_plan_stats_t ps;
+    hs_plan_stats(pr->plan, &ps);
+    uint32_t n = hs_plan_n_batches(pr->plan);
+    for (uint32_t b = 0; b < n; b++) {
+        hs_plan_batch_t pb;
+        hs_plan_batch(pr->plan, b, &pb);
+        uint64_t bytes = hs_batch_bytes(pb.n_seqs, pb.n_tokens, &cfg->layout);
+        if (bytes > pr->max_batch_bytes) pr->max_batch_bytes = bytes;
+    }
+    hs_info("plan %016llx: %llu sequences (%llu truncated, %llu dropped), %llu tokens in %u "
+            "batches (%.1f%% full), largest batch %.1f MiB",
+            (unsigned long long)hs_plan_hash(pr->plan), (unsigned long long)ps.n_kept,
+            (unsigned long long)ps.n_truncated, (unsigned long long)ps.n_dropped,
+            (unsigned long long)ps.tokens, n, ps.mean_fill_pct,
+            (double)pr->max_batch_bytes / (1 << 20));
+    if (cfg->source == HS_SOURCE_MODEL) {
+        uint32_t h = (uint32_t)hs_model_hidden_size(pr->model);
+        if (h != cfg->layout.hidden_size) {
+            hs_error("--hidden-size %u but the model at %s has hidden size %u: drop "
+                     "--hidden-size or give %u",
+                     cfg->layout.hidden_size, cfg->model_dir, h, h);
+            return HS_ERR_INVALID;
+        }
+        int max_layer = cfg->layout.layers[cfg->layout.n_layers - 1];
+        int n_model = hs_model_num_layers(pr->model);
+        if (max_layer > n_model) {
+            hs_error("--layers asks for hidden state %d but the model has %d layers (valid: 0..%d)",
+                     max_layer, n_model, n_model);
+            return HS_ERR_INVALID;
+        }
+    }
+    return HS_OK;
+}
+
+/* With --source model: load it, and take the hidden size and (with
+ * --dflash-layers) the captured layers from it. */
+static hs_status_t load_model(producer_t *pr)
+{
+    hs_producer_config_t *cfg = &pr->config;
+    hs_status_t st = hs_model_load(cfg->model_dir, &pr->model);
+    if (st != HS_OK) return st;
+    if (!cfg->layout.hidden_size) cfg->layout.hidden_size = (uint32_t)hs_model_hidden_size(pr->model);
+    if (cfg->dflash_layers > 0) {
+        st = hs_model_dflash_layers(hs_model_num_layers(pr->model), cfg->dflash_layers,
+                                    cfg->layout.layers, HS_MAX_LAYERS);
+        if (st != HS_OK) return st;
+        cfg->layout.n_layers = (uint32_t)cfg->dflash_layers;
+    }
+    char desc[200];
+    hs_layout_describe(&cfg->layout, desc, sizeof(desc));
+    hs_info("model %s: %d layers, hidden %d; capturing %s", cfg->model_dir,
+            hs_model_num_layers(pr->model), hs_model_hidden_size(pr->model), desc);
+    return HS_OK;
+}
+
+hs_status_t hs_producer_run(const hs_producer_config_t *config)
+{
+    hs_status_t st;
+    producer_t *pr = calloc(1, sizeof(*pr));
+    if (!pr) return HS_ERR_NOMEM;
+    pr->config = *config;
+    const hs_producer_config_t *cfg = pr->cfg = &pr->config;
+    pthread_mutex_init(&pr->lock, NULL);
+    pthread_cond_init(&pr->cond, NULL);
+    uint32_t started = 0;
+
+    if (cfg->source == HS_SOURCE_MODEL) {
+        st = load_model(pr);
+        if (st != HS_OK) goto out;
+    }
+
+    if (hs_layout_check(&cfg->layout) != HS_OK || cfg->n_workers == 0 ||
+        cfg->n_workers > HS_PRODUCER_MAX_WORKERS || cfg->prefetch == 0) {
+        hs_error("invalid producer configuration (layout, workers or prefetch)");
+        st = HS_ERR_INVALID;
+        goto out;
+    }
+    for (uint32_t i = 0; i < cfg->n_workers; i++)
+        if (cfg->gpu_ids[i] >= 0) {
+            hs_error("GPU workers (--gpus %d) are not available in this build; use --gpus cpu:N",
+                     cfg->gpu_ids[i]);
+            st = HS_ERR_UNSUPPORTED;
+            goto out;
+        }
+    if (cfg->secret_file) {
+        st = hs_auth_load_secret(cfg->secret_file, &pr->key);
+        if (st != HS_OK) goto out;
+        pr->have_secret = true;
+    }
+    st = load_inputs(pr);
+    if (st != HS_OK) goto out;
+    pr->frame_buf = malloc(HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES);
+    if (!pr->frame_buf) {
+        st = HS_ERR_NOMEM;
+        goto out;
+    }
+
+    hs_tp_config_t tc = {0};
+    st = hs_tp_kind_parse(cfg->transport ? cfg->transport : "auto", &tc.kind);
+    if (st != HS_OK) {
+        hs_error("unknown transport '%s': use auto, tcp or ucx", cfg->transport);
+        goto out;
+    }
+    st = hs_tp_create(&tc, &producer_callbacks, pr, &pr->tp);
+    if (st != HS_OK) goto out;
+
+    /* Staging: two batch-sized buffers per worker, registered once. */
+    for (uint32_t i = 0; i < cfg->n_workers; i++) {
+        worker_t *w = &pr->workers[i];
+        w->pr = pr;
+        w->index = i;
+        w->gpu = cfg->gpu_ids[i];
+        for (int k = 0; k < STAGING_PER_WORKER; k++) {
+            staging_t *sg = &w->staging[k];
+            sg->owner = w;
+            sg->buf = hs_aligned_alloc(4096, pr->max_batch_bytes);
+            if (!sg->buf) {
+                hs_error("cannot allocate %.1f MiB of staging for worker %u",
+                         (double)pr->max_batch_bytes / (1 << 20), i);
+                st = HS_ERR_NOMEM;
+                goto out;
+            }
+            memset(sg->buf, 0, pr->max_batch_bytes); /* fault the pages in now, not per batch */
+            hs_tp_mem_register(pr->tp, sg->buf, pr->max_batch_bytes);
+        }
+    }
+
+    st = hs_tp_connect(pr->tp, cfg->to_host, cfg->to_port, (int)cfg->connect_timeout_s * 1000,
+                       &pr->conn);
+    if (st != HS_OK) {
+        hs_error("cannot reach the consumer at %s:%u within %u s: is hs-consumer running there?",
+                 cfg->to_host, cfg->to_port, cfg->connect_timeout_s);
+        goto out;
+    }
+    hs_info("connected to %s:%u over %s; %u %s worker(s)", cfg->to_host, cfg->to_port,
+            hs_tp_conn_describe(pr->conn), cfg->n_workers,
+            cfg->source == HS_SOURCE_SYNTHETIC ? "synthetic" : "cpu-model");
+    st = send_hello(pr);
+    if (st != HS_OK) goto out;
+
+    for (; started < cfg->n_workers; started++)
+        if (pthread_create(&pr->workers[started].thread, NULL, worker_main,
+                           &pr->workers[started]) != 0) {
+            st = HS_ERR_NOMEM;
+            goto out;
+        }
+
+    double t_stats = hs_now_s();
+    while (!pr->done) {
+        hs_tp_progress(pr->tp, 200);
+        flush_outbox(pr);
+        if (pr->stop && pr->result != HS_OK && pr->conn) fail(pr, pr->result, "worker failed");
+        if (pr->welcomed && hs_now_s() - t_stats >= 2.0) {
+            t_stats = hs_now_s();
+            send_stats(pr);
+        }
+    }
+    st = pr->result;
+
+out:
+    pthread_mutex_lock(&pr->lock);
+    pr->stop = true;
+    pthread_cond_broadcast(&pr->cond);
+    pthread_mutex_unlock(&pr->lock);
+    for (uint32_t i = 0; i < started; i++) pthread_join(pr->workers[i].thread, NULL);
+    if (started) print_summary(pr);
+    /* Completion callbacks of anything still queued run during destroy. */
+    hs_tp_destroy(pr->tp);
+    while (pr->outbox) {
+        outgoing_t *o = pr->outbox;
+        pr->outbox = o->next;
+        free(o);
+    }
+    while (pr->tickets) {
+        ticket_t *t = pr->tickets;
+        pr->tickets = t->next;
+        free(t);
+    }
+    for (uint32_t i = 0; i < HS_PRODUCER_MAX_WORKERS; i++)
+        for (int k = 0; k < STAGING_PER_WORKER; k++) hs_aligned_free(pr->workers[i].staging[k].buf);
+    hs_model_destroy(pr->model);
+    hs_plan_destroy(pr->plan);
+    hs_dataset_close(pr->ds);
+    hs_auth_key_clear(&pr->key);
+    free(pr->frame_buf);
+    pthread_mutex_destroy(&pr->lock);
+    pthread_cond_destroy(&pr->cond);
+    free(pr);
+    return st;
+}

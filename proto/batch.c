@@ -1,0 +1,329 @@
+/* batch.c - the layout and the batch region (DESIGN §1): offsets, header,
+ * seal/verify, and the synthetic hidden states used by tests and by the
+ * synthetic producer source.
+ *
+ * Region: [header 256][cu_seqlens i32 n+1][sample_ids u64 n][input_ids i32 T]
+ *         [loss_mask u8 T][hidden bf16 T*k*H], each part 256-aligned.
+ * The region is little-endian; so is every host hsflow builds for. */
+#include "hs_proto.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+_Static_assert(sizeof(hs_batch_header_t) == HS_BATCH_HEADER_BYTES, "batch header must be 256 bytes");
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "hsflow's batch region and frames assume a little-endian host"
+#endif
+
+#define HS_LAYOUT_MAX_HIDDEN 65536u
+
+__attribute__((format(printf, 3, 4))) static void say(char *why, size_t whycap, const char *fmt,
+                                                       ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (why && whycap) vsnprintf(why, whycap, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- layout ------------------------------------------------------------ */
+
+hs_status_t hs_layout_validate(const hs_layout_t *l, char *why, size_t whycap)
+{
+    if (l->hidden_size < 1 || l->hidden_size > HS_LAYOUT_MAX_HIDDEN) {
+        say(why, whycap, "hidden size %u is out of range 1..%u", l->hidden_size,
+            HS_LAYOUT_MAX_HIDDEN);
+        return HS_ERR_INVALID;
+    }
+    if (l->dtype != HS_DTYPE_BF16) {
+        say(why, whycap, "dtype %u is not supported (only bf16 = %u)", l->dtype, HS_DTYPE_BF16);
+        return HS_ERR_INVALID;
+    }
+    if (l->n_layers < 1 || l->n_layers > HS_MAX_LAYERS) {
+        say(why, whycap, "%u captured layers, expected 1..%u", l->n_layers, HS_MAX_LAYERS);
+        return HS_ERR_INVALID;
+    }
+    for (uint32_t i = 0; i < l->n_layers; i++) {
+        if (l->layers[i] < 0) {
+            say(why, whycap, "captured layer %d is negative: layers are output_hidden_states "
+                "indices (0 = embeddings)", l->layers[i]);
+            return HS_ERR_INVALID;
+        }
+        if (i > 0 && l->layers[i] <= l->layers[i - 1]) {
+            say(why, whycap, "captured layers must be strictly increasing, got %d after %d",
+                l->layers[i], l->layers[i - 1]);
+            return HS_ERR_INVALID;
+        }
+    }
+    return HS_OK;
+}
+
+hs_status_t hs_layout_check(const hs_layout_t *layout)
+{
+    char why[160];
+    hs_status_t st = hs_layout_validate(layout, why, sizeof why);
+    if (st != HS_OK) hs_error("invalid layout: %s", why);
+    return st;
+}
+
+uint64_t hs_layout_id(const hs_layout_t *l)
+{
+    /* Canonical form: u32 H, u32 dtype, u32 k, i32 layers[k], little-endian. */
+    uint8_t buf[12 + 4 * HS_MAX_LAYERS];
+    uint32_t k = l->n_layers <= HS_MAX_LAYERS ? l->n_layers : HS_MAX_LAYERS;
+    uint32_t head[3] = {l->hidden_size, l->dtype, l->n_layers};
+    memcpy(buf, head, sizeof head);
+    memcpy(buf + 12, l->layers, 4u * k);
+    return XXH3_64bits(buf, 12 + 4u * k);
+}
+
+void hs_layout_describe(const hs_layout_t *l, char *buf, size_t cap)
+{
+    if (!buf || !cap) return;
+    size_t n = (size_t)snprintf(buf, cap, "H=%u dtype=%s layers=[", l->hidden_size,
+                                l->dtype == HS_DTYPE_BF16 ? "bf16" : "?");
+    uint32_t k = l->n_layers <= HS_MAX_LAYERS ? l->n_layers : HS_MAX_LAYERS;
+    for (uint32_t i = 0; i < k && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%d", i ? "," : "", l->layers[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* ---- region ------------------------------------------------------------ */
+
+hs_batch_offsets_t hs_batch_offsets(uint32_t n_seqs, uint32_t n_tokens, const hs_layout_t *layout)
+{
+    hs_batch_offsets_t o;
+    uint64_t a = HS_BATCH_ALIGN, T = n_tokens;
+    o.cu_seqlens = HS_BATCH_HEADER_BYTES;
+    o.sample_ids = hs_align_up(o.cu_seqlens + 4ull * ((uint64_t)n_seqs + 1), a);
+    o.input_ids = hs_align_up(o.sample_ids + 8ull * n_seqs, a);
+    o.loss_mask = hs_align_up(o.input_ids + 4ull * T, a);
+    o.hidden = hs_align_up(o.loss_mask + T, a);
+    o.total = hs_align_up(o.hidden + T * hs_layout_token_bytes(layout), a);
+    return o;
+}
+
+uint64_t hs_batch_bytes(uint32_t n_seqs, uint32_t n_tokens, const hs_layout_t *layout)
+{
+    return hs_batch_offsets(n_seqs, n_tokens, layout).total;
+}
+
+hs_batch_view_t hs_batch_view(void *region, uint32_t n_seqs, uint32_t n_tokens,
+                              const hs_layout_t *layout)
+{
+    hs_batch_offsets_t o = hs_batch_offsets(n_seqs, n_tokens, layout);
+    uint8_t *r = region;
+    hs_batch_view_t v = {
+        .header = (hs_batch_header_t *)r,
+        .cu_seqlens = (int32_t *)(r + o.cu_seqlens),
+        .sample_ids = (uint64_t *)(r + o.sample_ids),
+        .input_ids = (int32_t *)(r + o.input_ids),
+        .loss_mask = r + o.loss_mask,
+        .hidden = (uint16_t *)(r + o.hidden),
+    };
+    return v;
+}
+
+void hs_batch_header_init(hs_batch_header_t *h, uint32_t epoch, uint32_t index, uint32_t n_seqs,
+                          uint32_t n_tokens, const hs_layout_t *layout, uint64_t plan_hash)
+{
+    memset(h, 0, sizeof *h);
+    h->magic = HS_BATCH_MAGIC;
+    h->version = HS_BATCH_VERSION;
+    h->dtype = (uint16_t)layout->dtype;
+    h->epoch = epoch;
+    h->index = index;
+    h->n_seqs = n_seqs;
+    h->n_tokens = n_tokens;
+    h->hidden_size = layout->hidden_size;
+    h->n_layers = layout->n_layers;
+    h->layout_id = hs_layout_id(layout);
+    h->total_bytes = hs_batch_bytes(n_seqs, n_tokens, layout);
+    h->plan_hash = plan_hash;
+}
+
+void hs_batch_seal(void *region, uint64_t total_bytes)
+{
+    hs_batch_header_t *h = region;
+    h->checksum = hs_checksum64((const uint8_t *)region + HS_BATCH_HEADER_BYTES,
+                                total_bytes - HS_BATCH_HEADER_BYTES);
+}
+
+/* cu_seqlens of n sequences must go 0 = c[0] < c[1] < ... < c[n] = T. */
+static hs_status_t check_cu_seqlens(const int32_t *cu, uint32_t n, uint32_t T, char *why,
+                                    size_t whycap)
+{
+    if (cu[0] != 0) {
+        say(why, whycap, "cu_seqlens[0] is %d, expected 0", cu[0]);
+        return HS_ERR_FORMAT;
+    }
+    for (uint32_t i = 1; i <= n; i++) {
+        if (cu[i] <= cu[i - 1]) {
+            say(why, whycap, "cu_seqlens[%u] = %d after %d: sequences must be non-empty", i, cu[i],
+                cu[i - 1]);
+            return HS_ERR_FORMAT;
+        }
+    }
+    if ((uint32_t)cu[n] != T || cu[n] < 0) {
+        say(why, whycap, "cu_seqlens[%u] is %d, expected the token count %u", n, cu[n], T);
+        return HS_ERR_FORMAT;
+    }
+    return HS_OK;
+}
+
+hs_status_t hs_batch_verify(const void *region, uint64_t bytes, uint32_t epoch, uint32_t index,
+                            uint32_t n_seqs, uint32_t n_tokens, const hs_layout_t *layout,
+                            char *why, size_t whycap)
+{
+    const hs_batch_header_t *h = region;
+    uint64_t want_bytes = hs_batch_bytes(n_seqs, n_tokens, layout);
+    if (bytes < HS_BATCH_HEADER_BYTES) {
+        say(why, whycap, "batch of %" PRIu64 " bytes is shorter than its header", bytes);
+        return HS_ERR_FORMAT;
+    }
+    if (h->magic != HS_BATCH_MAGIC) {
+        say(why, whycap, "batch magic 0x%08x, expected 0x%08x: not an hsflow batch", h->magic,
+            HS_BATCH_MAGIC);
+        return HS_ERR_FORMAT;
+    }
+    if (h->version != HS_BATCH_VERSION) {
+        say(why, whycap, "batch format version %u, this side reads %u: run the same hsflow "
+            "release on both sides", h->version, HS_BATCH_VERSION);
+        return HS_ERR_MISMATCH;
+    }
+#define EXPECT(field, want, fmt)                                                              \
+    do {                                                                                      \
+        if (h->field != (want)) {                                                             \
+            say(why, whycap, "batch header " #field " is %" fmt ", the ticket says %" fmt,    \
+                h->field, (want));                                                            \
+            return HS_ERR_MISMATCH;                                                           \
+        }                                                                                     \
+    } while (0)
+    EXPECT(dtype, (uint16_t)layout->dtype, PRIu16);
+    EXPECT(epoch, epoch, PRIu32);
+    EXPECT(index, index, PRIu32);
+    EXPECT(n_seqs, n_seqs, PRIu32);
+    EXPECT(n_tokens, n_tokens, PRIu32);
+    EXPECT(hidden_size, layout->hidden_size, PRIu32);
+    EXPECT(n_layers, layout->n_layers, PRIu32);
+    EXPECT(layout_id, hs_layout_id(layout), PRIx64);
+    EXPECT(total_bytes, want_bytes, PRIu64);
+#undef EXPECT
+    if (bytes != want_bytes) {
+        say(why, whycap, "batch region is %" PRIu64 " bytes, its shape needs %" PRIu64, bytes,
+            want_bytes);
+        return HS_ERR_MISMATCH;
+    }
+    for (size_t i = 0; i < sizeof h->reserved; i++) {
+        if (h->reserved[i]) {
+            say(why, whycap, "batch header reserved byte %zu is 0x%02x, expected 0",
+                i + (size_t)(h->reserved - (const uint8_t *)h), h->reserved[i]);
+            return HS_ERR_FORMAT;
+        }
+    }
+    hs_batch_offsets_t o = hs_batch_offsets(n_seqs, n_tokens, layout);
+    hs_status_t st = check_cu_seqlens((const int32_t *)((const uint8_t *)region + o.cu_seqlens),
+                                      n_seqs, n_tokens, why, whycap);
+    if (st != HS_OK) return st;
+    uint64_t sum = hs_checksum64((const uint8_t *)region + HS_BATCH_HEADER_BYTES,
+                                 bytes - HS_BATCH_HEADER_BYTES);
+    if (sum != h->checksum) {
+        say(why, whycap, "batch (epoch %u, index %u) checksum 0x%016" PRIx64 ", header says "
+            "0x%016" PRIx64 ": corrupted in transit or in memory", epoch, index, sum, h->checksum);
+        return HS_ERR_CHECKSUM;
+    }
+    return HS_OK;
+}
+
+/* ---- synthetic hidden states ------------------------------------------- */
+
+/* One 64-bit mix per (sample, layer, pos); channels then walk an odd stride
+ * through the low 10 bits. 0x3C00 | x<0x400 keeps the bf16 exponent in
+ * 0x78..0x7F: every value is a finite number in [2^-7, 2). */
+#define SYNTH_STRIDE 0x9E3u
+
+static inline uint32_t synth_base(uint64_t sample_id, int32_t layer, uint32_t pos)
+{
+    uint64_t s = sample_id;
+    uint64_t x = hs_splitmix64(&s);
+    s = x ^ ((uint64_t)(uint32_t)layer << 32 | pos);
+    return (uint32_t)(hs_splitmix64(&s) >> 32);
+}
+
+static inline uint16_t synth_at(uint32_t base, uint32_t channel)
+{
+    return (uint16_t)(0x3C00u | ((base + channel * SYNTH_STRIDE) & 0x03FFu));
+}
+
+uint16_t hs_synth_value(uint64_t sample_id, int32_t layer, uint32_t pos, uint32_t channel)
+{
+    return synth_at(synth_base(sample_id, layer, pos), channel);
+}
+
+static void synth_row(uint16_t *restrict row, uint32_t base, uint32_t H)
+{
+    for (uint32_t c = 0; c < H; c++) row[c] = synth_at(base, c);
+}
+
+/* The sequence range [lo, hi) of sequence s, clamped to [0, T]. */
+static void seq_range(const int32_t *cu, uint32_t s, uint32_t T, uint32_t *lo, uint32_t *hi)
+{
+    int64_t a = cu[s], b = cu[s + 1];
+    if (a < 0) a = 0;
+    if (b > (int64_t)T) b = T;
+    if (b < a) b = a;
+    *lo = (uint32_t)a;
+    *hi = (uint32_t)b;
+}
+
+void hs_batch_synth_fill(hs_batch_view_t *v, const hs_layout_t *layout)
+{
+    uint32_t n = v->header->n_seqs, T = v->header->n_tokens;
+    uint32_t H = layout->hidden_size, k = layout->n_layers;
+    uint64_t row_elems = (uint64_t)k * H;
+    for (uint32_t s = 0; s < n; s++) {
+        uint32_t lo, hi;
+        seq_range(v->cu_seqlens, s, T, &lo, &hi);
+        for (uint32_t t = lo; t < hi; t++)
+            for (uint32_t j = 0; j < k; j++)
+                synth_row(v->hidden + t * row_elems + (uint64_t)j * H,
+                          synth_base(v->sample_ids[s], layout->layers[j], t - lo), H);
+    }
+}
+
+hs_status_t hs_batch_synth_check(const hs_batch_view_t *v, const hs_layout_t *layout, char *why,
+                                 size_t whycap)
+{
+    uint32_t n = v->header->n_seqs, T = v->header->n_tokens;
+    uint32_t H = layout->hidden_size, k = layout->n_layers;
+    uint64_t row_elems = (uint64_t)k * H;
+    hs_status_t st = check_cu_seqlens(v->cu_seqlens, n, T, why, whycap);
+    if (st != HS_OK) return st;
+    for (uint32_t s = 0; s < n; s++) {
+        uint32_t lo = (uint32_t)v->cu_seqlens[s], hi = (uint32_t)v->cu_seqlens[s + 1];
+        for (uint32_t t = lo; t < hi; t++) {
+            for (uint32_t j = 0; j < k; j++) {
+                const uint16_t *row = v->hidden + t * row_elems + (uint64_t)j * H;
+                uint32_t base = synth_base(v->sample_ids[s], layout->layers[j], t - lo);
+                /* Branch-free scan of the row first; locate only on a miss. */
+                uint32_t diff = 0;
+                for (uint32_t c = 0; c < H; c++) diff |= (uint32_t)(row[c] ^ synth_at(base, c));
+                if (!diff) continue;
+                for (uint32_t c = 0; c < H; c++) {
+                    if (row[c] != synth_at(base, c)) {
+                        say(why, whycap,
+                            "sample %" PRIu64 " layer %d pos %u channel %u: got 0x%04x, "
+                            "expected 0x%04x",
+                            v->sample_ids[s], layout->layers[j], t - lo, c, row[c],
+                            synth_at(base, c));
+                        return HS_ERR_MISMATCH;
+                    }
+                }
+            }
+        }
+    }
+    return HS_OK;
+}

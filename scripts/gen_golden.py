@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""gen_golden.py - golden hidden states for the built-in forward's tests.
+
+Builds tiny random-initialised models of each supported family with
+transformers (fixed seed), rounds every weight to bf16, runs them in fp32
+with output_hidden_states=True on a few sequences of different lengths (each
+sequence on its own: transformers does not pack; the results are
+concatenated as hsflow packs them), and writes for each family:
+
+  tests/data/<family>/config.json, model.safetensors (or shards + index)
+  tests/data/<family>/golden.safetensors
+      hidden_states.<i>  F32 [T, H] for every output_hidden_states index i
+      input_ids          I32 [T]
+      cu_seqlens         I32 [n + 1]
+      __metadata__       format=hsflow-golden, version=1, family, layers
+
+Deterministic and re-runnable: the same torch/transformers give the same
+files. Needs torch and transformers (CPU is enough):
+    pip install torch transformers
+    python3 scripts/gen_golden.py [--out tests/data]
+"""
+import argparse
+import json
+import os
+import shutil
+
+import torch
+import transformers
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+SEED = 1234
+
+# Each family: config kwargs, sequence lengths, storage dtype, shard size.
+FAMILIES = {
+    # odd width 1000, GQA 4:1, explicit head_dim, llama3 rope scaling whose
+    # three wavelength bands all occur at head_dim 16, sharded bf16 weights
+    "llama3": dict(
+        cls=(LlamaConfig, LlamaForCausalLM),
+        cfg=dict(hidden_size=1000, intermediate_size=40, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=64,
+                 rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+                 rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                                      low_freq_factor=1.0, high_freq_factor=4.0,
+                                      original_max_position_embeddings=64)),
+        seqs=[7, 1, 13, 5], dtype=torch.bfloat16, shard="300KB"),
+    # GQA 8:1, qkv bias, tied embeddings, head_dim derived (96 / 8 = 12)
+    "qwen2": dict(
+        cls=(Qwen2Config, Qwen2ForCausalLM),
+        cfg=dict(hidden_size=96, intermediate_size=160, num_hidden_layers=3,
+                 num_attention_heads=8, num_key_value_heads=1, vocab_size=128,
+                 rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=True,
+                 use_sliding_window=False, rope_parameters=dict(rope_type="default",
+                                                                rope_theta=1000000.0)),
+        seqs=[9, 17, 3], dtype=torch.bfloat16, shard=None),
+    # q/k RMSNorm, head_dim given (24, not 64 / 4), GQA 2:1, F32 storage
+    "qwen3": dict(
+        cls=(Qwen3Config, Qwen3ForCausalLM),
+        cfg=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=24, vocab_size=128,
+                 rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False,
+                 use_sliding_window=False, rope_parameters=dict(rope_type="default",
+                                                                rope_theta=1000000.0)),
+        seqs=[12, 6, 19], dtype=torch.float32, shard=None),
+    # Mistral: plain MHA, sliding window 6 shorter than two of the sequences,
+    # F16 storage
+    "mistral": dict(
+        cls=(MistralConfig, MistralForCausalLM),
+        cfg=dict(hidden_size=80, intermediate_size=136, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=4, vocab_size=100,
+                 rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+                 sliding_window=6, rope_parameters=dict(rope_type="default",
+                                                        rope_theta=10000.0)),
+        seqs=[11, 4, 9], dtype=torch.float16, shard=None),
+}
+
+
+def save_safetensors(path, tensors, metadata):
+    """safetensors with a byte-stable header (sorted keys; the library's own
+    writer orders __metadata__ differently from run to run)."""
+    names = {torch.float32: "F32", torch.int32: "I32"}
+    header, blobs, off = {"__metadata__": dict(sorted(metadata.items()))}, [], 0
+    for k, t in tensors.items():
+        b = t.contiguous().numpy().tobytes()
+        header[k] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                     "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def randomise(model, gen, storage_dtype):
+    """Every parameter random (norm weights around 1, biases nonzero), then
+    rounded to bf16 - and, for F16 storage, to values exact in both."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                v = 1.0 + 0.2 * torch.randn(p.shape, generator=gen)
+            elif name.endswith("bias"):
+                v = 0.2 * torch.randn(p.shape, generator=gen)
+            elif "embed_tokens" in name:
+                v = torch.randn(p.shape, generator=gen)
+            else:  # nn.Linear [out, in]: keep activations O(1)
+                v = torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5)
+            v = v.to(torch.bfloat16)
+            if storage_dtype == torch.float16:
+                v = v.to(torch.float16).to(torch.bfloat16)
+            p.copy_(v.float())
+
+
+def build(name, spec, out_dir):
+    torch.manual_seed(SEED)
+    gen = torch.Generator().manual_seed(SEED + sum(map(ord, name)))
+    cfg_cls, model_cls = spec["cls"]
+    cfg = cfg_cls(**spec["cfg"])
+    cfg._attn_implementation = "eager"
+    model = model_cls(cfg).eval()
+    randomise(model, gen, spec["dtype"])
+    if cfg.tie_word_embeddings:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+    n = cfg.num_hidden_layers
+    lens = spec["seqs"]
+    ids = torch.randint(0, cfg.vocab_size, (sum(lens),), generator=gen, dtype=torch.int64)
+    cu = [0]
+    for L in lens:
+        cu.append(cu[-1] + L)
+    per_layer = [[] for _ in range(n + 1)]
+    last_layer_out = []
+    hook = model.model.layers[-1].register_forward_hook(
+        lambda mod, inp, out: last_layer_out.append(out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        for s in range(len(lens)):
+            x = ids[cu[s]:cu[s + 1]][None]
+            o = model(input_ids=x, output_hidden_states=True, use_cache=False)
+            hs = o.hidden_states
+            assert len(hs) == n + 1, f"{name}: {len(hs)} hidden states for {n} layers"
+            # the indexing hsflow documents: 0 = embeddings, N = final norm
+            emb = model.model.embed_tokens(x)
+            assert torch.equal(hs[0], emb), f"{name}: hidden_states[0] is not the embedding"
+            normed = model.model.norm(last_layer_out[-1])
+            assert torch.allclose(hs[n], normed), f"{name}: hidden_states[N] is not normed"
+            for i in range(n + 1):
+                per_layer[i].append(hs[i][0].float())
+    hook.remove()
+
+    d = os.path.join(out_dir, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    save_model = model.to(spec["dtype"])
+    kw = {"max_shard_size": spec["shard"]} if spec["shard"] else {}
+    save_model.save_pretrained(d, safe_serialization=True, **kw)
+    # keep the folder minimal: config + weights
+    for f in os.listdir(d):
+        if f == "generation_config.json":
+            os.remove(os.path.join(d, f))
+
+    tensors = {f"hidden_states.{i}": torch.cat(per_layer[i]).contiguous() for i in range(n + 1)}
+    tensors["input_ids"] = ids.to(torch.int32)
+    tensors["cu_seqlens"] = torch.tensor(cu, dtype=torch.int32)
+    meta = {"format": "hsflow-golden", "version": "1", "family": name,
+            "num_layers": str(n), "seq_lens": ",".join(map(str, lens)),
+            "transformers": transformers.__version__, "torch": torch.__version__}
+    save_safetensors(os.path.join(d, "golden.safetensors"), tensors, meta)
+    size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+    print(f"{name}: {n} layers, H={cfg.hidden_size}, T={cu[-1]}, {size / 1024:.0f} KiB in {d}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "data"))
+    ap.add_argument("--family", action="append", choices=sorted(FAMILIES),
+                    help="only these families (default: all)")
+    a = ap.parse_args()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)  # same summation order on every machine
+    for name in a.family or FAMILIES:
+        build(name, FAMILIES[name], os.path.abspath(a.out))
+
+
+if __name__ == "__main__":
+    main()

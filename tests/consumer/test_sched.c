@@ -1,0 +1,506 @@
+/* test_sched.c - the ticket scheduler: exactly-once delivery under random
+ * leases, fills, failed verifications and disconnects (with a real cache
+ * behind it), returned leases first and in order with their slots, ticket
+ * checks, PLAN and ARRIVAL delivery orders, epochs, resume and finished(). */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache_int.h"
+#include "sched_int.h"
+
+#define SEED 0x5eedull
+
+static hs_sched_t *sched_new(uint32_t n, uint32_t epochs, hs_sched_order_t order, uint64_t *bytes)
+{
+    static uint64_t ones[4096];
+    for (uint32_t i = 0; i < n; i++) ones[i] = 1000 + i;
+    hs_sched_config_t cfg = {.n_batches = n, .bytes = bytes ? bytes : ones, .epochs = epochs,
+                             .seed = SEED, .order = order};
+    hs_sched_t *s;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_OK);
+    return s;
+}
+
+static uint64_t lease(hs_sched_t *s, uint64_t conn, uint64_t slot, hs_sched_item_t *it)
+{
+    ck_assert(hs_sched_peek(s, it));
+    uint64_t t = 0;
+    ck_assert_int_eq(hs_sched_lease(s, conn, it->has_slot ? it->slot_offset : slot, &t), HS_OK);
+    ck_assert_uint_gt(t, 0);
+    return t;
+}
+
+/* Deliver the next ready item and release it; returns its ticket or 0. */
+static uint64_t deliver(hs_sched_t *s, hs_sched_item_t *it)
+{
+    if (!hs_sched_next_ready(s, it)) return 0;
+    ck_assert_int_eq(it->state, HS_SCHED_FILLED);
+    ck_assert_int_eq(hs_sched_delivered(s, it->ticket), HS_OK);
+    ck_assert_int_eq(hs_sched_release(s, it->ticket), HS_OK);
+    return it->ticket;
+}
+
+/* ---- the big one ---------------------------------------------------------- */
+
+#define N_CONN 5
+#define MAX_HELD 64
+
+typedef struct {
+    uint64_t id;
+    uint64_t tickets[MAX_HELD];
+    uint32_t n;
+} fake_conn_t;
+
+static void run_random_interleaving(hs_sched_order_t order, uint64_t seed)
+{
+    const uint32_t n = 53, epochs = 4;
+    uint64_t bytes[53];
+    uint64_t st = seed;
+    for (uint32_t i = 0; i < n; i++) bytes[i] = 4096 + hs_splitmix64(&st) % (256u << 10);
+    hs_cache_t *cache;
+    ck_assert_int_eq(hs_cache_create(2ull << 20, 0, &cache), HS_OK); /* ~12 average batches */
+    hs_sched_config_t cfg = {.n_batches = n, .bytes = bytes, .epochs = epochs, .seed = SEED, .order = order};
+    hs_sched_t *s;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_OK);
+
+    fake_conn_t conns[N_CONN];
+    uint64_t next_conn = 1;
+    for (int i = 0; i < N_CONN; i++) conns[i] = (fake_conn_t){.id = next_conn++, .n = 0};
+    uint64_t stale[256];
+    uint32_t n_stale = 0;
+    uint8_t seen[4][53] = {{0}};
+    uint32_t perms[4][53];
+    for (uint32_t e = 0; e < epochs; e++) hs_permutation(SEED, e, n, perms[e]);
+    uint64_t n_delivered = 0, n_returned = 0, last_seq = 0, n_requeued = 0;
+
+    uint64_t steps = 0;
+    while (!hs_sched_finished(s)) {
+        ck_assert_msg(++steps < 1000000, "no progress after %llu steps", (unsigned long long)steps);
+        fake_conn_t *c = &conns[hs_splitmix64(&st) % N_CONN];
+        uint32_t action = (uint32_t)(hs_splitmix64(&st) % 100);
+        hs_sched_item_t it;
+        if (action < 40) { /* lease, if the cache has room */
+            if (c->n == MAX_HELD || !hs_sched_peek(s, &it)) continue;
+            uint64_t slot = it.slot_offset;
+            if (!it.has_slot) {
+                hs_cache_slot_t cs;
+                if (hs_cache_reserve(cache, it.bytes, &cs) != HS_OK) continue;
+                slot = cs.offset;
+            }
+            uint64_t t;
+            ck_assert_int_eq(hs_sched_lease(s, c->id, slot, &t), HS_OK);
+            c->tickets[c->n++] = t;
+        } else if (action < 75) { /* a DONE arrives */
+            if (!c->n) continue;
+            uint32_t k = (uint32_t)(hs_splitmix64(&st) % c->n);
+            uint64_t t = c->tickets[k];
+            ck_assert_int_eq(hs_sched_lookup(s, c->id, t, &it), HS_OK);
+            ck_assert_uint_eq(it.bytes, bytes[it.batch]);
+            ck_assert(hs_cache_contains(cache, (uint8_t *)hs_cache_base(cache) + it.slot_offset, it.bytes));
+            /* no other connection can claim it */
+            ck_assert_int_eq(hs_sched_lookup(s, conns[(c - conns + 1) % N_CONN].id, t, &it), HS_ERR_NOT_FOUND);
+            if (hs_splitmix64(&st) % 20 == 0) {
+                ck_assert_int_eq(hs_sched_requeue(s, c->id, t), HS_OK); /* bad checksum */
+                n_requeued++;
+                if (n_stale < 256) stale[n_stale++] = t;
+            } else {
+                ck_assert_int_eq(hs_sched_fill(s, c->id, t), HS_OK);
+            }
+            c->tickets[k] = c->tickets[--c->n];
+        } else if (action < 97) { /* the trainer takes one */
+            if (!hs_sched_next_ready(s, &it)) continue;
+            ck_assert_int_eq(hs_sched_delivered(s, it.ticket), HS_OK);
+            ck_assert_msg(!seen[it.epoch][it.batch], "epoch %u batch %u delivered twice", it.epoch, it.batch);
+            seen[it.epoch][it.batch] = 1;
+            if (order == HS_SCHED_PLAN) {
+                ck_assert_uint_eq(it.seq, n_delivered); /* strictly the plan */
+                ck_assert_uint_eq(it.batch, perms[it.epoch][it.pos]);
+            }
+            last_seq = it.seq;
+            n_delivered++;
+            ck_assert_int_eq(hs_sched_release(s, it.ticket), HS_OK);
+            ck_assert_int_eq(hs_cache_free(cache, it.slot_offset), HS_OK);
+        } else { /* the connection dies and comes back as a new one */
+            uint32_t held = c->n;
+            ck_assert_uint_eq(hs_sched_leases_of(s, c->id), held);
+            ck_assert_uint_eq(hs_sched_return_leases(s, c->id), held);
+            ck_assert_uint_eq(hs_sched_leases_of(s, c->id), 0);
+            for (uint32_t i = 0; i < held && n_stale < 256; i++) stale[n_stale++] = c->tickets[i];
+            n_returned += held;
+            *c = (fake_conn_t){.id = next_conn++, .n = 0};
+        }
+        /* late DONEs for retired tickets are refused, whoever sends them */
+        if (n_stale && steps % 7 == 0) {
+            uint64_t t = stale[hs_splitmix64(&st) % n_stale];
+            for (int i = 0; i < N_CONN; i++) {
+                ck_assert_int_eq(hs_sched_lookup(s, conns[i].id, t, &it), HS_ERR_NOT_FOUND);
+                ck_assert_int_eq(hs_sched_fill(s, conns[i].id, t), HS_ERR_NOT_FOUND);
+            }
+        }
+    }
+    (void)last_seq;
+    for (uint32_t e = 0; e < epochs; e++)
+        for (uint32_t b = 0; b < n; b++) ck_assert_msg(seen[e][b], "epoch %u batch %u never delivered", e, b);
+    hs_sched_stats_t ss;
+    hs_sched_stats(s, &ss);
+    ck_assert_uint_eq(ss.planned, (uint64_t)n * epochs);
+    ck_assert_uint_eq(ss.delivered, (uint64_t)n * epochs);
+    ck_assert_uint_eq(n_delivered, (uint64_t)n * epochs);
+    ck_assert_uint_eq(ss.duplicates, 0);
+    ck_assert_uint_eq(ss.returned, n_returned);
+    ck_assert_uint_eq(ss.requeued, n_requeued);
+    ck_assert_uint_gt(n_returned, 10); /* the run did exercise disconnects */
+    ck_assert_uint_gt(n_requeued, 5);
+    ck_assert_uint_eq(ss.issued, ss.delivered + n_returned + n_requeued);
+    ck_assert_uint_eq(ss.pending + ss.leased + ss.filled + ss.delivering, 0);
+    ck_assert(!hs_sched_peek(s, &(hs_sched_item_t){0}));
+    hs_cache_stats_t cs;
+    hs_cache_stats(cache, &cs);
+    ck_assert_uint_eq(cs.used, 0); /* every slot came back exactly once */
+    hs_sched_destroy(s);
+    hs_cache_destroy(cache);
+}
+
+START_TEST(every_item_is_delivered_exactly_once_over_random_leases_fills_and_disconnects)
+{
+    for (uint64_t seed = 1; seed <= 4; seed++) run_random_interleaving(HS_SCHED_ARRIVAL, seed);
+}
+END_TEST
+
+START_TEST(plan_order_stays_exactly_once_and_in_order_over_random_interleavings)
+{
+    for (uint64_t seed = 1; seed <= 4; seed++) run_random_interleaving(HS_SCHED_PLAN, seed);
+}
+END_TEST
+
+/* ---- focused behaviours --------------------------------------------------------- */
+
+START_TEST(returned_leases_go_to_the_front_in_plan_order_and_keep_their_slots)
+{
+    hs_sched_t *s = sched_new(10, 1, HS_SCHED_ARRIVAL, NULL);
+    uint32_t perm[10];
+    hs_permutation(SEED, 0, 10, perm);
+    hs_sched_item_t it;
+    uint64_t tk[5];
+    /* A holds plan positions 0, 2, 4; B holds 1, 3; slot = 1000 * (pos + 1) */
+    for (uint32_t p = 0; p < 5; p++) {
+        tk[p] = lease(s, p % 2 ? 2 : 1, 1000 * (p + 1), &it);
+        ck_assert_uint_eq(it.pos, p);
+        ck_assert_uint_eq(it.batch, perm[p]);
+        ck_assert(!it.has_slot);
+    }
+    ck_assert_uint_eq(hs_sched_leases_of(s, 1), 3);
+    ck_assert_uint_eq(hs_sched_return_leases(s, 1), 3);
+    ck_assert_uint_eq(hs_sched_return_leases(s, 1), 0);
+    ck_assert(hs_sched_peek(s, &it));
+    ck_assert(it.has_slot);
+    ck_assert_uint_eq(it.pos, 0);
+    ck_assert_uint_eq(it.slot_offset, 1000);
+    ck_assert_uint_eq(it.batch, perm[0]);
+    /* B dies too: its items join A's, all in plan order */
+    ck_assert_uint_eq(hs_sched_return_leases(s, 2), 2);
+    hs_sched_stats_t ss;
+    hs_sched_stats(s, &ss);
+    ck_assert_uint_eq(ss.pending_returned, 5);
+    ck_assert_uint_eq(ss.leased, 0);
+    uint64_t t;
+    ck_assert_int_eq(hs_sched_lease(s, 3, 777, &t), HS_ERR_INVALID); /* not its slot */
+    for (uint32_t p = 0; p < 5; p++) {
+        uint64_t nt = lease(s, 3, 0, &it);
+        ck_assert(it.has_slot);
+        ck_assert_uint_eq(it.pos, p);
+        ck_assert_uint_eq(it.slot_offset, 1000 * (p + 1));
+        ck_assert_uint_gt(nt, tk[4]); /* fresh ticket ids */
+        ck_assert_int_eq(hs_sched_lookup(s, 3, nt, &it), HS_OK);
+        ck_assert_uint_eq(it.slot_offset, 1000 * (p + 1));
+    }
+    /* then the queue continues with items never leased */
+    ck_assert(hs_sched_peek(s, &it));
+    ck_assert(!it.has_slot);
+    ck_assert_uint_eq(it.pos, 5);
+    hs_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(lookup_rejects_a_ticket_held_by_another_connection_and_stale_tickets)
+{
+    hs_sched_t *s = sched_new(4, 1, HS_SCHED_ARRIVAL, NULL);
+    hs_sched_item_t it, got;
+    uint64_t t1 = lease(s, 1, 0, &it);
+    ck_assert_int_eq(hs_sched_lookup(s, 1, t1, &got), HS_OK);
+    ck_assert_uint_eq(got.batch, it.batch);
+    ck_assert_uint_eq(got.conn, 1);
+    ck_assert_int_eq(got.state, HS_SCHED_LEASED);
+    ck_assert_int_eq(hs_sched_lookup(s, 2, t1, &got), HS_ERR_NOT_FOUND);
+    ck_assert_int_eq(hs_sched_fill(s, 2, t1), HS_ERR_NOT_FOUND);
+    ck_assert_int_eq(hs_sched_requeue(s, 2, t1), HS_ERR_NOT_FOUND);
+    ck_assert_int_eq(hs_sched_lookup(s, 1, 0, &got), HS_ERR_NOT_FOUND);
+    ck_assert_int_eq(hs_sched_lookup(s, 1, t1 + 1000, &got), HS_ERR_NOT_FOUND);
+    /* conn 1 dies; conn 3 gets the same item under a new ticket */
+    ck_assert_uint_eq(hs_sched_return_leases(s, 1), 1);
+    ck_assert_int_eq(hs_sched_lookup(s, 1, t1, &got), HS_ERR_NOT_FOUND);
+    uint64_t t2 = lease(s, 3, 0, &got);
+    ck_assert_uint_ne(t2, t1);
+    ck_assert_uint_eq(got.batch, it.batch);
+    ck_assert_int_eq(hs_sched_fill(s, 1, t1), HS_ERR_NOT_FOUND); /* the late DONE */
+    ck_assert_int_eq(hs_sched_fill(s, 3, t1), HS_ERR_NOT_FOUND);
+    ck_assert_int_eq(hs_sched_fill(s, 3, t2), HS_OK);
+    /* a second DONE for a filled ticket is not a lease any more */
+    ck_assert_int_eq(hs_sched_lookup(s, 3, t2, &got), HS_ERR_NOT_FOUND);
+    ck_assert_int_eq(hs_sched_fill(s, 3, t2), HS_ERR_NOT_FOUND);
+    ck_assert_int_eq(hs_sched_get(s, t2, &got), HS_OK);
+    ck_assert_int_eq(got.state, HS_SCHED_FILLED);
+    ck_assert_int_eq(hs_sched_get(s, t1, &got), HS_ERR_NOT_FOUND);
+    hs_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(plan_order_delivers_strictly_in_plan_order_when_fills_arrive_out_of_order)
+{
+    const uint32_t n = 9;
+    hs_sched_t *s = sched_new(n, 2, HS_SCHED_PLAN, NULL);
+    uint32_t perm[2][9];
+    hs_permutation(SEED, 0, n, perm[0]);
+    hs_permutation(SEED, 1, n, perm[1]);
+    hs_sched_item_t it;
+    uint64_t tk[18];
+    for (uint32_t i = 0; i < 2 * n; i++) tk[i] = lease(s, 1 + i % 3, i * 4096, &it);
+    /* fill everything in reverse: nothing is ready until the first is */
+    for (uint32_t i = 2 * n; i-- > 1;) {
+        ck_assert_int_eq(hs_sched_fill(s, 1 + i % 3, tk[i]), HS_OK);
+        ck_assert(!hs_sched_next_ready(s, &it));
+    }
+    ck_assert_int_eq(hs_sched_delivered(s, tk[5]), HS_ERR_INVALID); /* not next */
+    ck_assert_int_eq(hs_sched_fill(s, 1, tk[0]), HS_OK);
+    for (uint32_t i = 0; i < 2 * n; i++) {
+        ck_assert_uint_eq(deliver(s, &it), tk[i]);
+        ck_assert_uint_eq(it.epoch, i / n);
+        ck_assert_uint_eq(it.pos, i % n);
+        ck_assert_uint_eq(it.batch, perm[i / n][i % n]);
+    }
+    ck_assert(!hs_sched_next_ready(s, &it));
+    ck_assert(hs_sched_finished(s));
+    hs_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(arrival_order_delivers_in_fill_order)
+{
+    const uint32_t n = 12;
+    hs_sched_t *s = sched_new(n, 1, HS_SCHED_ARRIVAL, NULL);
+    hs_sched_item_t it;
+    uint64_t tk[12];
+    for (uint32_t i = 0; i < n; i++) tk[i] = lease(s, 7, i * 4096, &it);
+    uint32_t fill_order[12] = {5, 0, 11, 3, 2, 9, 1, 10, 4, 8, 6, 7};
+    for (uint32_t i = 0; i < 6; i++) ck_assert_int_eq(hs_sched_fill(s, 7, tk[fill_order[i]]), HS_OK);
+    for (uint32_t i = 0; i < 3; i++) ck_assert_uint_eq(deliver(s, &it), tk[fill_order[i]]);
+    for (uint32_t i = 6; i < n; i++) ck_assert_int_eq(hs_sched_fill(s, 7, tk[fill_order[i]]), HS_OK);
+    for (uint32_t i = 3; i < n; i++) {
+        ck_assert_uint_eq(deliver(s, &it), tk[fill_order[i]]);
+        ck_assert_uint_eq(it.slot_offset, fill_order[i] * 4096u);
+    }
+    ck_assert(hs_sched_finished(s));
+    /* a delivered ticket cannot be delivered again */
+    ck_assert_int_eq(hs_sched_delivered(s, tk[0]), HS_ERR_INVALID);
+    hs_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(delivering_out_of_the_head_in_arrival_order_keeps_the_ready_list_intact)
+{
+    hs_sched_t *s = sched_new(4, 1, HS_SCHED_ARRIVAL, NULL);
+    hs_sched_item_t it;
+    uint64_t tk[4];
+    for (uint32_t i = 0; i < 4; i++) tk[i] = lease(s, 1, i * 4096, &it);
+    for (uint32_t i = 0; i < 4; i++) ck_assert_int_eq(hs_sched_fill(s, 1, tk[i]), HS_OK);
+    /* the tail, then the middle: the rest still come oldest first */
+    ck_assert_int_eq(hs_sched_delivered(s, tk[3]), HS_OK);
+    ck_assert_int_eq(hs_sched_delivered(s, tk[1]), HS_OK);
+    ck_assert_uint_eq(deliver(s, &it), tk[0]);
+    ck_assert_uint_eq(deliver(s, &it), tk[2]);
+    ck_assert_uint_eq(deliver(s, &it), 0);
+    ck_assert(hs_sched_finished(s));
+    hs_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(finished_only_after_every_item_of_every_epoch)
+{
+    hs_sched_t *s = sched_new(3, 2, HS_SCHED_ARRIVAL, NULL);
+    hs_sched_item_t it;
+    uint64_t tk[6];
+    for (uint32_t i = 0; i < 6; i++) {
+        ck_assert(!hs_sched_finished(s));
+        tk[i] = lease(s, 1, i * 4096, &it);
+        ck_assert_uint_eq(it.epoch, i / 3); /* next epoch's tickets issue before this one is delivered */
+    }
+    ck_assert(!hs_sched_peek(s, &it));
+    uint64_t t;
+    ck_assert_int_eq(hs_sched_lease(s, 1, 0, &t), HS_ERR_NOT_FOUND);
+    for (uint32_t i = 0; i < 6; i++) {
+        ck_assert(!hs_sched_finished(s));
+        ck_assert_int_eq(hs_sched_fill(s, 1, tk[i]), HS_OK);
+        ck_assert(!hs_sched_finished(s));
+        ck_assert_uint_eq(deliver(s, &it), tk[i]);
+    }
+    ck_assert(hs_sched_finished(s));
+    hs_sched_stats_t ss;
+    hs_sched_stats(s, &ss);
+    ck_assert_uint_eq(ss.delivered, 6);
+    ck_assert_uint_eq(ss.released, 6);
+    hs_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(requeue_after_failed_verification_puts_the_item_first_with_its_slot)
+{
+    hs_sched_t *s = sched_new(5, 1, HS_SCHED_PLAN, NULL);
+    hs_sched_item_t it, first;
+    uint64_t t0 = lease(s, 1, 8192, &first);
+    uint64_t t1 = lease(s, 2, 4096 * 9, &it);
+    ck_assert_int_eq(hs_sched_fill(s, 2, t1), HS_OK);
+    ck_assert_int_eq(hs_sched_requeue(s, 1, t0), HS_OK);
+    ck_assert_uint_eq(hs_sched_leases_of(s, 1), 0);
+    ck_assert(hs_sched_peek(s, &it));
+    ck_assert(it.has_slot);
+    ck_assert_uint_eq(it.slot_offset, 8192);
+    ck_assert_uint_eq(it.batch, first.batch);
+    uint64_t t2 = lease(s, 2, 0, &it);
+    ck_assert_int_eq(hs_sched_fill(s, 1, t0), HS_ERR_NOT_FOUND);
+    ck_assert(!hs_sched_next_ready(s, &it)); /* PLAN: the requeued item is first */
+    ck_assert_int_eq(hs_sched_fill(s, 2, t2), HS_OK);
+    ck_assert_uint_eq(deliver(s, &it), t2);
+    ck_assert_uint_eq(it.batch, first.batch);
+    ck_assert_uint_eq(deliver(s, &it), t1);
+    hs_sched_stats_t ss;
+    hs_sched_stats(s, &ss);
+    ck_assert_uint_eq(ss.requeued, 1);
+    hs_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(resume_skips_batches_already_delivered)
+{
+    const uint32_t n = 10;
+    uint64_t bytes[10];
+    uint32_t toks[10];
+    for (uint32_t i = 0; i < n; i++) {
+        bytes[i] = 100 + i;
+        toks[i] = 10 * i;
+    }
+    uint32_t perm1[10];
+    hs_permutation(SEED, 1, n, perm1);
+    /* the trainer had acknowledged the first 4 of epoch 1 in plan order, and
+     * one more out of order */
+    uint8_t done[2] = {0};
+    for (uint32_t p = 0; p < 4; p++) done[perm1[p] / 8] |= (uint8_t)(1u << (perm1[p] % 8));
+    done[perm1[7] / 8] |= (uint8_t)(1u << (perm1[7] % 8));
+    hs_sched_config_t cfg = {.n_batches = n, .bytes = bytes, .n_tokens = toks, .epochs = 3, .seed = SEED,
+                             .order = HS_SCHED_PLAN, .start_epoch = 1, .start_done = done};
+    hs_sched_t *s;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_OK);
+    hs_sched_stats_t ss;
+    hs_sched_stats(s, &ss);
+    ck_assert_uint_eq(ss.planned, 2 * n - 5);
+    ck_assert_uint_eq(ss.pending, 2 * n - 5);
+    uint32_t expect_pos[] = {4, 5, 6, 8, 9};
+    hs_sched_item_t it;
+    uint64_t tk[15];
+    for (uint32_t i = 0; i < 15; i++) {
+        tk[i] = lease(s, 1, i * 4096, &it);
+        if (i < 5) {
+            ck_assert_uint_eq(it.epoch, 1);
+            ck_assert_uint_eq(it.pos, expect_pos[i]);
+            ck_assert_uint_eq(it.batch, perm1[expect_pos[i]]);
+        } else {
+            ck_assert_uint_eq(it.epoch, 2);
+            ck_assert_uint_eq(it.pos, i - 5);
+        }
+        ck_assert_uint_eq(it.bytes, 100 + it.batch);
+        ck_assert_uint_eq(it.n_tokens, 10 * it.batch);
+    }
+    ck_assert(!hs_sched_peek(s, &it));
+    for (uint32_t i = 15; i-- > 0;) ck_assert_int_eq(hs_sched_fill(s, 1, tk[i]), HS_OK);
+    for (uint32_t i = 0; i < 15; i++) ck_assert_uint_eq(deliver(s, &it), tk[i]);
+    ck_assert(hs_sched_finished(s));
+    hs_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(many_tickets_in_flight_survive_table_growth)
+{
+    const uint32_t n = 3000;
+    hs_sched_t *s = sched_new(n, 1, HS_SCHED_ARRIVAL, NULL);
+    static uint64_t tk[3000];
+    hs_sched_item_t it;
+    for (uint32_t i = 0; i < n; i++) tk[i] = lease(s, 1 + i % 4, i, &it);
+    /* return two conns' leases, re-lease them, then fill all in a scrambled order */
+    ck_assert_uint_eq(hs_sched_return_leases(s, 2), n / 4);
+    ck_assert_uint_eq(hs_sched_return_leases(s, 4), n / 4);
+    for (uint32_t i = 0; i < n; i++) {
+        if (i % 4 == 1 || i % 4 == 3) {
+            tk[i] = lease(s, 5, 0, &it);
+            ck_assert_uint_eq(it.slot_offset, i); /* plan order, slot kept */
+        }
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t i = (uint32_t)((k * 7919ull) % n);
+        uint64_t conn = (i % 4 == 1 || i % 4 == 3) ? 5 : 1 + i % 4;
+        ck_assert_int_eq(hs_sched_lookup(s, conn, tk[i], &it), HS_OK);
+        ck_assert_uint_eq(it.slot_offset, i);
+        ck_assert_int_eq(hs_sched_fill(s, conn, tk[i]), HS_OK);
+    }
+    for (uint32_t i = 0; i < n; i++) ck_assert_uint_ne(deliver(s, &it), 0);
+    ck_assert(hs_sched_finished(s));
+    hs_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(create_refuses_malformed_plans)
+{
+    uint64_t bytes[3] = {10, 0, 10};
+    hs_sched_t *s = NULL;
+    hs_sched_config_t cfg = {.n_batches = 3, .bytes = bytes, .epochs = 1};
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_ERR_INVALID); /* a 0-byte batch */
+    bytes[1] = 10;
+    cfg.n_batches = 0;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_ERR_INVALID);
+    cfg.n_batches = 3;
+    cfg.start_epoch = 1;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_ERR_INVALID);
+    cfg.start_epoch = 0;
+    cfg.order = (hs_sched_order_t)7;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_ERR_INVALID);
+    ck_assert_ptr_null(s);
+    cfg.order = HS_SCHED_PLAN;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_OK);
+    hs_sched_destroy(s);
+    hs_sched_destroy(NULL);
+}
+END_TEST
+
+int main(void)
+{
+    hs_log_set_level(HS_LOG_WARN);
+    Suite *s = suite_create("sched");
+    TCase *tc = tcase_create("all");
+    tcase_add_test(tc, every_item_is_delivered_exactly_once_over_random_leases_fills_and_disconnects);
+    tcase_add_test(tc, plan_order_stays_exactly_once_and_in_order_over_random_interleavings);
+    tcase_add_test(tc, returned_leases_go_to_the_front_in_plan_order_and_keep_their_slots);
+    tcase_add_test(tc, lookup_rejects_a_ticket_held_by_another_connection_and_stale_tickets);
+    tcase_add_test(tc, plan_order_delivers_strictly_in_plan_order_when_fills_arrive_out_of_order);
+    tcase_add_test(tc, arrival_order_delivers_in_fill_order);
+    tcase_add_test(tc, delivering_out_of_the_head_in_arrival_order_keeps_the_ready_list_intact);
+    tcase_add_test(tc, finished_only_after_every_item_of_every_epoch);
+    tcase_add_test(tc, requeue_after_failed_verification_puts_the_item_first_with_its_slot);
+    tcase_add_test(tc, resume_skips_batches_already_delivered);
+    tcase_add_test(tc, many_tickets_in_flight_survive_table_growth);
+    tcase_add_test(tc, create_refuses_malformed_plans);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

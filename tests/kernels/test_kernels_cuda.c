@@ -1,0 +1,398 @@
+/* test_kernels_cuda.c - every CUDA kernel and the cuBLASLt wrapper against
+ * its plain-C twin, on odd shapes (not multiples of 32), fixed seeds.
+ *
+ * Inputs are drawn in fp32, rounded to bf16, and the same bf16 values feed
+ * both sides; the twin computes in fp32. A value passes when
+ * |gpu - ref| <= abs + rel * |ref|; on failure the first values and the
+ * largest difference are printed. Outputs are poisoned with NaN first, so an
+ * unwritten element fails. Exits 77 (skipped) where there is no GPU. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+
+#include "attention.h"
+#include "bf16.h"
+#include "cublaslt.h"
+#include "embedding.h"
+#include "matmul.h"
+#include "residual.h"
+#include "rmsnorm.h"
+#include "rope.h"
+#include "swiglu.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint64_t g_rng = 0x1234;
+
+static float randn(void)
+{
+    double u1 = ((hs_splitmix64(&g_rng) >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (hs_splitmix64(&g_rng) >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* n values ~ N(mean, scale^2), already rounded to bf16 (fp32 copy + bits). */
+static float *rand_bf16(size_t n, float mean, float scale, uint16_t **bits)
+{
+    float *f = malloc(n * sizeof(float));
+    uint16_t *b = malloc(n * sizeof(uint16_t));
+    ck_assert(f && b);
+    for (size_t i = 0; i < n; i++) {
+        b[i] = hs_f32_to_bf16(mean + scale * randn());
+        f[i] = hs_bf16_to_f32(b[i]);
+    }
+    *bits = b;
+    return f;
+}
+
+static void *dev_upload(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    ck_assert_int_eq(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
+    if (bytes) ck_assert_int_eq(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+}
+
+/* Device bf16 buffer of n elements filled with NaN. */
+static void *dev_poisoned(size_t n)
+{
+    void *d = NULL;
+    ck_assert_int_eq(cudaMalloc(&d, n * 2), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(d, 0xff, n * 2), cudaSuccess);
+    return d;
+}
+
+static float *dev_download_bf16(const void *d, size_t n)
+{
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    uint16_t *b = malloc(n * 2);
+    float *f = malloc(n * sizeof(float));
+    ck_assert_int_eq(cudaMemcpy(b, d, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < n; i++) f[i] = hs_bf16_to_f32(b[i]);
+    free(b);
+    return f;
+}
+
+/* Compare rows x cols of gpu (row stride gs) with ref (row stride rs). */
+static int compare(const char *what, const float *gpu, size_t gs, const float *ref, size_t rs,
+                   size_t rows, size_t cols, float abs_tol, float rel_tol)
+{
+    size_t bad = 0, worst = 0;
+    float max_diff = 0.f;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) {
+            float g = gpu[r * gs + c], e = ref[r * rs + c];
+            float d = fabsf(g - e);
+            if (!(d <= abs_tol + rel_tol * fabsf(e))) {
+                if (!bad) worst = r * cols + c;
+                bad++;
+            }
+            if (!(d <= max_diff)) {
+                max_diff = d;
+                if (bad) worst = r * cols + c;
+            }
+        }
+    if (bad) {
+        fprintf(stderr, "%s: %zu of %zu values out of bounds (abs %g + rel %g), max diff %g at [%zu, %zu]\n",
+                what, bad, rows * cols, abs_tol, rel_tol, max_diff, worst / cols, worst % cols);
+        for (size_t i = 0; i < 8 && i < cols; i++)
+            fprintf(stderr, "  [0, %zu] gpu %+.6f ref %+.6f\n", i, gpu[i], ref[i]);
+    } else {
+        printf("%s: max diff %g over %zu values\n", what, max_diff, rows * cols);
+    }
+    return bad == 0;
+}
+
+/* ---- tests --------------------------------------------------------------- */
+
+START_TEST(embedding_gathers_the_rows_of_the_ids)
+{
+    g_rng = 1;
+    const int vocab = 1001, T = 77;
+    const int Hs[2] = {1000, 999}; /* 16-byte and scalar paths */
+    for (int hi = 0; hi < 2; hi++) {
+        int H = Hs[hi];
+        uint16_t *tb;
+        float *tf = rand_bf16((size_t)vocab * H, 0.f, 1.f, &tb);
+        int32_t ids[77];
+        for (int t = 0; t < T; t++) ids[t] = (int32_t)(hs_splitmix64(&g_rng) % (uint64_t)vocab);
+        float *ref = malloc((size_t)T * H * sizeof(float));
+        hs_kn_embedding_ref(tb, vocab, H, ids, T, ref);
+        void *dt = dev_upload(tb, (size_t)vocab * H * 2), *di = dev_upload(ids, sizeof ids);
+        void *dout = dev_poisoned((size_t)T * H);
+        ck_assert_int_eq(hs_kn_embedding(dt, vocab, H, di, T, dout, H, NULL), HS_OK);
+        float *got = dev_download_bf16(dout, (size_t)T * H);
+        ck_assert(compare("embedding", got, H, ref, H, T, H, 0.f, 0.f));
+        cudaFree(dt), cudaFree(di), cudaFree(dout);
+        free(tb), free(tf), free(ref), free(got);
+    }
+}
+END_TEST
+
+START_TEST(rmsnorm_matches_its_twin_and_copies_the_input_row)
+{
+    g_rng = 2;
+    const int rows = 77;
+    const int dims[2] = {1000, 999};
+    for (int di = 0; di < 2; di++) {
+        int dim = dims[di];
+        int xs = dim + 24 + (dim & 1), cs = 3 * dim + (dim & 1); /* strided rows */
+        uint16_t *xb, *wb;
+        float *xf = rand_bf16((size_t)rows * xs, 0.5f, 2.f, &xb);
+        float *wf = rand_bf16((size_t)dim, 1.f, 0.2f, &wb);
+        float *xd = malloc((size_t)rows * dim * sizeof(float));
+        for (int r = 0; r < rows; r++) memcpy(xd + (size_t)r * dim, xf + (size_t)r * xs, dim * sizeof(float));
+        float *ref = malloc((size_t)rows * dim * sizeof(float));
+        hs_kn_rmsnorm_ref(xd, wb, ref, rows, dim, 1e-6f);
+        void *dx = dev_upload(xb, (size_t)rows * xs * 2), *dw = dev_upload(wb, (size_t)dim * 2);
+        void *dy = dev_poisoned((size_t)rows * dim), *dc = dev_poisoned((size_t)rows * cs);
+        ck_assert_int_eq(hs_kn_rmsnorm(dx, xs, dw, dy, dim, rows, dim, 1e-6f, dc, cs, NULL), HS_OK);
+        float *got = dev_download_bf16(dy, (size_t)rows * dim);
+        float *cp = dev_download_bf16(dc, (size_t)rows * cs);
+        ck_assert(compare("rmsnorm", got, dim, ref, dim, rows, dim, 1e-3f, 1.6e-2f));
+        ck_assert(compare("rmsnorm copy", cp, cs, xd, dim, rows, dim, 0.f, 0.f));
+        cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dc);
+        free(xb), free(wb), free(xf), free(wf), free(xd), free(ref), free(got), free(cp);
+    }
+}
+END_TEST
+
+START_TEST(rmsnorm_heads_normalises_each_head_in_place)
+{
+    g_rng = 3;
+    const int T = 77, nh = 5, D = 64, stride = (nh + 3) * D; /* q heads inside wider qkv rows */
+    uint16_t *xb, *wb;
+    float *xf = rand_bf16((size_t)T * stride, 0.f, 3.f, &xb);
+    float *wf = rand_bf16(D, 1.f, 0.3f, &wb);
+    float *ref = malloc((size_t)T * nh * D * sizeof(float));
+    for (int t = 0; t < T; t++) memcpy(ref + (size_t)t * nh * D, xf + (size_t)t * stride, nh * D * sizeof(float));
+    hs_kn_rmsnorm_ref(ref, wb, ref, T * nh, D, 1e-6f);
+    void *dx = dev_upload(xb, (size_t)T * stride * 2), *dw = dev_upload(wb, D * 2);
+    ck_assert_int_eq(hs_kn_rmsnorm_heads(dx, stride, T, nh, D, dw, 1e-6f, NULL), HS_OK);
+    float *got = dev_download_bf16(dx, (size_t)T * stride);
+    ck_assert(compare("rmsnorm heads", got, stride, ref, nh * D, T, nh * D, 1e-3f, 1.6e-2f));
+    /* the columns after the heads are untouched */
+    ck_assert(compare("rmsnorm heads rest", got + nh * D, stride, xf + nh * D, stride, T, stride - nh * D, 0.f, 0.f));
+    cudaFree(dx), cudaFree(dw);
+    free(xb), free(wb), free(xf), free(wf), free(ref), free(got);
+}
+END_TEST
+
+START_TEST(rope_restarts_positions_at_every_sequence_with_llama3_scaling)
+{
+    g_rng = 4;
+    const int32_t cu[4] = {0, 37, 100, 1163}; /* odd lengths, one past 1024 */
+    const int n_seqs = 3, T = 1163, nh = 7, D = 128, stride = nh * D + 2 * D;
+    hs_rope_scaling_t sc = {HS_ROPE_LLAMA3, 8.f, 1.f, 4.f, 8192.f};
+    float inv[64];
+    hs_kn_rope_inv_freq(D, 500000.f, &sc, inv);
+    uint16_t *xb;
+    float *xf = rand_bf16((size_t)T * stride, 0.f, 1.f, &xb);
+    float *ref = malloc((size_t)T * nh * D * sizeof(float));
+    for (int t = 0; t < T; t++) memcpy(ref + (size_t)t * nh * D, xf + (size_t)t * stride, nh * D * sizeof(float));
+    hs_kn_rope_ref(ref, cu, n_seqs, nh, D, inv);
+    void *dx = dev_upload(xb, (size_t)T * stride * 2), *dcu = dev_upload(cu, sizeof cu);
+    void *dinv = dev_upload(inv, sizeof inv), *dpos = NULL;
+    ck_assert_int_eq(cudaMalloc(&dpos, T * sizeof(int32_t)), cudaSuccess);
+    ck_assert_int_eq(hs_kn_rope_positions(dcu, n_seqs, dpos, NULL), HS_OK);
+    ck_assert_int_eq(hs_kn_rope(dx, stride, T, nh, D, dpos, dinv, NULL), HS_OK);
+    int32_t pos[1163];
+    ck_assert_int_eq(cudaMemcpy(pos, dpos, sizeof pos, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(pos[0], 0);
+    ck_assert_int_eq(pos[36], 36);
+    ck_assert_int_eq(pos[37], 0);
+    ck_assert_int_eq(pos[1162], 1062);
+    float *got = dev_download_bf16(dx, (size_t)T * stride);
+    ck_assert(compare("rope", got, stride, ref, nh * D, T, nh * D, 2e-2f, 2e-2f));
+    ck_assert(compare("rope rest", got + nh * D, stride, xf + nh * D, stride, T, 2 * D, 0.f, 0.f));
+    cudaFree(dx), cudaFree(dcu), cudaFree(dinv), cudaFree(dpos);
+    free(xb), free(xf), free(ref), free(got);
+}
+END_TEST
+
+START_TEST(swiglu_matches_its_twin_on_fused_gate_up_rows)
+{
+    g_rng = 5;
+    const int T = 77;
+    const int Is[2] = {1000, 333};
+    for (int ii = 0; ii < 2; ii++) {
+        int I = Is[ii];
+        uint16_t *gub;
+        float *guf = rand_bf16((size_t)T * 2 * I, 0.f, 2.f, &gub);
+        float *g = malloc((size_t)T * I * sizeof(float)), *u = malloc((size_t)T * I * sizeof(float));
+        for (int t = 0; t < T; t++) {
+            memcpy(g + (size_t)t * I, guf + (size_t)t * 2 * I, I * sizeof(float));
+            memcpy(u + (size_t)t * I, guf + (size_t)t * 2 * I + I, I * sizeof(float));
+        }
+        float *ref = malloc((size_t)T * I * sizeof(float));
+        hs_kn_swiglu_ref(g, u, ref, (size_t)T * I);
+        void *dgu = dev_upload(gub, (size_t)T * 2 * I * 2), *dout = dev_poisoned((size_t)T * I);
+        ck_assert_int_eq(hs_kn_swiglu(dgu, 2 * I, dout, I, T, I, NULL), HS_OK);
+        float *got = dev_download_bf16(dout, (size_t)T * I);
+        ck_assert(compare("swiglu", got, I, ref, I, T, I, 1e-3f, 1.6e-2f));
+        /* in place into the gate half, as the forward does */
+        ck_assert_int_eq(hs_kn_swiglu(dgu, 2 * I, dgu, 2 * I, T, I, NULL), HS_OK);
+        float *got2 = dev_download_bf16(dgu, (size_t)T * 2 * I);
+        ck_assert(compare("swiglu in place", got2, 2 * I, ref, I, T, I, 1e-3f, 1.6e-2f));
+        cudaFree(dgu), cudaFree(dout);
+        free(gub), free(guf), free(g), free(u), free(ref), free(got), free(got2);
+    }
+}
+END_TEST
+
+START_TEST(residual_add_matches_its_twin)
+{
+    g_rng = 6;
+    const size_t ns[2] = {77 * 1000, 77 * 999 + 3};
+    for (int k = 0; k < 2; k++) {
+        size_t n = ns[k];
+        uint16_t *ab, *bb;
+        float *af = rand_bf16(n, 0.f, 1.f, &ab), *bf = rand_bf16(n, 0.f, 1.f, &bb);
+        float *ref = malloc(n * sizeof(float));
+        hs_kn_residual_add_ref(af, bf, ref, n);
+        void *da = dev_upload(ab, n * 2), *db = dev_upload(bb, n * 2), *dout = dev_poisoned(n);
+        ck_assert_int_eq(hs_kn_residual_add(da, db, dout, n, NULL), HS_OK);
+        float *got = dev_download_bf16(dout, n);
+        ck_assert(compare("residual add", got, n, ref, n, 1, n, 1e-3f, 8e-3f));
+        cudaFree(da), cudaFree(db), cudaFree(dout);
+        free(ab), free(bb), free(af), free(bf), free(ref), free(got);
+    }
+}
+END_TEST
+
+START_TEST(linear_matches_matmul_twin_with_bias_and_accumulate)
+{
+    g_rng = 7;
+    const int M = 77, N = 1000, K = 264, ldy = N + 8;
+    uint16_t *xb, *wb, *bb, *yb;
+    float *xf = rand_bf16((size_t)M * K, 0.f, 1.f, &xb);
+    float *wf = rand_bf16((size_t)N * K, 0.f, 0.1f, &wb);
+    float *bf = rand_bf16(N, 0.f, 1.f, &bb);
+    float *yf = rand_bf16((size_t)M * ldy, 0.f, 1.f, &yb);
+    float *ref = malloc((size_t)M * N * sizeof(float));
+    hs_lt_t *lt = NULL;
+    ck_assert_int_eq(hs_lt_create(0, &lt), HS_OK);
+    void *dx = dev_upload(xb, (size_t)M * K * 2), *dw = dev_upload(wb, (size_t)N * K * 2);
+    void *db = dev_upload(bb, N * 2), *dy = dev_poisoned((size_t)M * ldy);
+
+    /* y = x W^T + b */
+    hs_kn_matmul_ref(xf, wb, bb, ref, M, K, N);
+    ck_assert_int_eq(hs_lt_linear(lt, dy, ldy, dx, K, dw, db, M, N, K, false, NULL), HS_OK);
+    float *got = dev_download_bf16(dy, (size_t)M * ldy);
+    ck_assert(compare("linear+bias", got, ldy, ref, N, M, N, 2e-2f, 1e-2f));
+    free(got);
+
+    /* y += x W^T (residual form), twice the same shape: one cached entry */
+    ck_assert_int_eq(cudaMemcpy(dy, yb, (size_t)M * ldy * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    hs_kn_matmul_ref(xf, wb, NULL, ref, M, K, N);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) ref[(size_t)m * N + n] += yf[(size_t)m * ldy + n];
+    int cached = hs_lt_cached_shapes(lt);
+    ck_assert_int_eq(hs_lt_linear(lt, dy, ldy, dx, K, dw, NULL, M, N, K, true, NULL), HS_OK);
+    got = dev_download_bf16(dy, (size_t)M * ldy);
+    ck_assert(compare("linear accumulate", got, ldy, ref, N, M, N, 2e-2f, 1e-2f));
+    ck_assert_int_eq(hs_lt_cached_shapes(lt), cached + 1);
+    ck_assert_int_eq(hs_lt_linear(lt, dy, ldy, dx, K, dw, NULL, M, N, K, true, NULL), HS_OK);
+    ck_assert_int_eq(hs_lt_cached_shapes(lt), cached + 1);
+    free(got);
+
+    ck_assert_int_eq(hs_lt_linear(lt, dy, N - 1, dx, K, dw, NULL, M, N, K, false, NULL), HS_ERR_INVALID);
+    hs_lt_destroy(lt);
+    cudaFree(dx), cudaFree(dw), cudaFree(db), cudaFree(dy);
+    free(xb), free(wb), free(bb), free(yb), free(xf), free(wf), free(bf), free(yf), free(ref);
+}
+END_TEST
+
+/* One attention case: q/k/v live inside fused [T, (Hq + 2 Hkv) * D] rows. */
+static void attention_case(const char *name, const int32_t *cu, int n_seqs, int Hq, int Hkv, int D,
+                           int window)
+{
+    int T = cu[n_seqs];
+    int stride = (Hq + 2 * Hkv) * D;
+    uint16_t *xb;
+    float *xf = rand_bf16((size_t)T * stride, 0.f, 1.f, &xb);
+    /* sharpen the scores a little so the softmax is not flat */
+    for (size_t t = 0; t < (size_t)T; t++)
+        for (int i = 0; i < Hq * D; i++) {
+            size_t j = t * stride + i;
+            xb[j] = hs_f32_to_bf16(xf[j] * 2.5f);
+            xf[j] = hs_bf16_to_f32(xb[j]);
+        }
+    float *q = malloc((size_t)T * Hq * D * sizeof(float));
+    float *k = malloc((size_t)T * Hkv * D * sizeof(float)), *v = malloc((size_t)T * Hkv * D * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        memcpy(q + (size_t)t * Hq * D, xf + (size_t)t * stride, Hq * D * sizeof(float));
+        memcpy(k + (size_t)t * Hkv * D, xf + (size_t)t * stride + Hq * D, Hkv * D * sizeof(float));
+        memcpy(v + (size_t)t * Hkv * D, xf + (size_t)t * stride + (Hq + Hkv) * D, Hkv * D * sizeof(float));
+    }
+    float scale = 1.f / sqrtf((float)D);
+    float *ref = malloc((size_t)T * Hq * D * sizeof(float));
+    hs_kn_attention_ref(q, k, v, ref, cu, n_seqs, Hq, Hkv, D, scale, window);
+    void *dx = dev_upload(xb, (size_t)T * stride * 2), *dcu = dev_upload(cu, (n_seqs + 1) * sizeof(int32_t));
+    void *dtiles = NULL;
+    ck_assert_int_eq(cudaMalloc(&dtiles, (n_seqs + 1) * sizeof(int32_t)), cudaSuccess);
+    int ostride = Hq * D + 8;
+    void *dout = dev_poisoned((size_t)T * ostride);
+    const uint16_t *dq = dx;
+    ck_assert_int_eq(hs_kn_attention_schedule(dcu, n_seqs, dtiles, NULL), HS_OK);
+    ck_assert_int_eq(hs_kn_attention(dq, stride, dq + Hq * D, dq + (Hq + Hkv) * D, stride, dout, ostride,
+                                     dcu, dtiles, n_seqs, T, Hq, Hkv, D, scale, window, NULL),
+                     HS_OK);
+    float *got = dev_download_bf16(dout, (size_t)T * ostride);
+    ck_assert(compare(name, got, ostride, ref, Hq * D, T, Hq * D, 1.5e-2f, 2e-2f));
+    cudaFree(dx), cudaFree(dcu), cudaFree(dtiles), cudaFree(dout);
+    free(xb), free(xf), free(q), free(k), free(v), free(ref), free(got);
+}
+
+START_TEST(attention_matches_its_twin_on_packed_odd_sequences)
+{
+    g_rng = 8;
+    const int32_t cu1[6] = {0, 1, 64, 129, 259, 459}; /* 1, 63, 65, 130, 200 */
+    attention_case("attention d64 gqa3", cu1, 5, 6, 2, 64, 0);
+    const int32_t cu2[4] = {0, 300, 307, 436};
+    attention_case("attention d128 gqa8", cu2, 3, 8, 1, 128, 0);
+    const int32_t cu3[3] = {0, 77, 1100};
+    attention_case("attention d128 mha", cu3, 2, 3, 3, 128, 0);
+    const int32_t cu4[3] = {0, 250, 333};
+    attention_case("attention d96 gqa2", cu4, 2, 4, 2, 96, 0);
+}
+END_TEST
+
+START_TEST(attention_honours_the_sliding_window)
+{
+    g_rng = 9;
+    const int32_t cu[3] = {0, 333, 400};
+    attention_case("attention window 50", cu, 2, 4, 2, 64, 50);
+    attention_case("attention window 100", cu, 2, 4, 1, 128, 100);
+}
+END_TEST
+
+int main(void)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    Suite *s = suite_create("kernels_cuda");
+    TCase *tc = tcase_create("all");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, embedding_gathers_the_rows_of_the_ids);
+    tcase_add_test(tc, rmsnorm_matches_its_twin_and_copies_the_input_row);
+    tcase_add_test(tc, rmsnorm_heads_normalises_each_head_in_place);
+    tcase_add_test(tc, rope_restarts_positions_at_every_sequence_with_llama3_scaling);
+    tcase_add_test(tc, swiglu_matches_its_twin_on_fused_gate_up_rows);
+    tcase_add_test(tc, residual_add_matches_its_twin);
+    tcase_add_test(tc, linear_matches_matmul_twin_with_bias_and_accumulate);
+    tcase_add_test(tc, attention_matches_its_twin_on_packed_odd_sequences);
+    tcase_add_test(tc, attention_honours_the_sliding_window);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

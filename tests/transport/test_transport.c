@@ -1,0 +1,795 @@
+/* test_transport.c - the transport contract over loopback with real sockets:
+ * frames both ways, payloads straight into dest (and nowhere else), refused
+ * payloads, malformed peers cut off without hurting others, wakeup from
+ * another thread, send completions exactly once, and no fd left open.
+ *
+ * Tests that go through the public API run once per transport kind (a TCase
+ * per kind; UCX cases are skipped when UCX is not built). Tests that play a
+ * malformed peer with a raw socket speak the TCP wire format and run on TCP.
+ * Set HS_TEST_BENCH=1 to print the 64 MiB payload rate. */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "hs_proto.h"
+#include "hs_transport.h"
+
+#define PUMP_LIMIT_S 30.0 /* a guard against hanging, not a timing assertion */
+#define MAX_CONNS 8
+
+static hs_tp_kind_t g_kind = HS_TP_TCP;
+
+/* ---- one side: a transport and what its callbacks saw ---------------------- */
+
+typedef struct {
+    hs_tp_t *tp;
+    int accepts, frames, payload_frames, payloads_ok, payloads_failed, closes;
+    hs_tp_conn_t *accepted[MAX_CONNS];
+    /* last frame */
+    uint16_t type;
+    uint8_t body[4096];
+    uint32_t body_len;
+    uint64_t payload_bytes;
+    uint32_t seq_expected; /* frames carry a u32 sequence number; checks order */
+    bool seq_broken;
+    /* payload policy: accept into dest (when non-NULL) with this cookie */
+    uint8_t *dest;
+    uint64_t dest_len;
+    uint64_t next_cookie, last_cookie;
+    bool wrong_size; /* ask for one byte fewer than announced */
+    bool advance;    /* each payload lands right after the previous one */
+    hs_status_t last_payload_status;
+    bool close_in_on_payload; /* close the connection when a payload lands */
+    /* last close */
+    hs_tp_conn_t *closed_conn;
+    hs_status_t close_reason;
+    char close_why[256];
+} side_t;
+
+static hs_status_t cb_accept(void *arg, hs_tp_conn_t *conn)
+{
+    side_t *s = arg;
+    if (s->accepts < MAX_CONNS) s->accepted[s->accepts] = conn;
+    s->accepts++;
+    return HS_OK;
+}
+
+static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t *body,
+                     uint32_t body_len, uint64_t payload_bytes)
+{
+    side_t *s = arg;
+    s->frames++;
+    s->type = type;
+    s->body_len = body_len < sizeof s->body ? body_len : (uint32_t)sizeof s->body;
+    memcpy(s->body, body, s->body_len);
+    s->payload_bytes = payload_bytes;
+    if (body_len >= 4) {
+        uint32_t seq;
+        memcpy(&seq, body, 4);
+        if (seq != s->seq_expected) s->seq_broken = true;
+        s->seq_expected = seq + 1;
+    }
+    if (payload_bytes == 0) return;
+    s->payload_frames++;
+    if (!s->dest) return; /* refuse */
+    ck_assert_uint_le(payload_bytes, s->dest_len);
+    uint64_t n = s->wrong_size ? payload_bytes - 1 : payload_bytes;
+    hs_status_t st = hs_tp_recv_payload(conn, s->dest, n, s->next_cookie);
+    if (s->wrong_size) {
+        ck_assert_int_ne(st, HS_OK);
+    } else {
+        ck_assert_int_eq(st, HS_OK);
+        if (s->advance) {
+            s->dest += n;
+            s->dest_len -= n;
+        }
+        s->next_cookie++;
+    }
+}
+
+static void cb_payload(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_status_t status)
+{
+    side_t *s = arg;
+    s->last_cookie = cookie;
+    s->last_payload_status = status;
+    if (status == HS_OK)
+        s->payloads_ok++;
+    else
+        s->payloads_failed++;
+    if (s->close_in_on_payload) hs_tp_close(conn, HS_ERR_CLOSED);
+}
+
+static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const char *why)
+{
+    side_t *s = arg;
+    s->closes++;
+    s->closed_conn = conn;
+    s->close_reason = reason;
+    snprintf(s->close_why, sizeof s->close_why, "%s", why ? why : "");
+}
+
+static const hs_tp_callbacks_t g_cb = {cb_accept, cb_frame, cb_payload, cb_close};
+
+static void side_create(side_t *s, hs_tp_kind_t kind)
+{
+    memset(s, 0, sizeof *s);
+    s->next_cookie = 1000;
+    hs_tp_config_t cfg = {.kind = kind, .max_frame_body = 64u << 10};
+    ck_assert_int_eq(hs_tp_create(&cfg, &g_cb, s, &s->tp), HS_OK);
+}
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Complete frame of `type` whose body starts with seq and is `len` bytes. */
+static size_t make_frame(uint8_t *buf, uint16_t type, uint32_t seq, uint32_t len)
+{
+    uint8_t *body = buf + HS_FRAME_HEADER_BYTES;
+    for (uint32_t i = 0; i < len; i++) body[i] = (uint8_t)(i * 7 + seq);
+    if (len >= 4) memcpy(body, &seq, 4);
+    hs_frame_header_encode(buf, type, body, len);
+    return HS_FRAME_HEADER_BYTES + len;
+}
+
+static void pump2(side_t *a, side_t *b)
+{
+    if (a) ck_assert_int_eq(hs_tp_progress(a->tp, 0), HS_OK);
+    if (b) ck_assert_int_eq(hs_tp_progress(b->tp, 1), HS_OK);
+}
+
+/* Runs both loops until cond holds; fails after PUMP_LIMIT_S (a hang guard). */
+#define PUMP_UNTIL(a, b, cond)                                                        \
+    do {                                                                              \
+        double t0_ = hs_now_s();                                                      \
+        while (!(cond)) {                                                             \
+            ck_assert_msg(hs_now_s() - t0_ < PUMP_LIMIT_S, "never happened: %s", #cond); \
+            pump2((a), (b));                                                          \
+        }                                                                             \
+    } while (0)
+
+/* A server listening on loopback and a client connected to it. */
+static side_t S, C;
+static hs_tp_conn_t *g_cc; /* the client's connection */
+static uint16_t g_port;
+static int g_fds0;
+
+static void pair_open(const char *host)
+{
+    g_fds0 = count_fds();
+    side_create(&S, g_kind);
+    side_create(&C, g_kind);
+    ck_assert_int_eq(hs_tp_listen(S.tp, host, 0, &g_port), HS_OK);
+    ck_assert_uint_ne(g_port, 0);
+    ck_assert_int_eq(hs_tp_connect(C.tp, host, g_port, 5000, &g_cc), HS_OK);
+    PUMP_UNTIL(&S, &C, S.accepts == 1);
+}
+
+static void pair_close_and_check_fds(void)
+{
+    hs_tp_destroy(C.tp);
+    hs_tp_destroy(S.tp);
+    ck_assert_int_eq(count_fds(), g_fds0);
+}
+
+static void setup_tcp(void) { g_kind = HS_TP_TCP; }
+static void setup_ucx(void) { g_kind = HS_TP_UCX; }
+
+/* ---- tests through the API (every kind) --------------------------------- */
+
+START_TEST(frames_round_trip_both_ways_in_order)
+{
+    pair_open("127.0.0.1");
+    hs_tp_conn_t *sc = S.accepted[0];
+    uint8_t buf[HS_FRAME_HEADER_BYTES + 5000];
+    /* many small frames, then bodies of odd sizes incl. empty, both ways */
+    for (uint32_t i = 0; i < 1000; i++) {
+        size_t n = make_frame(buf, HS_MSG_STATS, i, 4 + i % 97);
+        ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    }
+    PUMP_UNTIL(&S, &C, S.frames == 1000);
+    ck_assert(!S.seq_broken);
+    ck_assert_uint_eq(S.type, HS_MSG_STATS);
+    ck_assert_uint_eq(S.body_len, 4 + 999 % 97);
+    ck_assert_uint_eq(S.payload_bytes, 0);
+
+    size_t n = make_frame(buf, HS_MSG_TICKET, 0, 4093);
+    ck_assert_int_eq(hs_tp_send(sc, buf, n), HS_OK);
+    n = make_frame(buf, HS_MSG_BYE, 1, 0);
+    ck_assert_int_eq(hs_tp_send(sc, buf, n), HS_OK);
+    PUMP_UNTIL(&S, &C, C.frames == 2);
+    ck_assert_uint_eq(C.type, HS_MSG_BYE);
+    ck_assert_uint_eq(C.body_len, 0);
+
+    ck_assert(hs_tp_conn_is_loopback(g_cc));
+    ck_assert(hs_tp_conn_is_loopback(sc));
+    ck_assert_ptr_nonnull(strstr(hs_tp_conn_peer(g_cc), "127.0.0.1:"));
+    ck_assert_ptr_nonnull(strstr(hs_tp_conn_describe(g_cc), hs_tp_kind_str(g_kind)));
+    int tag;
+    hs_tp_conn_set_user(sc, &tag);
+    ck_assert_ptr_eq(hs_tp_conn_get_user(sc), &tag);
+    ck_assert_int_eq(S.closes + C.closes, 0);
+    pair_close_and_check_fds();
+}
+END_TEST
+
+START_TEST(a_frame_that_breaks_the_send_rules_is_refused_locally)
+{
+    pair_open("127.0.0.1");
+    uint8_t buf[HS_FRAME_HEADER_BYTES + 64];
+    size_t n = make_frame(buf, HS_MSG_STATS, 0, 64);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n - 1), HS_ERR_INVALID); /* length != header */
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, 3), HS_ERR_INVALID);
+    buf[0] ^= 0xff;
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_ERR_INVALID); /* bad magic */
+    ck_assert_int_eq(hs_tp_send_payload(g_cc, buf, n, buf, 0, NULL, NULL), HS_ERR_INVALID);
+    /* the connection is still fine */
+    n = make_frame(buf, HS_MSG_STATS, 0, 8);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    PUMP_UNTIL(&S, &C, S.frames == 1);
+    pair_close_and_check_fds();
+}
+END_TEST
+
+static int g_sent_ok, g_sent_failed;
+static int g_send_calls[64];
+static void cb_sent(void *arg, hs_status_t st)
+{
+    int i = (int)(intptr_t)arg;
+    g_send_calls[i]++;
+    if (st == HS_OK)
+        g_sent_ok++;
+    else
+        g_sent_failed++;
+}
+
+static uint8_t *guarded_alloc(size_t len, size_t guard)
+{
+    uint8_t *p = malloc(len + 2 * guard);
+    ck_assert_ptr_nonnull(p);
+    memset(p, 0xA5, guard);
+    memset(p + guard, 0, len);
+    memset(p + guard + len, 0x5A, guard);
+    return p;
+}
+
+static void assert_guards(const uint8_t *p, size_t len, size_t guard)
+{
+    for (size_t i = 0; i < guard; i++) {
+        ck_assert_msg(p[i] == 0xA5, "byte %zu before dest was overwritten", guard - i);
+        ck_assert_msg(p[guard + len + i] == 0x5A, "byte %zu after dest was overwritten", i);
+    }
+}
+
+static void fill_pattern(uint8_t *p, size_t len, uint64_t seed)
+{
+    uint64_t st = seed;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t v = hs_splitmix64(&st);
+        memcpy(p + i, &v, 8);
+    }
+    for (; i < len; i++) p[i] = (uint8_t)hs_splitmix64(&st);
+}
+
+START_TEST(a_64MiB_payload_lands_exactly_in_dest_and_nowhere_else)
+{
+    const size_t len = 64u << 20, guard = 4096;
+    uint8_t *src = malloc(len);
+    ck_assert_ptr_nonnull(src);
+    fill_pattern(src, len, 42);
+    uint8_t *region = guarded_alloc(len, guard);
+    pair_open("127.0.0.1");
+    ck_assert_int_eq(hs_tp_mem_register(S.tp, region, len + 2 * guard), HS_OK);
+    ck_assert_int_eq(hs_tp_mem_register(C.tp, src, len), HS_OK);
+    S.dest = region + guard;
+    S.dest_len = len;
+    g_sent_ok = g_sent_failed = 0;
+    memset(g_send_calls, 0, sizeof g_send_calls);
+
+    uint8_t frame[HS_FRAME_HEADER_BYTES + 40];
+    size_t n = make_frame(frame, HS_MSG_DONE, 0, 40);
+    double t0 = hs_now_s();
+    ck_assert_int_eq(hs_tp_send_payload(g_cc, frame, n, src, len, cb_sent, (void *)0), HS_OK);
+    /* the frame buffer is the caller's again at once */
+    memset(frame, 0, sizeof frame);
+    PUMP_UNTIL(&S, &C, S.payloads_ok + S.payloads_failed == 1 && g_sent_ok + g_sent_failed == 1);
+    double dt = hs_now_s() - t0;
+    if (getenv("HS_TEST_BENCH"))
+        fprintf(stderr, "%s: 64 MiB payload in %.3f s = %.2f GB/s\n", hs_tp_kind_str(g_kind), dt,
+                len / dt / 1e9);
+    ck_assert_int_eq(S.payloads_ok, 1);
+    ck_assert_uint_eq(S.last_cookie, 1000);
+    ck_assert_int_eq(g_sent_ok, 1);
+    ck_assert_int_eq(S.payload_frames, 1);
+    ck_assert_uint_eq(S.payload_bytes, len);
+    ck_assert_uint_eq(S.type, HS_MSG_DONE);
+    ck_assert_uint_eq(S.body_len, 40);
+    ck_assert_msg(memcmp(region + guard, src, len) == 0, "payload bytes differ from what was sent");
+    assert_guards(region, len, guard);
+    ck_assert_int_eq(S.closes + C.closes, 0);
+    pair_close_and_check_fds();
+    free(src);
+    free(region);
+}
+END_TEST
+
+START_TEST(payloads_and_frames_interleave_in_order)
+{
+    /* odd sizes, small (eager-sized) and large, each followed by a frame */
+    static const size_t sizes[] = {1, 13, 4095, 65537, 1000003, 8u << 20};
+    const int k = sizeof sizes / sizeof sizes[0];
+    size_t total = 0;
+    for (int i = 0; i < k; i++) total += sizes[i];
+    uint8_t *src = malloc(total);
+    fill_pattern(src, total, 7);
+    uint8_t *dst = guarded_alloc(total, 64);
+    pair_open("127.0.0.1");
+    g_sent_ok = g_sent_failed = 0;
+    memset(g_send_calls, 0, sizeof g_send_calls);
+    uint8_t frame[HS_FRAME_HEADER_BYTES + 16];
+    size_t off = 0;
+    uint32_t seq = 0;
+    for (int i = 0; i < k; i++) {
+        size_t n = make_frame(frame, HS_MSG_DONE, seq++, 16);
+        ck_assert_int_eq(hs_tp_send_payload(g_cc, frame, n, src + off, sizes[i], cb_sent,
+                                            (void *)(intptr_t)i),
+                         HS_OK);
+        n = make_frame(frame, HS_MSG_STATS, seq++, 8);
+        ck_assert_int_eq(hs_tp_send(g_cc, frame, n), HS_OK);
+        off += sizes[i];
+    }
+    /* the receiver accepts each payload at the next offset */
+    S.dest = dst + 64;
+    S.dest_len = total;
+    S.advance = true;
+    PUMP_UNTIL(&S, &C, S.frames == 2 * k && S.payloads_ok == k && g_sent_ok == k);
+    ck_assert_uint_eq(S.last_cookie, 1000 + (uint64_t)k - 1);
+    ck_assert(!S.seq_broken);
+    for (int i = 0; i < k; i++) ck_assert_int_eq(g_send_calls[i], 1);
+    ck_assert(memcmp(dst + 64, src, total) == 0);
+    assert_guards(dst, total, 64);
+    pair_close_and_check_fds();
+    free(src);
+    free(dst);
+}
+END_TEST
+
+START_TEST(a_refused_payload_closes_the_connection_and_writes_nothing)
+{
+    const size_t len = 1u << 20;
+    uint8_t *src = malloc(len);
+    memset(src, 0x77, len);
+    uint8_t *region = guarded_alloc(len, 64);
+    pair_open("127.0.0.1");
+    S.dest = NULL; /* refuse */
+    g_sent_ok = g_sent_failed = 0;
+    memset(g_send_calls, 0, sizeof g_send_calls);
+    uint8_t frame[HS_FRAME_HEADER_BYTES + 8];
+    size_t n = make_frame(frame, HS_MSG_DONE, 0, 8);
+    ck_assert_int_eq(hs_tp_send_payload(g_cc, frame, n, src, len, cb_sent, (void *)0), HS_OK);
+    PUMP_UNTIL(&S, &C, S.closes == 1 && C.closes == 1 && g_send_calls[0] == 1);
+    ck_assert_int_eq(S.close_reason, HS_ERR_PROTO);
+    ck_assert_ptr_nonnull(strstr(S.close_why, "not accepted"));
+    ck_assert_int_eq(S.payloads_ok + S.payloads_failed, 0);
+    ck_assert_int_ne(C.close_reason, HS_OK);
+    for (size_t i = 0; i < len; i++) ck_assert_uint_eq(region[64 + i], 0);
+    assert_guards(region, len, 64);
+    pair_close_and_check_fds();
+    ck_assert_int_eq(g_send_calls[0], 1);
+    free(src);
+    free(region);
+}
+END_TEST
+
+START_TEST(a_payload_accepted_with_the_wrong_size_is_refused)
+{
+    const size_t len = 4096;
+    uint8_t *src = malloc(len);
+    memset(src, 0x33, len);
+    uint8_t *region = guarded_alloc(len, 64);
+    pair_open("127.0.0.1");
+    S.dest = region + 64;
+    S.dest_len = len;
+    S.wrong_size = true;
+    uint8_t frame[HS_FRAME_HEADER_BYTES + 8];
+    size_t n = make_frame(frame, HS_MSG_DONE, 0, 8);
+    ck_assert_int_eq(hs_tp_send_payload(g_cc, frame, n, src, len, NULL, NULL), HS_OK);
+    PUMP_UNTIL(&S, &C, S.closes == 1);
+    ck_assert_int_eq(S.close_reason, HS_ERR_PROTO);
+    for (size_t i = 0; i < len; i++) ck_assert_uint_eq(region[64 + i], 0);
+    assert_guards(region, len, 64);
+    pair_close_and_check_fds();
+    free(src);
+    free(region);
+}
+END_TEST
+
+START_TEST(a_crc_mismatch_closes_that_connection_only)
+{
+    pair_open("127.0.0.1");
+    /* a second, good connection */
+    hs_tp_conn_t *good;
+    ck_assert_int_eq(hs_tp_connect(C.tp, "127.0.0.1", g_port, 5000, &good), HS_OK);
+    PUMP_UNTIL(&S, &C, S.accepts == 2);
+    uint8_t buf[HS_FRAME_HEADER_BYTES + 32];
+    size_t n = make_frame(buf, HS_MSG_STATS, 0, 32);
+    buf[HS_FRAME_HEADER_BYTES + 10] ^= 1; /* header crc no longer matches */
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    PUMP_UNTIL(&S, &C, S.closes == 1 && C.closes == 1);
+    ck_assert_int_eq(S.close_reason, HS_ERR_CHECKSUM);
+    ck_assert_ptr_eq(S.closed_conn, S.accepted[0]);
+    ck_assert_ptr_eq(C.closed_conn, g_cc);
+    ck_assert_int_eq(S.frames, 0);
+    n = make_frame(buf, HS_MSG_STATS, 0, 32);
+    ck_assert_int_eq(hs_tp_send(good, buf, n), HS_OK);
+    PUMP_UNTIL(&S, &C, S.frames == 1);
+    ck_assert_int_eq(S.closes, 1);
+    pair_close_and_check_fds();
+}
+END_TEST
+
+static volatile int g_in_progress;
+static void *wake_later(void *arg)
+{
+    hs_tp_t *tp = arg;
+    while (!g_in_progress) usleep(1000);
+    usleep(100 * 1000); /* let the main thread block in progress */
+    hs_tp_wakeup(tp);
+    return NULL;
+}
+
+START_TEST(wakeup_from_another_thread_unblocks_progress)
+{
+    int fds0 = count_fds();
+    side_t s;
+    side_create(&s, g_kind);
+    /* warm up: a progress with nothing to do returns after its timeout */
+    ck_assert_int_eq(hs_tp_progress(s.tp, 0), HS_OK);
+    pthread_t th;
+    g_in_progress = 0;
+    pthread_create(&th, NULL, wake_later, s.tp);
+    g_in_progress = 1;
+    /* blocks until something happens: only the wakeup can end it (a broken
+     * wakeup hangs here and the test's timeout fails it) */
+    for (int i = 0; i < 1; i++) ck_assert_int_eq(hs_tp_progress(s.tp, -1), HS_OK);
+    pthread_join(th, NULL);
+    /* a wakeup before progress makes the next one return too */
+    hs_tp_wakeup(s.tp);
+    ck_assert_int_eq(hs_tp_progress(s.tp, -1), HS_OK);
+    hs_tp_destroy(s.tp);
+    ck_assert_int_eq(count_fds(), fds0);
+}
+END_TEST
+
+START_TEST(send_completions_run_exactly_once_when_the_connection_dies)
+{
+    const size_t len = 4u << 20;
+    const int k = 8;
+    uint8_t *src = malloc(len);
+    memset(src, 1, len);
+    uint8_t *dst = malloc(len);
+    pair_open("127.0.0.1");
+    S.dest = dst;
+    S.dest_len = len;
+    S.close_in_on_payload = true; /* the server hangs up after the first payload */
+    g_sent_ok = g_sent_failed = 0;
+    memset(g_send_calls, 0, sizeof g_send_calls);
+    uint8_t frame[HS_FRAME_HEADER_BYTES + 8];
+    for (int i = 0; i < k; i++) {
+        size_t n = make_frame(frame, HS_MSG_DONE, (uint32_t)i, 8);
+        ck_assert_int_eq(
+            hs_tp_send_payload(g_cc, frame, n, src, len, cb_sent, (void *)(intptr_t)i), HS_OK);
+    }
+    PUMP_UNTIL(&S, &C, C.closes == 1 && S.closes == 1);
+    ck_assert_int_eq(S.payloads_ok, 1);
+    ck_assert_int_eq(g_sent_ok + g_sent_failed, k);
+    ck_assert_int_ge(g_sent_failed, 1);
+    for (int i = 0; i < k; i++) ck_assert_int_eq(g_send_calls[i], 1);
+    /* sends on a closed connection's transport still work for new ones */
+    pair_close_and_check_fds();
+    for (int i = 0; i < k; i++) ck_assert_int_eq(g_send_calls[i], 1);
+    free(src);
+    free(dst);
+}
+END_TEST
+
+START_TEST(destroy_fails_pending_sends_and_receives_exactly_once)
+{
+    const size_t len = 32u << 20;
+    uint8_t *src = malloc(len);
+    memset(src, 2, len);
+    uint8_t *dst = malloc(len);
+    pair_open("127.0.0.1");
+    S.dest = dst;
+    S.dest_len = len;
+    g_sent_ok = g_sent_failed = 0;
+    memset(g_send_calls, 0, sizeof g_send_calls);
+    uint8_t frame[HS_FRAME_HEADER_BYTES + 8];
+    for (int i = 0; i < 4; i++) {
+        size_t n = make_frame(frame, HS_MSG_DONE, (uint32_t)i, 8);
+        ck_assert_int_eq(
+            hs_tp_send_payload(g_cc, frame, n, src, len, cb_sent, (void *)(intptr_t)i), HS_OK);
+    }
+    /* get the first payload going, then tear both ends down mid-transfer */
+    PUMP_UNTIL(&S, &C, S.payload_frames == 1);
+    hs_tp_destroy(S.tp);
+    ck_assert_int_eq(S.closes, 1);
+    ck_assert_int_eq(S.payloads_ok + S.payloads_failed, 1);
+    hs_tp_destroy(C.tp);
+    ck_assert_int_eq(C.closes, 1);
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(g_send_calls[i], 1);
+    ck_assert_int_ge(g_sent_failed, 1);
+    ck_assert_int_eq(count_fds(), g_fds0);
+    free(src);
+    free(dst);
+}
+END_TEST
+
+START_TEST(close_flushes_queued_frames_and_the_peer_sees_an_orderly_close)
+{
+    pair_open("127.0.0.1");
+    uint8_t buf[HS_FRAME_HEADER_BYTES + 100];
+    for (uint32_t i = 0; i < 50; i++) {
+        size_t n = make_frame(buf, HS_MSG_STATS, i, 100);
+        ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    }
+    size_t n = make_frame(buf, HS_MSG_BYE, 50, 4);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    hs_tp_close(g_cc, HS_ERR_CLOSED);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_ERR_CLOSED);
+    ck_assert_int_eq(C.closes, 0); /* on_close comes from a later progress */
+    PUMP_UNTIL(&S, &C, S.closes == 1 && C.closes == 1);
+    ck_assert_int_eq(S.frames, 51);
+    ck_assert(!S.seq_broken);
+    ck_assert_uint_eq(S.type, HS_MSG_BYE);
+    ck_assert_int_eq(S.close_reason, HS_ERR_CLOSED);
+    ck_assert_int_eq(C.close_reason, HS_ERR_CLOSED);
+    pair_close_and_check_fds();
+}
+END_TEST
+
+START_TEST(ipv6_loopback_works)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    bool have6 = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0) close(fd);
+    if (!have6) {
+        fprintf(stderr, "no ::1 here, skipping the IPv6 case\n");
+        return;
+    }
+    pair_open("::1");
+    ck_assert(hs_tp_conn_is_loopback(g_cc));
+    ck_assert_ptr_nonnull(strstr(hs_tp_conn_peer(g_cc), "[::1]:"));
+    uint8_t buf[HS_FRAME_HEADER_BYTES + 8];
+    size_t n = make_frame(buf, HS_MSG_HELLO, 0, 8);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    PUMP_UNTIL(&S, &C, S.frames == 1);
+    pair_close_and_check_fds();
+}
+END_TEST
+
+START_TEST(connect_to_a_port_nobody_listens_on_times_out)
+{
+    int fds0 = count_fds();
+    side_t s;
+    side_create(&s, g_kind);
+    /* a port that was free a moment ago */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t l = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    hs_tp_conn_t *c = NULL;
+    hs_status_t st = hs_tp_connect(s.tp, "127.0.0.1", ntohs(a.sin_port), 300, &c);
+    ck_assert_int_ne(st, HS_OK);
+    ck_assert_ptr_null(c);
+    hs_tp_destroy(s.tp);
+    ck_assert_int_eq(count_fds(), fds0);
+}
+END_TEST
+
+/* ---- malformed peers over a raw TCP socket ------------------------------- */
+
+static int raw_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static void raw_write(int fd, const void *p, size_t n)
+{
+    ck_assert_int_eq(write(fd, p, n), (ssize_t)n);
+}
+
+/* A raw TCP message: 8-byte payload length, then the frame. */
+static size_t raw_message(uint8_t *buf, uint64_t payload_len, uint16_t type, uint32_t body_len)
+{
+    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)(payload_len >> (8 * i));
+    return 8 + make_frame(buf + 8, type, 0, body_len);
+}
+
+/* Reads what the server sent back before closing: expects an ERROR frame. */
+static void raw_expect_error_then_eof(int fd)
+{
+    uint8_t buf[1024];
+    size_t got = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        ck_assert_int_eq(poll(&p, 1, (int)(PUMP_LIMIT_S * 1000)), 1);
+        ssize_t r = read(fd, buf + got, sizeof buf - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    ck_assert_uint_ge(got, 8 + HS_FRAME_HEADER_BYTES);
+    hs_frame_header_t h;
+    char why[160];
+    ck_assert_int_eq(hs_frame_header_decode(buf + 8, HS_FRAME_MAX_BODY, &h, why, sizeof why), HS_OK);
+    ck_assert_uint_eq(h.type, HS_MSG_ERROR);
+}
+
+/* Server + one good client; a raw socket misbehaves; checks the raw one is
+ * closed with `want` and the good one still works. */
+static void raw_case(const void *bytes, size_t n, bool then_close, hs_status_t want,
+                     bool expect_error_frame)
+{
+    pair_open("127.0.0.1");
+    int fd = raw_connect(g_port);
+    PUMP_UNTIL(&S, &C, S.accepts == 2);
+    raw_write(fd, bytes, n);
+    if (then_close) shutdown(fd, SHUT_WR);
+    PUMP_UNTIL(&S, &C, S.closes == 1);
+    ck_assert_msg(S.close_reason == want, "closed with %s (%s), expected %s",
+                  hs_status_str(S.close_reason), S.close_why, hs_status_str(want));
+    ck_assert_ptr_eq(S.closed_conn, S.accepted[1]);
+    ck_assert_int_eq(S.frames, 0);
+    if (expect_error_frame) raw_expect_error_then_eof(fd);
+    close(fd);
+    uint8_t buf[HS_FRAME_HEADER_BYTES + 16];
+    size_t m = make_frame(buf, HS_MSG_STATS, 0, 16);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, m), HS_OK);
+    PUMP_UNTIL(&S, &C, S.frames == 1);
+    ck_assert_int_eq(S.closes, 1);
+    ck_assert_int_eq(C.closes, 0);
+    pair_close_and_check_fds();
+}
+
+START_TEST(garbage_bytes_close_that_connection_with_a_format_error)
+{
+    uint8_t junk[64];
+    for (int i = 0; i < 64; i++) junk[i] = (uint8_t)(i * 37 + 1);
+    raw_case(junk, sizeof junk, false, HS_ERR_FORMAT, true);
+}
+END_TEST
+
+START_TEST(an_oversized_body_len_is_rejected_before_reading_the_body)
+{
+    uint8_t buf[8 + HS_FRAME_HEADER_BYTES + 16];
+    raw_message(buf, 0, HS_MSG_STATS, 16);
+    uint32_t huge = (64u << 10) + 1; /* the server's max_frame_body is 64 KiB */
+    for (int i = 0; i < 4; i++) buf[8 + 8 + i] = (uint8_t)(huge >> (8 * i));
+    raw_case(buf, 8 + HS_FRAME_HEADER_BYTES, false, HS_ERR_FORMAT, true);
+}
+END_TEST
+
+START_TEST(a_truncated_frame_then_eof_closes_with_an_io_error)
+{
+    uint8_t buf[8 + HS_FRAME_HEADER_BYTES + 100];
+    size_t n = raw_message(buf, 0, HS_MSG_STATS, 100);
+    raw_case(buf, n - 30, true, HS_ERR_IO, false);
+}
+END_TEST
+
+START_TEST(a_crc_mismatch_from_a_raw_peer_gets_an_error_frame)
+{
+    uint8_t buf[8 + HS_FRAME_HEADER_BYTES + 100];
+    size_t n = raw_message(buf, 0, HS_MSG_STATS, 100);
+    buf[n - 1] ^= 0x40;
+    raw_case(buf, n, false, HS_ERR_CHECKSUM, true);
+}
+END_TEST
+
+START_TEST(a_wrong_protocol_version_closes_with_a_mismatch)
+{
+    uint8_t buf[8 + HS_FRAME_HEADER_BYTES + 4];
+    size_t n = raw_message(buf, 0, HS_MSG_HELLO, 4);
+    buf[8 + 4] = 99; /* version */
+    raw_case(buf, n, false, HS_ERR_MISMATCH, true);
+}
+END_TEST
+
+START_TEST(transport_kinds_parse_and_print)
+{
+    hs_tp_kind_t k;
+    ck_assert_int_eq(hs_tp_kind_parse("tcp", &k), HS_OK);
+    ck_assert_int_eq(k, HS_TP_TCP);
+    ck_assert_str_eq(hs_tp_kind_str(HS_TP_TCP), "tcp");
+    ck_assert_str_eq(hs_tp_kind_str(HS_TP_UCX), "ucx");
+    ck_assert(hs_tp_kind_available(HS_TP_TCP));
+    ck_assert_int_eq(hs_tp_kind_parse("auto", &k), HS_OK);
+    ck_assert_int_eq(k, hs_tp_kind_available(HS_TP_UCX) ? HS_TP_UCX : HS_TP_TCP);
+    ck_assert_int_eq(hs_tp_kind_parse("ucx", &k),
+                     hs_tp_kind_available(HS_TP_UCX) ? HS_OK : HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(hs_tp_kind_parse("carrier-pigeon", &k), HS_ERR_INVALID);
+    if (!hs_tp_kind_available(HS_TP_UCX)) {
+        hs_tp_config_t cfg = {.kind = HS_TP_UCX};
+        hs_tp_t *tp = NULL;
+        ck_assert_int_eq(hs_tp_create(&cfg, &g_cb, NULL, &tp), HS_ERR_UNSUPPORTED);
+        ck_assert_ptr_null(tp);
+    }
+}
+END_TEST
+
+static void add_api_tests(TCase *tc)
+{
+    tcase_add_test(tc, frames_round_trip_both_ways_in_order);
+    tcase_add_test(tc, a_frame_that_breaks_the_send_rules_is_refused_locally);
+    tcase_add_test(tc, a_64MiB_payload_lands_exactly_in_dest_and_nowhere_else);
+    tcase_add_test(tc, payloads_and_frames_interleave_in_order);
+    tcase_add_test(tc, a_refused_payload_closes_the_connection_and_writes_nothing);
+    tcase_add_test(tc, a_payload_accepted_with_the_wrong_size_is_refused);
+    tcase_add_test(tc, a_crc_mismatch_closes_that_connection_only);
+    tcase_add_test(tc, wakeup_from_another_thread_unblocks_progress);
+    tcase_add_test(tc, send_completions_run_exactly_once_when_the_connection_dies);
+    tcase_add_test(tc, destroy_fails_pending_sends_and_receives_exactly_once);
+    tcase_add_test(tc, close_flushes_queued_frames_and_the_peer_sees_an_orderly_close);
+    tcase_add_test(tc, ipv6_loopback_works);
+    tcase_add_test(tc, connect_to_a_port_nobody_listens_on_times_out);
+}
+
+int main(void)
+{
+    Suite *s = suite_create("transport");
+    TCase *tc = tcase_create("common");
+    tcase_add_test(tc, transport_kinds_parse_and_print);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("tcp");
+    tcase_add_checked_fixture(tc, setup_tcp, NULL);
+    tcase_set_timeout(tc, 60);
+    add_api_tests(tc);
+    tcase_add_test(tc, garbage_bytes_close_that_connection_with_a_format_error);
+    tcase_add_test(tc, an_oversized_body_len_is_rejected_before_reading_the_body);
+    tcase_add_test(tc, a_truncated_frame_then_eof_closes_with_an_io_error);
+    tcase_add_test(tc, a_crc_mismatch_from_a_raw_peer_gets_an_error_frame);
+    tcase_add_test(tc, a_wrong_protocol_version_closes_with_a_mismatch);
+    suite_add_tcase(s, tc);
+
+    if (hs_tp_kind_available(HS_TP_UCX)) {
+        tc = tcase_create("ucx");
+        tcase_add_checked_fixture(tc, setup_ucx, NULL);
+        tcase_set_timeout(tc, 60);
+        add_api_tests(tc);
+        suite_add_tcase(s, tc);
+    } else {
+        fprintf(stderr, "transport: UCX not built in, skipping the ucx cases\n");
+    }
+
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,99 @@
+/* hs_transport_int.h - the private interface between transport.c (the public
+ * hs_tp_* entry points) and each backend (tcp.c, ucx.c).
+ *
+ * A backend allocates its own transport and connection objects, each with
+ * the common part (hs_tp_t / hs_tp_conn_t below) as its first member, and
+ * fills one hs_tp_ops_t. transport.c checks arguments that do not depend on
+ * the backend, then dispatches. Ownership rules are those of hs_transport.h.
+ */
+#ifndef HS_TRANSPORT_INT_H
+#define HS_TRANSPORT_INT_H
+
+#include <sys/socket.h>
+
+#include "hs_proto.h"
+#include "hs_transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HS__TP_PEER_CAP 64      /* "[ffff:...:ffff]:65535" fits */
+#define HS__TP_DESCRIBE_CAP 256 /* hs_tp_conn_describe() text */
+
+typedef struct hs_tp_ops hs_tp_ops_t;
+
+/* Common head of every backend's transport object. */
+struct hs_tp {
+    const hs_tp_ops_t *ops;
+    hs_tp_config_t cfg; /* defaults filled in; cfg.net_devices points at net_devices */
+    hs_tp_callbacks_t cb;
+    void *arg;
+    char *net_devices; /* owned copy of cfg->net_devices, or NULL */
+};
+
+/* Common head of every backend's connection object. */
+struct hs_tp_conn {
+    hs_tp_t *tp;
+    void *user;
+    struct sockaddr_storage peer_addr; /* ss_family AF_UNSPEC when unknown */
+    char peer[HS__TP_PEER_CAP];
+    char describe[HS__TP_DESCRIBE_CAP];
+};
+
+/* What a backend provides. Arguments were checked by transport.c: pointers
+ * are not NULL, frames passed hs__tp_frame_check(), payload_len > 0. */
+struct hs_tp_ops {
+    const char *name;
+    /* Allocates the backend object (at least sizeof(hs_tp_t), zeroed head is
+     * filled by the caller afterwards) and starts its loop. cfg has defaults
+     * applied. On failure nothing is left allocated. */
+    hs_status_t (*create)(const hs_tp_config_t *cfg, hs_tp_t **out);
+    void (*destroy)(hs_tp_t *tp);
+    hs_status_t (*listen)(hs_tp_t *tp, const char *host, uint16_t port, uint16_t *bound_port);
+    hs_status_t (*connect)(hs_tp_t *tp, const char *host, uint16_t port, int timeout_ms,
+                           hs_tp_conn_t **out);
+    hs_status_t (*send)(hs_tp_conn_t *conn, const void *frame, size_t frame_len);
+    hs_status_t (*send_payload)(hs_tp_conn_t *conn, const void *frame, size_t frame_len,
+                                const void *payload, uint64_t payload_len, hs_tp_send_cb cb,
+                                void *cb_arg);
+    hs_status_t (*recv_payload)(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie);
+    void (*close)(hs_tp_conn_t *conn, hs_status_t reason);
+    hs_status_t (*progress)(hs_tp_t *tp, int timeout_ms);
+    void (*wakeup)(hs_tp_t *tp);
+    hs_status_t (*mem_register)(hs_tp_t *tp, void *addr, size_t len);
+};
+
+extern const hs_tp_ops_t hs__tp_tcp_ops;
+#ifdef HS_HAVE_UCX
+extern const hs_tp_ops_t hs__tp_ucx_ops;
+#endif
+
+/* ---- helpers shared by the backends (transport.c) ---------------------- */
+
+/* Checks an outgoing frame: at least a header, a header that decodes with
+ * `max_body`, and frame_len == header + body_len. The frame's own crc is not
+ * recomputed (the receiver checks it). */
+hs_status_t hs__tp_frame_check(const void *frame, size_t frame_len, uint32_t max_body);
+
+/* Fills conn->peer_addr and conn->peer ("1.2.3.4:5678", "[::1]:5678"). */
+void hs__tp_conn_set_peer(hs_tp_conn_t *conn, const struct sockaddr *sa, socklen_t len);
+/* 127.0.0.0/8, ::1 and ::ffff:127.x.x.x. */
+bool hs__tp_addr_is_loopback(const struct sockaddr *sa);
+/* "1.2.3.4:5678" / "[::1]:5678" into buf[cap]. */
+void hs__tp_addr_format(const struct sockaddr *sa, char *buf, size_t cap);
+
+/* Resolves host:port for listening (passive) or connecting; the caller
+ * frees *out with freeaddrinfo(). Logs what was wrong. */
+struct addrinfo;
+hs_status_t hs__tp_resolve(const char *host, uint16_t port, bool passive, struct addrinfo **out);
+
+/* The ERROR frame a transport sends before it closes a connection for a
+ * protocol error, encoded into buf[cap]; returns its length or 0 when it
+ * cannot be built (then the connection is just closed). */
+size_t hs__tp_error_frame(hs_status_t code, const char *text, uint8_t *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_TRANSPORT_INT_H */

@@ -1,0 +1,309 @@
+/* transport.c - the public hs_tp_* entry points: argument checks that do not
+ * depend on the backend, dispatch through hs_tp_ops_t, transport kinds, and
+ * the helpers the backends share (frame checks, peer addresses, resolving,
+ * the ERROR frame). */
+#include "hs_transport_int.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static const hs_tp_ops_t *ops_for_kind(hs_tp_kind_t kind)
+{
+    switch (kind) {
+    case HS_TP_TCP:
+        return &hs__tp_tcp_ops;
+    case HS_TP_UCX:
+#ifdef HS_HAVE_UCX
+        return &hs__tp_ucx_ops;
+#else
+        return NULL;
+#endif
+    }
+    return NULL;
+}
+
+/* ---- kinds ---------------------------------------------------------------- */
+
+bool hs_tp_kind_available(hs_tp_kind_t kind) { return ops_for_kind(kind) != NULL; }
+
+const char *hs_tp_kind_str(hs_tp_kind_t kind)
+{
+    switch (kind) {
+    case HS_TP_TCP:
+        return "tcp";
+    case HS_TP_UCX:
+        return "ucx";
+    }
+    return "?";
+}
+
+hs_status_t hs_tp_kind_parse(const char *s, hs_tp_kind_t *out)
+{
+    if (!s || !out) return HS_ERR_INVALID;
+    hs_tp_kind_t k;
+    if (strcasecmp(s, "tcp") == 0) {
+        k = HS_TP_TCP;
+    } else if (strcasecmp(s, "ucx") == 0) {
+        k = HS_TP_UCX;
+        if (!hs_tp_kind_available(k)) {
+            hs_error("transport 'ucx' was asked for but this build has no UCX: "
+                     "install UCX (libucx-dev) and rebuild, or use --transport tcp");
+            return HS_ERR_UNSUPPORTED;
+        }
+    } else if (strcasecmp(s, "auto") == 0) {
+        k = hs_tp_kind_available(HS_TP_UCX) ? HS_TP_UCX : HS_TP_TCP;
+    } else {
+        hs_error("unknown transport '%s': use auto, ucx or tcp", s);
+        return HS_ERR_INVALID;
+    }
+    *out = k;
+    return HS_OK;
+}
+
+/* ---- life cycle ----------------------------------------------------------- */
+
+hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb, void *arg,
+                         hs_tp_t **out)
+{
+    if (!cfg || !cb || !out || !cb->on_frame || !cb->on_close) {
+        hs_error("hs_tp_create: config, on_frame, on_close and out are required");
+        return HS_ERR_INVALID;
+    }
+    const hs_tp_ops_t *ops = ops_for_kind(cfg->kind);
+    if (!ops) {
+        hs_error("transport '%s' is not built into this hsflow: use tcp, or rebuild with UCX",
+                 hs_tp_kind_str(cfg->kind));
+        return HS_ERR_UNSUPPORTED;
+    }
+    hs_tp_config_t c = *cfg;
+    if (c.max_frame_body == 0) c.max_frame_body = HS_FRAME_MAX_BODY;
+    if (c.max_frame_body > HS_FRAME_MAX_BODY) {
+        hs_error("transport max_frame_body %u exceeds the protocol limit %u", c.max_frame_body,
+                 HS_FRAME_MAX_BODY);
+        return HS_ERR_INVALID;
+    }
+    if (c.peer_timeout_s == 0) c.peer_timeout_s = 10;
+    char *nd = NULL;
+    if (c.net_devices) {
+        nd = strdup(c.net_devices);
+        if (!nd) return HS_ERR_NOMEM;
+        c.net_devices = nd;
+    }
+    hs_tp_t *tp = NULL;
+    hs_status_t st = ops->create(&c, &tp);
+    if (st != HS_OK) {
+        free(nd);
+        return st;
+    }
+    tp->ops = ops;
+    tp->cfg = c;
+    tp->cb = *cb;
+    tp->arg = arg;
+    tp->net_devices = nd;
+    *out = tp;
+    return HS_OK;
+}
+
+void hs_tp_destroy(hs_tp_t *tp)
+{
+    if (!tp) return;
+    char *nd = tp->net_devices;
+    tp->ops->destroy(tp);
+    free(nd);
+}
+
+hs_status_t hs_tp_listen(hs_tp_t *tp, const char *host, uint16_t port, uint16_t *bound_port)
+{
+    if (!tp || !host) return HS_ERR_INVALID;
+    if (!tp->cb.on_accept) {
+        hs_error("hs_tp_listen: the transport was created without an on_accept callback");
+        return HS_ERR_INVALID;
+    }
+    return tp->ops->listen(tp, host, port, bound_port);
+}
+
+hs_status_t hs_tp_connect(hs_tp_t *tp, const char *host, uint16_t port, int timeout_ms,
+                          hs_tp_conn_t **out)
+{
+    if (!tp || !host || !out) return HS_ERR_INVALID;
+    if (port == 0) {
+        hs_error("cannot connect to %s port 0: give the consumer's port", host);
+        return HS_ERR_INVALID;
+    }
+    return tp->ops->connect(tp, host, port, timeout_ms, out);
+}
+
+/* ---- data ----------------------------------------------------------------- */
+
+hs_status_t hs__tp_frame_check(const void *frame, size_t frame_len, uint32_t max_body)
+{
+    if (!frame || frame_len < HS_FRAME_HEADER_BYTES) {
+        hs_error("refusing to send a frame of %zu bytes: a frame has a %u-byte header", frame_len,
+                 HS_FRAME_HEADER_BYTES);
+        return HS_ERR_INVALID;
+    }
+    hs_frame_header_t h;
+    char why[160];
+    if (hs_frame_header_decode(frame, max_body, &h, why, sizeof why) != HS_OK) {
+        hs_error("refusing to send a bad frame: %s", why);
+        return HS_ERR_INVALID;
+    }
+    if ((size_t)h.body_len + HS_FRAME_HEADER_BYTES != frame_len) {
+        hs_error("refusing to send a %s frame of %zu bytes whose header says %u body bytes",
+                 hs_msg_type_str(h.type), frame_len, h.body_len);
+        return HS_ERR_INVALID;
+    }
+    return HS_OK;
+}
+
+hs_status_t hs_tp_send(hs_tp_conn_t *conn, const void *frame, size_t frame_len)
+{
+    if (!conn) return HS_ERR_INVALID;
+    hs_status_t st = hs__tp_frame_check(frame, frame_len, conn->tp->cfg.max_frame_body);
+    if (st != HS_OK) return st;
+    return conn->tp->ops->send(conn, frame, frame_len);
+}
+
+hs_status_t hs_tp_send_payload(hs_tp_conn_t *conn, const void *frame, size_t frame_len,
+                               const void *payload, uint64_t payload_len, hs_tp_send_cb cb,
+                               void *cb_arg)
+{
+    if (!conn || !payload || payload_len == 0) {
+        hs_error("hs_tp_send_payload: a payload of at least one byte is required "
+                 "(send a plain frame with hs_tp_send otherwise)");
+        return HS_ERR_INVALID;
+    }
+    hs_status_t st = hs__tp_frame_check(frame, frame_len, conn->tp->cfg.max_frame_body);
+    if (st != HS_OK) return st;
+    return conn->tp->ops->send_payload(conn, frame, frame_len, payload, payload_len, cb, cb_arg);
+}
+
+hs_status_t hs_tp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie)
+{
+    if (!conn || !dest || bytes == 0) return HS_ERR_INVALID;
+    return conn->tp->ops->recv_payload(conn, dest, bytes, cookie);
+}
+
+void hs_tp_close(hs_tp_conn_t *conn, hs_status_t reason)
+{
+    if (!conn) return;
+    conn->tp->ops->close(conn, reason);
+}
+
+hs_status_t hs_tp_progress(hs_tp_t *tp, int timeout_ms)
+{
+    if (!tp) return HS_ERR_INVALID;
+    return tp->ops->progress(tp, timeout_ms);
+}
+
+void hs_tp_wakeup(hs_tp_t *tp)
+{
+    if (tp) tp->ops->wakeup(tp);
+}
+
+hs_status_t hs_tp_mem_register(hs_tp_t *tp, void *addr, size_t len)
+{
+    if (!tp || !addr || len == 0) return HS_ERR_INVALID;
+    return tp->ops->mem_register(tp, addr, len);
+}
+
+/* ---- connection info ------------------------------------------------------ */
+
+const char *hs_tp_conn_peer(const hs_tp_conn_t *conn) { return conn ? conn->peer : "?"; }
+
+bool hs_tp_conn_is_loopback(const hs_tp_conn_t *conn)
+{
+    return conn && hs__tp_addr_is_loopback((const struct sockaddr *)&conn->peer_addr);
+}
+
+const char *hs_tp_conn_describe(const hs_tp_conn_t *conn) { return conn ? conn->describe : "?"; }
+
+void hs_tp_conn_set_user(hs_tp_conn_t *conn, void *user)
+{
+    if (conn) conn->user = user;
+}
+
+void *hs_tp_conn_get_user(const hs_tp_conn_t *conn) { return conn ? conn->user : NULL; }
+
+/* ---- addresses ------------------------------------------------------------ */
+
+bool hs__tp_addr_is_loopback(const struct sockaddr *sa)
+{
+    if (!sa) return false;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(a)) return true;
+        return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+    }
+    return false;
+}
+
+void hs__tp_addr_format(const struct sockaddr *sa, char *buf, size_t cap)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (sa && sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+        snprintf(buf, cap, "%s:%u", host, ntohs(in->sin_port));
+    } else if (sa && sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+        snprintf(buf, cap, "[%s]:%u", host, ntohs(in6->sin6_port));
+    } else {
+        snprintf(buf, cap, "?");
+    }
+}
+
+void hs__tp_conn_set_peer(hs_tp_conn_t *conn, const struct sockaddr *sa, socklen_t len)
+{
+    memset(&conn->peer_addr, 0, sizeof conn->peer_addr);
+    if (sa && len > 0 && (size_t)len <= sizeof conn->peer_addr) memcpy(&conn->peer_addr, sa, len);
+    hs__tp_addr_format((const struct sockaddr *)&conn->peer_addr, conn->peer, sizeof conn->peer);
+}
+
+hs_status_t hs__tp_resolve(const char *host, uint16_t port, bool passive, struct addrinfo **out)
+{
+    struct addrinfo hints = {0};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+    char ps[8];
+    snprintf(ps, sizeof ps, "%u", port);
+    /* "[::1]" as given on a command line works too */
+    char h[256];
+    size_t n = strlen(host);
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']' && n - 2 < sizeof h) {
+        memcpy(h, host + 1, n - 2);
+        h[n - 2] = '\0';
+    } else if (n < sizeof h) {
+        memcpy(h, host, n + 1);
+    } else {
+        hs_error("host name of %zu characters is too long", n);
+        return HS_ERR_INVALID;
+    }
+    int rc = getaddrinfo(h[0] ? h : NULL, ps, &hints, out);
+    if (rc != 0) {
+        hs_error("cannot resolve '%s' port %u: %s; give an IP address or a resolvable host name",
+                 host, port, gai_strerror(rc));
+        return HS_ERR_INVALID;
+    }
+    return HS_OK;
+}
+
+/* ---- ERROR frame ---------------------------------------------------------- */
+
+size_t hs__tp_error_frame(hs_status_t code, const char *text, uint8_t *buf, size_t cap)
+{
+    size_t len = 0;
+    if (hs_msg_error_frame(code, text, buf, cap, &len) != HS_OK) return 0;
+    return len;
+}
