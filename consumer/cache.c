@@ -47,8 +47,8 @@ struct hs_cache {
     uint64_t chunk_bytes;
     uint64_t pinned_end; /* [0, pinned_end) registered, in chunk_bytes pieces */
     int cuda_device;
-    bool pin_wanted;     /* pinning asked for and possible in this build */
-    bool pin;            /* still trying to pin */
+    bool pin_wanted; /* pinning asked for and possible in this build */
+    bool pin;        /* still trying to pin */
     bool pin_failed;
     bool stopping;
     double prepare_s;
@@ -119,7 +119,8 @@ static void cache_prefault(uint8_t *p, uint64_t len)
     if (madvise(p, len, MADV_POPULATE_WRITE) == 0) return;
     /* older kernels: touch one byte per page */
     long pg = sysconf(_SC_PAGESIZE);
-    for (uint64_t o = 0; o < len; o += (uint64_t)pg) ((volatile uint8_t *)p)[o] = 0;
+    for (uint64_t o = 0; o < len; o += (uint64_t)pg)
+        ((volatile uint8_t *)p)[o] = 0;
 }
 
 /* Pin [p, p+len); false (after one warning) if pinning does not work here. */
@@ -129,11 +130,12 @@ static bool cache_pin_chunk(hs_cache_t *c, uint8_t *p, uint64_t len)
     cudaError_t e = cudaSetDevice(c->cuda_device);
     if (e == cudaSuccess) e = cudaHostRegister(p, len, cudaHostRegisterPortable);
     if (e == cudaSuccess) return true;
-    hs_warn("cache: cudaHostRegister of %llu bytes at offset %llu failed (%s); the remaining "
-            "%.1f GiB of the cache stay unpinned, so host-to-device copies from them will be slower",
-            (unsigned long long)len, (unsigned long long)(p - c->base), cudaGetErrorString(e),
-            (double)(c->capacity - (uint64_t)(p - c->base)) / (1ull << 30));
-    (void)cudaGetLastError(); /* clear the sticky-free error state */
+    hs_warn(
+        "cache: cudaHostRegister of %llu bytes at offset %llu failed (%s); the remaining "
+        "%.1f GiB of the cache stay unpinned, so host-to-device copies from them will be slower",
+        (unsigned long long)len, (unsigned long long)(p - c->base), cudaGetErrorString(e),
+        (double)(c->capacity - (uint64_t)(p - c->base)) / (1ull << 30));
+    (void)cudaGetLastError(); /* so later CUDA calls do not report this error again */
     return false;
 #else
     (void)c;
@@ -166,8 +168,10 @@ bool hs_cache_prepare_next(hs_cache_t *c)
     double dt = hs_now_s() - t0;
 
     pthread_mutex_lock(&c->lock);
-    if (pinned) c->pinned_end = off + len;
-    else if (c->pin_wanted) c->pin_failed = true;
+    if (pinned)
+        c->pinned_end = off + len;
+    else if (c->pin_wanted)
+        c->pin_failed = true;
     c->prepare_s += dt;
     hs_status_t st = cache_grow_locked(c, len);
     bool done = c->ready_end >= c->capacity;
@@ -194,7 +198,8 @@ static void *cache_prepare_main(void *arg)
 void hs_cache_wait_prepared(hs_cache_t *c)
 {
     pthread_mutex_lock(&c->lock);
-    while (c->ready_end < c->capacity && !c->stopping) pthread_cond_wait(&c->prepared_cv, &c->lock);
+    while (c->ready_end < c->capacity && !c->stopping)
+        pthread_cond_wait(&c->prepared_cv, &c->lock);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -202,7 +207,8 @@ void hs_cache_wait_prepared(hs_cache_t *c)
 
 hs_status_t hs_cache_create(uint64_t capacity, uint32_t flags, hs_cache_t **out)
 {
-    hs_cache_config_t cfg = {.capacity = capacity, .flags = flags, .chunk_bytes = 0, .cuda_device = -1};
+    hs_cache_config_t cfg = {
+        .capacity = capacity, .flags = flags, .chunk_bytes = 0, .cuda_device = -1};
     return hs_cache_create_ex(&cfg, out);
 }
 
@@ -213,8 +219,9 @@ hs_status_t hs_cache_create_ex(const hs_cache_config_t *cfg, hs_cache_t **out)
     if (pg < HS_CACHE_SLOT_ALIGN) pg = HS_CACHE_SLOT_ALIGN;
     uint64_t capacity = cfg->capacity / pg * pg;
     if (capacity == 0) {
-        hs_error("cache: capacity of %llu bytes is less than one page (%llu); give a larger cache size",
-                 (unsigned long long)cfg->capacity, (unsigned long long)pg);
+        hs_error(
+            "cache: capacity of %llu bytes is less than one page (%llu); give a larger cache size",
+            (unsigned long long)cfg->capacity, (unsigned long long)pg);
         return HS_ERR_INVALID;
     }
     uint64_t chunk = cfg->chunk_bytes ? hs_align_up(cfg->chunk_bytes, pg) : HS_CACHE_DEFAULT_CHUNK;
@@ -232,7 +239,8 @@ hs_status_t hs_cache_create_ex(const hs_cache_config_t *cfg, hs_cache_t **out)
      * transparent huge pages can back the whole region. */
     uint64_t align = capacity >= HS_CACHE_HUGE_ALIGN ? HS_CACHE_HUGE_ALIGN : pg;
     uint64_t span = capacity + align;
-    void *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
     if (m == MAP_FAILED) {
         hs_error("cache: mmap of %llu bytes failed: %m; lower the cache size",
                  (unsigned long long)span);
@@ -280,8 +288,9 @@ hs_status_t hs_cache_create_ex(const hs_cache_config_t *cfg, hs_cache_t **out)
         c->has_thread = true;
     }
     hs_info("cache: %.2f GiB at %p, %s", (double)capacity / (1ull << 30), (void *)c->base,
-            want_pin ? "pinning in the background"
-                     : (cfg->flags & HS_CACHE_PREFAULT) ? "prefaulting in the background" : "unpinned");
+            want_pin                           ? "pinning in the background"
+            : (cfg->flags & HS_CACHE_PREFAULT) ? "prefaulting in the background"
+                                               : "unpinned");
     *out = c;
     return HS_OK;
 
@@ -307,8 +316,9 @@ void hs_cache_destroy(hs_cache_t *c)
 #ifdef HS_HAVE_CUDA
     for (uint64_t off = 0; off < c->pinned_end; off += c->chunk_bytes) {
         cudaError_t e = cudaHostUnregister(c->base + off);
-        if (e != cudaSuccess) hs_warn("cache: cudaHostUnregister at offset %llu: %s",
-                                      (unsigned long long)off, cudaGetErrorString(e));
+        if (e != cudaSuccess)
+            hs_warn("cache: cudaHostUnregister at offset %llu: %s", (unsigned long long)off,
+                    cudaGetErrorString(e));
     }
 #endif
     munmap(c->base, c->map_bytes);
@@ -324,13 +334,15 @@ void hs_cache_destroy(hs_cache_t *c)
 hs_status_t hs_cache_reserve(hs_cache_t *c, uint64_t bytes, hs_cache_slot_t *out)
 {
     if (bytes == 0) {
-        hs_error("cache: reserve of an empty slot; every batch has a header, so its size cannot be 0");
+        hs_error(
+            "cache: reserve of an empty slot; every batch has a header, so its size cannot be 0");
         return HS_ERR_INVALID;
     }
     if (bytes > c->capacity) {
-        hs_error("cache: a slot of %llu bytes can never fit a cache of %llu bytes; raise the cache size "
-                 "or lower the token budget",
-                 (unsigned long long)bytes, (unsigned long long)c->capacity);
+        hs_error(
+            "cache: a slot of %llu bytes can never fit a cache of %llu bytes; raise the cache size "
+            "or lower the token budget",
+            (unsigned long long)bytes, (unsigned long long)c->capacity);
         return HS_ERR_INVALID;
     }
     uint64_t need = hs_align_up(bytes, HS_CACHE_SLOT_ALIGN);
@@ -405,13 +417,59 @@ bool hs_cache_contains(const hs_cache_t *c, const void *p, uint64_t bytes)
     hs_cache_t *mc = (hs_cache_t *)c; /* the lock is the only thing touched */
     pthread_mutex_lock(&mc->lock);
     int64_t i = cache_blocks_find(c, off);
-    bool in = i >= 0 && c->blocks[i].used && off + bytes <= c->blocks[i].offset + c->blocks[i].bytes;
+    bool in =
+        i >= 0 && c->blocks[i].used && off + bytes <= c->blocks[i].offset + c->blocks[i].bytes;
     pthread_mutex_unlock(&mc->lock);
     return in;
 }
 
-void *hs_cache_base(const hs_cache_t *c) { return c->base; }
-uint64_t hs_cache_capacity(const hs_cache_t *c) { return c->capacity; }
+void *hs_cache_base(const hs_cache_t *c)
+{
+    return c->base;
+}
+uint64_t hs_cache_chunk_bytes(const hs_cache_t *c)
+{
+    return c->chunk_bytes;
+}
+
+hs_status_t hs_cache_copy_to_device(const hs_cache_t *c, void *dst, uint64_t offset, uint64_t bytes,
+                                    void *stream)
+{
+    if (offset > c->capacity || bytes > c->capacity - offset) {
+        hs_error("cache: copy of %llu bytes at offset %llu runs past the cache's %llu bytes",
+                 (unsigned long long)bytes, (unsigned long long)offset,
+                 (unsigned long long)c->capacity);
+        return HS_ERR_INVALID;
+    }
+#ifdef HS_HAVE_CUDA
+    uint8_t *d = dst;
+    while (bytes) {
+        uint64_t piece = c->chunk_bytes - offset % c->chunk_bytes;
+        if (piece > bytes) piece = bytes;
+        cudaError_t e = cudaMemcpyAsync(d, c->base + offset, piece, cudaMemcpyHostToDevice,
+                                        (cudaStream_t)stream);
+        if (e != cudaSuccess) {
+            hs_error("cache: cudaMemcpyAsync of %llu bytes from cache offset %llu failed: %s",
+                     (unsigned long long)piece, (unsigned long long)offset, cudaGetErrorString(e));
+            return HS_ERR_CUDA;
+        }
+        d += piece;
+        offset += piece;
+        bytes -= piece;
+    }
+    return HS_OK;
+#else
+    (void)dst;
+    (void)stream;
+    hs_error(
+        "cache: this build has no CUDA; copy from hs_cache_base() + offset on the host instead");
+    return HS_ERR_UNSUPPORTED;
+#endif
+}
+uint64_t hs_cache_capacity(const hs_cache_t *c)
+{
+    return c->capacity;
+}
 
 void hs_cache_stats(const hs_cache_t *c, hs_cache_stats_t *out)
 {

@@ -54,12 +54,12 @@ typedef struct {
 } hs_cache_slot_t;
 
 typedef struct {
-    uint64_t capacity;       /* region size */
-    uint64_t ready_bytes;    /* prepared prefix that reserve may hand out */
-    uint64_t used;           /* bytes in live slots */
-    uint64_t free_bytes;     /* ready bytes not in a slot */
-    uint64_t largest_free;   /* largest free extent: the largest reserve that succeeds now */
-    uint64_t n_slots;        /* live slots */
+    uint64_t capacity;     /* region size */
+    uint64_t ready_bytes;  /* prepared prefix that reserve may hand out */
+    uint64_t used;         /* bytes in live slots */
+    uint64_t free_bytes;   /* ready bytes not in a slot */
+    uint64_t largest_free; /* largest free extent: the largest reserve that succeeds now */
+    uint64_t n_slots;      /* live slots */
     uint64_t n_free_extents;
     uint64_t pinned_bytes;   /* registered with CUDA */
     uint64_t high_water;     /* most bytes ever in live slots at once */
@@ -99,6 +99,20 @@ bool hs_cache_contains(const hs_cache_t *c, const void *p, uint64_t bytes);
 void *hs_cache_base(const hs_cache_t *c);
 uint64_t hs_cache_capacity(const hs_cache_t *c);
 void hs_cache_stats(const hs_cache_t *c, hs_cache_stats_t *out);
+
+/* CUDA rejects (invalid argument) one copy whose host range spans two
+ * cudaHostRegister registrations, and the cache is registered one chunk at a
+ * time: copies from the cache must be split at multiples of the chunk size
+ * from the base. Split copies run at full pinned speed (55 GB/s H2D measured
+ * on an H200 with 256 MiB and 1 GiB chunks). */
+uint64_t hs_cache_chunk_bytes(const hs_cache_t *c);
+/* Queue the copy of cache bytes [offset, offset+bytes) to device memory
+ * `dst` on `stream` (a cudaStream_t; NULL = the default stream), split at
+ * chunk boundaries. The range must lie inside the region; the caller keeps
+ * the slot alive until the stream has passed the copy. HS_ERR_CUDA (logged)
+ * if a copy cannot be queued; HS_ERR_UNSUPPORTED in a build without CUDA. */
+hs_status_t hs_cache_copy_to_device(const hs_cache_t *c, void *dst, uint64_t offset, uint64_t bytes,
+                                    void *stream);
 
 /* Prepare the next chunk on the calling thread (HS_CACHE_MANUAL_PREPARE).
  * Returns false when every chunk is already prepared. */

@@ -71,7 +71,8 @@ static void peer_reap(hs_consumer_t *c, peer_t *p)
     }
     if (c->plan_sender == p->id) c->plan_sender = 0;
     peer_t **pp = &c->peers;
-    while (*pp != p) pp = &(*pp)->next;
+    while (*pp != p)
+        pp = &(*pp)->next;
     *pp = p->next;
     free(p->hello_body);
     free(p);
@@ -175,8 +176,8 @@ static void on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t 
         c->have_run = true;
         char desc[160];
         hs_layout_describe(&layout, desc, sizeof(desc));
-        hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens",
-                p->name, desc, (unsigned long long)c->plan_hash, c->n_batches, c->token_budget);
+        hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens", p->name,
+                desc, (unsigned long long)c->plan_hash, c->n_batches, c->token_budget);
     }
     p->workers = h->workers;
     p->prefetch = c->cfg.prefetch;
@@ -305,9 +306,9 @@ static void on_plan(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t l
         }
     }
     if (pl->first_batch != c->plan_received || pl->n_n_seqs > c->n_batches - c->plan_received) {
-        peer_drop(c, p, HS_ERR_PROTO, "PLAN page for batches %u..%zu, expected to start at %u of %u",
-                  pl->first_batch, pl->first_batch + pl->n_n_seqs, c->plan_received,
-                  c->n_batches);
+        peer_drop(c, p, HS_ERR_PROTO,
+                  "PLAN page for batches %u..%zu, expected to start at %u of %u", pl->first_batch,
+                  pl->first_batch + pl->n_n_seqs, c->plan_received, c->n_batches);
         goto out;
     }
     for (size_t i = 0; i < pl->n_n_seqs; i++) {
@@ -353,7 +354,8 @@ static void on_done(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t l
         peer_drop(c, p, HS_ERR_PROTO, "DONE for ticket %llu, which this producer does not hold",
                   (unsigned long long)d->ticket_id);
     } else if (d->epoch != it.epoch || d->batch != it.batch) {
-        peer_drop(c, p, HS_ERR_PROTO, "DONE for ticket %llu names batch %u/%u, the ticket was for %u/%u",
+        peer_drop(c, p, HS_ERR_PROTO,
+                  "DONE for ticket %llu names batch %u/%u, the ticket was for %u/%u",
                   (unsigned long long)d->ticket_id, d->epoch, d->batch, it.epoch, it.batch);
     } else if (payload_bytes != it.bytes || d->bytes != it.bytes) {
         peer_drop(c, p, HS_ERR_PROTO,
@@ -463,7 +465,8 @@ static void *verify_main(void *arg)
     hs_consumer_t *c = arg;
     pthread_mutex_lock(&c->vlock);
     for (;;) {
-        while (!c->vjobs_n && !c->vstop) pthread_cond_wait(&c->vcond, &c->vlock);
+        while (!c->vjobs_n && !c->vstop)
+            pthread_cond_wait(&c->vcond, &c->vlock);
         if (c->vstop) break;
         verify_job_t *j = c->vjobs;
         c->vjobs = j->next;
@@ -471,12 +474,12 @@ static void *verify_main(void *arg)
         pthread_mutex_unlock(&c->vlock);
 
         const uint8_t *region = (const uint8_t *)hs_cache_base(c->cache) + j->item.slot_offset;
-        j->status = hs_batch_verify(region, j->item.bytes, j->item.epoch, j->item.batch,
-                                    j->item.n_seqs, j->item.n_tokens, &c->layout, j->why,
-                                    sizeof(j->why));
+        j->status =
+            hs_batch_verify(region, j->item.bytes, j->item.epoch, j->item.batch, j->item.n_seqs,
+                            j->item.n_tokens, &c->layout, j->why, sizeof(j->why));
         if (j->status == HS_OK && c->cfg.verify_synthetic) {
-            hs_batch_view_t v = hs_batch_view((void *)region, j->item.n_seqs, j->item.n_tokens,
-                                              &c->layout);
+            hs_batch_view_t v =
+                hs_batch_view((void *)region, j->item.n_seqs, j->item.n_tokens, &c->layout);
             j->status = hs_batch_synth_check(&v, &c->layout, j->why, sizeof(j->why));
         }
 
@@ -564,11 +567,21 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
         return;
     }
     switch (type) {
-    case HS_MSG_HELLO: on_hello(c, p, body, body_len); break;
-    case HS_MSG_AUTH: on_auth(c, p, body, body_len); break;
-    case HS_MSG_PLAN: on_plan(c, p, body, body_len); break;
-    case HS_MSG_DONE: on_done(c, p, body, body_len, payload_bytes); break;
-    case HS_MSG_STATS: on_stats(c, p, body, body_len); break;
+    case HS_MSG_HELLO:
+        on_hello(c, p, body, body_len);
+        break;
+    case HS_MSG_AUTH:
+        on_auth(c, p, body, body_len);
+        break;
+    case HS_MSG_PLAN:
+        on_plan(c, p, body, body_len);
+        break;
+    case HS_MSG_DONE:
+        on_done(c, p, body, body_len, payload_bytes);
+        break;
+    case HS_MSG_STATS:
+        on_stats(c, p, body, body_len);
+        break;
     case HS_MSG_BYE:
         hs_info("producer %s says goodbye", p->name);
         hs_tp_close(conn, HS_ERR_CLOSED);
@@ -584,8 +597,7 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
         break;
     }
     default:
-        peer_drop(c, p, HS_ERR_PROTO, "unexpected %s frame from a producer",
-                  hs_msg_type_str(type));
+        peer_drop(c, p, HS_ERR_PROTO, "unexpected %s frame from a producer", hs_msg_type_str(type));
     }
 }
 
@@ -683,7 +695,8 @@ static void collect_released(hs_consumer_t *c)
         c->released_n -= n;
         memcpy(tickets, c->released + c->released_n, n * sizeof(uint64_t));
         pthread_mutex_unlock(&c->lock);
-        for (uint32_t i = 0; i < n; i++) hs_sched_release(c->sched, tickets[i]);
+        for (uint32_t i = 0; i < n; i++)
+            hs_sched_release(c->sched, tickets[i]);
     } while (n == 256);
 }
 
@@ -805,7 +818,8 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     hs_info("listening on %s:%u (%s), cache %.2f GiB, %u epoch(s), order %s, %s", cfg->listen_host,
             c->port, hs_tp_kind_str(tc.kind), (double)hs_cache_capacity(c->cache) / (1 << 30),
             cfg->epochs, cfg->order == HS_ORDER_PLAN ? "plan" : "arrival",
-            c->have_secret ? "HMAC auth" : (cfg->insecure ? "INSECURE: any peer" : "loopback peers only"));
+            c->have_secret ? "HMAC auth"
+                           : (cfg->insecure ? "INSECURE: any peer" : "loopback peers only"));
     *out = c;
     return HS_OK;
 
@@ -814,7 +828,8 @@ err_threads:
     c->vstop = true;
     pthread_cond_broadcast(&c->vcond);
     pthread_mutex_unlock(&c->vlock);
-    for (uint32_t i = 0; i < c->n_verify; i++) pthread_join(c->verify_threads[i], NULL);
+    for (uint32_t i = 0; i < c->n_verify; i++)
+        pthread_join(c->verify_threads[i], NULL);
     free(c->verify_threads);
 err_tp:
     hs_tp_destroy(c->tp);
@@ -825,7 +840,10 @@ err_free:
     return st;
 }
 
-uint16_t hs_consumer_port(const hs_consumer_t *c) { return c->port; }
+uint16_t hs_consumer_port(const hs_consumer_t *c)
+{
+    return c->port;
+}
 
 hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
 {
@@ -997,7 +1015,8 @@ void hs_consumer_destroy(hs_consumer_t *c)
     c->vstop = true;
     pthread_cond_broadcast(&c->vcond);
     pthread_mutex_unlock(&c->vlock);
-    for (uint32_t i = 0; i < c->n_verify; i++) pthread_join(c->verify_threads[i], NULL);
+    for (uint32_t i = 0; i < c->n_verify; i++)
+        pthread_join(c->verify_threads[i], NULL);
     free(c->verify_threads);
     for (verify_job_t *j = c->vjobs, *n; j; j = n) {
         n = j->next;
@@ -1029,4 +1048,7 @@ void hs_consumer_destroy(hs_consumer_t *c)
     free(c);
 }
 
-const char *hsflow_status_str(hs_status_code_t status) { return hs_status_str(status); }
+const char *hsflow_status_str(hs_status_code_t status)
+{
+    return hs_status_str(status);
+}

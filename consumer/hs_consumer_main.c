@@ -28,7 +28,8 @@ static const char usage[] =
     "  --listen HOST:PORT     address to listen on (default 0.0.0.0:7000)\n"
     "  --cache-gb N           host-RAM cache in GiB, fractions allowed (default 4)\n"
     "  --epochs E             epochs to deliver (default 1)\n"
-    "  --gpu none|K           deliver batches to GPU K, or keep them in host memory (default none)\n"
+    "  --gpu none|K           deliver batches to GPU K, or keep them in host memory (default "
+    "none)\n"
     "  --order arrival|plan   delivery order: as verified (default) or strict plan order\n"
     "  --prefetch N           tickets queued per producer worker (default 2)\n"
     "  --verify-synthetic     check every hidden-state element against the synthetic source\n"
@@ -59,9 +60,21 @@ typedef struct {
 } options_t;
 
 enum {
-    OPT_LISTEN = 1000, OPT_CACHE_GB, OPT_EPOCHS, OPT_GPU, OPT_ORDER, OPT_PREFETCH,
-    OPT_VERIFY_SYNTH, OPT_VERIFY_THREADS, OPT_SECRET, OPT_INSECURE, OPT_TRANSPORT, OPT_TRAIN_MS,
-    OPT_SUMMARY, OPT_STATUS, OPT_LOOPBACK,
+    OPT_LISTEN = 1000,
+    OPT_CACHE_GB,
+    OPT_EPOCHS,
+    OPT_GPU,
+    OPT_ORDER,
+    OPT_PREFETCH,
+    OPT_VERIFY_SYNTH,
+    OPT_VERIFY_THREADS,
+    OPT_SECRET,
+    OPT_INSECURE,
+    OPT_TRANSPORT,
+    OPT_TRAIN_MS,
+    OPT_SUMMARY,
+    OPT_STATUS,
+    OPT_LOOPBACK,
 };
 
 static const struct option long_options[] = {
@@ -96,7 +109,9 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     uint64_t u;
     double d;
     switch (opt) {
-    case 'h': fputs(usage, stdout); return 3;
+    case 'h':
+        fputs(usage, stdout);
+        return 3;
     case OPT_LISTEN: {
         uint16_t port;
         if (hs_parse_hostport(arg, o->host, sizeof(o->host), &port) != HS_OK)
@@ -137,14 +152,20 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
             return bad("prefetch", arg, from, "expected 1..64");
         o->cfg.prefetch = (uint32_t)u;
         return 0;
-    case OPT_VERIFY_SYNTH: o->cfg.verify_synthetic = true; return 0;
+    case OPT_VERIFY_SYNTH:
+        o->cfg.verify_synthetic = true;
+        return 0;
     case OPT_VERIFY_THREADS:
         if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 64)
             return bad("verify-threads", arg, from, "expected 1..64");
         o->cfg.verify_threads = (uint32_t)u;
         return 0;
-    case OPT_SECRET: o->cfg.secret_file = arg; return 0;
-    case OPT_INSECURE: o->cfg.insecure = true; return 0;
+    case OPT_SECRET:
+        o->cfg.secret_file = arg;
+        return 0;
+    case OPT_INSECURE:
+        o->cfg.insecure = true;
+        return 0;
     case OPT_TRANSPORT:
         if (strcmp(arg, "auto") && strcmp(arg, "tcp") && strcmp(arg, "ucx"))
             return bad("transport", arg, from, "expected auto, tcp or ucx");
@@ -155,7 +176,9 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
             return bad("train-ms", arg, from, "expected milliseconds, 0..600000");
         o->train_ms = (unsigned)u;
         return 0;
-    case OPT_SUMMARY: o->summary_json = arg; return 0;
+    case OPT_SUMMARY:
+        o->summary_json = arg;
+        return 0;
     case OPT_STATUS:
         if (hs_parse_double(arg, &d) != HS_OK || d < 0)
             return bad("status-interval", arg, from, "expected seconds >= 0");
@@ -211,7 +234,8 @@ static pid_t spawn_producer(const char *bin, uint16_t port, int index, int nargs
     argv[k++] = to;
     argv[k++] = "--name";
     argv[k++] = name;
-    for (int i = 0; i < nargs; i++) argv[k++] = args[i];
+    for (int i = 0; i < nargs; i++)
+        argv[k++] = args[i];
     argv[k] = NULL;
     pid_t pid = fork();
     if (pid == 0) {
@@ -278,8 +302,8 @@ int main(int argc, char **argv)
         char bin[PATH_MAX];
         producer_path(bin, sizeof(bin));
         for (int i = 0; i < o.loopback; i++) {
-            pids[i] = spawn_producer(bin, hs_consumer_port(c), i, argc - split - 1,
-                                     argv + split + 1);
+            pids[i] =
+                spawn_producer(bin, hs_consumer_port(c), i, argc - split - 1, argv + split + 1);
             if (pids[i] > 0) alive++;
         }
         hs_info("started %d local producer(s): %s --to 127.0.0.1:%u ...", alive, bin,

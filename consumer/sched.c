@@ -57,8 +57,30 @@ struct hs_sched {
 
     uint64_t next_ticket;
     uint64_t planned, fresh_taken;
-    uint64_t leased, filled, delivering, issued, delivered, released, returned, requeued, duplicates;
+    uint64_t leased, filled, delivering, issued, delivered, released, returned, requeued,
+        duplicates;
 };
+
+hs_status_t hs_sched_order_parse(const char *str, hs_sched_order_t *out)
+{
+    if (str && strcmp(str, "arrival") == 0) {
+        *out = HS_SCHED_ARRIVAL;
+        return HS_OK;
+    }
+    if (str && strcmp(str, "plan") == 0) {
+        *out = HS_SCHED_PLAN;
+        return HS_OK;
+    }
+    hs_error("sched: unknown delivery order '%s'; use arrival (as completed) or plan (strict plan "
+             "order)",
+             str ? str : "(null)");
+    return HS_ERR_INVALID;
+}
+
+const char *hs_sched_order_str(hs_sched_order_t order)
+{
+    return order == HS_SCHED_PLAN ? "plan" : order == HS_SCHED_ARRIVAL ? "arrival" : "unknown";
+}
 
 /* ---- small helpers ------------------------------------------------------- */
 
@@ -66,7 +88,8 @@ static hs_status_t sched_grow(void **arr, uint32_t *cap, uint32_t need, size_t e
 {
     if (need <= *cap) return HS_OK;
     uint32_t ncap = *cap ? *cap : 16;
-    while (ncap < need) ncap *= 2;
+    while (ncap < need)
+        ncap *= 2;
     void *p = realloc(*arr, (size_t)ncap * elem);
     if (!p) {
         hs_error("sched: out of memory growing a table to %u entries", ncap);
@@ -155,7 +178,8 @@ static uint32_t sched_ht_find(const hs_sched_t *s, uint64_t key)
 static void sched_ht_put_nogrow(hs_sched_t *s, uint64_t key, uint32_t val)
 {
     uint32_t i = sched_ht_home(s, key);
-    while (s->ht_key[i] != 0) i = (i + 1) & (s->ht_cap - 1);
+    while (s->ht_key[i] != 0)
+        i = (i + 1) & (s->ht_cap - 1);
     s->ht_key[i] = key;
     s->ht_val[i] = val;
     s->ht_n++;
@@ -191,7 +215,8 @@ static hs_status_t sched_ht_reserve(hs_sched_t *s)
 static void sched_ht_del(hs_sched_t *s, uint64_t key)
 {
     uint32_t mask = s->ht_cap - 1, i = sched_ht_home(s, key);
-    while (s->ht_key[i] != key) i = (i + 1) & mask;
+    while (s->ht_key[i] != key)
+        i = (i + 1) & mask;
     for (uint32_t j = i;;) {
         j = (j + 1) & mask;
         if (s->ht_key[j] == 0) break;
@@ -239,7 +264,8 @@ hs_status_t hs_sched_create(const hs_sched_config_t *cfg, hs_sched_t **out)
         return HS_ERR_INVALID;
     }
     if (cfg->epochs == 0 || cfg->start_epoch >= cfg->epochs) {
-        hs_error("sched: start epoch %u is not below the number of epochs %u; check --epochs and the resume state",
+        hs_error("sched: start epoch %u is not below the number of epochs %u; check --epochs and "
+                 "the resume state",
                  cfg->start_epoch, cfg->epochs);
         return HS_ERR_INVALID;
     }
@@ -345,7 +371,8 @@ hs_status_t hs_sched_lease(hs_sched_t *s, uint64_t conn, uint64_t slot_offset, u
     if (!s->n_ret && s->issue.epoch >= s->epochs) return HS_ERR_NOT_FOUND;
     if (s->n_ret && s->recs[s->ret[s->n_ret - 1]].slot != slot_offset) {
         hs_error("sched: leasing a returned item with slot %llu, but it keeps slot %llu",
-                 (unsigned long long)slot_offset, (unsigned long long)s->recs[s->ret[s->n_ret - 1]].slot);
+                 (unsigned long long)slot_offset,
+                 (unsigned long long)s->recs[s->ret[s->n_ret - 1]].slot);
         return HS_ERR_INVALID;
     }
     /* every allocation first, so a failure changes nothing */
@@ -374,8 +401,12 @@ hs_status_t hs_sched_lease(hs_sched_t *s, uint64_t conn, uint64_t slot_offset, u
         sched_rec_t *r = &s->recs[idx];
         s->free_rec = r->link;
         sched_cursor_t *cur = &s->issue;
-        *r = (sched_rec_t){.seq = sched_cursor_seq(s, cur), .epoch = cur->epoch,
-                           .batch = cur->perm[cur->pos], .slot = slot_offset, .link = NIL, .live = true};
+        *r = (sched_rec_t){.seq = sched_cursor_seq(s, cur),
+                           .epoch = cur->epoch,
+                           .batch = cur->perm[cur->pos],
+                           .slot = slot_offset,
+                           .link = NIL,
+                           .live = true};
         cur->pos++;
         sched_cursor_settle(s, cur);
         s->fresh_taken++;
@@ -405,7 +436,8 @@ static uint32_t sched_leased_rec(const hs_sched_t *s, uint64_t conn, uint64_t ti
     return r->state == HS_SCHED_LEASED && r->conn == conn ? idx : NIL;
 }
 
-hs_status_t hs_sched_lookup(const hs_sched_t *s, uint64_t conn, uint64_t ticket, hs_sched_item_t *out)
+hs_status_t hs_sched_lookup(const hs_sched_t *s, uint64_t conn, uint64_t ticket,
+                            hs_sched_item_t *out)
 {
     uint32_t idx = sched_leased_rec(s, conn, ticket);
     if (idx == NIL) return HS_ERR_NOT_FOUND;
@@ -434,7 +466,8 @@ static void sched_unlease(hs_sched_t *s, uint32_t idx)
     s->leased--;
     /* descending by seq: find the first entry with a smaller seq */
     uint32_t at = 0;
-    while (at < s->n_ret && s->recs[s->ret[at]].seq > r->seq) at++;
+    while (at < s->n_ret && s->recs[s->ret[at]].seq > r->seq)
+        at++;
     memmove(&s->ret[at + 1], &s->ret[at], (s->n_ret - at) * sizeof *s->ret);
     s->ret[at] = idx;
     s->n_ret++;
@@ -482,16 +515,20 @@ hs_status_t hs_sched_fill(hs_sched_t *s, uint64_t conn, uint64_t ticket)
     r->link = NIL;
     s->leased--;
     s->filled++;
-    if (s->order == HS_SCHED_ARRIVAL || s->ready_head == NIL || s->recs[s->ready_tail].seq < r->seq) {
+    if (s->order == HS_SCHED_ARRIVAL || s->ready_head == NIL ||
+        s->recs[s->ready_tail].seq < r->seq) {
         /* append */
-        if (s->ready_tail == NIL) s->ready_head = idx;
-        else s->recs[s->ready_tail].link = idx;
+        if (s->ready_tail == NIL)
+            s->ready_head = idx;
+        else
+            s->recs[s->ready_tail].link = idx;
         s->ready_tail = idx;
         return HS_OK;
     }
     /* PLAN: insert by seq */
     uint32_t *pp = &s->ready_head;
-    while (*pp != NIL && s->recs[*pp].seq < r->seq) pp = &s->recs[*pp].link;
+    while (*pp != NIL && s->recs[*pp].seq < r->seq)
+        pp = &s->recs[*pp].link;
     r->link = *pp;
     *pp = idx;
     return HS_OK;
@@ -512,19 +549,22 @@ hs_status_t hs_sched_delivered(hs_sched_t *s, uint64_t ticket)
 {
     uint32_t idx = sched_ht_find(s, ticket);
     if (idx == NIL || s->recs[idx].state != HS_SCHED_FILLED) {
-        hs_error("sched: ticket %llu is not ready, it cannot be delivered", (unsigned long long)ticket);
+        hs_error("sched: ticket %llu is not ready, it cannot be delivered",
+                 (unsigned long long)ticket);
         return HS_ERR_INVALID;
     }
     sched_rec_t *r = &s->recs[idx];
-    if (s->order == HS_SCHED_PLAN && (idx != s->ready_head || r->seq != sched_cursor_seq(s, &s->deliver))) {
-        hs_error("sched: ticket %llu (epoch %u batch %u) is not next in plan order", (unsigned long long)ticket,
-                 r->epoch, r->batch);
+    if (s->order == HS_SCHED_PLAN &&
+        (idx != s->ready_head || r->seq != sched_cursor_seq(s, &s->deliver))) {
+        hs_error("sched: ticket %llu (epoch %u batch %u) is not next in plan order",
+                 (unsigned long long)ticket, r->epoch, r->batch);
         return HS_ERR_INVALID;
     }
     if (sched_done_get(s, r->epoch, r->batch)) {
         /* cannot happen: one record per item; counted so a test can see it */
         s->duplicates++;
-        hs_error("sched: epoch %u batch %u was already delivered; refusing a duplicate", r->epoch, r->batch);
+        hs_error("sched: epoch %u batch %u was already delivered; refusing a duplicate", r->epoch,
+                 r->batch);
         return HS_ERR_INVALID;
     }
     /* unlink from the ready list */
@@ -553,7 +593,8 @@ hs_status_t hs_sched_release(hs_sched_t *s, uint64_t ticket)
 {
     uint32_t idx = sched_ht_find(s, ticket);
     if (idx == NIL || s->recs[idx].state != HS_SCHED_DELIVERED) {
-        hs_error("sched: release of ticket %llu, which is not being delivered", (unsigned long long)ticket);
+        hs_error("sched: release of ticket %llu, which is not being delivered",
+                 (unsigned long long)ticket);
         return HS_ERR_INVALID;
     }
     sched_ht_del(s, ticket);
@@ -566,7 +607,10 @@ hs_status_t hs_sched_release(hs_sched_t *s, uint64_t ticket)
     return HS_OK;
 }
 
-bool hs_sched_finished(const hs_sched_t *s) { return s->delivered == s->planned; }
+bool hs_sched_finished(const hs_sched_t *s)
+{
+    return s->delivered == s->planned;
+}
 
 void hs_sched_stats(const hs_sched_t *s, hs_sched_stats_t *out)
 {

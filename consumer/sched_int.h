@@ -42,15 +42,19 @@ typedef enum {
     HS_SCHED_PLAN = 1,    /* deliver strictly in plan order */
 } hs_sched_order_t;
 
+/* "arrival" or "plan" (the --order flag); HS_ERR_INVALID otherwise. */
+hs_status_t hs_sched_order_parse(const char *s, hs_sched_order_t *out);
+const char *hs_sched_order_str(hs_sched_order_t order);
+
 typedef struct {
-    uint32_t n_batches;        /* batches per epoch (> 0) */
-    const uint64_t *bytes;     /* [n_batches] exact payload bytes of each batch (> 0) */
-    const uint32_t *n_seqs;    /* [n_batches] sequences per batch, or NULL */
-    const uint32_t *n_tokens;  /* [n_batches] tokens per batch, or NULL */
-    uint32_t epochs;           /* epochs of the whole run (> start_epoch) */
-    uint64_t seed;             /* plan seed for hs_permutation */
+    uint32_t n_batches;       /* batches per epoch (> 0) */
+    const uint64_t *bytes;    /* [n_batches] exact payload bytes of each batch (> 0) */
+    const uint32_t *n_seqs;   /* [n_batches] sequences per batch, or NULL */
+    const uint32_t *n_tokens; /* [n_batches] tokens per batch, or NULL */
+    uint32_t epochs;          /* epochs of the whole run (> start_epoch) */
+    uint64_t seed;            /* plan seed for hs_permutation */
     hs_sched_order_t order;
-    uint32_t start_epoch;      /* resume: epochs before this one are done */
+    uint32_t start_epoch; /* resume: epochs before this one are done */
     /* resume: bitmap over the batch ids of start_epoch already delivered
      * (bit b of byte b/8), or NULL for none */
     const uint8_t *start_done;
@@ -65,10 +69,10 @@ typedef enum {
 
 typedef struct {
     uint32_t epoch;
-    uint32_t batch;       /* batch id within the epoch's plan */
-    uint32_t pos;         /* place in the epoch's order */
-    uint64_t seq;         /* epoch * n_batches + pos */
-    uint64_t bytes;       /* exact payload size */
+    uint32_t batch; /* batch id within the epoch's plan */
+    uint32_t pos;   /* place in the epoch's order */
+    uint64_t seq;   /* epoch * n_batches + pos */
+    uint64_t bytes; /* exact payload size */
     uint32_t n_seqs, n_tokens;
     bool has_slot;        /* a cache slot is already attached (returned item) */
     uint64_t slot_offset; /* valid when has_slot */
@@ -87,11 +91,11 @@ typedef struct {
     uint64_t issued;           /* tickets ever issued, re-leases included */
     uint64_t delivered;        /* items handed to the trainer */
     uint64_t released;
-    uint64_t returned;         /* leases taken back from dead connections */
-    uint64_t requeued;         /* payloads that failed verification */
-    uint64_t duplicates;       /* deliveries refused as already done (a bug if not 0) */
-    uint32_t issue_epoch;      /* epoch of the next fresh ticket (== epochs when all issued) */
-    uint32_t deliver_epoch;    /* PLAN: epoch of the next delivery */
+    uint64_t returned;      /* leases taken back from dead connections */
+    uint64_t requeued;      /* payloads that failed verification */
+    uint64_t duplicates;    /* deliveries refused as already done (a bug if not 0) */
+    uint32_t issue_epoch;   /* epoch of the next fresh ticket (== epochs when all issued) */
+    uint32_t deliver_epoch; /* PLAN: epoch of the next delivery */
 } hs_sched_stats_t;
 
 typedef struct hs_sched hs_sched_t;
@@ -109,7 +113,8 @@ bool hs_sched_peek(const hs_sched_t *s, hs_sched_item_t *out);
 hs_status_t hs_sched_lease(hs_sched_t *s, uint64_t conn, uint64_t slot_offset, uint64_t *ticket);
 /* The item of `ticket` if `conn` holds it as a lease now; HS_ERR_NOT_FOUND
  * otherwise (unknown, stale, already filled, or held by another conn). */
-hs_status_t hs_sched_lookup(const hs_sched_t *s, uint64_t conn, uint64_t ticket, hs_sched_item_t *out);
+hs_status_t hs_sched_lookup(const hs_sched_t *s, uint64_t conn, uint64_t ticket,
+                            hs_sched_item_t *out);
 /* The item of a live ticket in any state (no holder check). */
 hs_status_t hs_sched_get(const hs_sched_t *s, uint64_t ticket, hs_sched_item_t *out);
 /* The payload of `ticket` arrived and was verified: the item is ready.

@@ -280,6 +280,65 @@ __global__ void attn_schedule_kernel(const int32_t *cu, int n_seqs, int32_t *til
     if (tid == nt - 1) tile_prefix[n_seqs] = acc;
 }
 
+/* Generic fallback for head sizes the tensor-core kernel does not take (or
+ * unaligned rows): one warp per (query token, head), each lane holding up
+ * to 8 of the head's dims, online softmax over the keys one at a time.
+ * Slow, but exact in fp32 apart from the bf16 output; it serves the tiny
+ * test models and odd configurations. */
+__global__ void attn_generic_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
+                                    const bf16 *__restrict__ v, int64_t q_stride, int64_t kv_stride,
+                                    bf16 *__restrict__ out, int64_t out_stride,
+                                    const int32_t *__restrict__ cu, int n_seqs, int D, int group,
+                                    float scale, int window)
+{
+    const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
+    int lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (cu[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    const int start = cu[lo];
+    const int j_end = t; /* inclusive, absolute rows */
+    const int j_begin = window > 0 ? max(start, t - window + 1) : start;
+    const int kvh = head / group;
+    float qv[8], acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        int dd = lane + 32 * e;
+        qv[e] = dd < D ? __bfloat162float(q[(int64_t)t * q_stride + (int64_t)head * D + dd]) * scale : 0.f;
+        acc[e] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    for (int j = j_begin; j <= j_end; j++) {
+        const bf16 *kr = k + (int64_t)j * kv_stride + (int64_t)kvh * D;
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            int dd = lane + 32 * e;
+            if (dd < D) dot += qv[e] * __bfloat162float(kr[dd]);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        float m_new = fmaxf(m, dot);
+        float alpha = __expf(m - m_new), p = __expf(dot - m_new);
+        l = l * alpha + p;
+        const bf16 *vr = v + (int64_t)j * kv_stride + (int64_t)kvh * D;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            int dd = lane + 32 * e;
+            acc[e] = acc[e] * alpha + (dd < D ? p * __bfloat162float(vr[dd]) : 0.f);
+        }
+        m = m_new;
+    }
+    float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        int dd = lane + 32 * e;
+        if (dd < D) out[(int64_t)t * out_stride + (int64_t)head * D + dd] = __float2bfloat16(acc[e] * inv);
+    }
+}
+
 template <int D>
 hs_status_t attn_launch(const void *q, const void *k, const void *v, int64_t q_stride,
                         int64_t kv_stride, void *out, int64_t out_stride, const int32_t *cu_seqlens,
@@ -323,12 +382,20 @@ extern "C" int hs_kn_attention(const void *q, int64_t q_stride, const void *k, c
         hs_error("attention: %d heads exceeds one launch (65535)", n_heads);
         return HS_ERR_INVALID;
     }
-    if (q_stride % 8 || kv_stride % 8 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16) {
-        hs_error("attention: q/k/v rows must be 16-byte aligned (strides %lld/%lld)",
-                 (long long)q_stride, (long long)kv_stride);
-        return HS_ERR_INVALID;
-    }
     int group = n_heads / n_kv_heads;
+    bool aligned = q_stride % 8 == 0 && kv_stride % 8 == 0 &&
+                   ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16 == 0;
+    bool tc = head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
+    if (!aligned || !tc) {
+        if (head_dim > 256 || head_dim < 1) {
+            hs_error("attention: head_dim %d is not supported on CUDA (at most 256)", head_dim);
+            return HS_ERR_UNSUPPORTED;
+        }
+        attn_generic_kernel<<<dim3((unsigned)T, n_heads), 32, 0, stream>>>(
+            (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, q_stride, kv_stride, (bf16 *)out,
+            out_stride, cu_seqlens, n_seqs, head_dim, group, scale, window);
+        return HS_CUDA_LAUNCH_CHECK("attention generic kernel");
+    }
 #define HS_ATTN_CASE(d)                                                                              \
     case d:                                                                                          \
         return attn_launch<d>(q, k, v, q_stride, kv_stride, out, out_stride, cu_seqlens, tile_prefix, \
@@ -339,8 +406,7 @@ extern "C" int hs_kn_attention(const void *q, int64_t q_stride, const void *k, c
         HS_ATTN_CASE(96);
         HS_ATTN_CASE(128);
     default:
-        hs_error("attention: head_dim %d is not supported on CUDA (64, 80, 96 or 128)", head_dim);
-        return HS_ERR_UNSUPPORTED;
+        return HS_ERR_UNSUPPORTED; /* not reached: tc covers these */
     }
 #undef HS_ATTN_CASE
 }

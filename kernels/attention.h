@@ -39,7 +39,9 @@ int hs_kn_attention_schedule(const int32_t *cu_seqlens, int n_seqs, int32_t *til
 /* bf16 tensor-core version: q rows of stride q_stride, k and v rows of stride
  * kv_stride (the fused qkv rows work in place), out rows of stride
  * out_stride; cu_seqlens and tile_prefix in device memory; T = total tokens.
- * head_dim 64, 80, 96 or 128; rows 16-byte aligned. */
+ * head_dim 64, 80, 96 or 128 with 16-byte aligned rows runs on tensor
+ * cores; any other head_dim up to 256 (or unaligned rows) on a slow generic
+ * kernel. */
 int hs_kn_attention(const void *q, int64_t q_stride, const void *k, const void *v,
                     int64_t kv_stride, void *out, int64_t out_stride, const int32_t *cu_seqlens,
                     const int32_t *tile_prefix, int n_seqs, int T, int n_heads, int n_kv_heads,

@@ -40,26 +40,31 @@ void hs_kn_attention_ref(const float *q, const float *k, const float *v, float *
             const float *qh = q + (size_t)i * qrow + (size_t)h * head_dim;
             int g = h / group;
             float acc[HS_KN_ATTN_MAX_HEAD_DIM];
-            for (int d = 0; d < head_dim; d++) acc[d] = 0.0f;
+            for (int d = 0; d < head_dim; d++)
+                acc[d] = 0.0f;
             float m = -INFINITY, l = 0.0f;
             for (int j = j0; j <= i; j++) {
                 const float *kj = k + (size_t)j * kvrow + (size_t)g * head_dim;
                 const float *vj = v + (size_t)j * kvrow + (size_t)g * head_dim;
                 float sc = 0.0f;
-                for (int d = 0; d < head_dim; d++) sc += qh[d] * kj[d];
+                for (int d = 0; d < head_dim; d++)
+                    sc += qh[d] * kj[d];
                 sc *= scale;
                 if (sc > m) {
                     float r = expf(m - sc); /* 0 on the first key */
                     l *= r;
-                    for (int d = 0; d < head_dim; d++) acc[d] *= r;
+                    for (int d = 0; d < head_dim; d++)
+                        acc[d] *= r;
                     m = sc;
                 }
                 float p = expf(sc - m);
                 l += p;
-                for (int d = 0; d < head_dim; d++) acc[d] += p * vj[d];
+                for (int d = 0; d < head_dim; d++)
+                    acc[d] += p * vj[d];
             }
             float *oh = out + (size_t)i * qrow + (size_t)h * head_dim;
-            for (int d = 0; d < head_dim; d++) oh[d] = acc[d] / l;
+            for (int d = 0; d < head_dim; d++)
+                oh[d] = acc[d] / l;
         }
     }
 }

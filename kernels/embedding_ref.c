@@ -11,6 +11,7 @@ void hs_kn_embedding_ref(const uint16_t *table, int vocab, int H, const int32_t 
     for (int t = 0; t < T; t++) {
         const uint16_t *row = table + (size_t)ids[t] * (size_t)H;
         float *o = out + (size_t)t * (size_t)H;
-        for (int i = 0; i < H; i++) o[i] = hs_bf16_to_f32(row[i]);
+        for (int i = 0; i < H; i++)
+            o[i] = hs_bf16_to_f32(row[i]);
     }
 }

@@ -16,7 +16,8 @@ static void matmul_block(const float *x, const uint16_t *w, const uint16_t *bias
     int nb = N - n0 < HS_MM_NB ? N - n0 : HS_MM_NB;
     for (int j = 0; j < nb; j++) {
         const uint16_t *wr = w + (size_t)(n0 + j) * (size_t)K;
-        for (int k = 0; k < K; k++) tile[(size_t)j * K + k] = hs_bf16_to_f32(wr[k]);
+        for (int k = 0; k < K; k++)
+            tile[(size_t)j * K + k] = hs_bf16_to_f32(wr[k]);
     }
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * (size_t)K;
@@ -24,7 +25,8 @@ static void matmul_block(const float *x, const uint16_t *w, const uint16_t *bias
         for (int j = 0; j < nb; j++) {
             const float *wt = tile + (size_t)j * K;
             float acc = 0.0f;
-            for (int k = 0; k < K; k++) acc += xr[k] * wt[k];
+            for (int k = 0; k < K; k++)
+                acc += xr[k] * wt[k];
             yr[j] = bias ? acc + hs_bf16_to_f32(bias[n0 + j]) : acc;
         }
     }
@@ -49,7 +51,8 @@ void hs_kn_matmul_ref(const float *x, const uint16_t *w, const uint16_t *bias, f
                     for (int t = 0; t < T; t++) {
                         const float *xr = x + (size_t)t * (size_t)K;
                         float acc = 0.0f;
-                        for (int k = 0; k < K; k++) acc += xr[k] * hs_bf16_to_f32(wr[k]);
+                        for (int k = 0; k < K; k++)
+                            acc += xr[k] * hs_bf16_to_f32(wr[k]);
                         y[(size_t)t * N + n] = bias ? acc + hs_bf16_to_f32(bias[n]) : acc;
                     }
                 }

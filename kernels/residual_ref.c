@@ -3,5 +3,6 @@
 
 void hs_kn_residual_add_ref(const float *a, const float *b, float *out, size_t n)
 {
-    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
 }

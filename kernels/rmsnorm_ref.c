@@ -13,8 +13,10 @@ void hs_kn_rmsnorm_ref(const float *x, const uint16_t *w, float *y, int rows, in
         const float *xr = x + (size_t)r * (size_t)dim;
         float *yr = y + (size_t)r * (size_t)dim;
         float ss = 0.0f;
-        for (int i = 0; i < dim; i++) ss += xr[i] * xr[i];
+        for (int i = 0; i < dim; i++)
+            ss += xr[i] * xr[i];
         float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int i = 0; i < dim; i++) yr[i] = hs_bf16_to_f32(w[i]) * (xr[i] * inv);
+        for (int i = 0; i < dim; i++)
+            yr[i] = hs_bf16_to_f32(w[i]) * (xr[i] * inv);
     }
 }

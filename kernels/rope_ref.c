@@ -16,7 +16,8 @@ void hs_kn_rope_inv_freq(int head_dim, float theta, const hs_rope_scaling_t *sca
     }
     if (!scaling || scaling->type == HS_ROPE_DEFAULT) return;
     if (scaling->type == HS_ROPE_LINEAR) {
-        for (int i = 0; i < half; i++) inv_freq[i] /= scaling->factor;
+        for (int i = 0; i < half; i++)
+            inv_freq[i] /= scaling->factor;
         return;
     }
     /* llama3: wavelengths compared against the original context window */

@@ -37,7 +37,8 @@ static void capture(const float *src, int idx, int T, int H, const int32_t *laye
                 memcpy((float *)out + o, s, (size_t)H * sizeof(float));
             } else {
                 uint16_t *d = (uint16_t *)out + o;
-                for (int i = 0; i < H; i++) d[i] = hs_f32_to_bf16(s[i]);
+                for (int i = 0; i < H; i++)
+                    d[i] = hs_f32_to_bf16(s[i]);
             }
         }
     }
@@ -148,8 +149,8 @@ hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids, const 
         hs_kn_swiglu_ref(gate, up, gate, t * I);
         hs_kn_matmul_ref(gate, w->down_proj, w->down_bias, tmp, T, I, H);
         hs_kn_residual_add_ref(h, tmp, h, t * H);
-        if (l + 1 < c->num_layers) capture(h, l + 1, T, H, layers, n_layers, out, out_dtype,
-                                           row_stride_elems);
+        if (l + 1 < c->num_layers)
+            capture(h, l + 1, T, H, layers, n_layers, out, out_dtype, row_stride_elems);
     }
     if (top == c->num_layers) {
         hs_kn_rmsnorm_ref(h, m->final_norm, x, T, H, c->rms_norm_eps);

@@ -181,12 +181,16 @@ hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budge
         return HS_ERR_INVALID;
     }
     const hs_model_config_t *c = &m->cfg;
-    if (c->head_dim != 64 && c->head_dim != 80 && c->head_dim != 96 && c->head_dim != 128) {
-        hs_error("cuda forward: head_dim %d is not supported by the CUDA attention kernel (64, 80, 96 "
-                 "or 128); use --device cpu",
+    if (c->head_dim > 256 || c->head_dim % 2) {
+        hs_error("cuda forward: head_dim %d is not supported by the CUDA attention (even, at most "
+                 "256); use --device cpu",
                  c->head_dim);
         return HS_ERR_UNSUPPORTED;
     }
+    if (c->head_dim != 64 && c->head_dim != 80 && c->head_dim != 96 && c->head_dim != 128)
+        hs_warn("cuda forward: head_dim %d runs on the slow generic attention kernel (tensor cores "
+                "take 64, 80, 96 and 128)",
+                c->head_dim);
     if (c->hidden_size % 8 || c->intermediate_size % 8) {
         hs_error("cuda forward: hidden_size %d and intermediate_size %d must be multiples of 8 for "
                  "cuBLASLt; use --device cpu",

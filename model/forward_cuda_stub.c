@@ -2,8 +2,8 @@
  * CUDA: each says so and returns HS_ERR_UNSUPPORTED. */
 #include "hs_model.h"
 
-hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget, uint32_t max_seqs,
-                                 hs_model_cuda_t **out)
+hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget,
+                                 uint32_t max_seqs, hs_model_cuda_t **out)
 {
     hs_error("cuda:%d asked for, but this build of hsflow has no CUDA support: use --device cpu "
              "or rebuild with -DHS_CUDA=ON",
@@ -19,7 +19,10 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
     return HS_ERR_UNSUPPORTED;
 }
 
-void hs_model_cuda_destroy(hs_model_cuda_t *mc) { (void)mc; }
+void hs_model_cuda_destroy(hs_model_cuda_t *mc)
+{
+    (void)mc;
+}
 
 hs_status_t hs_model_cuda_peak_bytes(const hs_model_cuda_t *mc, uint64_t *out)
 {

@@ -1,6 +1,7 @@
 /* hs_forward_main.c - hs-forward: runs the built-in target forward on token
  * sequences from a JSONL file and writes the captured hidden states to a
- * safetensors file, to check parity with another stack.
+ * safetensors file, to check parity with another stack. Sequences come from
+ * a JSONL or .hst file, read by the producer's dataset module.
  *
  * Output: one tensor per captured layer, "hidden_states.<idx>" [T_total, H]
  * (F32 on cpu, BF16 on cuda), plus "cu_seqlens" I32 [n+1] and "input_ids"
@@ -11,8 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
-
+#include "dataset_int.h"
 #include "hs_common.h"
 #include "hs_model.h"
 #include "safetensors_int.h"
@@ -34,7 +34,7 @@ static void usage(FILE *fp)
             "(F32 on cpu, BF16 on cuda), cu_seqlens I32 [n+1] and input_ids I32 [T_total].\n"
             "\n"
             "  --model DIR         Hugging Face folder (config.json, *.safetensors)\n"
-            "  --data FILE         JSONL, one {\"input_ids\": [...]} object per line\n"
+            "  --data FILE         JSONL, one {\"input_ids\": [...]} object per line, or .hst\n"
             "  --layers LIST       output_hidden_states indices: 0 = embeddings, i = output of\n"
             "                      decoder layer i-1, N = final normed output\n"
             "  --dflash-layers N   DFlash's default set for an N-layer drafter instead\n"
@@ -61,97 +61,53 @@ static void seqs_free(seqs_t *s)
     free(s->cu);
 }
 
-/* Reads JSONL {"input_ids": [...]} lines (blank lines skipped). */
-static hs_status_t read_jsonl(const char *path, seqs_t *out)
+/* Reads the sequences of a JSONL or .hst token file (the producer's dataset
+ * reader: the same files hs-producer takes). */
+static hs_status_t read_tokens(const char *path, seqs_t *out)
 {
-    FILE *fp = fopen(path, "r");
-    if (!fp) {
-        hs_error("cannot open --data %s: %m", path);
-        return HS_ERR_IO;
+    hs_dataset_t *ds = NULL;
+    hs_status_t rc = hs_dataset_open(path, &ds);
+    if (rc != HS_OK) return rc;
+    uint64_t n = hs_dataset_count(ds), T = hs_dataset_total_tokens(ds);
+    if (n > 0x7fffffffu || T > 0x7fffffffu) {
+        hs_error("%s: %llu sequences / %llu tokens, more than one int32 cu_seqlens can index; "
+                 "split the file",
+                 path, (unsigned long long)n, (unsigned long long)T);
+        hs_dataset_close(ds);
+        return HS_ERR_INVALID;
     }
-    hs_status_t rc = HS_ERR_NOMEM;
     seqs_t s = {0};
-    size_t cap_ids = 0, cap_cu = 0;
-    char *line = NULL;
-    size_t lcap = 0;
-    ssize_t len;
-    long lineno = 0;
-    cJSON *obj = NULL;
-    while ((len = getline(&line, &lcap, fp)) >= 0) {
-        lineno++;
-        size_t sp = strspn(line, " \t\r\n");
-        if ((ssize_t)sp == len) continue;
-        obj = cJSON_ParseWithLength(line, (size_t)len);
-        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(obj, "input_ids");
-        int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : 0;
-        if (n < 1) {
-            hs_error("%s:%ld: expected an object with a non-empty \"input_ids\" array", path, lineno);
-            rc = HS_ERR_FORMAT;
-            goto err;
-        }
-        if ((size_t)(s.n + 2) > cap_cu) {
-            cap_cu = cap_cu ? cap_cu * 2 : 64;
-            int32_t *c = realloc(s.cu, cap_cu * sizeof *c);
-            if (!c) goto err;
-            s.cu = c;
-        }
-        if ((size_t)(s.T + n) > cap_ids) {
-            while ((size_t)(s.T + n) > cap_ids) cap_ids = cap_ids ? cap_ids * 2 : 4096;
-            int32_t *c = realloc(s.ids, cap_ids * sizeof *c);
-            if (!c) goto err;
-            s.ids = c;
-        }
-        const cJSON *e;
-        int64_t t = s.T;
-        cJSON_ArrayForEach(e, ids)
-        {
-            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 2147483647.0 ||
-                e->valuedouble != (double)(int32_t)e->valuedouble) {
-                hs_error("%s:%ld: input_ids entry %lld is not a token id (a non-negative int32)",
-                         path, lineno, (long long)(t - s.T));
-                rc = HS_ERR_FORMAT;
-                goto err;
-            }
-            s.ids[t++] = (int32_t)e->valuedouble;
-        }
-        if (t > 2147483647) {
-            hs_error("%s: more than 2^31 tokens in all; split the file", path);
-            rc = HS_ERR_FORMAT;
-            goto err;
-        }
-        if (s.n == 0) s.cu[0] = 0;
-        s.cu[++s.n] = (int32_t)t;
-        s.T = t;
-        cJSON_Delete(obj);
-        obj = NULL;
+    s.ids = malloc((size_t)(T ? T : 1) * sizeof *s.ids);
+    s.cu = malloc((size_t)(n + 1) * sizeof *s.cu);
+    if (!s.ids || !s.cu) {
+        seqs_free(&s);
+        hs_dataset_close(ds);
+        return HS_ERR_NOMEM;
     }
-    if (s.n == 0) {
-        hs_error("%s: no sequences", path);
-        rc = HS_ERR_FORMAT;
-        goto err;
+    s.cu[0] = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t len = hs_dataset_seq_len(ds, i);
+        memcpy(s.ids + s.cu[i], hs_dataset_ids(ds, i), (size_t)len * sizeof *s.ids);
+        s.cu[i + 1] = s.cu[i] + (int32_t)len;
     }
-    free(line);
-    fclose(fp);
+    s.n = (int)n;
+    s.T = (int64_t)T;
+    hs_dataset_close(ds);
     *out = s;
     return HS_OK;
-err:
-    cJSON_Delete(obj);
-    free(line);
-    fclose(fp);
-    seqs_free(&s);
-    return rc;
 }
 
 #ifdef HS_HAVE_CUDA
 /* One chunk on the GPU: ids and cu_seqlens (rebased to 0) up, bf16 down. */
-static hs_status_t run_cuda_chunk(hs_model_cuda_t *mc, const int32_t *ids, const int32_t *cu,
-                                  int n, const int32_t *layers, int k, int H, uint16_t *out_host,
+static hs_status_t run_cuda_chunk(hs_model_cuda_t *mc, const int32_t *ids, const int32_t *cu, int n,
+                                  const int32_t *layers, int k, int H, uint16_t *out_host,
                                   void *d_ids, void *d_cu, void *d_out)
 {
     int T = cu[n] - cu[0];
     int32_t *rebased = malloc((size_t)(n + 1) * sizeof *rebased);
     if (!rebased) return HS_ERR_NOMEM;
-    for (int i = 0; i <= n; i++) rebased[i] = cu[i] - cu[0];
+    for (int i = 0; i <= n; i++)
+        rebased[i] = cu[i] - cu[0];
     hs_status_t rc = HS_ERR_CUDA;
     if (cudaMemcpy(d_ids, ids + cu[0], (size_t)T * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemcpy(d_cu, rebased, (size_t)(n + 1) * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
@@ -160,8 +116,7 @@ static hs_status_t run_cuda_chunk(hs_model_cuda_t *mc, const int32_t *ids, const
     }
     rc = hs_model_cuda_forward(mc, d_ids, d_cu, n, T, layers, k, d_out, (size_t)k * H, NULL);
     if (rc != HS_OK) goto out;
-    if (cudaMemcpy(out_host, d_out, (size_t)T * k * H * 2, cudaMemcpyDeviceToHost) !=
-        cudaSuccess) {
+    if (cudaMemcpy(out_host, d_out, (size_t)T * k * H * 2, cudaMemcpyDeviceToHost) != cudaSuccess) {
         hs_error("cuda: forward or copy back failed");
         rc = HS_ERR_CUDA;
         goto out;
@@ -180,24 +135,46 @@ int main(int argc, char **argv)
     const char *device = hs_env_for_flag("device"), *out_path = hs_env_for_flag("out");
     const char *budget_s = hs_env_for_flag("token-budget");
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},  {"data", required_argument, 0, 'd'},
-        {"layers", required_argument, 0, 'l'}, {"dflash-layers", required_argument, 0, 'f'},
-        {"device", required_argument, 0, 'D'}, {"token-budget", required_argument, 0, 'b'},
-        {"out", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
+        {"model", required_argument, 0, 'm'},
+        {"data", required_argument, 0, 'd'},
+        {"layers", required_argument, 0, 'l'},
+        {"dflash-layers", required_argument, 0, 'f'},
+        {"device", required_argument, 0, 'D'},
+        {"token-budget", required_argument, 0, 'b'},
+        {"out", required_argument, 0, 'o'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': model_dir = optarg; break;
-        case 'd': data = optarg; break;
-        case 'l': layers_s = optarg; break;
-        case 'f': dflash_s = optarg; break;
-        case 'D': device = optarg; break;
-        case 'b': budget_s = optarg; break;
-        case 'o': out_path = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'm':
+            model_dir = optarg;
+            break;
+        case 'd':
+            data = optarg;
+            break;
+        case 'l':
+            layers_s = optarg;
+            break;
+        case 'f':
+            dflash_s = optarg;
+            break;
+        case 'D':
+            device = optarg;
+            break;
+        case 'b':
+            budget_s = optarg;
+            break;
+        case 'o':
+            out_path = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (optind < argc) {
@@ -227,8 +204,8 @@ int main(int argc, char **argv)
         return 2;
     }
     uint64_t budget = 16384;
-    if (budget_s && (hs_parse_u64(budget_s, &budget) != HS_OK || budget < 1 ||
-                     budget > 2147483647u)) {
+    if (budget_s &&
+        (hs_parse_u64(budget_s, &budget) != HS_OK || budget < 1 || budget > 2147483647u)) {
         fprintf(stderr, "hs-forward: --token-budget '%s' must be a positive integer\n", budget_s);
         return 2;
     }
@@ -266,7 +243,8 @@ int main(int argc, char **argv)
         if (hs_model_dflash_layers(N, dflash_n, layers, MAX_CAPTURED) != HS_OK) goto done;
         k = dflash_n;
     } else {
-        for (int i = 0; i < k; i++) layers[i] = layer_list[i];
+        for (int i = 0; i < k; i++)
+            layers[i] = layer_list[i];
     }
     if (hs_model_check_layers(N, layers, k) != HS_OK) goto done;
     for (int j = 1; j < k; j++) {
@@ -277,7 +255,7 @@ int main(int argc, char **argv)
             }
         }
     }
-    if (read_jsonl(data, &s) != HS_OK) goto done;
+    if (read_tokens(data, &s) != HS_OK) goto done;
     char lay[512];
     size_t ln = 0;
     lay[0] = 0;
@@ -305,8 +283,9 @@ int main(int argc, char **argv)
     }
     if (cuda_dev >= 0) {
 #ifdef HS_HAVE_CUDA
-        if (hs_model_cuda_create(m, cuda_dev, (uint32_t)budget, (uint32_t)s.n, &mc) != HS_OK)
-            goto done;
+        /* a chunk holds at most `budget` sequences (each has >= 1 token) */
+        uint32_t max_seqs = (uint64_t)s.n < budget ? (uint32_t)s.n : (uint32_t)budget;
+        if (hs_model_cuda_create(m, cuda_dev, (uint32_t)budget, max_seqs, &mc) != HS_OK) goto done;
         if (cudaMalloc(&d_ids, budget * 4) != cudaSuccess ||
             cudaMalloc(&d_cu, ((size_t)s.n + 1) * 4) != cudaSuccess ||
             cudaMalloc(&d_out, budget * row * 2) != cudaSuccess) {
@@ -323,14 +302,16 @@ int main(int argc, char **argv)
     int first = 0;
     while (first < s.n) {
         int last = first + 1;
-        while (last < s.n && (uint64_t)(s.cu[last + 1] - s.cu[first]) <= budget) last++;
+        while (last < s.n && (uint64_t)(s.cu[last + 1] - s.cu[first]) <= budget)
+            last++;
         int n = last - first;
         uint8_t *dst = (uint8_t *)out + (size_t)s.cu[first] * row * (size_t)esize;
         hs_status_t st;
         if (cuda_dev < 0) {
             int32_t *cu = malloc((size_t)(n + 1) * sizeof *cu);
             if (!cu) goto done;
-            for (int i = 0; i <= n; i++) cu[i] = s.cu[first + i] - s.cu[first];
+            for (int i = 0; i <= n; i++)
+                cu[i] = s.cu[first + i] - s.cu[first];
             st = hs_model_forward_cpu(m, s.ids + s.cu[first], cu, n, layers, k, dst,
                                       HS_MODEL_OUT_F32, row);
             free(cu);
@@ -376,11 +357,19 @@ int main(int argc, char **argv)
                 .src_stride = row * esize,
             };
         }
-        t[k] = (hs__st_write_tensor_t){.name = "cu_seqlens", .dtype = "I32", .ndim = 1,
-                                       .shape = {s.n + 1}, .data = s.cu, .rows = 1,
+        t[k] = (hs__st_write_tensor_t){.name = "cu_seqlens",
+                                       .dtype = "I32",
+                                       .ndim = 1,
+                                       .shape = {s.n + 1},
+                                       .data = s.cu,
+                                       .rows = 1,
                                        .row_bytes = ((size_t)s.n + 1) * 4};
-        t[k + 1] = (hs__st_write_tensor_t){.name = "input_ids", .dtype = "I32", .ndim = 1,
-                                           .shape = {s.T}, .data = s.ids, .rows = 1,
+        t[k + 1] = (hs__st_write_tensor_t){.name = "input_ids",
+                                           .dtype = "I32",
+                                           .ndim = 1,
+                                           .shape = {s.T},
+                                           .data = s.ids,
+                                           .rows = 1,
                                            .row_bytes = (size_t)s.T * 4};
         const char *mk[] = {"format", "model", "layers", "device"};
         const char *mv[] = {"hsflow-hidden-states", model_dir, lay, device};

@@ -43,25 +43,25 @@ typedef enum { HS_MODEL_OUT_F32 = 0, HS_MODEL_OUT_BF16 = 1 } hs_model_dtype_t;
 /* The parsed config.json (Hugging Face names in comments). */
 typedef struct {
     hs_model_arch_t arch;
-    char architecture[64];     /* architectures[0] */
-    char torch_dtype[16];      /* torch_dtype (or dtype); "" when absent */
-    int hidden_size;           /* H */
-    int intermediate_size;     /* I */
-    int num_layers;            /* num_hidden_layers, N */
-    int num_heads;             /* num_attention_heads */
-    int num_kv_heads;          /* num_key_value_heads (default num_heads) */
-    int head_dim;              /* head_dim (default hidden_size / num_heads) */
+    char architecture[64]; /* architectures[0] */
+    char torch_dtype[16];  /* torch_dtype (or dtype); "" when absent */
+    int hidden_size;       /* H */
+    int intermediate_size; /* I */
+    int num_layers;        /* num_hidden_layers, N */
+    int num_heads;         /* num_attention_heads */
+    int num_kv_heads;      /* num_key_value_heads (default num_heads) */
+    int head_dim;          /* head_dim (default hidden_size / num_heads) */
     int vocab_size;
     float rms_norm_eps;
-    float rope_theta;          /* rope_theta (or rope_parameters.rope_theta) */
-    int rope_type;             /* hs_rope_type_t: 0 default, 1 linear, 2 llama3 */
+    float rope_theta; /* rope_theta (or rope_parameters.rope_theta) */
+    int rope_type;    /* hs_rope_type_t: 0 default, 1 linear, 2 llama3 */
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions;
-    int sliding_window;        /* Mistral, or Qwen with use_sliding_window; 0 = none */
+    int sliding_window; /* Mistral, or Qwen with use_sliding_window; 0 = none */
     int tie_word_embeddings;
-    int qkv_bias;              /* q/k/v projections have a bias (Qwen2, attention_bias) */
-    int o_bias;                /* o_proj has a bias (attention_bias) */
-    int mlp_bias;              /* gate/up/down have a bias (Llama mlp_bias) */
-    int qk_norm;               /* per-head RMSNorm on q and k before rope (Qwen3) */
+    int qkv_bias; /* q/k/v projections have a bias (Qwen2, attention_bias) */
+    int o_bias;   /* o_proj has a bias (attention_bias) */
+    int mlp_bias; /* gate/up/down have a bias (Llama mlp_bias) */
+    int qk_norm;  /* per-head RMSNorm on q and k before rope (Qwen3) */
 } hs_model_config_t;
 
 /* Loads the model in folder `dir` (config.json plus model.safetensors, or
@@ -80,7 +80,7 @@ int hs_model_num_layers(const hs_model_t *m); /* N: valid layer indices are 0..N
 int hs_model_vocab_size(const hs_model_t *m);
 
 /* Checks a list of captured layers against a model of n_target_layers
- * decoder layers: 1..max_layers entries, each in 0..n_target_layers.
+ * decoder layers: at least one entry, each in 0..n_target_layers.
  * Logs what is wrong. */
 hs_status_t hs_model_check_layers(int n_target_layers, const int32_t *layers, int n_layers);
 
@@ -114,8 +114,8 @@ hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids, const 
 /* Uploads the weights to `device` and plans every device buffer for batches
  * of up to token_budget tokens and max_seqs sequences; nothing is allocated
  * per batch afterwards. The model must outlive the returned object. */
-hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget, uint32_t max_seqs,
-                                 hs_model_cuda_t **out);
+hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget,
+                                 uint32_t max_seqs, hs_model_cuda_t **out);
 /* Runs one packed batch on `stream` (a cudaStream_t; NULL = default stream).
  * d_input_ids [T], d_cu_seqlens [n_seqs + 1] and d_out_bf16 [T,
  * row_stride_elems] are device pointers; semantics as hs_model_forward_cpu

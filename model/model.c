@@ -50,10 +50,10 @@ static hs_status_t load_layer(hs_model_t *m, int i)
     int64_t nq = c->num_heads * d, nkv = c->num_kv_heads * d;
     char n[128];
     hs_status_t rc;
-#define W(field, fmt, d0, d1)                                                              \
-    do {                                                                                   \
-        snprintf(n, sizeof n, "layers.%d." fmt, i);                                         \
-        if ((rc = get_w(m, n, (d0), (d1), &w->field)) != HS_OK) return rc;                 \
+#define W(field, fmt, d0, d1)                                                                      \
+    do {                                                                                           \
+        snprintf(n, sizeof n, "layers.%d." fmt, i);                                                \
+        if ((rc = get_w(m, n, (d0), (d1), &w->field)) != HS_OK) return rc;                         \
     } while (0)
     W(q_proj, "self_attn.q_proj.weight", nq, H);
     W(k_proj, "self_attn.k_proj.weight", nkv, H);
@@ -126,10 +126,10 @@ hs_status_t hs_model_load(const char *dir, hs_model_t **out)
 
     hs_info("model %s: %s, H=%d I=%d layers=%d heads=%d/%d head_dim=%d vocab=%d%s%s%s rope "
             "theta=%g%s",
-            dir, c->architecture, c->hidden_size, c->intermediate_size, c->num_layers,
-            c->num_heads, c->num_kv_heads, c->head_dim, c->vocab_size,
-            c->qkv_bias ? " qkv-bias" : "", c->qk_norm ? " qk-norm" : "",
-            c->tie_word_embeddings ? " tied" : "", (double)c->rope_theta,
+            dir, c->architecture, c->hidden_size, c->intermediate_size, c->num_layers, c->num_heads,
+            c->num_kv_heads, c->head_dim, c->vocab_size, c->qkv_bias ? " qkv-bias" : "",
+            c->qk_norm ? " qk-norm" : "", c->tie_word_embeddings ? " tied" : "",
+            (double)c->rope_theta,
             c->rope_type == HS_ROPE_LLAMA3   ? " llama3-scaling"
             : c->rope_type == HS_ROPE_LINEAR ? " linear-scaling"
                                              : "");
@@ -153,10 +153,22 @@ void hs_model_destroy(hs_model_t *m)
     free(m);
 }
 
-const hs_model_config_t *hs_model_config(const hs_model_t *m) { return &m->cfg; }
-int hs_model_hidden_size(const hs_model_t *m) { return m->cfg.hidden_size; }
-int hs_model_num_layers(const hs_model_t *m) { return m->cfg.num_layers; }
-int hs_model_vocab_size(const hs_model_t *m) { return m->cfg.vocab_size; }
+const hs_model_config_t *hs_model_config(const hs_model_t *m)
+{
+    return &m->cfg;
+}
+int hs_model_hidden_size(const hs_model_t *m)
+{
+    return m->cfg.hidden_size;
+}
+int hs_model_num_layers(const hs_model_t *m)
+{
+    return m->cfg.num_layers;
+}
+int hs_model_vocab_size(const hs_model_t *m)
+{
+    return m->cfg.vocab_size;
+}
 
 hs_status_t hs_model_check_layers(int n_target_layers, const int32_t *layers, int n_layers)
 {

@@ -16,31 +16,31 @@ extern "C" {
 #endif
 
 typedef struct {
-    const uint16_t *q_proj;  /* [num_heads * head_dim, H] */
-    const uint16_t *k_proj;  /* [num_kv_heads * head_dim, H] */
-    const uint16_t *v_proj;  /* [num_kv_heads * head_dim, H] */
-    const uint16_t *o_proj;  /* [H, num_heads * head_dim] */
-    const uint16_t *q_bias;  /* [num_heads * head_dim] or NULL */
-    const uint16_t *k_bias;  /* [num_kv_heads * head_dim] or NULL */
-    const uint16_t *v_bias;  /* [num_kv_heads * head_dim] or NULL */
-    const uint16_t *o_bias;  /* [H] or NULL */
-    const uint16_t *q_norm;  /* [head_dim] or NULL (Qwen3) */
-    const uint16_t *k_norm;  /* [head_dim] or NULL (Qwen3) */
-    const uint16_t *gate_proj; /* [I, H] */
-    const uint16_t *up_proj;   /* [I, H] */
-    const uint16_t *down_proj; /* [H, I] */
+    const uint16_t *q_proj;                          /* [num_heads * head_dim, H] */
+    const uint16_t *k_proj;                          /* [num_kv_heads * head_dim, H] */
+    const uint16_t *v_proj;                          /* [num_kv_heads * head_dim, H] */
+    const uint16_t *o_proj;                          /* [H, num_heads * head_dim] */
+    const uint16_t *q_bias;                          /* [num_heads * head_dim] or NULL */
+    const uint16_t *k_bias;                          /* [num_kv_heads * head_dim] or NULL */
+    const uint16_t *v_bias;                          /* [num_kv_heads * head_dim] or NULL */
+    const uint16_t *o_bias;                          /* [H] or NULL */
+    const uint16_t *q_norm;                          /* [head_dim] or NULL (Qwen3) */
+    const uint16_t *k_norm;                          /* [head_dim] or NULL (Qwen3) */
+    const uint16_t *gate_proj;                       /* [I, H] */
+    const uint16_t *up_proj;                         /* [I, H] */
+    const uint16_t *down_proj;                       /* [H, I] */
     const uint16_t *gate_bias, *up_bias, *down_bias; /* [I], [I], [H] or NULL */
-    const uint16_t *input_norm; /* input_layernorm [H] */
-    const uint16_t *post_norm;  /* post_attention_layernorm [H] */
+    const uint16_t *input_norm;                      /* input_layernorm [H] */
+    const uint16_t *post_norm;                       /* post_attention_layernorm [H] */
 } hs__layer_weights_t;
 
 struct hs_model {
     hs_model_config_t cfg;
-    const uint16_t *embed;      /* embed_tokens [vocab, H] */
-    const uint16_t *final_norm; /* norm [H] */
+    const uint16_t *embed;       /* embed_tokens [vocab, H] */
+    const uint16_t *final_norm;  /* norm [H] */
     hs__layer_weights_t *layers; /* [num_layers] */
-    float *inv_freq;            /* rope [head_dim / 2], rope scaling applied */
-    hs__st_set_t *st;           /* the mapped safetensors files */
+    float *inv_freq;             /* rope [head_dim / 2], rope scaling applied */
+    hs__st_set_t *st;            /* the mapped safetensors files */
 };
 
 /* Parses config.json text (path only for messages) into *cfg. */

@@ -41,10 +41,10 @@ static const struct {
     hs__st_dtype_t dtype;
     size_t size;
 } st_dtypes[] = {
-    {"BF16", HS_ST_BF16, 2}, {"F16", HS_ST_F16, 2}, {"F32", HS_ST_F32, 4},
-    {"I32", HS_ST_I32, 4},   {"I64", HS_ST_I64, 8}, {"U8", HS_ST_U8, 1},
-    {"F64", HS_ST_OTHER, 8}, {"I8", HS_ST_OTHER, 1}, {"I16", HS_ST_OTHER, 2},
-    {"U16", HS_ST_OTHER, 2}, {"U32", HS_ST_OTHER, 4}, {"U64", HS_ST_OTHER, 8},
+    {"BF16", HS_ST_BF16, 2},  {"F16", HS_ST_F16, 2},       {"F32", HS_ST_F32, 4},
+    {"I32", HS_ST_I32, 4},    {"I64", HS_ST_I64, 8},       {"U8", HS_ST_U8, 1},
+    {"F64", HS_ST_OTHER, 8},  {"I8", HS_ST_OTHER, 1},      {"I16", HS_ST_OTHER, 2},
+    {"U16", HS_ST_OTHER, 2},  {"U32", HS_ST_OTHER, 4},     {"U64", HS_ST_OTHER, 8},
     {"BOOL", HS_ST_OTHER, 1}, {"F8_E4M3", HS_ST_OTHER, 1}, {"F8_E5M2", HS_ST_OTHER, 1},
 };
 
@@ -128,7 +128,8 @@ static hs_status_t parse_entry(const cJSON *e, const char *name, const char *pat
     for (int i = 0; i < nd; i++) {
         uint64_t d;
         if (!json_u53(cJSON_GetArrayItem(sh, i), &d) || d > (uint64_t)INT64_MAX) {
-            hs_error("%s: tensor '%s': shape entry %d is not a non-negative integer", path, name, i);
+            hs_error("%s: tensor '%s': shape entry %d is not a non-negative integer", path, name,
+                     i);
             return HS_ERR_FORMAT;
         }
         t->shape[i] = (int64_t)d;
@@ -208,7 +209,8 @@ static hs_status_t add_file(hs__st_set_t *st, const char *path)
 
     const uint8_t *p = map;
     uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | p[i];
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | p[i];
     if (hlen > size - 8 || hlen > HS_ST_MAX_HEADER) {
         hs_error("%s: header length %llu does not fit in the file's %zu bytes (truncated file?)",
                  path, (unsigned long long)hlen, size);
@@ -358,7 +360,8 @@ hs_status_t hs__st_open_dir(const char *dir, hs__st_set_t **out)
         char shard[PATH_MAX];
         snprintf(shard, sizeof shard, "%s/%s", dir, e->valuestring);
         int seen = 0;
-        for (int i = 0; i < st->n_files && !seen; i++) seen = strcmp(st->files[i].path, shard) == 0;
+        for (int i = 0; i < st->n_files && !seen; i++)
+            seen = strcmp(st->files[i].path, shard) == 0;
         if (!seen) {
             rc = add_file(st, shard);
             if (rc != HS_OK) goto err;
@@ -395,12 +398,14 @@ void hs__st_close(hs__st_set_t *st)
         munmap(st->files[i].map, st->files[i].size);
         free(st->files[i].path);
     }
-    for (size_t i = 0; i < st->n_tensors; i++) free((char *)st->tensors[i].name);
+    for (size_t i = 0; i < st->n_tensors; i++)
+        free((char *)st->tensors[i].name);
     for (int i = 0; i < st->n_meta; i++) {
         free(st->meta_keys[i]);
         free(st->meta_vals[i]);
     }
-    for (size_t i = 0; i < st->n_owned; i++) free(st->owned[i]);
+    for (size_t i = 0; i < st->n_owned; i++)
+        free(st->owned[i]);
     free(st->owned);
     free(st->meta_keys);
     free(st->meta_vals);
@@ -409,7 +414,10 @@ void hs__st_close(hs__st_set_t *st)
     free(st);
 }
 
-size_t hs__st_count(const hs__st_set_t *st) { return st->n_tensors; }
+size_t hs__st_count(const hs__st_set_t *st)
+{
+    return st->n_tensors;
+}
 
 const hs__st_tensor_t *hs__st_at(const hs__st_set_t *st, size_t i)
 {
@@ -472,7 +480,8 @@ hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim, const 
         return HS_ERR_NOT_FOUND;
     }
     int same = t->ndim == ndim;
-    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
+    for (int i = 0; same && i < ndim; i++)
+        same = t->shape[i] == shape[i];
     if (!same) {
         char want[128], got[128];
         shape_str(shape, ndim, want, sizeof want);
@@ -567,9 +576,11 @@ hs_status_t hs__st_write(const char *path, const hs__st_write_tensor_t *tensors,
         goto err;
     }
     uint8_t len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     int ok = fwrite(len8, 1, 8, fp) == 8 && fwrite(hdr, 1, hlen, fp) == hlen;
-    for (size_t i = hlen; ok && i < padded; i++) ok = fputc(' ', fp) != EOF;
+    for (size_t i = hlen; ok && i < padded; i++)
+        ok = fputc(' ', fp) != EOF;
     for (int i = 0; ok && i < n; i++) {
         const hs__st_write_tensor_t *t = &tensors[i];
         size_t stride = t->src_stride ? t->src_stride : t->row_bytes;

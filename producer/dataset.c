@@ -134,8 +134,8 @@ typedef struct {
     uint64_t n, total;
 } jsonl_build_t;
 
-#define JSONL_HINT                                                                             \
-    "fix or remove this line (each line must be a JSON object such as "                        \
+#define JSONL_HINT                                                                                 \
+    "fix or remove this line (each line must be a JSON object such as "                            \
     "{\"input_ids\": [1, 2, 3], \"loss_mask\": [0, 1, 1]}, loss_mask optional)"
 
 static void jsonl_fail(const char *path, uint64_t lineno, const char *what)
@@ -189,7 +189,8 @@ static hs_status_t jsonl_parse_line(const char *path, uint64_t lineno, const cha
     }
     size_t len = (size_t)cJSON_GetArraySize(ids);
     if (len == 0) {
-        jsonl_fail(path, lineno, "\"input_ids\" is empty (every sequence needs at least one token)");
+        jsonl_fail(path, lineno,
+                   "\"input_ids\" is empty (every sequence needs at least one token)");
         goto out;
     }
     const cJSON *mask = cJSON_GetObjectItemCaseSensitive(root, "loss_mask");
@@ -378,13 +379,15 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
     /* expected = 64 + 8(n+1) + 5T, computed without overflow */
     uint64_t expected = 0, a, b;
     bool overflow = __builtin_add_overflow(n, 1, &a) || __builtin_mul_overflow(a, 8, &a) ||
-                    __builtin_mul_overflow(total, 5, &b) || __builtin_add_overflow(a, b, &expected) ||
+                    __builtin_mul_overflow(total, 5, &b) ||
+                    __builtin_add_overflow(a, b, &expected) ||
                     __builtin_add_overflow(expected, HST_HEADER_BYTES, &expected);
     if (n == 0 || overflow || expected != size) {
         hs_error("%s: .hst file is %" PRIu64 " bytes but its header says %" PRIu64
-                 " sequences and %" PRIu64 " tokens (%s); the file is truncated or corrupt; " HST_HINT,
+                 " sequences and %" PRIu64
+                 " tokens (%s); the file is truncated or corrupt; " HST_HINT,
                  path, size, n, total,
-                 n == 0 ? "no sequences"
+                 n == 0                           ? "no sequences"
                  : (!overflow && expected < size) ? "trailing bytes"
                                                   : "that needs more bytes than the file has");
         goto err_unmap;
@@ -393,8 +396,8 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
     const int32_t *ids = (const int32_t *)(offsets + n + 1);
     const uint8_t *mask = (const uint8_t *)(ids + total);
     if (offsets[0] != 0 || offsets[n] != total) {
-        hs_error("%s: corrupt .hst offsets (first %" PRIu64 ", last %" PRIu64 ", expected 0 and %" PRIu64
-                 "); " HST_HINT,
+        hs_error("%s: corrupt .hst offsets (first %" PRIu64 ", last %" PRIu64
+                 ", expected 0 and %" PRIu64 "); " HST_HINT,
                  path, offsets[0], offsets[n], total);
         goto err_unmap;
     }
@@ -410,8 +413,8 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
     }
     uint64_t fp_now = body_fingerprint(offsets, n, ids, mask, total);
     if (fp_now != fp) {
-        hs_error("%s: .hst content checksum mismatch (XXH3 0x%016" PRIx64 ", header says 0x%016" PRIx64
-                 "): the file is corrupt; " HST_HINT,
+        hs_error("%s: .hst content checksum mismatch (XXH3 0x%016" PRIx64
+                 ", header says 0x%016" PRIx64 "): the file is corrupt; " HST_HINT,
                  path, fp_now, fp);
         st = HS_ERR_CHECKSUM;
         goto err_unmap;
@@ -501,10 +504,22 @@ void hs_dataset_close(hs_dataset_t *ds)
     free(ds);
 }
 
-hs_dataset_format_t hs_dataset_format(const hs_dataset_t *ds) { return ds->format; }
-uint64_t hs_dataset_count(const hs_dataset_t *ds) { return ds->n; }
-uint64_t hs_dataset_total_tokens(const hs_dataset_t *ds) { return ds->total; }
-uint64_t hs_dataset_fingerprint(const hs_dataset_t *ds) { return ds->fingerprint; }
+hs_dataset_format_t hs_dataset_format(const hs_dataset_t *ds)
+{
+    return ds->format;
+}
+uint64_t hs_dataset_count(const hs_dataset_t *ds)
+{
+    return ds->n;
+}
+uint64_t hs_dataset_total_tokens(const hs_dataset_t *ds)
+{
+    return ds->total;
+}
+uint64_t hs_dataset_fingerprint(const hs_dataset_t *ds)
+{
+    return ds->fingerprint;
+}
 
 uint32_t hs_dataset_seq_len(const hs_dataset_t *ds, uint64_t i)
 {
@@ -550,7 +565,8 @@ hs_status_t hs_dataset_from_arrays(uint64_t n, const uint32_t *lens, const int32
         return HS_ERR_NOMEM;
     }
     ds->own_offsets[0] = 0;
-    for (uint64_t i = 0; i < n; i++) ds->own_offsets[i + 1] = ds->own_offsets[i] + lens[i];
+    for (uint64_t i = 0; i < n; i++)
+        ds->own_offsets[i + 1] = ds->own_offsets[i] + lens[i];
     memcpy(ds->own_ids, ids, (size_t)total * sizeof(int32_t));
     if (mask)
         memcpy(ds->own_mask, mask, (size_t)total);
@@ -610,7 +626,8 @@ hs_status_t hs_dataset_write_hst(const hs_dataset_t *ds, const char *path)
     hs_status_t st = HS_ERR_IO;
     (void)fchmod(fd, 0644); /* mkstemp makes 0600; a dataset is meant to be shared */
     if (write_all(fd, h, sizeof(h)) || write_all(fd, ds->offsets, (size_t)(ds->n + 1) * 8) ||
-        write_all(fd, ds->ids, (size_t)ds->total * 4) || write_all(fd, ds->mask, (size_t)ds->total)) {
+        write_all(fd, ds->ids, (size_t)ds->total * 4) ||
+        write_all(fd, ds->mask, (size_t)ds->total)) {
         hs_error("%s: write failed: %m; check free disk space", tmp);
         goto err_unlink;
     }

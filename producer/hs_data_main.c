@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dataset_int.h"
@@ -50,8 +51,8 @@ static const struct option long_opts[] = {
 
 /* Which commands each option applies to (indexed by option - OPT_TOKEN_BUDGET). */
 static const int opt_cmds[] = {
-    CMD_PLAN, CMD_PLAN, CMD_PLAN, CMD_PLAN | CMD_SYNTH, CMD_PLAN,
-    CMD_SYNTH, CMD_SYNTH, CMD_SYNTH, CMD_SYNTH, CMD_ALL,
+    CMD_PLAN,  CMD_PLAN,  CMD_PLAN, CMD_PLAN | CMD_SYNTH, CMD_PLAN, CMD_SYNTH, CMD_SYNTH,
+    CMD_SYNTH, CMD_SYNTH, CMD_ALL,
 };
 
 typedef struct {
@@ -66,7 +67,8 @@ typedef struct {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
+    fprintf(
+        f,
         "usage: hs-data COMMAND ARGS [OPTIONS]\n"
         "\n"
         "Prepare and inspect the token datasets hsflow producers read.\n"
@@ -203,7 +205,8 @@ static int cmd_info(const char *path)
     for (uint64_t i = 0; i < n; i++) {
         uint32_t len = hs_dataset_seq_len(ds, i);
         const uint8_t *m = hs_dataset_mask(ds, i);
-        for (uint32_t t = 0; t < len; t++) loss += m[t];
+        for (uint32_t t = 0; t < len; t++)
+            loss += m[t];
         if (len < mn) mn = len;
         if (len > mx) mx = len;
         hist[31 - __builtin_clz(len)]++;
@@ -248,15 +251,17 @@ static int cmd_plan(const char *path, const opts_t *o)
     hs_plan_stats(plan, &s);
     const hs_plan_config_t *c = hs_plan_config(plan);
 
-    printf("dataset       %s (%" PRIu64 " sequences, %" PRIu64 " tokens, fingerprint %016" PRIx64 ")\n",
+    printf("dataset       %s (%" PRIu64 " sequences, %" PRIu64 " tokens, fingerprint %016" PRIx64
+           ")\n",
            path, s.n_samples, hs_dataset_total_tokens(ds), hs_dataset_fingerprint(ds));
-    printf("config        token budget %" PRIu32 ", max seq len %" PRIu32 ", overflow %s, seed %" PRIu64
-           "\n",
+    printf("config        token budget %" PRIu32 ", max seq len %" PRIu32
+           ", overflow %s, seed %" PRIu64 "\n",
            c->token_budget, c->max_seq_len, hs_overflow_str(c->overflow), c->seed);
     printf("batches       %" PRIu32 " per epoch (planned in %.3f s)\n", s.n_batches, took);
     printf("fill          mean %.2f%%, batch tokens min %" PRIu32 " max %" PRIu32 "\n",
            s.mean_fill_pct, s.min_batch_tokens, s.max_batch_tokens);
-    printf("kept          %" PRIu64 " sequences, %" PRIu64 " tokens per epoch\n", s.n_kept, s.tokens);
+    printf("kept          %" PRIu64 " sequences, %" PRIu64 " tokens per epoch\n", s.n_kept,
+           s.tokens);
     printf("truncated     %" PRIu64 " sequences\n", s.n_truncated);
     printf("dropped       %" PRIu64 " sequences\n", s.n_dropped);
     printf("tokens lost   %" PRIu64 " (%.2f%%) to truncation and dropping\n", s.tokens_dropped,
@@ -300,7 +305,8 @@ static int cmd_plan(const char *path, const opts_t *o)
         hs_plan_epoch_order(plan, (uint32_t)e, order);
         printf("epoch %-7" PRIu64 " order:", e);
         uint32_t show = s.n_batches < 16 ? s.n_batches : 16;
-        for (uint32_t i = 0; i < show; i++) printf(" %" PRIu32, order[i]);
+        for (uint32_t i = 0; i < show; i++)
+            printf(" %" PRIu32, order[i]);
         printf("%s\n", show < s.n_batches ? " ..." : "");
     }
     rc = 0;
@@ -316,8 +322,9 @@ static int cmd_synth(const char *path, const opts_t *o)
     uint64_t min_len = o->min_len ? o->min_len : 16, max_len = o->max_len ? o->max_len : 2048;
     uint64_t vocab = o->vocab ? o->vocab : 32000;
     if (min_len > max_len) {
-        fprintf(stderr, "hs-data: --min-len %" PRIu64 " is above --max-len %" PRIu64
-                        "; give min <= max\n", min_len, max_len);
+        fprintf(stderr,
+                "hs-data: --min-len %" PRIu64 " is above --max-len %" PRIu64 "; give min <= max\n",
+                min_len, max_len);
         return 2;
     }
     size_t plen = strlen(path);
@@ -325,6 +332,7 @@ static int cmd_synth(const char *path, const opts_t *o)
     if (!tmp) return 1;
     snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
     int fd = mkstemp(tmp);
+    if (fd >= 0) (void)fchmod(fd, 0644); /* mkstemp makes 0600; datasets are shared */
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!f) {
         hs_error("%s: cannot create %s: %m; check the folder exists and is writable", path, tmp);
@@ -341,7 +349,8 @@ static int cmd_synth(const char *path, const opts_t *o)
         for (uint64_t t = 0; t < len; t++)
             fprintf(f, t ? ",%" PRIu64 : "%" PRIu64, hs_splitmix64(&rng) % vocab);
         fputs("],\"loss_mask\":[", f);
-        for (uint64_t t = 0; t < len; t++) fputs(t ? (t < prompt ? ",0" : ",1") : (t < prompt ? "0" : "1"), f);
+        for (uint64_t t = 0; t < len; t++)
+            fputs(t ? (t < prompt ? ",0" : ",1") : (t < prompt ? "0" : "1"), f);
         fputs("]}\n", f);
         total += len;
     }
@@ -373,11 +382,16 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    if (!strcmp(cmd_name, "import")) cmd = CMD_IMPORT;
-    else if (!strcmp(cmd_name, "info")) cmd = CMD_INFO;
-    else if (!strcmp(cmd_name, "plan")) cmd = CMD_PLAN;
-    else if (!strcmp(cmd_name, "synth")) cmd = CMD_SYNTH;
-    else return die_usage("unknown command '%s'%s; use import, info, plan or synth", cmd_name, "");
+    if (!strcmp(cmd_name, "import"))
+        cmd = CMD_IMPORT;
+    else if (!strcmp(cmd_name, "info"))
+        cmd = CMD_INFO;
+    else if (!strcmp(cmd_name, "plan"))
+        cmd = CMD_PLAN;
+    else if (!strcmp(cmd_name, "synth"))
+        cmd = CMD_SYNTH;
+    else
+        return die_usage("unknown command '%s'%s; use import, info, plan or synth", cmd_name, "");
 
     opts_t o = {.overflow = HS_OVERFLOW_TRUNCATE, .epochs = 1};
     /* environment first (only options that apply to this command), then the
@@ -411,8 +425,8 @@ int main(int argc, char **argv)
     char **pos = argv + optind;
     int want = cmd == CMD_IMPORT ? 2 : 1;
     if (npos != want) {
-        static const char *forms[] = {"", "import IN OUT.hst", "info FILE", "", "plan FILE", "", "", "",
-                                      "synth OUT.jsonl"};
+        static const char *forms[] = {"", "import IN OUT.hst", "info FILE", "", "plan FILE", "", "",
+                                      "", "synth OUT.jsonl"};
         return die_usage("wrong number of arguments; usage: hs-data %s%s", forms[cmd],
                          " [OPTIONS]");
     }
@@ -426,8 +440,10 @@ int main(int argc, char **argv)
             return die_usage("plan needs --token-budget N (or HS_TOKEN_BUDGET), e.g. %s%s",
                              "--token-budget 64K", "");
         if (o.max_seq_len > o.token_budget) {
-            fprintf(stderr, "hs-data: --max-seq-len %" PRIu64 " is above --token-budget %" PRIu64
-                            "; a sequence must fit one batch\n", o.max_seq_len, o.token_budget);
+            fprintf(stderr,
+                    "hs-data: --max-seq-len %" PRIu64 " is above --token-budget %" PRIu64
+                    "; a sequence must fit one batch\n",
+                    o.max_seq_len, o.token_budget);
             return 2;
         }
         return cmd_plan(pos[0], &o);

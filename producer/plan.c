@@ -21,10 +21,10 @@ struct hs_plan {
     uint64_t fingerprint;
     uint64_t hash;
     uint32_t n_batches;
-    uint64_t *batch_start;   /* n_batches+1 indices into sample_ids/lengths */
-    uint32_t *batch_tokens;  /* n_batches */
-    uint64_t *sample_ids;    /* n_kept, batch by batch */
-    uint32_t *lengths;       /* n_kept */
+    uint64_t *batch_start;  /* n_batches+1 indices into sample_ids/lengths */
+    uint32_t *batch_tokens; /* n_batches */
+    uint64_t *sample_ids;   /* n_kept, batch by batch */
+    uint32_t *lengths;      /* n_kept */
     hs_plan_stats_t stats;
 };
 
@@ -60,8 +60,14 @@ static int item_cmp(const void *pa, const void *pb)
     return (a->id > b->id) - (a->id < b->id);
 }
 
-static void hash_u32(XXH3_state_t *st, uint32_t v) { XXH3_64bits_update(st, &v, 4); }
-static void hash_u64(XXH3_state_t *st, uint64_t v) { XXH3_64bits_update(st, &v, 8); }
+static void hash_u32(XXH3_state_t *st, uint32_t v)
+{
+    XXH3_64bits_update(st, &v, 4);
+}
+static void hash_u64(XXH3_state_t *st, uint64_t v)
+{
+    XXH3_64bits_update(st, &v, 8);
+}
 
 /* Canonical little-endian form of everything that defines the plan. */
 static uint64_t plan_compute_hash(const hs_plan_t *p, uint64_t n_kept)
@@ -89,18 +95,21 @@ static hs_status_t plan_pack(plan_item_t *items, uint64_t n, uint32_t budget, ui
                              uint32_t **bin_tokens_out)
 {
     uint64_t leaves = 1;
-    while (leaves < n) leaves *= 2;
+    while (leaves < n)
+        leaves *= 2;
     /* tree[1] is the root; leaves at [leaves, 2*leaves); each node holds the
      * largest free space below it. Unopened batches have the whole budget,
      * and there are always more leaves than items, so a fit always exists. */
     uint32_t *tree = malloc((size_t)(2 * leaves) * sizeof(uint32_t));
     if (!tree) return HS_ERR_NOMEM;
-    for (uint64_t i = 0; i < 2 * leaves; i++) tree[i] = budget;
+    for (uint64_t i = 0; i < 2 * leaves; i++)
+        tree[i] = budget;
     uint64_t n_bins = 0;
     for (uint64_t i = 0; i < n; i++) {
         uint32_t len = items[i].len;
         uint64_t node = 1;
-        while (node < leaves) node = tree[2 * node] >= len ? 2 * node : 2 * node + 1;
+        while (node < leaves)
+            node = tree[2 * node] >= len ? 2 * node : 2 * node + 1;
         uint64_t bin = node - leaves;
         tree[node] -= len;
         for (node /= 2; node >= 1; node /= 2) {
@@ -115,7 +124,8 @@ static hs_status_t plan_pack(plan_item_t *items, uint64_t n, uint32_t budget, ui
         free(tree);
         return HS_ERR_NOMEM;
     }
-    for (uint64_t b = 0; b < n_bins; b++) bin_tokens[b] = budget - tree[leaves + b];
+    for (uint64_t b = 0; b < n_bins; b++)
+        bin_tokens[b] = budget - tree[leaves + b];
     free(tree);
     *n_bins_out = n_bins;
     *bin_tokens_out = bin_tokens;
@@ -186,7 +196,8 @@ hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, h
     st = plan_pack(items, k, c.token_budget, &n_bins, &bin_tokens);
     if (st != HS_OK) goto err_free;
     if (n_bins > UINT32_MAX) {
-        hs_error("plan: %" PRIu64 " batches do not fit 32-bit batch ids; raise --token-budget", n_bins);
+        hs_error("plan: %" PRIu64 " batches do not fit 32-bit batch ids; raise --token-budget",
+                 n_bins);
         st = HS_ERR_INVALID;
         goto err_free;
     }
@@ -200,8 +211,10 @@ hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, h
     if (!p->batch_start || !p->sample_ids || !p->lengths) goto err_free;
 
     /* counting sort by batch, stable, so each batch stays longest first */
-    for (uint64_t i = 0; i < k; i++) p->batch_start[items[i].bin + 1]++;
-    for (uint64_t b = 0; b < n_bins; b++) p->batch_start[b + 1] += p->batch_start[b];
+    for (uint64_t i = 0; i < k; i++)
+        p->batch_start[items[i].bin + 1]++;
+    for (uint64_t b = 0; b < n_bins; b++)
+        p->batch_start[b + 1] += p->batch_start[b];
     uint64_t *cursor = malloc((size_t)n_bins * sizeof(uint64_t));
     if (!cursor) goto err_free;
     memcpy(cursor, p->batch_start, (size_t)n_bins * sizeof(uint64_t));
@@ -249,11 +262,26 @@ void hs_plan_destroy(hs_plan_t *plan)
     free(plan);
 }
 
-uint32_t hs_plan_n_batches(const hs_plan_t *plan) { return plan->n_batches; }
-uint64_t hs_plan_hash(const hs_plan_t *plan) { return plan->hash; }
-uint64_t hs_plan_fingerprint(const hs_plan_t *plan) { return plan->fingerprint; }
-const hs_plan_config_t *hs_plan_config(const hs_plan_t *plan) { return &plan->cfg; }
-void hs_plan_stats(const hs_plan_t *plan, hs_plan_stats_t *out) { *out = plan->stats; }
+uint32_t hs_plan_n_batches(const hs_plan_t *plan)
+{
+    return plan->n_batches;
+}
+uint64_t hs_plan_hash(const hs_plan_t *plan)
+{
+    return plan->hash;
+}
+uint64_t hs_plan_fingerprint(const hs_plan_t *plan)
+{
+    return plan->fingerprint;
+}
+const hs_plan_config_t *hs_plan_config(const hs_plan_t *plan)
+{
+    return &plan->cfg;
+}
+void hs_plan_stats(const hs_plan_t *plan, hs_plan_stats_t *out)
+{
+    *out = plan->stats;
+}
 
 hs_status_t hs_plan_batch(const hs_plan_t *plan, uint32_t id, hs_plan_batch_t *out)
 {

@@ -41,9 +41,9 @@ typedef struct hs_plan hs_plan_t;
 
 typedef struct {
     uint32_t n_seqs;
-    uint32_t n_tokens;            /* sum of lengths, <= token_budget */
-    const uint64_t *sample_ids;   /* n_seqs dataset indices, longest first */
-    const uint32_t *lengths;      /* tokens used of each (after truncation) */
+    uint32_t n_tokens;          /* sum of lengths, <= token_budget */
+    const uint64_t *sample_ids; /* n_seqs dataset indices, longest first */
+    const uint32_t *lengths;    /* tokens used of each (after truncation) */
 } hs_plan_batch_t;
 
 typedef struct {
@@ -56,8 +56,8 @@ typedef struct {
     uint32_t n_batches;
     uint32_t max_batch_tokens;
     uint32_t min_batch_tokens;
-    uint32_t max_seq_len;    /* the effective limit */
-    double mean_fill_pct;    /* 100 * tokens / (n_batches * token_budget) */
+    uint32_t max_seq_len; /* the effective limit */
+    double mean_fill_pct; /* 100 * tokens / (n_batches * token_budget) */
 } hs_plan_stats_t;
 
 /* Builds the plan of `ds` under `cfg`. Fails with HS_ERR_INVALID (and a

@@ -17,7 +17,10 @@
 static pthread_once_t sodium_once = PTHREAD_ONCE_INIT;
 static int sodium_status = -1;
 
-static void sodium_init_once(void) { sodium_status = sodium_init() < 0 ? -1 : 0; }
+static void sodium_init_once(void)
+{
+    sodium_status = sodium_init() < 0 ? -1 : 0;
+}
 
 hs_status_t hs_auth_init(void)
 {
@@ -74,7 +77,8 @@ hs_status_t hs_auth_load_secret(const char *path, hs_auth_key_t *key)
     if (len > 0 && buf[len - 1] == '\r') len--;
     if (len < SECRET_MIN) {
         hs_error("secret file '%s' holds %zu bytes, at least %u are needed: write a longer random "
-                 "secret into it (e.g. head -c 32 /dev/urandom | base64)", path, len, SECRET_MIN);
+                 "secret into it (e.g. head -c 32 /dev/urandom | base64)",
+                 path, len, SECRET_MIN);
         st = HS_ERR_INVALID;
         goto err_wipe;
     }

@@ -13,7 +13,8 @@
 #include <string.h>
 #include <xxhash.h>
 
-_Static_assert(sizeof(hs_batch_header_t) == HS_BATCH_HEADER_BYTES, "batch header must be 256 bytes");
+_Static_assert(sizeof(hs_batch_header_t) == HS_BATCH_HEADER_BYTES,
+               "batch header must be 256 bytes");
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "hsflow's batch region and frames assume a little-endian host"
 #endif
@@ -21,7 +22,7 @@ _Static_assert(sizeof(hs_batch_header_t) == HS_BATCH_HEADER_BYTES, "batch header
 #define HS_LAYOUT_MAX_HIDDEN 65536u
 
 __attribute__((format(printf, 3, 4))) static void say(char *why, size_t whycap, const char *fmt,
-                                                       ...)
+                                                      ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -48,8 +49,10 @@ hs_status_t hs_layout_validate(const hs_layout_t *l, char *why, size_t whycap)
     }
     for (uint32_t i = 0; i < l->n_layers; i++) {
         if (l->layers[i] < 0) {
-            say(why, whycap, "captured layer %d is negative: layers are output_hidden_states "
-                "indices (0 = embeddings)", l->layers[i]);
+            say(why, whycap,
+                "captured layer %d is negative: layers are output_hidden_states "
+                "indices (0 = embeddings)",
+                l->layers[i]);
             return HS_ERR_INVALID;
         }
         if (i > 0 && l->layers[i] <= l->layers[i - 1]) {
@@ -190,17 +193,19 @@ hs_status_t hs_batch_verify(const void *region, uint64_t bytes, uint32_t epoch, 
         return HS_ERR_FORMAT;
     }
     if (h->version != HS_BATCH_VERSION) {
-        say(why, whycap, "batch format version %u, this side reads %u: run the same hsflow "
-            "release on both sides", h->version, HS_BATCH_VERSION);
+        say(why, whycap,
+            "batch format version %u, this side reads %u: run the same hsflow "
+            "release on both sides",
+            h->version, HS_BATCH_VERSION);
         return HS_ERR_MISMATCH;
     }
-#define EXPECT(field, want, fmt)                                                              \
-    do {                                                                                      \
-        if (h->field != (want)) {                                                             \
-            say(why, whycap, "batch header " #field " is %" fmt ", the ticket says %" fmt,    \
-                h->field, (want));                                                            \
-            return HS_ERR_MISMATCH;                                                           \
-        }                                                                                     \
+#define EXPECT(field, want, fmt)                                                                   \
+    do {                                                                                           \
+        if (h->field != (want)) {                                                                  \
+            say(why, whycap, "batch header " #field " is %" fmt ", the ticket says %" fmt,         \
+                h->field, (want));                                                                 \
+            return HS_ERR_MISMATCH;                                                                \
+        }                                                                                          \
     } while (0)
     EXPECT(dtype, (uint16_t)layout->dtype, PRIu16);
     EXPECT(epoch, epoch, PRIu32);
@@ -231,8 +236,10 @@ hs_status_t hs_batch_verify(const void *region, uint64_t bytes, uint32_t epoch, 
     uint64_t sum = hs_checksum64((const uint8_t *)region + HS_BATCH_HEADER_BYTES,
                                  bytes - HS_BATCH_HEADER_BYTES);
     if (sum != h->checksum) {
-        say(why, whycap, "batch (epoch %u, index %u) checksum 0x%016" PRIx64 ", header says "
-            "0x%016" PRIx64 ": corrupted in transit or in memory", epoch, index, sum, h->checksum);
+        say(why, whycap,
+            "batch (epoch %u, index %u) checksum 0x%016" PRIx64 ", header says "
+            "0x%016" PRIx64 ": corrupted in transit or in memory",
+            epoch, index, sum, h->checksum);
         return HS_ERR_CHECKSUM;
     }
     return HS_OK;
@@ -265,7 +272,8 @@ uint16_t hs_synth_value(uint64_t sample_id, int32_t layer, uint32_t pos, uint32_
 
 static void synth_row(uint16_t *restrict row, uint32_t base, uint32_t H)
 {
-    for (uint32_t c = 0; c < H; c++) row[c] = synth_at(base, c);
+    for (uint32_t c = 0; c < H; c++)
+        row[c] = synth_at(base, c);
 }
 
 /* The sequence range [lo, hi) of sequence s, clamped to [0, T]. */
@@ -310,7 +318,8 @@ hs_status_t hs_batch_synth_check(const hs_batch_view_t *v, const hs_layout_t *la
                 uint32_t base = synth_base(v->sample_ids[s], layout->layers[j], t - lo);
                 /* Branch-free scan of the row first; locate only on a miss. */
                 uint32_t diff = 0;
-                for (uint32_t c = 0; c < H; c++) diff |= (uint32_t)(row[c] ^ synth_at(base, c));
+                for (uint32_t c = 0; c < H; c++)
+                    diff |= (uint32_t)(row[c] ^ synth_at(base, c));
                 if (!diff) continue;
                 for (uint32_t c = 0; c < H; c++) {
                     if (row[c] != synth_at(base, c)) {

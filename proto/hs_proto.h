@@ -185,8 +185,8 @@ hs_status_t hs_frame_body_check(const hs_frame_header_t *h, const void *body, ch
 
 #define HS_AUTH_NONCE_BYTES 32u
 #define HS_AUTH_MAC_BYTES 32u
-#define HS_MSG_NAME_MAX 256u    /* producer, consumer and target names, bytes */
-#define HS_MSG_TEXT_MAX 4096u   /* error text and bye reason, bytes */
+#define HS_MSG_NAME_MAX 256u     /* producer and consumer names, bytes */
+#define HS_MSG_TEXT_MAX 4096u    /* error text, bye reason, target name, bytes */
 #define HS_MSG_MAX_WORKERS 4096u /* workers one producer may report */
 /* Batches per PLAN page: each entry costs at most 10 bytes on the wire, so a
  * full page stays far below HS_FRAME_MAX_BODY. */

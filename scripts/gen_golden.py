@@ -114,11 +114,39 @@ def randomise(model, gen, storage_dtype):
             p.copy_(v.float())
 
 
+TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
+
+
+def config_kwargs(kw):
+    """transformers < 5 takes rope_theta + rope_scaling, not rope_parameters."""
+    kw = dict(kw)
+    if TRANSFORMERS_MAJOR < 5:
+        rp = dict(kw.pop("rope_parameters"))
+        kw["rope_theta"] = rp.pop("rope_theta")
+        if rp["rope_type"] != "default":
+            kw["rope_scaling"] = rp
+    return kw
+
+
+def write_both_rope_styles(path, kw):
+    """config.json readable by transformers 4.x and 5.x alike: the legacy
+    rope_theta / rope_scaling keys next to 5.x's rope_parameters."""
+    with open(path) as f:
+        cfg = json.load(f)
+    rp = dict(kw["rope_parameters"])
+    cfg["rope_theta"] = rp.pop("rope_theta")
+    cfg["rope_scaling"] = rp if rp["rope_type"] != "default" else None
+    cfg.setdefault("rope_parameters", dict(kw["rope_parameters"]))
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
 def build(name, spec, out_dir):
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED + sum(map(ord, name)))
     cfg_cls, model_cls = spec["cls"]
-    cfg = cfg_cls(**spec["cfg"])
+    cfg = cfg_cls(**config_kwargs(spec["cfg"]))
     cfg._attn_implementation = "eager"
     model = model_cls(cfg).eval()
     randomise(model, gen, spec["dtype"])
@@ -160,6 +188,7 @@ def build(name, spec, out_dir):
     for f in os.listdir(d):
         if f == "generation_config.json":
             os.remove(os.path.join(d, f))
+    write_both_rope_styles(os.path.join(d, "config.json"), spec["cfg"])
 
     tensors = {f"hidden_states.{i}": torch.cat(per_layer[i]).contiguous() for i in range(n + 1)}
     tensors["input_ids"] = ids.to(torch.int32)

@@ -62,6 +62,9 @@ struct hs_tp_ops {
     hs_status_t (*progress)(hs_tp_t *tp, int timeout_ms);
     void (*wakeup)(hs_tp_t *tp);
     hs_status_t (*mem_register)(hs_tp_t *tp, void *addr, size_t len);
+    /* Optional: refreshes conn->describe (what carries it may change after
+     * the connection is set up). */
+    void (*describe)(hs_tp_conn_t *conn);
 };
 
 extern const hs_tp_ops_t hs__tp_tcp_ops;

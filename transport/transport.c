@@ -221,7 +221,12 @@ bool hs_tp_conn_is_loopback(const hs_tp_conn_t *conn)
     return conn && hs__tp_addr_is_loopback((const struct sockaddr *)&conn->peer_addr);
 }
 
-const char *hs_tp_conn_describe(const hs_tp_conn_t *conn) { return conn ? conn->describe : "?"; }
+const char *hs_tp_conn_describe(const hs_tp_conn_t *conn)
+{
+    if (!conn) return "?";
+    if (conn->tp->ops->describe) conn->tp->ops->describe((hs_tp_conn_t *)conn);
+    return conn->describe;
+}
 
 void hs_tp_conn_set_user(hs_tp_conn_t *conn, void *user)
 {

@@ -2,11 +2,16 @@
  * an independent page-bitmap model), coalescing, bounded fragmentation,
  * exact contains(), alignment, chunked preparation and two-thread use. */
 #include <check.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cache_int.h"
+
+#ifdef HS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #define PAGE HS_CACHE_SLOT_ALIGN
 
@@ -40,7 +45,8 @@ static void shadow_fini(shadow_t *m)
 }
 
 /* Free bytes, largest free run and number of free runs of the model. */
-static void shadow_free_runs(const shadow_t *m, uint64_t *free_bytes, uint64_t *largest, uint64_t *runs)
+static void shadow_free_runs(const shadow_t *m, uint64_t *free_bytes, uint64_t *largest,
+                             uint64_t *runs)
 {
     uint64_t f = 0, l = 0, r = 0, cur = 0;
     for (uint64_t p = 0; p < m->cap_pages; p++) {
@@ -134,7 +140,8 @@ START_TEST(random_reserve_free_never_exceeds_capacity_and_matches_a_shadow_model
         hs_cache_stats(c, &cs);
         uint64_t fb, lg, runs, used = 0;
         shadow_free_runs(&m, &fb, &lg, &runs);
-        for (uint32_t i = 0; i < m.n; i++) used += m.bytes[i];
+        for (uint32_t i = 0; i < m.n; i++)
+            used += m.bytes[i];
         ck_assert_uint_le(cs.used, cap);
         ck_assert_uint_eq(cs.used, used);
         ck_assert_uint_eq(cs.used + cs.free_bytes, cap);
@@ -167,8 +174,10 @@ START_TEST(freeing_every_slot_in_random_order_leaves_one_extent_of_full_capacity
         uint32_t n = 0;
         hs_cache_slot_t s;
         /* fill with random sizes, then top up with single pages until full */
-        while (hs_cache_reserve(c, rnd(&st, 1, cap / 16), &s) == HS_OK) offs[n++] = s.offset;
-        while (hs_cache_reserve(c, 1, &s) == HS_OK) offs[n++] = s.offset;
+        while (hs_cache_reserve(c, rnd(&st, 1, cap / 16), &s) == HS_OK)
+            offs[n++] = s.offset;
+        while (hs_cache_reserve(c, 1, &s) == HS_OK)
+            offs[n++] = s.offset;
         hs_cache_stats_t cs;
         hs_cache_stats(c, &cs);
         ck_assert_uint_eq(cs.used, cap);
@@ -179,7 +188,8 @@ START_TEST(freeing_every_slot_in_random_order_leaves_one_extent_of_full_capacity
             offs[i - 1] = offs[j];
             offs[j] = t;
         }
-        for (uint32_t i = 0; i < n; i++) ck_assert_int_eq(hs_cache_free(c, offs[i]), HS_OK);
+        for (uint32_t i = 0; i < n; i++)
+            ck_assert_int_eq(hs_cache_free(c, offs[i]), HS_OK);
         hs_cache_stats(c, &cs);
         ck_assert_uint_eq(cs.used, 0);
         ck_assert_uint_eq(cs.n_slots, 0);
@@ -215,6 +225,7 @@ START_TEST(fragmentation_stays_bounded_under_random_sizes)
         if (hs_cache_reserve(c, rnd(&st, 4096, cap / 3), &s) == HS_OK) {
             offs[n++] = s.offset;
         } else {
+            ck_assert_uint_gt(n, 0); /* an empty cache fits any request <= capacity */
             uint32_t k = (uint32_t)(hs_splitmix64(&st) % n);
             ck_assert_int_eq(hs_cache_free(c, offs[k]), HS_OK);
             offs[k] = offs[--n];
@@ -228,7 +239,8 @@ START_TEST(fragmentation_stays_bounded_under_random_sizes)
         }
     }
     ck_assert_uint_gt(checks, 1000);
-    while (n) ck_assert_int_eq(hs_cache_free(c, offs[--n]), HS_OK);
+    while (n)
+        ck_assert_int_eq(hs_cache_free(c, offs[--n]), HS_OK);
 
     /* (b) batch-like sizes cap/100..cap/8: NOSPACE only when >= 25% is in
      * use, and >= 75% in use on average when it happens */
@@ -243,6 +255,7 @@ START_TEST(fragmentation_stays_bounded_under_random_sizes)
             ck_assert_uint_ge(cs.used, cap / 4);
             util_sum += (double)cs.used / (double)cap;
             fails++;
+            ck_assert_uint_gt(n, 0);
             uint32_t k = (uint32_t)(hs_splitmix64(&st) % n);
             ck_assert_int_eq(hs_cache_free(c, offs[k]), HS_OK);
             offs[k] = offs[--n];
@@ -250,7 +263,8 @@ START_TEST(fragmentation_stays_bounded_under_random_sizes)
         offs[n++] = s.offset;
     }
     ck_assert_uint_gt(fails, 1000);
-    ck_assert_msg(util_sum / (double)fails >= 0.75, "mean use at NOSPACE %.3f", util_sum / (double)fails);
+    ck_assert_msg(util_sum / (double)fails >= 0.75, "mean use at NOSPACE %.3f",
+                  util_sum / (double)fails);
     hs_cache_destroy(c);
 }
 END_TEST
@@ -269,17 +283,17 @@ START_TEST(contains_is_exact_to_the_byte)
     ck_assert(hs_cache_contains(c, pa, a.bytes));
     ck_assert(hs_cache_contains(c, pa + 1, a.bytes - 1));
     ck_assert(hs_cache_contains(c, pa + a.bytes - 1, 1));
-    ck_assert(!hs_cache_contains(c, pa, a.bytes + 1));     /* runs into b */
-    ck_assert(!hs_cache_contains(c, pa + 100, a.bytes));   /* runs into b */
+    ck_assert(!hs_cache_contains(c, pa, a.bytes + 1));   /* runs into b */
+    ck_assert(!hs_cache_contains(c, pa + 100, a.bytes)); /* runs into b */
     ck_assert(hs_cache_contains(c, b.ptr, b.bytes));
     ck_assert(!hs_cache_contains(c, (uint8_t *)b.ptr + b.bytes, 1)); /* free space after b */
-    ck_assert(!hs_cache_contains(c, pa - 1, 1));           /* before the region */
-    ck_assert(!hs_cache_contains(c, pa, UINT64_MAX));      /* no overflow */
+    ck_assert(!hs_cache_contains(c, pa - 1, 1));                     /* before the region */
+    ck_assert(!hs_cache_contains(c, pa, UINT64_MAX));                /* no overflow */
     ck_assert(!hs_cache_contains(c, (uint8_t *)hs_cache_base(c) + cap, 1));
     int on_stack;
     ck_assert(!hs_cache_contains(c, &on_stack, 1));
     ck_assert_int_eq(hs_cache_free(c, a.offset), HS_OK);
-    ck_assert(!hs_cache_contains(c, pa, 1));               /* freed */
+    ck_assert(!hs_cache_contains(c, pa, 1)); /* freed */
     ck_assert(hs_cache_contains(c, b.ptr, b.bytes));
     hs_cache_destroy(c);
 }
@@ -338,7 +352,8 @@ START_TEST(reserve_hands_out_only_prepared_chunks)
 
     ck_assert(hs_cache_prepare_next(c));
     ck_assert_int_eq(hs_cache_reserve(c, chunk / 2, &s), HS_OK);
-    ck_assert_int_eq(hs_cache_reserve(c, chunk, &s), HS_ERR_NOSPACE); /* only half a chunk is ready */
+    ck_assert_int_eq(hs_cache_reserve(c, chunk, &s),
+                     HS_ERR_NOSPACE); /* only half a chunk is ready */
     ck_assert(hs_cache_prepare_next(c));
     ck_assert_int_eq(hs_cache_reserve(c, chunk, &s), HS_OK); /* spans the two ready chunks */
     ck_assert_uint_eq(s.offset, chunk / 2);
@@ -402,6 +417,59 @@ START_TEST(without_prepare_flags_everything_is_usable_at_once)
 }
 END_TEST
 
+#ifdef HS_HAVE_CUDA
+START_TEST(pinned_cache_copies_to_the_gpu_across_chunk_boundaries)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        (void)cudaGetLastError();
+        fprintf(stderr,
+                "pinned_cache_copies_to_the_gpu_across_chunk_boundaries: no GPU, skipped\n");
+        return;
+    }
+    const uint64_t chunk = 4ull << 20;
+    hs_cache_config_t cfg = {
+        .capacity = 5 * chunk, .flags = HS_CACHE_PIN_CUDA, .chunk_bytes = chunk, .cuda_device = 0};
+    hs_cache_t *c;
+    ck_assert_int_eq(hs_cache_create_ex(&cfg, &c), HS_OK);
+    hs_cache_wait_prepared(c);
+    hs_cache_stats_t cs;
+    hs_cache_stats(c, &cs);
+    ck_assert(!cs.pin_failed);
+    ck_assert_uint_eq(cs.pinned_bytes, cfg.capacity);
+    hs_cache_slot_t a, s;
+    ck_assert_int_eq(hs_cache_reserve(c, chunk / 2 + 4096, &a), HS_OK);
+    ck_assert_int_eq(hs_cache_reserve(c, 3 * chunk, &s), HS_OK); /* spans 4 chunks */
+    uint8_t *p = s.ptr;
+    for (uint64_t i = 0; i < s.bytes; i++)
+        p[i] = (uint8_t)(i * 131 + (i >> 12));
+    void *d = NULL;
+    ck_assert_int_eq(cudaMalloc(&d, s.bytes), cudaSuccess);
+    ck_assert_int_eq(hs_cache_copy_to_device(c, d, s.offset, s.bytes, NULL), HS_OK);
+    uint8_t *back = malloc(s.bytes);
+    ck_assert_int_eq(cudaMemcpy(back, d, s.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(memcmp(back, p, s.bytes), 0);
+    ck_assert_int_eq(hs_cache_copy_to_device(c, d, s.offset, cfg.capacity, NULL), HS_ERR_INVALID);
+    free(back);
+    cudaFree(d);
+    hs_cache_destroy(c);
+}
+END_TEST
+#endif
+
+#ifndef HS_HAVE_CUDA
+START_TEST(copy_to_device_is_refused_without_cuda)
+{
+    hs_cache_t *c;
+    ck_assert_int_eq(hs_cache_create(1ull << 20, 0, &c), HS_OK);
+    ck_assert_uint_eq(hs_cache_chunk_bytes(c), HS_CACHE_DEFAULT_CHUNK);
+    uint8_t dst[16];
+    ck_assert_int_eq(hs_cache_copy_to_device(c, dst, 0, sizeof dst, NULL), HS_ERR_UNSUPPORTED);
+    hs_cache_destroy(c);
+}
+END_TEST
+#endif
+
 /* Producer/consumer pair: one thread reserves, the other frees. */
 typedef struct {
     hs_cache_t *c;
@@ -417,7 +485,8 @@ static void *pc_free_main(void *arg)
     pc_t *pc = arg;
     for (;;) {
         pthread_mutex_lock(&pc->lock);
-        while (pc->head == pc->tail && !pc->done) pthread_cond_wait(&pc->cv, &pc->lock);
+        while (pc->head == pc->tail && !pc->done)
+            pthread_cond_wait(&pc->cv, &pc->lock);
         if (pc->head == pc->tail) {
             pthread_mutex_unlock(&pc->lock);
             return NULL;
@@ -441,7 +510,8 @@ START_TEST(reserve_on_one_thread_and_free_on_another_keep_the_books)
     for (int i = 0; i < 20000; i++) {
         hs_cache_slot_t s;
         uint64_t want = rnd(&st, 4096, cap / 8);
-        while (hs_cache_reserve(pc.c, want, &s) != HS_OK) sched_yield();
+        while (hs_cache_reserve(pc.c, want, &s) != HS_OK)
+            sched_yield();
         ck_assert(hs_cache_contains(pc.c, s.ptr, s.bytes));
         pthread_mutex_lock(&pc.lock);
         pc.q[pc.tail++ % 4096] = s.offset;
@@ -476,6 +546,11 @@ int main(void)
     tcase_add_test(tc, background_preparation_makes_the_whole_cache_usable);
     tcase_add_test(tc, without_prepare_flags_everything_is_usable_at_once);
     tcase_add_test(tc, reserve_on_one_thread_and_free_on_another_keep_the_books);
+#ifdef HS_HAVE_CUDA
+    tcase_add_test(tc, pinned_cache_copies_to_the_gpu_across_chunk_boundaries);
+#else
+    tcase_add_test(tc, copy_to_device_is_refused_without_cuda);
+#endif
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -14,9 +14,13 @@
 static hs_sched_t *sched_new(uint32_t n, uint32_t epochs, hs_sched_order_t order, uint64_t *bytes)
 {
     static uint64_t ones[4096];
-    for (uint32_t i = 0; i < n; i++) ones[i] = 1000 + i;
-    hs_sched_config_t cfg = {.n_batches = n, .bytes = bytes ? bytes : ones, .epochs = epochs,
-                             .seed = SEED, .order = order};
+    for (uint32_t i = 0; i < n; i++)
+        ones[i] = 1000 + i;
+    hs_sched_config_t cfg = {.n_batches = n,
+                             .bytes = bytes ? bytes : ones,
+                             .epochs = epochs,
+                             .seed = SEED,
+                             .order = order};
     hs_sched_t *s;
     ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_OK);
     return s;
@@ -57,21 +61,25 @@ static void run_random_interleaving(hs_sched_order_t order, uint64_t seed)
     const uint32_t n = 53, epochs = 4;
     uint64_t bytes[53];
     uint64_t st = seed;
-    for (uint32_t i = 0; i < n; i++) bytes[i] = 4096 + hs_splitmix64(&st) % (256u << 10);
+    for (uint32_t i = 0; i < n; i++)
+        bytes[i] = 4096 + hs_splitmix64(&st) % (256u << 10);
     hs_cache_t *cache;
     ck_assert_int_eq(hs_cache_create(2ull << 20, 0, &cache), HS_OK); /* ~12 average batches */
-    hs_sched_config_t cfg = {.n_batches = n, .bytes = bytes, .epochs = epochs, .seed = SEED, .order = order};
+    hs_sched_config_t cfg = {
+        .n_batches = n, .bytes = bytes, .epochs = epochs, .seed = SEED, .order = order};
     hs_sched_t *s;
     ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_OK);
 
     fake_conn_t conns[N_CONN];
     uint64_t next_conn = 1;
-    for (int i = 0; i < N_CONN; i++) conns[i] = (fake_conn_t){.id = next_conn++, .n = 0};
+    for (int i = 0; i < N_CONN; i++)
+        conns[i] = (fake_conn_t){.id = next_conn++, .n = 0};
     uint64_t stale[256];
     uint32_t n_stale = 0;
     uint8_t seen[4][53] = {{0}};
     uint32_t perms[4][53];
-    for (uint32_t e = 0; e < epochs; e++) hs_permutation(SEED, e, n, perms[e]);
+    for (uint32_t e = 0; e < epochs; e++)
+        hs_permutation(SEED, e, n, perms[e]);
     uint64_t n_delivered = 0, n_returned = 0, last_seq = 0, n_requeued = 0;
 
     uint64_t steps = 0;
@@ -97,9 +105,11 @@ static void run_random_interleaving(hs_sched_order_t order, uint64_t seed)
             uint64_t t = c->tickets[k];
             ck_assert_int_eq(hs_sched_lookup(s, c->id, t, &it), HS_OK);
             ck_assert_uint_eq(it.bytes, bytes[it.batch]);
-            ck_assert(hs_cache_contains(cache, (uint8_t *)hs_cache_base(cache) + it.slot_offset, it.bytes));
+            ck_assert(hs_cache_contains(cache, (uint8_t *)hs_cache_base(cache) + it.slot_offset,
+                                        it.bytes));
             /* no other connection can claim it */
-            ck_assert_int_eq(hs_sched_lookup(s, conns[(c - conns + 1) % N_CONN].id, t, &it), HS_ERR_NOT_FOUND);
+            ck_assert_int_eq(hs_sched_lookup(s, conns[(c - conns + 1) % N_CONN].id, t, &it),
+                             HS_ERR_NOT_FOUND);
             if (hs_splitmix64(&st) % 20 == 0) {
                 ck_assert_int_eq(hs_sched_requeue(s, c->id, t), HS_OK); /* bad checksum */
                 n_requeued++;
@@ -111,7 +121,8 @@ static void run_random_interleaving(hs_sched_order_t order, uint64_t seed)
         } else if (action < 97) { /* the trainer takes one */
             if (!hs_sched_next_ready(s, &it)) continue;
             ck_assert_int_eq(hs_sched_delivered(s, it.ticket), HS_OK);
-            ck_assert_msg(!seen[it.epoch][it.batch], "epoch %u batch %u delivered twice", it.epoch, it.batch);
+            ck_assert_msg(!seen[it.epoch][it.batch], "epoch %u batch %u delivered twice", it.epoch,
+                          it.batch);
             seen[it.epoch][it.batch] = 1;
             if (order == HS_SCHED_PLAN) {
                 ck_assert_uint_eq(it.seq, n_delivered); /* strictly the plan */
@@ -126,7 +137,8 @@ static void run_random_interleaving(hs_sched_order_t order, uint64_t seed)
             ck_assert_uint_eq(hs_sched_leases_of(s, c->id), held);
             ck_assert_uint_eq(hs_sched_return_leases(s, c->id), held);
             ck_assert_uint_eq(hs_sched_leases_of(s, c->id), 0);
-            for (uint32_t i = 0; i < held && n_stale < 256; i++) stale[n_stale++] = c->tickets[i];
+            for (uint32_t i = 0; i < held && n_stale < 256; i++)
+                stale[n_stale++] = c->tickets[i];
             n_returned += held;
             *c = (fake_conn_t){.id = next_conn++, .n = 0};
         }
@@ -141,7 +153,8 @@ static void run_random_interleaving(hs_sched_order_t order, uint64_t seed)
     }
     (void)last_seq;
     for (uint32_t e = 0; e < epochs; e++)
-        for (uint32_t b = 0; b < n; b++) ck_assert_msg(seen[e][b], "epoch %u batch %u never delivered", e, b);
+        for (uint32_t b = 0; b < n; b++)
+            ck_assert_msg(seen[e][b], "epoch %u batch %u never delivered", e, b);
     hs_sched_stats_t ss;
     hs_sched_stats(s, &ss);
     ck_assert_uint_eq(ss.planned, (uint64_t)n * epochs);
@@ -164,13 +177,15 @@ static void run_random_interleaving(hs_sched_order_t order, uint64_t seed)
 
 START_TEST(every_item_is_delivered_exactly_once_over_random_leases_fills_and_disconnects)
 {
-    for (uint64_t seed = 1; seed <= 4; seed++) run_random_interleaving(HS_SCHED_ARRIVAL, seed);
+    for (uint64_t seed = 1; seed <= 4; seed++)
+        run_random_interleaving(HS_SCHED_ARRIVAL, seed);
 }
 END_TEST
 
 START_TEST(plan_order_stays_exactly_once_and_in_order_over_random_interleavings)
 {
-    for (uint64_t seed = 1; seed <= 4; seed++) run_random_interleaving(HS_SCHED_PLAN, seed);
+    for (uint64_t seed = 1; seed <= 4; seed++)
+        run_random_interleaving(HS_SCHED_PLAN, seed);
 }
 END_TEST
 
@@ -265,7 +280,8 @@ START_TEST(plan_order_delivers_strictly_in_plan_order_when_fills_arrive_out_of_o
     hs_permutation(SEED, 1, n, perm[1]);
     hs_sched_item_t it;
     uint64_t tk[18];
-    for (uint32_t i = 0; i < 2 * n; i++) tk[i] = lease(s, 1 + i % 3, i * 4096, &it);
+    for (uint32_t i = 0; i < 2 * n; i++)
+        tk[i] = lease(s, 1 + i % 3, i * 4096, &it);
     /* fill everything in reverse: nothing is ready until the first is */
     for (uint32_t i = 2 * n; i-- > 1;) {
         ck_assert_int_eq(hs_sched_fill(s, 1 + i % 3, tk[i]), HS_OK);
@@ -291,11 +307,15 @@ START_TEST(arrival_order_delivers_in_fill_order)
     hs_sched_t *s = sched_new(n, 1, HS_SCHED_ARRIVAL, NULL);
     hs_sched_item_t it;
     uint64_t tk[12];
-    for (uint32_t i = 0; i < n; i++) tk[i] = lease(s, 7, i * 4096, &it);
+    for (uint32_t i = 0; i < n; i++)
+        tk[i] = lease(s, 7, i * 4096, &it);
     uint32_t fill_order[12] = {5, 0, 11, 3, 2, 9, 1, 10, 4, 8, 6, 7};
-    for (uint32_t i = 0; i < 6; i++) ck_assert_int_eq(hs_sched_fill(s, 7, tk[fill_order[i]]), HS_OK);
-    for (uint32_t i = 0; i < 3; i++) ck_assert_uint_eq(deliver(s, &it), tk[fill_order[i]]);
-    for (uint32_t i = 6; i < n; i++) ck_assert_int_eq(hs_sched_fill(s, 7, tk[fill_order[i]]), HS_OK);
+    for (uint32_t i = 0; i < 6; i++)
+        ck_assert_int_eq(hs_sched_fill(s, 7, tk[fill_order[i]]), HS_OK);
+    for (uint32_t i = 0; i < 3; i++)
+        ck_assert_uint_eq(deliver(s, &it), tk[fill_order[i]]);
+    for (uint32_t i = 6; i < n; i++)
+        ck_assert_int_eq(hs_sched_fill(s, 7, tk[fill_order[i]]), HS_OK);
     for (uint32_t i = 3; i < n; i++) {
         ck_assert_uint_eq(deliver(s, &it), tk[fill_order[i]]);
         ck_assert_uint_eq(it.slot_offset, fill_order[i] * 4096u);
@@ -312,8 +332,10 @@ START_TEST(delivering_out_of_the_head_in_arrival_order_keeps_the_ready_list_inta
     hs_sched_t *s = sched_new(4, 1, HS_SCHED_ARRIVAL, NULL);
     hs_sched_item_t it;
     uint64_t tk[4];
-    for (uint32_t i = 0; i < 4; i++) tk[i] = lease(s, 1, i * 4096, &it);
-    for (uint32_t i = 0; i < 4; i++) ck_assert_int_eq(hs_sched_fill(s, 1, tk[i]), HS_OK);
+    for (uint32_t i = 0; i < 4; i++)
+        tk[i] = lease(s, 1, i * 4096, &it);
+    for (uint32_t i = 0; i < 4; i++)
+        ck_assert_int_eq(hs_sched_fill(s, 1, tk[i]), HS_OK);
     /* the tail, then the middle: the rest still come oldest first */
     ck_assert_int_eq(hs_sched_delivered(s, tk[3]), HS_OK);
     ck_assert_int_eq(hs_sched_delivered(s, tk[1]), HS_OK);
@@ -333,7 +355,8 @@ START_TEST(finished_only_after_every_item_of_every_epoch)
     for (uint32_t i = 0; i < 6; i++) {
         ck_assert(!hs_sched_finished(s));
         tk[i] = lease(s, 1, i * 4096, &it);
-        ck_assert_uint_eq(it.epoch, i / 3); /* next epoch's tickets issue before this one is delivered */
+        ck_assert_uint_eq(it.epoch,
+                          i / 3); /* next epoch's tickets issue before this one is delivered */
     }
     ck_assert(!hs_sched_peek(s, &it));
     uint64_t t;
@@ -394,10 +417,17 @@ START_TEST(resume_skips_batches_already_delivered)
     /* the trainer had acknowledged the first 4 of epoch 1 in plan order, and
      * one more out of order */
     uint8_t done[2] = {0};
-    for (uint32_t p = 0; p < 4; p++) done[perm1[p] / 8] |= (uint8_t)(1u << (perm1[p] % 8));
+    for (uint32_t p = 0; p < 4; p++)
+        done[perm1[p] / 8] |= (uint8_t)(1u << (perm1[p] % 8));
     done[perm1[7] / 8] |= (uint8_t)(1u << (perm1[7] % 8));
-    hs_sched_config_t cfg = {.n_batches = n, .bytes = bytes, .n_tokens = toks, .epochs = 3, .seed = SEED,
-                             .order = HS_SCHED_PLAN, .start_epoch = 1, .start_done = done};
+    hs_sched_config_t cfg = {.n_batches = n,
+                             .bytes = bytes,
+                             .n_tokens = toks,
+                             .epochs = 3,
+                             .seed = SEED,
+                             .order = HS_SCHED_PLAN,
+                             .start_epoch = 1,
+                             .start_done = done};
     hs_sched_t *s;
     ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_OK);
     hs_sched_stats_t ss;
@@ -421,8 +451,10 @@ START_TEST(resume_skips_batches_already_delivered)
         ck_assert_uint_eq(it.n_tokens, 10 * it.batch);
     }
     ck_assert(!hs_sched_peek(s, &it));
-    for (uint32_t i = 15; i-- > 0;) ck_assert_int_eq(hs_sched_fill(s, 1, tk[i]), HS_OK);
-    for (uint32_t i = 0; i < 15; i++) ck_assert_uint_eq(deliver(s, &it), tk[i]);
+    for (uint32_t i = 15; i-- > 0;)
+        ck_assert_int_eq(hs_sched_fill(s, 1, tk[i]), HS_OK);
+    for (uint32_t i = 0; i < 15; i++)
+        ck_assert_uint_eq(deliver(s, &it), tk[i]);
     ck_assert(hs_sched_finished(s));
     hs_sched_destroy(s);
 }
@@ -434,7 +466,8 @@ START_TEST(many_tickets_in_flight_survive_table_growth)
     hs_sched_t *s = sched_new(n, 1, HS_SCHED_ARRIVAL, NULL);
     static uint64_t tk[3000];
     hs_sched_item_t it;
-    for (uint32_t i = 0; i < n; i++) tk[i] = lease(s, 1 + i % 4, i, &it);
+    for (uint32_t i = 0; i < n; i++)
+        tk[i] = lease(s, 1 + i % 4, i, &it);
     /* return two conns' leases, re-lease them, then fill all in a scrambled order */
     ck_assert_uint_eq(hs_sched_return_leases(s, 2), n / 4);
     ck_assert_uint_eq(hs_sched_return_leases(s, 4), n / 4);
@@ -451,7 +484,8 @@ START_TEST(many_tickets_in_flight_survive_table_growth)
         ck_assert_uint_eq(it.slot_offset, i);
         ck_assert_int_eq(hs_sched_fill(s, conn, tk[i]), HS_OK);
     }
-    for (uint32_t i = 0; i < n; i++) ck_assert_uint_ne(deliver(s, &it), 0);
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert_uint_ne(deliver(s, &it), 0);
     ck_assert(hs_sched_finished(s));
     hs_sched_destroy(s);
 }
@@ -473,7 +507,14 @@ START_TEST(create_refuses_malformed_plans)
     cfg.order = (hs_sched_order_t)7;
     ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_ERR_INVALID);
     ck_assert_ptr_null(s);
-    cfg.order = HS_SCHED_PLAN;
+    ck_assert_int_eq(hs_sched_order_parse("plan", &cfg.order), HS_OK);
+    ck_assert_int_eq(cfg.order, HS_SCHED_PLAN);
+    ck_assert_str_eq(hs_sched_order_str(cfg.order), "plan");
+    hs_sched_order_t o = HS_SCHED_PLAN;
+    ck_assert_int_eq(hs_sched_order_parse("arrival", &o), HS_OK);
+    ck_assert_int_eq(o, HS_SCHED_ARRIVAL);
+    ck_assert_int_eq(hs_sched_order_parse("Plan", &o), HS_ERR_INVALID);
+    ck_assert_int_eq(o, HS_SCHED_ARRIVAL);
     ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_OK);
     hs_sched_destroy(s);
     hs_sched_destroy(NULL);
@@ -485,7 +526,8 @@ int main(void)
     hs_log_set_level(HS_LOG_WARN);
     Suite *s = suite_create("sched");
     TCase *tc = tcase_create("all");
-    tcase_add_test(tc, every_item_is_delivered_exactly_once_over_random_leases_fills_and_disconnects);
+    tcase_add_test(tc,
+                   every_item_is_delivered_exactly_once_over_random_leases_fills_and_disconnects);
     tcase_add_test(tc, plan_order_stays_exactly_once_and_in_order_over_random_interleavings);
     tcase_add_test(tc, returned_leases_go_to_the_front_in_plan_order_and_keep_their_slots);
     tcase_add_test(tc, lookup_rejects_a_ticket_held_by_another_connection_and_stale_tickets);

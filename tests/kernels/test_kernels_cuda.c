@@ -358,6 +358,9 @@ START_TEST(attention_matches_its_twin_on_packed_odd_sequences)
     attention_case("attention d128 mha", cu3, 2, 3, 3, 128, 0);
     const int32_t cu4[3] = {0, 250, 333};
     attention_case("attention d96 gqa2", cu4, 2, 4, 2, 96, 0);
+    /* head sizes and unaligned rows that take the generic kernel */
+    attention_case("attention d24 generic", cu4, 2, 4, 2, 24, 0);
+    attention_case("attention d12 generic unaligned", cu1, 5, 8, 1, 12, 0);
 }
 END_TEST
 

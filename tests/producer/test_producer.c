@@ -175,8 +175,9 @@ START_TEST(jsonl_malformed_line_fails_the_load_naming_file_line_and_problem)
 {
     const char *p = path_in_dir("bad.jsonl");
     char text[512], log[4096], want[600];
-    snprintf(text, sizeof(text), "{\"input_ids\": [1]}\n\n{\"input_ids\": [2, 3]}\n%s\n"
-                                 "{\"input_ids\": [4]}\n",
+    snprintf(text, sizeof(text),
+             "{\"input_ids\": [1]}\n\n{\"input_ids\": [2, 3]}\n%s\n"
+             "{\"input_ids\": [4]}\n",
              BAD_LINES[_i].line);
     write_file(p, text, strlen(text));
     hs_dataset_t *ds = (hs_dataset_t *)0x1;
@@ -236,9 +237,11 @@ static void write_jsonl(const hs_dataset_t *ds, const char *path)
     for (uint64_t i = 0; i < hs_dataset_count(ds); i++) {
         uint32_t len = hs_dataset_seq_len(ds, i);
         fputs("{\"input_ids\": [", f);
-        for (uint32_t t = 0; t < len; t++) fprintf(f, t ? ", %d" : "%d", hs_dataset_ids(ds, i)[t]);
+        for (uint32_t t = 0; t < len; t++)
+            fprintf(f, t ? ", %d" : "%d", hs_dataset_ids(ds, i)[t]);
         fputs("], \"loss_mask\": [", f);
-        for (uint32_t t = 0; t < len; t++) fprintf(f, t ? ", %u" : "%u", hs_dataset_mask(ds, i)[t]);
+        for (uint32_t t = 0; t < len; t++)
+            fprintf(f, t ? ", %u" : "%u", hs_dataset_mask(ds, i)[t]);
         fputs("]}\n", f);
     }
     fclose(f);
@@ -430,9 +433,11 @@ END_TEST
 static hs_dataset_t *dataset_of_lengths(const uint32_t *lens, uint32_t n)
 {
     uint64_t total = 0;
-    for (uint32_t i = 0; i < n; i++) total += lens[i];
+    for (uint32_t i = 0; i < n; i++)
+        total += lens[i];
     int32_t *ids = malloc(total * sizeof(int32_t));
-    for (uint64_t t = 0; t < total; t++) ids[t] = (int32_t)t;
+    for (uint64_t t = 0; t < total; t++)
+        ids[t] = (int32_t)t;
     hs_dataset_t *ds = NULL;
     ck_assert_int_eq(hs_dataset_from_arrays(n, lens, ids, NULL, &ds), HS_OK);
     free(ids);
@@ -567,7 +572,8 @@ START_TEST(random_plans_respect_the_budget_and_keep_every_sample_once)
             .overflow = (hs_splitmix64(&rng) & 1) ? HS_OVERFLOW_DROP : HS_OVERFLOW_TRUNCATE,
             .seed = round,
         };
-        cfg.max_seq_len = (hs_splitmix64(&rng) & 1) ? 0 : 1 + (uint32_t)(hs_splitmix64(&rng) % cfg.token_budget);
+        cfg.max_seq_len =
+            (hs_splitmix64(&rng) & 1) ? 0 : 1 + (uint32_t)(hs_splitmix64(&rng) % cfg.token_budget);
         uint32_t limit = cfg.max_seq_len ? cfg.max_seq_len : cfg.token_budget;
         hs_plan_t *p = NULL;
         hs_status_t st = hs_plan_build(ds, &cfg, &p);
@@ -697,7 +703,8 @@ START_TEST(fill_batch_writes_cu_seqlens_ids_and_masks_of_the_plan)
     hs_plan_config_t cfg = {.token_budget = 3001, .max_seq_len = 700, .seed = 3};
     hs_plan_t *p = NULL;
     ck_assert_int_eq(hs_plan_build(ds, &cfg, &p), HS_OK);
-    hs_layout_t layout = {.hidden_size = 33, .dtype = HS_DTYPE_BF16, .n_layers = 2, .layers = {1, 5}};
+    hs_layout_t layout = {
+        .hidden_size = 33, .dtype = HS_DTYPE_BF16, .n_layers = 2, .layers = {1, 5}};
     for (uint32_t id = 0; id < hs_plan_n_batches(p); id++) {
         hs_plan_batch_t b;
         ck_assert_int_eq(hs_plan_batch(p, id, &b), HS_OK);

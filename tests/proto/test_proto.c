@@ -17,7 +17,8 @@ static char why[512];
 static hs_layout_t test_layout(void)
 {
     /* odd width, not a multiple of 32 */
-    hs_layout_t l = {.hidden_size = 83, .dtype = HS_DTYPE_BF16, .n_layers = 3, .layers = {2, 16, 29}};
+    hs_layout_t l = {
+        .hidden_size = 83, .dtype = HS_DTYPE_BF16, .n_layers = 3, .layers = {2, 16, 29}};
     return l;
 }
 
@@ -265,7 +266,8 @@ START_TEST(frame_with_bad_magic_is_rejected)
     ck_assert_uint_eq(h.magic, 0); /* output untouched on failure */
     uint16_t type;
     ProtobufCMessage *m = NULL;
-    ck_assert_int_eq(hs_msg_decode_frame(frame_buf, len, &type, &m, why, sizeof why), HS_ERR_FORMAT);
+    ck_assert_int_eq(hs_msg_decode_frame(frame_buf, len, &type, &m, why, sizeof why),
+                     HS_ERR_FORMAT);
     ck_assert_ptr_null(m);
 }
 END_TEST
@@ -294,8 +296,9 @@ START_TEST(frame_with_unknown_type_is_rejected)
         ck_assert_ptr_nonnull(strstr(why, "type"));
     }
     ProtobufCMessage *m = NULL;
-    ck_assert_int_eq(hs_msg_unpack(HS_MSG_TYPE_MAX + 1, (const uint8_t *)"", 0, &m, why, sizeof why),
-                     HS_ERR_FORMAT);
+    ck_assert_int_eq(
+        hs_msg_unpack(HS_MSG_TYPE_MAX + 1, (const uint8_t *)"", 0, &m, why, sizeof why),
+        HS_ERR_FORMAT);
     ck_assert_ptr_null(hs_msg_descriptor(0));
     ck_assert_ptr_null(hs_msg_descriptor(HS_MSG_TYPE_MAX + 1));
 }
@@ -339,8 +342,9 @@ START_TEST(flipped_body_byte_fails_the_crc)
         hs_frame_header_t h;
         ck_assert_int_eq(hs_frame_header_decode(frame_buf, HS_FRAME_MAX_BODY, &h, why, sizeof why),
                          HS_OK);
-        ck_assert_int_eq(hs_frame_body_check(&h, frame_buf + HS_FRAME_HEADER_BYTES, why, sizeof why),
-                         HS_ERR_CHECKSUM);
+        ck_assert_int_eq(
+            hs_frame_body_check(&h, frame_buf + HS_FRAME_HEADER_BYTES, why, sizeof why),
+            HS_ERR_CHECKSUM);
         uint16_t type;
         ProtobufCMessage *m = NULL;
         ck_assert_int_eq(hs_msg_decode_frame(frame_buf, len, &type, &m, why, sizeof why),
@@ -359,18 +363,19 @@ START_TEST(truncated_body_fails_to_unpack)
     Hsflow__Layout lm;
     Hsflow__Hello hello = valid_hello(&lm);
     size_t len = 0;
-    ck_assert_int_eq(hs_msg_pack(HS_MSG_HELLO, &hello.base, frame_buf, sizeof frame_buf, &len), HS_OK);
+    ck_assert_int_eq(hs_msg_pack(HS_MSG_HELLO, &hello.base, frame_buf, sizeof frame_buf, &len),
+                     HS_OK);
     uint32_t body_len = (uint32_t)(len - HS_FRAME_HEADER_BYTES);
     ProtobufCMessage *m = NULL;
     /* cut inside the last varint */
-    ck_assert_int_eq(hs_msg_unpack(HS_MSG_HELLO, frame_buf + HS_FRAME_HEADER_BYTES, body_len - 1, &m,
-                                   why, sizeof why),
+    ck_assert_int_eq(hs_msg_unpack(HS_MSG_HELLO, frame_buf + HS_FRAME_HEADER_BYTES, body_len - 1,
+                                   &m, why, sizeof why),
                      HS_ERR_FORMAT);
     ck_assert_ptr_null(m);
     /* cut inside the layout: either undecodable or invalid, never accepted */
     for (uint32_t cut = 0; cut < 24; cut++) {
-        hs_status_t st = hs_msg_unpack(HS_MSG_HELLO, frame_buf + HS_FRAME_HEADER_BYTES, cut, &m, why,
-                                       sizeof why);
+        hs_status_t st = hs_msg_unpack(HS_MSG_HELLO, frame_buf + HS_FRAME_HEADER_BYTES, cut, &m,
+                                       why, sizeof why);
         ck_assert_msg(st == HS_ERR_FORMAT, "hello cut at %u bytes was accepted", cut);
     }
     /* a frame whose header promises more body than arrived */
@@ -379,7 +384,8 @@ START_TEST(truncated_body_fails_to_unpack)
                      HS_ERR_FORMAT);
     ck_assert_int_eq(hs_msg_decode_frame(frame_buf, 10, &type, &m, why, sizeof why), HS_ERR_FORMAT);
     /* a re-framed truncated body passes the crc but not the decoder */
-    hs_frame_header_encode(frame_buf, HS_MSG_HELLO, frame_buf + HS_FRAME_HEADER_BYTES, body_len - 1);
+    hs_frame_header_encode(frame_buf, HS_MSG_HELLO, frame_buf + HS_FRAME_HEADER_BYTES,
+                           body_len - 1);
     ck_assert_int_eq(hs_msg_decode_frame(frame_buf, len - 1, &type, &m, why, sizeof why),
                      HS_ERR_FORMAT);
     ck_assert_ptr_null(m);
@@ -394,7 +400,8 @@ START_TEST(pack_refuses_small_buffers_and_mistyped_messages)
     t.bytes = 4096;
     size_t len = 12345;
     size_t need = hs_msg_frame_size(&t.base);
-    ck_assert_int_eq(hs_msg_pack(HS_MSG_TICKET, &t.base, frame_buf, need - 1, &len), HS_ERR_NOSPACE);
+    ck_assert_int_eq(hs_msg_pack(HS_MSG_TICKET, &t.base, frame_buf, need - 1, &len),
+                     HS_ERR_NOSPACE);
     ck_assert_uint_eq(len, 12345);
     ck_assert_int_eq(hs_msg_pack(HS_MSG_TICKET, &t.base, frame_buf, need, &len), HS_OK);
     ck_assert_uint_eq(len, need);
@@ -411,9 +418,9 @@ END_TEST
 START_TEST(error_frame_carries_code_and_bounded_text)
 {
     size_t len;
-    ck_assert_int_eq(hs_msg_error_frame(HS_ERR_AUTH, "bad proof\x01 from x", frame_buf, sizeof frame_buf,
-                                        &len),
-                     HS_OK);
+    ck_assert_int_eq(
+        hs_msg_error_frame(HS_ERR_AUTH, "bad proof\x01 from x", frame_buf, sizeof frame_buf, &len),
+        HS_OK);
     uint16_t type;
     ProtobufCMessage *m;
     ck_assert_int_eq(hs_msg_decode_frame(frame_buf, len, &type, &m, why, sizeof why), HS_OK);
@@ -426,7 +433,8 @@ START_TEST(error_frame_carries_code_and_bounded_text)
     char *big = malloc(3 * HS_MSG_TEXT_MAX);
     memset(big, 'x', 3 * HS_MSG_TEXT_MAX - 1);
     big[3 * HS_MSG_TEXT_MAX - 1] = '\0';
-    ck_assert_int_eq(hs_msg_error_frame(HS_ERR_PROTO, big, frame_buf, sizeof frame_buf, &len), HS_OK);
+    ck_assert_int_eq(hs_msg_error_frame(HS_ERR_PROTO, big, frame_buf, sizeof frame_buf, &len),
+                     HS_OK);
     ck_assert_int_eq(hs_msg_decode_frame(frame_buf, len, &type, &m, why, sizeof why), HS_OK);
     ck_assert_uint_eq(strlen(((Hsflow__Error *)m)->text), HS_MSG_TEXT_MAX - 1);
     hs_msg_free(m);
@@ -510,7 +518,8 @@ START_TEST(plan_pages_with_mismatched_or_bad_arrays_are_rejected)
     /* a page larger than HS_PLAN_PAGE_MAX, yet inside the frame limit */
     size_t n = HS_PLAN_PAGE_MAX + 1;
     uint32_t *ones = malloc(n * sizeof *ones);
-    for (size_t i = 0; i < n; i++) ones[i] = 1;
+    for (size_t i = 0; i < n; i++)
+        ones[i] = 1;
     p.n_seqs = p.n_tokens = ones;
     p.n_n_seqs = p.n_n_tokens = n;
     ck_assert_uint_le(protobuf_c_message_get_packed_size(&p.base), HS_FRAME_MAX_BODY);
@@ -526,7 +535,8 @@ START_TEST(layouts_with_too_many_or_bad_layers_are_rejected)
     Hsflow__Layout lm;
     Hsflow__Hello h = valid_hello(&lm);
     int32_t many[HS_MAX_LAYERS + 1];
-    for (int i = 0; i <= HS_MAX_LAYERS; i++) many[i] = i;
+    for (int i = 0; i <= HS_MAX_LAYERS; i++)
+        many[i] = i;
     lm.layers = many;
     lm.n_layers = HS_MAX_LAYERS + 1;
     ck_assert_int_eq(unpack_raw(HS_MSG_HELLO, &h.base), HS_ERR_FORMAT);
@@ -568,6 +578,13 @@ START_TEST(strings_and_counts_are_bounded)
     ck_assert_int_eq(unpack_raw(HS_MSG_HELLO, &h.base), HS_ERR_FORMAT);
     h.producer_name = "";
     ck_assert_int_eq(unpack_raw(HS_MSG_HELLO, &h.base), HS_ERR_FORMAT);
+    h.producer_name = "r\xc3\xa9seau-7:12"; /* UTF-8 is fine */
+    ck_assert_int_eq(unpack_raw(HS_MSG_HELLO, &h.base), HS_OK);
+    /* a model path may be longer than a name */
+    memset(name, 'p', sizeof name - 1);
+    h.target_name = name;
+    ck_assert_int_eq(unpack_raw(HS_MSG_HELLO, &h.base), HS_OK);
+    h.target_name = "m";
     h.producer_name = "h:1";
     h.workers = 0;
     ck_assert_int_eq(unpack_raw(HS_MSG_HELLO, &h.base), HS_ERR_FORMAT);
@@ -597,6 +614,8 @@ START_TEST(strings_and_counts_are_bounded)
     s.worker_count = 1;
     s.n_workers = 1;
     s.workers = &wp;
+    ck_assert_int_eq(unpack_raw(HS_MSG_STATS, &s.base), HS_OK);
+    ws.busy_pct = 100.4; /* rounding slack */
     ck_assert_int_eq(unpack_raw(HS_MSG_STATS, &s.base), HS_OK);
     ws.busy_pct = 250;
     ck_assert_int_eq(unpack_raw(HS_MSG_STATS, &s.base), HS_ERR_FORMAT);
@@ -760,7 +779,8 @@ static test_batch_t make_batch(const hs_layout_t *l, uint32_t n, const uint32_t 
 {
     test_batch_t b = {0};
     b.n = n;
-    for (uint32_t i = 0; i < n; i++) b.T += lens[i];
+    for (uint32_t i = 0; i < n; i++)
+        b.T += lens[i];
     b.bytes = hs_batch_bytes(n, b.T, l);
     b.region = hs_aligned_alloc(HS_BATCH_ALIGN, b.bytes);
     ck_assert_ptr_nonnull(b.region);
@@ -788,8 +808,10 @@ START_TEST(batch_offsets_are_aligned_and_total_follows_the_formula)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         uint32_t n = shapes[i][0], T = shapes[i][1];
         hs_batch_offsets_t o = hs_batch_offsets(n, T, &l);
-        uint64_t parts[] = {o.cu_seqlens, o.sample_ids, o.input_ids, o.loss_mask, o.hidden, o.total};
-        for (size_t p = 0; p < 6; p++) ck_assert_uint_eq(parts[p] % HS_BATCH_ALIGN, 0);
+        uint64_t parts[] = {o.cu_seqlens, o.sample_ids, o.input_ids,
+                            o.loss_mask,  o.hidden,     o.total};
+        for (size_t p = 0; p < 6; p++)
+            ck_assert_uint_eq(parts[p] % HS_BATCH_ALIGN, 0);
         ck_assert_uint_eq(o.cu_seqlens, HS_BATCH_HEADER_BYTES);
         /* each part holds its array and no more than one alignment of slack */
         ck_assert_uint_ge(o.sample_ids - o.cu_seqlens, 4ull * (n + 1));
@@ -866,17 +888,20 @@ START_TEST(verify_rejects_each_wrong_header_field)
         ck_assert_int_eq(hs_batch_verify(r, b.bytes, 3, 41, 3, 17, &l, why, sizeof why), HS_OK);
     }
     /* the ticket's view of the batch differs from the header */
-    ck_assert_int_eq(hs_batch_verify(r, b.bytes, 4, 41, 3, 17, &l, why, sizeof why), HS_ERR_MISMATCH);
+    ck_assert_int_eq(hs_batch_verify(r, b.bytes, 4, 41, 3, 17, &l, why, sizeof why),
+                     HS_ERR_MISMATCH);
     ck_assert_ptr_nonnull(strstr(why, "epoch"));
-    ck_assert_int_eq(hs_batch_verify(r, b.bytes, 3, 40, 3, 17, &l, why, sizeof why), HS_ERR_MISMATCH);
+    ck_assert_int_eq(hs_batch_verify(r, b.bytes, 3, 40, 3, 17, &l, why, sizeof why),
+                     HS_ERR_MISMATCH);
     hs_layout_t other = l;
     other.layers[0] = 1;
     ck_assert_int_eq(hs_batch_verify(r, b.bytes, 3, 41, 3, 17, &other, why, sizeof why),
                      HS_ERR_MISMATCH);
     ck_assert_ptr_nonnull(strstr(why, "layout_id"));
     /* the region is not the size the shape needs */
-    ck_assert_int_eq(hs_batch_verify(r, b.bytes - HS_BATCH_ALIGN, 3, 41, 3, 17, &l, why, sizeof why),
-                     HS_ERR_MISMATCH);
+    ck_assert_int_eq(
+        hs_batch_verify(r, b.bytes - HS_BATCH_ALIGN, 3, 41, 3, 17, &l, why, sizeof why),
+        HS_ERR_MISMATCH);
     ck_assert_int_eq(hs_batch_verify(r, 100, 3, 41, 3, 17, &l, why, sizeof why), HS_ERR_FORMAT);
     hs_aligned_free(b.region);
 }
@@ -919,7 +944,7 @@ START_TEST(flipped_byte_anywhere_in_the_body_fails_the_checksum)
     test_batch_t b = make_batch(&l, 3, lens);
     hs_batch_offsets_t o = hs_batch_offsets(3, 17, &l);
     uint64_t spots[] = {o.sample_ids + 3, o.input_ids + 5, o.loss_mask + 16, o.hidden,
-                        o.hidden + 1000, b.bytes - 1, o.input_ids - 1 /* padding */};
+                        o.hidden + 1000,  b.bytes - 1,     o.input_ids - 1 /* padding */};
     uint8_t *r = b.region;
     for (size_t i = 0; i < sizeof spots / sizeof spots[0]; i++) {
         r[spots[i]] ^= 0x80;
@@ -989,8 +1014,8 @@ START_TEST(synthetic_values_are_finite_bf16_and_vary)
         uint16_t v = hs_synth_value(r, (int32_t)(r >> 59), (uint32_t)(r >> 40) & 0xffff,
                                     (uint32_t)r & 0x1ffff);
         uint32_t exp = (v >> 7) & 0xff;
-        ck_assert_uint_ne(exp, 0xff);  /* no Inf or NaN */
-        ck_assert_uint_ne(exp, 0);     /* no zeros or subnormals */
+        ck_assert_uint_ne(exp, 0xff); /* no Inf or NaN */
+        ck_assert_uint_ne(exp, 0);    /* no zeros or subnormals */
         if (v < seen_lo) seen_lo = v;
         if (v > seen_hi) seen_hi = v;
     }
@@ -1043,7 +1068,8 @@ START_TEST(synthetic_check_names_a_single_flipped_element)
     *e ^= 0x0001;
     ck_assert_int_eq(hs_batch_synth_check(&b.v, &l, why, sizeof why), HS_ERR_MISMATCH);
     char want[160];
-    snprintf(want, sizeof want, "sample 1014 layer 16 pos 3 channel 80: got 0x%04x, expected 0x%04x",
+    snprintf(want, sizeof want,
+             "sample 1014 layer 16 pos 3 channel 80: got 0x%04x, expected 0x%04x",
              (unsigned)(orig ^ 1u), (unsigned)orig);
     ck_assert_str_eq(why, want);
     *e = orig;

@@ -1,0 +1,1038 @@
+/* test_model.c - the built-in forward's CPU side: golden hidden states from
+ * transformers for every family (layer by layer), config.json and
+ * safetensors error handling, closed-form checks of each kernel's C twin,
+ * DFlash's default layers, and hs-forward end to end. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "attention.h"
+#include "bf16.h"
+#include "embedding.h"
+#include "hs_model.h"
+#include "matmul.h"
+#include "model_int.h"
+#include "residual.h"
+#include "rmsnorm.h"
+#include "rope.h"
+#include "safetensors_int.h"
+#include "swiglu.h"
+
+#ifndef HS_TEST_DATA_DIR
+#error "HS_TEST_DATA_DIR must point at tests/data"
+#endif
+
+/* Bound for CPU forward vs transformers (both fp32 on the same bf16
+ * weights): |got - want| <= GOLD_ATOL + GOLD_RTOL * |want|. The errors seen
+ * are ~1e-6 (summation order); a real bug (wrong rope band, missing bias,
+ * off-by-one window, wrong GQA head) moves values by 1e-2 or more. */
+#define GOLD_ATOL 2e-5
+#define GOLD_RTOL 2e-5
+
+static const char *families[] = {"llama3", "qwen2", "qwen3", "mistral"};
+#define N_FAMILIES ((int)(sizeof families / sizeof families[0]))
+
+static char tmpdir[256];
+static double worst_margin; /* largest error / bound seen by compare_layer */
+
+static void make_tmpdir(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/hs_test_model_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void remove_tmpdir(void)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static void family_dir(const char *fam, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/%s", HS_TEST_DATA_DIR, fam);
+}
+
+typedef struct {
+    hs__st_set_t *st;
+    const int32_t *ids, *cu;
+    int n_seqs, T;
+} golden_t;
+
+static void golden_open(const char *fam, golden_t *g)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s/golden.safetensors", HS_TEST_DATA_DIR, fam);
+    ck_assert_int_eq(hs__st_open_file(p, &g->st), HS_OK);
+    ck_assert_str_eq(hs__st_metadata(g->st, "format"), "hsflow-golden");
+    ck_assert_str_eq(hs__st_metadata(g->st, "version"), "1");
+    const hs__st_tensor_t *ids = hs__st_find(g->st, "input_ids");
+    const hs__st_tensor_t *cu = hs__st_find(g->st, "cu_seqlens");
+    ck_assert_ptr_nonnull(ids);
+    ck_assert_ptr_nonnull(cu);
+    g->ids = ids->data;
+    g->cu = cu->data;
+    g->n_seqs = (int)cu->shape[0] - 1;
+    g->T = (int)ids->shape[0];
+    ck_assert_int_eq(g->cu[g->n_seqs], g->T);
+}
+
+/* Compares got [T, stride] column slice col against golden layer idx;
+ * returns the max abs error, fails naming family and layer. */
+static double compare_layer(const char *fam, const golden_t *g, int idx, const float *got,
+                            size_t stride, int H)
+{
+    char name[64];
+    snprintf(name, sizeof name, "hidden_states.%d", idx);
+    const hs__st_tensor_t *t = hs__st_find(g->st, name);
+    ck_assert_msg(t != NULL, "%s: golden has no %s", fam, name);
+    ck_assert_int_eq(t->shape[0], g->T);
+    ck_assert_int_eq(t->shape[1], H);
+    const float *want = t->data;
+    double maxerr = 0, margin = 0;
+    int bad = -1;
+    for (int r = 0; r < g->T; r++) {
+        for (int i = 0; i < H; i++) {
+            double w = want[(size_t)r * H + i], o = got[(size_t)r * stride + i];
+            double e = fabs(o - w);
+            if (e > maxerr) maxerr = e;
+            if (e / (GOLD_ATOL + GOLD_RTOL * fabs(w)) > margin)
+                margin = e / (GOLD_ATOL + GOLD_RTOL * fabs(w));
+            if (!(e <= GOLD_ATOL + GOLD_RTOL * fabs(w)) && bad < 0) bad = r * H + i;
+        }
+    }
+    if (bad >= 0) {
+        int r = bad / H, i = bad % H;
+        fprintf(stderr, "%s layer %d: first values got  %.6f %.6f %.6f %.6f\n", fam, idx, got[0],
+                got[1], got[2], got[3]);
+        fprintf(stderr, "%s layer %d: first values want %.6f %.6f %.6f %.6f\n", fam, idx, want[0],
+                want[1], want[2], want[3]);
+        ck_abort_msg("%s layer %d: token %d col %d got %.7g want %.7g (max abs diff %.3g, bound "
+                     "%g + %g*|want|)",
+                     fam, idx, r, i, got[(size_t)r * stride + i], want[bad], maxerr, GOLD_ATOL,
+                     GOLD_RTOL);
+    }
+    if (margin > worst_margin) worst_margin = margin;
+    return maxerr;
+}
+
+/* ---- golden tests ------------------------------------------------------- */
+
+START_TEST(cpu_forward_matches_transformers_layer_by_layer)
+{
+    const char *fam = families[_i];
+    char dir[512];
+    family_dir(fam, dir, sizeof dir);
+    hs_model_t *m = NULL;
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_OK);
+    golden_t g;
+    golden_open(fam, &g);
+    int N = hs_model_num_layers(m), H = hs_model_hidden_size(m), k = N + 1;
+    int32_t layers[64];
+    for (int i = 0; i < k; i++)
+        layers[i] = i;
+    float *out = calloc((size_t)g.T * k * H, sizeof(float));
+    ck_assert_int_eq(hs_model_forward_cpu(m, g.ids, g.cu, g.n_seqs, layers, k, out,
+                                          HS_MODEL_OUT_F32, (size_t)k * H),
+                     HS_OK);
+    double worst = 0;
+    worst_margin = 0;
+    for (int i = 0; i < k; i++) {
+        double e = compare_layer(fam, &g, i, out + (size_t)i * H, (size_t)k * H, H);
+        if (e > worst) worst = e;
+    }
+    printf("golden %-8s: %d layers, T=%d, max abs error %.3g (%.0f%% of the bound)\n", fam, k, g.T,
+           worst, 100 * worst_margin);
+    free(out);
+    hs__st_close(g.st);
+    hs_model_destroy(m);
+}
+END_TEST
+
+/* One captured layer, in a wider buffer, bf16: equals the rounded fp32
+ * result; columns outside the slice stay untouched. */
+START_TEST(forward_writes_only_its_column_slice_and_bf16_is_rounded_fp32)
+{
+    const char *fam = families[_i];
+    char dir[512];
+    family_dir(fam, dir, sizeof dir);
+    hs_model_t *m = NULL;
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_OK);
+    golden_t g;
+    golden_open(fam, &g);
+    int N = hs_model_num_layers(m), H = hs_model_hidden_size(m);
+    int32_t all[2] = {N, 1};
+    float *ref = malloc((size_t)g.T * 2 * H * sizeof(float));
+    ck_assert_int_eq(hs_model_forward_cpu(m, g.ids, g.cu, g.n_seqs, all, 2, ref, HS_MODEL_OUT_F32,
+                                          (size_t)2 * H),
+                     HS_OK);
+    size_t stride = (size_t)3 * H + 5;
+    uint16_t *out = malloc((size_t)g.T * stride * 2);
+    memset(out, 0xAB, (size_t)g.T * stride * 2);
+    int32_t one[2] = {0, 1}; /* layer 1 into the second slice */
+    ck_assert_int_eq(
+        hs_model_forward_cpu(m, g.ids, g.cu, g.n_seqs, one, 2, out, HS_MODEL_OUT_BF16, stride),
+        HS_OK);
+    for (int t = 0; t < g.T; t++) {
+        for (int i = 0; i < H; i++) {
+            uint16_t want = hs_f32_to_bf16(ref[(size_t)t * 2 * H + H + i]);
+            ck_assert_uint_eq(out[(size_t)t * stride + H + i], want);
+        }
+        for (size_t i = 2 * (size_t)H; i < stride; i++)
+            ck_assert_uint_eq(out[(size_t)t * stride + i], 0xABAB);
+    }
+    free(ref);
+    free(out);
+    hs__st_close(g.st);
+    hs_model_destroy(m);
+}
+END_TEST
+
+/* Packed sequences do not see each other: each run alone gives the same
+ * bits as the packed batch. */
+START_TEST(packed_sequences_equal_each_sequence_run_alone)
+{
+    const char *fam = families[_i];
+    char dir[512];
+    family_dir(fam, dir, sizeof dir);
+    hs_model_t *m = NULL;
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_OK);
+    golden_t g;
+    golden_open(fam, &g);
+    int N = hs_model_num_layers(m), H = hs_model_hidden_size(m);
+    int32_t layer = N;
+    float *packed = malloc((size_t)g.T * H * sizeof(float));
+    float *alone = malloc((size_t)g.T * H * sizeof(float));
+    ck_assert_int_eq(hs_model_forward_cpu(m, g.ids, g.cu, g.n_seqs, &layer, 1, packed,
+                                          HS_MODEL_OUT_F32, (size_t)H),
+                     HS_OK);
+    for (int s = 0; s < g.n_seqs; s++) {
+        int32_t cu[2] = {0, g.cu[s + 1] - g.cu[s]};
+        ck_assert_int_eq(hs_model_forward_cpu(m, g.ids + g.cu[s], cu, 1, &layer, 1,
+                                              alone + (size_t)g.cu[s] * H, HS_MODEL_OUT_F32,
+                                              (size_t)H),
+                         HS_OK);
+    }
+    ck_assert_int_eq(memcmp(packed, alone, (size_t)g.T * H * sizeof(float)), 0);
+    free(packed);
+    free(alone);
+    hs__st_close(g.st);
+    hs_model_destroy(m);
+}
+END_TEST
+
+START_TEST(forward_rejects_bad_ids_layers_and_cu_seqlens)
+{
+    char dir[512];
+    family_dir("mistral", dir, sizeof dir);
+    hs_model_t *m = NULL;
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_OK);
+    int H = hs_model_hidden_size(m), N = hs_model_num_layers(m);
+    float out[4 * 80 * 2];
+    ck_assert_int_le(H, 80);
+    int32_t ids[4] = {1, 2, 3, 4}, cu[3] = {0, 2, 4}, layer = 1;
+    ck_assert_int_eq(hs_model_forward_cpu(m, ids, cu, 2, &layer, 1, out, HS_MODEL_OUT_F32, H),
+                     HS_OK);
+    int32_t bad_ids[4] = {1, 2, hs_model_vocab_size(m), 4};
+    ck_assert_int_eq(hs_model_forward_cpu(m, bad_ids, cu, 2, &layer, 1, out, HS_MODEL_OUT_F32, H),
+                     HS_ERR_INVALID);
+    int32_t neg[4] = {1, -1, 3, 4};
+    ck_assert_int_eq(hs_model_forward_cpu(m, neg, cu, 2, &layer, 1, out, HS_MODEL_OUT_F32, H),
+                     HS_ERR_INVALID);
+    int32_t big = N + 1, negl = -1;
+    ck_assert_int_eq(hs_model_forward_cpu(m, ids, cu, 2, &big, 1, out, HS_MODEL_OUT_F32, H),
+                     HS_ERR_INVALID);
+    ck_assert_int_eq(hs_model_forward_cpu(m, ids, cu, 2, &negl, 1, out, HS_MODEL_OUT_F32, H),
+                     HS_ERR_INVALID);
+    ck_assert_int_eq(hs_model_forward_cpu(m, ids, cu, 2, &layer, 0, out, HS_MODEL_OUT_F32, H),
+                     HS_ERR_INVALID);
+    int32_t down[3] = {0, 3, 2}, start1[3] = {1, 2, 4};
+    ck_assert_int_eq(hs_model_forward_cpu(m, ids, down, 2, &layer, 1, out, HS_MODEL_OUT_F32, H),
+                     HS_ERR_INVALID);
+    ck_assert_int_eq(hs_model_forward_cpu(m, ids, start1, 2, &layer, 1, out, HS_MODEL_OUT_F32, H),
+                     HS_ERR_INVALID);
+    ck_assert_int_eq(hs_model_forward_cpu(m, ids, cu, 2, &layer, 1, out, 7, H), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_model_forward_cpu(m, ids, cu, 2, &layer, 1, out, HS_MODEL_OUT_F32, H - 1),
+                     HS_ERR_INVALID);
+    hs_model_destroy(m);
+}
+END_TEST
+
+/* ---- config.json -------------------------------------------------------- */
+
+static const char *base_cfg =
+    "{\"architectures\": [\"%s\"], \"hidden_size\": 64, \"intermediate_size\": 96,"
+    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, %s \"vocab_size\": 32,"
+    " \"rms_norm_eps\": 1e-6 %s}";
+
+static hs_status_t parse_cfg(const char *arch, const char *mid, const char *tail,
+                             hs_model_config_t *c)
+{
+    char json[2048];
+    snprintf(json, sizeof json, base_cfg, arch, mid, tail);
+    return hs__model_config_parse(json, strlen(json), "test/config.json", c);
+}
+
+START_TEST(config_defaults_follow_transformers)
+{
+    hs_model_config_t c;
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "", "", &c), HS_OK);
+    ck_assert_int_eq(c.arch, HS_MODEL_LLAMA);
+    ck_assert_int_eq(c.num_kv_heads, 4);
+    ck_assert_int_eq(c.head_dim, 16);
+    ck_assert_float_eq(c.rope_theta, 10000.0f);
+    ck_assert_int_eq(c.rope_type, HS_ROPE_DEFAULT);
+    ck_assert_int_eq(c.tie_word_embeddings, 0);
+    ck_assert_int_eq(c.qkv_bias, 0);
+    ck_assert_int_eq(c.sliding_window, 0);
+    ck_assert_int_eq(parse_cfg("Qwen2ForCausalLM", "", ", \"tie_word_embeddings\": true", &c),
+                     HS_OK);
+    ck_assert_int_eq(c.qkv_bias, 1);
+    ck_assert_int_eq(c.o_bias, 0);
+    ck_assert_int_eq(c.tie_word_embeddings, 1);
+    ck_assert_int_eq(parse_cfg("Qwen3ForCausalLM", "\"head_dim\": 24,", "", &c), HS_OK);
+    ck_assert_int_eq(c.qk_norm, 1);
+    ck_assert_int_eq(c.head_dim, 24);
+    ck_assert_int_eq(parse_cfg("MistralForCausalLM", "\"num_key_value_heads\": 1,", "", &c), HS_OK);
+    ck_assert_int_eq(c.sliding_window, 4096);
+    ck_assert_int_eq(c.num_kv_heads, 1);
+    ck_assert_int_eq(parse_cfg("MistralForCausalLM", "", ", \"sliding_window\": null", &c), HS_OK);
+    ck_assert_int_eq(c.sliding_window, 0);
+}
+END_TEST
+
+START_TEST(config_reads_legacy_and_new_rope_fields)
+{
+    hs_model_config_t c;
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "",
+                               ", \"rope_theta\": 500000.0, \"rope_scaling\": {\"rope_type\": "
+                               "\"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                               "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": "
+                               "8192}",
+                               &c),
+                     HS_OK);
+    ck_assert_int_eq(c.rope_type, HS_ROPE_LLAMA3);
+    ck_assert_float_eq(c.rope_theta, 500000.0f);
+    ck_assert_float_eq(c.rope_factor, 8.0f);
+    ck_assert_float_eq(c.rope_original_max_positions, 8192.0f);
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "",
+                               ", \"rope_parameters\": {\"rope_type\": \"default\", "
+                               "\"rope_theta\": 1234.0}",
+                               &c),
+                     HS_OK);
+    ck_assert_int_eq(c.rope_type, HS_ROPE_DEFAULT);
+    ck_assert_float_eq(c.rope_theta, 1234.0f);
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "",
+                               ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}", &c),
+                     HS_OK);
+    ck_assert_int_eq(c.rope_type, HS_ROPE_LINEAR);
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "",
+                               ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2.0}",
+                               &c),
+                     HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "",
+                               ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}",
+                               &c),
+                     HS_ERR_FORMAT);
+}
+END_TEST
+
+START_TEST(config_rejects_unknown_architecture_and_missing_fields)
+{
+    hs_model_config_t c;
+    memset(&c, 0x5a, sizeof c);
+    hs_model_config_t before = c;
+    ck_assert_int_eq(parse_cfg("GPT2LMHeadModel", "", "", &c), HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(memcmp(&c, &before, sizeof c), 0); /* untouched on failure */
+    const char *no_hidden = "{\"architectures\": [\"LlamaForCausalLM\"], \"intermediate_size\": 96,"
+                            " \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+                            " \"vocab_size\": 32, \"rms_norm_eps\": 1e-6}";
+    ck_assert_int_eq(hs__model_config_parse(no_hidden, strlen(no_hidden), "x", &c), HS_ERR_FORMAT);
+    const char *no_arch = "{\"hidden_size\": 64}";
+    ck_assert_int_eq(hs__model_config_parse(no_arch, strlen(no_arch), "x", &c), HS_ERR_FORMAT);
+    ck_assert_int_eq(hs__model_config_parse("not json", 8, "x", &c), HS_ERR_FORMAT);
+    /* 4 heads over 3 kv heads, odd head_dim, wrong activation, string width */
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "\"num_key_value_heads\": 3,", "", &c),
+                     HS_ERR_FORMAT);
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "\"head_dim\": 15,", "", &c),
+                     HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "\"hidden_act\": \"gelu\",", "", &c),
+                     HS_ERR_UNSUPPORTED);
+    const char *str_h = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": \"64\"}";
+    ck_assert_int_eq(hs__model_config_parse(str_h, strlen(str_h), "x", &c), HS_ERR_FORMAT);
+    ck_assert_int_eq(parse_cfg("Qwen2ForCausalLM", "", ", \"use_sliding_window\": true", &c),
+                     HS_ERR_UNSUPPORTED);
+}
+END_TEST
+
+/* ---- safetensors -------------------------------------------------------- */
+
+static void copy_file(const char *from, const char *to)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* tmpdir/bad: mistral's config and its tensors rewritten, with tensor
+ * `drop` left out or `shrink` written with its first dimension minus one. */
+static void write_modified_model(const char *drop, const char *shrink, char *dir, size_t cap)
+{
+    char src[512], p[512];
+    snprintf(dir, cap, "%s/bad", tmpdir);
+    mkdir(dir, 0755);
+    snprintf(src, sizeof src, "%s/mistral/config.json", HS_TEST_DATA_DIR);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    copy_file(src, p);
+    snprintf(src, sizeof src, "%s/mistral/model.safetensors", HS_TEST_DATA_DIR);
+    hs__st_set_t *st;
+    ck_assert_int_eq(hs__st_open_file(src, &st), HS_OK);
+    size_t n = hs__st_count(st);
+    hs__st_write_tensor_t *w = calloc(n, sizeof *w);
+    int k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const hs__st_tensor_t *t = hs__st_at(st, i);
+        if (drop && strcmp(t->name, drop) == 0) continue;
+        hs__st_write_tensor_t *o = &w[k++];
+        o->name = t->name;
+        o->dtype = t->dtype_name;
+        o->ndim = t->ndim;
+        memcpy(o->shape, t->shape, sizeof o->shape);
+        o->data = t->data;
+        o->rows = 1;
+        o->row_bytes = t->nbytes;
+        if (shrink && strcmp(t->name, shrink) == 0) {
+            o->row_bytes = t->nbytes / (size_t)t->shape[0] * (size_t)(t->shape[0] - 1);
+            o->shape[0]--;
+        }
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    ck_assert_int_eq(hs__st_write(p, w, k, NULL, NULL, 0), HS_OK);
+    free(w);
+    hs__st_close(st);
+}
+
+START_TEST(load_rejects_missing_tensor_and_wrong_shape)
+{
+    make_tmpdir();
+    char dir[512];
+    hs_model_t *m = (hs_model_t *)0x1;
+    /* a faithful rewrite loads (the writer round-trips) */
+    write_modified_model(NULL, NULL, dir, sizeof dir);
+    m = NULL;
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_OK);
+    hs_model_destroy(m);
+    m = (hs_model_t *)0x1;
+    write_modified_model("model.layers.1.mlp.up_proj.weight", NULL, dir, sizeof dir);
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_ERR_NOT_FOUND);
+    ck_assert_ptr_eq(m, (hs_model_t *)0x1);
+    write_modified_model(NULL, "model.layers.0.self_attn.k_proj.weight", dir, sizeof dir);
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_ERR_FORMAT);
+    write_modified_model(NULL, "model.norm.weight", dir, sizeof dir);
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_ERR_FORMAT);
+    ck_assert_ptr_eq(m, (hs_model_t *)0x1);
+    remove_tmpdir();
+}
+END_TEST
+
+START_TEST(load_rejects_truncated_file_and_unknown_architecture)
+{
+    make_tmpdir();
+    char src[512], p[512], cmd[1024];
+    snprintf(src, sizeof src, "%s/mistral/config.json", HS_TEST_DATA_DIR);
+    snprintf(p, sizeof p, "%s/config.json", tmpdir);
+    copy_file(src, p);
+    snprintf(src, sizeof src, "%s/mistral/model.safetensors", HS_TEST_DATA_DIR);
+    snprintf(p, sizeof p, "%s/model.safetensors", tmpdir);
+    copy_file(src, p);
+    struct stat sb;
+    ck_assert_int_eq(stat(p, &sb), 0);
+    ck_assert_int_eq(truncate(p, sb.st_size - 100), 0);
+    hs_model_t *m = NULL;
+    ck_assert_int_eq(hs_model_load(tmpdir, &m), HS_ERR_FORMAT);
+    ck_assert_int_eq(truncate(p, 5), 0); /* shorter than the length field */
+    ck_assert_int_eq(hs_model_load(tmpdir, &m), HS_ERR_FORMAT);
+    ck_assert_int_eq(truncate(p, 100), 0); /* header cut */
+    ck_assert_int_eq(hs_model_load(tmpdir, &m), HS_ERR_FORMAT);
+    /* no weights at all */
+    unlink(p);
+    ck_assert_int_eq(hs_model_load(tmpdir, &m), HS_ERR_NOT_FOUND);
+    /* a Gemma config */
+    snprintf(cmd, sizeof cmd, "sed -i 's/MistralForCausalLM/GemmaForCausalLM/' '%s/config.json'",
+             tmpdir);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(hs_model_load(tmpdir, &m), HS_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(m);
+    remove_tmpdir();
+}
+END_TEST
+
+static void write_raw(const char *path, const char *header, size_t data_bytes)
+{
+    FILE *fp = fopen(path, "wb");
+    ck_assert_ptr_nonnull(fp);
+    uint64_t n = strlen(header);
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (uint8_t)(n >> (8 * i));
+    fwrite(len8, 1, 8, fp);
+    fwrite(header, 1, n, fp);
+    for (size_t i = 0; i < data_bytes; i++)
+        fputc(0, fp);
+    fclose(fp);
+}
+
+START_TEST(safetensors_bounds_checks_every_header_field)
+{
+    make_tmpdir();
+    char p[512];
+    snprintf(p, sizeof p, "%s/x.safetensors", tmpdir);
+    hs__st_set_t *st = NULL;
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8);
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_OK);
+    const uint16_t *w;
+    int64_t two = 2, three = 3;
+    ck_assert_int_eq(hs__st_get_bf16(st, "a", 1, &two, &w), HS_OK);
+    ck_assert_int_eq(hs__st_get_bf16(st, "a", 1, &three, &w), HS_ERR_FORMAT);
+    ck_assert_int_eq(hs__st_get_bf16(st, "b", 1, &two, &w), HS_ERR_NOT_FOUND);
+    hs__st_close(st);
+    st = NULL;
+    /* data_offsets past the end of the file */
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[250],\"data_offsets\":[0,1000]}}", 8);
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_ERR_FORMAT);
+    /* offsets that disagree with the shape */
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8);
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_ERR_FORMAT);
+    /* begin > end, negative, fractional, huge shape, unknown dtype */
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8);
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_ERR_FORMAT);
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8);
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_ERR_FORMAT);
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8);
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_ERR_FORMAT);
+    write_raw(p,
+              "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],"
+              "\"data_offsets\":[0,8]}}",
+              8);
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_ERR_FORMAT);
+    write_raw(p, "{\"a\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8);
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_ERR_FORMAT);
+    /* an I64 tensor opens but is not a weight */
+    write_raw(p, "{\"a\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8);
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_OK);
+    int64_t one = 1;
+    ck_assert_int_eq(hs__st_get_bf16(st, "a", 1, &one, &w), HS_ERR_UNSUPPORTED);
+    hs__st_close(st);
+    /* header length larger than the file, header not JSON */
+    write_raw(p, "{}", 0);
+    FILE *fp = fopen(p, "r+b");
+    fputc(0xff, fp);
+    fputc(0xff, fp);
+    fclose(fp);
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_ERR_FORMAT);
+    write_raw(p, "{not json", 0);
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_ERR_FORMAT);
+    remove_tmpdir();
+}
+END_TEST
+
+START_TEST(safetensors_converts_f16_and_f32_to_bf16)
+{
+    make_tmpdir();
+    char p[512];
+    snprintf(p, sizeof p, "%s/x.safetensors", tmpdir);
+    /* F16: 1.0 (0x3c00), -2.0 (0xc000), 2^-24 subnormal (0x0001), 65504 */
+    uint16_t h[4] = {0x3c00, 0xc000, 0x0001, 0x7bff};
+    float f[3] = {1.0f, 3.14159265f, -1e-30f};
+    hs__st_write_tensor_t t[2] = {
+        {.name = "h",
+         .dtype = "F16",
+         .ndim = 1,
+         .shape = {4},
+         .data = h,
+         .rows = 1,
+         .row_bytes = sizeof h},
+        {.name = "f",
+         .dtype = "F32",
+         .ndim = 1,
+         .shape = {3},
+         .data = f,
+         .rows = 1,
+         .row_bytes = sizeof f},
+    };
+    ck_assert_int_eq(hs__st_write(p, t, 2, NULL, NULL, 0), HS_OK);
+    hs__st_set_t *st;
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_OK);
+    const uint16_t *w;
+    int64_t four = 4, three = 3;
+    ck_assert_int_eq(hs__st_get_bf16(st, "h", 1, &four, &w), HS_OK);
+    ck_assert_float_eq(hs_bf16_to_f32(w[0]), 1.0f);
+    ck_assert_float_eq(hs_bf16_to_f32(w[1]), -2.0f);
+    ck_assert_float_eq(hs_bf16_to_f32(w[2]), ldexpf(1.0f, -24));
+    ck_assert_float_eq(hs_bf16_to_f32(w[3]), 65536.0f); /* 65504 rounds up in bf16 */
+    ck_assert_int_eq(hs__st_get_bf16(st, "f", 1, &three, &w), HS_OK);
+    ck_assert_uint_eq(w[0], 0x3f80);
+    ck_assert_uint_eq(w[1], 0x4049); /* 3.140625 */
+    ck_assert_uint_eq(w[2], hs_f32_to_bf16(-1e-30f));
+    hs__st_close(st);
+    remove_tmpdir();
+}
+END_TEST
+
+START_TEST(sharded_index_naming_a_shard_without_the_tensor_is_rejected)
+{
+    make_tmpdir();
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cp '%s'/llama3/* '%s'/", HS_TEST_DATA_DIR, tmpdir);
+    ck_assert_int_eq(system(cmd), 0);
+    hs_model_t *m = NULL;
+    ck_assert_int_eq(hs_model_load(tmpdir, &m), HS_OK);
+    hs_model_destroy(m);
+    m = NULL;
+    /* point the final norm at another shard */
+    snprintf(cmd, sizeof cmd,
+             "python3 -c \"import json,sys; p=sys.argv[1]+'/model.safetensors.index.json'; "
+             "j=json.load(open(p)); w=j['weight_map']; f=w['model.norm.weight']; "
+             "w['model.norm.weight']=[v for v in sorted(set(w.values())) if v!=f][0]; "
+             "json.dump(j,open(p,'w'))\" '%s'",
+             tmpdir);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(hs_model_load(tmpdir, &m), HS_ERR_FORMAT);
+    ck_assert_ptr_null(m);
+    remove_tmpdir();
+}
+END_TEST
+
+/* ---- kernel C twins: closed forms -------------------------------------- */
+
+START_TEST(rmsnorm_of_a_constant_row_is_the_weight_times_its_sign)
+{
+    int dim = 37;
+    float x[37], y[37];
+    uint16_t w[37];
+    for (int i = 0; i < dim; i++) {
+        x[i] = -3.0f;
+        w[i] = hs_f32_to_bf16(0.5f + 0.25f * (float)(i % 5));
+    }
+    hs_kn_rmsnorm_ref(x, w, y, 1, dim, 0.0f);
+    for (int i = 0; i < dim; i++)
+        ck_assert_float_eq_tol(y[i], -hs_bf16_to_f32(w[i]), 1e-6);
+    /* with eps: scale = 3 / sqrt(9 + eps) */
+    hs_kn_rmsnorm_ref(x, w, x, 1, dim, 7.0f); /* in place */
+    for (int i = 0; i < dim; i++)
+        ck_assert_float_eq_tol(x[i], -3.0f / 4.0f * hs_bf16_to_f32(w[i]), 1e-6);
+}
+END_TEST
+
+START_TEST(rope_is_identity_at_position_zero_and_a_rotation_after)
+{
+    int d = 6, heads = 3;
+    float inv[3];
+    hs_kn_rope_inv_freq(d, 10000.0f, NULL, inv);
+    ck_assert_float_eq(inv[0], 1.0f);
+    ck_assert_float_eq_tol(inv[1], powf(10000.0f, -2.0f / 6.0f), 1e-9);
+    /* two sequences of 1 and 2 tokens: tokens 0 and 1 are at position 0 */
+    int32_t cu[3] = {0, 1, 3};
+    float x[3 * 18], x0[3 * 18];
+    for (int i = 0; i < 3 * 18; i++)
+        x[i] = x0[i] = (float)(i % 7) - 2.5f;
+    hs_kn_rope_ref(x, cu, 2, heads, d, inv);
+    for (int i = 0; i < 2 * 18; i++)
+        ck_assert_float_eq(x[i], x0[i]);
+    /* token 2 is at position 1: pair (i, i+3) rotated by inv[i] radians */
+    for (int h = 0; h < heads; h++) {
+        for (int i = 0; i < 3; i++) {
+            float a = x0[36 + h * d + i], b = x0[36 + h * d + i + 3];
+            ck_assert_float_eq_tol(x[36 + h * d + i], a * cosf(inv[i]) - b * sinf(inv[i]), 1e-6);
+            ck_assert_float_eq_tol(x[36 + h * d + i + 3], b * cosf(inv[i]) + a * sinf(inv[i]),
+                                   1e-6);
+        }
+    }
+}
+END_TEST
+
+START_TEST(llama3_rope_scaling_keeps_high_divides_low_and_blends_between)
+{
+    int d = 16;
+    float plain[8], scaled[8];
+    hs_kn_rope_inv_freq(d, 500000.0f, NULL, plain);
+    hs_rope_scaling_t sc = {HS_ROPE_LLAMA3, 8.0f, 1.0f, 4.0f, 64.0f};
+    hs_kn_rope_inv_freq(d, 500000.0f, &sc, scaled);
+    int hi = 0, lo = 0, mid = 0;
+    for (int i = 0; i < 8; i++) {
+        float wl = 2.0f * (float)M_PI / plain[i];
+        if (wl < 64.0f / 4.0f) {
+            ck_assert_float_eq(scaled[i], plain[i]);
+            hi++;
+        } else if (wl > 64.0f) {
+            ck_assert_float_eq_tol(scaled[i], plain[i] / 8.0f, 1e-12);
+            lo++;
+        } else {
+            float s = (64.0f / wl - 1.0f) / 3.0f;
+            ck_assert_float_eq_tol(scaled[i], (1 - s) * plain[i] / 8.0f + s * plain[i], 1e-7);
+            ck_assert(scaled[i] < plain[i] && scaled[i] > plain[i] / 8.0f);
+            mid++;
+        }
+    }
+    ck_assert(hi > 0 && lo > 0 && mid > 0);
+    hs_rope_scaling_t lin = {HS_ROPE_LINEAR, 4.0f, 0, 0, 0};
+    hs_kn_rope_inv_freq(d, 500000.0f, &lin, scaled);
+    for (int i = 0; i < 8; i++)
+        ck_assert_float_eq(scaled[i], plain[i] / 4.0f);
+}
+END_TEST
+
+START_TEST(attention_of_a_single_token_is_its_value_per_kv_group)
+{
+    /* 3 one-token sequences, 6 query heads over 2 kv heads, head_dim 5 */
+    int T = 3, hq = 6, hkv = 2, d = 5;
+    float q[3 * 30], k[3 * 10], v[3 * 10], out[3 * 30];
+    for (int i = 0; i < 90; i++)
+        q[i] = sinf((float)i);
+    for (int i = 0; i < 30; i++) {
+        k[i] = cosf((float)i);
+        v[i] = (float)i;
+    }
+    int32_t cu[4] = {0, 1, 2, 3};
+    hs_kn_attention_ref(q, k, v, out, cu, 3, hq, hkv, d, 0.3f, 0);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < hq; h++)
+            for (int i = 0; i < d; i++)
+                ck_assert_float_eq(out[t * hq * d + h * d + i], v[t * hkv * d + (h / 3) * d + i]);
+}
+END_TEST
+
+START_TEST(attention_with_equal_keys_averages_the_visible_values)
+{
+    /* one sequence of 7 tokens, equal keys: token i averages v[j0..i]; with
+     * window 3 only the last three; a second sequence sees none of the first */
+    int d = 3;
+    float q[9 * 3], k[9 * 3], v[9 * 3], out[9 * 3];
+    for (int i = 0; i < 27; i++) {
+        q[i] = 0.7f;
+        k[i] = 1.1f;
+        v[i] = (float)(i / 3) * 10.0f + (float)(i % 3);
+    }
+    int32_t cu[3] = {0, 7, 9};
+    for (int window = 0; window <= 3; window += 3) {
+        hs_kn_attention_ref(q, k, v, out, cu, 2, 1, 1, d, 1.0f, window);
+        for (int s = 0; s < 2; s++) {
+            for (int i = cu[s]; i < cu[s + 1]; i++) {
+                int j0 = cu[s];
+                if (window && i - window + 1 > j0) j0 = i - window + 1;
+                for (int c = 0; c < d; c++) {
+                    float sum = 0;
+                    for (int j = j0; j <= i; j++)
+                        sum += v[j * d + c];
+                    ck_assert_float_eq_tol(out[i * d + c], sum / (float)(i - j0 + 1), 1e-4);
+                }
+            }
+        }
+    }
+}
+END_TEST
+
+START_TEST(attention_matches_a_two_pass_softmax)
+{
+    /* odd shapes: 2 sequences (13 and 1 tokens... and an empty one), GQA 3:1 */
+    int hq = 3, hkv = 1, d = 7, T = 14;
+    int32_t cu[4] = {0, 13, 13, 14};
+    float *q = malloc(sizeof(float) * T * hq * d), *k = malloc(sizeof(float) * T * hkv * d);
+    float *v = malloc(sizeof(float) * T * hkv * d), *out = malloc(sizeof(float) * T * hq * d);
+    uint64_t seed = 42;
+    for (int i = 0; i < T * hq * d; i++)
+        q[i] = (float)(hs_splitmix64(&seed) % 2001) / 500.0f - 2;
+    for (int i = 0; i < T * hkv * d; i++) {
+        k[i] = (float)(hs_splitmix64(&seed) % 2001) / 500.0f - 2;
+        v[i] = (float)(hs_splitmix64(&seed) % 2001) / 500.0f - 2;
+    }
+    float scale = 1.0f / sqrtf((float)d);
+    hs_kn_attention_ref(q, k, v, out, cu, 3, hq, hkv, d, scale, 0);
+    for (int s = 0; s < 3; s++) {
+        for (int i = cu[s]; i < cu[s + 1]; i++) {
+            for (int h = 0; h < hq; h++) {
+                double sc[16], mx = -1e30, sum = 0;
+                for (int j = cu[s]; j <= i; j++) {
+                    double dot = 0;
+                    for (int c = 0; c < d; c++)
+                        dot += (double)q[(i * hq + h) * d + c] * k[j * d + c];
+                    sc[j - cu[s]] = dot * scale;
+                    if (sc[j - cu[s]] > mx) mx = sc[j - cu[s]];
+                }
+                for (int j = cu[s]; j <= i; j++)
+                    sum += exp(sc[j - cu[s]] - mx);
+                for (int c = 0; c < d; c++) {
+                    double o = 0;
+                    for (int j = cu[s]; j <= i; j++)
+                        o += exp(sc[j - cu[s]] - mx) / sum * v[j * d + c];
+                    ck_assert_double_eq_tol(out[(i * hq + h) * d + c], o, 1e-5);
+                }
+            }
+        }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+}
+END_TEST
+
+START_TEST(matmul_matches_a_double_precision_dot_with_bias)
+{
+    int T = 5, K = 67, N = 19; /* N not a multiple of the tile */
+    float *x = malloc(sizeof(float) * T * K), *y = malloc(sizeof(float) * T * N);
+    uint16_t *w = malloc(2 * (size_t)N * K), b[19];
+    uint64_t seed = 7;
+    for (int i = 0; i < T * K; i++)
+        x[i] = (float)(hs_splitmix64(&seed) % 1001) / 250.0f - 2;
+    for (int i = 0; i < N * K; i++)
+        w[i] = hs_f32_to_bf16((float)(hs_splitmix64(&seed) % 1001) / 250.0f - 2);
+    for (int i = 0; i < N; i++)
+        b[i] = hs_f32_to_bf16((float)i - 9.5f);
+    for (int pass = 0; pass < 2; pass++) {
+        hs_kn_matmul_ref(x, w, pass ? b : NULL, y, T, K, N);
+        for (int t = 0; t < T; t++) {
+            for (int n = 0; n < N; n++) {
+                double acc = pass ? hs_bf16_to_f32(b[n]) : 0;
+                for (int kk = 0; kk < K; kk++)
+                    acc += (double)x[t * K + kk] * hs_bf16_to_f32(w[n * K + kk]);
+                ck_assert_double_eq_tol(y[t * N + n], acc, 1e-4);
+            }
+        }
+    }
+    free(x);
+    free(y);
+    free(w);
+}
+END_TEST
+
+START_TEST(swiglu_residual_and_embedding_closed_forms)
+{
+    float g[4] = {0.0f, 20.0f, -20.0f, 1.0f}, u[4] = {5.0f, 2.0f, 3.0f, 1.0f}, o[4];
+    hs_kn_swiglu_ref(g, u, o, 4);
+    ck_assert_float_eq(o[0], 0.0f);
+    ck_assert_float_eq_tol(o[1], 40.0f, 1e-5);
+    ck_assert_float_eq_tol(o[2], 0.0f, 1e-6);
+    ck_assert_float_eq_tol(o[3], 1.0f / (1.0f + expf(-1.0f)), 1e-7);
+    hs_kn_residual_add_ref(g, u, g, 4);
+    ck_assert_float_eq(g[1], 22.0f);
+    uint16_t table[3 * 5];
+    for (int i = 0; i < 15; i++)
+        table[i] = hs_f32_to_bf16((float)i);
+    int32_t ids[3] = {2, 0, 2};
+    float e[15];
+    hs_kn_embedding_ref(table, 3, 5, ids, 3, e);
+    for (int i = 0; i < 5; i++) {
+        ck_assert_float_eq(e[i], (float)(10 + i));
+        ck_assert_float_eq(e[5 + i], (float)i);
+        ck_assert_float_eq(e[10 + i], (float)(10 + i));
+    }
+}
+END_TEST
+
+START_TEST(bf16_rounds_to_nearest_even)
+{
+    ck_assert_uint_eq(hs_f32_to_bf16(1.0f), 0x3f80);
+    /* 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0) */
+    ck_assert_uint_eq(hs_f32_to_bf16(1.0f + ldexpf(1, -8)), 0x3f80);
+    ck_assert_uint_eq(hs_f32_to_bf16(1.0f + 3 * ldexpf(1, -8)), 0x3f82);
+    ck_assert(isnan(hs_bf16_to_f32(hs_f32_to_bf16(NAN))));
+    ck_assert_float_eq(hs_bf16_to_f32(hs_f32_to_bf16(-INFINITY)), -INFINITY);
+}
+END_TEST
+
+/* ---- layer indices ----------------------------------------------------- */
+
+START_TEST(dflash_layers_are_dflash_target_layer_ids_plus_one)
+{
+    int32_t l[8];
+    ck_assert_int_eq(hs_model_dflash_layers(32, 5, l, 8), HS_OK);
+    int32_t want32[5] = {2, 9, 16, 23, 30}; /* DFlash: 1, 8, 15, 22, 29 */
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(l[i], want32[i]);
+    ck_assert_int_eq(hs_model_dflash_layers(36, 5, l, 8), HS_OK);
+    int32_t want36[5] = {2, 10, 18, 26, 34}; /* Qwen3-8B: 1, 9, 17, 25, 33 */
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(l[i], want36[i]);
+    ck_assert_int_eq(hs_model_dflash_layers(32, 1, l, 8), HS_OK);
+    ck_assert_int_eq(l[0], 17);
+    /* round half to even as Python: N = 7, 3 layers -> 1, round(2.5) = 2, 4 */
+    ck_assert_int_eq(hs_model_dflash_layers(7, 3, l, 8), HS_OK);
+    ck_assert_int_eq(l[0], 2);
+    ck_assert_int_eq(l[1], 3);
+    ck_assert_int_eq(l[2], 5);
+    ck_assert_int_eq(hs_model_dflash_layers(32, 0, l, 8), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_model_dflash_layers(32, 9, l, 8), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_model_dflash_layers(3, 2, l, 8), HS_ERR_INVALID);
+    int32_t ok[3] = {0, 16, 32}, bad[2] = {1, 33};
+    ck_assert_int_eq(hs_model_check_layers(32, ok, 3), HS_OK);
+    ck_assert_int_eq(hs_model_check_layers(32, bad, 2), HS_ERR_INVALID);
+}
+END_TEST
+
+START_TEST(cuda_entry_points_say_unsupported_without_cuda)
+{
+#ifdef HS_HAVE_CUDA
+    return;
+#endif
+    hs_model_cuda_t *mc = (hs_model_cuda_t *)0x1;
+    ck_assert_int_eq(hs_model_cuda_create(NULL, 0, 1024, 4, &mc), HS_ERR_UNSUPPORTED);
+    ck_assert_ptr_eq(mc, (hs_model_cuda_t *)0x1);
+    uint64_t b = 7;
+    ck_assert_int_eq(hs_model_cuda_peak_bytes(NULL, &b), HS_ERR_UNSUPPORTED);
+    ck_assert_uint_eq(b, 7);
+    ck_assert_int_eq(hs_model_cuda_forward(NULL, NULL, NULL, 1, 1, NULL, 1, NULL, 1, NULL),
+                     HS_ERR_UNSUPPORTED);
+    hs_model_cuda_destroy(NULL);
+}
+END_TEST
+
+/* ---- hs-forward end to end --------------------------------------------- */
+
+static int run(const char *args)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s >/dev/null 2>&1", HS_FORWARD_BIN, args);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(hs_forward_writes_the_golden_hidden_states)
+{
+    make_tmpdir();
+    golden_t g;
+    golden_open("qwen2", &g);
+    char data[512], out[512], args[2048];
+    snprintf(data, sizeof data, "%s/data.jsonl", tmpdir);
+    snprintf(out, sizeof out, "%s/hs.safetensors", tmpdir);
+    FILE *fp = fopen(data, "w");
+    for (int s = 0; s < g.n_seqs; s++) {
+        fprintf(fp, "{\"input_ids\": [");
+        for (int t = g.cu[s]; t < g.cu[s + 1]; t++)
+            fprintf(fp, "%s%d", t > g.cu[s] ? ", " : "", g.ids[t]);
+        fprintf(fp, "]}\n%s", s == 0 ? "\n" : ""); /* a blank line too */
+    }
+    fclose(fp);
+    /* token budget 20 forces two forward calls (9+... then 17+3) */
+    snprintf(args, sizeof args,
+             "--model '%s/qwen2' --data '%s' --layers 3,0,2 --device cpu --token-budget 20 "
+             "--out '%s'",
+             HS_TEST_DATA_DIR, data, out);
+    ck_assert_int_eq(run(args), 0);
+    hs__st_set_t *st;
+    ck_assert_int_eq(hs__st_open_file(out, &st), HS_OK);
+    ck_assert_str_eq(hs__st_metadata(st, "layers"), "3,0,2");
+    const hs__st_tensor_t *cu = hs__st_find(st, "cu_seqlens");
+    ck_assert_ptr_nonnull(cu);
+    ck_assert_int_eq(memcmp(cu->data, g.cu, (size_t)(g.n_seqs + 1) * 4), 0);
+    const hs__st_tensor_t *ids = hs__st_find(st, "input_ids");
+    ck_assert_int_eq(memcmp(ids->data, g.ids, (size_t)g.T * 4), 0);
+    int lay[3] = {3, 0, 2};
+    for (int j = 0; j < 3; j++) {
+        char name[64];
+        snprintf(name, sizeof name, "hidden_states.%d", lay[j]);
+        const hs__st_tensor_t *t = hs__st_find(st, name);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_str_eq(t->dtype_name, "F32");
+        ck_assert_int_eq(t->shape[0], g.T);
+        compare_layer("qwen2 via hs-forward", &g, lay[j], t->data, (size_t)t->shape[1],
+                      (int)t->shape[1]);
+    }
+    hs__st_close(st);
+
+    /* --dflash-layers on a 3-layer model: too shallow for more than one */
+    snprintf(args, sizeof args, "--model '%s/qwen2' --data '%s' --dflash-layers 1 --out '%s'",
+             HS_TEST_DATA_DIR, data, out);
+    ck_assert_int_eq(run(args), 0);
+    ck_assert_int_eq(hs__st_open_file(out, &st), HS_OK);
+    ck_assert_ptr_nonnull(hs__st_find(st, "hidden_states.2")); /* 3/2 + 1 */
+    hs__st_close(st);
+
+    /* bad flags: exit 2; bad input: exit 1 */
+    ck_assert_int_eq(run("--bogus"), 2);
+    ck_assert_int_eq(run("--model x --data y"), 2);
+    snprintf(args, sizeof args, "--model m --data d --out o --layers 1 --dflash-layers 2");
+    ck_assert_int_eq(run(args), 2);
+    snprintf(args, sizeof args, "--model m --data d --out o --layers 1,x");
+    ck_assert_int_eq(run(args), 2);
+    snprintf(args, sizeof args, "--model m --data d --out o --layers 1 --device tpu");
+    ck_assert_int_eq(run(args), 2);
+    ck_assert_int_eq(run("--help"), 0);
+    snprintf(args, sizeof args, "--model '%s/qwen2' --data '%s' --layers 4 --out '%s'",
+             HS_TEST_DATA_DIR, data, out);
+    ck_assert_int_eq(run(args), 1); /* layer beyond N = 3 */
+    fp = fopen(data, "w");
+    fprintf(fp, "{\"input_ids\": [1, 2, -3]}\n");
+    fclose(fp);
+    snprintf(args, sizeof args, "--model '%s/qwen2' --data '%s' --layers 1 --out '%s'",
+             HS_TEST_DATA_DIR, data, out);
+    ck_assert_int_eq(run(args), 1);
+    fp = fopen(data, "w");
+    fprintf(fp, "{\"input_ids\": [1, 2, 500]}\n"); /* id beyond the vocabulary */
+    fclose(fp);
+    ck_assert_int_eq(run(args), 1);
+    hs__st_close(g.st);
+    remove_tmpdir();
+}
+END_TEST
+
+static Suite *model_suite(void)
+{
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("golden");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, cpu_forward_matches_transformers_layer_by_layer, 0, N_FAMILIES);
+    tcase_add_loop_test(tc, forward_writes_only_its_column_slice_and_bf16_is_rounded_fp32, 0,
+                        N_FAMILIES);
+    tcase_add_loop_test(tc, packed_sequences_equal_each_sequence_run_alone, 0, N_FAMILIES);
+    tcase_add_test(tc, forward_rejects_bad_ids_layers_and_cu_seqlens);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("loading");
+    tcase_add_test(tc, config_defaults_follow_transformers);
+    tcase_add_test(tc, config_reads_legacy_and_new_rope_fields);
+    tcase_add_test(tc, config_rejects_unknown_architecture_and_missing_fields);
+    tcase_add_test(tc, load_rejects_missing_tensor_and_wrong_shape);
+    tcase_add_test(tc, load_rejects_truncated_file_and_unknown_architecture);
+    tcase_add_test(tc, safetensors_bounds_checks_every_header_field);
+    tcase_add_test(tc, safetensors_converts_f16_and_f32_to_bf16);
+    tcase_add_test(tc, sharded_index_naming_a_shard_without_the_tensor_is_rejected);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("kernels");
+    tcase_add_test(tc, rmsnorm_of_a_constant_row_is_the_weight_times_its_sign);
+    tcase_add_test(tc, rope_is_identity_at_position_zero_and_a_rotation_after);
+    tcase_add_test(tc, llama3_rope_scaling_keeps_high_divides_low_and_blends_between);
+    tcase_add_test(tc, attention_of_a_single_token_is_its_value_per_kv_group);
+    tcase_add_test(tc, attention_with_equal_keys_averages_the_visible_values);
+    tcase_add_test(tc, attention_matches_a_two_pass_softmax);
+    tcase_add_test(tc, matmul_matches_a_double_precision_dot_with_bias);
+    tcase_add_test(tc, swiglu_residual_and_embedding_closed_forms);
+    tcase_add_test(tc, bf16_rounds_to_nearest_even);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("layers");
+    tcase_add_test(tc, dflash_layers_are_dflash_target_layer_ids_plus_one);
+    tcase_add_test(tc, cuda_entry_points_say_unsupported_without_cuda);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("hs_forward");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, hs_forward_writes_the_golden_hidden_states);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(model_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,1217 @@
+/* ucx.c - the UCX transport (UCX 1.13 UCP active messages).
+ *
+ * One ucp_context + ucp_worker per hs_tp_t. The consumer listens with a
+ * ucp_listener; every connection is an endpoint created with
+ * UCP_ERR_HANDLING_MODE_PEER (UCX keepalive, set from peer_timeout_s unless
+ * UCX_KEEPALIVE_INTERVAL is set, detects dead peers).
+ *
+ * Active messages (every send sets UCP_AM_SEND_FLAG_REPLY so the receiver
+ * learns the endpoint, which names the connection):
+ *   AM_FRAME    data = one complete control frame, always sent eager
+ *   AM_PAYLOAD  header = the frame that announces the payload (a DONE),
+ *               data = the payload; UCX picks eager or rendezvous by size
+ *   AM_CLOSE    no data: orderly close, nothing follows on this endpoint
+ * The frame is checked (header, length, crc) before on_frame runs. For a
+ * payload, on_frame gets payload_bytes; if the callee accepted with
+ * hs_tp_recv_payload(), a rendezvous payload is received with
+ * ucp_am_recv_data_nbx() straight into dest (the callback returns
+ * UCS_INPROGRESS), an eager one is copied into dest. A refused rendezvous is
+ * answered with an error status, so the sender's request fails rather than
+ * completing as if delivered, and the endpoint is closed.
+ *
+ * Progress is event driven: ucp_worker_get_efd + ucp_worker_arm + poll, no
+ * spinning while idle; hs_tp_wakeup() is ucp_worker_signal(). Completions
+ * the user sees (send callbacks, on_payload) are queued by the UCX callbacks
+ * and run after ucp_worker_progress() returns, still inside hs_tp_progress().
+ *
+ * Close: hs_tp_close() sends AM_CLOSE, flushes the endpoint for up to
+ * UCX_LINGER_MS, then closes it with UCP_EP_CLOSE_FLAG_FORCE; UCX fails the
+ * requests still outstanding, and on_close runs once all of them reported.
+ */
+#include "hs_transport_int.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <ucp/api/ucp.h>
+
+#define AM_FRAME 1
+#define AM_PAYLOAD 2
+#define AM_CLOSE 3
+#define UCX_LINGER_MS 2000  /* flush bound at close */
+#define UCX_DRAIN_MS 5000   /* after a forced close, wait this long for UCX to fail requests */
+#define UCX_CLOSING_POLL_MS 10
+#define OP_INLINE 256
+
+typedef enum { OP_SEND, OP_SEND_PAYLOAD, OP_RECV, OP_FLUSH, OP_CLOSE } op_kind_t;
+
+typedef struct ucx_conn ucx_conn_t;
+typedef struct ucx_tp ucx_tp_t;
+
+/* One outstanding UCX operation. Reused through a free list. */
+typedef struct ucx_op {
+    op_kind_t kind;
+    ucx_conn_t *conn;             /* NULL once orphaned (connection gone first) */
+    struct ucx_op *cprev, *cnext; /* the connection's outstanding ops */
+    struct ucx_op *dnext;         /* done queue / free list */
+    hs_tp_send_cb cb;
+    void *cb_arg;
+    uint64_t cookie;
+    ucs_status_t status;
+    uint8_t *frame; /* inline_frame or heap_frame */
+    uint8_t *heap_frame;
+    size_t heap_cap;
+    uint8_t inline_frame[OP_INLINE];
+} ucx_op_t;
+
+typedef struct {
+    void *addr;
+    size_t len;
+    ucp_mem_h memh;
+} ucx_region_t;
+
+struct ucx_conn {
+    hs_tp_conn_t base; /* first */
+    ucx_tp_t *tp;
+    ucp_ep_h ep;
+    ucx_conn_t *prev, *next;
+    ucx_op_t *ops; /* outstanding */
+    int n_ops;
+    /* payload offered to the callee in on_frame */
+    bool in_on_frame, pl_accepted;
+    void *pl_dest;
+    uint64_t pl_len, pl_cookie;
+    /* state */
+    bool connected; /* client: wireup flush done; server: always */
+    bool failed;    /* UCX reported an error on the endpoint */
+    bool closing, flush_started, flushed, ep_closed, close_done;
+    bool lanes_checked;
+    hs_status_t close_reason;
+    char close_why[256];
+    uint64_t linger_deadline_ns, drain_deadline_ns;
+};
+
+struct ucx_tp {
+    hs_tp_t base; /* first */
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    int efd;
+    size_t max_am_header;
+    ucp_listener_h *listeners;
+    size_t n_listeners;
+    ucx_conn_t *conns;
+    size_t n_closing;
+    ucx_op_t *done_head, *done_tail;
+    ucx_op_t *free_ops;
+    ucx_region_t *regions;
+    size_t n_regions, cap_regions;
+    uint64_t activity; /* bumped by everything the user would call "something happened" */
+    volatile int wake_pending;
+    bool in_progress;
+    bool use_memh;
+};
+
+static ucx_conn_t *conn_of(hs_tp_conn_t *c) { return (ucx_conn_t *)c; }
+static ucx_tp_t *tp_of(hs_tp_t *t) { return (ucx_tp_t *)t; }
+
+/* ---- ops ------------------------------------------------------------------ */
+
+static ucx_op_t *op_get(ucx_tp_t *tp, op_kind_t kind, ucx_conn_t *c)
+{
+    ucx_op_t *op = tp->free_ops;
+    if (op) {
+        tp->free_ops = op->dnext;
+    } else {
+        op = calloc(1, sizeof *op);
+        if (!op) return NULL;
+    }
+    op->kind = kind;
+    op->conn = c;
+    op->cb = NULL;
+    op->cb_arg = NULL;
+    op->cookie = 0;
+    op->status = UCS_OK;
+    op->dnext = NULL;
+    op->frame = op->inline_frame;
+    op->cprev = NULL;
+    op->cnext = c->ops;
+    if (c->ops) c->ops->cprev = op;
+    c->ops = op;
+    c->n_ops++;
+    return op;
+}
+
+static hs_status_t op_set_frame(ucx_op_t *op, const void *frame, size_t len)
+{
+    if (len > OP_INLINE) {
+        if (op->heap_cap < len) {
+            uint8_t *n = realloc(op->heap_frame, len);
+            if (!n) return HS_ERR_NOMEM;
+            op->heap_frame = n;
+            op->heap_cap = len;
+        }
+        op->frame = op->heap_frame;
+    }
+    memcpy(op->frame, frame, len);
+    return HS_OK;
+}
+
+/* Detaches op from its connection and returns it to the free list. */
+static void op_put(ucx_tp_t *tp, ucx_op_t *op)
+{
+    ucx_conn_t *c = op->conn;
+    if (c) {
+        if (op->cprev)
+            op->cprev->cnext = op->cnext;
+        else
+            c->ops = op->cnext;
+        if (op->cnext) op->cnext->cprev = op->cprev;
+        c->n_ops--;
+    }
+    op->conn = NULL;
+    op->dnext = tp->free_ops;
+    tp->free_ops = op;
+}
+
+/* Queues a finished op; what the user sees runs from process_done(). */
+static void op_done(ucx_tp_t *tp, ucx_op_t *op, ucs_status_t status)
+{
+    op->status = status;
+    op->dnext = NULL;
+    if (tp->done_tail)
+        tp->done_tail->dnext = op;
+    else
+        tp->done_head = op;
+    tp->done_tail = op;
+}
+
+static hs_status_t user_status(const ucx_conn_t *c, ucs_status_t st)
+{
+    if (st == UCS_OK) return HS_OK;
+    if (!c || c->closing || st == UCS_ERR_CANCELED) return HS_ERR_CLOSED;
+    return HS_ERR_IO;
+}
+
+static void process_done(ucx_tp_t *tp)
+{
+    while (tp->done_head) {
+        ucx_op_t *op = tp->done_head;
+        tp->done_head = op->dnext;
+        if (!tp->done_head) tp->done_tail = NULL;
+        ucx_conn_t *c = op->conn;
+        tp->activity++;
+        switch (op->kind) {
+        case OP_SEND_PAYLOAD:
+            if (op->cb) op->cb(op->cb_arg, user_status(c, op->status));
+            break;
+        case OP_RECV:
+            if (c && tp->base.cb.on_payload)
+                tp->base.cb.on_payload(tp->base.arg, &c->base, op->cookie, user_status(c, op->status));
+            break;
+        case OP_FLUSH:
+            if (c) c->flushed = true;
+            break;
+        case OP_CLOSE:
+            if (c) c->close_done = true;
+            break;
+        case OP_SEND:
+            break;
+        }
+        op_put(tp, op);
+    }
+}
+
+static void send_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_op_t *op = user_data;
+    ucp_request_free(request);
+    ucx_tp_t *tp = op->conn ? op->conn->tp : NULL;
+    if (!tp) {
+        /* orphaned: its owner already heard about it; only recycle */
+        free(op->heap_frame);
+        free(op);
+        return;
+    }
+    op_done(tp, op, status);
+}
+
+static void recv_cb(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    send_cb(request, status, user_data);
+}
+
+/* ---- endpoint description ---------------------------------------------- */
+
+/* "ucx: tcp/lo cma/memory" from ucp_ep_print_info()'s lane lines. */
+static void conn_refresh_describe(ucx_conn_t *c)
+{
+    if (!c->ep || c->ep_closed || !c->connected) return;
+    char *text = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&text, &size);
+    if (!f) return;
+    ucp_ep_print_info(c->ep, f);
+    fclose(f);
+    char out[HS__TP_DESCRIBE_CAP];
+    size_t n = (size_t)snprintf(out, sizeof out, "ucx:");
+    const char *p = text;
+    while (p && (p = strstr(p, "lane[")) != NULL) {
+        /* lane[0]:  1:tcp/lo.0 md[1] ... -> ... am am_bw#0 wireup */
+        const char *colon = strstr(p, "]:");
+        const char *eol = strchr(p, '\n');
+        if (!colon || (eol && colon > eol)) break;
+        const char *q = colon + 2;
+        while (*q == ' ') q++;
+        while (*q >= '0' && *q <= '9') q++;
+        if (*q == ':') q++;
+        const char *e = q;
+        while (*e && *e != ' ' && *e != '\n') e++;
+        char tl[64];
+        size_t l = (size_t)(e - q) < sizeof tl - 1 ? (size_t)(e - q) : sizeof tl - 1;
+        memcpy(tl, q, l);
+        tl[l] = '\0';
+        char *dot = strrchr(tl, '.'); /* "lo.0" -> "lo" (the path index) */
+        if (dot && strchr(tl, '/') && dot > strchr(tl, '/')) *dot = '\0';
+        if (l > 0 && !strstr(out, tl) && n < sizeof out)
+            n += (size_t)snprintf(out + n, sizeof out - n, " %s", tl);
+        p = eol;
+    }
+    free(text);
+    if (n > 4) snprintf(c->base.describe, sizeof c->base.describe, "%s", out);
+}
+
+static bool describe_has_rdma(const char *d)
+{
+    /* rc_verbs, rc_mlx5, dc_mlx5, ud_verbs, ud_mlx5 */
+    static const char *tls[] = {" rc_", " dc_", " ud_", " rc/", " dc/", " ud/"};
+    for (size_t i = 0; i < sizeof tls / sizeof tls[0]; i++)
+        if (strstr(d, tls[i])) return true;
+    return false;
+}
+
+static void ucx_describe(hs_tp_conn_t *conn) { conn_refresh_describe(conn_of(conn)); }
+
+/* ---- connections --------------------------------------------------------- */
+
+static void conn_begin_close(ucx_conn_t *c, hs_status_t reason, const char *why, bool send_bye);
+
+static void err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    ucx_conn_t *c = arg;
+    c->failed = true;
+    c->tp->activity++;
+    if (c->closing || !c->connected) return; /* a connect attempt handles its own failure */
+    char why[200];
+    snprintf(why, sizeof why, "connection to %s failed: %s", c->base.peer, ucs_status_string(status));
+    if (c->connected) hs_warn("%s", why);
+    conn_begin_close(c, HS_ERR_IO, why, false);
+}
+
+static ucx_conn_t *conn_alloc(ucx_tp_t *tp)
+{
+    ucx_conn_t *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->base.tp = &tp->base;
+    c->tp = tp;
+    snprintf(c->base.describe, sizeof c->base.describe, "ucx");
+    return c;
+}
+
+static void conn_link(ucx_tp_t *tp, ucx_conn_t *c)
+{
+    c->next = tp->conns;
+    if (tp->conns) tp->conns->prev = c;
+    tp->conns = c;
+}
+
+static void conn_unlink(ucx_tp_t *tp, ucx_conn_t *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        tp->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+}
+
+static ucx_conn_t *conn_by_ep(ucx_tp_t *tp, const ucp_am_recv_param_t *param)
+{
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return NULL;
+    for (ucx_conn_t *c = tp->conns; c; c = c->next)
+        if (c->ep == param->reply_ep) return c;
+    return NULL;
+}
+
+static ucp_mem_h region_memh(ucx_tp_t *tp, const void *p, uint64_t len)
+{
+    if (!tp->use_memh) return NULL;
+    const uint8_t *b = p;
+    for (size_t i = 0; i < tp->n_regions; i++) {
+        const uint8_t *r = tp->regions[i].addr;
+        if (b >= r && b + len <= r + tp->regions[i].len) return tp->regions[i].memh;
+    }
+    return NULL;
+}
+
+/* Eager, fire-and-forget AM of the transport's own (frames, close). */
+static hs_status_t send_am(ucx_conn_t *c, unsigned id, const void *frame, size_t len)
+{
+    ucx_tp_t *tp = c->tp;
+    if (!c->ep || c->ep_closed) return HS_ERR_CLOSED;
+    ucx_op_t *op = op_get(tp, OP_SEND, c);
+    if (!op) return HS_ERR_NOMEM;
+    if (len > 0 && op_set_frame(op, frame, len) != HS_OK) {
+        op_put(tp, op);
+        return HS_ERR_NOMEM;
+    }
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
+        .cb.send = send_cb,
+        .user_data = op,
+    };
+    ucs_status_ptr_t r = ucp_am_send_nbx(c->ep, id, NULL, 0, len ? op->frame : NULL, len, &prm);
+    if (r == NULL) {
+        op_put(tp, op);
+        return HS_OK;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+        op_put(tp, op);
+        hs_debug("ucx send to %s failed: %s", c->base.peer, ucs_status_string(UCS_PTR_STATUS(r)));
+        return HS_ERR_IO;
+    }
+    return HS_OK;
+}
+
+static void conn_begin_close(ucx_conn_t *c, hs_status_t reason, const char *why, bool send_bye)
+{
+    if (c->closing) return;
+    if (send_bye && !c->failed) (void)send_am(c, AM_CLOSE, NULL, 0);
+    c->closing = true;
+    c->close_reason = reason;
+    snprintf(c->close_why, sizeof c->close_why, "%s", why);
+    c->linger_deadline_ns = hs_now_ns() + (uint64_t)UCX_LINGER_MS * 1000000u;
+    c->tp->n_closing++;
+    c->tp->activity++;
+}
+
+static void conn_fail_peer(ucx_conn_t *c, hs_status_t st, const char *why)
+{
+    hs_warn("connection %s: %s; closing it", c->base.peer, why);
+    uint8_t buf[512];
+    size_t n = hs__tp_error_frame(st, why, buf, sizeof buf);
+    if (n > 0) (void)send_am(c, AM_FRAME, buf, n);
+    conn_begin_close(c, st, why, false);
+}
+
+static void conn_force_close(ucx_conn_t *c)
+{
+    ucx_tp_t *tp = c->tp;
+    c->ep_closed = true;
+    c->drain_deadline_ns = hs_now_ns() + (uint64_t)UCX_DRAIN_MS * 1000000u;
+    ucx_op_t *op = op_get(tp, OP_CLOSE, c);
+    if (!op) {
+        /* no memory for tracking: close anyway, do not wait for it */
+        ucs_status_ptr_t r = ucp_ep_close_nb(c->ep, UCP_EP_CLOSE_MODE_FORCE);
+        if (r && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+        c->close_done = true;
+        return;
+    }
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_EP_CLOSE_FLAG_FORCE,
+        .cb.send = send_cb,
+        .user_data = op,
+    };
+    ucs_status_ptr_t r = ucp_ep_close_nbx(c->ep, &prm);
+    if (r == NULL || UCS_PTR_IS_ERR(r)) {
+        c->close_done = true;
+        op_put(tp, op);
+    }
+}
+
+static void conn_finalize(ucx_conn_t *c)
+{
+    ucx_tp_t *tp = c->tp;
+    /* requests UCX did not finish in time: tell the user now, and let the
+     * late UCX callback only recycle the op */
+    while (c->ops) {
+        ucx_op_t *op = c->ops;
+        c->ops = op->cnext;
+        c->n_ops--;
+        op->conn = NULL;
+        if (op->kind == OP_SEND_PAYLOAD && op->cb) op->cb(op->cb_arg, HS_ERR_CLOSED);
+        if (op->kind == OP_RECV && tp->base.cb.on_payload)
+            tp->base.cb.on_payload(tp->base.arg, &c->base, op->cookie, HS_ERR_CLOSED);
+        op->cb = NULL;
+    }
+    /* ops already on the done queue for this connection must not touch it */
+    for (ucx_op_t *op = tp->done_head; op; op = op->dnext)
+        assert(op->conn != c);
+    tp->n_closing--;
+    tp->activity++;
+    tp->base.cb.on_close(tp->base.arg, &c->base, c->close_reason, c->close_why);
+    conn_unlink(tp, c);
+    free(c);
+}
+
+/* Moves closing connections along: flush, forced close, wait, on_close. */
+static void advance_closes(ucx_tp_t *tp)
+{
+    if (tp->n_closing == 0) return;
+    uint64_t now = hs_now_ns();
+    ucx_conn_t *next;
+    for (ucx_conn_t *c = tp->conns; c; c = next) {
+        next = c->next;
+        if (!c->closing) continue;
+        if (!c->ep_closed) {
+            if (!c->failed && !c->flush_started) {
+                c->flush_started = true;
+                ucx_op_t *op = op_get(tp, OP_FLUSH, c);
+                if (op) {
+                    ucp_request_param_t prm = {
+                        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                        .cb.send = send_cb,
+                        .user_data = op,
+                    };
+                    ucs_status_ptr_t r = ucp_ep_flush_nbx(c->ep, &prm);
+                    if (r == NULL || UCS_PTR_IS_ERR(r)) {
+                        c->flushed = true;
+                        op_put(tp, op);
+                    }
+                } else {
+                    c->flushed = true;
+                }
+            }
+            if (c->failed || c->flushed || now >= c->linger_deadline_ns) conn_force_close(c);
+        }
+        if (c->ep_closed && c->close_done && c->n_ops == 0) {
+            conn_finalize(c);
+        } else if (c->ep_closed && now >= c->drain_deadline_ns) {
+            hs_warn("connection %s: UCX did not finish %d requests after close; failing them",
+                    c->base.peer, c->n_ops);
+            conn_finalize(c);
+        }
+    }
+}
+
+/* ---- receiving ------------------------------------------------------------ */
+
+/* Checks a received frame; on failure closes the connection. */
+static bool frame_check(ucx_conn_t *c, const void *frame, size_t len, hs_frame_header_t *h)
+{
+    char why[200];
+    if (len < HS_FRAME_HEADER_BYTES) {
+        snprintf(why, sizeof why, "a frame of %zu bytes is shorter than its header", len);
+        conn_fail_peer(c, HS_ERR_FORMAT, why);
+        return false;
+    }
+    hs_status_t st = hs_frame_header_decode(frame, c->tp->base.cfg.max_frame_body, h, why, sizeof why);
+    if (st == HS_OK && (size_t)h->body_len + HS_FRAME_HEADER_BYTES != len) {
+        snprintf(why, sizeof why, "%s frame of %zu bytes whose header says %u body bytes",
+                 hs_msg_type_str(h->type), len, h->body_len);
+        st = HS_ERR_FORMAT;
+    }
+    if (st == HS_OK) st = hs_frame_body_check(h, (const uint8_t *)frame + HS_FRAME_HEADER_BYTES, why, sizeof why);
+    if (st != HS_OK) {
+        conn_fail_peer(c, st, why);
+        return false;
+    }
+    return true;
+}
+
+/* require_rdma: the first message shows which lanes carry the connection. */
+static bool lanes_ok(ucx_conn_t *c)
+{
+    if (c->lanes_checked) return true;
+    c->lanes_checked = true;
+    conn_refresh_describe(c);
+    hs_debug("connection %s: %s", c->base.peer, c->base.describe);
+    if (!c->tp->base.cfg.require_rdma || describe_has_rdma(c->base.describe)) return true;
+    char why[HS__TP_DESCRIBE_CAP + 512];
+    snprintf(why, sizeof why, "RDMA is required but UCX carries %s over '%s' (no rc/dc/ud verbs lane): "
+             "check the RDMA NIC, its link and UCX_NET_DEVICES/UCX_TLS, or run without --require-rdma",
+             c->base.peer, c->base.describe);
+    hs_error("%s", why);
+    conn_begin_close(c, HS_ERR_UNSUPPORTED, why, true);
+    return false;
+}
+
+static ucs_status_t am_frame_cb(void *arg, const void *header, size_t header_length, void *data,
+                                size_t length, const ucp_am_recv_param_t *param)
+{
+    ucx_tp_t *tp = arg;
+    ucx_conn_t *c = conn_by_ep(tp, param);
+    if (!c || c->closing) return UCS_OK;
+    tp->activity++;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        /* frames always travel eager; drop the data, cut the peer off */
+        conn_fail_peer(c, HS_ERR_PROTO, "a control frame arrived as a rendezvous message");
+        return UCS_OK;
+    }
+    if (!lanes_ok(c)) return UCS_OK;
+    hs_frame_header_t h;
+    if (!frame_check(c, data, length, &h)) return UCS_OK;
+    tp->base.cb.on_frame(tp->base.arg, &c->base, h.type, (const uint8_t *)data + HS_FRAME_HEADER_BYTES,
+                         h.body_len, 0);
+    return UCS_OK;
+}
+
+static ucs_status_t am_payload_cb(void *arg, const void *header, size_t header_length, void *data,
+                                  size_t length, const ucp_am_recv_param_t *param)
+{
+    ucx_tp_t *tp = arg;
+    bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    /* what a refused rendezvous returns: UCX then completes the sender's
+     * request with this error (never as delivered) */
+    const ucs_status_t refuse = rndv ? UCS_ERR_REJECTED : UCS_OK;
+    ucx_conn_t *c = conn_by_ep(tp, param);
+    if (!c || c->closing) return refuse;
+    tp->activity++;
+    if (!lanes_ok(c)) return refuse;
+    hs_frame_header_t h;
+    if (!frame_check(c, header, header_length, &h)) return refuse;
+    if (length == 0) {
+        conn_fail_peer(c, HS_ERR_PROTO, "an empty payload");
+        return refuse;
+    }
+    c->in_on_frame = true;
+    c->pl_accepted = false;
+    c->pl_len = length;
+    tp->base.cb.on_frame(tp->base.arg, &c->base, h.type, (const uint8_t *)header + HS_FRAME_HEADER_BYTES,
+                         h.body_len, length);
+    c->in_on_frame = false;
+    if (!c->pl_accepted) {
+        if (!c->closing) {
+            char why[160];
+            snprintf(why, sizeof why, "a payload of %zu bytes after a %s frame was not accepted",
+                     length, hs_msg_type_str(h.type));
+            conn_fail_peer(c, HS_ERR_PROTO, why);
+        }
+        return refuse;
+    }
+    c->pl_accepted = false;
+    ucx_op_t *op = op_get(tp, OP_RECV, c);
+    if (!op) {
+        /* cannot track it, so cannot report it: the connection goes */
+        conn_begin_close(c, HS_ERR_NOMEM, "out of memory for a payload receive", false);
+        return refuse;
+    }
+    op->cookie = c->pl_cookie;
+    if (c->closing) { /* the callee accepted, then closed */
+        op_done(tp, op, UCS_ERR_CANCELED);
+        return refuse;
+    }
+    if (!rndv) {
+        memcpy(c->pl_dest, data, length);
+        op_done(tp, op, UCS_OK);
+        return UCS_OK;
+    }
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.recv_am = recv_cb,
+        .user_data = op,
+    };
+    ucp_mem_h memh = region_memh(tp, c->pl_dest, length);
+    if (memh) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        prm.memh = memh;
+    }
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(tp->worker, data, c->pl_dest, length, &prm);
+    if (r == NULL) {
+        op_done(tp, op, UCS_OK);
+        return UCS_OK;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+        char why[160];
+        snprintf(why, sizeof why, "receiving a %zu-byte payload failed: %s", length,
+                 ucs_status_string(UCS_PTR_STATUS(r)));
+        op_done(tp, op, UCS_PTR_STATUS(r));
+        conn_begin_close(c, HS_ERR_IO, why, false);
+        return UCS_OK;
+    }
+    return UCS_INPROGRESS;
+}
+
+static ucs_status_t am_close_cb(void *arg, const void *header, size_t header_length, void *data,
+                                size_t length, const ucp_am_recv_param_t *param)
+{
+    ucx_tp_t *tp = arg;
+    ucx_conn_t *c = conn_by_ep(tp, param);
+    if (!c || c->closing) return UCS_OK;
+    char why[160];
+    snprintf(why, sizeof why, "peer %s closed the connection", c->base.peer);
+    conn_begin_close(c, HS_ERR_CLOSED, why, false);
+    return UCS_OK;
+}
+
+static hs_status_t ucx_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie)
+{
+    ucx_conn_t *c = conn_of(conn);
+    if (!c->in_on_frame || c->pl_accepted) {
+        hs_error("hs_tp_recv_payload on %s outside on_frame() of a frame with a payload, "
+                 "or twice for one payload",
+                 c->base.peer);
+        return HS_ERR_INVALID;
+    }
+    if (bytes != c->pl_len) {
+        hs_error("hs_tp_recv_payload on %s for %llu bytes, but %llu bytes follow the frame",
+                 c->base.peer, (unsigned long long)bytes, (unsigned long long)c->pl_len);
+        return HS_ERR_INVALID;
+    }
+    c->pl_accepted = true;
+    c->pl_dest = dest;
+    c->pl_cookie = cookie;
+    return HS_OK;
+}
+
+/* ---- sending -------------------------------------------------------------- */
+
+static hs_status_t ucx_send(hs_tp_conn_t *conn, const void *frame, size_t frame_len)
+{
+    ucx_conn_t *c = conn_of(conn);
+    if (c->closing) return HS_ERR_CLOSED;
+    return send_am(c, AM_FRAME, frame, frame_len);
+}
+
+static hs_status_t ucx_send_payload(hs_tp_conn_t *conn, const void *frame, size_t frame_len,
+                                    const void *payload, uint64_t payload_len, hs_tp_send_cb cb,
+                                    void *cb_arg)
+{
+    ucx_conn_t *c = conn_of(conn);
+    ucx_tp_t *tp = c->tp;
+    if (c->closing) return HS_ERR_CLOSED;
+    if (frame_len > tp->max_am_header) {
+        hs_error("a %zu-byte frame cannot announce a payload over UCX (at most %zu bytes): "
+                 "keep DONE frames small",
+                 frame_len, tp->max_am_header);
+        return HS_ERR_INVALID;
+    }
+    ucx_op_t *op = op_get(tp, OP_SEND_PAYLOAD, c);
+    if (!op) return HS_ERR_NOMEM;
+    if (op_set_frame(op, frame, frame_len) != HS_OK) {
+        op_put(tp, op);
+        return HS_ERR_NOMEM;
+    }
+    op->cb = cb;
+    op->cb_arg = cb_arg;
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_REPLY,
+        .cb.send = send_cb,
+        .user_data = op,
+    };
+    ucp_mem_h memh = region_memh(tp, payload, payload_len);
+    if (memh) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        prm.memh = memh;
+    }
+    ucs_status_ptr_t r =
+        ucp_am_send_nbx(c->ep, AM_PAYLOAD, op->frame, frame_len, payload, payload_len, &prm);
+    if (r == NULL) {
+        op_done(tp, op, UCS_OK); /* the callback runs from progress, never from here */
+        return HS_OK;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+        op->cb = NULL;
+        op_put(tp, op);
+        hs_error("ucx payload send to %s failed: %s", c->base.peer,
+                 ucs_status_string(UCS_PTR_STATUS(r)));
+        return HS_ERR_IO;
+    }
+    return HS_OK;
+}
+
+static void ucx_close(hs_tp_conn_t *conn, hs_status_t reason)
+{
+    ucx_conn_t *c = conn_of(conn);
+    char why[96];
+    snprintf(why, sizeof why, "closed by this side (%s)", hs_status_str(reason));
+    conn_begin_close(c, reason, why, true);
+}
+
+/* ---- listen / accept / connect ------------------------------------------ */
+
+static void conn_handler(ucp_conn_request_h req, void *arg)
+{
+    ucx_tp_t *tp = arg;
+    ucx_conn_t *c = conn_alloc(tp);
+    if (!c) {
+        if (tp->n_listeners > 0) ucp_listener_reject(tp->listeners[0], req);
+        return;
+    }
+    ucp_conn_request_attr_t attr = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
+    if (ucp_conn_request_query(req, &attr) == UCS_OK) {
+        socklen_t len = attr.client_address.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                                  : sizeof(struct sockaddr_in);
+        hs__tp_conn_set_peer(&c->base, (struct sockaddr *)&attr.client_address, len);
+    } else {
+        hs__tp_conn_set_peer(&c->base, NULL, 0);
+    }
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .conn_request = req,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = err_cb, .arg = c},
+    };
+    ucs_status_t st = ucp_ep_create(tp->worker, &ep, &c->ep);
+    if (st != UCS_OK) {
+        hs_warn("cannot accept a connection from %s: %s", c->base.peer, ucs_status_string(st));
+        free(c);
+        return;
+    }
+    c->connected = true;
+    conn_link(tp, c);
+    tp->activity++;
+    hs_debug("accepted ucx connection from %s", c->base.peer);
+    hs_status_t s = tp->base.cb.on_accept(tp->base.arg, &c->base);
+    if (s != HS_OK) conn_begin_close(c, s, "connection refused by this side", true);
+}
+
+static hs_status_t ucx_listen(hs_tp_t *t, const char *host, uint16_t port, uint16_t *bound_port)
+{
+    ucx_tp_t *tp = tp_of(t);
+    struct addrinfo *ai = NULL;
+    hs_status_t st = hs__tp_resolve(host, port, true, &ai);
+    if (st != HS_OK) return st;
+    ucp_listener_h l = NULL;
+    ucs_status_t us = UCS_ERR_INVALID_ADDR;
+    for (struct addrinfo *a = ai; a && !l; a = a->ai_next) {
+        ucp_listener_params_t p = {
+            .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+            .sockaddr = {.addr = a->ai_addr, .addrlen = a->ai_addrlen},
+            .conn_handler = {.cb = conn_handler, .arg = tp},
+        };
+        us = ucp_listener_create(tp->worker, &p, &l);
+        if (us != UCS_OK) l = NULL;
+    }
+    freeaddrinfo(ai);
+    if (!l) {
+        hs_error("cannot listen with UCX on %s port %u: %s; choose a free port or a local address",
+                 host, port, ucs_status_string(us));
+        return HS_ERR_IO;
+    }
+    ucp_listener_h *n = realloc(tp->listeners, (tp->n_listeners + 1) * sizeof *n);
+    if (!n) {
+        ucp_listener_destroy(l);
+        return HS_ERR_NOMEM;
+    }
+    tp->listeners = n;
+    tp->listeners[tp->n_listeners++] = l;
+    ucp_listener_attr_t attr = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+    uint16_t p = port;
+    char addr[HS__TP_PEER_CAP] = "?";
+    if (ucp_listener_query(l, &attr) == UCS_OK) {
+        hs__tp_addr_format((struct sockaddr *)&attr.sockaddr, addr, sizeof addr);
+        if (attr.sockaddr.ss_family == AF_INET) p = ntohs(((struct sockaddr_in *)&attr.sockaddr)->sin_port);
+        if (attr.sockaddr.ss_family == AF_INET6) p = ntohs(((struct sockaddr_in6 *)&attr.sockaddr)->sin6_port);
+    }
+    hs_info("ucx transport listening on %s", addr);
+    if (bound_port) *bound_port = p;
+    return HS_OK;
+}
+
+/* Waits for the worker up to ms without spinning. */
+static void worker_wait(ucx_tp_t *tp, int ms)
+{
+    if (ucp_worker_progress(tp->worker)) return;
+    if (ucp_worker_arm(tp->worker) == UCS_ERR_BUSY) return;
+    struct pollfd p = {.fd = tp->efd, .events = POLLIN};
+    (void)poll(&p, 1, ms);
+}
+
+static void worker_drain(ucx_tp_t *tp)
+{
+    for (int i = 0; i < 4096 && ucp_worker_progress(tp->worker); i++) {
+    }
+}
+
+static hs_status_t ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int timeout_ms,
+                               hs_tp_conn_t **out)
+{
+    ucx_tp_t *tp = tp_of(t);
+    if (tp->in_progress) {
+        hs_error("hs_tp_connect called from inside a transport callback");
+        return HS_ERR_BUSY;
+    }
+    struct addrinfo *ai = NULL;
+    hs_status_t st = hs__tp_resolve(host, port, false, &ai);
+    if (st != HS_OK) return st;
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : hs_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    ucx_conn_t *c = NULL;
+    char last[128] = "no attempt";
+    /* internal progress below may deliver other connections' events: the
+     * reentrancy guard of progress covers it */
+    tp->in_progress = true;
+    for (;;) {
+        c = conn_alloc(tp);
+        if (!c) {
+            st = HS_ERR_NOMEM;
+            break;
+        }
+        hs__tp_conn_set_peer(&c->base, ai->ai_addr, ai->ai_addrlen);
+        ucp_ep_params_t ep = {
+            .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+            .sockaddr = {.addr = ai->ai_addr, .addrlen = ai->ai_addrlen},
+            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+            .err_handler = {.cb = err_cb, .arg = c},
+        };
+        ucs_status_t us = ucp_ep_create(tp->worker, &ep, &c->ep);
+        if (us != UCS_OK) {
+            snprintf(last, sizeof last, "%s", ucs_status_string(us));
+            free(c);
+            c = NULL;
+            st = HS_ERR_IO;
+            break;
+        }
+        conn_link(tp, c);
+        /* the flush completes once wireup is done, or fails */
+        ucx_op_t *op = op_get(tp, OP_FLUSH, c);
+        ucp_request_param_t prm = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.send = send_cb,
+            .user_data = op,
+        };
+        ucs_status_ptr_t r = op ? ucp_ep_flush_nbx(c->ep, &prm) : NULL;
+        if (op && (r == NULL || UCS_PTR_IS_ERR(r))) {
+            if (UCS_PTR_IS_ERR(r)) c->failed = true;
+            c->flushed = !UCS_PTR_IS_ERR(r);
+            op_put(tp, op);
+        }
+        while (!c->flushed && !c->failed && hs_now_ns() < deadline) {
+            worker_wait(tp, 10);
+            worker_drain(tp);
+            /* only the transport's own ops may complete here */
+            for (ucx_op_t **pp = &tp->done_head; *pp;) {
+                ucx_op_t *o = *pp;
+                if (o->conn == c && o->kind == OP_FLUSH) {
+                    if (o->status == UCS_OK)
+                        c->flushed = true;
+                    else
+                        c->failed = true;
+                    *pp = o->dnext;
+                    if (tp->done_tail == o) {
+                        tp->done_tail = NULL;
+                        for (ucx_op_t *x = tp->done_head; x; x = x->dnext) tp->done_tail = x;
+                    }
+                    op_put(tp, o);
+                } else {
+                    pp = &o->dnext;
+                }
+            }
+        }
+        if (c->flushed && !c->failed) {
+            st = HS_OK;
+            break;
+        }
+        snprintf(last, sizeof last, "%s", c->failed ? "peer not reachable or not listening" : "timed out");
+        /* tear this attempt down quietly, then retry */
+        if (!c->closing) {
+            c->closing = true;
+            tp->n_closing++;
+        }
+        conn_force_close(c);
+        uint64_t until = hs_now_ns() + 2000000000ull;
+        while ((!c->close_done || c->n_ops > 0) && hs_now_ns() < until) {
+            worker_wait(tp, 10);
+            worker_drain(tp);
+            for (ucx_op_t **pp = &tp->done_head; *pp;) {
+                ucx_op_t *o = *pp;
+                if (o->conn == c) {
+                    if (o->kind == OP_CLOSE) c->close_done = true;
+                    *pp = o->dnext;
+                    if (tp->done_tail == o) {
+                        tp->done_tail = NULL;
+                        for (ucx_op_t *x = tp->done_head; x; x = x->dnext) tp->done_tail = x;
+                    }
+                    op_put(tp, o);
+                } else {
+                    pp = &o->dnext;
+                }
+            }
+        }
+        while (c->ops) { /* still not finished: orphan */
+            ucx_op_t *o = c->ops;
+            c->ops = o->cnext;
+            o->conn = NULL;
+        }
+        tp->n_closing--;
+        conn_unlink(tp, c);
+        free(c);
+        c = NULL;
+        uint64_t now = hs_now_ns();
+        if (now >= deadline) {
+            st = HS_ERR_TIMEOUT;
+            break;
+        }
+        uint64_t nap = 50u * 1000000u;
+        if (deadline - now < nap) nap = deadline - now;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap};
+        nanosleep(&ts, NULL);
+    }
+    tp->in_progress = false;
+    freeaddrinfo(ai);
+    if (st != HS_OK) {
+        hs_error("cannot connect with UCX to %s port %u: %s; is the consumer running and reachable?",
+                 host, port, last);
+        return st;
+    }
+    c->connected = true;
+    conn_refresh_describe(c);
+    hs_info("connected to %s: %s", c->base.peer, c->base.describe);
+    if (tp->base.cfg.require_rdma && !describe_has_rdma(c->base.describe)) {
+        hs_error("RDMA is required but UCX connects to %s over '%s' (no rc/dc/ud verbs lane): "
+                 "check the RDMA NIC, its link and UCX_NET_DEVICES/UCX_TLS, or run without --require-rdma",
+                 c->base.peer, c->base.describe);
+        c->lanes_checked = true;
+        conn_begin_close(c, HS_ERR_UNSUPPORTED, "RDMA required, none selected", true);
+        /* the user never saw it: finish it here without on_close */
+        conn_force_close(c);
+        uint64_t until = hs_now_ns() + 2000000000ull;
+        while ((!c->close_done || c->n_ops > 0) && hs_now_ns() < until) {
+            worker_wait(tp, 10);
+            worker_drain(tp);
+            process_done(tp);
+        }
+        while (c->ops) {
+            ucx_op_t *o = c->ops;
+            c->ops = o->cnext;
+            o->conn = NULL;
+        }
+        tp->n_closing--;
+        conn_unlink(tp, c);
+        free(c);
+        return HS_ERR_UNSUPPORTED;
+    }
+    c->lanes_checked = true;
+    *out = &c->base;
+    return HS_OK;
+}
+
+/* ---- loop ----------------------------------------------------------------- */
+
+static void step(ucx_tp_t *tp)
+{
+    worker_drain(tp);
+    process_done(tp);
+    advance_closes(tp);
+    process_done(tp);
+}
+
+static hs_status_t ucx_progress(hs_tp_t *t, int timeout_ms)
+{
+    ucx_tp_t *tp = tp_of(t);
+    if (tp->in_progress) {
+        hs_error("hs_tp_progress called from inside a transport callback");
+        return HS_ERR_BUSY;
+    }
+    tp->in_progress = true;
+    uint64_t a0 = tp->activity;
+    step(tp);
+    bool woken = __atomic_exchange_n(&tp->wake_pending, 0, __ATOMIC_ACQ_REL) != 0;
+    if (tp->activity == a0 && timeout_ms != 0 && !woken) {
+        int ms = timeout_ms;
+        if (tp->n_closing > 0 && (ms < 0 || ms > UCX_CLOSING_POLL_MS)) ms = UCX_CLOSING_POLL_MS;
+        ucs_status_t st = ucp_worker_arm(tp->worker);
+        if (st == UCS_OK) {
+            struct pollfd p = {.fd = tp->efd, .events = POLLIN};
+            int r = poll(&p, 1, ms);
+            if (r < 0 && errno != EINTR) {
+                hs_error("poll on the UCX worker fd failed: %m");
+                tp->in_progress = false;
+                return HS_ERR_IO;
+            }
+        }
+        step(tp);
+        __atomic_store_n(&tp->wake_pending, 0, __ATOMIC_RELEASE);
+    }
+    tp->in_progress = false;
+    return HS_OK;
+}
+
+static void ucx_wakeup(hs_tp_t *t)
+{
+    ucx_tp_t *tp = tp_of(t);
+    __atomic_store_n(&tp->wake_pending, 1, __ATOMIC_RELEASE);
+    (void)ucp_worker_signal(tp->worker);
+}
+
+static hs_status_t ucx_mem_register(hs_tp_t *t, void *addr, size_t len)
+{
+    ucx_tp_t *tp = tp_of(t);
+    if (tp->n_regions == tp->cap_regions) {
+        size_t ncap = tp->cap_regions ? tp->cap_regions * 2 : 8;
+        ucx_region_t *n = realloc(tp->regions, ncap * sizeof *n);
+        if (!n) return HS_ERR_NOMEM;
+        tp->regions = n;
+        tp->cap_regions = ncap;
+    }
+    ucp_mem_map_params_t p = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .address = addr,
+        .length = len,
+    };
+    ucp_mem_h memh;
+    ucs_status_t st = ucp_mem_map(tp->ctx, &p, &memh);
+    if (st != UCS_OK) {
+        hs_error("ucp_mem_map of %zu bytes at %p failed: %s (locked-memory limit? see ulimit -l)",
+                 len, addr, ucs_status_string(st));
+        return HS_ERR_IO;
+    }
+    tp->regions[tp->n_regions++] = (ucx_region_t){addr, len, memh};
+    hs_debug("ucx: registered %zu bytes at %p", len, addr);
+    return HS_OK;
+}
+
+/* ---- life cycle ----------------------------------------------------------- */
+
+static hs_status_t ucx_create(const hs_tp_config_t *cfg, hs_tp_t **out)
+{
+    ucx_tp_t *tp = calloc(1, sizeof *tp);
+    if (!tp) return HS_ERR_NOMEM;
+    tp->efd = -1;
+    const char *mh = getenv("HS_UCX_MEMH");
+    tp->use_memh = !(mh && strcmp(mh, "0") == 0);
+    ucp_config_t *config = NULL;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &config); /* honours UCX_* variables */
+    if (st != UCS_OK) {
+        hs_error("reading the UCX configuration failed: %s; check the UCX_* environment variables",
+                 ucs_status_string(st));
+        goto err_tp;
+    }
+    if (cfg->net_devices && cfg->net_devices[0]) {
+        if (getenv("UCX_NET_DEVICES"))
+            hs_warn("net devices '%s' given: overriding UCX_NET_DEVICES='%s'", cfg->net_devices,
+                    getenv("UCX_NET_DEVICES"));
+        st = ucp_config_modify(config, "NET_DEVICES", cfg->net_devices);
+        if (st != UCS_OK) {
+            hs_error("UCX rejects net devices '%s': %s; give a list such as mlx5_0:1,eth0",
+                     cfg->net_devices, ucs_status_string(st));
+            goto err_config;
+        }
+    }
+    if (!getenv("UCX_KEEPALIVE_INTERVAL")) {
+        /* a few probes within the peer timeout */
+        char v[32];
+        uint32_t ms = cfg->peer_timeout_s * 1000u / 3u;
+        snprintf(v, sizeof v, "%ums", ms ? ms : 1u);
+        (void)ucp_config_modify(config, "KEEPALIVE_INTERVAL", v);
+    }
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+        .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        .name = "hsflow",
+    };
+    st = ucp_init(&params, config, &tp->ctx);
+    if (st != UCS_OK) {
+        hs_error("ucp_init failed: %s; check the UCX installation and UCX_* variables",
+                 ucs_status_string(st));
+        goto err_config;
+    }
+    ucp_config_release(config);
+    config = NULL;
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SINGLE,
+    };
+    st = ucp_worker_create(tp->ctx, &wp, &tp->worker);
+    if (st != UCS_OK) {
+        hs_error("ucp_worker_create failed: %s", ucs_status_string(st));
+        goto err_ctx;
+    }
+    st = ucp_worker_get_efd(tp->worker, &tp->efd);
+    if (st != UCS_OK) {
+        hs_error("ucp_worker_get_efd failed: %s", ucs_status_string(st));
+        goto err_worker;
+    }
+    ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
+    tp->max_am_header = ucp_worker_query(tp->worker, &wa) == UCS_OK ? wa.max_am_header : 0;
+    static const unsigned ids[] = {AM_FRAME, AM_PAYLOAD, AM_CLOSE};
+    ucp_am_recv_callback_t cbs[] = {am_frame_cb, am_payload_cb, am_close_cb};
+    for (int i = 0; i < 3; i++) {
+        ucp_am_handler_param_t hp = {
+            .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                          UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+            .id = ids[i],
+            .flags = UCP_AM_FLAG_WHOLE_MSG,
+            .cb = cbs[i],
+            .arg = tp,
+        };
+        st = ucp_worker_set_am_recv_handler(tp->worker, &hp);
+        if (st != UCS_OK) {
+            hs_error("registering UCX active message handler %u failed: %s", ids[i],
+                     ucs_status_string(st));
+            goto err_worker;
+        }
+    }
+    *out = &tp->base;
+    return HS_OK;
+
+err_worker:
+    ucp_worker_destroy(tp->worker);
+err_ctx:
+    ucp_cleanup(tp->ctx);
+err_config:
+    if (config) ucp_config_release(config);
+err_tp:
+    free(tp);
+    return HS_ERR_IO;
+}
+
+static void ucx_destroy(hs_tp_t *t)
+{
+    ucx_tp_t *tp = tp_of(t);
+    tp->in_progress = true;
+    uint64_t now = hs_now_ns();
+    for (ucx_conn_t *c = tp->conns; c; c = c->next) {
+        conn_begin_close(c, HS_ERR_CLOSED, "transport destroyed", true);
+        /* short linger: the close message and what is queued, then go */
+        uint64_t d = now + 500000000ull;
+        if (c->linger_deadline_ns > d) c->linger_deadline_ns = d;
+    }
+    while (tp->conns) {
+        step(tp);
+        if (tp->conns) worker_wait(tp, UCX_CLOSING_POLL_MS);
+    }
+    process_done(tp);
+    for (size_t i = 0; i < tp->n_listeners; i++) ucp_listener_destroy(tp->listeners[i]);
+    free(tp->listeners);
+    for (size_t i = 0; i < tp->n_regions; i++) ucp_mem_unmap(tp->ctx, tp->regions[i].memh);
+    free(tp->regions);
+    ucp_worker_destroy(tp->worker);
+    ucp_cleanup(tp->ctx);
+    while (tp->free_ops) {
+        ucx_op_t *op = tp->free_ops;
+        tp->free_ops = op->dnext;
+        free(op->heap_frame);
+        free(op);
+    }
+    free(tp);
+}
+
+const hs_tp_ops_t hs__tp_ucx_ops = {
+    .name = "ucx",
+    .create = ucx_create,
+    .destroy = ucx_destroy,
+    .listen = ucx_listen,
+    .connect = ucx_connect,
+    .send = ucx_send,
+    .send_payload = ucx_send_payload,
+    .recv_payload = ucx_recv_payload,
+    .close = ucx_close,
+    .progress = ucx_progress,
+    .wakeup = ucx_wakeup,
+    .mem_register = ucx_mem_register,
+    .describe = ucx_describe,
+};
