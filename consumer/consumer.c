@@ -364,7 +364,10 @@ static void on_done(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t l
                   (unsigned long long)it.bytes);
     } else {
         uint8_t *dest = (uint8_t *)hs_cache_base(c->cache) + it.slot_offset;
-        if (hs_tp_recv_payload(p->conn, dest, it.bytes, d->ticket_id) == HS_OK) p->receiving++;
+        if (hs_tp_recv_payload(p->conn, dest, it.bytes, d->ticket_id) == HS_OK) {
+            p->receiving++;
+            p->t_done_frame = hs_now_s();
+        }
     }
     hs_msg_free(m);
 }
@@ -394,7 +397,10 @@ static void issue_tickets(hs_consumer_t *c)
         progress = false;
         for (peer_t *p = c->peers; p; p = p->next) {
             if (p->state != PEER_READY || !p->conn) continue;
-            if (hs_sched_leases_of(c->sched, p->id) >= p->workers * p->prefetch) continue;
+            /* Tickets whose DONE arrived are no longer on the producer's plate:
+             * it is already computing the next one. */
+            uint32_t held = hs_sched_leases_of(c->sched, p->id) - p->receiving - p->verifying;
+            if (held >= p->workers * p->prefetch) continue;
             hs_sched_item_t it;
             if (!hs_sched_peek(c->sched, &it)) return;
             uint64_t offset = it.slot_offset;
@@ -503,6 +509,8 @@ static void collect_verified(hs_consumer_t *c)
         done = j->next;
         peer_t *p = peer_find(c, j->peer_id);
         if (j->status == HS_OK) {
+            hs_trace("ticket %llu: verified %.1f ms after landing", (unsigned long long)j->ticket_id,
+                     1e3 * (hs_now_s() - j->t_queued));
             hs_sched_fill(c->sched, j->peer_id, j->ticket_id);
             pthread_mutex_lock(&c->lock);
             c->bytes_received += j->item.bytes;
@@ -618,6 +626,9 @@ static void cb_payload(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_status
         peer_drop(c, p, HS_ERR_NOMEM, "out of memory");
         return;
     }
+    hs_trace("ticket %llu: %.1f MiB landed in %.1f ms", (unsigned long long)cookie,
+             (double)it.bytes / (1 << 20), 1e3 * (hs_now_s() - p->t_done_frame));
+    j->t_queued = hs_now_s();
     j->peer_id = p->id;
     j->ticket_id = cookie;
     j->item = it;

@@ -37,6 +37,7 @@ typedef struct peer {
     uint8_t *hello_body; /* kept for the AUTH check */
     uint32_t hello_len;
     double stall_pct, tokens_per_s;
+    double t_done_frame; /* when the last DONE arrived (trace timing) */
     bool has_stats;
 } peer_t;
 
@@ -45,6 +46,7 @@ typedef struct verify_job {
     uint64_t peer_id, ticket_id;
     hs_sched_item_t item;
     hs_status_t status;
+    double t_queued;
     char why[256];
 } verify_job_t;
 

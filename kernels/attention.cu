@@ -7,12 +7,13 @@
  * q, k, v are [T, heads * d] row slices (row strides q_stride, kv_stride),
  * so the fused qkv GEMM output is read in place; out is [T, Hq * d].
  *
- * One block of 4 warps takes 64 query rows of one (sequence, head); each
- * warp owns 16 rows. Key/value tiles of 64 rows stream through shared memory
+ * One block of 4 warps takes 64 query rows of one (sequence, head) (8 warps
+ * and 128 rows with HS_ATTN_WARPS=8); each warp owns 16 rows. Key/value tiles of 64 rows stream through shared memory
  * with cp.async, double-buffered. S = Q K^T and O += P V run on mma.sync
  * m16n8k16 (bf16 in, fp32 accumulate); the softmax is online (running max
  * and sum per row, in the exp2 domain), so memory is linear in sequence
- * length and nothing of size L^2 exists. P is rounded to bf16 for the second
+ * length and nothing of size L^2 exists (exp2 on the fast ex2.approx unit).
+ * P is rounded to bf16 for the second
  * product, as in flash attention. Shared rows are padded by 16 bytes so the
  * ldmatrix reads are free of bank conflicts. Blocks of the longest (most
  * expensive) query tiles of each sequence are launched first.
@@ -21,6 +22,7 @@
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "attention.h"
 #include "cublaslt.h"
@@ -29,7 +31,27 @@ typedef __nv_bfloat16 bf16;
 
 namespace {
 
-constexpr int kBM = 64, kBN = 64, kThreads = 128;
+constexpr int kBN = 64;
+
+/* Query rows per block: 16 per warp. 4 warps (64 rows) or 8 warps (128
+ * rows, each key/value tile loaded once for twice the queries); the choice is
+ * made once per process (attn_warps()). */
+static int attn_warps(void)
+{
+    static int warps = 0;
+    if (!warps) {
+        const char *e = getenv("HS_ATTN_WARPS");
+        warps = e && atoi(e) == 8 ? 8 : 4;
+    }
+    return warps;
+}
+
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred)
 {
@@ -72,13 +94,14 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return *(uint32_t *)&v;
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads)
+template <int D, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
     attn_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                 int64_t q_stride, int64_t kv_stride, bf16 *__restrict__ out, int64_t out_stride,
                 const int32_t *__restrict__ cu, const int32_t *__restrict__ tile_prefix, int n_seqs,
                 int group, float scale_log2, int window)
 {
+    constexpr int kBM = 16 * WARPS, kThreads = 32 * WARPS;
     constexpr int LDS = D + 8;     /* padded shared row, elements */
     constexpr int CPR = D / 8;     /* 16-byte chunks per row */
     constexpr int NT = kBN / 8;    /* n-tiles of S */
@@ -157,6 +180,10 @@ __global__ void __launch_bounds__(kThreads)
         const bf16 *kt = sK + buf * kBN * LDS;
         const bf16 *vt = sV + buf * kBN * LDS;
         const int key0 = jt * kBN;
+        if (key0 > row_lo + 15) { /* every key is past this warp's rows */
+            __syncthreads();
+            continue;
+        }
 
         float s[NT][4];
 #pragma unroll
@@ -196,13 +223,13 @@ __global__ void __launch_bounds__(kThreads)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             float m_new = fmaxf(m[r], mx * scale_log2);
             float m_use = m_new == -INFINITY ? 0.f : m_new;
-            float alpha = exp2f(m[r] - m_use);
+            float alpha = fast_exp2(m[r] - m_use);
             m[r] = m_new;
             float sum = 0.f;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                float p0 = exp2f(s[nt][2 * r] * scale_log2 - m_use);
-                float p1 = exp2f(s[nt][2 * r + 1] * scale_log2 - m_use);
+                float p0 = fast_exp2(s[nt][2 * r] * scale_log2 - m_use);
+                float p1 = fast_exp2(s[nt][2 * r + 1] * scale_log2 - m_use);
                 s[nt][2 * r] = p0;
                 s[nt][2 * r + 1] = p1;
                 sum += p0 + p1;
@@ -253,7 +280,7 @@ __global__ void __launch_bounds__(kThreads)
 /* tile_prefix[s] = sum over sequences before s of ceil(len / kBM), for
  * s = 0..n_seqs. One block: each thread sums a run of sequences, then a
  * warp-level scan over the per-thread totals. */
-__global__ void attn_schedule_kernel(const int32_t *cu, int n_seqs, int32_t *tile_prefix)
+__global__ void attn_schedule_kernel(const int32_t *cu, int n_seqs, int kBM, int32_t *tile_prefix)
 {
     __shared__ int32_t part[1024];
     const int tid = threadIdx.x, nt = blockDim.x;
@@ -339,19 +366,20 @@ __global__ void attn_generic_kernel(const bf16 *__restrict__ q, const bf16 *__re
     }
 }
 
-template <int D>
+template <int D, int WARPS>
 hs_status_t attn_launch(const void *q, const void *k, const void *v, int64_t q_stride,
                         int64_t kv_stride, void *out, int64_t out_stride, const int32_t *cu_seqlens,
                         const int32_t *tile_prefix, int n_seqs, int T, int n_heads, int group,
                         float scale, int window, cudaStream_t stream)
 {
+    constexpr int kBM = 16 * WARPS;
     const size_t smem = (size_t)(kBM + 4 * kBN) * (D + 8) * sizeof(bf16);
-    hs_status_t st = HS_CUDA_CHECK(
-        cudaFuncSetAttribute(attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    hs_status_t st = HS_CUDA_CHECK(cudaFuncSetAttribute(
+        attn_kernel<D, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (st) return st;
     /* an upper bound on the tiles: sum ceil(len / kBM) <= T / kBM + n_seqs */
     dim3 grid((unsigned)((T + kBM - 1) / kBM + n_seqs), n_heads);
-    attn_kernel<D><<<grid, kThreads, smem, stream>>>(
+    attn_kernel<D, WARPS><<<grid, WARPS * 32, smem, stream>>>(
         (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, q_stride, kv_stride, (bf16 *)out, out_stride,
         cu_seqlens, tile_prefix, n_seqs, group, scale * 1.4426950408889634f, window);
     return HS_CUDA_LAUNCH_CHECK("attention kernel");
@@ -363,7 +391,7 @@ extern "C" int hs_kn_attention_schedule(const int32_t *cu_seqlens, int n_seqs, i
                                         cudaStream_t stream)
 {
     if (n_seqs <= 0) return HS_OK;
-    attn_schedule_kernel<<<1, 1024, 0, stream>>>(cu_seqlens, n_seqs, tile_prefix);
+    attn_schedule_kernel<<<1, 1024, 0, stream>>>(cu_seqlens, n_seqs, 16 * attn_warps(), tile_prefix);
     return HS_CUDA_LAUNCH_CHECK("attention schedule kernel");
 }
 
@@ -398,8 +426,11 @@ extern "C" int hs_kn_attention(const void *q, int64_t q_stride, const void *k, c
     }
 #define HS_ATTN_CASE(d)                                                                              \
     case d:                                                                                          \
-        return attn_launch<d>(q, k, v, q_stride, kv_stride, out, out_stride, cu_seqlens, tile_prefix, \
-                              n_seqs, T, n_heads, group, scale, window, stream)
+        return attn_warps() == 8                                                                     \
+                   ? attn_launch<d, 8>(q, k, v, q_stride, kv_stride, out, out_stride, cu_seqlens,    \
+                                       tile_prefix, n_seqs, T, n_heads, group, scale, window, stream) \
+                   : attn_launch<d, 4>(q, k, v, q_stride, kv_stride, out, out_stride, cu_seqlens,    \
+                                       tile_prefix, n_seqs, T, n_heads, group, scale, window, stream)
     switch (head_dim) {
         HS_ATTN_CASE(64);
         HS_ATTN_CASE(80);

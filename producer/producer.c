@@ -34,6 +34,7 @@ typedef struct producer producer_t;
 typedef struct staging {
     uint8_t *buf;
     bool busy; /* filled and waiting for / on the wire */
+    double t_send; /* when it was handed to the transport (trace timing) */
     struct worker *owner;
 } staging_t;
 
@@ -161,6 +162,8 @@ static void *worker_main(void *arg)
         o->worker = w->index;
         o->checksum = ((hs_batch_header_t *)st->buf)->checksum;
         o->compute_ns = (uint64_t)((t1 - t0) * 1e9);
+        hs_trace("worker %u: batch %u/%u (%.1f MiB) filled in %.1f ms", w->index, t->epoch,
+                 t->batch, (double)t->bytes / (1 << 20), 1e3 * (t1 - t0));
         o->next = pr->outbox;
         pr->outbox = o;
         free(t);
@@ -392,6 +395,8 @@ static void cb_sent(void *arg, hs_status_t status)
 {
     staging_t *st = arg;
     producer_t *pr = st->owner->pr;
+    hs_trace("staging buffer of worker %u sent in %.1f ms", st->owner->index,
+             1e3 * (hs_now_s() - st->t_send));
     pthread_mutex_lock(&pr->lock);
     st->busy = false;
     pthread_cond_broadcast(&pr->cond);
@@ -434,6 +439,7 @@ static void flush_outbox(producer_t *pr)
             d.worker = o->worker;
             d.compute_ns = o->compute_ns;
             st = hs_msg_pack(HS_MSG_DONE, &d.base, pr->frame_buf, HS_FRAME_MAX_BODY, &len);
+            o->st->t_send = hs_now_s();
             if (st == HS_OK)
                 st = hs_tp_send_payload(pr->conn, pr->frame_buf, len, o->st->buf, o->t.bytes,
                                         cb_sent, o->st);

@@ -187,6 +187,7 @@ int main(void)
                         (int)(sizeof k_families / sizeof k_families[0]));
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

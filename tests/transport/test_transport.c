@@ -47,7 +47,7 @@ typedef struct {
     bool wrong_size; /* ask for one byte fewer than announced */
     bool advance;    /* each payload lands right after the previous one */
     hs_status_t last_payload_status;
-    bool close_in_on_payload; /* close the connection when a payload lands */
+    int close_at_payload_frame; /* close instead of accepting the n-th payload */
     /* last close */
     hs_tp_conn_t *closed_conn;
     hs_status_t close_reason;
@@ -79,6 +79,10 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
     }
     if (payload_bytes == 0) return;
     s->payload_frames++;
+    if (s->payload_frames == s->close_at_payload_frame) {
+        hs_tp_close(conn, HS_ERR_CLOSED);
+        return;
+    }
     if (!s->dest) return; /* refuse */
     ck_assert_uint_le(payload_bytes, s->dest_len);
     uint64_t n = s->wrong_size ? payload_bytes - 1 : payload_bytes;
@@ -104,7 +108,6 @@ static void cb_payload(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_status
         s->payloads_ok++;
     else
         s->payloads_failed++;
-    if (s->close_in_on_payload) hs_tp_close(conn, HS_ERR_CLOSED);
 }
 
 static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const char *why)
@@ -523,7 +526,7 @@ START_TEST(send_completions_run_exactly_once_when_the_connection_dies)
     pair_open("127.0.0.1");
     S.dest = dst;
     S.dest_len = len;
-    S.close_in_on_payload = true; /* the server hangs up after the first payload */
+    S.close_at_payload_frame = 2; /* the server hangs up at the second payload */
     g_sent_ok = g_sent_failed = 0;
     memset(g_send_calls, 0, sizeof g_send_calls);
     uint8_t frame[HS_FRAME_HEADER_BYTES + 8];
@@ -532,8 +535,10 @@ START_TEST(send_completions_run_exactly_once_when_the_connection_dies)
         ck_assert_int_eq(
             hs_tp_send_payload(g_cc, frame, n, src, len, cb_sent, (void *)(intptr_t)i), HS_OK);
     }
-    PUMP_UNTIL(&S, &C, C.closes == 1 && S.closes == 1);
-    ck_assert_int_eq(S.payloads_ok, 1);
+    PUMP_UNTIL(&S, &C, C.closes == 1 && S.closes == 1 && g_sent_ok + g_sent_failed == k);
+    /* the one accepted payload was reported once (landed, or failed by the close) */
+    ck_assert_int_eq(S.payloads_ok + S.payloads_failed, 1);
+    ck_assert_int_eq(S.payload_frames, 2);
     ck_assert_int_eq(g_sent_ok + g_sent_failed, k);
     ck_assert_int_ge(g_sent_failed, 1);
     for (int i = 0; i < k; i++) ck_assert_int_eq(g_send_calls[i], 1);
@@ -776,39 +781,46 @@ START_TEST(transport_kinds_parse_and_print)
 }
 END_TEST
 
+/* HS_TEST_ONLY=<test name> runs just that test (for debugging). */
+#define ADD(tc, fn)                                                              \
+    do {                                                                         \
+        const char *only_ = getenv("HS_TEST_ONLY");                              \
+        if (!only_ || strcmp(only_, #fn) == 0) tcase_add_test((tc), fn);         \
+    } while (0)
+
 static void add_api_tests(TCase *tc)
 {
-    tcase_add_test(tc, frames_round_trip_both_ways_in_order);
-    tcase_add_test(tc, a_frame_that_breaks_the_send_rules_is_refused_locally);
-    tcase_add_test(tc, a_64MiB_payload_lands_exactly_in_dest_and_nowhere_else);
-    tcase_add_test(tc, payloads_and_frames_interleave_in_order);
-    tcase_add_test(tc, a_refused_payload_closes_the_connection_and_writes_nothing);
-    tcase_add_test(tc, a_payload_accepted_with_the_wrong_size_is_refused);
-    tcase_add_test(tc, a_crc_mismatch_closes_that_connection_only);
-    tcase_add_test(tc, wakeup_from_another_thread_unblocks_progress);
-    tcase_add_test(tc, send_completions_run_exactly_once_when_the_connection_dies);
-    tcase_add_test(tc, destroy_fails_pending_sends_and_receives_exactly_once);
-    tcase_add_test(tc, close_flushes_queued_frames_and_the_peer_sees_an_orderly_close);
-    tcase_add_test(tc, ipv6_loopback_works);
-    tcase_add_test(tc, connect_to_a_port_nobody_listens_on_times_out);
+    ADD(tc, frames_round_trip_both_ways_in_order);
+    ADD(tc, a_frame_that_breaks_the_send_rules_is_refused_locally);
+    ADD(tc, a_64MiB_payload_lands_exactly_in_dest_and_nowhere_else);
+    ADD(tc, payloads_and_frames_interleave_in_order);
+    ADD(tc, a_refused_payload_closes_the_connection_and_writes_nothing);
+    ADD(tc, a_payload_accepted_with_the_wrong_size_is_refused);
+    ADD(tc, a_crc_mismatch_closes_that_connection_only);
+    ADD(tc, wakeup_from_another_thread_unblocks_progress);
+    ADD(tc, send_completions_run_exactly_once_when_the_connection_dies);
+    ADD(tc, destroy_fails_pending_sends_and_receives_exactly_once);
+    ADD(tc, close_flushes_queued_frames_and_the_peer_sees_an_orderly_close);
+    ADD(tc, ipv6_loopback_works);
+    ADD(tc, connect_to_a_port_nobody_listens_on_times_out);
 }
 
 int main(void)
 {
     Suite *s = suite_create("transport");
     TCase *tc = tcase_create("common");
-    tcase_add_test(tc, transport_kinds_parse_and_print);
+    ADD(tc, transport_kinds_parse_and_print);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("tcp");
     tcase_add_checked_fixture(tc, setup_tcp, NULL);
     tcase_set_timeout(tc, 60);
     add_api_tests(tc);
-    tcase_add_test(tc, garbage_bytes_close_that_connection_with_a_format_error);
-    tcase_add_test(tc, an_oversized_body_len_is_rejected_before_reading_the_body);
-    tcase_add_test(tc, a_truncated_frame_then_eof_closes_with_an_io_error);
-    tcase_add_test(tc, a_crc_mismatch_from_a_raw_peer_gets_an_error_frame);
-    tcase_add_test(tc, a_wrong_protocol_version_closes_with_a_mismatch);
+    ADD(tc, garbage_bytes_close_that_connection_with_a_format_error);
+    ADD(tc, an_oversized_body_len_is_rejected_before_reading_the_body);
+    ADD(tc, a_truncated_frame_then_eof_closes_with_an_io_error);
+    ADD(tc, a_crc_mismatch_from_a_raw_peer_gets_an_error_frame);
+    ADD(tc, a_wrong_protocol_version_closes_with_a_mismatch);
     suite_add_tcase(s, tc);
 
     if (hs_tp_kind_available(HS_TP_UCX)) {

@@ -1,0 +1,786 @@
+/* test_hostile_peers.c - an in-process consumer facing hostile raw-socket
+ * peers that speak (or abuse) the TCP wire format of transport/tcp.c: each
+ * bad peer must get an ERROR frame or be cut off, and afterwards a real
+ * producer (hs_producer_run in a thread) must complete the run with every
+ * batch of every epoch delivered exactly once.
+ *
+ * A trainer thread takes every batch with hs_consumer_next(), checks it again
+ * (header, checksum and every synthetic element) and counts each
+ * (epoch, batch) it sees: a write outside a granted slot would corrupt a batch
+ * that was already verified, and this second check would catch it.
+ *
+ * Peers that go through the handshake use the very plan the real producer
+ * will build (same dataset, same planner), so the run they define is the one
+ * the producer joins. */
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "hsflow.h"
+#include "hs_producer.h"
+#include "plan_int.h"
+#include "dataset_int.h"
+
+#define EPOCHS 2u
+#define BUDGET 256u
+#define HIDDEN 32u
+#define N_SEQS 60u
+#define RECV_TIMEOUT_S 10 /* a guard against hanging, not a timing assertion */
+
+/* ---- fixture: a small dataset and its plan, built once ---------------------- */
+
+static char g_dir[256];
+static char g_data[300];
+static hs_dataset_t *g_ds;
+static hs_plan_t *g_plan;
+static hs_layout_t g_layout;
+
+static void fixture_setup(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(g_dir, sizeof g_dir, "%s/hs-hostile.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(g_dir));
+    snprintf(g_data, sizeof g_data, "%s/data.jsonl", g_dir);
+    FILE *f = fopen(g_data, "w");
+    ck_assert_ptr_nonnull(f);
+    uint64_t rng = 12345;
+    for (uint32_t i = 0; i < N_SEQS; i++) {
+        uint32_t len = 5 + (uint32_t)(hs_splitmix64(&rng) % 180);
+        fputs("{\"input_ids\": [", f);
+        for (uint32_t t = 0; t < len; t++)
+            fprintf(f, t ? ",%u" : "%u", (unsigned)(hs_splitmix64(&rng) % 32000));
+        fputs("]}\n", f);
+    }
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(hs_dataset_open(g_data, &g_ds), HS_OK);
+    hs_plan_config_t pc = {.token_budget = BUDGET, .max_seq_len = 0,
+                           .overflow = HS_OVERFLOW_TRUNCATE, .seed = 7};
+    ck_assert_int_eq(hs_plan_build(g_ds, &pc, &g_plan), HS_OK);
+    ck_assert_uint_ge(hs_plan_n_batches(g_plan), 4);
+    memset(&g_layout, 0, sizeof g_layout);
+    g_layout.hidden_size = HIDDEN;
+    g_layout.dtype = HS_DTYPE_BF16;
+    g_layout.n_layers = 2;
+    g_layout.layers[0] = 1;
+    g_layout.layers[1] = 3;
+}
+
+static void fixture_teardown(void)
+{
+    hs_plan_destroy(g_plan);
+    hs_dataset_close(g_ds);
+    unlink(g_data);
+    rmdir(g_dir);
+}
+
+/* ---- the consumer under attack, with a checking trainer thread --------------- */
+
+typedef struct {
+    hs_consumer_t *c;
+    pthread_t trainer;
+    atomic_bool stop;
+    uint32_t n_batches;
+    uint32_t *seen; /* [EPOCHS][n_batches] deliveries */
+    atomic_uint delivered, out_of_range, bad;
+    char bad_why[256];
+} harness_t;
+
+static void *trainer_main(void *arg)
+{
+    harness_t *h = arg;
+    while (!atomic_load(&h->stop)) {
+        hs_batch_t b;
+        hs_status_code_t st = hs_consumer_next(h->c, &b, 100);
+        if (st == HS_ERR_TIMEOUT) continue;
+        if (st != HS_OK) break; /* HS_ERR_CLOSED: every batch delivered */
+        atomic_fetch_add(&h->delivered, 1);
+        if (b.epoch >= EPOCHS || b.batch >= h->n_batches) {
+            atomic_fetch_add(&h->out_of_range, 1);
+        } else {
+            h->seen[b.epoch * h->n_batches + b.batch]++;
+            /* The region starts hs_batch_offsets().cu_seqlens bytes before cu_seqlens. */
+            hs_batch_offsets_t off = hs_batch_offsets(b.n_seqs, b.n_tokens, &g_layout);
+            uint8_t *region = (uint8_t *)(uintptr_t)b.cu_seqlens - off.cu_seqlens;
+            char why[256] = "";
+            hs_status_t v = hs_batch_verify(region, b.bytes, b.epoch, b.batch, b.n_seqs,
+                                            b.n_tokens, &g_layout, why, sizeof why);
+            if (v == HS_OK) {
+                hs_batch_view_t view = hs_batch_view(region, b.n_seqs, b.n_tokens, &g_layout);
+                v = hs_batch_synth_check(&view, &g_layout, why, sizeof why);
+            }
+            if (v != HS_OK && atomic_fetch_add(&h->bad, 1) == 0)
+                snprintf(h->bad_why, sizeof h->bad_why, "batch %u/%u: %s", b.epoch, b.batch, why);
+        }
+        hs_consumer_release(h->c, &b);
+    }
+    return NULL;
+}
+
+static void harness_start(harness_t *h, hs_order_t order)
+{
+    memset(h, 0, sizeof *h);
+    hs_consumer_config_t cfg;
+    hs_consumer_config_default(&cfg);
+    cfg.listen_host = "127.0.0.1";
+    cfg.listen_port = 0;
+    cfg.cache_bytes = 64ull << 20;
+    cfg.epochs = EPOCHS;
+    cfg.order = order;
+    cfg.verify_synthetic = true;
+    cfg.transport = "tcp"; /* the raw peers speak the TCP framing */
+    ck_assert_int_eq(hs_consumer_create(&cfg, &h->c), HS_OK);
+    ck_assert_uint_ne(hs_consumer_port(h->c), 0);
+    h->n_batches = hs_plan_n_batches(g_plan);
+    h->seen = calloc((size_t)EPOCHS * h->n_batches, sizeof(uint32_t));
+    ck_assert_ptr_nonnull(h->seen);
+    ck_assert_int_eq(pthread_create(&h->trainer, NULL, trainer_main, h), 0);
+}
+
+typedef struct {
+    uint16_t port;
+    hs_status_t result;
+} producer_arg_t;
+
+static void *producer_main(void *arg)
+{
+    producer_arg_t *a = arg;
+    hs_producer_config_t cfg;
+    hs_producer_config_default(&cfg);
+    cfg.to_host = "127.0.0.1";
+    cfg.to_port = a->port;
+    cfg.data_path = g_data;
+    cfg.token_budget = BUDGET;
+    cfg.seed = 7;
+    cfg.layout = g_layout;
+    cfg.source = HS_SOURCE_SYNTHETIC;
+    cfg.n_workers = 2;
+    cfg.gpu_ids[0] = cfg.gpu_ids[1] = -1;
+    cfg.transport = "tcp";
+    cfg.connect_timeout_s = 10;
+    cfg.name = "real-producer";
+    a->result = hs_producer_run(&cfg);
+    return NULL;
+}
+
+/* Runs a real producer to the end, then checks that the whole run arrived
+ * exactly once and intact; *out gets the consumer's final figures. */
+static void harness_finish(harness_t *h, hs_consumer_stats_t *out)
+{
+    producer_arg_t pa = {.port = hs_consumer_port(h->c), .result = HS_ERR_INVALID};
+    pthread_t pt;
+    ck_assert_int_eq(pthread_create(&pt, NULL, producer_main, &pa), 0);
+    pthread_join(pt, NULL);
+    if (pa.result != HS_OK) atomic_store(&h->stop, true);
+    pthread_join(h->trainer, NULL);
+    hs_consumer_stats(h->c, out);
+    hs_consumer_destroy(h->c);
+    h->c = NULL;
+
+    ck_assert_msg(pa.result == HS_OK, "the real producer ended with %s after the hostile peers",
+                  hs_status_str(pa.result));
+    ck_assert_msg(atomic_load(&h->bad) == 0, "a delivered batch was corrupt: %s", h->bad_why);
+    ck_assert_uint_eq(atomic_load(&h->out_of_range), 0);
+    uint64_t planned = (uint64_t)EPOCHS * h->n_batches;
+    ck_assert_uint_eq(out->batches_planned, planned);
+    ck_assert_uint_eq(out->batches_delivered, planned);
+    ck_assert_uint_eq(atomic_load(&h->delivered), planned);
+    for (uint32_t i = 0; i < EPOCHS * h->n_batches; i++)
+        ck_assert_msg(h->seen[i] == 1, "batch %u of epoch %u delivered %u times",
+                      i % h->n_batches, i / h->n_batches, h->seen[i]);
+    ck_assert_uint_eq(out->duplicates, 0);
+    ck_assert_uint_eq(out->checksum_failures, 0);
+    ck_assert(out->finished);
+    free(h->seen);
+}
+
+/* ---- a raw peer speaking the TCP framing ------------------------------------- */
+
+static int raw_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct timeval tv = {.tv_sec = RECV_TIMEOUT_S};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect: %s", strerror(errno));
+    return fd;
+}
+
+/* Best effort: the consumer may already have cut us off. */
+static bool raw_send(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t w = send(fd, p, len, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        p += w;
+        len -= (size_t)w;
+    }
+    return true;
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Transport prefix (payload_len) + a packed frame of `type`. */
+static size_t raw_build(uint8_t *buf, size_t cap, uint16_t type, const ProtobufCMessage *m,
+                        uint64_t payload_len)
+{
+    size_t len;
+    ck_assert_int_eq(hs_msg_pack(type, m, buf + 8, cap - 8, &len), HS_OK);
+    put_u64(buf, payload_len);
+    return len + 8;
+}
+
+static bool raw_send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint64_t payload_len)
+{
+    static uint8_t buf[HS_FRAME_MAX_BODY + 64];
+    size_t n = raw_build(buf, sizeof buf, type, m, payload_len);
+    return raw_send(fd, buf, n);
+}
+
+typedef enum { RX_MSG, RX_EOF, RX_RESET, RX_TIMEOUT } rx_t;
+
+static rx_t raw_recv_exact(int fd, void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t r = recv(fd, p, len, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0) return RX_EOF;
+        if (r < 0) return (errno == EAGAIN || errno == EWOULDBLOCK) ? RX_TIMEOUT : RX_RESET;
+        p += r;
+        len -= (size_t)r;
+    }
+    return RX_MSG;
+}
+
+/* The next frame from the consumer, decoded; payloads are never sent to us. */
+static rx_t raw_recv_msg(int fd, uint16_t *type, ProtobufCMessage **m)
+{
+    uint8_t head[8 + HS_FRAME_HEADER_BYTES];
+    rx_t r = raw_recv_exact(fd, head, sizeof head);
+    if (r != RX_MSG) return r;
+    hs_frame_header_t h;
+    char why[200];
+    ck_assert_msg(hs_frame_header_decode(head + 8, HS_FRAME_MAX_BODY, &h, why, sizeof why) == HS_OK,
+                  "the consumer sent a bad frame header: %s", why);
+    uint8_t *frame = malloc(HS_FRAME_HEADER_BYTES + h.body_len + 1);
+    ck_assert_ptr_nonnull(frame);
+    memcpy(frame, head + 8, HS_FRAME_HEADER_BYTES);
+    r = raw_recv_exact(fd, frame + HS_FRAME_HEADER_BYTES, h.body_len);
+    if (r == RX_MSG) {
+        ck_assert_msg(hs_msg_decode_frame(frame, HS_FRAME_HEADER_BYTES + h.body_len, type, m, why,
+                                          sizeof why) == HS_OK,
+                      "the consumer sent an undecodable frame: %s", why);
+    }
+    free(frame);
+    return r;
+}
+
+/* Waits until the consumer refuses us: an ERROR frame (whose text must
+ * contain `needle` when given) followed by the end of the stream, or the
+ * stream cut without one when `error_required` is false. Frames the
+ * consumer had queued before (WELCOME, TICKET) are skipped. */
+static void expect_refused(int fd, const char *needle, bool error_required)
+{
+    bool got_error = false;
+    for (;;) {
+        uint16_t type;
+        ProtobufCMessage *m = NULL;
+        rx_t r = raw_recv_msg(fd, &type, &m);
+        ck_assert_msg(r != RX_TIMEOUT, "the consumer neither refused nor cut off a bad peer within %d s",
+                      RECV_TIMEOUT_S);
+        if (r != RX_MSG) break; /* closed or reset */
+        if (type == HS_MSG_ERROR) {
+            Hsflow__Error *e = (Hsflow__Error *)m;
+            ck_assert_int_lt(e->code, 0);
+            if (needle)
+                ck_assert_msg(strstr(e->text, needle) != NULL,
+                              "ERROR text '%s' does not mention '%s'", e->text, needle);
+            got_error = true;
+        } else {
+            ck_assert_msg(!got_error, "the consumer sent %s after its ERROR frame",
+                          hs_msg_type_str(type));
+            ck_assert_msg(type == HS_MSG_WELCOME || type == HS_MSG_TICKET,
+                          "unexpected %s while waiting for a refusal", hs_msg_type_str(type));
+        }
+        hs_msg_free(m);
+    }
+    if (error_required) ck_assert_msg(got_error, "cut off without an ERROR frame saying why");
+    close(fd);
+}
+
+/* ---- handshake pieces ----------------------------------------------------------- */
+
+static void hello_send(int fd, const char *name)
+{
+    Hsflow__Hello h = HSFLOW__HELLO__INIT;
+    Hsflow__Layout lm;
+    int32_t layers[HS_MAX_LAYERS];
+    uint8_t nonce[HS_AUTH_NONCE_BYTES] = {1, 2, 3};
+    hs_layout_to_msg(&g_layout, &lm, layers);
+    hs_plan_stats_t ps;
+    hs_plan_stats(g_plan, &ps);
+    h.version = HS_PROTO_VERSION;
+    h.producer_name = (char *)name;
+    h.workers = 1;
+    h.prefetch_per_worker = 2;
+    h.layout = &lm;
+    h.plan_hash = hs_plan_hash(g_plan);
+    h.n_batches = hs_plan_n_batches(g_plan);
+    h.seed = 7;
+    h.token_budget = BUDGET;
+    h.max_seq_len = ps.max_seq_len;
+    h.dataset_fingerprint = hs_dataset_fingerprint(g_ds);
+    h.total_tokens = ps.tokens;
+    h.total_seqs = ps.n_kept;
+    h.client_nonce.data = nonce;
+    h.client_nonce.len = sizeof nonce;
+    h.target_name = "synthetic";
+    ck_assert(raw_send_msg(fd, HS_MSG_HELLO, &h.base, 0));
+}
+
+/* Receives the WELCOME; returns its need_plan. */
+static bool welcome_recv(int fd)
+{
+    uint16_t type;
+    ProtobufCMessage *m;
+    ck_assert_int_eq(raw_recv_msg(fd, &type, &m), RX_MSG);
+    ck_assert_msg(type == HS_MSG_WELCOME, "expected WELCOME, got %s", hs_msg_type_str(type));
+    bool need_plan = ((Hsflow__Welcome *)m)->need_plan;
+    hs_msg_free(m);
+    return need_plan;
+}
+
+/* PLAN page for batches [first, first + n) of the real plan. */
+static void plan_send(int fd, uint32_t first, uint32_t n, bool last)
+{
+    uint32_t *ns = calloc(n, sizeof *ns), *nt = calloc(n, sizeof *nt);
+    for (uint32_t i = 0; i < n; i++) {
+        hs_plan_batch_t b;
+        ck_assert_int_eq(hs_plan_batch(g_plan, first + i, &b), HS_OK);
+        ns[i] = b.n_seqs;
+        nt[i] = b.n_tokens;
+    }
+    Hsflow__Plan p = HSFLOW__PLAN__INIT;
+    p.first_batch = first;
+    p.n_n_seqs = p.n_n_tokens = n;
+    p.n_seqs = ns;
+    p.n_tokens = nt;
+    p.last = last;
+    ck_assert(raw_send_msg(fd, HS_MSG_PLAN, &p.base, 0));
+    free(ns);
+    free(nt);
+}
+
+/* A peer that went through HELLO (+ the whole plan when asked) and is ready. */
+static int peer_ready(uint16_t port, const char *name)
+{
+    int fd = raw_connect(port);
+    hello_send(fd, name);
+    if (welcome_recv(fd)) plan_send(fd, 0, hs_plan_n_batches(g_plan), true);
+    return fd;
+}
+
+static void ticket_recv(int fd, Hsflow__Ticket *out)
+{
+    uint16_t type;
+    ProtobufCMessage *m;
+    ck_assert_int_eq(raw_recv_msg(fd, &type, &m), RX_MSG);
+    ck_assert_msg(type == HS_MSG_TICKET, "expected TICKET, got %s", hs_msg_type_str(type));
+    Hsflow__Ticket *t = (Hsflow__Ticket *)m;
+    *out = *t;
+    out->base.unknown_fields = NULL;
+    out->base.n_unknown_fields = 0;
+    hs_msg_free(m);
+}
+
+static void done_init(Hsflow__Done *d, const Hsflow__Ticket *t)
+{
+    Hsflow__Done init = HSFLOW__DONE__INIT;
+    *d = init;
+    d->ticket_id = t->ticket_id;
+    d->epoch = t->epoch;
+    d->batch = t->batch;
+    d->bytes = t->bytes;
+}
+
+/* The region a correct producer would send for ticket t. */
+static uint8_t *batch_make(const Hsflow__Ticket *t)
+{
+    uint8_t *region = hs_aligned_alloc(4096, t->bytes);
+    ck_assert_ptr_nonnull(region);
+    memset(region, 0, t->bytes);
+    hs_batch_view_t v = hs_batch_view(region, t->n_seqs, t->n_tokens, &g_layout);
+    hs_batch_header_init(v.header, t->epoch, t->batch, t->n_seqs, t->n_tokens, &g_layout,
+                         hs_plan_hash(g_plan));
+    ck_assert_int_eq(hs_plan_fill_batch(g_plan, g_ds, t->batch, &v), HS_OK);
+    hs_batch_synth_fill(&v, &g_layout);
+    hs_batch_seal(region, t->bytes);
+    return region;
+}
+
+/* Waits (bounded) until the consumer's stats satisfy `cond`. */
+#define WAIT_STATS(c, s, cond)                                                                   \
+    do {                                                                                         \
+        double t_end_ = hs_now_s() + 20.0;                                                       \
+        for (;;) {                                                                               \
+            hs_consumer_stats((c), &(s));                                                        \
+            if (cond) break;                                                                     \
+            ck_assert_msg(hs_now_s() < t_end_, "timed out waiting for " #cond);                  \
+            usleep(2000);                                                                        \
+        }                                                                                        \
+    } while (0)
+
+/* ---- tests ------------------------------------------------------------------------ */
+
+START_TEST(test_raw_peer_with_valid_batches_is_accepted)
+{
+    /* The control: the raw client is a correct producer when it wants to be,
+     * so the refusals below are about what each hostile peer does wrong. */
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    int fd = peer_ready(hs_consumer_port(h.c), "raw-good");
+    Hsflow__Ticket t;
+    ticket_recv(fd, &t);
+    uint8_t *region = batch_make(&t);
+    Hsflow__Done d;
+    done_init(&d, &t);
+    d.checksum = ((hs_batch_header_t *)region)->checksum;
+    ck_assert(raw_send_msg(fd, HS_MSG_DONE, &d.base, t.bytes));
+    ck_assert(raw_send(fd, region, t.bytes));
+    hs_consumer_stats_t s;
+    WAIT_STATS(h.c, s, s.batches_delivered >= 1);
+    hs_aligned_free(region);
+    close(fd); /* its second ticket goes back to the queue */
+    harness_finish(&h, &s);
+    ck_assert_uint_eq(s.protocol_errors, 0);
+    ck_assert_uint_ge(s.leases_returned, 1);
+}
+END_TEST
+
+START_TEST(test_wrong_magic_gets_error_and_run_completes)
+{
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    int fd = raw_connect(hs_consumer_port(h.c));
+    uint8_t buf[8 + HS_FRAME_HEADER_BYTES] = {0};
+    hs_frame_header_encode(buf + 8, HS_MSG_HELLO, NULL, 0);
+    buf[8] ^= 0xff; /* first byte of the magic */
+    ck_assert(raw_send(fd, buf, sizeof buf));
+    expect_refused(fd, "magic", true);
+    /* and plain text, as a stray HTTP client would send */
+    fd = raw_connect(hs_consumer_port(h.c));
+    const char *http = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    ck_assert(raw_send(fd, http, strlen(http)));
+    expect_refused(fd, NULL, false);
+    hs_consumer_stats_t s;
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.protocol_errors, 2);
+}
+END_TEST
+
+START_TEST(test_oversized_body_len_is_refused_before_allocating)
+{
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    uint32_t sizes[] = {HS_FRAME_MAX_BODY + 1, 0xffffffffu};
+    for (int i = 0; i < 2; i++) {
+        int fd = raw_connect(hs_consumer_port(h.c));
+        uint8_t buf[8 + HS_FRAME_HEADER_BYTES] = {0};
+        hs_frame_header_encode(buf + 8, HS_MSG_HELLO, NULL, 0);
+        for (int k = 0; k < 4; k++) buf[8 + 8 + k] = (uint8_t)(sizes[i] >> (8 * k)); /* body_len */
+        ck_assert(raw_send(fd, buf, sizeof buf));
+        /* no body follows: a consumer that waited for it would hang here */
+        expect_refused(fd, NULL, true);
+    }
+    hs_consumer_stats_t s;
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.protocol_errors, 2);
+}
+END_TEST
+
+START_TEST(test_truncated_body_then_close_is_dropped)
+{
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    int fd = raw_connect(hs_consumer_port(h.c));
+    static uint8_t buf[HS_FRAME_MAX_BODY];
+    Hsflow__Bye b = HSFLOW__BYE__INIT;
+    b.reason = "this text is cut short on the wire";
+    size_t n = raw_build(buf, sizeof buf, HS_MSG_BYE, &b.base, 0);
+    ck_assert(raw_send(fd, buf, n - 10));
+    shutdown(fd, SHUT_WR);
+    expect_refused(fd, NULL, false);
+    hs_consumer_stats_t s;
+    WAIT_STATS(h.c, s, s.producers_seen >= 1);
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.producers_seen, 2);
+}
+END_TEST
+
+START_TEST(test_crc_mismatch_is_refused)
+{
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    int fd = raw_connect(hs_consumer_port(h.c));
+    static uint8_t buf[HS_FRAME_MAX_BODY];
+    Hsflow__Bye b = HSFLOW__BYE__INIT;
+    b.reason = "one bit of this body flips";
+    size_t n = raw_build(buf, sizeof buf, HS_MSG_BYE, &b.base, 0);
+    buf[n - 3] ^= 0x04;
+    ck_assert(raw_send(fd, buf, n));
+    expect_refused(fd, "crc", true);
+    hs_consumer_stats_t s;
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.protocol_errors, 1);
+}
+END_TEST
+
+START_TEST(test_done_for_a_ticket_the_peer_does_not_hold_is_refused)
+{
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    uint16_t port = hs_consumer_port(h.c);
+    int a = peer_ready(port, "raw-holder");
+    Hsflow__Ticket ta;
+    ticket_recv(a, &ta);
+    /* Peer b holds tickets of its own but claims one of a's, with the right
+     * size and a payload of junk that must land nowhere. */
+    int b = peer_ready(port, "raw-thief");
+    Hsflow__Ticket tb;
+    ticket_recv(b, &tb);
+    Hsflow__Done d;
+    done_init(&d, &ta);
+    uint8_t *junk = malloc(ta.bytes);
+    memset(junk, 0xab, ta.bytes);
+    ck_assert(raw_send_msg(b, HS_MSG_DONE, &d.base, ta.bytes));
+    expect_refused(b, "does not hold", true);
+    /* A DONE for a ticket nobody was ever given. */
+    int c = peer_ready(port, "raw-forger");
+    Hsflow__Ticket tc;
+    ticket_recv(c, &tc);
+    done_init(&d, &tc);
+    d.ticket_id = tc.ticket_id + 1000000;
+    ck_assert(raw_send_msg(c, HS_MSG_DONE, &d.base, tc.bytes));
+    raw_send(c, junk, tc.bytes);
+    expect_refused(c, NULL, false);
+    /* a's ticket is still a's: its correct batch is accepted. */
+    uint8_t *region = batch_make(&ta);
+    done_init(&d, &ta);
+    d.checksum = ((hs_batch_header_t *)region)->checksum;
+    ck_assert(raw_send_msg(a, HS_MSG_DONE, &d.base, ta.bytes));
+    ck_assert(raw_send(a, region, ta.bytes));
+    hs_consumer_stats_t s;
+    WAIT_STATS(h.c, s, s.batches_delivered >= 1);
+    close(a);
+    free(junk);
+    hs_aligned_free(region);
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.protocol_errors, 2);
+    ck_assert_uint_ge(s.producers_dropped, 2);
+    ck_assert_uint_ge(s.leases_returned, 3); /* b's, c's and a's unfinished tickets */
+}
+END_TEST
+
+START_TEST(test_payload_of_the_wrong_size_is_refused)
+{
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    uint16_t port = hs_consumer_port(h.c);
+    /* Too long: DONE says the granted size, the stream says more, and the
+     * extra bytes follow at once (they would run past the slot). */
+    int a = peer_ready(port, "raw-long");
+    Hsflow__Ticket t;
+    ticket_recv(a, &t);
+    uint8_t *region = batch_make(&t);
+    uint64_t long_len = t.bytes + 64 * 1024;
+    uint8_t *big = calloc(1, long_len);
+    memcpy(big, region, t.bytes);
+    memset(big + t.bytes, 0xcd, long_len - t.bytes);
+    Hsflow__Done d;
+    done_init(&d, &t);
+    d.checksum = ((hs_batch_header_t *)region)->checksum;
+    ck_assert(raw_send_msg(a, HS_MSG_DONE, &d.base, long_len));
+    raw_send(a, big, long_len);
+    expect_refused(a, NULL, false);
+    /* Too short, and DONE agrees with the stream: still not what was granted. */
+    int b = peer_ready(port, "raw-short");
+    ticket_recv(b, &t);
+    done_init(&d, &t);
+    d.bytes = t.bytes - HS_BATCH_ALIGN;
+    ck_assert(raw_send_msg(b, HS_MSG_DONE, &d.base, d.bytes));
+    expect_refused(b, "granted exactly", true);
+    free(big);
+    hs_aligned_free(region);
+    hs_consumer_stats_t s;
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.protocol_errors, 2);
+    ck_assert_uint_ge(s.leases_returned, 2);
+}
+END_TEST
+
+START_TEST(test_plan_pages_out_of_order_are_refused_and_the_plan_restarts)
+{
+    harness_t h;
+    harness_start(&h, HS_ORDER_PLAN);
+    uint16_t port = hs_consumer_port(h.c);
+    uint32_t n = hs_plan_n_batches(g_plan);
+    /* Skips the first page. */
+    int a = raw_connect(port);
+    hello_send(a, "raw-skipper");
+    ck_assert(welcome_recv(a));
+    plan_send(a, 1, n - 1, true);
+    expect_refused(a, "PLAN page", true);
+    /* Sends the first half twice: the consumer has batches 0..k-1 from the
+     * first page when the repeat arrives. */
+    int b = raw_connect(port);
+    hello_send(b, "raw-repeater");
+    ck_assert(welcome_recv(b));
+    plan_send(b, 0, n / 2, false);
+    plan_send(b, 0, n / 2, false);
+    expect_refused(b, "PLAN page", true);
+    /* Stops half way and leaves: the next producer must send the plan from 0. */
+    int c = raw_connect(port);
+    hello_send(c, "raw-quitter");
+    ck_assert(welcome_recv(c));
+    plan_send(c, 0, n / 2, false);
+    hs_consumer_stats_t s;
+    WAIT_STATS(h.c, s, s.producers_seen >= 3);
+    close(c);
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.protocol_errors, 2);
+}
+END_TEST
+
+START_TEST(test_second_hello_and_other_out_of_protocol_frames_are_refused)
+{
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    uint16_t port = hs_consumer_port(h.c);
+    /* HELLO twice (the first one defines the run and gets the plan asked for). */
+    int a = raw_connect(port);
+    hello_send(a, "raw-twice");
+    ck_assert(welcome_recv(a));
+    hello_send(a, "raw-twice");
+    expect_refused(a, "HELLO", true);
+    /* DONE before any handshake. */
+    int b = raw_connect(port);
+    Hsflow__Ticket fake = HSFLOW__TICKET__INIT;
+    fake.ticket_id = 1;
+    fake.bytes = 4096;
+    Hsflow__Done d;
+    done_init(&d, &fake);
+    ck_assert(raw_send_msg(b, HS_MSG_DONE, &d.base, 0));
+    expect_refused(b, NULL, true);
+    /* A payload after a frame that cannot carry one. */
+    int c = raw_connect(port);
+    Hsflow__Bye bye = HSFLOW__BYE__INIT;
+    bye.reason = "with a payload";
+    ck_assert(raw_send_msg(c, HS_MSG_BYE, &bye.base, 1u << 20));
+    expect_refused(c, "payload", true);
+    /* A frame type only the consumer may send. */
+    int e = raw_connect(port);
+    Hsflow__Ticket t = HSFLOW__TICKET__INIT;
+    t.bytes = 1;
+    ck_assert(raw_send_msg(e, HS_MSG_TICKET, &t.base, 0));
+    expect_refused(e, NULL, true);
+    hs_consumer_stats_t s;
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.protocol_errors, 4);
+}
+END_TEST
+
+START_TEST(test_bad_peers_during_a_real_run_leave_it_intact)
+{
+    /* The real producer runs while hostile peers come and go. */
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    uint16_t port = hs_consumer_port(h.c);
+    producer_arg_t pa = {.port = port, .result = HS_ERR_INVALID};
+    /* A ready raw peer holding tickets keeps the run from ending while the
+     * others misbehave; its tickets go back when it leaves. */
+    int holder = peer_ready(port, "raw-holder");
+    Hsflow__Ticket t;
+    ticket_recv(holder, &t);
+    pthread_t pt;
+    ck_assert_int_eq(pthread_create(&pt, NULL, producer_main, &pa), 0);
+    hs_consumer_stats_t s;
+    WAIT_STATS(h.c, s, s.batches_delivered >= 1);
+    for (int i = 0; i < 3; i++) {
+        int fd = raw_connect(port);
+        uint8_t junk[64];
+        for (size_t k = 0; k < sizeof junk; k++) junk[k] = (uint8_t)(k * 37 + i);
+        ck_assert(raw_send(fd, junk, sizeof junk));
+        expect_refused(fd, NULL, false);
+    }
+    int thief = peer_ready(port, "raw-thief");
+    Hsflow__Done d;
+    done_init(&d, &t);
+    ck_assert(raw_send_msg(thief, HS_MSG_DONE, &d.base, t.bytes));
+    expect_refused(thief, "does not hold", true);
+    close(holder);
+    pthread_join(pt, NULL);
+    pthread_join(h.trainer, NULL);
+    hs_consumer_stats(h.c, &s);
+    hs_consumer_destroy(h.c);
+    ck_assert_int_eq(pa.result, HS_OK);
+    ck_assert_msg(atomic_load(&h.bad) == 0, "a delivered batch was corrupt: %s", h.bad_why);
+    uint64_t planned = (uint64_t)EPOCHS * h.n_batches;
+    ck_assert_uint_eq(s.batches_delivered, planned);
+    for (uint32_t i = 0; i < EPOCHS * h.n_batches; i++) ck_assert_uint_eq(h.seen[i], 1);
+    ck_assert_uint_eq(s.duplicates, 0);
+    ck_assert_uint_eq(s.checksum_failures, 0);
+    ck_assert_uint_ge(s.protocol_errors, 4);
+    ck_assert_uint_ge(s.leases_returned, 1);
+    free(h.seen);
+}
+END_TEST
+
+static Suite *hostile_suite(void)
+{
+    Suite *s = suite_create("hostile_peers");
+    TCase *tc = tcase_create("consumer");
+    tcase_add_unchecked_fixture(tc, fixture_setup, fixture_teardown);
+    tcase_add_test(tc, test_raw_peer_with_valid_batches_is_accepted);
+    tcase_add_test(tc, test_wrong_magic_gets_error_and_run_completes);
+    tcase_add_test(tc, test_oversized_body_len_is_refused_before_allocating);
+    tcase_add_test(tc, test_truncated_body_then_close_is_dropped);
+    tcase_add_test(tc, test_crc_mismatch_is_refused);
+    tcase_add_test(tc, test_done_for_a_ticket_the_peer_does_not_hold_is_refused);
+    tcase_add_test(tc, test_payload_of_the_wrong_size_is_refused);
+    tcase_add_test(tc, test_plan_pages_out_of_order_are_refused_and_the_plan_restarts);
+    tcase_add_test(tc, test_second_hello_and_other_out_of_protocol_frames_are_refused);
+    tcase_add_test(tc, test_bad_peers_during_a_real_run_leave_it_intact);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    if (!getenv("HS_LOG_LEVEL")) hs_log_set_level(HS_LOG_WARN);
+    SRunner *sr = srunner_create(hostile_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
