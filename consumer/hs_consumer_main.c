@@ -208,7 +208,7 @@ static void producer_path(char *out, size_t cap)
         snprintf(out, cap, "%s", env);
         return;
     }
-    char self[PATH_MAX];
+    char self[PATH_MAX - 16];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n > 0) {
         self[n] = 0;

@@ -120,6 +120,66 @@ void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap);
 /* Tells producers BYE, stops the network thread, frees everything. NULL ok. */
 void hs_consumer_destroy(hs_consumer_t *c);
 
+/* ---- producer side, for targets the built-in decoder does not cover -------
+ *
+ * The caller computes the hidden states itself (e.g. a PyTorch model) and
+ * hsflow does the rest: the shared plan, the handshake, tickets, packing,
+ * checksums and the transfer.
+ *
+ *     hs_producer_t *p;
+ *     hs_producer_open(&cfg, &p);
+ *     hs_work_t w;
+ *     while (hs_producer_next(p, &w, -1) == 0) {
+ *         forward(w.input_ids, w.cu_seqlens, w.n_seqs, w.hidden);   // write [T][k*H] bf16
+ *         hs_producer_submit(p, &w);
+ *     }
+ *     hs_producer_close(p);
+ *
+ * Ownership: the pointers of an hs_work_t point into a staging buffer that
+ * belongs to the producer; the caller may write `hidden` (and only that)
+ * until hs_producer_submit(). At most two batches are out at once. */
+
+typedef struct {
+    const char *to;           /* consumer "HOST:PORT" */
+    const char *data_path;    /* JSONL or .hst; the same for every producer of a run */
+    uint32_t token_budget;
+    uint32_t max_seq_len;     /* 0 = token_budget */
+    bool overflow_drop;       /* drop (true) or truncate (false) longer sequences */
+    uint64_t seed;
+    uint32_t hidden_size;
+    const int32_t *layers;    /* captured output_hidden_states indices, increasing */
+    uint32_t n_layers;
+    uint32_t prefetch;        /* tickets to keep queued; 0 = 2 */
+    const char *secret_file;  /* NULL = none */
+    const char *transport;    /* NULL = "auto" */
+    const char *name;         /* NULL = host:pid */
+    uint32_t connect_timeout_s; /* 0 = 30 */
+} hs_producer_client_config_t;
+
+typedef struct {
+    uint64_t ticket;
+    uint32_t epoch, batch, n_seqs, n_tokens, hidden_size, n_layers;
+    const int32_t *cu_seqlens;  /* n_seqs + 1 */
+    const uint64_t *sample_ids; /* dataset indices of the sequences */
+    const int32_t *input_ids;   /* T */
+    const uint8_t *loss_mask;   /* T */
+    uint16_t *hidden;           /* to fill: bf16 bits, [T][k*H] row-major */
+    uint64_t bytes;
+    uint64_t handle;            /* internal */
+} hs_work_t;
+
+typedef struct hs_producer hs_producer_t;
+
+/* Loads the dataset, builds the plan, connects and starts the network thread. */
+hs_status_code_t hs_producer_open(const hs_producer_client_config_t *cfg, hs_producer_t **out);
+/* Next ticketed batch with ids, mask and cu_seqlens filled in. HS_ERR_CLOSED
+ * (-9) when the consumer said the run is over; HS_ERR_TIMEOUT (-11). */
+hs_status_code_t hs_producer_next(hs_producer_t *p, hs_work_t *out, int timeout_ms);
+/* Seals (checksum) and sends the batch; its buffer comes back to the producer. */
+hs_status_code_t hs_producer_submit(hs_producer_t *p, const hs_work_t *work);
+/* Says BYE if the run is not over, stops, frees. NULL ok. */
+void hs_producer_close(hs_producer_t *p);
+
 #ifdef __cplusplus
 }
 #endif

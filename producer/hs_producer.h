@@ -17,7 +17,8 @@ extern "C" {
 
 #define HS_PRODUCER_MAX_WORKERS 64
 
-typedef enum { HS_SOURCE_SYNTHETIC = 1, HS_SOURCE_MODEL = 2 } hs_source_t;
+/* EXTERNAL: the library caller fills the hidden states (hs_producer_next). */
+typedef enum { HS_SOURCE_SYNTHETIC = 1, HS_SOURCE_MODEL = 2, HS_SOURCE_EXTERNAL = 3 } hs_source_t;
 
 typedef struct {
     const char *to_host;   /* consumer address */

@@ -7,7 +7,9 @@
  * sends it straight from that buffer and gives it back when the send
  * completes. So worker k computes batch n+1 while batch n is on the wire. */
 #include "hs_producer.h"
+#include "hsflow.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,7 +31,7 @@ typedef struct ticket {
     uint64_t bytes;
 } ticket_t;
 
-typedef struct producer producer_t;
+typedef struct hs_producer producer_t;
 
 typedef struct staging {
     uint8_t *buf;
@@ -47,6 +49,7 @@ typedef struct worker {
     /* figures, under pr->lock */
     uint64_t batches, tokens;
     double busy_s, stall_s;
+    double t_taken; /* external source: when the caller took its batch */
 } worker_t;
 
 typedef struct outgoing {
@@ -57,7 +60,7 @@ typedef struct outgoing {
     uint64_t checksum, compute_ns;
 } outgoing_t;
 
-struct producer {
+struct hs_producer {
     const hs_producer_config_t *cfg; /* = &config, completed from the model */
     hs_producer_config_t config;
     hs_dataset_t *ds;
@@ -83,6 +86,10 @@ struct producer {
     ticket_t *tickets, *tickets_tail;
     outgoing_t *outbox;        /* filled batches for the network thread */
     bool stop;
+    bool net_done;                 /* the network loop has ended */
+    volatile bool close_requested; /* hs_producer_close() before the end */
+    bool net_started;
+    pthread_t net_thread;
     double t_start;
 
     worker_t workers[HS_PRODUCER_MAX_WORKERS];
@@ -656,117 +663,10 @@ static hs_status_t load_model(producer_t *pr)
     return HS_OK;
 }
 
-hs_status_t hs_producer_run(const hs_producer_config_t *config)
+/* Frees everything producer_open() made; worker threads must be joined. */
+static void producer_free(producer_t *pr)
 {
-    hs_status_t st;
-    producer_t *pr = calloc(1, sizeof(*pr));
-    if (!pr) return HS_ERR_NOMEM;
-    pr->config = *config;
-    const hs_producer_config_t *cfg = pr->cfg = &pr->config;
-    pthread_mutex_init(&pr->lock, NULL);
-    pthread_cond_init(&pr->cond, NULL);
-    uint32_t started = 0;
-
-    if (cfg->source == HS_SOURCE_MODEL) {
-        st = load_model(pr);
-        if (st != HS_OK) goto out;
-    }
-
-    if (hs_layout_check(&cfg->layout) != HS_OK || cfg->n_workers == 0 ||
-        cfg->n_workers > HS_PRODUCER_MAX_WORKERS || cfg->prefetch == 0) {
-        hs_error("invalid producer configuration (layout, workers or prefetch)");
-        st = HS_ERR_INVALID;
-        goto out;
-    }
-    for (uint32_t i = 0; i < cfg->n_workers; i++)
-        if (cfg->gpu_ids[i] >= 0) {
-            hs_error("GPU workers (--gpus %d) are not available in this build; use --gpus cpu:N",
-                     cfg->gpu_ids[i]);
-            st = HS_ERR_UNSUPPORTED;
-            goto out;
-        }
-    if (cfg->secret_file) {
-        st = hs_auth_load_secret(cfg->secret_file, &pr->key);
-        if (st != HS_OK) goto out;
-        pr->have_secret = true;
-    }
-    st = load_inputs(pr);
-    if (st != HS_OK) goto out;
-    pr->frame_buf = malloc(HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES);
-    if (!pr->frame_buf) {
-        st = HS_ERR_NOMEM;
-        goto out;
-    }
-
-    hs_tp_config_t tc = {0};
-    st = hs_tp_kind_parse(cfg->transport ? cfg->transport : "auto", &tc.kind);
-    if (st != HS_OK) {
-        hs_error("unknown transport '%s': use auto, tcp or ucx", cfg->transport);
-        goto out;
-    }
-    st = hs_tp_create(&tc, &producer_callbacks, pr, &pr->tp);
-    if (st != HS_OK) goto out;
-
-    /* Staging: two batch-sized buffers per worker, registered once. */
-    for (uint32_t i = 0; i < cfg->n_workers; i++) {
-        worker_t *w = &pr->workers[i];
-        w->pr = pr;
-        w->index = i;
-        w->gpu = cfg->gpu_ids[i];
-        for (int k = 0; k < STAGING_PER_WORKER; k++) {
-            staging_t *sg = &w->staging[k];
-            sg->owner = w;
-            sg->buf = hs_aligned_alloc(4096, pr->max_batch_bytes);
-            if (!sg->buf) {
-                hs_error("cannot allocate %.1f MiB of staging for worker %u",
-                         (double)pr->max_batch_bytes / (1 << 20), i);
-                st = HS_ERR_NOMEM;
-                goto out;
-            }
-            memset(sg->buf, 0, pr->max_batch_bytes); /* fault the pages in now, not per batch */
-            hs_tp_mem_register(pr->tp, sg->buf, pr->max_batch_bytes);
-        }
-    }
-
-    st = hs_tp_connect(pr->tp, cfg->to_host, cfg->to_port, (int)cfg->connect_timeout_s * 1000,
-                       &pr->conn);
-    if (st != HS_OK) {
-        hs_error("cannot reach the consumer at %s:%u within %u s: is hs-consumer running there?",
-                 cfg->to_host, cfg->to_port, cfg->connect_timeout_s);
-        goto out;
-    }
-    hs_info("connected to %s:%u over %s; %u %s worker(s)", cfg->to_host, cfg->to_port,
-            hs_tp_conn_describe(pr->conn), cfg->n_workers,
-            cfg->source == HS_SOURCE_SYNTHETIC ? "synthetic" : "cpu-model");
-    st = send_hello(pr);
-    if (st != HS_OK) goto out;
-
-    for (; started < cfg->n_workers; started++)
-        if (pthread_create(&pr->workers[started].thread, NULL, worker_main,
-                           &pr->workers[started]) != 0) {
-            st = HS_ERR_NOMEM;
-            goto out;
-        }
-
-    double t_stats = hs_now_s();
-    while (!pr->done) {
-        hs_tp_progress(pr->tp, 200);
-        flush_outbox(pr);
-        if (pr->stop && pr->result != HS_OK && pr->conn) fail(pr, pr->result, "worker failed");
-        if (pr->welcomed && hs_now_s() - t_stats >= 2.0) {
-            t_stats = hs_now_s();
-            send_stats(pr);
-        }
-    }
-    st = pr->result;
-
-out:
-    pthread_mutex_lock(&pr->lock);
-    pr->stop = true;
-    pthread_cond_broadcast(&pr->cond);
-    pthread_mutex_unlock(&pr->lock);
-    for (uint32_t i = 0; i < started; i++) pthread_join(pr->workers[i].thread, NULL);
-    if (started) print_summary(pr);
+    if (!pr) return;
     /* Completion callbacks of anything still queued run during destroy. */
     hs_tp_destroy(pr->tp);
     while (pr->outbox) {
@@ -789,5 +689,305 @@ out:
     pthread_mutex_destroy(&pr->lock);
     pthread_cond_destroy(&pr->cond);
     free(pr);
+}
+
+/* Loads data, plan and model, allocates staging, connects and says HELLO.
+ * No thread is started. */
+static hs_status_t producer_open(const hs_producer_config_t *config, producer_t **out)
+{
+    hs_status_t st;
+    producer_t *pr = calloc(1, sizeof(*pr));
+    if (!pr) return HS_ERR_NOMEM;
+    pr->config = *config;
+    const hs_producer_config_t *cfg = pr->cfg = &pr->config;
+    pthread_mutex_init(&pr->lock, NULL);
+    pthread_cond_init(&pr->cond, NULL);
+
+    if (cfg->source == HS_SOURCE_MODEL) {
+        st = load_model(pr);
+        if (st != HS_OK) goto err;
+    }
+    if (hs_layout_check(&cfg->layout) != HS_OK || cfg->n_workers == 0 ||
+        cfg->n_workers > HS_PRODUCER_MAX_WORKERS || cfg->prefetch == 0) {
+        hs_error("invalid producer configuration (layout, workers or prefetch)");
+        st = HS_ERR_INVALID;
+        goto err;
+    }
+    for (uint32_t i = 0; i < cfg->n_workers; i++)
+        if (cfg->gpu_ids[i] >= 0) {
+            hs_error("GPU workers (--gpus %d) are not available in this build; use --gpus cpu:N",
+                     cfg->gpu_ids[i]);
+            st = HS_ERR_UNSUPPORTED;
+            goto err;
+        }
+    if (cfg->secret_file) {
+        st = hs_auth_load_secret(cfg->secret_file, &pr->key);
+        if (st != HS_OK) goto err;
+        pr->have_secret = true;
+    }
+    st = load_inputs(pr);
+    if (st != HS_OK) goto err;
+    pr->frame_buf = malloc(HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES);
+    if (!pr->frame_buf) {
+        st = HS_ERR_NOMEM;
+        goto err;
+    }
+
+    hs_tp_config_t tc = {0};
+    st = hs_tp_kind_parse(cfg->transport ? cfg->transport : "auto", &tc.kind);
+    if (st != HS_OK) {
+        hs_error("unknown transport '%s': use auto, tcp or ucx", cfg->transport);
+        goto err;
+    }
+    st = hs_tp_create(&tc, &producer_callbacks, pr, &pr->tp);
+    if (st != HS_OK) goto err;
+
+    /* Staging: two batch-sized buffers per worker, registered once. */
+    for (uint32_t i = 0; i < cfg->n_workers; i++) {
+        worker_t *w = &pr->workers[i];
+        w->pr = pr;
+        w->index = i;
+        w->gpu = cfg->gpu_ids[i];
+        for (int k = 0; k < STAGING_PER_WORKER; k++) {
+            staging_t *sg = &w->staging[k];
+            sg->owner = w;
+            sg->buf = hs_aligned_alloc(4096, pr->max_batch_bytes);
+            if (!sg->buf) {
+                hs_error("cannot allocate %.1f MiB of staging for worker %u",
+                         (double)pr->max_batch_bytes / (1 << 20), i);
+                st = HS_ERR_NOMEM;
+                goto err;
+            }
+            memset(sg->buf, 0, pr->max_batch_bytes); /* fault the pages in now, not per batch */
+            hs_tp_mem_register(pr->tp, sg->buf, pr->max_batch_bytes);
+        }
+    }
+
+    st = hs_tp_connect(pr->tp, cfg->to_host, cfg->to_port, (int)cfg->connect_timeout_s * 1000,
+                       &pr->conn);
+    if (st != HS_OK) {
+        hs_error("cannot reach the consumer at %s:%u within %u s: is hs-consumer running there?",
+                 cfg->to_host, cfg->to_port, cfg->connect_timeout_s);
+        goto err;
+    }
+    static const char *source_names[] = {"?", "synthetic", "cpu-model", "external"};
+    hs_info("connected to %s:%u over %s; %u %s worker(s)", cfg->to_host, cfg->to_port,
+            hs_tp_conn_describe(pr->conn), cfg->n_workers, source_names[cfg->source]);
+    st = send_hello(pr);
+    if (st != HS_OK) goto err;
+    *out = pr;
+    return HS_OK;
+err:
+    producer_free(pr);
     return st;
+}
+
+/* The network loop: until the consumer says BYE, the connection is lost, or
+ * a local failure. Wakes everyone waiting on pr->cond when it ends. */
+static void *net_main(void *arg)
+{
+    producer_t *pr = arg;
+    double t_stats = hs_now_s();
+    while (!pr->done) {
+        hs_tp_progress(pr->tp, 200);
+        flush_outbox(pr);
+        if (pr->stop && pr->result != HS_OK && pr->conn) fail(pr, pr->result, "worker failed");
+        if (pr->close_requested && pr->conn) {
+            Hsflow__Bye b = HSFLOW__BYE__INIT;
+            b.reason = "producer closed before the run ended";
+            send_msg(pr, HS_MSG_BYE, &b.base);
+            hs_tp_close(pr->conn, HS_ERR_CLOSED);
+            pr->done = true;
+        }
+        if (pr->welcomed && hs_now_s() - t_stats >= 2.0) {
+            t_stats = hs_now_s();
+            send_stats(pr);
+        }
+    }
+    /* Let BYE/ERROR and the last completions go out. */
+    for (int i = 0; i < 3 && pr->conn; i++) hs_tp_progress(pr->tp, 10);
+    pthread_mutex_lock(&pr->lock);
+    pr->net_done = true;
+    pthread_cond_broadcast(&pr->cond);
+    pthread_mutex_unlock(&pr->lock);
+    return NULL;
+}
+
+hs_status_t hs_producer_run(const hs_producer_config_t *config)
+{
+    producer_t *pr;
+    hs_status_t st = producer_open(config, &pr);
+    if (st != HS_OK) return st;
+    uint32_t started = 0;
+    for (; started < pr->cfg->n_workers; started++)
+        if (pthread_create(&pr->workers[started].thread, NULL, worker_main,
+                           &pr->workers[started]) != 0) {
+            pr->result = HS_ERR_NOMEM;
+            pr->done = true;
+            break;
+        }
+    net_main(pr);
+    st = pr->result;
+    pthread_mutex_lock(&pr->lock);
+    pr->stop = true;
+    pthread_cond_broadcast(&pr->cond);
+    pthread_mutex_unlock(&pr->lock);
+    for (uint32_t i = 0; i < started; i++) pthread_join(pr->workers[i].thread, NULL);
+    if (started) print_summary(pr);
+    producer_free(pr);
+    return st;
+}
+
+/* ---- the library's producer API: the caller is the one worker ------------- */
+
+hs_status_code_t hs_producer_open(const hs_producer_client_config_t *cc, hs_producer_t **out)
+{
+    hs_producer_config_t cfg;
+    hs_producer_config_default(&cfg);
+    char host[256];
+    if (!cc->to || hs_parse_hostport(cc->to, host, sizeof(host), &cfg.to_port) != HS_OK) {
+        hs_error("producer: 'to' must be HOST:PORT, got '%s'", cc->to ? cc->to : "(null)");
+        return HS_ERR_INVALID;
+    }
+    if (!cc->data_path || !cc->layers || cc->n_layers == 0 || cc->n_layers > HS_MAX_LAYERS ||
+        cc->hidden_size == 0 || cc->token_budget == 0) {
+        hs_error("producer: data_path, token_budget, hidden_size and 1..%d layers are required",
+                 HS_MAX_LAYERS);
+        return HS_ERR_INVALID;
+    }
+    cfg.to_host = host;
+    cfg.data_path = cc->data_path;
+    cfg.token_budget = cc->token_budget;
+    cfg.max_seq_len = cc->max_seq_len;
+    cfg.overflow = cc->overflow_drop ? HS_OVERFLOW_DROP : HS_OVERFLOW_TRUNCATE;
+    cfg.seed = cc->seed;
+    cfg.layout.hidden_size = cc->hidden_size;
+    cfg.layout.dtype = HS_DTYPE_BF16;
+    cfg.layout.n_layers = cc->n_layers;
+    memcpy(cfg.layout.layers, cc->layers, cc->n_layers * sizeof(int32_t));
+    cfg.source = HS_SOURCE_EXTERNAL;
+    cfg.n_workers = 1;
+    cfg.gpu_ids[0] = -1;
+    if (cc->prefetch) cfg.prefetch = cc->prefetch;
+    cfg.secret_file = cc->secret_file;
+    if (cc->transport) cfg.transport = cc->transport;
+    if (cc->connect_timeout_s) cfg.connect_timeout_s = cc->connect_timeout_s;
+    cfg.name = cc->name;
+
+    producer_t *pr;
+    hs_status_t st = producer_open(&cfg, &pr);
+    if (st != HS_OK) return st;
+    pr->config.to_host = NULL; /* `host` is gone after return; only used to connect */
+    if (pthread_create(&pr->net_thread, NULL, net_main, pr) != 0) {
+        producer_free(pr);
+        return HS_ERR_NOMEM;
+    }
+    pr->net_started = true;
+    *out = pr;
+    return HS_OK;
+}
+
+hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout_ms)
+{
+    worker_t *w = &pr->workers[0];
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    if (timeout_ms >= 0) {
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&pr->lock);
+    staging_t *st = NULL;
+    for (;;) {
+        st = NULL;
+        for (int i = 0; i < STAGING_PER_WORKER; i++)
+            if (!w->staging[i].busy) st = &w->staging[i];
+        if (pr->tickets && st) break;
+        if (pr->net_done || pr->stop) {
+            hs_status_t r = pr->result != HS_OK ? pr->result : HS_ERR_CLOSED;
+            pthread_mutex_unlock(&pr->lock);
+            return r;
+        }
+        if (timeout_ms < 0)
+            pthread_cond_wait(&pr->cond, &pr->lock);
+        else if (pthread_cond_timedwait(&pr->cond, &pr->lock, &dl) == ETIMEDOUT) {
+            pthread_mutex_unlock(&pr->lock);
+            return HS_ERR_TIMEOUT;
+        }
+    }
+    ticket_t *t = pr->tickets;
+    pr->tickets = t->next;
+    if (!pr->tickets) pr->tickets_tail = NULL;
+    st->busy = true;
+    pthread_mutex_unlock(&pr->lock);
+
+    const hs_layout_t *layout = &pr->cfg->layout;
+    hs_batch_view_t v = hs_batch_view(st->buf, t->n_seqs, t->n_tokens, layout);
+    hs_batch_header_init(v.header, t->epoch, t->batch, t->n_seqs, t->n_tokens, layout,
+                         hs_plan_hash(pr->plan));
+    hs_plan_fill_batch(pr->plan, pr->ds, t->batch, &v);
+    memset(out, 0, sizeof(*out));
+    out->ticket = t->id;
+    out->epoch = t->epoch;
+    out->batch = t->batch;
+    out->n_seqs = t->n_seqs;
+    out->n_tokens = t->n_tokens;
+    out->hidden_size = layout->hidden_size;
+    out->n_layers = layout->n_layers;
+    out->cu_seqlens = v.cu_seqlens;
+    out->sample_ids = v.sample_ids;
+    out->input_ids = v.input_ids;
+    out->loss_mask = v.loss_mask;
+    out->hidden = v.hidden;
+    out->bytes = t->bytes;
+    out->handle = (uint64_t)(uintptr_t)st;
+    w->t_taken = hs_now_s();
+    free(t);
+    return HS_OK;
+}
+
+hs_status_code_t hs_producer_submit(hs_producer_t *pr, const hs_work_t *work)
+{
+    worker_t *w = &pr->workers[0];
+    staging_t *st = NULL;
+    for (int i = 0; i < STAGING_PER_WORKER; i++)
+        if ((uintptr_t)&w->staging[i] == work->handle && w->staging[i].busy) st = &w->staging[i];
+    if (!st) {
+        hs_error("hs_producer_submit: not a batch taken with hs_producer_next (or sent twice)");
+        return HS_ERR_INVALID;
+    }
+    outgoing_t *o = calloc(1, sizeof(*o));
+    if (!o) return HS_ERR_NOMEM;
+    hs_batch_seal(st->buf, work->bytes);
+    o->t = (ticket_t){NULL, work->ticket, work->epoch, work->batch, work->n_seqs, work->n_tokens,
+                      work->bytes};
+    o->st = st;
+    o->worker = 0;
+    o->checksum = ((hs_batch_header_t *)st->buf)->checksum;
+    pthread_mutex_lock(&pr->lock);
+    double now = hs_now_s();
+    o->compute_ns = (uint64_t)((now - w->t_taken) * 1e9);
+    w->busy_s += now - w->t_taken;
+    w->batches++;
+    w->tokens += work->n_tokens;
+    o->next = pr->outbox;
+    pr->outbox = o;
+    pthread_mutex_unlock(&pr->lock);
+    hs_tp_wakeup(pr->tp);
+    return HS_OK;
+}
+
+void hs_producer_close(hs_producer_t *pr)
+{
+    if (!pr) return;
+    if (pr->net_started) {
+        pr->close_requested = true;
+        hs_tp_wakeup(pr->tp);
+        pthread_join(pr->net_thread, NULL);
+    }
+    producer_free(pr);
 }

@@ -80,8 +80,10 @@ int main(int argc, char **argv)
     if (hs_tp_create(&cfg, &rcb, &r, &r.tp) || hs_tp_create(&cfg, &tcb, NULL, &tx) ||
         hs_tp_listen(r.tp, "127.0.0.1", 0, &port))
         return 1;
-    hs_tp_mem_register(r.tp, r.dest, r.len);
-    hs_tp_mem_register(tx, src, r.len);
+    if (!getenv("HS_BENCH_NOREG")) {
+        hs_tp_mem_register(r.tp, r.dest, r.len);
+        hs_tp_mem_register(tx, src, r.len);
+    }
     pthread_t th;
     pthread_create(&th, NULL, rx_main, &r);
     hs_tp_conn_t *c;

@@ -552,7 +552,7 @@ END_TEST
 
 START_TEST(destroy_fails_pending_sends_and_receives_exactly_once)
 {
-    const size_t len = 32u << 20;
+    const size_t len = (getenv("DBG_MB") ? atoi(getenv("DBG_MB")) : 32u) << 20;
     uint8_t *src = malloc(len);
     memset(src, 2, len);
     uint8_t *dst = malloc(len);
