@@ -266,6 +266,7 @@ static void plan_complete(hs_consumer_t *c)
         return;
     }
     pthread_mutex_lock(&c->lock);
+    c->max_batch_bytes = max_bytes;
     c->batches_planned = (uint64_t)c->n_batches * c->cfg.epochs;
     c->t_start = hs_now_s();
     pthread_mutex_unlock(&c->lock);
@@ -772,12 +773,6 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
                  "least 1 MiB");
         return HS_ERR_INVALID;
     }
-    if (cfg->gpu >= 0) {
-        hs_error("consumer: delivery to a GPU (--gpu %d) is not available in this build; use "
-                 "--gpu none",
-                 cfg->gpu);
-        return HS_ERR_UNSUPPORTED;
-    }
     hs_consumer_t *c = calloc(1, sizeof(*c));
     if (!c) return HS_ERR_NOMEM;
     c->cfg = *cfg;
@@ -799,7 +794,17 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
         if (st != HS_OK) goto err_free;
         c->have_secret = true;
     }
-    st = hs_cache_create(cfg->cache_bytes, 0, &c->cache);
+    if (cfg->gpu >= 0) {
+        st = hs__loader_create(cfg->gpu, &c->loader);
+        if (st != HS_OK) goto err_free;
+    }
+    c->gpu_cur = c->gpu_inflight = -1;
+    /* With a GPU the cache is pinned chunk by chunk in the background and
+     * grows as chunks become ready, so producers can start at once. */
+    hs_cache_config_t cc = {.capacity = cfg->cache_bytes,
+                            .flags = cfg->gpu >= 0 ? HS_CACHE_PIN_CUDA : 0,
+                            .cuda_device = cfg->gpu};
+    st = hs_cache_create_ex(&cc, &c->cache);
     if (st != HS_OK) {
         hs_error("consumer: cannot map a cache of %llu bytes: %s",
                  (unsigned long long)cfg->cache_bytes, hs_status_str(st));
@@ -847,6 +852,7 @@ err_tp:
 err_cache:
     hs_cache_destroy(c->cache);
 err_free:
+    hs__loader_destroy(c->loader);
     free(c);
     return st;
 }
@@ -856,12 +862,14 @@ uint16_t hs_consumer_port(const hs_consumer_t *c)
     return c->port;
 }
 
-hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
+/* Takes the next deliverable batch off the ready ring, waiting up to
+ * timeout_ms (-1 forever, 0 not at all). Counts the wait as trainer starve. */
+static hs_status_t ready_pop(hs_consumer_t *c, hs_sched_item_t *it, int timeout_ms)
 {
     double t0 = hs_now_s();
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
-    if (timeout_ms >= 0) {
+    if (timeout_ms > 0) {
         dl.tv_sec += timeout_ms / 1000;
         dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
         if (dl.tv_nsec >= 1000000000L) {
@@ -877,6 +885,10 @@ hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout
             if (c->t_end == 0) c->t_end = hs_now_s();
             break;
         }
+        if (timeout_ms == 0) {
+            st = HS_ERR_TIMEOUT;
+            break;
+        }
         if (timeout_ms < 0)
             pthread_cond_wait(&c->cond, &c->lock);
         else if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) == ETIMEDOUT) {
@@ -885,25 +897,24 @@ hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout
         }
     }
     if (c->t_start > 0) c->starve_s += hs_now_s() - (t0 > c->t_start ? t0 : c->t_start);
-    if (st != HS_OK) {
-        pthread_mutex_unlock(&c->lock);
-        return st;
+    if (st == HS_OK) {
+        *it = c->ready[c->ready_head];
+        c->ready_head = (c->ready_head + 1) % c->ready_cap;
+        c->ready_n--;
     }
-    hs_sched_item_t it = c->ready[c->ready_head];
-    c->ready_head = (c->ready_head + 1) % c->ready_cap;
-    c->ready_n--;
-    c->batches_delivered++;
-    c->tokens_delivered += it.n_tokens;
-    c->in_trainer++;
     pthread_mutex_unlock(&c->lock);
+    return st;
+}
 
-    uint8_t *region = (uint8_t *)hs_cache_base(c->cache) + it.slot_offset;
-    hs_batch_view_t v = hs_batch_view(region, it.n_seqs, it.n_tokens, &c->layout);
+static void batch_from_view(hs_consumer_t *c, const hs_sched_item_t *it, uint8_t *region,
+                            hs_batch_t *out)
+{
+    hs_batch_view_t v = hs_batch_view(region, it->n_seqs, it->n_tokens, &c->layout);
     memset(out, 0, sizeof(*out));
-    out->epoch = it.epoch;
-    out->batch = it.batch;
-    out->n_seqs = it.n_seqs;
-    out->n_tokens = it.n_tokens;
+    out->epoch = it->epoch;
+    out->batch = it->batch;
+    out->n_seqs = it->n_seqs;
+    out->n_tokens = it->n_tokens;
     out->hidden_size = c->layout.hidden_size;
     out->n_layers = c->layout.n_layers;
     out->layers = c->layout.layers;
@@ -912,22 +923,17 @@ hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout
     out->input_ids = v.input_ids;
     out->loss_mask = v.loss_mask;
     out->hidden = v.hidden;
-    out->bytes = it.bytes;
-    out->handle = it.slot_offset;
-    out->ticket = it.ticket;
-    return HS_OK;
+    out->bytes = it->bytes;
+    out->handle = it->slot_offset;
+    out->ticket = it->ticket;
 }
 
-hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
+/* The cache slot of a batch is free again: give it back and tell the
+ * network thread (from the trainer, or from the copy stream's callback). */
+static void slot_done(hs_consumer_t *c, uint64_t offset, uint64_t ticket)
 {
-    hs_status_t st = hs_cache_free(c->cache, batch->handle);
-    if (st != HS_OK) {
-        hs_error("release of a batch this consumer did not hand out (slot %llu)",
-                 (unsigned long long)batch->handle);
-        return st;
-    }
+    hs_cache_free(c->cache, offset);
     pthread_mutex_lock(&c->lock);
-    c->in_trainer--;
     if (c->released_n == c->released_cap) {
         uint32_t ncap = c->released_cap ? c->released_cap * 2 : 64;
         uint64_t *r = realloc(c->released, ncap * sizeof(uint64_t));
@@ -936,9 +942,111 @@ hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
             c->released_cap = ncap;
         }
     }
-    if (c->released_n < c->released_cap) c->released[c->released_n++] = batch->ticket;
+    if (c->released_n < c->released_cap) c->released[c->released_n++] = ticket;
     pthread_mutex_unlock(&c->lock);
     hs_tp_wakeup(c->tp); /* room for new tickets */
+}
+
+static void gpu_copied(void *arg)
+{
+    gpu_slot_t *g = arg;
+    slot_done(g->c, g->item.slot_offset, g->item.ticket);
+}
+
+/* Starts the H2D copy of `it` into device buffer `buf`. */
+static hs_status_t gpu_start_copy(hs_consumer_t *c, int buf, const hs_sched_item_t *it)
+{
+    uint64_t max_bytes;
+    pthread_mutex_lock(&c->lock);
+    max_bytes = c->max_batch_bytes;
+    pthread_mutex_unlock(&c->lock);
+    hs_status_t st = hs__loader_reserve(c->loader, max_bytes);
+    if (st != HS_OK) return st;
+    c->gpu_slot[buf].c = c;
+    c->gpu_slot[buf].item = *it;
+    st = hs__loader_copy(c->loader, buf, c->cache, it->slot_offset, it->bytes, gpu_copied,
+                         &c->gpu_slot[buf]);
+    if (st == HS_OK) c->gpu_inflight = buf;
+    return st;
+}
+
+static hs_status_t next_gpu(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
+{
+    hs_status_t st;
+    if (c->gpu_cur >= 0) { /* taking the next batch ends the previous one */
+        hs__loader_consumed(c->loader, c->gpu_cur);
+        c->gpu_cur = -1;
+    }
+    if (c->gpu_inflight < 0) {
+        hs_sched_item_t it;
+        st = ready_pop(c, &it, timeout_ms);
+        if (st != HS_OK) return st;
+        st = gpu_start_copy(c, c->gpu_last == 0 ? 1 : 0, &it);
+        if (st != HS_OK) return st;
+    }
+    int buf = c->gpu_inflight;
+    void *dptr;
+    st = hs__loader_hand_over(c->loader, buf, &dptr);
+    if (st != HS_OK) return st;
+    c->gpu_inflight = -1;
+    c->gpu_cur = c->gpu_last = buf;
+    batch_from_view(c, &c->gpu_slot[buf].item, dptr, out);
+    out->on_device = true;
+    out->handle = (uint64_t)buf;
+
+    /* Prefetch: copy the next ready batch while the trainer works on this one. */
+    hs_sched_item_t it;
+    if (ready_pop(c, &it, 0) == HS_OK) {
+        st = gpu_start_copy(c, 1 - buf, &it);
+        if (st != HS_OK) return st;
+    }
+    uint64_t bytes;
+    double secs;
+    hs__loader_stats(c->loader, &bytes, &secs);
+    pthread_mutex_lock(&c->lock);
+    c->batches_delivered++;
+    c->tokens_delivered += out->n_tokens;
+    c->h2d_bytes = bytes;
+    c->h2d_s = secs;
+    pthread_mutex_unlock(&c->lock);
+    return HS_OK;
+}
+
+hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
+{
+    if (c->loader) return next_gpu(c, out, timeout_ms);
+    hs_sched_item_t it;
+    hs_status_t st = ready_pop(c, &it, timeout_ms);
+    if (st != HS_OK) return st;
+    pthread_mutex_lock(&c->lock);
+    c->batches_delivered++;
+    c->tokens_delivered += it.n_tokens;
+    c->in_trainer++;
+    pthread_mutex_unlock(&c->lock);
+    batch_from_view(c, &it, (uint8_t *)hs_cache_base(c->cache) + it.slot_offset, out);
+    return HS_OK;
+}
+
+hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
+{
+    if (c->loader) {
+        /* The host slot went back when its copy finished; this only ends the
+         * trainer's use of the device buffer. */
+        if (!batch->on_device || (int)batch->handle != c->gpu_cur) return HS_OK;
+        c->gpu_cur = -1;
+        return hs__loader_consumed(c->loader, (int)batch->handle);
+    }
+    if (!hs_cache_contains(c->cache, (uint8_t *)hs_cache_base(c->cache) + batch->handle,
+                           batch->bytes)) {
+        hs_error("release of a batch this consumer did not hand out, or released twice (slot "
+                 "%llu)",
+                 (unsigned long long)batch->handle);
+        return HS_ERR_INVALID;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->in_trainer--;
+    pthread_mutex_unlock(&c->lock);
+    slot_done(c, batch->handle, batch->ticket);
     return HS_OK;
 }
 
@@ -957,6 +1065,8 @@ void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
     double now = c->t_end > 0 ? c->t_end : hs_now_s();
     s->seconds = c->t_start > 0 ? now - c->t_start : 0;
     s->starve_pct = s->seconds > 0 ? 100.0 * c->starve_s / s->seconds : 0;
+    s->h2d_bytes = c->h2d_bytes;
+    s->h2d_gbytes_per_s = c->h2d_s > 0 ? (double)c->h2d_bytes / c->h2d_s / 1e9 : 0;
     /* The network thread's own figures, as of its last snapshot. */
     s->duplicates = c->snap.duplicates;
     s->tickets_out = c->snap.tickets_out;
@@ -1001,7 +1111,8 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         "  \"gbytes_per_s\": %.4f,\n  \"epochs\": %u,\n  \"producers_seen\": %llu,\n"
         "  \"producers_dropped\": %llu,\n  \"leases_returned\": %llu,\n"
         "  \"cache_capacity\": %llu,\n  \"cache_high_water\": %llu,\n"
-        "  \"starve_pct\": %.2f,\n  \"producer_stall_pct\": %.2f,\n  \"complete\": %s\n}\n",
+        "  \"starve_pct\": %.2f,\n  \"producer_stall_pct\": %.2f,\n"
+        "  \"h2d_bytes\": %llu,\n  \"h2d_gbytes_per_s\": %.3f,\n  \"complete\": %s\n}\n",
         (unsigned long long)s->batches_planned, (unsigned long long)s->batches_delivered,
         (unsigned long long)s->duplicates, (unsigned long long)s->checksum_failures,
         (unsigned long long)s->protocol_errors, (unsigned long long)s->bytes_received,
@@ -1010,7 +1121,7 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         (unsigned long long)s->producers_seen, (unsigned long long)s->producers_dropped,
         (unsigned long long)s->leases_returned, (unsigned long long)s->cache_capacity,
         (unsigned long long)s->cache_high_water, s->starve_pct, s->producer_stall_pct,
-        s->batches_planned && s->batches_delivered == s->batches_planned ? "true" : "false");
+        (unsigned long long)s->h2d_bytes, s->h2d_gbytes_per_s, s->batches_planned && s->batches_delivered == s->batches_planned ? "true" : "false");
 }
 
 void hs_consumer_destroy(hs_consumer_t *c)
@@ -1044,6 +1155,7 @@ void hs_consumer_destroy(hs_consumer_t *c)
         free(p->hello_body);
         free(p);
     }
+    hs__loader_destroy(c->loader); /* waits for copies, whose callbacks free slots */
     hs_sched_destroy(c->sched);
     hs_cache_destroy(c->cache);
     hs_auth_key_clear(&c->key);

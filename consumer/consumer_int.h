@@ -12,6 +12,7 @@
 #include "hs_transport.h"
 #include "cache_int.h"
 #include "sched_int.h"
+#include "gpu_loader_int.h"
 
 typedef enum {
     PEER_NEW,          /* waiting for HELLO */
@@ -49,6 +50,11 @@ typedef struct verify_job {
     double t_queued;
     char why[256];
 } verify_job_t;
+
+typedef struct {
+    struct hs_consumer *c;
+    hs_sched_item_t item; /* the batch in this device buffer */
+} gpu_slot_t;
 
 struct hs_consumer {
     hs_consumer_config_t cfg;
@@ -101,6 +107,16 @@ struct hs_consumer {
     uint64_t checksum_failures, in_trainer;
     double t_start, t_end, starve_s;
     hs_consumer_stats_t snap; /* network thread's figures */
+    uint64_t max_batch_bytes;
+    uint64_t h2d_bytes;
+    double h2d_s;
+
+    /* GPU delivery (trainer's thread only) */
+    hs__loader_t *loader;
+    gpu_slot_t gpu_slot[2];
+    int gpu_cur;      /* buffer handed to the trainer, -1 none */
+    int gpu_inflight; /* buffer being copied, not yet handed, -1 none */
+    int gpu_last;     /* buffer handed most recently */
 };
 
 #endif /* HS_CONSUMER_INT_H */

@@ -92,6 +92,8 @@ typedef struct {
     double seconds;             /* since the first ticket */
     double starve_pct;          /* trainer waited for data */
     double producer_stall_pct;  /* reported by producers (mean) */
+    uint64_t h2d_bytes;         /* GPU delivery: bytes copied to the GPU */
+    double h2d_gbytes_per_s;    /* ... over the copy engine's busy time */
     uint32_t epochs;
     bool finished;
 } hs_consumer_stats_t;

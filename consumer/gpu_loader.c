@@ -1,0 +1,211 @@
+/* gpu_loader.c - host-to-device delivery of verified batches; see
+ * gpu_loader_int.h. */
+#include "gpu_loader_int.h"
+
+#include <stdlib.h>
+
+#ifdef HS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#define CU(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            hs_error("%s failed: %s", #call, cudaGetErrorString(e_));                            \
+            return HS_ERR_CUDA;                                                                   \
+        }                                                                                         \
+    } while (0)
+
+typedef struct {
+    void *dptr;
+    cudaEvent_t consumed;   /* recorded on the trainer's stream */
+    cudaEvent_t copy_start, copy_end;
+    uint64_t copy_bytes;    /* of the copy whose timing is not yet counted */
+    bool timing_pending;
+} loader_buf_t;
+
+struct hs__loader {
+    int device;
+    cudaStream_t stream;
+    uint64_t capacity;
+    loader_buf_t buf[2];
+    uint64_t bytes_copied;
+    double copy_s;
+};
+
+typedef struct {
+    hs__loader_copied_cb cb;
+    void *arg;
+} host_cb_t;
+
+static void CUDART_CB on_copied(void *p)
+{
+    host_cb_t *h = p;
+    h->cb(h->arg);
+    free(h);
+}
+
+hs_status_t hs__loader_create(int device, hs__loader_t **out)
+{
+    hs__loader_t *l = calloc(1, sizeof(*l));
+    if (!l) return HS_ERR_NOMEM;
+    l->device = device;
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        hs_error("cannot use GPU %d: %s (check --gpu and CUDA_VISIBLE_DEVICES)", device,
+                 cudaGetErrorString(e));
+        free(l);
+        return HS_ERR_CUDA;
+    }
+    if (cudaStreamCreateWithFlags(&l->stream, cudaStreamDefault) != cudaSuccess) goto err;
+    for (int i = 0; i < 2; i++) {
+        if (cudaEventCreateWithFlags(&l->buf[i].consumed, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreate(&l->buf[i].copy_start) != cudaSuccess ||
+            cudaEventCreate(&l->buf[i].copy_end) != cudaSuccess)
+            goto err;
+        cudaEventRecord(l->buf[i].consumed, l->stream);
+    }
+    *out = l;
+    return HS_OK;
+err:
+    hs_error("GPU %d: cannot create the copy stream and events", device);
+    hs__loader_destroy(l);
+    return HS_ERR_CUDA;
+}
+
+void hs__loader_destroy(hs__loader_t *l)
+{
+    if (!l) return;
+    cudaSetDevice(l->device);
+    if (l->stream) cudaStreamSynchronize(l->stream);
+    for (int i = 0; i < 2; i++) {
+        cudaFree(l->buf[i].dptr);
+        if (l->buf[i].consumed) cudaEventDestroy(l->buf[i].consumed);
+        if (l->buf[i].copy_start) cudaEventDestroy(l->buf[i].copy_start);
+        if (l->buf[i].copy_end) cudaEventDestroy(l->buf[i].copy_end);
+    }
+    if (l->stream) cudaStreamDestroy(l->stream);
+    free(l);
+}
+
+hs_status_t hs__loader_reserve(hs__loader_t *l, uint64_t bytes)
+{
+    if (bytes <= l->capacity) return HS_OK;
+    CU(cudaSetDevice(l->device));
+    CU(cudaDeviceSynchronize());
+    for (int i = 0; i < 2; i++) {
+        cudaFree(l->buf[i].dptr);
+        l->buf[i].dptr = NULL;
+        cudaError_t e = cudaMalloc(&l->buf[i].dptr, bytes);
+        if (e != cudaSuccess) {
+            hs_error("GPU %d: cannot allocate two delivery buffers of %.2f GiB: %s", l->device,
+                     (double)bytes / (1 << 30), cudaGetErrorString(e));
+            l->capacity = 0;
+            return HS_ERR_CUDA;
+        }
+    }
+    l->capacity = bytes;
+    return HS_OK;
+}
+
+/* Adds the timing of buffer b's last copy once its end event has passed. */
+static void account(hs__loader_t *l, loader_buf_t *b)
+{
+    if (!b->timing_pending || cudaEventQuery(b->copy_end) != cudaSuccess) return;
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, b->copy_start, b->copy_end) == cudaSuccess) {
+        l->bytes_copied += b->copy_bytes;
+        l->copy_s += ms * 1e-3;
+    }
+    b->timing_pending = false;
+}
+
+hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, uint64_t offset,
+                            uint64_t bytes, hs__loader_copied_cb copied, void *arg)
+{
+    loader_buf_t *b = &l->buf[buf];
+    if (bytes > l->capacity) return HS_ERR_INVALID;
+    CU(cudaSetDevice(l->device));
+    if (b->timing_pending) {
+        cudaEventSynchronize(b->copy_end);
+        account(l, b);
+    }
+    host_cb_t *h = malloc(sizeof(*h));
+    if (!h) return HS_ERR_NOMEM;
+    h->cb = copied;
+    h->arg = arg;
+    CU(cudaStreamWaitEvent(l->stream, b->consumed, 0));
+    CU(cudaEventRecord(b->copy_start, l->stream));
+    hs_status_t st = hs_cache_copy_to_device(cache, b->dptr, offset, bytes, l->stream);
+    if (st != HS_OK) {
+        free(h);
+        return st;
+    }
+    CU(cudaEventRecord(b->copy_end, l->stream));
+    b->copy_bytes = bytes;
+    b->timing_pending = true;
+    CU(cudaLaunchHostFunc(l->stream, on_copied, h));
+    return HS_OK;
+}
+
+hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr)
+{
+    CU(cudaSetDevice(l->device));
+    CU(cudaStreamWaitEvent(0, l->buf[buf].copy_end, 0));
+    account(l, &l->buf[buf]);
+    *dptr = l->buf[buf].dptr;
+    return HS_OK;
+}
+
+hs_status_t hs__loader_consumed(hs__loader_t *l, int buf)
+{
+    CU(cudaSetDevice(l->device));
+    CU(cudaEventRecord(l->buf[buf].consumed, 0));
+    return HS_OK;
+}
+
+void hs__loader_stats(hs__loader_t *l, uint64_t *bytes, double *seconds)
+{
+    for (int i = 0; i < 2; i++) account(l, &l->buf[i]);
+    *bytes = l->bytes_copied;
+    *seconds = l->copy_s;
+}
+
+#else /* !HS_HAVE_CUDA */
+
+hs_status_t hs__loader_create(int device, hs__loader_t **out)
+{
+    (void)out;
+    hs_error("delivery to GPU %d needs a build with CUDA (cmake -DHS_CUDA=ON); use --gpu none",
+             device);
+    return HS_ERR_UNSUPPORTED;
+}
+void hs__loader_destroy(hs__loader_t *l) { (void)l; }
+hs_status_t hs__loader_reserve(hs__loader_t *l, uint64_t bytes)
+{
+    (void)l, (void)bytes;
+    return HS_ERR_UNSUPPORTED;
+}
+hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, uint64_t offset,
+                            uint64_t bytes, hs__loader_copied_cb copied, void *arg)
+{
+    (void)l, (void)buf, (void)cache, (void)offset, (void)bytes, (void)copied, (void)arg;
+    return HS_ERR_UNSUPPORTED;
+}
+hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr)
+{
+    (void)l, (void)buf, (void)dptr;
+    return HS_ERR_UNSUPPORTED;
+}
+hs_status_t hs__loader_consumed(hs__loader_t *l, int buf)
+{
+    (void)l, (void)buf;
+    return HS_ERR_UNSUPPORTED;
+}
+void hs__loader_stats(hs__loader_t *l, uint64_t *bytes, double *seconds)
+{
+    (void)l;
+    *bytes = 0;
+    *seconds = 0;
+}
+#endif
