@@ -7,9 +7,10 @@
  * q, k, v are [T, heads * d] row slices (row strides q_stride, kv_stride),
  * so the fused qkv GEMM output is read in place; out is [T, Hq * d].
  *
- * One block of 4 warps takes 64 query rows of one (sequence, head) (8 warps
- * and 128 rows with HS_ATTN_WARPS=8); each warp owns 16 rows. Key/value tiles of 64 rows stream through shared memory
- * with cp.async, double-buffered. S = Q K^T and O += P V run on mma.sync
+ * One block of 4 warps takes 64 query rows of one (sequence, head); each
+ * warp owns 16 rows, its Q fragments held in registers for the whole pass. Key/value tiles of 64 rows stream through shared memory
+ * with cp.async, double-buffered; Q passes through the second V buffer, so a
+ * block needs 4 tiles of shared memory and 3 blocks fit a multiprocessor. S = Q K^T and O += P V run on mma.sync
  * m16n8k16 (bf16 in, fp32 accumulate); the softmax is online (running max
  * and sum per row, in the exp2 domain), so memory is linear in sequence
  * length and nothing of size L^2 exists (exp2 on the fast ex2.approx unit).
@@ -31,19 +32,18 @@ typedef __nv_bfloat16 bf16;
 
 namespace {
 
-constexpr int kBN = 64;
+constexpr int kBM = 64, kBN = 64, kThreads = 128;
 
-/* Query rows per block: 16 per warp. 4 warps (64 rows) or 8 warps (128
- * rows, each key/value tile loaded once for twice the queries); the choice is
- * made once per process (attn_warps()). */
-static int attn_warps(void)
+/* Blocks per multiprocessor the kernel is compiled for: 3 (default) or 2,
+ * from HS_ATTN_BLOCKS, read once (a tuning knob for benchmarks). */
+static int attn_min_blocks(void)
 {
-    static int warps = 0;
-    if (!warps) {
-        const char *e = getenv("HS_ATTN_WARPS");
-        warps = e && atoi(e) == 8 ? 8 : 4;
+    static int b = 0;
+    if (!b) {
+        const char *e = getenv("HS_ATTN_BLOCKS");
+        b = e && atoi(e) == 2 ? 2 : 3;
     }
-    return warps;
+    return b;
 }
 
 __device__ __forceinline__ float fast_exp2(float x)
@@ -94,23 +94,24 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return *(uint32_t *)&v;
 }
 
-template <int D, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32)
+/* MINB blocks per multiprocessor: 3 caps registers at 168 a thread (a few
+ * spill at D = 128), 2 leaves them free; attn_min_blocks() picks. */
+template <int D, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
     attn_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                 int64_t q_stride, int64_t kv_stride, bf16 *__restrict__ out, int64_t out_stride,
                 const int32_t *__restrict__ cu, const int32_t *__restrict__ tile_prefix, int n_seqs,
                 int group, float scale_log2, int window)
 {
-    constexpr int kBM = 16 * WARPS, kThreads = 32 * WARPS;
     constexpr int LDS = D + 8;     /* padded shared row, elements */
     constexpr int CPR = D / 8;     /* 16-byte chunks per row */
     constexpr int NT = kBN / 8;    /* n-tiles of S */
     constexpr int DT = D / 8;      /* n-tiles of O */
     constexpr int KC = D / 16;     /* k-chunks of Q K^T */
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *sQ = (bf16 *)smem_raw;
-    bf16 *sK = sQ + kBM * LDS; /* [2][kBN][LDS] */
-    bf16 *sV = sK + 2 * kBN * LDS;
+    bf16 *sK = (bf16 *)smem_raw;   /* [2][kBN][LDS] */
+    bf16 *sV = sK + 2 * kBN * LDS; /* [2][kBN][LDS] */
+    bf16 *sQ = sV + kBN * LDS;     /* Q borrows V's second buffer until it is in registers */
 
     /* block -> (sequence, query tile): binary search in the tile prefix sums;
      * within a sequence the last (longest) tiles come first */
@@ -151,6 +152,8 @@ __global__ void __launch_bounds__(WARPS * 32)
     };
     load_kv(jt0, 0);
     cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
 
     uint32_t qf[KC][4];
     float o[DT][4];
@@ -159,6 +162,12 @@ __global__ void __launch_bounds__(WARPS * 32)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     const int row_lo = q0 + warp * 16;           /* first query row of this warp */
     const int qr0 = row_lo + (lane >> 2);        /* rows held by this thread: qr0, qr0 + 8 */
+
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++)
+        ldsm_x4(qf[kc][0], qf[kc][1], qf[kc][2], qf[kc][3],
+                sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + kc * 16 + (lane >> 4) * 8);
+    __syncthreads(); /* Q's shared buffer is V's again from here */
 
     for (int jt = jt0; jt < jt1; jt++) {
         const int buf = (jt - jt0) & 1;
@@ -170,13 +179,6 @@ __global__ void __launch_bounds__(WARPS * 32)
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (jt == jt0) {
-#pragma unroll
-            for (int kc = 0; kc < KC; kc++)
-                ldsm_x4(qf[kc][0], qf[kc][1], qf[kc][2], qf[kc][3],
-                        sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + kc * 16 +
-                            (lane >> 4) * 8);
-        }
         const bf16 *kt = sK + buf * kBN * LDS;
         const bf16 *vt = sV + buf * kBN * LDS;
         const int key0 = jt * kBN;
@@ -280,7 +282,7 @@ __global__ void __launch_bounds__(WARPS * 32)
 /* tile_prefix[s] = sum over sequences before s of ceil(len / kBM), for
  * s = 0..n_seqs. One block: each thread sums a run of sequences, then a
  * warp-level scan over the per-thread totals. */
-__global__ void attn_schedule_kernel(const int32_t *cu, int n_seqs, int kBM, int32_t *tile_prefix)
+__global__ void attn_schedule_kernel(const int32_t *cu, int n_seqs, int32_t *tile_prefix)
 {
     __shared__ int32_t part[1024];
     const int tid = threadIdx.x, nt = blockDim.x;
@@ -366,20 +368,19 @@ __global__ void attn_generic_kernel(const bf16 *__restrict__ q, const bf16 *__re
     }
 }
 
-template <int D, int WARPS>
+template <int D, int MINB>
 hs_status_t attn_launch(const void *q, const void *k, const void *v, int64_t q_stride,
                         int64_t kv_stride, void *out, int64_t out_stride, const int32_t *cu_seqlens,
                         const int32_t *tile_prefix, int n_seqs, int T, int n_heads, int group,
                         float scale, int window, cudaStream_t stream)
 {
-    constexpr int kBM = 16 * WARPS;
-    const size_t smem = (size_t)(kBM + 4 * kBN) * (D + 8) * sizeof(bf16);
-    hs_status_t st = HS_CUDA_CHECK(cudaFuncSetAttribute(
-        attn_kernel<D, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const size_t smem = (size_t)4 * kBN * (D + 8) * sizeof(bf16);
+    hs_status_t st = HS_CUDA_CHECK(
+        cudaFuncSetAttribute(attn_kernel<D, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (st) return st;
     /* an upper bound on the tiles: sum ceil(len / kBM) <= T / kBM + n_seqs */
     dim3 grid((unsigned)((T + kBM - 1) / kBM + n_seqs), n_heads);
-    attn_kernel<D, WARPS><<<grid, WARPS * 32, smem, stream>>>(
+    attn_kernel<D, MINB><<<grid, kThreads, smem, stream>>>(
         (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, q_stride, kv_stride, (bf16 *)out, out_stride,
         cu_seqlens, tile_prefix, n_seqs, group, scale * 1.4426950408889634f, window);
     return HS_CUDA_LAUNCH_CHECK("attention kernel");
@@ -391,7 +392,7 @@ extern "C" int hs_kn_attention_schedule(const int32_t *cu_seqlens, int n_seqs, i
                                         cudaStream_t stream)
 {
     if (n_seqs <= 0) return HS_OK;
-    attn_schedule_kernel<<<1, 1024, 0, stream>>>(cu_seqlens, n_seqs, 16 * attn_warps(), tile_prefix);
+    attn_schedule_kernel<<<1, 1024, 0, stream>>>(cu_seqlens, n_seqs, tile_prefix);
     return HS_CUDA_LAUNCH_CHECK("attention schedule kernel");
 }
 
@@ -426,10 +427,10 @@ extern "C" int hs_kn_attention(const void *q, int64_t q_stride, const void *k, c
     }
 #define HS_ATTN_CASE(d)                                                                              \
     case d:                                                                                          \
-        return attn_warps() == 8                                                                     \
-                   ? attn_launch<d, 8>(q, k, v, q_stride, kv_stride, out, out_stride, cu_seqlens,    \
+        return attn_min_blocks() == 2                                                                \
+                   ? attn_launch<d, 2>(q, k, v, q_stride, kv_stride, out, out_stride, cu_seqlens,    \
                                        tile_prefix, n_seqs, T, n_heads, group, scale, window, stream) \
-                   : attn_launch<d, 4>(q, k, v, q_stride, kv_stride, out, out_stride, cu_seqlens,    \
+                   : attn_launch<d, 3>(q, k, v, q_stride, kv_stride, out, out_stride, cu_seqlens,    \
                                        tile_prefix, n_seqs, T, n_heads, group, scale, window, stream)
     switch (head_dim) {
         HS_ATTN_CASE(64);

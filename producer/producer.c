@@ -47,7 +47,7 @@ typedef struct worker {
     pthread_t thread;
     staging_t staging[STAGING_PER_WORKER];
     /* figures, under pr->lock */
-    uint64_t batches, tokens;
+    uint64_t batches, tokens, bytes;
     double busy_s, stall_s;
     double t_taken; /* external source: when the caller took its batch */
 } worker_t;
@@ -164,6 +164,7 @@ static void *worker_main(void *arg)
         }
         w->batches++;
         w->tokens += t->n_tokens;
+        w->bytes += t->bytes;
         o->t = *t;
         o->st = st;
         o->worker = w->index;
@@ -480,6 +481,33 @@ static void send_stats(producer_t *pr)
     send_msg(pr, HS_MSG_STATS, &s.base);
 }
 
+/* One live status line: rates since the start, worker busy and stall. */
+static void print_status(producer_t *pr)
+{
+    uint64_t tokens = 0, batches = 0, bytes = 0;
+    double busy = 0, stall = 0;
+    uint32_t n = pr->cfg->n_workers;
+    pthread_mutex_lock(&pr->lock);
+    double elapsed = pr->t_start > 0 ? hs_now_s() - pr->t_start : 0;
+    for (uint32_t i = 0; i < n; i++) {
+        worker_t *w = &pr->workers[i];
+        tokens += w->tokens;
+        batches += w->batches;
+        bytes += w->bytes;
+        busy += w->busy_s;
+        stall += w->stall_s;
+    }
+    uint32_t queued = 0;
+    for (ticket_t *t = pr->tickets; t; t = t->next) queued++;
+    pthread_mutex_unlock(&pr->lock);
+    if (elapsed <= 0) return;
+    hs_info("%llu batches | %.0f tok/s | %.2f batch/s | %.2f GB/s | tickets queued %u | worker "
+            "busy %.0f%% | stall %.0f%%",
+            (unsigned long long)batches, (double)tokens / elapsed, (double)batches / elapsed,
+            (double)bytes / elapsed / 1e9, queued, 100.0 * busy / elapsed / n,
+            100.0 * stall / elapsed / n);
+}
+
 static void print_summary(producer_t *pr)
 {
     const hs_producer_config_t *cfg = pr->cfg;
@@ -787,7 +815,9 @@ err:
 static void *net_main(void *arg)
 {
     producer_t *pr = arg;
-    double t_stats = hs_now_s();
+    double t_stats = hs_now_s(), t_status = t_stats;
+    const char *si = getenv("HS_STATUS_INTERVAL");
+    double status_interval = si ? atof(si) : 5.0;
     while (!pr->done) {
         hs_tp_progress(pr->tp, 200);
         flush_outbox(pr);
@@ -799,9 +829,14 @@ static void *net_main(void *arg)
             hs_tp_close(pr->conn, HS_ERR_CLOSED);
             pr->done = true;
         }
-        if (pr->welcomed && hs_now_s() - t_stats >= 2.0) {
-            t_stats = hs_now_s();
+        double now = hs_now_s();
+        if (pr->welcomed && now - t_stats >= 2.0) {
+            t_stats = now;
             send_stats(pr);
+        }
+        if (pr->welcomed && status_interval > 0 && now - t_status >= status_interval) {
+            t_status = now;
+            print_status(pr);
         }
     }
     /* Let BYE/ERROR and the last completions go out. */
@@ -974,6 +1009,7 @@ hs_status_code_t hs_producer_submit(hs_producer_t *pr, const hs_work_t *work)
     w->busy_s += now - w->t_taken;
     w->batches++;
     w->tokens += work->n_tokens;
+    w->bytes += work->bytes;
     o->next = pr->outbox;
     pr->outbox = o;
     pthread_mutex_unlock(&pr->lock);

@@ -1,0 +1,234 @@
+"""ctypes declarations of include/hsflow.h and the lookup of libhsflow.so.
+
+The structures below mirror the C header field by field (same order, same
+types); tests/python/test_api.py compiles a small C program that prints the
+C offsets and compares them with these. Change both together.
+"""
+import ctypes
+import ctypes.util
+import os
+import shutil
+
+HS_OK = 0
+HS_ERR_CLOSED = -9
+HS_ERR_TIMEOUT = -11
+
+HS_ORDER_ARRIVAL = 0
+HS_ORDER_PLAN = 1
+
+_c_u16 = ctypes.c_uint16
+_c_u32 = ctypes.c_uint32
+_c_u64 = ctypes.c_uint64
+
+
+class ConsumerConfig(ctypes.Structure):
+    """hs_consumer_config_t."""
+    _fields_ = [
+        ("listen_host", ctypes.c_char_p),
+        ("listen_port", _c_u16),
+        ("cache_bytes", _c_u64),
+        ("epochs", _c_u32),
+        ("gpu", ctypes.c_int),
+        ("order", ctypes.c_int),
+        ("prefetch", _c_u32),
+        ("verify_synthetic", ctypes.c_bool),
+        ("insecure", ctypes.c_bool),
+        ("secret_file", ctypes.c_char_p),
+        ("transport", ctypes.c_char_p),
+        ("verify_threads", _c_u32),
+        ("peer_timeout_s", _c_u32),
+    ]
+
+
+class CBatch(ctypes.Structure):
+    """hs_batch_t."""
+    _fields_ = [
+        ("epoch", _c_u32),
+        ("batch", _c_u32),
+        ("n_seqs", _c_u32),
+        ("n_tokens", _c_u32),
+        ("hidden_size", _c_u32),
+        ("n_layers", _c_u32),
+        ("layers", ctypes.c_void_p),
+        ("cu_seqlens", ctypes.c_void_p),
+        ("sample_ids", ctypes.c_void_p),
+        ("input_ids", ctypes.c_void_p),
+        ("loss_mask", ctypes.c_void_p),
+        ("hidden", ctypes.c_void_p),
+        ("on_device", ctypes.c_bool),
+        ("bytes", _c_u64),
+        ("handle", _c_u64),
+        ("ticket", _c_u64),
+    ]
+
+
+class ConsumerStats(ctypes.Structure):
+    """hs_consumer_stats_t."""
+    _fields_ = [(n, _c_u64) for n in (
+        "batches_planned", "batches_delivered", "duplicates", "checksum_failures",
+        "protocol_errors", "producers_connected", "producers_seen", "producers_dropped",
+        "bytes_received", "tokens_delivered", "tickets_out", "leases_returned",
+        "cache_capacity", "cache_used", "cache_high_water")] + [
+        ("seconds", ctypes.c_double),
+        ("starve_pct", ctypes.c_double),
+        ("producer_stall_pct", ctypes.c_double),
+        ("epochs", _c_u32),
+        ("finished", ctypes.c_bool),
+    ]
+
+
+class ProducerClientConfig(ctypes.Structure):
+    """hs_producer_client_config_t."""
+    _fields_ = [
+        ("to", ctypes.c_char_p),
+        ("data_path", ctypes.c_char_p),
+        ("token_budget", _c_u32),
+        ("max_seq_len", _c_u32),
+        ("overflow_drop", ctypes.c_bool),
+        ("seed", _c_u64),
+        ("hidden_size", _c_u32),
+        ("layers", ctypes.POINTER(ctypes.c_int32)),
+        ("n_layers", _c_u32),
+        ("prefetch", _c_u32),
+        ("secret_file", ctypes.c_char_p),
+        ("transport", ctypes.c_char_p),
+        ("name", ctypes.c_char_p),
+        ("connect_timeout_s", _c_u32),
+    ]
+
+
+class CWork(ctypes.Structure):
+    """hs_work_t."""
+    _fields_ = [
+        ("ticket", _c_u64),
+        ("epoch", _c_u32),
+        ("batch", _c_u32),
+        ("n_seqs", _c_u32),
+        ("n_tokens", _c_u32),
+        ("hidden_size", _c_u32),
+        ("n_layers", _c_u32),
+        ("cu_seqlens", ctypes.c_void_p),
+        ("sample_ids", ctypes.c_void_p),
+        ("input_ids", ctypes.c_void_p),
+        ("loss_mask", ctypes.c_void_p),
+        ("hidden", ctypes.c_void_p),
+        ("bytes", _c_u64),
+        ("handle", _c_u64),
+    ]
+
+
+class HsflowError(RuntimeError):
+    """A call into libhsflow failed; `status` is the C status code (negative)
+    and the message carries the library's text for it. The library also logs
+    the details (what was wrong and what to do) on stderr."""
+
+    def __init__(self, what, status=None):
+        self.status = status
+        if status is not None:
+            what = "%s: %s (status %d)" % (what, status_str(status), status)
+        super().__init__(what)
+
+
+_LIB_NAME = "libhsflow.so"
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
+
+_lib = None
+_lib_path = None
+
+
+def _candidates():
+    env = os.environ.get("HSFLOW_LIB")
+    if env:
+        return [("HSFLOW_LIB", env)]
+    out = [("package directory", os.path.join(_PKG_DIR, _LIB_NAME)),
+           ("repository build", os.path.join(_REPO_DIR, "build", _LIB_NAME))]
+    found = ctypes.util.find_library("hsflow")
+    if found:
+        out.append(("system library path", found))
+    return out
+
+
+def library_path():
+    """The path of the libhsflow.so this package uses (loading it if needed)."""
+    load()
+    return _lib_path
+
+
+def load():
+    """Loads libhsflow.so once: $HSFLOW_LIB, else the package directory, else
+    <repo>/build/libhsflow.so, else the system library path."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    tried = []
+    for where, path in _candidates():
+        if where != "system library path" and not os.path.exists(path):
+            tried.append("%s (%s: not there)" % (path, where))
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append("%s (%s: %s)" % (path, where, e))
+            continue
+        _declare(lib)
+        _lib, _lib_path = lib, path
+        return lib
+    raise HsflowError(
+        "cannot find libhsflow.so; tried: " + "; ".join(tried) +
+        ". Build it (cmake -S . -B build && cmake --build build --target hsflow) "
+        "and/or set HSFLOW_LIB=/path/to/libhsflow.so")
+
+
+def _declare(lib):
+    P = ctypes.POINTER
+    i, v, vp = ctypes.c_int, None, ctypes.c_void_p
+    sig = {
+        "hsflow_status_str": (ctypes.c_char_p, [i]),
+        "hs_consumer_config_default": (v, [P(ConsumerConfig)]),
+        "hs_consumer_create": (i, [P(ConsumerConfig), P(vp)]),
+        "hs_consumer_port": (ctypes.c_uint16, [vp]),
+        "hs_consumer_next": (i, [vp, P(CBatch), i]),
+        "hs_consumer_release": (i, [vp, P(CBatch)]),
+        "hs_consumer_stats": (v, [vp, P(ConsumerStats)]),
+        "hs_consumer_stats_json": (i, [P(ConsumerStats), ctypes.c_char_p, ctypes.c_size_t]),
+        "hs_consumer_status_line": (v, [vp, ctypes.c_char_p, ctypes.c_size_t]),
+        "hs_consumer_destroy": (v, [vp]),
+        "hs_producer_open": (i, [P(ProducerClientConfig), P(vp)]),
+        "hs_producer_next": (i, [vp, P(CWork), i]),
+        "hs_producer_submit": (i, [vp, P(CWork)]),
+        "hs_producer_close": (v, [vp]),
+    }
+    for name, (res, args) in sig.items():
+        f = getattr(lib, name)
+        f.restype = res
+        f.argtypes = args
+
+
+def status_str(status):
+    """The library's text for a status code."""
+    try:
+        s = load().hsflow_status_str(int(status))
+    except HsflowError:
+        return "status %d" % status
+    return s.decode() if s else "unknown status"
+
+
+def find_tool(name):
+    """Path of an hsflow command (e.g. "hs-producer"): $HSFLOW_BIN_DIR, the
+    bin/ folder next to the loaded library, the library's own folder, the
+    repository's build/bin, then PATH. None when not found."""
+    dirs = []
+    if os.environ.get("HSFLOW_BIN_DIR"):
+        dirs.append(os.environ["HSFLOW_BIN_DIR"])
+    try:
+        libdir = os.path.dirname(os.path.abspath(library_path()))
+        dirs += [os.path.join(libdir, "bin"), libdir]
+    except HsflowError:
+        pass
+    dirs.append(os.path.join(_REPO_DIR, "build", "bin"))
+    for d in dirs:
+        p = os.path.join(d, name)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return shutil.which(name)
