@@ -5,6 +5,7 @@
  * = 0xe3069283). No Debian library packages CRC-32C, hence the 40 lines here. */
 #include "hs_common.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -93,4 +94,71 @@ uint64_t hs_checksum64(const void *data, size_t len)
     uint64_t h = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     return h;
+}
+
+struct hs_checksum_stream {
+    XXH3_state_t *chunk; /* the chunk being fed */
+    XXH3_state_t *outer; /* over the finished chunks' hashes */
+    size_t in_chunk;     /* bytes fed to `chunk` */
+    uint64_t n_chunks;
+};
+
+hs_checksum_stream_t *hs_checksum_stream_create(void)
+{
+    hs_checksum_stream_t *s = calloc(1, sizeof(*s));
+    if (!s) return NULL;
+    s->chunk = XXH3_createState();
+    s->outer = XXH3_createState();
+    if (!s->chunk || !s->outer) {
+        hs_checksum_stream_destroy(s);
+        return NULL;
+    }
+    hs_checksum_stream_reset(s);
+    return s;
+}
+
+void hs_checksum_stream_destroy(hs_checksum_stream_t *s)
+{
+    if (!s) return;
+    XXH3_freeState(s->chunk);
+    XXH3_freeState(s->outer);
+    free(s);
+}
+
+void hs_checksum_stream_reset(hs_checksum_stream_t *s)
+{
+    XXH3_64bits_reset(s->chunk);
+    XXH3_64bits_reset(s->outer);
+    s->in_chunk = 0;
+    s->n_chunks = 0;
+}
+
+static void stream_close_chunk(hs_checksum_stream_t *s)
+{
+    uint64_t h = XXH3_64bits_digest(s->chunk);
+    XXH3_64bits_update(s->outer, &h, sizeof(h));
+    XXH3_64bits_reset(s->chunk);
+    s->in_chunk = 0;
+    s->n_chunks++;
+}
+
+void hs_checksum_stream_update(hs_checksum_stream_t *s, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    while (len) {
+        size_t room = HS_CHECKSUM_CHUNK - s->in_chunk;
+        size_t n = len < room ? len : room;
+        XXH3_64bits_update(s->chunk, p, n);
+        s->in_chunk += n;
+        p += n;
+        len -= n;
+        if (s->in_chunk == HS_CHECKSUM_CHUNK) stream_close_chunk(s);
+    }
+}
+
+uint64_t hs_checksum_stream_final(hs_checksum_stream_t *s)
+{
+    /* A partial last chunk, or the one (empty) chunk of an empty input. */
+    if (s->in_chunk || s->n_chunks == 0) stream_close_chunk(s);
+    return XXH3_64bits_digest(s->outer);
 }

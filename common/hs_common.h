@@ -81,6 +81,16 @@ uint64_t hs_checksum64(const void *data, size_t len);
 uint64_t hs_checksum64_chunk(const void *chunk, size_t len);
 uint64_t hs_checksum64_combine(const uint64_t *chunk_hashes, size_t n_chunks);
 
+/* The same checksum computed incrementally, for data hashed as it is written
+ * or received (still hot in cache). Feed the bytes in order, any split. */
+typedef struct hs_checksum_stream hs_checksum_stream_t;
+hs_checksum_stream_t *hs_checksum_stream_create(void); /* NULL on failure */
+void hs_checksum_stream_destroy(hs_checksum_stream_t *s); /* NULL ok */
+void hs_checksum_stream_reset(hs_checksum_stream_t *s);
+void hs_checksum_stream_update(hs_checksum_stream_t *s, const void *data, size_t len);
+/* == hs_checksum64() of everything fed since the reset. */
+uint64_t hs_checksum_stream_final(hs_checksum_stream_t *s);
+
 /* ---- deterministic shuffles ------------------------------------------- */
 
 /* splitmix64 step: the project's one PRNG for plans and synthetic data. */

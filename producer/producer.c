@@ -50,6 +50,7 @@ typedef struct worker {
     uint64_t batches, tokens, bytes;
     double busy_s, stall_s;
     double t_taken; /* external source: when the caller took its batch */
+    hs_checksum_stream_t *checksum; /* scratch for sealing */
 } worker_t;
 
 typedef struct outgoing {
@@ -108,7 +109,8 @@ static hs_status_t fill_batch(producer_t *pr, worker_t *w, const ticket_t *t, ui
     hs_status_t st = hs_plan_fill_batch(pr->plan, pr->ds, t->batch, &v);
     if (st != HS_OK) return st;
     if (pr->cfg->source == HS_SOURCE_SYNTHETIC) {
-        hs_batch_synth_fill(&v, layout);
+        hs_batch_synth_fill_seal(&v, layout, t->bytes, w->checksum);
+        return HS_OK;
     } else {
         st = hs_model_forward_cpu(pr->model, v.input_ids, v.cu_seqlens, (int)t->n_seqs,
                                   layout->layers, (int)layout->n_layers, v.hidden,
@@ -707,8 +709,10 @@ static void producer_free(producer_t *pr)
         pr->tickets = t->next;
         free(t);
     }
-    for (uint32_t i = 0; i < HS_PRODUCER_MAX_WORKERS; i++)
+    for (uint32_t i = 0; i < HS_PRODUCER_MAX_WORKERS; i++) {
         for (int k = 0; k < STAGING_PER_WORKER; k++) hs_aligned_free(pr->workers[i].staging[k].buf);
+        hs_checksum_stream_destroy(pr->workers[i].checksum);
+    }
     hs_model_destroy(pr->model);
     hs_plan_destroy(pr->plan);
     hs_dataset_close(pr->ds);
@@ -776,6 +780,11 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
         w->pr = pr;
         w->index = i;
         w->gpu = cfg->gpu_ids[i];
+        w->checksum = hs_checksum_stream_create();
+        if (!w->checksum) {
+            st = HS_ERR_NOMEM;
+            goto err;
+        }
         for (int k = 0; k < STAGING_PER_WORKER; k++) {
             staging_t *sg = &w->staging[k];
             sg->owner = w;

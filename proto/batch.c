@@ -302,6 +302,36 @@ void hs_batch_synth_fill(hs_batch_view_t *v, const hs_layout_t *layout)
     }
 }
 
+void hs_batch_synth_fill_seal(hs_batch_view_t *v, const hs_layout_t *layout, uint64_t total_bytes,
+                              hs_checksum_stream_t *cs)
+{
+    uint32_t n = v->header->n_seqs, T = v->header->n_tokens;
+    uint32_t H = layout->hidden_size, k = layout->n_layers;
+    uint64_t row_elems = (uint64_t)k * H;
+    const uint8_t *region = (const uint8_t *)v->header;
+    const uint8_t *hidden = (const uint8_t *)v->hidden;
+    hs_checksum_stream_reset(cs);
+    hs_checksum_stream_update(cs, region + HS_BATCH_HEADER_BYTES,
+                              (size_t)(hidden - region) - HS_BATCH_HEADER_BYTES);
+    /* Each row is hashed right after it is written, while it is in cache. */
+    uint32_t done = 0;
+    for (uint32_t s = 0; s < n; s++) {
+        uint32_t lo, hi;
+        seq_range(v->cu_seqlens, s, T, &lo, &hi);
+        for (uint32_t t = lo; t < hi; t++) {
+            uint16_t *row = v->hidden + t * row_elems;
+            for (uint32_t j = 0; j < k; j++)
+                synth_row(row + (uint64_t)j * H,
+                          synth_base(v->sample_ids[s], layout->layers[j], t - lo), H);
+            hs_checksum_stream_update(cs, row, row_elems * 2);
+            done = t + 1;
+        }
+    }
+    const uint8_t *end = hidden + (uint64_t)done * row_elems * 2;
+    hs_checksum_stream_update(cs, end, (size_t)(region + total_bytes - end));
+    v->header->checksum = hs_checksum_stream_final(cs);
+}
+
 hs_status_t hs_batch_synth_check(const hs_batch_view_t *v, const hs_layout_t *layout, char *why,
                                  size_t whycap)
 {

@@ -127,6 +127,11 @@ hs_status_t hs_batch_verify(const void *region, uint64_t bytes, uint32_t epoch, 
  * and reports the first mismatch in why. */
 uint16_t hs_synth_value(uint64_t sample_id, int32_t layer, uint32_t pos, uint32_t channel);
 void hs_batch_synth_fill(hs_batch_view_t *v, const hs_layout_t *layout);
+/* hs_batch_synth_fill + hs_batch_seal in one pass: each row is hashed right
+ * after it is written (one trip through memory instead of two). The header
+ * must be initialised; `cs` is scratch owned by the caller. */
+void hs_batch_synth_fill_seal(hs_batch_view_t *v, const hs_layout_t *layout, uint64_t total_bytes,
+                              hs_checksum_stream_t *cs);
 hs_status_t hs_batch_synth_check(const hs_batch_view_t *v, const hs_layout_t *layout, char *why,
                                  size_t whycap);
 

@@ -80,6 +80,12 @@ hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb,
                  hs_tp_kind_str(cfg->kind));
         return HS_ERR_UNSUPPORTED;
     }
+    if (cfg->require_rdma && cfg->kind != HS_TP_UCX) {
+        hs_error("RDMA was required but the transport is '%s': use --transport ucx (or auto) "
+                 "with --require-rdma",
+                 hs_tp_kind_str(cfg->kind));
+        return HS_ERR_UNSUPPORTED;
+    }
     hs_tp_config_t c = *cfg;
     if (c.max_frame_body == 0) c.max_frame_body = HS_FRAME_MAX_BODY;
     if (c.max_frame_body > HS_FRAME_MAX_BODY) {

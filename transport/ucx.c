@@ -247,7 +247,12 @@ static void recv_cb(void *request, ucs_status_t status, size_t length, void *use
 
 /* ---- endpoint description ---------------------------------------------- */
 
-/* "ucx: tcp/lo cma/memory" from ucp_ep_print_info()'s lane lines. */
+/* A one-line summary of ucp_ep_print_info(), e.g.
+ *   "ucx: tcp/lo[am,bw] tcp/eth0[bw] cm=rdmacm rndv>=8192"
+ * from lines such as
+ *   lane[1]:  1:tcp/lo.0 md[1] -> md[1]/tcp/sysdev[255] rma_bw#0 am am_bw#0 wireup
+ *   am_send: 0..<egr/short>..8185..<egr/zcopy>..8192..<rndv>..(inf)
+ * The whole text is logged at trace level. */
 static void conn_refresh_describe(ucx_conn_t *c)
 {
     if (!c->ep || c->ep_closed || !c->connected) return;
@@ -257,29 +262,44 @@ static void conn_refresh_describe(ucx_conn_t *c)
     if (!f) return;
     ucp_ep_print_info(c->ep, f);
     fclose(f);
+    if (!text) return;
+    hs_trace("ucx endpoint to %s:\n%s", c->base.peer, text);
     char out[HS__TP_DESCRIBE_CAP];
     size_t n = (size_t)snprintf(out, sizeof out, "ucx:");
-    const char *p = text;
-    while (p && (p = strstr(p, "lane[")) != NULL) {
-        /* lane[0]:  1:tcp/lo.0 md[1] ... -> ... am am_bw#0 wireup */
-        const char *colon = strstr(p, "]:");
-        const char *eol = strchr(p, '\n');
-        if (!colon || (eol && colon > eol)) break;
-        const char *q = colon + 2;
-        while (*q == ' ') q++;
-        while (*q >= '0' && *q <= '9') q++;
-        if (*q == ':') q++;
-        const char *e = q;
-        while (*e && *e != ' ' && *e != '\n') e++;
-        char tl[64];
-        size_t l = (size_t)(e - q) < sizeof tl - 1 ? (size_t)(e - q) : sizeof tl - 1;
-        memcpy(tl, q, l);
-        tl[l] = '\0';
-        char *dot = strrchr(tl, '.'); /* "lo.0" -> "lo" (the path index) */
-        if (dot && strchr(tl, '/') && dot > strchr(tl, '/')) *dot = '\0';
-        if (l > 0 && !strstr(out, tl) && n < sizeof out)
-            n += (size_t)snprintf(out + n, sizeof out - n, " %s", tl);
-        p = eol;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char *lane = strstr(line, "lane[");
+        char *rndv = strstr(line, "..<rndv>");
+        if (lane) {
+            char *p = strstr(lane, "]:");
+            if (!p) continue;
+            p += 2;
+            while (*p == ' ') p++;
+            if (strncmp(p, "cm ", 3) == 0) {
+                n += (size_t)snprintf(out + n, n < sizeof out ? sizeof out - n : 0, " cm=%s", p + 3);
+                continue;
+            }
+            while (*p >= '0' && *p <= '9') p++;
+            if (*p == ':') p++;
+            char tl[64];
+            size_t l = strcspn(p, " ");
+            if (l == 0 || l >= sizeof tl) continue;
+            memcpy(tl, p, l);
+            tl[l] = '\0';
+            char *slash = strchr(tl, '/');
+            char *dot = strrchr(tl, '.'); /* "lo.0" -> "lo": the path index */
+            if (slash && dot && dot > slash) *dot = '\0';
+            bool am = strstr(p, " am ") || strstr(p, " am\0") || strstr(p, " am_bw");
+            bool bw = strstr(p, "am_bw") || strstr(p, "rma_bw");
+            n += (size_t)snprintf(out + n, n < sizeof out ? sizeof out - n : 0, " %s[%s%s%s]", tl,
+                                  am ? "am" : "", am && bw ? "," : "", bw ? "bw" : "");
+        } else if (rndv) {
+            /* the number just before "..<rndv>" */
+            char *q = rndv;
+            while (q > line && q[-1] >= '0' && q[-1] <= '9') q--;
+            if (q < rndv)
+                n += (size_t)snprintf(out + n, n < sizeof out ? sizeof out - n : 0, " rndv>=%.*s",
+                                      (int)(rndv - q), q);
+        }
     }
     free(text);
     if (n > 4) snprintf(c->base.describe, sizeof c->base.describe, "%s", out);
@@ -287,7 +307,7 @@ static void conn_refresh_describe(ucx_conn_t *c)
 
 static bool describe_has_rdma(const char *d)
 {
-    /* rc_verbs, rc_mlx5, dc_mlx5, ud_verbs, ud_mlx5 */
+    /* rc_verbs, rc_mlx5, dc_mlx5, ud_verbs, ud_mlx5 (not "cm=rdmacm") */
     static const char *tls[] = {" rc_", " dc_", " ud_", " rc/", " dc/", " ud/"};
     for (size_t i = 0; i < sizeof tls / sizeof tls[0]; i++)
         if (strstr(d, tls[i])) return true;
@@ -740,6 +760,20 @@ static void ucx_close(hs_tp_conn_t *conn, hs_status_t reason)
 
 /* ---- listen / accept / connect ------------------------------------------ */
 
+/* UCX 1.13's tcp connection manager overruns a buffer when the server side
+ * connects back to an IPv6 peer (seen under ASan in uct_tcp_cm_conn_start),
+ * so IPv6 is refused unless HS_UCX_ALLOW_IPV6=1. */
+static bool ipv6_refused(const struct addrinfo *ai, const char *host)
+{
+    if (!ai || ai->ai_family != AF_INET6) return false;
+    const char *allow = getenv("HS_UCX_ALLOW_IPV6");
+    if (allow && strcmp(allow, "1") == 0) return false;
+    hs_error("'%s' is an IPv6 address, which this UCX (1.13) does not carry safely: give an IPv4 "
+             "address (e.g. 0.0.0.0 instead of ::), or use --transport tcp",
+             host);
+    return true;
+}
+
 static void conn_handler(ucp_conn_request_h req, void *arg)
 {
     ucx_tp_t *tp = arg;
@@ -783,6 +817,10 @@ static hs_status_t ucx_listen(hs_tp_t *t, const char *host, uint16_t port, uint1
     struct addrinfo *ai = NULL;
     hs_status_t st = hs__tp_resolve(host, port, true, &ai);
     if (st != HS_OK) return st;
+    if (ipv6_refused(ai, host)) {
+        freeaddrinfo(ai);
+        return HS_ERR_UNSUPPORTED;
+    }
     ucp_listener_h l = NULL;
     ucs_status_t us = UCS_ERR_INVALID_ADDR;
     for (struct addrinfo *a = ai; a && !l; a = a->ai_next) {
@@ -846,6 +884,10 @@ static hs_status_t ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int 
     struct addrinfo *ai = NULL;
     hs_status_t st = hs__tp_resolve(host, port, false, &ai);
     if (st != HS_OK) return st;
+    if (ipv6_refused(ai, host)) {
+        freeaddrinfo(ai);
+        return HS_ERR_UNSUPPORTED;
+    }
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : hs_now_ns() + (uint64_t)timeout_ms * 1000000u;
     ucx_conn_t *c = NULL;
     char last[128] = "no attempt";

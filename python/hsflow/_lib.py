@@ -72,6 +72,8 @@ class ConsumerStats(ctypes.Structure):
         ("seconds", ctypes.c_double),
         ("starve_pct", ctypes.c_double),
         ("producer_stall_pct", ctypes.c_double),
+        ("h2d_bytes", _c_u64),
+        ("h2d_gbytes_per_s", ctypes.c_double),
         ("epochs", _c_u32),
         ("finished", ctypes.c_bool),
     ]

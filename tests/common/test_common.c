@@ -50,6 +50,29 @@ START_TEST(checksum64_handles_more_chunks_than_its_stack_buffer)
 }
 END_TEST
 
+START_TEST(checksum_stream_equals_one_shot_for_any_split)
+{
+    size_t len = 2 * HS_CHECKSUM_CHUNK + 777;
+    uint8_t *buf = malloc(len);
+    for (size_t i = 0; i < len; i++) buf[i] = (uint8_t)(i * 40503u >> 7);
+    hs_checksum_stream_t *s = hs_checksum_stream_create();
+    size_t splits[] = {1, 4096, 24576, HS_CHECKSUM_CHUNK, 3 * HS_CHECKSUM_CHUNK};
+    for (size_t k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
+        hs_checksum_stream_reset(s);
+        for (size_t off = 0; off < len; off += splits[k])
+            hs_checksum_stream_update(s, buf + off, len - off < splits[k] ? len - off : splits[k]);
+        ck_assert_uint_eq(hs_checksum_stream_final(s), hs_checksum64(buf, len));
+    }
+    hs_checksum_stream_reset(s);
+    ck_assert_uint_eq(hs_checksum_stream_final(s), hs_checksum64(buf, 0));
+    hs_checksum_stream_reset(s);
+    hs_checksum_stream_update(s, buf, HS_CHECKSUM_CHUNK);
+    ck_assert_uint_eq(hs_checksum_stream_final(s), hs_checksum64(buf, HS_CHECKSUM_CHUNK));
+    hs_checksum_stream_destroy(s);
+    free(buf);
+}
+END_TEST
+
 START_TEST(parsers_accept_good_input_and_reject_bad)
 {
     uint64_t v;
@@ -100,6 +123,7 @@ int main(void)
     tcase_add_test(tc, crc32c_matches_the_castagnoli_check_value);
     tcase_add_test(tc, checksum64_is_the_combination_of_chunk_hashes);
     tcase_add_test(tc, checksum64_handles_more_chunks_than_its_stack_buffer);
+    tcase_add_test(tc, checksum_stream_equals_one_shot_for_any_split);
     tcase_add_test(tc, parsers_accept_good_input_and_reject_bad);
     tcase_add_test(tc, flags_map_to_hs_environment_variables);
     suite_add_tcase(s, tc);

@@ -201,6 +201,9 @@ static void harness_finish(harness_t *h, hs_consumer_stats_t *out)
     ck_assert_uint_eq(out->duplicates, 0);
     ck_assert_uint_eq(out->checksum_failures, 0);
     ck_assert(out->finished);
+    /* Slots of dropped peers came back: nothing is left reserved. */
+    ck_assert_uint_le(out->cache_high_water, out->cache_capacity);
+    ck_assert_uint_eq(out->cache_used, 0);
     free(h->seen);
 }
 
@@ -701,7 +704,8 @@ START_TEST(test_second_hello_and_other_out_of_protocol_frames_are_refused)
     /* A frame type only the consumer may send. */
     int e = raw_connect(port);
     Hsflow__Ticket t = HSFLOW__TICKET__INIT;
-    t.bytes = 1;
+    t.bytes = 4096;
+    t.n_seqs = t.n_tokens = 1;
     ck_assert(raw_send_msg(e, HS_MSG_TICKET, &t.base, 0));
     expect_refused(e, NULL, true);
     hs_consumer_stats_t s;
@@ -752,6 +756,7 @@ START_TEST(test_bad_peers_during_a_real_run_leave_it_intact)
     ck_assert_uint_eq(s.checksum_failures, 0);
     ck_assert_uint_ge(s.protocol_errors, 4);
     ck_assert_uint_ge(s.leases_returned, 1);
+    ck_assert_uint_eq(s.cache_used, 0);
     free(h.seen);
 }
 END_TEST

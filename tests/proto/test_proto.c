@@ -1056,6 +1056,25 @@ START_TEST(synthetic_fill_matches_the_formula_and_checks_clean)
 }
 END_TEST
 
+START_TEST(fused_fill_and_seal_equals_fill_then_seal)
+{
+    hs_layout_t l = test_layout();
+    uint32_t lens[] = {300, 1, 77};
+    test_batch_t a = make_batch(&l, 3, lens); /* hs_batch_synth_fill + hs_batch_seal */
+    test_batch_t b = make_batch(&l, 3, lens);
+    memset(b.v.hidden, 0, (size_t)b.T * l.n_layers * l.hidden_size * 2);
+    b.v.header->checksum = 0;
+    hs_checksum_stream_t *cs = hs_checksum_stream_create();
+    hs_batch_synth_fill_seal(&b.v, &l, b.bytes, cs);
+    ck_assert_uint_eq(b.v.header->checksum, a.v.header->checksum);
+    ck_assert_int_eq(memcmp(a.region, b.region, a.bytes), 0);
+    ck_assert_int_eq(hs_batch_verify(b.region, b.bytes, 3, 41, 3, b.T, &l, why, sizeof why), HS_OK);
+    hs_checksum_stream_destroy(cs);
+    hs_aligned_free(a.region);
+    hs_aligned_free(b.region);
+}
+END_TEST
+
 START_TEST(synthetic_check_names_a_single_flipped_element)
 {
     hs_layout_t l = test_layout();
@@ -1123,6 +1142,7 @@ int main(void)
     tcase_add_test(batch, synthetic_values_are_finite_bf16_and_vary);
     tcase_add_test(batch, synthetic_fill_matches_the_formula_and_checks_clean);
     tcase_add_test(batch, synthetic_check_names_a_single_flipped_element);
+    tcase_add_test(batch, fused_fill_and_seal_equals_fill_then_seal);
     suite_add_tcase(s, batch);
 
     SRunner *sr = srunner_create(s);

@@ -1,0 +1,27 @@
+"""hsflow: stream the hidden states of a target LLM into a drafter trainer.
+
+Pure-ctypes binding over libhsflow.so (include/hsflow.h):
+
+    import hsflow
+    with hsflow.Consumer(listen="0.0.0.0:7000", cache_gb=64, epochs=2) as c:
+        for b in c:  # b.hidden_states [T, k*H] bf16, b.input_ids, b.loss_mask, b.cu_seqlens
+            ...
+
+    with hsflow.Producer(to="drafter:7000", data="train.hst", token_budget=65536,
+                         hidden_size=4096, layers=[2, 16, 29]) as p:
+        for t in p.tickets():
+            t.send(hidden_states=forward(t.input_ids, t.cu_seqlens))
+
+The library is found through $HSFLOW_LIB, then this package's directory,
+then <repo>/build/libhsflow.so, then the system library path.
+"""
+from ._lib import HsflowError, find_tool, library_path, status_str
+from ._arrays import bf16_bits_to_f32, f32_to_bf16_bits
+from .consumer import Batch, Consumer
+from .producer import Producer, Ticket
+from .synthetic import synthetic_hidden
+
+__version__ = "0.1.0"
+__all__ = ["Consumer", "Batch", "Producer", "Ticket", "HsflowError", "find_tool",
+           "library_path", "status_str", "f32_to_bf16_bits", "bf16_bits_to_f32",
+           "synthetic_hidden", "__version__"]

@@ -1,0 +1,334 @@
+"""hsflow.Consumer: the drafter side. Listens for producers, hands out tickets,
+and yields verified batches as zero-copy arrays over the consumer's memory."""
+import ctypes
+import json
+import threading
+
+import numpy as np
+
+from . import _arrays
+from ._lib import (HS_ERR_CLOSED, HS_ERR_TIMEOUT, HS_OK, HS_ORDER_ARRIVAL, HS_ORDER_PLAN,
+                   CBatch, ConsumerConfig, ConsumerStats, HsflowError, load)
+
+# How long one wait inside the library lasts before Python gets control back
+# (so Ctrl-C and close() from another thread are seen).
+_POLL_MS = 100
+
+
+def _parse_listen(listen):
+    if isinstance(listen, int):
+        return "0.0.0.0", listen
+    if not isinstance(listen, str) or ":" not in listen:
+        raise ValueError("listen=%r: expected 'HOST:PORT' (e.g. '0.0.0.0:7000'; port 0 picks "
+                         "a free one) or a port number" % (listen,))
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        p = int(port)
+    except ValueError:
+        p = -1
+    if not 0 <= p <= 65535:
+        raise ValueError("listen=%r: the port must be a number 0..65535" % (listen,))
+    return host, p
+
+
+class Batch:
+    """One batch, as views into the consumer's memory. Valid until release()
+    or until the consumer hands out the next batch; afterwards every array
+    attribute raises HsflowError. Arrays taken before that point must not be
+    used after it (numpy/torch cannot be told the memory went away).
+
+    Attributes: epoch, batch (id in the plan), n_seqs, n_tokens (T),
+    hidden_size (H), layers (tuple of the k captured layer indices),
+    on_device, nbytes; arrays: hidden_states [T, k*H] (torch.bfloat16, or
+    numpy uint16 holding bf16 bits), input_ids [T] int32, loss_mask [T]
+    uint8, cu_seqlens [n_seqs+1] int32, sample_ids [n_seqs] uint64 (always
+    numpy on the host; on the device an int64 tensor / CudaArray)."""
+
+    def __init__(self, consumer, cb, mode, gpu):
+        self._consumer = consumer
+        self._cb = cb
+        self._released = False
+        self.epoch = cb.epoch
+        self.batch = cb.batch
+        self.n_seqs = cb.n_seqs
+        self.n_tokens = cb.n_tokens
+        self.hidden_size = cb.hidden_size
+        self.n_layers = cb.n_layers
+        self.on_device = bool(cb.on_device)
+        self.nbytes = cb.bytes
+        lay = ctypes.cast(cb.layers, ctypes.POINTER(ctypes.c_int32))
+        self.layers = tuple(lay[i] for i in range(cb.n_layers)) if cb.layers else ()
+        T, n, kH = cb.n_tokens, cb.n_seqs, cb.n_layers * cb.hidden_size
+        spec = {"hidden_states": (cb.hidden, (T, kH), np.uint16),
+                "input_ids": (cb.input_ids, (T,), np.int32),
+                "loss_mask": (cb.loss_mask, (T,), np.uint8),
+                "cu_seqlens": (cb.cu_seqlens, (n + 1,), np.int32),
+                "sample_ids": (cb.sample_ids, (n,), np.uint64)}
+        self._views = {}
+        for name, (ptr, shape, dtype) in spec.items():
+            if self.on_device:
+                v = _arrays.device_view(ptr, shape, dtype, gpu, mode == "torch", owner=self)
+            else:
+                v = _arrays.host_view(ptr, shape, dtype, writable=mode == "torch")
+                if mode == "torch" and name != "sample_ids":
+                    v = _arrays.torch_from_host(v)
+                elif mode == "torch":
+                    v.flags.writeable = False
+            self._views[name] = v
+
+    def _get(self, name):
+        if self._released:
+            raise HsflowError("batch (epoch %d, batch %d) was released; its memory now belongs "
+                              "to the consumer again. Copy what you need to keep (e.g. "
+                              "tensor.clone()) before taking the next batch"
+                              % (self.epoch, self.batch))
+        return self._views[name]
+
+    hidden_states = property(lambda self: self._get("hidden_states"))
+    input_ids = property(lambda self: self._get("input_ids"))
+    loss_mask = property(lambda self: self._get("loss_mask"))
+    cu_seqlens = property(lambda self: self._get("cu_seqlens"))
+    sample_ids = property(lambda self: self._get("sample_ids"))
+
+    @property
+    def released(self):
+        return self._released
+
+    def pointers(self):
+        """The C pointers of the views (dict name -> int); for checks."""
+        cb = self._cb
+        return {"hidden_states": cb.hidden, "input_ids": cb.input_ids,
+                "loss_mask": cb.loss_mask, "cu_seqlens": cb.cu_seqlens,
+                "sample_ids": cb.sample_ids}
+
+    def release(self):
+        """Gives the batch's memory back to the consumer (idempotent)."""
+        if not self._released:
+            self._consumer._release(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        return ("<hsflow.Batch epoch=%d batch=%d seqs=%d tokens=%d layers=%s H=%d%s%s>"
+                % (self.epoch, self.batch, self.n_seqs, self.n_tokens, list(self.layers),
+                   self.hidden_size, " on_device" if self.on_device else "",
+                   " released" if self._released else ""))
+
+
+class Consumer:
+    """Listens for producers and yields verified batches:
+
+        with hsflow.Consumer(listen="0.0.0.0:7000", cache_gb=64, epochs=2) as c:
+            for b in c:
+                train(b.hidden_states, b.input_ids, b.loss_mask, b.cu_seqlens)
+
+    Iterating releases the previous batch when the next is taken; the
+    iteration ends when every batch of every epoch has been delivered.
+
+    gpu=None (or -1) delivers host memory; gpu=K copies each batch to GPU K
+    (a build with CUDA) and the arrays are device tensors. arrays='auto'
+    gives torch tensors when torch imports, else numpy ('numpy'/'torch'
+    force one). listen port 0 picks a free port (see .port)."""
+
+    def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
+                 order="arrival", prefetch=2, verify_synthetic=False, secret_file=None,
+                 insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
+                 arrays="auto"):
+        self._c = None
+        lib = load()
+        host, port = _parse_listen(listen)
+        if gpu is None or (isinstance(gpu, str) and gpu.lower() == "none"):
+            gpu = -1
+        if not isinstance(gpu, int) or gpu < -1:
+            raise ValueError("gpu=%r: expected None (host delivery) or a GPU index >= 0" % (gpu,))
+        if not isinstance(cache_gb, (int, float)) or not cache_gb > 0:
+            raise ValueError("cache_gb=%r: expected a size in GiB > 0, e.g. 4 or 0.5" % (cache_gb,))
+        if not isinstance(epochs, int) or epochs < 1:
+            raise ValueError("epochs=%r: expected an integer >= 1" % (epochs,))
+        orders = {"arrival": HS_ORDER_ARRIVAL, "plan": HS_ORDER_PLAN}
+        if order not in orders:
+            raise ValueError("order=%r: expected 'arrival' (as completed) or 'plan' (strict "
+                             "plan order)" % (order,))
+        if not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError("prefetch=%r: expected tickets per producer worker >= 1" % (prefetch,))
+        if transport not in ("auto", "tcp", "ucx"):
+            raise ValueError("transport=%r: expected 'auto', 'tcp' or 'ucx'" % (transport,))
+        self._mode = _arrays.resolve_arrays(arrays)
+        self._gpu = gpu
+
+        cfg = ConsumerConfig()
+        lib.hs_consumer_config_default(ctypes.byref(cfg))
+        self._keep = [host.encode(), transport.encode(),
+                      secret_file.encode() if secret_file else None]
+        cfg.listen_host = self._keep[0]
+        cfg.listen_port = port
+        cfg.cache_bytes = int(cache_gb * (1 << 30))
+        cfg.epochs = epochs
+        cfg.gpu = gpu
+        cfg.order = orders[order]
+        cfg.prefetch = prefetch
+        cfg.verify_synthetic = bool(verify_synthetic)
+        cfg.insecure = bool(insecure)
+        cfg.secret_file = self._keep[2]
+        cfg.transport = self._keep[1]
+        cfg.verify_threads = int(verify_threads)
+        cfg.peer_timeout_s = int(peer_timeout_s)
+        h = ctypes.c_void_p()
+        st = lib.hs_consumer_create(ctypes.byref(cfg), ctypes.byref(h))
+        if st != HS_OK:
+            raise HsflowError("hs_consumer_create (listen %s:%d, cache %s GiB, gpu %d) failed; "
+                              "the log above says why" % (host, port, cache_gb, gpu), st)
+        self._lib = lib
+        self._c = h
+        self._lock = threading.RLock()
+        self._current = None
+        self._done = False
+        self._closing = False
+
+    # -- lifetime -------------------------------------------------------------
+    def close(self):
+        """Releases the current batch, tells producers BYE, frees everything.
+        May be called from another thread while one waits in next_batch()."""
+        self._closing = True
+        with getattr(self, "_lock", threading.RLock()):
+            if self._c is None:
+                return
+            if self._current is not None:
+                try:
+                    self._release(self._current)
+                except HsflowError:
+                    pass
+            self._lib.hs_consumer_destroy(self._c)
+            self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _handle(self):
+        if self._c is None:
+            raise HsflowError("the consumer is closed")
+        return self._c
+
+    @property
+    def port(self):
+        """The port actually bound."""
+        return int(self._lib.hs_consumer_port(self._handle()))
+
+    # -- batches --------------------------------------------------------------
+    def _release(self, batch):
+        with self._lock:
+            if batch._released:
+                return
+            batch._released = True
+            if self._current is batch:
+                self._current = None
+            if self._c is None:
+                return
+            if batch.on_device and self._mode == "torch":
+                # The library orders its copies against the legacy default
+                # stream; work queued on another torch stream joins it here.
+                torch = _arrays.torch_module()
+                dev = torch.device("cuda", self._gpu)
+                cur = torch.cuda.current_stream(dev)
+                default = torch.cuda.default_stream(dev)
+                if cur != default:
+                    default.wait_stream(cur)
+            st = self._lib.hs_consumer_release(self._c, ctypes.byref(batch._cb))
+            batch._views = {}
+            if st != HS_OK:
+                raise HsflowError("hs_consumer_release (epoch %d, batch %d)"
+                                  % (batch.epoch, batch.batch), st)
+
+    def next_batch(self, timeout=None):
+        """The next verified batch, releasing the previous one first. Returns
+        None when `timeout` seconds pass without one; raises StopIteration
+        when every batch of every epoch has been delivered."""
+        with self._lock:
+            h = self._handle()
+            if self._current is not None:
+                self._release(self._current)
+            if self._done:
+                raise StopIteration
+            cb = CBatch()
+            waited = 0.0
+            while True:
+                if self._closing:
+                    raise StopIteration
+                ms = _POLL_MS
+                if timeout is not None:
+                    left = timeout - waited
+                    if left <= 0:
+                        return None
+                    ms = max(1, min(ms, int(left * 1000)))
+                st = self._lib.hs_consumer_next(h, ctypes.byref(cb), ms)
+                if st == HS_OK:
+                    break
+                if st == HS_ERR_TIMEOUT:
+                    waited += ms / 1000.0
+                    continue
+                if st == HS_ERR_CLOSED:
+                    self._done = True
+                    raise StopIteration
+                raise HsflowError("hs_consumer_next", st)
+            try:
+                b = Batch(self, cb, self._mode, self._gpu)
+            except BaseException:
+                self._lib.hs_consumer_release(h, ctypes.byref(cb))
+                raise
+            if b.on_device and self._mode == "torch":
+                torch = _arrays.torch_module()
+                dev = torch.device("cuda", self._gpu)
+                cur = torch.cuda.current_stream(dev)
+                default = torch.cuda.default_stream(dev)
+                if cur != default:
+                    cur.wait_stream(default)
+            self._current = b
+            return b
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        b = self.next_batch()
+        assert b is not None  # no timeout: only a batch or StopIteration
+        return b
+
+    # -- figures --------------------------------------------------------------
+    def _raw_stats(self):
+        s = ConsumerStats()
+        self._lib.hs_consumer_stats(self._handle(), ctypes.byref(s))
+        return s
+
+    def stats(self):
+        """The consumer's figures as a dict: the fields of hs_consumer_stats_t
+        plus the derived keys of hs_consumer_stats_json (tokens_per_s, ...)."""
+        s = self._raw_stats()
+        out = {name: getattr(s, name) for name, _ in s._fields_}
+        n = self._lib.hs_consumer_stats_json(ctypes.byref(s), None, 0)
+        buf = ctypes.create_string_buffer(max(n, 0) + 1)
+        self._lib.hs_consumer_stats_json(ctypes.byref(s), buf, len(buf))
+        try:
+            out.update(json.loads(buf.value.decode()))
+        except ValueError:
+            pass
+        return out
+
+    def status_line(self):
+        """The one-line live status the hs-consumer command prints."""
+        buf = ctypes.create_string_buffer(512)
+        self._lib.hs_consumer_status_line(self._handle(), buf, len(buf))
+        return buf.value.decode(errors="replace")

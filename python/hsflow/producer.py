@@ -1,0 +1,294 @@
+"""hsflow.Producer: the target side for models the built-in decoder does not
+cover. The library computes the shared plan, talks to the consumer and hands
+out tickets; the caller computes each ticket's hidden states and sends them."""
+import ctypes
+import os
+
+import numpy as np
+
+from . import _arrays
+from ._lib import (HS_ERR_CLOSED, HS_ERR_TIMEOUT, HS_OK, CWork, HsflowError,
+                   ProducerClientConfig, load)
+
+_POLL_MS = 100
+_MAX_OUT = 2  # staging buffers per producer (hsflow.h: at most two batches out)
+
+
+class Ticket:
+    """One ticketed batch. From the shared plan (read-only numpy, zero-copy):
+    input_ids [T] int32, loss_mask [T] uint8, cu_seqlens [n_seqs+1] int32,
+    sample_ids [n_seqs] uint64 (dataset indices); epoch, batch, n_seqs,
+    n_tokens (T), hidden_size (H), layers. `hidden` is the staging buffer
+    to fill, [T, k*H] bf16 (torch.bfloat16 tensor, or numpy uint16 bits in
+    numpy mode; `hidden_bits` is always the numpy view). Fill it in place
+    and call send(), or pass the states to send(hidden_states=...)."""
+
+    def __init__(self, producer, work, layers, mode):
+        self._producer = producer
+        self._work = work
+        self._sent = False
+        self.epoch = work.epoch
+        self.batch = work.batch
+        self.n_seqs = work.n_seqs
+        self.n_tokens = work.n_tokens
+        self.hidden_size = work.hidden_size
+        self.n_layers = work.n_layers
+        self.layers = tuple(layers)
+        self.nbytes = work.bytes
+        T, n, kH = work.n_tokens, work.n_seqs, work.n_layers * work.hidden_size
+        hv = _arrays.host_view
+        self._views = {
+            "input_ids": hv(work.input_ids, (T,), np.int32, False),
+            "loss_mask": hv(work.loss_mask, (T,), np.uint8, False),
+            "cu_seqlens": hv(work.cu_seqlens, (n + 1,), np.int32, False),
+            "sample_ids": hv(work.sample_ids, (n,), np.uint64, False),
+            "hidden_bits": hv(work.hidden, (T, kH), np.uint16, True),
+        }
+        self._views["hidden"] = (_arrays.torch_from_host(self._views["hidden_bits"])
+                                 if mode == "torch" else self._views["hidden_bits"])
+
+    def _get(self, name):
+        if self._sent:
+            raise HsflowError("ticket (epoch %d, batch %d) was already sent; its staging buffer "
+                              "belongs to the producer again" % (self.epoch, self.batch))
+        return self._views[name]
+
+    input_ids = property(lambda self: self._get("input_ids"))
+    loss_mask = property(lambda self: self._get("loss_mask"))
+    cu_seqlens = property(lambda self: self._get("cu_seqlens"))
+    sample_ids = property(lambda self: self._get("sample_ids"))
+    hidden = property(lambda self: self._get("hidden"))
+    hidden_bits = property(lambda self: self._get("hidden_bits"))
+
+    @property
+    def sent(self):
+        return self._sent
+
+    def pointers(self):
+        """The C pointers of the views (dict name -> int); for checks."""
+        w = self._work
+        return {"input_ids": w.input_ids, "loss_mask": w.loss_mask, "cu_seqlens": w.cu_seqlens,
+                "sample_ids": w.sample_ids, "hidden": w.hidden}
+
+    def send(self, hidden_states=None):
+        """Copies `hidden_states` into the staging buffer (unless None: then
+        `hidden` was filled in place), seals the batch and sends it.
+
+        hidden_states: [T, k*H], or a list/tuple of k arrays [T, H] (one per
+        captured layer, in the order of `layers`). Accepted: torch tensors
+        (bf16, or float types converted to bf16; CPU or CUDA), numpy float32
+        or float64 (rounded to bf16, nearest-even), numpy uint16 (bf16 bits),
+        numpy arrays of an ml_dtypes bfloat16 type."""
+        dst = self._get("hidden_bits")
+        if hidden_states is not None:
+            _fill(dst, hidden_states, self.n_tokens, self.n_layers, self.hidden_size)
+        self._producer._submit(self)
+
+    def __repr__(self):
+        return ("<hsflow.Ticket epoch=%d batch=%d seqs=%d tokens=%d%s>"
+                % (self.epoch, self.batch, self.n_seqs, self.n_tokens,
+                   " sent" if self._sent else ""))
+
+
+def _shape_error(what, got, T, k, H):
+    return ValueError("hidden_states%s has shape %s; expected [T, k*H] = [%d, %d] or a list of "
+                      "k=%d arrays [T, H] = [%d, %d]" % (what, tuple(got), T, k * H, k, T, H))
+
+
+def _fill(dst, hs, T, k, H):
+    """Copies hs (see Ticket.send) into dst, a [T, k*H] uint16 view."""
+    if isinstance(hs, (list, tuple)):
+        if len(hs) != k:
+            raise ValueError("hidden_states is a list of %d arrays; expected one per captured "
+                             "layer (k=%d), each [T, H] = [%d, %d]" % (len(hs), k, T, H))
+        for j, part in enumerate(hs):
+            if tuple(part.shape) != (T, H):
+                raise _shape_error("[%d]" % j, part.shape, T, k, H)
+            _copy_one(dst[:, j * H:(j + 1) * H], part)
+        return
+    if tuple(getattr(hs, "shape", ())) != (T, k * H):
+        raise _shape_error("", getattr(hs, "shape", "(no shape)"), T, k, H)
+    _copy_one(dst, hs)
+
+
+def _copy_one(dst, src):
+    torch = _arrays.torch_module()
+    if torch is not None and isinstance(src, torch.Tensor):
+        src = src.detach()
+        if not src.dtype.is_floating_point:
+            raise TypeError("hidden_states has dtype %s; expected torch.bfloat16 (or a float "
+                            "type, rounded to bf16)" % (src.dtype,))
+        if src.dtype != torch.bfloat16:
+            src = src.to(torch.bfloat16)  # round to nearest even
+        # copy_ takes the device-to-host path directly for CUDA tensors.
+        _arrays.torch_from_host(dst).copy_(src)
+        return
+    if not isinstance(src, np.ndarray):
+        raise TypeError("hidden_states is a %s; expected a torch tensor or a numpy array"
+                        % type(src).__name__)
+    if src.dtype == np.uint16:
+        np.copyto(dst, src)
+    elif src.dtype.name == "bfloat16":  # ml_dtypes / jax bf16
+        np.copyto(dst, src.view(np.uint16))
+    elif src.dtype in (np.float32, np.float64, np.float16):
+        _arrays.f32_to_bf16_bits(src.astype(np.float32, copy=False), out=dst)
+    else:
+        raise TypeError("hidden_states has dtype %s; expected float32/float64/float16 "
+                        "(rounded to bf16), uint16 (bf16 bits) or bfloat16" % (src.dtype,))
+
+
+class Producer:
+    """Connects to a consumer and yields the tickets it hands out:
+
+        with hsflow.Producer(to="drafter:7000", data="train.hst", token_budget=65536,
+                             hidden_size=4096, layers=[2, 16, 29]) as p:
+            for t in p.tickets():
+                t.send(hidden_states=my_model(t.input_ids, t.cu_seqlens))
+
+    Every producer of a run needs the same data, token_budget, max_seq_len,
+    overflow, seed, hidden_size and layers (the consumer checks the plan hash
+    and the layout). The constructor loads the data, builds the plan and
+    connects (retrying for connect_timeout_s seconds)."""
+
+    def __init__(self, to, data, token_budget, hidden_size, layers, seed=0, max_seq_len=0,
+                 overflow="truncate", prefetch=2, secret_file=None, transport="auto", name=None,
+                 connect_timeout_s=0, arrays="auto"):
+        self._p = None
+        lib = load()
+        if not isinstance(to, str) or ":" not in to:
+            raise ValueError("to=%r: expected the consumer as 'HOST:PORT', e.g. "
+                             "'127.0.0.1:7000'" % (to,))
+        if not isinstance(data, (str, os.PathLike)) or not os.path.isfile(data):
+            raise ValueError("data=%r: not a file; expected a JSONL or .hst dataset (the same "
+                             "for every producer of the run)" % (data,))
+        for nm, v, lo in (("token_budget", token_budget, 1), ("hidden_size", hidden_size, 1),
+                          ("max_seq_len", max_seq_len, 0), ("seed", seed, 0),
+                          ("prefetch", prefetch, 1), ("connect_timeout_s", connect_timeout_s, 0)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise ValueError("%s=%r: expected an integer >= %d" % (nm, v, lo))
+        try:
+            layers = [int(x) for x in layers]
+        except (TypeError, ValueError):
+            raise ValueError("layers=%r: expected a list of captured layer indices (Hugging "
+                             "Face output_hidden_states numbering), e.g. [2, 16, 29]" % (layers,))
+        if not layers or any(b <= a for a, b in zip(layers, layers[1:])) or layers[0] < 0:
+            raise ValueError("layers=%r: expected a non-empty, strictly increasing list of "
+                             "indices >= 0" % (layers,))
+        if overflow not in ("truncate", "drop"):
+            raise ValueError("overflow=%r: expected 'truncate' or 'drop'" % (overflow,))
+        if transport not in ("auto", "tcp", "ucx"):
+            raise ValueError("transport=%r: expected 'auto', 'tcp' or 'ucx'" % (transport,))
+        self._mode = _arrays.resolve_arrays(arrays)
+        self._layers = layers
+
+        enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
+        self._keep = [enc(to), enc(data), enc(secret_file), enc(transport), enc(name),
+                      (ctypes.c_int32 * len(layers))(*layers)]
+        cfg = ProducerClientConfig()
+        cfg.to, cfg.data_path, cfg.secret_file, cfg.transport, cfg.name = self._keep[:5]
+        cfg.token_budget = int(token_budget)
+        cfg.max_seq_len = int(max_seq_len)
+        cfg.overflow_drop = overflow == "drop"
+        cfg.seed = int(seed)
+        cfg.hidden_size = int(hidden_size)
+        cfg.layers = ctypes.cast(self._keep[5], ctypes.POINTER(ctypes.c_int32))
+        cfg.n_layers = len(layers)
+        cfg.prefetch = int(prefetch)
+        cfg.connect_timeout_s = int(connect_timeout_s)
+        h = ctypes.c_void_p()
+        st = lib.hs_producer_open(ctypes.byref(cfg), ctypes.byref(h))
+        if st != HS_OK:
+            raise HsflowError("hs_producer_open (to %s, data %s) failed; the log above says why"
+                              % (to, data), st)
+        self._lib = lib
+        self._p = h
+        self._out = []     # tickets taken and not yet sent
+        self._done = False
+        self._closing = False
+        self.batches_sent = 0
+        self.tokens_sent = 0
+
+    def close(self):
+        """Says BYE if the run is not over, stops and frees. Tickets not sent
+        go back to the consumer's queue."""
+        self._closing = True
+        if self._p is None:
+            return
+        for t in self._out:
+            t._sent = True
+            t._views = {}
+        self._out = []
+        self._lib.hs_producer_close(self._p)
+        self._p = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def next_ticket(self, timeout=None):
+        """The next ticket; None after `timeout` seconds without one; raises
+        StopIteration once the consumer says the run is over."""
+        if self._p is None:
+            raise HsflowError("the producer is closed")
+        if len(self._out) >= _MAX_OUT:
+            raise HsflowError("%d tickets are taken and not sent (%s); send one before taking "
+                              "another" % (len(self._out), ", ".join(map(repr, self._out))))
+        if self._done:
+            raise StopIteration
+        w = CWork()
+        waited = 0.0
+        while True:
+            if self._closing:
+                raise StopIteration
+            ms = _POLL_MS
+            if timeout is not None:
+                left = timeout - waited
+                if left <= 0:
+                    return None
+                ms = max(1, min(ms, int(left * 1000)))
+            st = self._lib.hs_producer_next(self._p, ctypes.byref(w), ms)
+            if st == HS_OK:
+                break
+            if st == HS_ERR_TIMEOUT:
+                waited += ms / 1000.0
+                continue
+            if st == HS_ERR_CLOSED:
+                self._done = True
+                raise StopIteration
+            raise HsflowError("hs_producer_next", st)
+        t = Ticket(self, w, self._layers, self._mode)
+        self._out.append(t)
+        return t
+
+    def tickets(self):
+        """Yields tickets until the run is over. Each must be sent before the
+        next one is taken."""
+        while True:
+            if self._out:
+                raise HsflowError("ticket %r was not sent; call t.send(...) on every ticket "
+                                  "before taking the next" % (self._out[0],))
+            try:
+                t = self.next_ticket()
+            except StopIteration:
+                return
+            yield t
+
+    def _submit(self, t):
+        if self._p is None:
+            raise HsflowError("the producer is closed")
+        st = self._lib.hs_producer_submit(self._p, ctypes.byref(t._work))
+        if st != HS_OK:
+            raise HsflowError("hs_producer_submit (epoch %d, batch %d)" % (t.epoch, t.batch), st)
+        t._sent = True
+        t._views = {}
+        self._out.remove(t)
+        self.batches_sent += 1
+        self.tokens_sent += t.n_tokens
