@@ -106,9 +106,45 @@ static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
     }
 }
 
-/* After HELLO (and AUTH): start the plan exchange or join the run. */
+/* After HELLO (and AUTH, when a secret is set): check the peer's offer
+ * against the run, or let it define the run if it is the first; then start
+ * the plan exchange or join. Only an authenticated peer can define the run,
+ * and nothing about the run is told to a peer before it is authenticated. */
 static void peer_admit(hs_consumer_t *c, peer_t *p)
 {
+    const run_offer_t *o = &p->offer;
+    if (c->have_run) {
+        if (hs_layout_id(&o->layout) != hs_layout_id(&c->layout)) {
+            char mine[160], theirs[160];
+            hs_layout_describe(&c->layout, mine, sizeof(mine));
+            hs_layout_describe(&o->layout, theirs, sizeof(theirs));
+            peer_drop(c, p, HS_ERR_MISMATCH,
+                      "layout mismatch: this run carries %s, producer offers %s; start every "
+                      "producer with the same --hidden-size and --layers",
+                      mine, theirs);
+            return;
+        }
+        if (o->plan_hash != c->plan_hash || o->n_batches != c->n_batches) {
+            peer_drop(c, p, HS_ERR_MISMATCH,
+                      "plan mismatch: this run's plan hash is %016llx (%u batches), producer's is "
+                      "%016llx (%u batches); give every producer the same --data, "
+                      "--token-budget, --max-seq-len and --seed",
+                      (unsigned long long)c->plan_hash, c->n_batches,
+                      (unsigned long long)o->plan_hash, o->n_batches);
+            return;
+        }
+    } else {
+        c->layout = o->layout;
+        c->plan_hash = o->plan_hash;
+        c->n_batches = o->n_batches;
+        c->seed = o->seed;
+        c->token_budget = o->token_budget;
+        c->have_run = true;
+        char desc[160];
+        hs_layout_describe(&o->layout, desc, sizeof(desc));
+        hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens",
+                p->name, desc, (unsigned long long)c->plan_hash, c->n_batches, c->token_budget);
+    }
     if (c->sched)
         send_welcome(c, p, false);
     else if (!c->plan_sender)
@@ -130,14 +166,14 @@ static void on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t 
         return;
     }
     Hsflow__Hello *h = (Hsflow__Hello *)m;
-    hs_layout_t layout;
+    run_offer_t *o = &p->offer;
     snprintf(p->name, sizeof(p->name), "%s (%s)", h->producer_name, hs_tp_conn_peer(p->conn));
     if (h->version != HS_PROTO_VERSION) {
         peer_drop(c, p, HS_ERR_MISMATCH, "producer speaks protocol version %u, consumer %u",
                   h->version, HS_PROTO_VERSION);
         goto out;
     }
-    if (hs_layout_from_msg(h->layout, &layout, why, sizeof(why)) != HS_OK) {
+    if (hs_layout_from_msg(h->layout, &o->layout, why, sizeof(why)) != HS_OK) {
         peer_drop(c, p, HS_ERR_FORMAT, "bad layout in HELLO: %s", why);
         goto out;
     }
@@ -146,39 +182,10 @@ static void on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t 
                   h->n_batches);
         goto out;
     }
-    if (c->have_run) {
-        if (hs_layout_id(&layout) != hs_layout_id(&c->layout)) {
-            char mine[160], theirs[160];
-            hs_layout_describe(&c->layout, mine, sizeof(mine));
-            hs_layout_describe(&layout, theirs, sizeof(theirs));
-            peer_drop(c, p, HS_ERR_MISMATCH,
-                      "layout mismatch: this run carries %s, producer offers %s; start every "
-                      "producer with the same --hidden-size and --layers",
-                      mine, theirs);
-            goto out;
-        }
-        if (h->plan_hash != c->plan_hash || h->n_batches != c->n_batches) {
-            peer_drop(c, p, HS_ERR_MISMATCH,
-                      "plan mismatch: this run's plan hash is %016llx (%u batches), producer's is "
-                      "%016llx (%u batches); give every producer the same --data, "
-                      "--token-budget, --max-seq-len and --seed",
-                      (unsigned long long)c->plan_hash, c->n_batches,
-                      (unsigned long long)h->plan_hash, h->n_batches);
-            goto out;
-        }
-    } else {
-        /* The first producer defines the run. */
-        c->layout = layout;
-        c->plan_hash = h->plan_hash;
-        c->n_batches = h->n_batches;
-        c->seed = h->seed;
-        c->token_budget = h->token_budget;
-        c->have_run = true;
-        char desc[160];
-        hs_layout_describe(&layout, desc, sizeof(desc));
-        hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens", p->name,
-                desc, (unsigned long long)c->plan_hash, c->n_batches, c->token_budget);
-    }
+    o->plan_hash = h->plan_hash;
+    o->n_batches = h->n_batches;
+    o->seed = h->seed;
+    o->token_budget = h->token_budget;
     p->workers = h->workers;
     p->prefetch = c->cfg.prefetch;
     if (h->prefetch_per_worker && h->prefetch_per_worker < p->prefetch)
@@ -655,14 +662,17 @@ static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const ch
         c->n_proto_errors++;
     p->conn = NULL;
     if (p->state == PEER_SENDING_PLAN && !c->sched) {
-        /* Another producer must send the plan from the start. */
+        /* Another producer must send the plan from the start; with none
+         * waiting, the next producer to arrive defines the run afresh. */
         c->plan_received = 0;
         c->plan_sender = 0;
-        for (peer_t *q = c->peers; q; q = q->next)
-            if (q->state == PEER_WAIT_PLAN && q->conn) {
-                send_welcome(c, q, true);
-                break;
-            }
+        peer_t *next = NULL;
+        for (peer_t *q = c->peers; q && !next; q = q->next)
+            if (q->state == PEER_WAIT_PLAN && q->conn) next = q;
+        if (next)
+            send_welcome(c, next, true);
+        else
+            c->have_run = false;
     }
     p->state = PEER_GONE;
     peer_reap(c, p);

@@ -23,6 +23,13 @@ typedef enum {
     PEER_GONE,         /* connection closed; waits for its payloads to settle */
 } peer_state_t;
 
+/* What a producer's HELLO offers; becomes the run if it is the first admitted. */
+typedef struct {
+    hs_layout_t layout;
+    uint64_t plan_hash, seed;
+    uint32_t n_batches, token_budget;
+} run_offer_t;
+
 /* One producer connection. Owned by the network thread. */
 typedef struct peer {
     struct peer *next;
@@ -31,6 +38,7 @@ typedef struct peer {
     peer_state_t state;
     char name[300];
     uint32_t workers, prefetch;
+    run_offer_t offer;
     uint32_t receiving; /* payloads accepted and still landing */
     uint32_t verifying; /* payloads with the checksum threads */
     uint8_t client_nonce[HS_AUTH_NONCE_BYTES];

@@ -8,16 +8,14 @@
  * so the fused qkv GEMM output is read in place; out is [T, Hq * d].
  *
  * One block of 4 warps takes 64 query rows of one (sequence, head); each
- * warp owns 16 rows, its Q fragments held in registers for the whole pass. Key/value tiles of 64 rows stream through shared memory
- * with cp.async, double-buffered; Q passes through the second V buffer, so a
- * block needs 4 tiles of shared memory (70 KB at d = 128). S = Q K^T and O += P V run on mma.sync
- * m16n8k16 (bf16 in, fp32 accumulate); the softmax is online (running max
- * and sum per row, in the exp2 domain), so memory is linear in sequence
- * length and nothing of size L^2 exists (exp2 on the fast ex2.approx unit).
- * P is rounded to bf16 for the second
- * product, as in flash attention. Shared rows are padded by 16 bytes so the
- * ldmatrix reads are free of bank conflicts. Blocks of the longest (most
- * expensive) query tiles of each sequence are launched first.
+ * warp owns 16 rows, its Q fragments held in registers for the whole pass. Key/value tiles of 64
+ * rows stream through shared memory with cp.async, double-buffered; Q passes through the second V
+ * buffer, so a block needs 4 tiles of shared memory (70 KB at d = 128). S = Q K^T and O += P V run
+ * on mma.sync m16n8k16 (bf16 in, fp32 accumulate); the softmax is online (running max and sum per
+ * row, in the exp2 domain), so memory is linear in sequence length and nothing of size L^2 exists
+ * (exp2 on the fast ex2.approx unit). P is rounded to bf16 for the second product, as in flash
+ * attention. Shared rows are padded by 16 bytes so the ldmatrix reads are free of bank conflicts.
+ * Blocks of the longest (most expensive) query tiles of each sequence are launched first.
  * hs_kn_attention_schedule() computes the per-sequence tile prefix sums once
  * per batch on the device, so the host needs no copy of cu_seqlens. */
 #include <cuda_bf16.h>
@@ -29,7 +27,8 @@
 
 typedef __nv_bfloat16 bf16;
 
-namespace {
+namespace
+{
 
 constexpr int kBM = 64, kBN = 64, kThreads = 128;
 
@@ -46,7 +45,10 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pr
     int n = pred ? 16 : 0; /* 0 source bytes: zero-fill */
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N> __device__ __forceinline__ void cp_async_wait()
 {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -68,7 +70,8 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t &r0, uint32_t &r1, uint32_t &
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(a));
 }
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1)
 {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -91,11 +94,11 @@ __global__ void __launch_bounds__(kThreads, 2)
                 const int32_t *__restrict__ cu, const int32_t *__restrict__ tile_prefix, int n_seqs,
                 int group, float scale_log2, int window)
 {
-    constexpr int LDS = D + 8;     /* padded shared row, elements */
-    constexpr int CPR = D / 8;     /* 16-byte chunks per row */
-    constexpr int NT = kBN / 8;    /* n-tiles of S */
-    constexpr int DT = D / 8;      /* n-tiles of O */
-    constexpr int KC = D / 16;     /* k-chunks of Q K^T */
+    constexpr int LDS = D + 8;  /* padded shared row, elements */
+    constexpr int CPR = D / 8;  /* 16-byte chunks per row */
+    constexpr int NT = kBN / 8; /* n-tiles of S */
+    constexpr int DT = D / 8;   /* n-tiles of O */
+    constexpr int KC = D / 16;  /* k-chunks of Q K^T */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *sK = (bf16 *)smem_raw;   /* [2][kBN][LDS] */
     bf16 *sV = sK + 2 * kBN * LDS; /* [2][kBN][LDS] */
@@ -108,8 +111,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     int lo = 0, hi = n_seqs - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) >> 1;
-        if (tile_prefix[mid] <= b) lo = mid;
-        else hi = mid - 1;
+        if (tile_prefix[mid] <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     const int seq = lo;
     const int start = cu[seq], len = cu[seq + 1] - start;
@@ -146,15 +151,17 @@ __global__ void __launch_bounds__(kThreads, 2)
     uint32_t qf[KC][4];
     float o[DT][4];
 #pragma unroll
-    for (int i = 0; i < DT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    for (int i = 0; i < DT; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    const int row_lo = q0 + warp * 16;           /* first query row of this warp */
-    const int qr0 = row_lo + (lane >> 2);        /* rows held by this thread: qr0, qr0 + 8 */
+    const int row_lo = q0 + warp * 16;    /* first query row of this warp */
+    const int qr0 = row_lo + (lane >> 2); /* rows held by this thread: qr0, qr0 + 8 */
 
 #pragma unroll
     for (int kc = 0; kc < KC; kc++)
         ldsm_x4(qf[kc][0], qf[kc][1], qf[kc][2], qf[kc][3],
-                sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + kc * 16 + (lane >> 4) * 8);
+                sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + kc * 16 +
+                    (lane >> 4) * 8);
     __syncthreads(); /* Q's shared buffer is V's again from here */
 
     for (int jt = jt0; jt < jt1; jt++) {
@@ -177,7 +184,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 
         float s[NT][4];
 #pragma unroll
-        for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int i = 0; i < NT; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
         for (int kc = 0; kc < KC; kc++) {
 #pragma unroll
@@ -200,7 +208,8 @@ __global__ void __launch_bounds__(kThreads, 2)
                 for (int e = 0; e < 4; e++) {
                     int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
                     int qr = qr0 + (e >> 1) * 8;
-                    if (key > qr || key >= len || (window > 0 && qr - key >= window)) s[nt][e] = -INFINITY;
+                    if (key > qr || key >= len || (window > 0 && qr - key >= window))
+                        s[nt][e] = -INFINITY;
                 }
         }
         /* online softmax, rows qr0 (r = 0) and qr0 + 8 (r = 1) */
@@ -208,7 +217,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int r = 0; r < 2; r++) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            for (int nt = 0; nt < NT; nt++)
+                mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             float m_new = fmaxf(m[r], mx * scale_log2);
@@ -234,7 +244,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         /* O += P V: the S accumulators are already laid out as A fragments */
 #pragma unroll
         for (int kc = 0; kc < kBN / 16; kc++) {
-            uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+            uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]),
+                             pack_bf16(s[2 * kc][2], s[2 * kc][3]),
                              pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
                              pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
 #pragma unroll
@@ -277,7 +288,8 @@ __global__ void attn_schedule_kernel(const int32_t *cu, int n_seqs, int32_t *til
     const int per = (n_seqs + nt - 1) / nt;
     const int s0 = min(n_seqs, tid * per), s1 = min(n_seqs, s0 + per);
     int32_t sum = 0;
-    for (int s = s0; s < s1; s++) sum += (cu[s + 1] - cu[s] + kBM - 1) / kBM;
+    for (int s = s0; s < s1; s++)
+        sum += (cu[s + 1] - cu[s] + kBM - 1) / kBM;
     part[tid] = sum;
     __syncthreads();
     if (tid == 0) {
@@ -312,8 +324,10 @@ __global__ void attn_generic_kernel(const bf16 *__restrict__ q, const bf16 *__re
     int lo = 0, hi = n_seqs - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= t) lo = mid;
-        else hi = mid - 1;
+        if (cu[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     const int start = cu[lo];
     const int j_end = t; /* inclusive, absolute rows */
@@ -323,7 +337,8 @@ __global__ void attn_generic_kernel(const bf16 *__restrict__ q, const bf16 *__re
 #pragma unroll
     for (int e = 0; e < 8; e++) {
         int dd = lane + 32 * e;
-        qv[e] = dd < D ? __bfloat162float(q[(int64_t)t * q_stride + (int64_t)head * D + dd]) * scale : 0.f;
+        qv[e] = dd < D ? __bfloat162float(q[(int64_t)t * q_stride + (int64_t)head * D + dd]) * scale
+                       : 0.f;
         acc[e] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
@@ -336,7 +351,8 @@ __global__ void attn_generic_kernel(const bf16 *__restrict__ q, const bf16 *__re
             if (dd < D) dot += qv[e] * __bfloat162float(kr[dd]);
         }
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        for (int o = 16; o > 0; o >>= 1)
+            dot += __shfl_xor_sync(0xffffffffu, dot, o);
         float m_new = fmaxf(m, dot);
         float alpha = __expf(m - m_new), p = __expf(dot - m_new);
         l = l * alpha + p;
@@ -352,7 +368,8 @@ __global__ void attn_generic_kernel(const bf16 *__restrict__ q, const bf16 *__re
 #pragma unroll
     for (int e = 0; e < 8; e++) {
         int dd = lane + 32 * e;
-        if (dd < D) out[(int64_t)t * out_stride + (int64_t)head * D + dd] = __float2bfloat16(acc[e] * inv);
+        if (dd < D)
+            out[(int64_t)t * out_stride + (int64_t)head * D + dd] = __float2bfloat16(acc[e] * inv);
     }
 }
 
@@ -363,14 +380,14 @@ hs_status_t attn_launch(const void *q, const void *k, const void *v, int64_t q_s
                         float scale, int window, cudaStream_t stream)
 {
     const size_t smem = (size_t)4 * kBN * (D + 8) * sizeof(bf16);
-    hs_status_t st = HS_CUDA_CHECK(
-        cudaFuncSetAttribute(attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    hs_status_t st = HS_CUDA_CHECK(cudaFuncSetAttribute(
+        attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (st) return st;
     /* an upper bound on the tiles: sum ceil(len / kBM) <= T / kBM + n_seqs */
     dim3 grid((unsigned)((T + kBM - 1) / kBM + n_seqs), n_heads);
     attn_kernel<D><<<grid, kThreads, smem, stream>>>(
-        (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, q_stride, kv_stride, (bf16 *)out, out_stride,
-        cu_seqlens, tile_prefix, n_seqs, group, scale * 1.4426950408889634f, window);
+        (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, q_stride, kv_stride, (bf16 *)out,
+        out_stride, cu_seqlens, tile_prefix, n_seqs, group, scale * 1.4426950408889634f, window);
     return HS_CUDA_LAUNCH_CHECK("attention kernel");
 }
 
@@ -413,10 +430,10 @@ extern "C" int hs_kn_attention(const void *q, int64_t q_stride, const void *k, c
             out_stride, cu_seqlens, n_seqs, head_dim, group, scale, window);
         return HS_CUDA_LAUNCH_CHECK("attention generic kernel");
     }
-#define HS_ATTN_CASE(d)                                                                              \
-    case d:                                                                                          \
-        return attn_launch<d>(q, k, v, q_stride, kv_stride, out, out_stride, cu_seqlens, tile_prefix, \
-                              n_seqs, T, n_heads, group, scale, window, stream)
+#define HS_ATTN_CASE(d)                                                                            \
+    case d:                                                                                        \
+        return attn_launch<d>(q, k, v, q_stride, kv_stride, out, out_stride, cu_seqlens,           \
+                              tile_prefix, n_seqs, T, n_heads, group, scale, window, stream)
     switch (head_dim) {
         HS_ATTN_CASE(64);
         HS_ATTN_CASE(80);

@@ -77,18 +77,22 @@ err_free:
 void hs_lt_destroy(hs_lt_t *lt)
 {
     if (!lt) return;
-    for (int i = 0; i < HS_LT_CACHE_CAP; i++) entry_release(&lt->cache[i]);
+    for (int i = 0; i < HS_LT_CACHE_CAP; i++)
+        entry_release(&lt->cache[i]);
     cudaFree(lt->workspace);
     cublasLtDestroy(lt->handle);
     free(lt);
 }
 
-int hs_lt_cached_shapes(const hs_lt_t *lt) { return lt ? lt->n_cached : 0; }
+int hs_lt_cached_shapes(const hs_lt_t *lt)
+{
+    return lt ? lt->n_cached : 0;
+}
 
 static bool key_eq(const hs_lt_key_t *a, const hs_lt_key_t *b)
 {
-    return a->M == b->M && a->N == b->N && a->K == b->K && a->ldx == b->ldx &&
-           a->ldy == b->ldy && a->bias == b->bias && a->accumulate == b->accumulate;
+    return a->M == b->M && a->N == b->N && a->K == b->K && a->ldx == b->ldx && a->ldy == b->ldy &&
+           a->bias == b->bias && a->accumulate == b->accumulate;
 }
 
 /* Build descriptors and pick an algorithm for one shape. */
@@ -106,11 +110,14 @@ static hs_status_t entry_build(hs_lt_t *lt, const hs_lt_key_t *k, hs_lt_entry_t 
     e->key = *k;
     st = LT_CHECK(cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     if (st) goto err;
-    st = LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    st = LT_CHECK(
+        cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     if (st) goto err;
-    st = LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    st = LT_CHECK(
+        cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     if (st) goto err;
-    st = LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    st = LT_CHECK(
+        cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     if (st) goto err;
     if (k->bias) {
         cudaDataType_t bt = CUDA_R_16BF;
@@ -118,24 +125,29 @@ static hs_status_t entry_build(hs_lt_t *lt, const hs_lt_key_t *k, hs_lt_entry_t 
                                                      &bt, sizeof(bt)));
         if (st) goto err;
     }
-    st = LT_CHECK(cublasLtMatrixLayoutCreate(&e->a, CUDA_R_16BF, (uint64_t)k->K, (uint64_t)k->N, k->K));
+    st = LT_CHECK(
+        cublasLtMatrixLayoutCreate(&e->a, CUDA_R_16BF, (uint64_t)k->K, (uint64_t)k->N, k->K));
     if (st) goto err;
-    st = LT_CHECK(cublasLtMatrixLayoutCreate(&e->b, CUDA_R_16BF, (uint64_t)k->K, (uint64_t)k->M, k->ldx));
+    st = LT_CHECK(
+        cublasLtMatrixLayoutCreate(&e->b, CUDA_R_16BF, (uint64_t)k->K, (uint64_t)k->M, k->ldx));
     if (st) goto err;
-    st = LT_CHECK(cublasLtMatrixLayoutCreate(&e->c, CUDA_R_16BF, (uint64_t)k->N, (uint64_t)k->M, k->ldy));
+    st = LT_CHECK(
+        cublasLtMatrixLayoutCreate(&e->c, CUDA_R_16BF, (uint64_t)k->N, (uint64_t)k->M, k->ldy));
     if (st) goto err;
     st = LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     if (st) goto err;
-    st = LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &lt->workspace_bytes, sizeof(lt->workspace_bytes)));
+    st = LT_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &lt->workspace_bytes, sizeof(lt->workspace_bytes)));
     if (st) goto err_pref;
     st = LT_CHECK(cublasLtMatmulAlgoGetHeuristic(lt->handle, e->op, e->a, e->b, e->c, e->c, pref, 1,
                                                  &heur, &n_heur));
     if (st) goto err_pref;
     if (n_heur < 1) {
-        hs_error("cublaslt: no algorithm for M=%d N=%d K=%d ldx=%lld ldy=%lld; check that strides are "
-                 "multiples of 8 and pointers 16-byte aligned",
-                 k->M, k->N, k->K, (long long)k->ldx, (long long)k->ldy);
+        hs_error(
+            "cublaslt: no algorithm for M=%d N=%d K=%d ldx=%lld ldy=%lld; check that strides are "
+            "multiples of 8 and pointers 16-byte aligned",
+            k->M, k->N, k->K, (long long)k->ldx, (long long)k->ldy);
         st = HS_ERR_UNSUPPORTED;
         goto err_pref;
     }
@@ -189,11 +201,11 @@ hs_status_t hs_lt_linear(hs_lt_t *lt, void *y, int64_t ldy, const void *x, int64
     hs_status_t st = entry_get(lt, &key, &e);
     if (st) return st;
     if (bias) {
-        st = LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                     sizeof(bias)));
+        st = LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias, sizeof(bias)));
         if (st) return st;
     }
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    return LT_CHECK(cublasLtMatmul(lt->handle, e->op, &alpha, w, e->a, x, e->b, &beta, y, e->c, y, e->c,
-                                   &e->algo, lt->workspace, lt->workspace_bytes, stream));
+    return LT_CHECK(cublasLtMatmul(lt->handle, e->op, &alpha, w, e->a, x, e->b, &beta, y, e->c, y,
+                                   e->c, &e->algo, lt->workspace, lt->workspace_bytes, stream));
 }

@@ -18,7 +18,8 @@ __global__ void embedding_kernel_vec(uint4 *out, int64_t out_stride_v, const int
     uint4 *dst = out + (int64_t)t * out_stride_v;
     bool ok = id >= 0 && id < vocab;
     const uint4 *src = table + (int64_t)(ok ? id : 0) * row_v;
-    for (int64_t i = threadIdx.x; i < row_v; i += blockDim.x) dst[i] = ok ? src[i] : make_uint4(0, 0, 0, 0);
+    for (int64_t i = threadIdx.x; i < row_v; i += blockDim.x)
+        dst[i] = ok ? src[i] : make_uint4(0, 0, 0, 0);
 }
 
 __global__ void embedding_kernel(__nv_bfloat16 *out, int64_t out_stride, const int32_t *ids,
@@ -32,8 +33,8 @@ __global__ void embedding_kernel(__nv_bfloat16 *out, int64_t out_stride, const i
         out[(int64_t)t * out_stride + i] = ok ? src[i] : __float2bfloat16(0.f);
 }
 
-extern "C" int hs_kn_embedding(const void *table, int vocab, int H, const int32_t *ids,
-                                       int T, void *out, int64_t out_stride, cudaStream_t stream)
+extern "C" int hs_kn_embedding(const void *table, int vocab, int H, const int32_t *ids, int T,
+                               void *out, int64_t out_stride, cudaStream_t stream)
 {
     if (T <= 0) return HS_OK;
     bool vec = H % 8 == 0 && out_stride % 8 == 0 && ((uintptr_t)out | (uintptr_t)table) % 16 == 0;

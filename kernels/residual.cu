@@ -19,7 +19,8 @@ __global__ void residual_add_kernel_vec(const uint4 *a, const uint4 *b, uint4 *o
         const bf16 *ae = (const bf16 *)&av, *be = (const bf16 *)&bv;
         bf16 *oe = (bf16 *)&ov;
 #pragma unroll
-        for (int j = 0; j < 8; j++) oe[j] = __float2bfloat16(__bfloat162float(ae[j]) + __bfloat162float(be[j]));
+        for (int j = 0; j < 8; j++)
+            oe[j] = __float2bfloat16(__bfloat162float(ae[j]) + __bfloat162float(be[j]));
         out[i] = ov;
     }
 }
@@ -32,7 +33,7 @@ __global__ void residual_add_kernel(const bf16 *a, const bf16 *b, bf16 *out, siz
 }
 
 extern "C" int hs_kn_residual_add(const void *a, const void *b, void *out, size_t n,
-                                          cudaStream_t stream)
+                                  cudaStream_t stream)
 {
     if (n == 0) return HS_OK;
     const int threads = 256;
@@ -41,11 +42,10 @@ extern "C" int hs_kn_residual_add(const void *a, const void *b, void *out, size_
     size_t blocks = (work + threads - 1) / threads;
     if (blocks > 132 * 32) blocks = 132 * 32;
     if (vec)
-        residual_add_kernel_vec<<<(unsigned)blocks, threads, 0, stream>>>((const uint4 *)a,
-                                                                          (const uint4 *)b,
-                                                                          (uint4 *)out, work);
+        residual_add_kernel_vec<<<(unsigned)blocks, threads, 0, stream>>>(
+            (const uint4 *)a, (const uint4 *)b, (uint4 *)out, work);
     else
-        residual_add_kernel<<<(unsigned)blocks, threads, 0, stream>>>((const bf16 *)a, (const bf16 *)b,
-                                                                      (bf16 *)out, n);
+        residual_add_kernel<<<(unsigned)blocks, threads, 0, stream>>>(
+            (const bf16 *)a, (const bf16 *)b, (bf16 *)out, n);
     return HS_CUDA_LAUNCH_CHECK("residual add kernel");
 }

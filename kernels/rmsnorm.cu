@@ -48,7 +48,8 @@ __global__ void rmsnorm_kernel(const bf16 *x, int64_t x_stride, const bf16 *w, b
         }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    for (int o = 16; o > 0; o >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
     float r = rsqrtf(ss / (float)dim + eps);
     bf16 *cr = copy ? copy + t * copy_stride : nullptr;
     if (VEC) {
@@ -98,15 +99,15 @@ static hs_status_t rmsnorm_launch(const void *x, int64_t x_stride, const void *w
 }
 
 extern "C" int hs_kn_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y,
-                                     int64_t y_stride, int rows, int dim, float eps, void *copy,
-                                     int64_t copy_stride, cudaStream_t stream)
+                             int64_t y_stride, int rows, int dim, float eps, void *copy,
+                             int64_t copy_stride, cudaStream_t stream)
 {
-    return rmsnorm_launch(x, x_stride, w, y, y_stride, copy, copy_stride, rows, 1, dim, eps, stream);
+    return rmsnorm_launch(x, x_stride, w, y, y_stride, copy, copy_stride, rows, 1, dim, eps,
+                          stream);
 }
 
-extern "C" int hs_kn_rmsnorm_heads(void *x, int64_t row_stride, int T, int n_heads,
-                                           int head_dim, const void *w, float eps,
-                                           cudaStream_t stream)
+extern "C" int hs_kn_rmsnorm_heads(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
+                                   const void *w, float eps, cudaStream_t stream)
 {
     return rmsnorm_launch(x, row_stride, w, x, row_stride, NULL, 0, T * n_heads, n_heads, head_dim,
                           eps, stream);

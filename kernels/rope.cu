@@ -20,10 +20,14 @@ __global__ void rope_positions_kernel(const int32_t *cu_seqlens, int32_t *pos)
 {
     int s = blockIdx.x;
     int32_t a = cu_seqlens[s], b = cu_seqlens[s + 1];
-    for (int32_t t = a + threadIdx.x; t < b; t += blockDim.x) pos[t] = t - a;
+    for (int32_t t = a + threadIdx.x; t < b; t += blockDim.x)
+        pos[t] = t - a;
 }
 
-__device__ __forceinline__ float bround(float f) { return __bfloat162float(__float2bfloat16(f)); }
+__device__ __forceinline__ float bround(float f)
+{
+    return __bfloat162float(__float2bfloat16(f));
+}
 
 __global__ void rope_kernel(bf16 *x, int64_t row_stride, int n_heads, int head_dim,
                             const int32_t *pos, const float *inv_freq)
@@ -47,7 +51,7 @@ __global__ void rope_kernel(bf16 *x, int64_t row_stride, int n_heads, int head_d
 }
 
 extern "C" int hs_kn_rope_positions(const int32_t *cu_seqlens, int n_seqs, int32_t *pos,
-                                            cudaStream_t stream)
+                                    cudaStream_t stream)
 {
     if (n_seqs <= 0) return HS_OK;
     rope_positions_kernel<<<n_seqs, 256, 0, stream>>>(cu_seqlens, pos);
@@ -55,7 +59,7 @@ extern "C" int hs_kn_rope_positions(const int32_t *cu_seqlens, int n_seqs, int32
 }
 
 extern "C" int hs_kn_rope(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
-                                  const int32_t *pos, const float *inv_freq, cudaStream_t stream)
+                          const int32_t *pos, const float *inv_freq, cudaStream_t stream)
 {
     if (T <= 0) return HS_OK;
     if (head_dim % 2) {

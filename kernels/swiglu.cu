@@ -31,11 +31,13 @@ __global__ void swiglu_kernel_vec(const bf16 *gu, int64_t gu_stride, bf16 *out, 
     const bf16 *ge = (const bf16 *)&gv, *ue = (const bf16 *)&uv;
     bf16 *oe = (bf16 *)&ov;
 #pragma unroll
-    for (int j = 0; j < 8; j++) oe[j] = swiglu1(ge[j], ue[j]);
+    for (int j = 0; j < 8; j++)
+        oe[j] = swiglu1(ge[j], ue[j]);
     *(uint4 *)(out + (int64_t)t * out_stride + i) = ov;
 }
 
-__global__ void swiglu_kernel(const bf16 *gu, int64_t gu_stride, bf16 *out, int64_t out_stride, int I)
+__global__ void swiglu_kernel(const bf16 *gu, int64_t gu_stride, bf16 *out, int64_t out_stride,
+                              int I)
 {
     int t = blockIdx.y;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -44,8 +46,8 @@ __global__ void swiglu_kernel(const bf16 *gu, int64_t gu_stride, bf16 *out, int6
     out[(int64_t)t * out_stride + i] = swiglu1(g[i], g[I + i]);
 }
 
-extern "C" int hs_kn_swiglu(const void *gu, int64_t gu_stride, void *out, int64_t out_stride,
-                                    int T, int I, cudaStream_t stream)
+extern "C" int hs_kn_swiglu(const void *gu, int64_t gu_stride, void *out, int64_t out_stride, int T,
+                            int I, cudaStream_t stream)
 {
     if (T <= 0) return HS_OK;
     bool vec = I % 8 == 0 && gu_stride % 8 == 0 && out_stride % 8 == 0 &&

@@ -47,14 +47,14 @@ struct hs_model_cuda {
     int device;
     uint32_t budget, max_seqs;
     int H, I, N, nh, nkv, d, q_dim, qkv_dim, xa_dim, big_dim;
-    void *wbase;             /* all weights */
+    void *wbase; /* all weights */
     size_t wbytes;
-    void *abase;             /* all activations */
+    void *abase; /* all activations */
     size_t abytes;
-    dev_layer_t *layers;     /* [N], pointers into wbase */
+    dev_layer_t *layers; /* [N], pointers into wbase */
     void *embed, *final_norm;
     float *inv_freq;
-    void *h, *xa, *big;      /* bf16 activations */
+    void *h, *xa, *big; /* bf16 activations */
     int32_t *pos, *tiles;
     hs_lt_t *lt;
     size_t lt_bytes;
@@ -171,8 +171,8 @@ static void plan_activations(hs_model_cuda_t *mc, planner_t *p)
     mc->tiles = plan_take(p, ((size_t)mc->max_seqs + 1) * sizeof(int32_t));
 }
 
-hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget, uint32_t max_seqs,
-                                 hs_model_cuda_t **out)
+hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget,
+                                 uint32_t max_seqs, hs_model_cuda_t **out)
 {
     if (!m || !out || token_budget == 0 || max_seqs == 0 || max_seqs > token_budget) {
         hs_error("cuda forward: need a model, token_budget >= 1 and 1 <= max_seqs <= token_budget "
@@ -285,9 +285,9 @@ static hs_status_t capture_copy(hs_model_cuda_t *mc, const void *src, size_t src
 {
     for (int j = 0; j < n_layers; j++) {
         if (layers[j] != idx || j == skip) continue;
-        hs_status_t st = HS_CUDA_CHECK(cudaMemcpy2DAsync(
-            out + (size_t)j * mc->H * 2, row_stride * 2, src, src_stride * 2, (size_t)mc->H * 2,
-            (size_t)T, cudaMemcpyDeviceToDevice, s));
+        hs_status_t st = HS_CUDA_CHECK(
+            cudaMemcpy2DAsync(out + (size_t)j * mc->H * 2, row_stride * 2, src, src_stride * 2,
+                              (size_t)mc->H * 2, (size_t)T, cudaMemcpyDeviceToDevice, s));
         if (st) return st;
     }
     return HS_OK;
@@ -347,7 +347,8 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
         const dev_layer_t *w = &mc->layers[l];
         int cj = first_capture(layers, n_layers, l);
         void *cp = cj >= 0 ? out + (size_t)cj * H * 2 : NULL;
-        TRY(hs_kn_rmsnorm(mc->h, H, w->in_norm, mc->xa, H, T, H, eps, cp, (int64_t)row_stride_elems, s));
+        TRY(hs_kn_rmsnorm(mc->h, H, w->in_norm, mc->xa, H, T, H, eps, cp, (int64_t)row_stride_elems,
+                          s));
         if (cj >= 0)
             TRY(capture_copy(mc, mc->h, H, l, cj, T, layers, n_layers, out, row_stride_elems, s));
         TRY(hs_lt_linear(mc->lt, qkv, mc->qkv_dim, mc->xa, H, w->qkv, w->qkv_b, T, mc->qkv_dim, H,
@@ -360,9 +361,10 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
         TRY(hs_kn_rope(qkv, mc->qkv_dim, T, mc->nh + mc->nkv, d, mc->pos, mc->inv_freq, s));
         TRY(hs_kn_attention(qkv, mc->qkv_dim, qkv + (size_t)mc->q_dim * 2,
                             qkv + (size_t)(mc->q_dim + mc->nkv * d) * 2, mc->qkv_dim, mc->xa,
-                            mc->q_dim, d_cu_seqlens, mc->tiles, n_seqs, T, mc->nh, mc->nkv, d, scale,
-                            c->sliding_window, s));
-        TRY(hs_lt_linear(mc->lt, mc->h, H, mc->xa, mc->q_dim, w->o, w->o_b, T, H, mc->q_dim, true, s));
+                            mc->q_dim, d_cu_seqlens, mc->tiles, n_seqs, T, mc->nh, mc->nkv, d,
+                            scale, c->sliding_window, s));
+        TRY(hs_lt_linear(mc->lt, mc->h, H, mc->xa, mc->q_dim, w->o, w->o_b, T, H, mc->q_dim, true,
+                         s));
         TRY(hs_kn_rmsnorm(mc->h, H, w->post_norm, mc->xa, H, T, H, eps, NULL, 0, s));
         TRY(hs_lt_linear(mc->lt, mc->big, 2 * I, mc->xa, H, w->gu, w->gu_b, T, 2 * I, H, false, s));
         TRY(hs_kn_swiglu(mc->big, 2 * I, mc->big, 2 * I, T, I, s));
@@ -374,7 +376,8 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
     } else {
         int cj = first_capture(layers, n_layers, mc->N);
         char *dst = out + (size_t)cj * H * 2;
-        TRY(hs_kn_rmsnorm(mc->h, H, mc->final_norm, dst, (int64_t)row_stride_elems, T, H, eps, NULL, 0, s));
+        TRY(hs_kn_rmsnorm(mc->h, H, mc->final_norm, dst, (int64_t)row_stride_elems, T, H, eps, NULL,
+                          0, s));
         TRY(capture_copy(mc, dst, row_stride_elems, mc->N, cj, T, layers, n_layers, out,
                          row_stride_elems, s));
     }
@@ -424,7 +427,8 @@ hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len
     if (peak_tflops <= 0) peak_tflops = HS_MODEL_CUDA_PEAK_TFLOPS;
     const int T = (int)T64;
     const size_t row = (size_t)n_layers * mc->H;
-    int32_t *ids = malloc((size_t)T * sizeof(int32_t)), *cu = malloc(((size_t)n_seqs + 1) * sizeof(int32_t));
+    int32_t *ids = malloc((size_t)T * sizeof(int32_t)),
+            *cu = malloc(((size_t)n_seqs + 1) * sizeof(int32_t));
     double *times = malloc((size_t)iters * sizeof(double));
     void *d_ids = NULL, *d_cu = NULL, *d_out = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
@@ -434,8 +438,10 @@ hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len
         goto out;
     }
     uint64_t rng = 0x5eed;
-    for (int t = 0; t < T; t++) ids[t] = (int32_t)(hs_splitmix64(&rng) % (uint64_t)mc->m->cfg.vocab_size);
-    for (int i = 0; i <= n_seqs; i++) cu[i] = i * seq_len;
+    for (int t = 0; t < T; t++)
+        ids[t] = (int32_t)(hs_splitmix64(&rng) % (uint64_t)mc->m->cfg.vocab_size);
+    for (int i = 0; i <= n_seqs; i++)
+        cu[i] = i * seq_len;
     if ((st = HS_CUDA_CHECK(cudaSetDevice(mc->device)))) goto out;
     if ((st = HS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)))) goto out;
     if ((st = HS_CUDA_CHECK(cudaEventCreate(&e0)))) goto out;
@@ -443,8 +449,10 @@ hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len
     if ((st = HS_CUDA_CHECK(cudaMalloc(&d_ids, (size_t)T * sizeof(int32_t))))) goto out;
     if ((st = HS_CUDA_CHECK(cudaMalloc(&d_cu, ((size_t)n_seqs + 1) * sizeof(int32_t))))) goto out;
     if ((st = HS_CUDA_CHECK(cudaMalloc(&d_out, (size_t)T * row * 2)))) goto out;
-    if ((st = HS_CUDA_CHECK(cudaMemcpy(d_ids, ids, (size_t)T * 4, cudaMemcpyHostToDevice)))) goto out;
-    if ((st = HS_CUDA_CHECK(cudaMemcpy(d_cu, cu, ((size_t)n_seqs + 1) * 4, cudaMemcpyHostToDevice))))
+    if ((st = HS_CUDA_CHECK(cudaMemcpy(d_ids, ids, (size_t)T * 4, cudaMemcpyHostToDevice))))
+        goto out;
+    if ((st =
+             HS_CUDA_CHECK(cudaMemcpy(d_cu, cu, ((size_t)n_seqs + 1) * 4, cudaMemcpyHostToDevice))))
         goto out;
     /* warm-up: picks and caches the GEMM algorithms of this shape */
     if ((st = hs_model_cuda_forward(mc, d_ids, d_cu, n_seqs, T, layers, n_layers, d_out, row, s)))
@@ -453,7 +461,8 @@ hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len
     for (int i = 0; i < iters; i++) {
         float ms = 0;
         if ((st = HS_CUDA_CHECK(cudaEventRecord(e0, s)))) goto out;
-        if ((st = hs_model_cuda_forward(mc, d_ids, d_cu, n_seqs, T, layers, n_layers, d_out, row, s)))
+        if ((st = hs_model_cuda_forward(mc, d_ids, d_cu, n_seqs, T, layers, n_layers, d_out, row,
+                                        s)))
             goto out;
         if ((st = HS_CUDA_CHECK(cudaEventRecord(e1, s)))) goto out;
         if ((st = HS_CUDA_CHECK(cudaEventSynchronize(e1)))) goto out;

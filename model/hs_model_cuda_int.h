@@ -16,13 +16,13 @@ extern "C" {
 
 /* What one preflight batch measured. */
 typedef struct {
-    int n_seqs, seq_len;       /* the shape run */
-    uint64_t peak_bytes;       /* planned device memory + this batch's ids, cu_seqlens, output */
-    uint64_t device_used_bytes;/* total - free device memory after the run (whole process) */
-    double ms;                 /* forward time of the timed run */
+    int n_seqs, seq_len;        /* the shape run */
+    uint64_t peak_bytes;        /* planned device memory + this batch's ids, cu_seqlens, output */
+    uint64_t device_used_bytes; /* total - free device memory after the run (whole process) */
+    double ms;                  /* forward time of the timed run */
     double us_per_token, tokens_per_s;
-    double tflop;              /* 2 * params * T + causal attention FLOPs of the layers run */
-    double mfu;                /* achieved FLOP/s over peak_tflops */
+    double tflop; /* 2 * params * T + causal attention FLOPs of the layers run */
+    double mfu;   /* achieved FLOP/s over peak_tflops */
 } hs_model_cuda_preflight_t;
 
 /* Runs one batch of n_seqs sequences of seq_len random tokens through the

@@ -249,6 +249,7 @@ int main(int argc, char **argv)
     switch (st) {
     case HS_OK: return 0;
     case HS_ERR_INVALID:
+    case HS_ERR_NOT_FOUND:
     case HS_ERR_FORMAT:
     case HS_ERR_IO: return 2;
     default: return 1;

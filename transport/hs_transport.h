@@ -70,8 +70,9 @@ typedef struct {
     uint32_t max_frame_body; /* 0 = HS_FRAME_MAX_BODY */
     /* Seconds of silence after which a peer counts as failed (0 = 10 s). */
     uint32_t peer_timeout_s;
-    /* UCX: device list for UCX_NET_DEVICES (NULL = UCX's choice) and
-     * whether a connection without an RDMA lane is refused. */
+    /* UCX: device list for UCX_NET_DEVICES (NULL = UCX's choice; copied) and
+     * whether a connection without an RDMA lane is refused (with TCP,
+     * require_rdma makes hs_tp_create fail). Other UCX_* variables apply. */
     const char *net_devices;
     bool require_rdma;
 } hs_tp_config_t;
@@ -89,7 +90,13 @@ void hs_tp_destroy(hs_tp_t *tp);
  * The bound port is returned in *bound_port when not NULL. */
 hs_status_t hs_tp_listen(hs_tp_t *tp, const char *host, uint16_t port, uint16_t *bound_port);
 /* Connects (blocking, up to timeout_ms, retrying while the peer is not yet
- * listening). */
+ * listening; timeout_ms < 0 waits forever). Fails with HS_ERR_TIMEOUT when
+ * nobody answered in time. UCX: returns once the endpoint is wired up, which
+ * needs the peer's loop running; events of this transport's other
+ * connections may be delivered meanwhile, so connect before serving others.
+ * UCX 1.13 refuses IPv6 addresses (HS_ERR_UNSUPPORTED; HS_UCX_ALLOW_IPV6=1
+ * overrides); with require_rdma, a connection without an RDMA lane fails
+ * with HS_ERR_UNSUPPORTED. */
 hs_status_t hs_tp_connect(hs_tp_t *tp, const char *host, uint16_t port, int timeout_ms,
                           hs_tp_conn_t **out);
 
@@ -113,7 +120,9 @@ hs_status_t hs_tp_progress(hs_tp_t *tp, int timeout_ms);
 void hs_tp_wakeup(hs_tp_t *tp);
 
 /* Registers memory that payloads will be sent from or received into (UCX
- * maps it once; TCP does nothing). Unregistered memory still works, slower. */
+ * maps it once and passes the handle with every payload inside it; TCP does
+ * nothing). Unregistered memory still works, slower. Stays registered until
+ * hs_tp_destroy(). */
 hs_status_t hs_tp_mem_register(hs_tp_t *tp, void *addr, size_t len);
 
 /* Peer address as "1.2.3.4:5678", and whether it is a loopback address. */

@@ -553,7 +553,7 @@ static bool lanes_ok(ucx_conn_t *c)
     if (c->lanes_checked) return true;
     c->lanes_checked = true;
     conn_refresh_describe(c);
-    hs_debug("connection %s: %s", c->base.peer, c->base.describe);
+    hs_info("connection from %s: %s", c->base.peer, c->base.describe);
     if (!c->tp->base.cfg.require_rdma || describe_has_rdma(c->base.describe)) return true;
     char why[HS__TP_DESCRIBE_CAP + 512];
     snprintf(why, sizeof why, "RDMA is required but UCX carries %s over '%s' (no rc/dc/ud verbs lane): "

@@ -102,12 +102,19 @@ def _fill(dst, hs, T, k, H):
             raise ValueError("hidden_states is a list of %d arrays; expected one per captured "
                              "layer (k=%d), each [T, H] = [%d, %d]" % (len(hs), k, T, H))
         for j, part in enumerate(hs):
+            if not hasattr(part, "shape"):
+                raise TypeError("hidden_states[%d] is a %s; expected a torch tensor or a numpy "
+                                "array [T, H] = [%d, %d]" % (j, type(part).__name__, T, H))
             if tuple(part.shape) != (T, H):
                 raise _shape_error("[%d]" % j, part.shape, T, k, H)
             _copy_one(dst[:, j * H:(j + 1) * H], part)
         return
-    if tuple(getattr(hs, "shape", ())) != (T, k * H):
-        raise _shape_error("", getattr(hs, "shape", "(no shape)"), T, k, H)
+    if not hasattr(hs, "shape"):
+        raise TypeError("hidden_states is a %s; expected a torch tensor or a numpy array "
+                        "[T, k*H] = [%d, %d], or a list of k=%d of them [T, H]"
+                        % (type(hs).__name__, T, k * H, k))
+    if tuple(hs.shape) != (T, k * H):
+        raise _shape_error("", hs.shape, T, k, H)
     _copy_one(dst, hs)
 
 

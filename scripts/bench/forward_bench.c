@@ -45,16 +45,19 @@ static int attn_bench(int n, int L, int iters, double peak)
     int32_t *cu = malloc(((size_t)n + 1) * 4);
     uint64_t rng = 99;
     for (size_t i = 0; i < blk; i++)
-        h[i] = hs_f32_to_bf16((float)((double)(hs_splitmix64(&rng) >> 11) / 9007199254740992.0 * 4 - 2));
-    for (int i = 0; i <= n; i++) cu[i] = i * L;
+        h[i] = hs_f32_to_bf16(
+            (float)((double)(hs_splitmix64(&rng) >> 11) / 9007199254740992.0 * 4 - 2));
+    for (int i = 0; i <= n; i++)
+        cu[i] = i * L;
     void *x, *o, *dcu, *tiles;
-    if (cudaMalloc(&x, elems * 2) || cudaMalloc(&o, T * Hq * D * 2) || cudaMalloc(&dcu, ((size_t)n + 1) * 4) ||
-        cudaMalloc(&tiles, ((size_t)n + 1) * 4)) {
+    if (cudaMalloc(&x, elems * 2) || cudaMalloc(&o, T * Hq * D * 2) ||
+        cudaMalloc(&dcu, ((size_t)n + 1) * 4) || cudaMalloc(&tiles, ((size_t)n + 1) * 4)) {
         fprintf(stderr, "attn bench: cudaMalloc failed\n");
         return 1;
     }
     for (size_t off = 0; off < elems; off += blk)
-        cudaMemcpy((uint16_t *)x + off, h, (elems - off < blk ? elems - off : blk) * 2, cudaMemcpyHostToDevice);
+        cudaMemcpy((uint16_t *)x + off, h, (elems - off < blk ? elems - off : blk) * 2,
+                   cudaMemcpyHostToDevice);
     cudaMemcpy(dcu, cu, ((size_t)n + 1) * 4, cudaMemcpyHostToDevice);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
@@ -65,8 +68,8 @@ static int attn_bench(int n, int L, int iters, double peak)
     for (int i = 0; i <= iters && !rc; i++) {
         cudaEventRecord(e0, 0);
         rc |= hs_kn_attention_schedule(dcu, n, tiles, 0);
-        rc |= hs_kn_attention(q, stride, q + Hq * D, q + (Hq + Hkv) * D, stride, o, Hq * D, dcu, tiles, n,
-                              (int)T, Hq, Hkv, D, 1.f / sqrtf((float)D), 0, 0);
+        rc |= hs_kn_attention(q, stride, q + Hq * D, q + (Hq + Hkv) * D, stride, o, Hq * D, dcu,
+                              tiles, n, (int)T, Hq, Hkv, D, 1.f / sqrtf((float)D), 0, 0);
         cudaEventRecord(e1, 0);
         cudaEventSynchronize(e1);
         float ms;
@@ -89,24 +92,45 @@ int main(int argc, char **argv)
     const char *model_dir = NULL, *layers_s = NULL, *shapes_s = NULL;
     int iters = 5, device = 0, attn_only = 0;
     double peak = 0;
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'}, {"layers", required_argument, 0, 'l'},
-        {"shapes", required_argument, 0, 's'}, {"iters", required_argument, 0, 'i'},
-        {"device", required_argument, 0, 'd'}, {"peak-tflops", required_argument, 0, 'p'},
-        {"attn-only", no_argument, 0, 'a'},    {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"layers", required_argument, 0, 'l'},
+                                         {"shapes", required_argument, 0, 's'},
+                                         {"iters", required_argument, 0, 'i'},
+                                         {"device", required_argument, 0, 'd'},
+                                         {"peak-tflops", required_argument, 0, 'p'},
+                                         {"attn-only", no_argument, 0, 'a'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': model_dir = optarg; break;
-        case 'l': layers_s = optarg; break;
-        case 's': shapes_s = optarg; break;
-        case 'i': iters = atoi(optarg); break;
-        case 'd': device = atoi(optarg); break;
-        case 'p': peak = atof(optarg); break;
-        case 'a': attn_only = 1; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'm':
+            model_dir = optarg;
+            break;
+        case 'l':
+            layers_s = optarg;
+            break;
+        case 's':
+            shapes_s = optarg;
+            break;
+        case 'i':
+            iters = atoi(optarg);
+            break;
+        case 'd':
+            device = atoi(optarg);
+            break;
+        case 'p':
+            peak = atof(optarg);
+            break;
+        case 'a':
+            attn_only = 1;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (attn_only && shapes_s) {
@@ -128,13 +152,15 @@ int main(int argc, char **argv)
         return 2;
     }
     int32_t layers[MAX_LAYERS];
-    for (int j = 0; j < n_layers; j++) layers[j] = layers_i[j];
+    for (int j = 0; j < n_layers; j++)
+        layers[j] = layers_i[j];
     int sn[MAX_SHAPES], sl[MAX_SHAPES], n_shapes = 0;
     char *dup = strdup(shapes_s), *save = NULL;
     for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (n_shapes == MAX_SHAPES || sscanf(tok, "%dx%d", &sn[n_shapes], &sl[n_shapes]) != 2 ||
             sn[n_shapes] < 1 || sl[n_shapes] < 1) {
-            fprintf(stderr, "hs-bench-forward: --shapes '%s': give NxL entries such as 16x4096\n", tok);
+            fprintf(stderr, "hs-bench-forward: --shapes '%s': give NxL entries such as 16x4096\n",
+                    tok);
             return 2;
         }
         n_shapes++;

@@ -63,7 +63,7 @@ for i in 1 2; do
         fail "good$i exited with ${RC_OF[good$i]}"
     fi
 done
-expect_exit consumer 0 120
+expect_exit consumer 0 90
 log_has good1 'welcomed by consumer'
 expect_json "$SCRATCH/summary.json" \
     'd["complete"] is True' \

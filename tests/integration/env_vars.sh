@@ -14,13 +14,15 @@ n4096=$(plan_batches "$data" 4096)
 
 # 1. Everything from the environment, no flags at all.
 port=$(free_port)
-start consumer env HS_LISTEN=127.0.0.1:$port HS_EPOCHS=2 HS_CACHE_GB=0.125 HS_ORDER=plan \
-    HS_VERIFY_SYNTHETIC=1 HS_TRANSPORT=tcp HS_SUMMARY_JSON="$SCRATCH/env.json" "$CONSUMER"
 for i in 1 2; do
     start p$i env HS_TO=127.0.0.1:$port HS_DATA="$data" HS_TOKEN_BUDGET=2048 HS_HIDDEN_SIZE=128 \
-        HS_LAYERS=1,5 HS_SOURCE=synthetic HS_GPUS=cpu:2 HS_TRANSPORT=tcp HS_NAME=envp$i "$PRODUCER"
+        HS_LAYERS=1,5 HS_SOURCE=synthetic HS_GPUS=cpu:2 HS_TRANSPORT=tcp HS_NAME=envp$i \
+        HS_CONNECT_TIMEOUT=60 "$PRODUCER"
 done
-expect_exit consumer 0 120
+wait_connecting p1 p2
+start consumer env HS_LISTEN=127.0.0.1:$port HS_EPOCHS=2 HS_CACHE_GB=0.125 HS_ORDER=plan \
+    HS_VERIFY_SYNTHETIC=1 HS_TRANSPORT=tcp HS_SUMMARY_JSON="$SCRATCH/env.json" "$CONSUMER"
+expect_exit consumer 0 90
 for i in 1 2; do expect_exit p$i 0 30; done
 log_has consumer 'config: listen 127\.0\.0\.1:[0-9]+, cache 0\.125 GiB, epochs 2, .*order plan, .*verify-synthetic on, transport tcp'
 log_has consumer 'run defined by envp[12] .*H=128 dtype=bf16 layers=\[1,5\].*budget 2048 tokens'

@@ -9,14 +9,16 @@ data=$SCRATCH/d.jsonl
 synth "$data" --sequences 200 --min-len 16 --max-len 2000 --seed 4
 per_epoch=$(plan_batches "$data" 4096)
 port=$(free_port)
+for i in 0 1 2; do
+    start p$i "$PRODUCER" --to 127.0.0.1:$port --transport tcp --data "$data" --token-budget 4096 \
+        --hidden-size 256 --layers 2,16,29 --source synthetic --gpus cpu:1 --name p$i \
+        --connect-timeout 60
+done
+wait_connecting p0 p1 p2
 # --train-ms keeps the run going for seconds after the producers are in.
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport tcp --cache-gb 0.25 --epochs 2 \
     --verify-synthetic --train-ms 30 --status-interval 0.2 --summary-json "$SCRATCH/summary.json"
-for i in 0 1 2; do
-    start p$i "$PRODUCER" --to 127.0.0.1:$port --transport tcp --data "$data" --token-budget 4096 \
-        --hidden-size 256 --layers 2,16,29 --source synthetic --gpus cpu:1 --name p$i
-done
-wait_log consumer 'producer p0 .* ready' 30
+for i in 0 1 2; do wait_log consumer "producer p$i .* ready" 30; done
 wait_delivered consumer 1 60
 
 # Four kinds of garbage; each must get ERROR (type 7) or a closed stream.
@@ -67,7 +69,7 @@ big = struct.pack("<QIHHII", 0, MAGIC, 1, 1, 0xFFFFFFF0, 0)
 talk("oversized body_len", big, True)
 PY
 
-expect_exit consumer 0 120
+expect_exit consumer 0 90
 for i in 0 1 2; do expect_exit p$i 0 30; done
 expect_json "$SCRATCH/summary.json" \
     'd["complete"] is True' \

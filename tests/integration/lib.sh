@@ -41,6 +41,7 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT HUP # so that cleanup runs when ctest gives up on us
 
 fail() {
     echo "FAIL [$TEST_NAME]: $*" >&2
@@ -113,6 +114,14 @@ wait_log() {
         [ "$(date +%s)" -lt "$deadline" ] || fail "no line matching /$re/ in $name.log within $secs s"
         sleep 0.05
     done
+}
+
+# wait_connecting NAME...: each producer has built its plan and is about to
+# connect (it retries every 50 ms). Starting producers before the consumer
+# and waiting here means they all join a run that lasts under a second, even
+# on a slow machine.
+wait_connecting() {
+    for name in "$@"; do wait_log "$name" 'plan [0-9a-f]{16}: ' 60; done
 }
 
 # log_has NAME REGEX: the log of NAME has a matching line (extended regex).

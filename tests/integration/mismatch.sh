@@ -54,7 +54,7 @@ else
 fi
 
 kill -CONT "$(pid_of p1)"
-expect_exit consumer 0 120
+expect_exit consumer 0 90
 expect_exit p1 0 30
 expect_json "$SCRATCH/summary.json" \
     'd["complete"] is True' \

@@ -13,16 +13,16 @@ data=$SCRATCH/d.jsonl
 synth "$data" --sequences 200 --min-len 16 --max-len 2000 --seed 3
 per_epoch=$(plan_batches "$data" 4096)
 port=$(free_port)
+popts=(--to 127.0.0.1:$port --transport tcp --data "$data" --token-budget 4096 --hidden-size 256
+    --layers 2,16,29 --source synthetic --gpus cpu:1 --prefetch 2 --connect-timeout 60)
+start victim "$PRODUCER" "${popts[@]}" --name victim
+start p1 "$PRODUCER" "${popts[@]}" --name p1
+start p2 "$PRODUCER" "${popts[@]}" --name p2
+wait_connecting victim p1 p2
 # --train-ms stretches the run over seconds, so the kill lands mid-run.
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport tcp --cache-gb 0.25 --epochs 2 \
     --verify-synthetic --train-ms 15 --status-interval 0.1 --summary-json "$SCRATCH/summary.json"
-popts=(--to 127.0.0.1:$port --transport tcp --data "$data" --token-budget 4096 --hidden-size 256
-    --layers 2,16,29 --source synthetic --gpus cpu:1 --prefetch 2 --connect-timeout 30)
-start victim "$PRODUCER" "${popts[@]}" --name victim
-wait_log consumer 'producer victim .* ready' 30
-start p1 "$PRODUCER" "${popts[@]}" --name p1
-start p2 "$PRODUCER" "${popts[@]}" --name p2
-wait_log consumer 'producer p2 .* ready' 30
+for name in victim p1 p2; do wait_log consumer "producer $name .* ready" 30; done
 wait_delivered consumer 3 60
 
 kill -STOP "$(pid_of victim)"
@@ -34,7 +34,7 @@ kill -KILL "$(pid_of victim)"
 wait_exit victim 10
 [ "${RC_OF[victim]}" -eq 137 ] || fail "victim ended with ${RC_OF[victim]}, not by SIGKILL"
 
-expect_exit consumer 0 120
+expect_exit consumer 0 90
 expect_exit p1 0 30
 expect_exit p2 0 30
 log_has consumer 'producer victim .* gone: [0-9]+ ticket\(s\) back to the front of the queue'

@@ -91,7 +91,9 @@ typedef struct {
     pthread_t trainer;
     atomic_bool stop;
     uint32_t n_batches;
+    hs_order_t order;
     uint32_t *seen; /* [EPOCHS][n_batches] deliveries */
+    uint32_t *sequence; /* epoch * n_batches + batch, in delivery order */
     atomic_uint delivered, out_of_range, bad;
     char bad_why[256];
 } harness_t;
@@ -108,6 +110,8 @@ static void *trainer_main(void *arg)
         if (b.epoch >= EPOCHS || b.batch >= h->n_batches) {
             atomic_fetch_add(&h->out_of_range, 1);
         } else {
+            uint32_t k = atomic_load(&h->delivered) - 1;
+            if (k < EPOCHS * h->n_batches) h->sequence[k] = b.epoch * h->n_batches + b.batch;
             h->seen[b.epoch * h->n_batches + b.batch]++;
             /* The region starts hs_batch_offsets().cu_seqlens bytes before cu_seqlens. */
             hs_batch_offsets_t off = hs_batch_offsets(b.n_seqs, b.n_tokens, &g_layout);
@@ -142,8 +146,11 @@ static void harness_start(harness_t *h, hs_order_t order)
     ck_assert_int_eq(hs_consumer_create(&cfg, &h->c), HS_OK);
     ck_assert_uint_ne(hs_consumer_port(h->c), 0);
     h->n_batches = hs_plan_n_batches(g_plan);
+    h->order = order;
     h->seen = calloc((size_t)EPOCHS * h->n_batches, sizeof(uint32_t));
+    h->sequence = calloc((size_t)EPOCHS * h->n_batches, sizeof(uint32_t));
     ck_assert_ptr_nonnull(h->seen);
+    ck_assert_ptr_nonnull(h->sequence);
     ck_assert_int_eq(pthread_create(&h->trainer, NULL, trainer_main, h), 0);
 }
 
@@ -171,6 +178,26 @@ static void *producer_main(void *arg)
     cfg.name = "real-producer";
     a->result = hs_producer_run(&cfg);
     return NULL;
+}
+
+/* With --order plan the trainer saw epoch 0 in its plan order, then epoch 1
+ * in its own, whatever the peers did. */
+static void harness_check_order(const harness_t *h)
+{
+    if (h->order != HS_ORDER_PLAN) return;
+    uint32_t *order = calloc(h->n_batches, sizeof(uint32_t));
+    ck_assert_ptr_nonnull(order);
+    for (uint32_t e = 0; e < EPOCHS; e++) {
+        hs_plan_epoch_order(g_plan, e, order);
+        for (uint32_t i = 0; i < h->n_batches; i++) {
+            uint32_t got = h->sequence[e * h->n_batches + i];
+            ck_assert_msg(got == e * h->n_batches + order[i],
+                          "plan order broken at delivery %u: got batch %u/%u, plan says %u/%u",
+                          e * h->n_batches + i, got / h->n_batches, got % h->n_batches, e,
+                          order[i]);
+        }
+    }
+    free(order);
 }
 
 /* Runs a real producer to the end, then checks that the whole run arrived
@@ -204,7 +231,9 @@ static void harness_finish(harness_t *h, hs_consumer_stats_t *out)
     /* Slots of dropped peers came back: nothing is left reserved. */
     ck_assert_uint_le(out->cache_high_water, out->cache_capacity);
     ck_assert_uint_eq(out->cache_used, 0);
+    harness_check_order(h);
     free(h->seen);
+    free(h->sequence);
 }
 
 /* ---- a raw peer speaking the TCP framing ------------------------------------- */
@@ -258,6 +287,22 @@ static bool raw_send_msg(int fd, uint16_t type, const ProtobufCMessage *m, uint6
     static uint8_t buf[HS_FRAME_MAX_BODY + 64];
     size_t n = raw_build(buf, sizeof buf, type, m, payload_len);
     return raw_send(fd, buf, n);
+}
+
+/* Packs `m` with protobuf-c directly, skipping hs_msg_pack()'s field checks,
+ * into a frame with a correct header and crc: what a buggy or hostile
+ * producer could send. */
+static bool raw_send_unchecked(int fd, uint16_t type, const ProtobufCMessage *m)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(8 + HS_FRAME_HEADER_BYTES + n + 1);
+    ck_assert_ptr_nonnull(buf);
+    put_u64(buf, 0);
+    protobuf_c_message_pack(m, buf + 8 + HS_FRAME_HEADER_BYTES);
+    hs_frame_header_encode(buf + 8, type, buf + 8 + HS_FRAME_HEADER_BYTES, (uint32_t)n);
+    bool ok = raw_send(fd, buf, 8 + HS_FRAME_HEADER_BYTES + n);
+    free(buf);
+    return ok;
 }
 
 typedef enum { RX_MSG, RX_EOF, RX_RESET, RX_TIMEOUT } rx_t;
@@ -334,20 +379,20 @@ static void expect_refused(int fd, const char *needle, bool error_required)
 
 /* ---- handshake pieces ----------------------------------------------------------- */
 
-static void hello_send(int fd, const char *name)
+/* A correct HELLO for the fixture's plan; lm, layers and nonce are the
+ * caller's storage. */
+static void hello_fill(Hsflow__Hello *out, const char *name, Hsflow__Layout *lm, int32_t *layers,
+                       uint8_t *nonce)
 {
     Hsflow__Hello h = HSFLOW__HELLO__INIT;
-    Hsflow__Layout lm;
-    int32_t layers[HS_MAX_LAYERS];
-    uint8_t nonce[HS_AUTH_NONCE_BYTES] = {1, 2, 3};
-    hs_layout_to_msg(&g_layout, &lm, layers);
+    hs_layout_to_msg(&g_layout, lm, layers);
     hs_plan_stats_t ps;
     hs_plan_stats(g_plan, &ps);
     h.version = HS_PROTO_VERSION;
     h.producer_name = (char *)name;
     h.workers = 1;
     h.prefetch_per_worker = 2;
-    h.layout = &lm;
+    h.layout = lm;
     h.plan_hash = hs_plan_hash(g_plan);
     h.n_batches = hs_plan_n_batches(g_plan);
     h.seed = 7;
@@ -357,8 +402,18 @@ static void hello_send(int fd, const char *name)
     h.total_tokens = ps.tokens;
     h.total_seqs = ps.n_kept;
     h.client_nonce.data = nonce;
-    h.client_nonce.len = sizeof nonce;
+    h.client_nonce.len = HS_AUTH_NONCE_BYTES;
     h.target_name = "synthetic";
+    *out = h;
+}
+
+static void hello_send(int fd, const char *name)
+{
+    Hsflow__Hello h;
+    Hsflow__Layout lm;
+    int32_t layers[HS_MAX_LAYERS];
+    uint8_t nonce[HS_AUTH_NONCE_BYTES] = {1, 2, 3};
+    hello_fill(&h, name, &lm, layers, nonce);
     ck_assert(raw_send_msg(fd, HS_MSG_HELLO, &h.base, 0));
 }
 
@@ -608,7 +663,7 @@ END_TEST
 START_TEST(test_payload_of_the_wrong_size_is_refused)
 {
     harness_t h;
-    harness_start(&h, HS_ORDER_ARRIVAL);
+    harness_start(&h, HS_ORDER_PLAN);
     uint16_t port = hs_consumer_port(h.c);
     /* Too long: DONE says the granted size, the stream says more, and the
      * extra bytes follow at once (they would run past the slot). */
@@ -714,6 +769,83 @@ START_TEST(test_second_hello_and_other_out_of_protocol_frames_are_refused)
 }
 END_TEST
 
+START_TEST(test_well_framed_but_invalid_messages_are_refused)
+{
+    /* Correct frames (magic, length, crc) around messages whose fields are
+     * wrong: the consumer must check fields before it uses them. */
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    uint16_t port = hs_consumer_port(h.c);
+    Hsflow__Hello hello;
+    Hsflow__Layout lm;
+    int32_t layers[HS_MAX_LAYERS + 8];
+    uint8_t nonce[HS_AUTH_NONCE_BYTES] = {9};
+    int refused = 0;
+
+    for (int variant = 0; variant < 7; variant++) {
+        hello_fill(&hello, "raw-invalid", &lm, layers, nonce);
+        switch (variant) {
+        case 0: hello.client_nonce.len = 0; hello.client_nonce.data = NULL; break;
+        case 1: hello.client_nonce.len = 3; break;
+        case 2: hello.layout = NULL; break;
+        case 3: /* more layers than HS_MAX_LAYERS */
+            for (int i = 0; i < HS_MAX_LAYERS + 8; i++) layers[i] = i;
+            lm.n_layers = HS_MAX_LAYERS + 8;
+            break;
+        case 4: lm.layout_id ^= 1; break;
+        case 5: lm.hidden_size = 0; break;
+        case 6: hello.workers = 0; break;
+        }
+        int fd = raw_connect(port);
+        ck_assert(raw_send_unchecked(fd, HS_MSG_HELLO, &hello.base));
+        expect_refused(fd, NULL, true);
+        refused++;
+    }
+    /* Undecodable protobuf inside a correct frame. */
+    {
+        int fd = raw_connect(port);
+        uint8_t buf[8 + HS_FRAME_HEADER_BYTES + 32];
+        memset(buf, 0, 8);
+        for (int i = 0; i < 32; i++) buf[8 + HS_FRAME_HEADER_BYTES + i] = 0xff;
+        hs_frame_header_encode(buf + 8, HS_MSG_HELLO, buf + 8 + HS_FRAME_HEADER_BYTES, 32);
+        ck_assert(raw_send(fd, buf, sizeof buf));
+        expect_refused(fd, NULL, true);
+        refused++;
+    }
+    /* PLAN pages with inconsistent arrays or impossible batches, from the
+     * peer asked for the plan. */
+    uint32_t n = hs_plan_n_batches(g_plan);
+    for (int variant = 0; variant < 3; variant++) {
+        int fd = raw_connect(port);
+        hello_send(fd, "raw-bad-plan");
+        ck_assert(welcome_recv(fd));
+        uint32_t *ns = calloc(n, sizeof *ns), *nt = calloc(n, sizeof *nt);
+        for (uint32_t i = 0; i < n; i++) {
+            hs_plan_batch_t b;
+            hs_plan_batch(g_plan, i, &b);
+            ns[i] = b.n_seqs;
+            nt[i] = b.n_tokens;
+        }
+        Hsflow__Plan p = HSFLOW__PLAN__INIT;
+        p.n_n_seqs = p.n_n_tokens = n;
+        p.n_seqs = ns;
+        p.n_tokens = nt;
+        p.last = true;
+        if (variant == 0) p.n_n_tokens = n - 1;    /* arrays of different lengths */
+        if (variant == 1) nt[n / 2] = BUDGET + 1;  /* over the token budget */
+        if (variant == 2) ns[0] = 0;               /* a batch of no sequence */
+        ck_assert(raw_send_unchecked(fd, HS_MSG_PLAN, &p.base));
+        expect_refused(fd, NULL, true);
+        free(ns);
+        free(nt);
+        refused++;
+    }
+    hs_consumer_stats_t s;
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.producers_seen, (uint64_t)refused + 1);
+}
+END_TEST
+
 START_TEST(test_bad_peers_during_a_real_run_leave_it_intact)
 {
     /* The real producer runs while hostile peers come and go. */
@@ -758,6 +890,7 @@ START_TEST(test_bad_peers_during_a_real_run_leave_it_intact)
     ck_assert_uint_ge(s.leases_returned, 1);
     ck_assert_uint_eq(s.cache_used, 0);
     free(h.seen);
+    free(h.sequence);
 }
 END_TEST
 
@@ -775,6 +908,7 @@ static Suite *hostile_suite(void)
     tcase_add_test(tc, test_payload_of_the_wrong_size_is_refused);
     tcase_add_test(tc, test_plan_pages_out_of_order_are_refused_and_the_plan_restarts);
     tcase_add_test(tc, test_second_hello_and_other_out_of_protocol_frames_are_refused);
+    tcase_add_test(tc, test_well_framed_but_invalid_messages_are_refused);
     tcase_add_test(tc, test_bad_peers_during_a_real_run_leave_it_intact);
     suite_add_tcase(s, tc);
     return s;

@@ -42,16 +42,17 @@ copts=(--cache-gb 0.25 --epochs 2 --verify-synthetic --summary-json "$SCRATCH/su
 
 if [ "$mode" = loopback ]; then
     start consumer "$CONSUMER" --loopback 3 "${copts[@]}" -- "${popts[@]}"
-    expect_exit consumer 0 120
+    expect_exit consumer 0 90
     log_has consumer 'hsflow summary: .* \(complete\)'
 else
     port=$(free_port)
-    start consumer "$CONSUMER" --listen 127.0.0.1:$port "${copts[@]}"
     for i in 0 1 2; do
-        start p$i "$PRODUCER" --to 127.0.0.1:$port --name p$i --connect-timeout 30 \
+        start p$i "$PRODUCER" --to 127.0.0.1:$port --name p$i --connect-timeout 60 \
             --summary-json "$SCRATCH/p$i.json" "${popts[@]}"
     done
-    expect_exit consumer 0 120
+    wait_connecting p0 p1 p2
+    start consumer "$CONSUMER" --listen 127.0.0.1:$port "${copts[@]}"
+    expect_exit consumer 0 90
     for i in 0 1 2; do expect_exit p$i 0 30; done
     # Every batch was computed once: no producer did work that was thrown away.
     sum=0

@@ -65,21 +65,27 @@ static float *run_cuda(hs_model_cuda_t *mc, const int32_t *ids, const int32_t *c
 {
     int T = cu[n] - cu[0];
     int32_t *rebased = malloc((size_t)(n + 1) * sizeof(int32_t));
-    for (int i = 0; i <= n; i++) rebased[i] = cu[i] - cu[0];
+    for (int i = 0; i <= n; i++)
+        rebased[i] = cu[i] - cu[0];
     void *d_ids, *d_cu, *d_out;
     size_t row = (size_t)k * H;
     ck_assert_int_eq(cudaMalloc(&d_ids, (size_t)T * 4), cudaSuccess);
     ck_assert_int_eq(cudaMalloc(&d_cu, (size_t)(n + 1) * 4), cudaSuccess);
     ck_assert_int_eq(cudaMalloc(&d_out, (size_t)T * row * 2), cudaSuccess);
     ck_assert_int_eq(cudaMemset(d_out, 0xff, (size_t)T * row * 2), cudaSuccess); /* NaN poison */
-    ck_assert_int_eq(cudaMemcpy(d_ids, ids + cu[0], (size_t)T * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(d_cu, rebased, (size_t)(n + 1) * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ck_assert_int_eq(hs_model_cuda_forward(mc, d_ids, d_cu, n, T, layers, k, d_out, row, NULL), HS_OK);
+    ck_assert_int_eq(cudaMemcpy(d_ids, ids + cu[0], (size_t)T * 4, cudaMemcpyHostToDevice),
+                     cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(d_cu, rebased, (size_t)(n + 1) * 4, cudaMemcpyHostToDevice),
+                     cudaSuccess);
+    ck_assert_int_eq(hs_model_cuda_forward(mc, d_ids, d_cu, n, T, layers, k, d_out, row, NULL),
+                     HS_OK);
     ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
     uint16_t *b = malloc((size_t)T * row * 2);
     float *f = malloc((size_t)T * row * sizeof(float));
-    ck_assert_int_eq(cudaMemcpy(b, d_out, (size_t)T * row * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (size_t i = 0; i < (size_t)T * row; i++) f[i] = hs_bf16_to_f32(b[i]);
+    ck_assert_int_eq(cudaMemcpy(b, d_out, (size_t)T * row * 2, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    for (size_t i = 0; i < (size_t)T * row; i++)
+        f[i] = hs_bf16_to_f32(b[i]);
     cudaFree(d_ids), cudaFree(d_cu), cudaFree(d_out);
     free(b), free(rebased);
     return f;
@@ -117,7 +123,8 @@ START_TEST(cuda_forward_matches_cpu_forward_and_goldens_for_every_family)
     fam_open(name, &f);
     const int k = f.N + 1, H = f.H, T = f.T;
     int32_t *layers = malloc((size_t)k * sizeof(int32_t));
-    for (int j = 0; j < k; j++) layers[j] = j;
+    for (int j = 0; j < k; j++)
+        layers[j] = j;
 
     float *cpu = malloc((size_t)T * k * H * sizeof(float));
     ck_assert_int_eq(hs_model_forward_cpu(f.m, f.ids, f.cu, f.n, layers, k, cpu, HS_MODEL_OUT_F32,
@@ -140,7 +147,8 @@ START_TEST(cuda_forward_matches_cpu_forward_and_goldens_for_every_family)
         ck_assert_ptr_nonnull(g);
         ck_assert_int_eq(g->dtype, HS_ST_F32);
         snprintf(what, sizeof what, "%s layer %d vs cpu", name, j);
-        ok &= close_enough(what, gpu + (size_t)j * H, (size_t)k * H, cpu + (size_t)j * H, (size_t)k * H, T, H);
+        ok &= close_enough(what, gpu + (size_t)j * H, (size_t)k * H, cpu + (size_t)j * H,
+                           (size_t)k * H, T, H);
         snprintf(what, sizeof what, "%s layer %d vs transformers", name, j);
         ok &= close_enough(what, gpu + (size_t)j * H, (size_t)k * H, g->data, (size_t)H, T, H);
     }
@@ -150,7 +158,8 @@ START_TEST(cuda_forward_matches_cpu_forward_and_goldens_for_every_family)
         float *one = run_cuda(mc, f.ids, f.cu + s, 1, layers, k, H);
         int Ts = f.cu[s + 1] - f.cu[s];
         snprintf(what, sizeof what, "%s seq %d alone vs packed", name, s);
-        ok &= close_enough(what, one, (size_t)k * H, gpu + (size_t)f.cu[s] * k * H, (size_t)k * H, Ts, k * H);
+        ok &= close_enough(what, one, (size_t)k * H, gpu + (size_t)f.cu[s] * k * H, (size_t)k * H,
+                           Ts, k * H);
         free(one);
     }
 

@@ -71,7 +71,8 @@ static float *dev_download_bf16(const void *d, size_t n)
     uint16_t *b = malloc(n * 2);
     float *f = malloc(n * sizeof(float));
     ck_assert_int_eq(cudaMemcpy(b, d, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (size_t i = 0; i < n; i++) f[i] = hs_bf16_to_f32(b[i]);
+    for (size_t i = 0; i < n; i++)
+        f[i] = hs_bf16_to_f32(b[i]);
     free(b);
     return f;
 }
@@ -96,8 +97,10 @@ static int compare(const char *what, const float *gpu, size_t gs, const float *r
             }
         }
     if (bad) {
-        fprintf(stderr, "%s: %zu of %zu values out of bounds (abs %g + rel %g), max diff %g at [%zu, %zu]\n",
-                what, bad, rows * cols, abs_tol, rel_tol, max_diff, worst / cols, worst % cols);
+        fprintf(
+            stderr,
+            "%s: %zu of %zu values out of bounds (abs %g + rel %g), max diff %g at [%zu, %zu]\n",
+            what, bad, rows * cols, abs_tol, rel_tol, max_diff, worst / cols, worst % cols);
         for (size_t i = 0; i < 8 && i < cols; i++)
             fprintf(stderr, "  [0, %zu] gpu %+.6f ref %+.6f\n", i, gpu[i], ref[i]);
     } else {
@@ -118,7 +121,8 @@ START_TEST(embedding_gathers_the_rows_of_the_ids)
         uint16_t *tb;
         float *tf = rand_bf16((size_t)vocab * H, 0.f, 1.f, &tb);
         int32_t ids[77];
-        for (int t = 0; t < T; t++) ids[t] = (int32_t)(hs_splitmix64(&g_rng) % (uint64_t)vocab);
+        for (int t = 0; t < T; t++)
+            ids[t] = (int32_t)(hs_splitmix64(&g_rng) % (uint64_t)vocab);
         float *ref = malloc((size_t)T * H * sizeof(float));
         hs_kn_embedding_ref(tb, vocab, H, ids, T, ref);
         void *dt = dev_upload(tb, (size_t)vocab * H * 2), *di = dev_upload(ids, sizeof ids);
@@ -144,7 +148,8 @@ START_TEST(rmsnorm_matches_its_twin_and_copies_the_input_row)
         float *xf = rand_bf16((size_t)rows * xs, 0.5f, 2.f, &xb);
         float *wf = rand_bf16((size_t)dim, 1.f, 0.2f, &wb);
         float *xd = malloc((size_t)rows * dim * sizeof(float));
-        for (int r = 0; r < rows; r++) memcpy(xd + (size_t)r * dim, xf + (size_t)r * xs, dim * sizeof(float));
+        for (int r = 0; r < rows; r++)
+            memcpy(xd + (size_t)r * dim, xf + (size_t)r * xs, dim * sizeof(float));
         float *ref = malloc((size_t)rows * dim * sizeof(float));
         hs_kn_rmsnorm_ref(xd, wb, ref, rows, dim, 1e-6f);
         void *dx = dev_upload(xb, (size_t)rows * xs * 2), *dw = dev_upload(wb, (size_t)dim * 2);
@@ -168,14 +173,16 @@ START_TEST(rmsnorm_heads_normalises_each_head_in_place)
     float *xf = rand_bf16((size_t)T * stride, 0.f, 3.f, &xb);
     float *wf = rand_bf16(D, 1.f, 0.3f, &wb);
     float *ref = malloc((size_t)T * nh * D * sizeof(float));
-    for (int t = 0; t < T; t++) memcpy(ref + (size_t)t * nh * D, xf + (size_t)t * stride, nh * D * sizeof(float));
+    for (int t = 0; t < T; t++)
+        memcpy(ref + (size_t)t * nh * D, xf + (size_t)t * stride, nh * D * sizeof(float));
     hs_kn_rmsnorm_ref(ref, wb, ref, T * nh, D, 1e-6f);
     void *dx = dev_upload(xb, (size_t)T * stride * 2), *dw = dev_upload(wb, D * 2);
     ck_assert_int_eq(hs_kn_rmsnorm_heads(dx, stride, T, nh, D, dw, 1e-6f, NULL), HS_OK);
     float *got = dev_download_bf16(dx, (size_t)T * stride);
     ck_assert(compare("rmsnorm heads", got, stride, ref, nh * D, T, nh * D, 1e-3f, 1.6e-2f));
     /* the columns after the heads are untouched */
-    ck_assert(compare("rmsnorm heads rest", got + nh * D, stride, xf + nh * D, stride, T, stride - nh * D, 0.f, 0.f));
+    ck_assert(compare("rmsnorm heads rest", got + nh * D, stride, xf + nh * D, stride, T,
+                      stride - nh * D, 0.f, 0.f));
     cudaFree(dx), cudaFree(dw);
     free(xb), free(wb), free(xf), free(wf), free(ref), free(got);
 }
@@ -192,7 +199,8 @@ START_TEST(rope_restarts_positions_at_every_sequence_with_llama3_scaling)
     uint16_t *xb;
     float *xf = rand_bf16((size_t)T * stride, 0.f, 1.f, &xb);
     float *ref = malloc((size_t)T * nh * D * sizeof(float));
-    for (int t = 0; t < T; t++) memcpy(ref + (size_t)t * nh * D, xf + (size_t)t * stride, nh * D * sizeof(float));
+    for (int t = 0; t < T; t++)
+        memcpy(ref + (size_t)t * nh * D, xf + (size_t)t * stride, nh * D * sizeof(float));
     hs_kn_rope_ref(ref, cu, n_seqs, nh, D, inv);
     void *dx = dev_upload(xb, (size_t)T * stride * 2), *dcu = dev_upload(cu, sizeof cu);
     void *dinv = dev_upload(inv, sizeof inv), *dpos = NULL;
@@ -222,7 +230,8 @@ START_TEST(swiglu_matches_its_twin_on_fused_gate_up_rows)
         int I = Is[ii];
         uint16_t *gub;
         float *guf = rand_bf16((size_t)T * 2 * I, 0.f, 2.f, &gub);
-        float *g = malloc((size_t)T * I * sizeof(float)), *u = malloc((size_t)T * I * sizeof(float));
+        float *g = malloc((size_t)T * I * sizeof(float)),
+              *u = malloc((size_t)T * I * sizeof(float));
         for (int t = 0; t < T; t++) {
             memcpy(g + (size_t)t * I, guf + (size_t)t * 2 * I, I * sizeof(float));
             memcpy(u + (size_t)t * I, guf + (size_t)t * 2 * I + I, I * sizeof(float));
@@ -289,7 +298,8 @@ START_TEST(linear_matches_matmul_twin_with_bias_and_accumulate)
     ck_assert_int_eq(cudaMemcpy(dy, yb, (size_t)M * ldy * 2, cudaMemcpyHostToDevice), cudaSuccess);
     hs_kn_matmul_ref(xf, wb, NULL, ref, M, K, N);
     for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) ref[(size_t)m * N + n] += yf[(size_t)m * ldy + n];
+        for (int n = 0; n < N; n++)
+            ref[(size_t)m * N + n] += yf[(size_t)m * ldy + n];
     int cached = hs_lt_cached_shapes(lt);
     ck_assert_int_eq(hs_lt_linear(lt, dy, ldy, dx, K, dw, NULL, M, N, K, true, NULL), HS_OK);
     got = dev_download_bf16(dy, (size_t)M * ldy);
@@ -299,7 +309,8 @@ START_TEST(linear_matches_matmul_twin_with_bias_and_accumulate)
     ck_assert_int_eq(hs_lt_cached_shapes(lt), cached + 1);
     free(got);
 
-    ck_assert_int_eq(hs_lt_linear(lt, dy, N - 1, dx, K, dw, NULL, M, N, K, false, NULL), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_lt_linear(lt, dy, N - 1, dx, K, dw, NULL, M, N, K, false, NULL),
+                     HS_ERR_INVALID);
     hs_lt_destroy(lt);
     cudaFree(dx), cudaFree(dw), cudaFree(db), cudaFree(dy);
     free(xb), free(wb), free(bb), free(yb), free(xf), free(wf), free(bf), free(yf), free(ref);
@@ -322,24 +333,28 @@ static void attention_case(const char *name, const int32_t *cu, int n_seqs, int 
             xf[j] = hs_bf16_to_f32(xb[j]);
         }
     float *q = malloc((size_t)T * Hq * D * sizeof(float));
-    float *k = malloc((size_t)T * Hkv * D * sizeof(float)), *v = malloc((size_t)T * Hkv * D * sizeof(float));
+    float *k = malloc((size_t)T * Hkv * D * sizeof(float)),
+          *v = malloc((size_t)T * Hkv * D * sizeof(float));
     for (int t = 0; t < T; t++) {
         memcpy(q + (size_t)t * Hq * D, xf + (size_t)t * stride, Hq * D * sizeof(float));
         memcpy(k + (size_t)t * Hkv * D, xf + (size_t)t * stride + Hq * D, Hkv * D * sizeof(float));
-        memcpy(v + (size_t)t * Hkv * D, xf + (size_t)t * stride + (Hq + Hkv) * D, Hkv * D * sizeof(float));
+        memcpy(v + (size_t)t * Hkv * D, xf + (size_t)t * stride + (Hq + Hkv) * D,
+               Hkv * D * sizeof(float));
     }
     float scale = 1.f / sqrtf((float)D);
     float *ref = malloc((size_t)T * Hq * D * sizeof(float));
     hs_kn_attention_ref(q, k, v, ref, cu, n_seqs, Hq, Hkv, D, scale, window);
-    void *dx = dev_upload(xb, (size_t)T * stride * 2), *dcu = dev_upload(cu, (n_seqs + 1) * sizeof(int32_t));
+    void *dx = dev_upload(xb, (size_t)T * stride * 2),
+         *dcu = dev_upload(cu, (n_seqs + 1) * sizeof(int32_t));
     void *dtiles = NULL;
     ck_assert_int_eq(cudaMalloc(&dtiles, (n_seqs + 1) * sizeof(int32_t)), cudaSuccess);
     int ostride = Hq * D + 8;
     void *dout = dev_poisoned((size_t)T * ostride);
     const uint16_t *dq = dx;
     ck_assert_int_eq(hs_kn_attention_schedule(dcu, n_seqs, dtiles, NULL), HS_OK);
-    ck_assert_int_eq(hs_kn_attention(dq, stride, dq + Hq * D, dq + (Hq + Hkv) * D, stride, dout, ostride,
-                                     dcu, dtiles, n_seqs, T, Hq, Hkv, D, scale, window, NULL),
+    ck_assert_int_eq(hs_kn_attention(dq, stride, dq + Hq * D, dq + (Hq + Hkv) * D, stride, dout,
+                                     ostride, dcu, dtiles, n_seqs, T, Hq, Hkv, D, scale, window,
+                                     NULL),
                      HS_OK);
     float *got = dev_download_bf16(dout, (size_t)T * ostride);
     ck_assert(compare(name, got, ostride, ref, Hq * D, T, Hq * D, 1.5e-2f, 2e-2f));

@@ -249,9 +249,15 @@ START_TEST(frames_round_trip_both_ways_in_order)
 
     size_t n = make_frame(buf, HS_MSG_TICKET, 0, 4093);
     ck_assert_int_eq(hs_tp_send(sc, buf, n), HS_OK);
-    n = make_frame(buf, HS_MSG_BYE, 1, 0);
+    /* a body near the limit (64 KiB here) goes through in one piece */
+    uint8_t *big = malloc(HS_FRAME_HEADER_BYTES + 65000);
+    n = make_frame(big, HS_MSG_PLAN, 1, 65000);
+    ck_assert_int_eq(hs_tp_send(sc, big, n), HS_OK);
+    free(big); /* copied by hs_tp_send */
+    n = make_frame(buf, HS_MSG_BYE, 2, 0);
     ck_assert_int_eq(hs_tp_send(sc, buf, n), HS_OK);
-    PUMP_UNTIL(&S, &C, C.frames == 2);
+    PUMP_UNTIL(&S, &C, C.frames == 3);
+    ck_assert(!C.seq_broken);
     ck_assert_uint_eq(C.type, HS_MSG_BYE);
     ck_assert_uint_eq(C.body_len, 0);
 
@@ -583,6 +589,33 @@ START_TEST(destroy_fails_pending_sends_and_receives_exactly_once)
 }
 END_TEST
 
+START_TEST(a_sender_that_vanishes_mid_payload_fails_the_receive_once)
+{
+    const size_t len = 64u << 20;
+    uint8_t *src = malloc(len);
+    memset(src, 3, len);
+    uint8_t *dst = malloc(len);
+    pair_open("127.0.0.1");
+    S.dest = dst;
+    S.dest_len = len;
+    g_sent_ok = g_sent_failed = 0;
+    memset(g_send_calls, 0, sizeof g_send_calls);
+    uint8_t frame[HS_FRAME_HEADER_BYTES + 8];
+    size_t n = make_frame(frame, HS_MSG_DONE, 0, 8);
+    ck_assert_int_eq(hs_tp_send_payload(g_cc, frame, n, src, len, cb_sent, (void *)0), HS_OK);
+    PUMP_UNTIL(&S, &C, S.payload_frames == 1);
+    hs_tp_destroy(C.tp); /* the producer goes away with its payload half sent */
+    ck_assert_int_eq(g_send_calls[0], 1);
+    PUMP_UNTIL(&S, NULL, S.closes == 1);
+    ck_assert_int_eq(S.payloads_ok + S.payloads_failed, 1);
+    if (S.payloads_ok == 0) ck_assert_int_ne(S.close_reason, HS_OK);
+    hs_tp_destroy(S.tp);
+    ck_assert_int_eq(count_fds(), g_fds0);
+    free(src);
+    free(dst);
+}
+END_TEST
+
 START_TEST(close_flushes_queued_frames_and_the_peer_sees_an_orderly_close)
 {
     pair_open("127.0.0.1");
@@ -853,6 +886,7 @@ static void add_api_tests(TCase *tc)
     ADD(tc, send_completions_run_exactly_once_when_the_connection_dies);
     ADD(tc, destroy_fails_pending_sends_and_receives_exactly_once);
     ADD(tc, close_flushes_queued_frames_and_the_peer_sees_an_orderly_close);
+    ADD(tc, a_sender_that_vanishes_mid_payload_fails_the_receive_once);
     ADD(tc, ipv6_loopback_works);
     ADD(tc, connect_to_a_port_nobody_listens_on_times_out);
     ADD(tc, require_rdma_refuses_a_path_without_rdma);

@@ -1,0 +1,184 @@
+"""hsflow.Consumer in this process, fed by real hs-producer processes with
+the synthetic source: every batch's views are checked (shapes, dtypes,
+cu_seqlens, ids and mask against the dataset, every hidden value) and shown
+to be zero-copy views of the library's memory."""
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+
+import hsflow
+from conftest import have_torch
+
+H, LAYERS, BUDGET = 48, [1, 4, 9], 600
+
+
+def start_producers(producer_bin, port, data, n=2, workers=2, extra=()):
+    """n hs-producer processes; their stderr goes to temporary files that
+    stop() prints when one fails."""
+    args = [producer_bin, "--to", "127.0.0.1:%d" % port, "--data", data,
+            "--token-budget", str(BUDGET), "--hidden-size", str(H),
+            "--layers", ",".join(map(str, LAYERS)), "--source", "synthetic",
+            "--gpus", "cpu:%d" % workers, "--connect-timeout", "20"] + list(extra)
+    procs = []
+    for i in range(n):
+        log = tempfile.TemporaryFile()
+        p = subprocess.Popen(args + ["--name", "p%d" % i], stdout=log, stderr=subprocess.STDOUT)
+        p.log = log
+        procs.append(p)
+    return procs
+
+
+def stop(procs):
+    """Waits for the producers (they end when the consumer says BYE); returns
+    their exit codes, printing the output of any that failed."""
+    rcs = []
+    for p in procs:
+        try:
+            rcs.append(p.wait(30))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rcs.append(p.wait())
+        if rcs[-1] != 0:
+            p.log.seek(0)
+            print("hs-producer exited %d:\n%s" % (rcs[-1], p.log.read().decode(errors="replace")))
+        p.log.close()
+    return rcs
+
+
+def check_batch(b, rows):
+    """Every view of a host batch against the plan's rules and the dataset."""
+    T, n, kH = b.n_tokens, b.n_seqs, len(LAYERS) * H
+    assert b.layers == tuple(LAYERS) and b.hidden_size == H and b.n_layers == len(LAYERS)
+    assert not b.on_device
+    hs, ids, mask, cu, sids = b.hidden_states, b.input_ids, b.loss_mask, b.cu_seqlens, b.sample_ids
+    assert (hs.shape, hs.dtype) == ((T, kH), np.uint16)
+    assert (ids.shape, ids.dtype) == ((T,), np.int32)
+    assert (mask.shape, mask.dtype) == ((T,), np.uint8)
+    assert (cu.shape, cu.dtype) == ((n + 1,), np.int32)
+    assert (sids.shape, sids.dtype) == ((n,), np.uint64)
+    assert 0 < T <= BUDGET
+    assert cu[0] == 0 and cu[-1] == T and np.all(np.diff(cu) > 0), cu
+    # zero-copy: each numpy array's data is the library's pointer
+    ptrs = b.pointers()
+    for name, arr in (("hidden_states", hs), ("input_ids", ids), ("loss_mask", mask),
+                      ("cu_seqlens", cu), ("sample_ids", sids)):
+        assert arr.ctypes.data == ptrs[name], name
+        assert not arr.flags.writeable and not arr.flags.owndata, name
+    for s in range(n):
+        want_ids, want_mask = rows[int(sids[s])]
+        lo, hi = int(cu[s]), int(cu[s + 1])
+        assert ids[lo:hi].tolist() == want_ids[:hi - lo]
+        assert mask[lo:hi].tolist() == want_mask[:hi - lo]
+    want = hsflow.synthetic_hidden(sids, cu, b.layers, H)
+    assert np.array_equal(hs, want)
+
+
+def test_consumer_receives_every_batch_from_hs_producer_as_zero_copy_verified_views(
+        producer_bin, dataset):
+    data, rows = dataset
+    seen = []
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, verify_synthetic=True,
+                         arrays="numpy") as c:
+        assert 0 < c.port < 65536
+        procs = start_producers(producer_bin, c.port, data)
+        try:
+            for b in c:
+                check_batch(b, rows)
+                seen.append((b.epoch, b.batch))
+            s = c.stats()
+        finally:
+            rcs = stop(procs)
+    assert rcs == [0, 0]
+    assert len(seen) == len(set(seen)) == s["batches_planned"] == s["batches_delivered"] > 2
+    assert {e for e, _ in seen} == {0, 1}
+    assert s["checksum_failures"] == 0 and s["duplicates"] == 0 and s["finished"]
+    assert s["tokens_delivered"] == 2 * sum(len(r[0]) for r in rows)
+    assert "tokens_per_s" in s
+
+
+def test_batch_views_raise_once_the_batch_is_released(producer_bin, dataset):
+    data, _ = dataset
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, arrays="numpy") as c:
+        procs = start_producers(producer_bin, c.port, data, n=1)
+        try:
+            first = next(c)
+            assert first.input_ids is not None and not first.released
+            first.release()
+            first.release()  # idempotent
+            assert first.released
+            for attr in ("hidden_states", "input_ids", "loss_mask", "cu_seqlens", "sample_ids"):
+                with pytest.raises(hsflow.HsflowError, match="was released"):
+                    getattr(first, attr)
+            second = next(c)
+            with second:  # a batch is a context manager that releases on exit
+                assert second.n_tokens > 0
+            with pytest.raises(hsflow.HsflowError):
+                second.hidden_states
+            third = next(c)
+            n = 3
+            for _ in c:  # taking the next batch releases the previous one
+                n += 1
+                assert third.released
+            s = c.stats()
+        finally:
+            stop(procs)
+    assert n == s["batches_planned"]
+
+
+def test_consumer_iteration_is_done_after_the_last_epoch(producer_bin, dataset):
+    data, _ = dataset
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, arrays="numpy") as c:
+        procs = start_producers(producer_bin, c.port, data, n=1)
+        try:
+            n = sum(1 for _ in c)
+            assert n > 0
+            assert list(c) == []  # stays exhausted
+            with pytest.raises(StopIteration):
+                c.next_batch(timeout=0.1)
+        finally:
+            stop(procs)
+    with pytest.raises(hsflow.HsflowError, match="closed"):
+        c.port
+
+
+def test_consumer_delivers_plan_order_when_asked(producer_bin, dataset):
+    data, _ = dataset
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, order="plan",
+                         arrays="numpy") as c:
+        procs = start_producers(producer_bin, c.port, data, n=2)
+        try:
+            got = [(b.epoch, b.batch) for b in c]
+        finally:
+            stop(procs)
+    assert len(got) == len(set(got)) > 2
+
+
+@pytest.mark.skipif(not have_torch(), reason="torch is not installed")
+def test_torch_mode_gives_bf16_tensors_sharing_the_consumer_memory(producer_bin, dataset):
+    import torch
+    data, rows = dataset
+    n = 0
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, verify_synthetic=True,
+                         arrays="torch") as c:
+        procs = start_producers(producer_bin, c.port, data, n=1)
+        try:
+            for b in c:
+                hs = b.hidden_states
+                assert isinstance(hs, torch.Tensor) and hs.dtype == torch.bfloat16
+                assert hs.shape == (b.n_tokens, len(LAYERS) * H)
+                assert hs.data_ptr() == b.pointers()["hidden_states"]
+                assert b.input_ids.dtype == torch.int32
+                assert b.input_ids.data_ptr() == b.pointers()["input_ids"]
+                assert b.loss_mask.dtype == torch.uint8 and b.cu_seqlens.dtype == torch.int32
+                want = hsflow.synthetic_hidden(b.sample_ids, b.cu_seqlens.numpy(), b.layers, H)
+                got = hs.view(torch.int16).numpy().view(np.uint16)
+                assert np.array_equal(got, want)
+                # the bf16 values are what the bits say
+                f = hs[:4].float().numpy()
+                assert np.array_equal(f, hsflow.bf16_bits_to_f32(want[:4]))
+                n += 1
+        finally:
+            stop(procs)
+    assert n > 0

@@ -1,0 +1,168 @@
+"""hsflow.Producer in this process feeding an hsflow.Consumer (in a thread of
+the same process), with hidden states computed in numpy (and torch when it
+is installed): every batch is delivered once and every value arrives
+exactly as sent."""
+import numpy as np
+import pytest
+
+import hsflow
+from conftest import ConsumerThread, have_torch
+
+H, LAYERS, BUDGET = 40, [0, 3], 512
+
+
+def exact_values(sample_ids, cu, layers, h):
+    """float32 [T, k*H] values that bf16 holds exactly: multiples of 1/16 in
+    [-8, 8), a function of (sample, position, layer, channel)."""
+    T = int(cu[-1])
+    out = np.empty((T, len(layers) * h), np.float32)
+    ch = np.arange(h)
+    for s, sid in enumerate(sample_ids):
+        lo, hi = int(cu[s]), int(cu[s + 1])
+        pos = np.arange(hi - lo)[:, None]
+        for j, layer in enumerate(layers):
+            v = (int(sid) * 7 + pos * 3 + layer * 5 + ch[None, :]) % 256 - 128
+            out[lo:hi, j * h:(j + 1) * h] = v / 16.0
+    return out
+
+
+def producer(port, data, **kw):
+    return hsflow.Producer(to="127.0.0.1:%d" % port, data=data, token_budget=BUDGET,
+                           hidden_size=H, layers=LAYERS, connect_timeout_s=20,
+                           arrays=kw.pop("arrays", "numpy"), **kw)
+
+
+def test_python_producer_synthetic_states_pass_the_consumers_end_to_end_check(dataset):
+    data, rows = dataset
+
+    def check(b):
+        assert np.array_equal(b.hidden_states,
+                              hsflow.synthetic_hidden(b.sample_ids, b.cu_seqlens, b.layers, H))
+        for s in range(b.n_seqs):
+            lo, hi = int(b.cu_seqlens[s]), int(b.cu_seqlens[s + 1])
+            assert b.input_ids[lo:hi].tolist() == rows[int(b.sample_ids[s])][0][:hi - lo]
+
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, verify_synthetic=True,
+                         arrays="numpy") as c:
+        ct = ConsumerThread(c, check)
+        with producer(c.port, data) as p:
+            for t in p.tickets():
+                assert t.hidden.ctypes.data == t.pointers()["hidden"]  # zero-copy staging
+                assert t.input_ids.ctypes.data == t.pointers()["input_ids"]
+                assert t.cu_seqlens[0] == 0 and t.cu_seqlens[-1] == t.n_tokens
+                assert t.layers == tuple(LAYERS) and t.hidden.shape == (t.n_tokens, 2 * H)
+                t.send(hidden_states=hsflow.synthetic_hidden(t.sample_ids, t.cu_seqlens,
+                                                             t.layers, H))
+            sent = p.batches_sent
+        seen = ct.join()
+        s = c.stats()
+    assert len(seen) == len(set(seen)) == sent == s["batches_planned"] > 2
+    assert s["checksum_failures"] == 0 and s["finished"]
+
+
+def test_python_producer_float_states_arrive_bit_exact_in_every_accepted_form(dataset):
+    data, _ = dataset
+
+    def check(b):
+        want = exact_values(b.sample_ids, b.cu_seqlens, b.layers, H)
+        assert np.array_equal(hsflow.bf16_bits_to_f32(b.hidden_states), want), \
+            "epoch %d batch %d" % (b.epoch, b.batch)
+
+    forms = []
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=3, arrays="numpy") as c:
+        ct = ConsumerThread(c, check)
+        with producer(c.port, data) as p:
+            for i, t in enumerate(p.tickets()):
+                x = exact_values(t.sample_ids, t.cu_seqlens, t.layers, H)
+                form = i % 4
+                forms.append(form)
+                if form == 0:    # [T, k*H] float32
+                    t.send(hidden_states=x)
+                elif form == 1:  # k arrays [T, H], float64
+                    t.send(hidden_states=[x[:, :H].astype(np.float64), x[:, H:]])
+                elif form == 2:  # bf16 bits
+                    t.send(hidden_states=hsflow.f32_to_bf16_bits(x))
+                else:            # written in place into the staging buffer
+                    hsflow.f32_to_bf16_bits(x, out=t.hidden)
+                    t.send()
+        seen = ct.join()
+    assert len(seen) == len(set(seen)) == len(forms) and set(forms) == {0, 1, 2, 3}
+
+
+def test_float32_to_bf16_rounds_to_nearest_even():
+    x = np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8 + 2 ** -20, -2.5, 0.0, -0.0,
+                  np.inf, -np.inf, np.nan, 3.0e38, 1e-45], np.float32)
+    got = hsflow.f32_to_bf16_bits(x)
+    assert [int(v) for v in got[:9]] == [0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xC020, 0x0000,
+                                         0x8000, 0x7F80, 0xFF80]
+    assert (got[9] & 0x7F80) == 0x7F80 and (got[9] & 0x7F) != 0  # still a NaN
+    assert got[10] == 0x7F62 and got[11] == 0x0000
+    if have_torch():
+        import torch
+        r = np.random.default_rng(1).standard_normal(4099).astype(np.float32) * 1e3
+        ref = torch.from_numpy(r).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        assert np.array_equal(hsflow.f32_to_bf16_bits(r), ref)
+
+
+def test_ticket_send_rejects_wrong_shapes_and_types_and_a_sent_ticket_is_dead(dataset):
+    data, _ = dataset
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, arrays="numpy") as c:
+        ct = ConsumerThread(c, lambda b: None)
+        with producer(c.port, data) as p:
+            gen = p.tickets()
+            t = next(gen)
+            T = t.n_tokens
+            with pytest.raises(ValueError, match=r"expected \[T, k\*H\] = \[%d, %d\]" % (T, 2 * H)):
+                t.send(hidden_states=np.zeros((T, H), np.float32))
+            with pytest.raises(ValueError, match="list of 1 arrays; expected one per captured"):
+                t.send(hidden_states=[np.zeros((T, H), np.float32)])
+            with pytest.raises(ValueError, match=r"hidden_states\[1\] has shape"):
+                t.send(hidden_states=[np.zeros((T, H), np.float32), np.zeros((T, H + 1))])
+            with pytest.raises(TypeError, match="dtype int64"):
+                t.send(hidden_states=np.zeros((T, 2 * H), np.int64))
+            with pytest.raises(TypeError, match="expected a torch tensor or a numpy array"):
+                t.send(hidden_states="nope")
+            with pytest.raises(hsflow.HsflowError, match="was not sent"):
+                next(gen)  # the previous ticket must go first
+            t.send(hidden_states=np.zeros((T, 2 * H), np.float32))
+            assert t.sent
+            with pytest.raises(hsflow.HsflowError, match="already sent"):
+                t.input_ids
+            with pytest.raises(hsflow.HsflowError, match="already sent"):
+                t.send()
+            a, b = p.next_ticket(), p.next_ticket()
+            with pytest.raises(hsflow.HsflowError, match="2 tickets are taken and not sent"):
+                p.next_ticket()
+            b.send(hidden_states=np.ones((b.n_tokens, 2 * H), np.float32))
+            a.send(hidden_states=np.ones((a.n_tokens, 2 * H), np.float32))
+            for t in p.tickets():
+                t.send()
+        seen = ct.join()
+        planned = c.stats()["batches_planned"]
+    assert len(seen) == len(set(seen)) == planned
+
+@pytest.mark.skipif(not have_torch(), reason="torch is not installed")
+def test_python_producer_accepts_torch_tensors_and_gives_a_bf16_staging_tensor(dataset):
+    import torch
+    data, _ = dataset
+
+    def check(b):
+        want = exact_values(b.sample_ids, b.cu_seqlens, b.layers, H)
+        assert torch.equal(b.hidden_states.float(), torch.from_numpy(want))
+
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, arrays="torch") as c:
+        ct = ConsumerThread(c, check)
+        with producer(c.port, data, arrays="torch") as p:
+            for i, t in enumerate(p.tickets()):
+                x = torch.from_numpy(exact_values(t.sample_ids, t.cu_seqlens, t.layers, H))
+                assert t.hidden.dtype == torch.bfloat16
+                assert t.hidden.data_ptr() == t.pointers()["hidden"]
+                if i % 3 == 0:
+                    t.send(hidden_states=x.to(torch.bfloat16))
+                elif i % 3 == 1:
+                    t.send(hidden_states=list(x.split(H, dim=1)))  # float32, per layer
+                else:
+                    t.hidden.copy_(x)
+                    t.send()
+        seen = ct.join()
+    assert len(seen) == len(set(seen)) > 2
