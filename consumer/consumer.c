@@ -715,7 +715,7 @@ static void collect_released(hs_consumer_t *c)
         pthread_mutex_lock(&c->lock);
         n = c->released_n < 256 ? c->released_n : 256;
         c->released_n -= n;
-        memcpy(tickets, c->released + c->released_n, n * sizeof(uint64_t));
+        if (n) memcpy(tickets, c->released + c->released_n, n * sizeof(uint64_t));
         pthread_mutex_unlock(&c->lock);
         for (uint32_t i = 0; i < n; i++)
             hs_sched_release(c->sched, tickets[i]);

@@ -20,8 +20,11 @@
  *   weights: one allocation, q/k/v and gate/up concatenated at upload;
  *   activations for token_budget tokens: h [T, H], xa [T, max(H, Hq d)],
  *   big [T, max((Hq + 2 Hkv) d, 2 I)] (qkv, then gate|up), positions [T],
- *   attention tile prefix [max_seqs + 1]; plus the cuBLASLt workspace. */
+ *   attention tile prefix [max_seqs + 1]; plus the cuBLASLt workspace.
+ * Only the decoder layers below the highest capturable index (max_layer at
+ * create) are uploaded. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cuda_runtime_api.h>
@@ -29,7 +32,7 @@
 #include "attention.h"
 #include "cublaslt.h"
 #include "embedding.h"
-#include "hs_model_cuda_int.h"
+#include "hs_model.h"
 #include "model_int.h"
 #include "rmsnorm.h"
 #include "rope.h"
@@ -47,7 +50,9 @@ struct hs_model_cuda {
     int device;
     uint32_t budget, max_seqs;
     int H, I, N, nh, nkv, d, q_dim, qkv_dim, xa_dim, big_dim;
-    void *wbase; /* all weights */
+    int max_layer; /* highest output_hidden_states index a forward may capture */
+    int n_up;      /* decoder layers uploaded: min(max_layer, N) */
+    void *wbase;   /* all weights */
     size_t wbytes;
     void *abase; /* all activations */
     size_t abytes;
@@ -100,7 +105,7 @@ static hs_status_t plan_weights(hs_model_cuda_t *mc, planner_t *p)
         (st = HS_CUDA_CHECK(cudaMemcpy(mc->inv_freq, m->inv_freq, (size_t)mc->d / 2 * sizeof(float),
                                        cudaMemcpyHostToDevice))))
         return st;
-    for (int l = 0; l < mc->N; l++) {
+    for (int l = 0; l < mc->n_up; l++) {
         const hs__layer_weights_t *w = &m->layers[l];
         dev_layer_t *dl = &mc->layers[l];
         char *q = plan_take(p, (qd + 2 * kvd) * H * 2);
@@ -171,10 +176,11 @@ static void plan_activations(hs_model_cuda_t *mc, planner_t *p)
     mc->tiles = plan_take(p, ((size_t)mc->max_seqs + 1) * sizeof(int32_t));
 }
 
-hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget,
-                                 uint32_t max_seqs, hs_model_cuda_t **out)
+/* Checks the arguments of create / plan_bytes against what the CUDA
+ * forward supports. */
+static hs_status_t check_create(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs)
 {
-    if (!m || !out || token_budget == 0 || max_seqs == 0 || max_seqs > token_budget) {
+    if (!m || token_budget == 0 || max_seqs == 0 || max_seqs > token_budget) {
         hs_error("cuda forward: need a model, token_budget >= 1 and 1 <= max_seqs <= token_budget "
                  "(got budget %u, max_seqs %u)",
                  token_budget, max_seqs);
@@ -187,20 +193,21 @@ hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budge
                  c->head_dim);
         return HS_ERR_UNSUPPORTED;
     }
-    if (c->head_dim != 64 && c->head_dim != 80 && c->head_dim != 96 && c->head_dim != 128)
-        hs_warn("cuda forward: head_dim %d runs on the slow generic attention kernel (tensor cores "
-                "take 64, 80, 96 and 128)",
-                c->head_dim);
     if (c->hidden_size % 8 || c->intermediate_size % 8) {
         hs_error("cuda forward: hidden_size %d and intermediate_size %d must be multiples of 8 for "
                  "cuBLASLt; use --device cpu",
                  c->hidden_size, c->intermediate_size);
         return HS_ERR_UNSUPPORTED;
     }
-    hs_status_t st = HS_CUDA_CHECK(cudaSetDevice(device));
-    if (st) return st;
-    hs_model_cuda_t *mc = calloc(1, sizeof(*mc));
-    if (!mc) return HS_ERR_NOMEM;
+    return HS_OK;
+}
+
+/* Fills the shape fields of mc and counts weight and activation bytes (no
+ * device call). mc->layers must hold N entries. */
+static hs_status_t plan_sizes(hs_model_cuda_t *mc, const hs_model_t *m, int device,
+                              uint32_t token_budget, uint32_t max_seqs, int max_layer)
+{
+    const hs_model_config_t *c = &m->cfg;
     mc->m = m;
     mc->device = device;
     mc->budget = token_budget;
@@ -208,6 +215,8 @@ hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budge
     mc->H = c->hidden_size;
     mc->I = c->intermediate_size;
     mc->N = c->num_layers;
+    mc->max_layer = max_layer < 0 || max_layer > mc->N ? mc->N : max_layer;
+    mc->n_up = mc->max_layer;
     mc->nh = c->num_heads;
     mc->nkv = c->num_kv_heads;
     mc->d = c->head_dim;
@@ -215,24 +224,68 @@ hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budge
     mc->qkv_dim = (mc->nh + 2 * mc->nkv) * mc->d;
     mc->xa_dim = mc->H > mc->q_dim ? mc->H : mc->q_dim;
     mc->big_dim = mc->qkv_dim > 2 * mc->I ? mc->qkv_dim : 2 * mc->I;
-    mc->layers = calloc((size_t)mc->N, sizeof(dev_layer_t));
-    if (!mc->layers) {
-        st = HS_ERR_NOMEM;
-        goto err;
-    }
-
     planner_t pw = {NULL, 0}, pa = {NULL, 0};
-    if ((st = plan_weights(mc, &pw))) goto err;
+    hs_status_t st = plan_weights(mc, &pw);
+    if (st) return st;
     plan_activations(mc, &pa);
     mc->wbytes = pw.off;
     mc->abytes = pa.off;
     mc->lt_bytes = HS_LT_WORKSPACE_DEFAULT;
+    return HS_OK;
+}
+
+hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs,
+                                     int max_layer, uint64_t *out)
+{
+    if (!out) return HS_ERR_INVALID;
+    hs_status_t st = check_create(m, token_budget, max_seqs);
+    if (st) return st;
+    hs_model_cuda_t mc = {0};
+    mc.layers = calloc((size_t)m->cfg.num_layers + 1, sizeof(dev_layer_t));
+    if (!mc.layers) return HS_ERR_NOMEM;
+    st = plan_sizes(&mc, m, 0, token_budget, max_seqs, max_layer);
+    free(mc.layers);
+    if (st) return st;
+    *out = (uint64_t)(mc.wbytes + mc.abytes + mc.lt_bytes);
+    return HS_OK;
+}
+
+hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget,
+                                 uint32_t max_seqs, hs_model_cuda_t **out)
+{
+    return hs_model_cuda_create_ex(m, device, token_budget, max_seqs, -1, out);
+}
+
+hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uint32_t token_budget,
+                                    uint32_t max_seqs, int max_layer, hs_model_cuda_t **out)
+{
+    if (!out) return HS_ERR_INVALID;
+    hs_status_t st = check_create(m, token_budget, max_seqs);
+    if (st) return st;
+    const hs_model_config_t *c = &m->cfg;
+    if (c->head_dim != 64 && c->head_dim != 80 && c->head_dim != 96 && c->head_dim != 128)
+        hs_warn("cuda forward: head_dim %d runs on the slow generic attention kernel (tensor cores "
+                "take 64, 80, 96 and 128)",
+                c->head_dim);
+    st = HS_CUDA_CHECK(cudaSetDevice(device));
+    if (st) return st;
+    hs_model_cuda_t *mc = calloc(1, sizeof(*mc));
+    if (!mc) return HS_ERR_NOMEM;
+    mc->layers = calloc((size_t)c->num_layers + 1, sizeof(dev_layer_t));
+    if (!mc->layers) {
+        st = HS_ERR_NOMEM;
+        goto err;
+    }
+    if ((st = plan_sizes(mc, m, device, token_budget, max_seqs, max_layer))) goto err;
+    planner_t pw = {NULL, 0}, pa = {NULL, 0};
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    hs_info("cuda:%d forward plan: weights %.2f GiB, activations for %u tokens %.2f GiB, "
+    hs_info("cuda:%d forward plan: weights of %d of %d layers %.2f GiB, activations for %u tokens "
+            "%.2f GiB, "
             "cublaslt workspace %.0f MiB (device free %.2f of %.2f GiB)",
-            device, mc->wbytes / 1073741824.0, token_budget, mc->abytes / 1073741824.0,
-            mc->lt_bytes / 1048576.0, free_b / 1073741824.0, total_b / 1073741824.0);
+            device, mc->n_up, mc->N, mc->wbytes / 1073741824.0, token_budget,
+            mc->abytes / 1073741824.0, mc->lt_bytes / 1048576.0, free_b / 1073741824.0,
+            total_b / 1073741824.0);
     if (mc->wbytes + mc->abytes + mc->lt_bytes > free_b) {
         hs_error("cuda:%d: the forward needs %.2f GiB but %.2f GiB are free; lower --token-budget "
                  "(activations take %.1f KiB per token)",
@@ -272,6 +325,36 @@ hs_status_t hs_model_cuda_peak_bytes(const hs_model_cuda_t *mc, uint64_t *out)
 {
     if (!mc || !out) return HS_ERR_INVALID;
     *out = (uint64_t)(mc->wbytes + mc->abytes + mc->lt_bytes);
+    return HS_OK;
+}
+
+hs_status_t hs_model_cuda_device_count(int *out)
+{
+    if (!out) return HS_ERR_INVALID;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        /* no driver or no device: not an error for a caller asking */
+        hs_debug("cuda: no device (%s)", cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    *out = n;
+    return HS_OK;
+}
+
+hs_status_t hs_model_cuda_device_info(int device, char *name, size_t name_cap,
+                                      uint64_t *total_bytes, uint64_t *free_bytes)
+{
+    struct cudaDeviceProp prop;
+    hs_status_t st = HS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    if (st) return st;
+    if ((st = HS_CUDA_CHECK(cudaSetDevice(device)))) return st;
+    size_t free_b = 0, total_b = 0;
+    if ((st = HS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b)))) return st;
+    if (name && name_cap) snprintf(name, name_cap, "%s", prop.name);
+    if (total_bytes) *total_bytes = total_b;
+    if (free_bytes) *free_bytes = free_b;
     return HS_OK;
 }
 
@@ -322,6 +405,13 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
         return HS_ERR_INVALID;
     }
     TRY(hs_model_check_layers(mc->N, layers, n_layers));
+    for (int j = 0; j < n_layers; j++)
+        if (layers[j] > mc->max_layer) {
+            hs_error("cuda forward: layer %d asked for, but this forward was created for layers up "
+                     "to %d; create it with a higher max_layer",
+                     layers[j], mc->max_layer);
+            return HS_ERR_INVALID;
+        }
     if (row_stride_elems < (size_t)n_layers * mc->H) {
         hs_error("cuda forward: row stride %zu is smaller than %d layers x H=%d", row_stride_elems,
                  n_layers, mc->H);
@@ -385,24 +475,6 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
 }
 
 /* ---- preflight ---------------------------------------------------------------- */
-
-double hs_model_forward_flops(const hs_model_config_t *c, int n_run, const int32_t *cu_seqlens,
-                              int n_seqs)
-{
-    double H = c->hidden_size, I = c->intermediate_size, d = c->head_dim;
-    double q = c->num_heads * d, kv = c->num_kv_heads * d;
-    double params = H * (q + 2 * kv) + q * H + 3 * H * I;
-    double T = cu_seqlens[n_seqs];
-    double attn = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        double L = cu_seqlens[s + 1] - cu_seqlens[s];
-        double w = c->sliding_window > 0 && c->sliding_window < L ? c->sliding_window : 0;
-        /* causal pairs: L (L + 1) / 2, fewer under a sliding window */
-        double pairs = w > 0 ? w * (w + 1) / 2 + (L - w) * w : L * (L + 1) / 2;
-        attn += 4.0 * c->num_heads * d * pairs;
-    }
-    return n_run * (2.0 * params * T + attn);
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -479,8 +551,9 @@ hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len
     hs_model_cuda_preflight_t r = {0};
     r.n_seqs = n_seqs;
     r.seq_len = seq_len;
-    r.peak_bytes = (uint64_t)(mc->wbytes + mc->abytes + mc->lt_bytes) + (uint64_t)T * row * 2 +
-                   (uint64_t)T * 4 + ((uint64_t)n_seqs + 1) * 4;
+    r.peak_bytes = (uint64_t)(mc->wbytes + mc->abytes + mc->lt_bytes) +
+                   hs_model_cuda_batch_bytes((uint64_t)T, (uint64_t)n_seqs, (uint64_t)n_layers,
+                                             (uint64_t)mc->H);
     r.device_used_bytes = (uint64_t)(total_b - free_b);
     r.ms = times[iters / 2];
     r.us_per_token = r.ms * 1000.0 / T;

@@ -108,14 +108,39 @@ hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids, const 
                                  int n_seqs, const int32_t *layers, int n_layers, void *out,
                                  int out_dtype, size_t row_stride_elems);
 
+/* FLOPs of one forward over cu_seqlens (host, n_seqs + 1 entries) running
+ * n_run decoder layers: per layer 2 * (linear parameters of a layer) * T plus
+ * 4 * Hq * d per causal (query, key) pair of each sequence (QK^T and PV):
+ * L (L + 1) / 2 pairs for a sequence of length L, fewer under a sliding
+ * window. Embedding lookups and norms are not counted. Plain arithmetic:
+ * available in every build. */
+double hs_model_forward_flops(const hs_model_config_t *cfg, int n_run, const int32_t *cu_seqlens,
+                              int n_seqs);
+
 /* ---- CUDA forward (model/forward_cuda.c; without CUDA every call returns
  * HS_ERR_UNSUPPORTED) ---------------------------------------------------- */
+
+/* Dense bf16 tensor-core peak of an H100/H200 SXM, TFLOP/s: the default MFU
+ * denominator. */
+#define HS_MODEL_CUDA_PEAK_TFLOPS 989.4
 
 /* Uploads the weights to `device` and plans every device buffer for batches
  * of up to token_budget tokens and max_seqs sequences; nothing is allocated
  * per batch afterwards. The model must outlive the returned object. */
 hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget,
                                  uint32_t max_seqs, hs_model_cuda_t **out);
+/* As hs_model_cuda_create, but uploads only the decoder layers a capture up
+ * to output_hidden_states index max_layer runs (min(max_layer, N) of them;
+ * max_layer < 0 = all N). Forwards that ask for a layer above max_layer are
+ * refused with HS_ERR_INVALID. */
+hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uint32_t token_budget,
+                                    uint32_t max_seqs, int max_layer, hs_model_cuda_t **out);
+/* Device bytes hs_model_cuda_create_ex would allocate for these arguments
+ * (weights, activations, cuBLASLt workspace; the same number
+ * hs_model_cuda_peak_bytes reports once created), computed on the host
+ * without touching a GPU. */
+hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs,
+                                     int max_layer, uint64_t *out);
 /* Runs one packed batch on `stream` (a cudaStream_t; NULL = default stream).
  * d_input_ids [T], d_cu_seqlens [n_seqs + 1] and d_out_bf16 [T,
  * row_stride_elems] are device pointers; semantics as hs_model_forward_cpu
@@ -127,6 +152,44 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
 void hs_model_cuda_destroy(hs_model_cuda_t *mc); /* NULL is fine */
 /* Peak device memory the object uses (weights + planned buffers), bytes. */
 hs_status_t hs_model_cuda_peak_bytes(const hs_model_cuda_t *mc, uint64_t *out);
+
+/* Number of CUDA devices this process sees; 0 (and HS_OK) when there is no
+ * GPU or no driver. */
+hs_status_t hs_model_cuda_device_count(int *out);
+/* The device's name (into name[name_cap], may be NULL), total and currently
+ * free memory in bytes. */
+hs_status_t hs_model_cuda_device_info(int device, char *name, size_t name_cap,
+                                      uint64_t *total_bytes, uint64_t *free_bytes);
+
+/* What one preflight batch measured. */
+typedef struct {
+    int n_seqs, seq_len;        /* the shape run */
+    uint64_t peak_bytes;        /* planned device memory + this batch's ids, cu_seqlens, output */
+    uint64_t device_used_bytes; /* total - free device memory after the run (whole process) */
+    double ms;                  /* forward time of the timed run (median) */
+    double us_per_token, tokens_per_s;
+    double tflop; /* hs_model_forward_flops of the layers run, in TFLOP */
+    double mfu;   /* achieved FLOP/s over peak_tflops */
+} hs_model_cuda_preflight_t;
+
+/* Bytes a preflight batch of T tokens in n_seqs sequences capturing
+ * n_layers layers of width H adds to the plan: its input ids, cu_seqlens and
+ * [T, n_layers * H] bf16 output. */
+static inline uint64_t hs_model_cuda_batch_bytes(uint64_t T, uint64_t n_seqs, uint64_t n_layers,
+                                                 uint64_t H)
+{
+    return T * n_layers * H * 2u + T * 4u + (n_seqs + 1u) * 4u;
+}
+
+/* Runs one batch of n_seqs sequences of seq_len random tokens through the
+ * forward (one untimed warm-up run, then `iters` timed runs; the median is
+ * reported), capturing `layers` (output_hidden_states indices) into a
+ * [T, n_layers * H] buffer it allocates and frees. T = n_seqs * seq_len must
+ * fit the token budget and n_seqs the max_seqs given at create.
+ * peak_tflops <= 0 means HS_MODEL_CUDA_PEAK_TFLOPS. *out is set on success. */
+hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len,
+                                    const int32_t *layers, int n_layers, int iters,
+                                    double peak_tflops, hs_model_cuda_preflight_t *out);
 
 #ifdef __cplusplus
 }

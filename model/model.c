@@ -210,3 +210,21 @@ hs_status_t hs_model_dflash_layers(int n_target_layers, int n_draft_layers, int3
         out[i] = (int32_t)nearbyint(start + (i * span) / (double)(n_draft_layers - 1)) + 1;
     return HS_OK;
 }
+
+double hs_model_forward_flops(const hs_model_config_t *c, int n_run, const int32_t *cu_seqlens,
+                              int n_seqs)
+{
+    double H = c->hidden_size, I = c->intermediate_size, d = c->head_dim;
+    double q = c->num_heads * d, kv = c->num_kv_heads * d;
+    double params = H * (q + 2 * kv) + q * H + 3 * H * I;
+    double T = cu_seqlens[n_seqs];
+    double attn = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        double L = cu_seqlens[s + 1] - cu_seqlens[s];
+        double w = c->sliding_window > 0 && c->sliding_window < L ? c->sliding_window : 0;
+        /* causal pairs: L (L + 1) / 2, fewer under a sliding window */
+        double pairs = w > 0 ? w * (w + 1) / 2 + (L - w) * w : L * (L + 1) / 2;
+        attn += 4.0 * c->num_heads * d * pairs;
+    }
+    return n_run * (2.0 * params * T + attn);
+}

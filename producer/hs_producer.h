@@ -50,6 +50,14 @@ void hs_producer_config_default(hs_producer_config_t *cfg);
  * for local problems. Every error is logged once with what to do. */
 hs_status_t hs_producer_run(const hs_producer_config_t *cfg);
 
+/* Runs every batch shape the plan can produce at cfg->token_budget on each
+ * GPU of cfg->gpu_ids (model from cfg->model_dir) and prints a table of peak
+ * memory, us/token, tokens/s and MFU. HS_ERR_NOSPACE when a shape does not
+ * fit with headroom. With cfg->token_budget == 0 ("auto") it finds the largest
+ * budget that fits and returns it in *budget_out. HS_ERR_UNSUPPORTED without
+ * CUDA or GPUs. (producer/preflight.c) */
+hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *budget_out);
+
 /* Parses a "--gpus" value into cfg->n_workers and cfg->gpu_ids: "cpu:N" for
  * N CPU workers, or "0,1,2" for one worker per GPU id. */
 hs_status_t hs_producer_parse_devices(const char *s, hs_producer_config_t *cfg);

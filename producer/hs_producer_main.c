@@ -22,7 +22,11 @@ static const char usage[] =
     "  --to HOST:PORT         the consumer (hs-consumer --listen)\n"
     "  --data FILE            dataset: JSONL lines {\"input_ids\": [...], \"loss_mask\": [...]}\n"
     "                         or a .hst file from hs-data import\n"
-    "  --token-budget N       tokens per batch (default 65536)\n"
+    "  --token-budget N|auto  tokens per batch (default 65536); auto: the largest that fits\n"
+    "                         every GPU with headroom (runs the preflight first)\n"
+    "  --preflight            run each batch shape the budget allows once per GPU, print\n"
+    "                         peak memory, us/token, tokens/s and MFU, and exit (non-zero\n"
+    "                         when the budget does not fit)\n"
     "  --max-seq-len M        longer sequences are truncated or dropped (default: the budget)\n"
     "  --overflow truncate|drop  what to do with sequences longer than --max-seq-len\n"
     "  --seed S               epoch shuffle seed (default 0)\n"
@@ -51,7 +55,7 @@ static const char usage[] =
 enum {
     OPT_TO = 1000, OPT_DATA, OPT_BUDGET, OPT_MAXLEN, OPT_OVERFLOW, OPT_SEED, OPT_LAYERS,
     OPT_DFLASH, OPT_HIDDEN, OPT_SOURCE, OPT_MODEL, OPT_GPUS, OPT_PREFETCH, OPT_SECRET,
-    OPT_TRANSPORT, OPT_CONNECT_TIMEOUT, OPT_SUMMARY, OPT_NAME,
+    OPT_TRANSPORT, OPT_CONNECT_TIMEOUT, OPT_SUMMARY, OPT_NAME, OPT_PREFLIGHT,
 };
 
 static const struct option long_options[] = {
@@ -73,6 +77,7 @@ static const struct option long_options[] = {
     {"connect-timeout", required_argument, NULL, OPT_CONNECT_TIMEOUT},
     {"summary-json", required_argument, NULL, OPT_SUMMARY},
     {"name", required_argument, NULL, OPT_NAME},
+    {"preflight", no_argument, NULL, OPT_PREFLIGHT},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -80,7 +85,7 @@ static const struct option long_options[] = {
 typedef struct {
     hs_producer_config_t cfg;
     char host[256];
-    bool have_to, have_layers, have_budget;
+    bool have_to, have_layers, have_budget, preflight, budget_auto;
     int dflash_layers;
     const char *layers_arg;
 } options_t;
@@ -106,6 +111,12 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         return 0;
     case OPT_DATA: c->data_path = arg; return 0;
     case OPT_BUDGET:
+        if (!strcmp(arg, "auto")) {
+            o->budget_auto = true;
+            c->token_budget = 0;
+            return 0;
+        }
+        o->budget_auto = false;
         if (hs_parse_size(arg, &u) != HS_OK || u == 0 || u > (1u << 30))
             return bad("token-budget", arg, from, "expected tokens per batch, e.g. 65536 or 64K");
         c->token_budget = (uint32_t)u;
@@ -170,6 +181,7 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         return 0;
     case OPT_SUMMARY: c->summary_json = arg; return 0;
     case OPT_NAME: c->name = arg; return 0;
+    case OPT_PREFLIGHT: o->preflight = true; return 0;
     }
     return 2;
 }
@@ -178,9 +190,18 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
 static int check(options_t *o)
 {
     hs_producer_config_t *c = &o->cfg;
-    if (!o->have_to) return fprintf(stderr, "hs-producer: --to HOST:PORT is required\n"), 2;
+    if (!o->have_to && !o->preflight)
+        return fprintf(stderr, "hs-producer: --to HOST:PORT is required\n"), 2;
+    if ((o->preflight || o->budget_auto) && c->source != HS_SOURCE_MODEL)
+        return fprintf(stderr, "hs-producer: --preflight and --token-budget auto measure the "
+                               "built-in model: add --source model --model DIR\n"),
+               2;
+    if ((o->preflight || o->budget_auto) && c->gpu_ids[0] < 0)
+        return fprintf(stderr, "hs-producer: --preflight and --token-budget auto run on GPUs: "
+                               "give --gpus 0,1,...\n"),
+               2;
     if (!c->data_path) return fprintf(stderr, "hs-producer: --data FILE is required\n"), 2;
-    if (c->max_seq_len > c->token_budget)
+    if (c->token_budget && c->max_seq_len > c->token_budget)
         return fprintf(stderr,
                        "hs-producer: --max-seq-len %u is larger than --token-budget %u: a "
                        "sequence must fit in one batch\n",
@@ -245,7 +266,20 @@ int main(int argc, char **argv)
     }
     o.cfg.dflash_layers = o.dflash_layers;
     signal(SIGPIPE, SIG_IGN);
-    hs_status_t st = hs_producer_run(&o.cfg);
+    hs_status_t st;
+    if (o.preflight || o.budget_auto) {
+        uint32_t budget = o.cfg.token_budget;
+        st = hs_producer_preflight(&o.cfg, &budget);
+        if (st != HS_OK) {
+            fprintf(stderr, "hs-producer: preflight %s: %s\n",
+                    st == HS_ERR_NOSPACE ? "refused this budget" : "failed", hs_status_str(st));
+            return st == HS_ERR_NOSPACE ? 3 : 1;
+        }
+        if (o.preflight) return 0;
+        hs_info("--token-budget auto: %u tokens", budget);
+        o.cfg.token_budget = budget;
+    }
+    st = hs_producer_run(&o.cfg);
     switch (st) {
     case HS_OK: return 0;
     case HS_ERR_INVALID:

@@ -21,6 +21,7 @@
 #include "plan_int.h"
 #include "hs_transport.h"
 #include "hs_model.h"
+#include "gpu_worker_int.h"
 
 #define STAGING_PER_WORKER 2
 
@@ -51,6 +52,7 @@ typedef struct worker {
     double busy_s, stall_s;
     double t_taken; /* external source: when the caller took its batch */
     hs_checksum_stream_t *checksum; /* scratch for sealing */
+    hs__gpu_worker_t *gpu_w;        /* GPU model worker, or NULL */
 } worker_t;
 
 typedef struct outgoing {
@@ -68,6 +70,7 @@ struct hs_producer {
     hs_plan_t *plan;
     hs_model_t *model;
     uint64_t max_batch_bytes;
+    uint32_t max_batch_seqs;
     hs_auth_key_t key;
     bool have_secret;
     uint8_t client_nonce[HS_AUTH_NONCE_BYTES];
@@ -180,6 +183,124 @@ static void *worker_main(void *arg)
         hs_tp_wakeup(pr->tp);
     }
     pthread_mutex_unlock(&pr->lock);
+    return NULL;
+}
+
+/* A batch whose forward and D2H are queued on the GPU. */
+typedef struct {
+    ticket_t *t;
+    staging_t *st;
+    int slot;
+} inflight_t;
+
+/* Waits for an in-flight batch's hidden states, seals it, hands it over. */
+static hs_status_t gpu_finish(producer_t *pr, worker_t *w, inflight_t *f)
+{
+    double ms = 0;
+    hs_status_t rc = hs__gpu_batch_wait(w->gpu_w, f->slot, &ms);
+    if (rc == HS_OK) hs_batch_seal(f->st->buf, f->t->bytes);
+    outgoing_t *o = rc == HS_OK ? calloc(1, sizeof(*o)) : NULL;
+    pthread_mutex_lock(&pr->lock);
+    if (!o) {
+        hs_error("worker %u (gpu %d): batch %u/%u failed: %s", w->index, w->gpu, f->t->epoch,
+                 f->t->batch, hs_status_str(rc != HS_OK ? rc : HS_ERR_NOMEM));
+        pr->result = rc != HS_OK ? rc : HS_ERR_NOMEM;
+        pr->stop = true;
+        f->st->busy = false;
+        pthread_cond_broadcast(&pr->cond);
+        pthread_mutex_unlock(&pr->lock);
+        hs_tp_wakeup(pr->tp);
+        free(f->t);
+        return HS_ERR_CUDA;
+    }
+    w->busy_s += ms * 1e-3; /* GPU busy: forward time from CUDA events */
+    w->batches++;
+    w->tokens += f->t->n_tokens;
+    w->bytes += f->t->bytes;
+    o->t = *f->t;
+    o->st = f->st;
+    o->worker = w->index;
+    o->checksum = ((hs_batch_header_t *)f->st->buf)->checksum;
+    o->compute_ns = (uint64_t)(ms * 1e6);
+    o->next = pr->outbox;
+    pr->outbox = o;
+    pthread_mutex_unlock(&pr->lock);
+    hs_trace("worker %u (gpu %d): batch %u/%u forward %.1f ms", w->index, w->gpu, f->t->epoch,
+             f->t->batch, ms);
+    free(f->t);
+    hs_tp_wakeup(pr->tp);
+    return HS_OK;
+}
+
+/* One GPU: launch batch k+1 before finishing batch k, so the forward of one
+ * overlaps the D2H, checksum and send of the other. */
+static void *gpu_worker_main(void *arg)
+{
+    worker_t *w = arg;
+    producer_t *pr = w->pr;
+    const hs_layout_t *layout = &pr->cfg->layout;
+    inflight_t pending = {0};
+    pthread_mutex_lock(&pr->lock);
+    for (;;) {
+        double t_wait = hs_now_s();
+        int slot = -1;
+        while (!pr->stop) {
+            slot = -1;
+            for (int i = 0; i < STAGING_PER_WORKER; i++)
+                if (!w->staging[i].busy) slot = i;
+            if (pr->tickets && slot >= 0) break;
+            if (pending.t) { /* nothing new to launch: finish what the GPU has */
+                pthread_mutex_unlock(&pr->lock);
+                hs_status_t rc = gpu_finish(pr, w, &pending);
+                pending.t = NULL;
+                pthread_mutex_lock(&pr->lock);
+                if (rc != HS_OK) break;
+                t_wait = hs_now_s();
+                continue;
+            }
+            pthread_cond_wait(&pr->cond, &pr->lock);
+        }
+        if (pr->stop) break;
+        staging_t *st = &w->staging[slot];
+        ticket_t *t = pr->tickets;
+        pr->tickets = t->next;
+        if (!pr->tickets) pr->tickets_tail = NULL;
+        st->busy = true;
+        if (pr->t_start > 0 && !pending.t)
+            w->stall_s += hs_now_s() - (t_wait > pr->t_start ? t_wait : pr->t_start);
+        pthread_mutex_unlock(&pr->lock);
+
+        hs_batch_view_t v = hs_batch_view(st->buf, t->n_seqs, t->n_tokens, layout);
+        hs_batch_header_init(v.header, t->epoch, t->batch, t->n_seqs, t->n_tokens, layout,
+                             hs_plan_hash(pr->plan));
+        hs_status_t rc = hs_plan_fill_batch(pr->plan, pr->ds, t->batch, &v);
+        if (rc == HS_OK) rc = hs__gpu_batch_launch(w->gpu_w, slot, &v, t->n_seqs, t->n_tokens);
+        if (rc != HS_OK) {
+            hs_error("worker %u (gpu %d): cannot launch batch %u/%u: %s", w->index, w->gpu,
+                     t->epoch, t->batch, hs_status_str(rc));
+            free(t);
+            pthread_mutex_lock(&pr->lock);
+            st->busy = false;
+            pr->result = rc;
+            pr->stop = true;
+            pthread_cond_broadcast(&pr->cond);
+            hs_tp_wakeup(pr->tp);
+            break;
+        }
+        if (pending.t) {
+            rc = gpu_finish(pr, w, &pending);
+            pending.t = NULL;
+        }
+        pending = (inflight_t){t, st, slot};
+        pthread_mutex_lock(&pr->lock);
+        if (rc != HS_OK) break;
+    }
+    pthread_mutex_unlock(&pr->lock);
+    if (pending.t) {
+        double ms;
+        hs__gpu_batch_wait(w->gpu_w, pending.slot, &ms); /* the GPU is done with the buffers */
+        free(pending.t);
+    }
     return NULL;
 }
 
@@ -646,6 +767,7 @@ static hs_status_t load_inputs(producer_t *pr)
         hs_plan_batch(pr->plan, b, &pb);
         uint64_t bytes = hs_batch_bytes(pb.n_seqs, pb.n_tokens, &cfg->layout);
         if (bytes > pr->max_batch_bytes) pr->max_batch_bytes = bytes;
+        if (pb.n_seqs > pr->max_batch_seqs) pr->max_batch_seqs = pb.n_seqs;
     }
     hs_info("plan %016llx: %llu sequences (%llu truncated, %llu dropped), %llu tokens in %u "
             "batches (%.1f%% full), largest batch %.1f MiB",
@@ -710,6 +832,7 @@ static void producer_free(producer_t *pr)
         free(t);
     }
     for (uint32_t i = 0; i < HS_PRODUCER_MAX_WORKERS; i++) {
+        hs__gpu_worker_destroy(pr->workers[i].gpu_w); /* unpins staging first */
         for (int k = 0; k < STAGING_PER_WORKER; k++) hs_aligned_free(pr->workers[i].staging[k].buf);
         hs_checksum_stream_destroy(pr->workers[i].checksum);
     }
@@ -745,13 +868,9 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
         st = HS_ERR_INVALID;
         goto err;
     }
-    for (uint32_t i = 0; i < cfg->n_workers; i++)
-        if (cfg->gpu_ids[i] >= 0) {
-            hs_error("GPU workers (--gpus %d) are not available in this build; use --gpus cpu:N",
-                     cfg->gpu_ids[i]);
-            st = HS_ERR_UNSUPPORTED;
-            goto err;
-        }
+    if (cfg->source == HS_SOURCE_SYNTHETIC && cfg->gpu_ids[0] >= 0)
+        hs_info("--source synthetic: the %u listed GPUs act as %u CPU workers", cfg->n_workers,
+                cfg->n_workers);
     if (cfg->secret_file) {
         st = hs_auth_load_secret(cfg->secret_file, &pr->key);
         if (st != HS_OK) goto err;
@@ -798,6 +917,14 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
             memset(sg->buf, 0, pr->max_batch_bytes); /* fault the pages in now, not per batch */
             hs_tp_mem_register(pr->tp, sg->buf, pr->max_batch_bytes);
         }
+        if (cfg->source == HS_SOURCE_MODEL && w->gpu >= 0) {
+            void *bufs[2] = {w->staging[0].buf, w->staging[1].buf};
+            st = hs__gpu_worker_create(pr->model, w->gpu, cfg->token_budget, pr->max_batch_seqs,
+                                       &cfg->layout, bufs, pr->max_batch_bytes, &w->gpu_w);
+            if (st != HS_OK) goto err;
+            hs_info("worker %u on gpu %d: model replica and buffers for %u tokens ready", i,
+                    w->gpu, cfg->token_budget);
+        }
     }
 
     st = hs_tp_connect(pr->tp, cfg->to_host, cfg->to_port, (int)cfg->connect_timeout_s * 1000,
@@ -807,7 +934,7 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
                  cfg->to_host, cfg->to_port, cfg->connect_timeout_s);
         goto err;
     }
-    static const char *source_names[] = {"?", "synthetic", "cpu-model", "external"};
+    static const char *source_names[] = {"?", "synthetic", "model", "external"};
     hs_info("connected to %s:%u over %s; %u %s worker(s)", cfg->to_host, cfg->to_port,
             hs_tp_conn_describe(pr->conn), cfg->n_workers, source_names[cfg->source]);
     st = send_hello(pr);
@@ -864,7 +991,8 @@ hs_status_t hs_producer_run(const hs_producer_config_t *config)
     if (st != HS_OK) return st;
     uint32_t started = 0;
     for (; started < pr->cfg->n_workers; started++)
-        if (pthread_create(&pr->workers[started].thread, NULL, worker_main,
+        if (pthread_create(&pr->workers[started].thread, NULL,
+                           pr->workers[started].gpu_w ? gpu_worker_main : worker_main,
                            &pr->workers[started]) != 0) {
             pr->result = HS_ERR_NOMEM;
             pr->done = true;

@@ -21,7 +21,7 @@
 #include "bf16.h"
 #include "hs_common.h"
 #include "hs_model.h"
-#include "hs_model_cuda_int.h"
+#include "hs_model.h"
 
 #define MAX_SHAPES 16
 #define MAX_LAYERS 64

@@ -48,6 +48,7 @@ fail() {
     for f in "$SCRATCH"/*.log; do
         [ -f "$f" ] || continue
         echo "---- last lines of $(basename "$f")" >&2
+        grep -E 'Assertion|Sanitizer|runtime error|Segmentation' "$f" | head -n 5 >&2
         tail -n 25 "$f" >&2
     done
     exit 1

@@ -846,22 +846,34 @@ START_TEST(test_well_framed_but_invalid_messages_are_refused)
 }
 END_TEST
 
-START_TEST(test_bad_peers_during_a_real_run_leave_it_intact)
+START_TEST(test_bad_peers_beside_verified_batches_write_nothing_outside_their_slot)
 {
-    /* The real producer runs while hostile peers come and go. */
+    /* Plan order, and a raw peer holding the first two tickets of the plan:
+     * the real producer fills every other batch, and they all wait verified
+     * in the cache, next to the held slots, undeliverable until the holder
+     * leaves. Then hostile peers act, the holder last of all with an
+     * oversized payload aimed at its own slot. Every waiting batch is checked
+     * again when it is finally delivered, so a stray write would show. */
     harness_t h;
-    harness_start(&h, HS_ORDER_ARRIVAL);
+    harness_start(&h, HS_ORDER_PLAN);
     uint16_t port = hs_consumer_port(h.c);
-    producer_arg_t pa = {.port = port, .result = HS_ERR_INVALID};
-    /* A ready raw peer holding tickets keeps the run from ending while the
-     * others misbehave; its tickets go back when it leaves. */
     int holder = peer_ready(port, "raw-holder");
-    Hsflow__Ticket t;
-    ticket_recv(holder, &t);
+    Hsflow__Ticket t1, t2;
+    ticket_recv(holder, &t1);
+    ticket_recv(holder, &t2);
+    uint64_t run_bytes = 0;
+    for (uint32_t i = 0; i < h.n_batches; i++) {
+        hs_plan_batch_t pb;
+        hs_plan_batch(g_plan, i, &pb);
+        run_bytes += EPOCHS * hs_batch_bytes(pb.n_seqs, pb.n_tokens, &g_layout);
+    }
+    producer_arg_t pa = {.port = port, .result = HS_ERR_INVALID};
     pthread_t pt;
     ck_assert_int_eq(pthread_create(&pt, NULL, producer_main, &pa), 0);
     hs_consumer_stats_t s;
-    WAIT_STATS(h.c, s, s.batches_delivered >= 1);
+    WAIT_STATS(h.c, s, s.bytes_received == run_bytes - t1.bytes - t2.bytes);
+    ck_assert_uint_eq(s.batches_delivered, 0); /* all waiting behind the held tickets */
+
     for (int i = 0; i < 3; i++) {
         int fd = raw_connect(port);
         uint8_t junk[64];
@@ -869,12 +881,20 @@ START_TEST(test_bad_peers_during_a_real_run_leave_it_intact)
         ck_assert(raw_send(fd, junk, sizeof junk));
         expect_refused(fd, NULL, false);
     }
+    uint8_t *junk = malloc(t1.bytes + 65536);
+    memset(junk, 0xee, t1.bytes + 65536);
     int thief = peer_ready(port, "raw-thief");
     Hsflow__Done d;
-    done_init(&d, &t);
-    ck_assert(raw_send_msg(thief, HS_MSG_DONE, &d.base, t.bytes));
-    expect_refused(thief, "does not hold", true);
-    close(holder);
+    done_init(&d, &t1);
+    ck_assert(raw_send_msg(thief, HS_MSG_DONE, &d.base, t1.bytes));
+    raw_send(thief, junk, t1.bytes);
+    expect_refused(thief, NULL, false);
+    done_init(&d, &t1);
+    ck_assert(raw_send_msg(holder, HS_MSG_DONE, &d.base, t1.bytes + 65536));
+    raw_send(holder, junk, t1.bytes + 65536);
+    expect_refused(holder, NULL, false);
+    free(junk);
+
     pthread_join(pt, NULL);
     pthread_join(h.trainer, NULL);
     hs_consumer_stats(h.c, &s);
@@ -884,10 +904,12 @@ START_TEST(test_bad_peers_during_a_real_run_leave_it_intact)
     uint64_t planned = (uint64_t)EPOCHS * h.n_batches;
     ck_assert_uint_eq(s.batches_delivered, planned);
     for (uint32_t i = 0; i < EPOCHS * h.n_batches; i++) ck_assert_uint_eq(h.seen[i], 1);
+    harness_check_order(&h);
     ck_assert_uint_eq(s.duplicates, 0);
     ck_assert_uint_eq(s.checksum_failures, 0);
-    ck_assert_uint_ge(s.protocol_errors, 4);
-    ck_assert_uint_ge(s.leases_returned, 1);
+    ck_assert_uint_eq(s.bytes_received, run_bytes);
+    ck_assert_uint_ge(s.protocol_errors, 5);
+    ck_assert_uint_ge(s.leases_returned, 2);
     ck_assert_uint_eq(s.cache_used, 0);
     free(h.seen);
     free(h.sequence);
@@ -909,7 +931,7 @@ static Suite *hostile_suite(void)
     tcase_add_test(tc, test_plan_pages_out_of_order_are_refused_and_the_plan_restarts);
     tcase_add_test(tc, test_second_hello_and_other_out_of_protocol_frames_are_refused);
     tcase_add_test(tc, test_well_framed_but_invalid_messages_are_refused);
-    tcase_add_test(tc, test_bad_peers_during_a_real_run_leave_it_intact);
+    tcase_add_test(tc, test_bad_peers_beside_verified_batches_write_nothing_outside_their_slot);
     suite_add_tcase(s, tc);
     return s;
 }

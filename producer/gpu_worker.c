@@ -1,0 +1,169 @@
+/* gpu_worker.c - see gpu_worker_int.h. */
+#include "gpu_worker_int.h"
+
+#include <stdlib.h>
+
+#ifdef HS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#define CU(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            hs_error("gpu %d: %s failed: %s", w->device, #call, cudaGetErrorString(e_));         \
+            return HS_ERR_CUDA;                                                                   \
+        }                                                                                         \
+    } while (0)
+
+typedef struct {
+    int32_t *d_ids, *d_cu;
+    uint16_t *d_out;
+    cudaEvent_t fwd_start, fwd_end, copied;
+} gpu_slot_t;
+
+struct hs__gpu_worker {
+    int device;
+    hs_model_cuda_t *mc;
+    hs_layout_t layout;
+    cudaStream_t compute, copy;
+    gpu_slot_t slot[2];
+    void *staging[2];
+    bool pinned[2];
+    uint32_t budget, max_seqs;
+};
+
+static hs_status_t create(hs__gpu_worker_t *w, hs_model_t *model, void *const staging[2],
+                          uint64_t staging_bytes)
+{
+    CU(cudaSetDevice(w->device));
+    /* Only the layers up to the highest captured one are uploaded and run. */
+    hs_status_t st = hs_model_cuda_create_ex(model, w->device, w->budget, w->max_seqs,
+                                             w->layout.layers[w->layout.n_layers - 1], &w->mc);
+    if (st != HS_OK) return st;
+    CU(cudaStreamCreateWithFlags(&w->compute, cudaStreamNonBlocking));
+    CU(cudaStreamCreateWithFlags(&w->copy, cudaStreamNonBlocking));
+    uint64_t row = hs_layout_token_bytes(&w->layout);
+    for (int i = 0; i < 2; i++) {
+        gpu_slot_t *s = &w->slot[i];
+        CU(cudaMalloc((void **)&s->d_ids, (size_t)w->budget * sizeof(int32_t)));
+        CU(cudaMalloc((void **)&s->d_cu, (size_t)(w->max_seqs + 1) * sizeof(int32_t)));
+        CU(cudaMalloc((void **)&s->d_out, (size_t)w->budget * row));
+        CU(cudaEventCreate(&s->fwd_start));
+        CU(cudaEventCreate(&s->fwd_end));
+        CU(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming));
+        /* Pinned once, so the D2H runs at copy-engine speed and overlaps. */
+        CU(cudaHostRegister(staging[i], staging_bytes, cudaHostRegisterPortable));
+        w->staging[i] = staging[i];
+        w->pinned[i] = true;
+    }
+    return HS_OK;
+}
+
+hs_status_t hs__gpu_worker_create(hs_model_t *model, int device, uint32_t token_budget,
+                                  uint32_t max_seqs, const hs_layout_t *layout,
+                                  void *const staging[2], uint64_t staging_bytes,
+                                  hs__gpu_worker_t **out)
+{
+    hs__gpu_worker_t *w = calloc(1, sizeof(*w));
+    if (!w) return HS_ERR_NOMEM;
+    w->device = device;
+    w->layout = *layout;
+    w->budget = token_budget;
+    w->max_seqs = max_seqs;
+    hs_status_t st = create(w, model, staging, staging_bytes);
+    if (st != HS_OK) {
+        hs_error("gpu %d: cannot set up the worker (model replica, streams, %.2f GiB of buffers)",
+                 device, (double)token_budget * hs_layout_token_bytes(layout) * 2 / (1 << 30));
+        hs__gpu_worker_destroy(w);
+        return st;
+    }
+    *out = w;
+    return HS_OK;
+}
+
+void hs__gpu_worker_destroy(hs__gpu_worker_t *w)
+{
+    if (!w) return;
+    cudaSetDevice(w->device);
+    if (w->compute) cudaStreamSynchronize(w->compute);
+    if (w->copy) cudaStreamSynchronize(w->copy);
+    for (int i = 0; i < 2; i++) {
+        gpu_slot_t *s = &w->slot[i];
+        cudaFree(s->d_ids);
+        cudaFree(s->d_cu);
+        cudaFree(s->d_out);
+        if (s->fwd_start) cudaEventDestroy(s->fwd_start);
+        if (s->fwd_end) cudaEventDestroy(s->fwd_end);
+        if (s->copied) cudaEventDestroy(s->copied);
+        if (w->pinned[i]) cudaHostUnregister(w->staging[i]);
+    }
+    if (w->compute) cudaStreamDestroy(w->compute);
+    if (w->copy) cudaStreamDestroy(w->copy);
+    hs_model_cuda_destroy(w->mc);
+    free(w);
+}
+
+hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_view_t *view,
+                                 uint32_t n_seqs, uint32_t n_tokens)
+{
+    gpu_slot_t *s = &w->slot[slot];
+    size_t row_elems = hs_layout_token_bytes(&w->layout) / 2;
+    if (n_tokens > w->budget || n_seqs > w->max_seqs) return HS_ERR_INVALID;
+    CU(cudaSetDevice(w->device));
+    /* The device buffer of this slot is free once its previous D2H is done. */
+    CU(cudaStreamWaitEvent(w->compute, s->copied, 0));
+    CU(cudaMemcpyAsync(s->d_ids, view->input_ids, (size_t)n_tokens * sizeof(int32_t),
+                       cudaMemcpyHostToDevice, w->compute));
+    CU(cudaMemcpyAsync(s->d_cu, view->cu_seqlens, (size_t)(n_seqs + 1) * sizeof(int32_t),
+                       cudaMemcpyHostToDevice, w->compute));
+    CU(cudaEventRecord(s->fwd_start, w->compute));
+    hs_status_t st = hs_model_cuda_forward(w->mc, s->d_ids, s->d_cu, (int)n_seqs, (int)n_tokens,
+                                           w->layout.layers, (int)w->layout.n_layers, s->d_out,
+                                           row_elems, w->compute);
+    if (st != HS_OK) return st;
+    CU(cudaEventRecord(s->fwd_end, w->compute));
+    CU(cudaStreamWaitEvent(w->copy, s->fwd_end, 0));
+    CU(cudaMemcpyAsync(view->hidden, s->d_out, (size_t)n_tokens * row_elems * 2,
+                       cudaMemcpyDeviceToHost, w->copy));
+    CU(cudaEventRecord(s->copied, w->copy));
+    return HS_OK;
+}
+
+hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, double *forward_ms)
+{
+    gpu_slot_t *s = &w->slot[slot];
+    CU(cudaSetDevice(w->device));
+    CU(cudaEventSynchronize(s->copied));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, s->fwd_start, s->fwd_end));
+    *forward_ms = ms;
+    return HS_OK;
+}
+
+#else /* !HS_HAVE_CUDA */
+
+hs_status_t hs__gpu_worker_create(hs_model_t *model, int device, uint32_t token_budget,
+                                  uint32_t max_seqs, const hs_layout_t *layout,
+                                  void *const staging[2], uint64_t staging_bytes,
+                                  hs__gpu_worker_t **out)
+{
+    (void)model, (void)token_budget, (void)max_seqs, (void)layout, (void)staging;
+    (void)staging_bytes, (void)out;
+    hs_error("GPU worker on gpu %d: this hsflow was built without CUDA (cmake -DHS_CUDA=ON); "
+             "use --gpus cpu:N",
+             device);
+    return HS_ERR_UNSUPPORTED;
+}
+void hs__gpu_worker_destroy(hs__gpu_worker_t *w) { (void)w; }
+hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_view_t *view,
+                                 uint32_t n_seqs, uint32_t n_tokens)
+{
+    (void)w, (void)slot, (void)view, (void)n_seqs, (void)n_tokens;
+    return HS_ERR_UNSUPPORTED;
+}
+hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, double *forward_ms)
+{
+    (void)w, (void)slot, (void)forward_ms;
+    return HS_ERR_UNSUPPORTED;
+}
+#endif

@@ -1,0 +1,169 @@
+"""The binding's contract with the C library and with its callers: struct
+layouts match include/hsflow.h, the library lookup fails with a clear
+message, bad arguments are refused before reaching C, errors from C carry
+the library's status text, and the numpy synthetic source is bit-identical
+to the C one."""
+import ctypes
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hsflow
+from hsflow import _lib
+from conftest import ROOT, have_torch
+
+STRUCTS = {"hs_consumer_config_t": _lib.ConsumerConfig, "hs_batch_t": _lib.CBatch,
+           "hs_consumer_stats_t": _lib.ConsumerStats,
+           "hs_producer_client_config_t": _lib.ProducerClientConfig, "hs_work_t": _lib.CWork}
+
+
+def test_ctypes_structs_match_the_c_header_field_by_field(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler to read the header's layout")
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "hsflow.h"',
+             'int main(void) {']
+    for cname, py in STRUCTS.items():
+        lines.append('printf("%s size %%zu\\n", sizeof(%s));' % (cname, cname))
+        for f, _ in py._fields_:
+            lines.append('printf("%s.%s %%zu\\n", offsetof(%s, %s));' % (cname, f, cname, f))
+    lines.append("return 0; }")
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines))
+    exe = str(tmp_path / "layout")
+    r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "include"), str(src), "-o", exe],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, "a field the binding declares is not in hsflow.h:\n" + r.stderr
+    want = dict(line.rsplit(" ", 1) for line in
+                subprocess.run([exe], capture_output=True, text=True, check=True).stdout.split("\n")
+                if line)
+    got = {}
+    for cname, py in STRUCTS.items():
+        got["%s size" % cname] = str(ctypes.sizeof(py))
+        for f, _ in py._fields_:
+            got["%s.%s" % (cname, f)] = str(getattr(py, f).offset)
+    assert got == want
+
+
+def test_missing_library_names_what_was_tried_and_how_to_build_it(tmp_path):
+    code = ("import hsflow\n"
+            "try:\n    hsflow.Consumer()\n"
+            "except hsflow.HsflowError as e:\n    print(e)\n")
+    env = dict(os.environ, HSFLOW_LIB=str(tmp_path / "nowhere" / "libhsflow.so"),
+               PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "cannot find libhsflow.so" in r.stdout and "nowhere" in r.stdout
+    assert "cmake" in r.stdout and "HSFLOW_LIB" in r.stdout
+
+
+def test_status_codes_have_the_library_text():
+    assert hsflow.status_str(0) != hsflow.status_str(-9)
+    e = hsflow.HsflowError("hs_consumer_next", -11)
+    assert e.status == -11 and hsflow.status_str(-11) in str(e) and "-11" in str(e)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(listen="7000"), "expected 'HOST:PORT'"),
+    (dict(listen="host:http"), "port must be a number"),
+    (dict(listen="127.0.0.1:70000"), "port must be a number"),
+    (dict(cache_gb=0), "cache_gb=0"),
+    (dict(epochs=0), "epochs=0"),
+    (dict(order="random"), "expected 'arrival'"),
+    (dict(gpu=-3), "gpu=-3"),
+    (dict(gpu="cuda"), "gpu='cuda'"),
+    (dict(prefetch=0), "prefetch=0"),
+    (dict(transport="rdma"), "transport='rdma'"),
+    (dict(arrays="jax"), "arrays='jax'"),
+])
+def test_consumer_refuses_bad_arguments_with_a_clear_message(kw, msg):
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace("*", r"\*")):
+        hsflow.Consumer(**dict(dict(listen="127.0.0.1:0"), **kw))
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(to="localhost"), "expected the consumer as 'HOST:PORT'"),
+    (dict(data="/nonexistent.jsonl"), "not a file"),
+    (dict(token_budget=0), "token_budget=0"),
+    (dict(hidden_size=-1), "hidden_size=-1"),
+    (dict(layers=[]), "strictly increasing"),
+    (dict(layers=[3, 2]), "strictly increasing"),
+    (dict(layers="2,16"), "expected a list"),
+    (dict(overflow="wrap"), "overflow='wrap'"),
+    (dict(prefetch=0), "prefetch=0"),
+    (dict(transport="rdma"), "transport='rdma'"),
+])
+def test_producer_refuses_bad_arguments_with_a_clear_message(kw, msg, dataset):
+    args = dict(to="127.0.0.1:1", data=dataset[0], token_budget=256, hidden_size=8,
+                layers=[1, 2])
+    args.update(kw)
+    with pytest.raises(ValueError, match=msg):
+        hsflow.Producer(**args)
+
+
+def test_errors_from_the_library_raise_hsflow_error_with_its_status():
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.01) as c:
+        with pytest.raises(hsflow.HsflowError, match="hs_consumer_create") as e:
+            hsflow.Consumer(listen="127.0.0.1:%d" % c.port, cache_gb=0.01)  # port taken
+        assert e.value.status < 0 and hsflow.status_str(e.value.status) in str(e.value)
+    with pytest.raises(hsflow.HsflowError, match="consumer is closed"):
+        c.stats()
+
+
+def test_producer_with_no_consumer_fails_after_its_connect_timeout(dataset):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # a port nobody listens on
+    with pytest.raises(hsflow.HsflowError, match="hs_producer_open") as e:
+        hsflow.Producer(to="127.0.0.1:%d" % port, data=dataset[0], token_budget=256,
+                        hidden_size=8, layers=[1, 2], connect_timeout_s=1, transport="tcp")
+    assert e.value.status < 0
+
+
+def test_gpu_delivery_without_a_usable_gpu_is_an_hsflow_error():
+    if have_torch():
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+    with pytest.raises(hsflow.HsflowError, match="gpu 0"):
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.01, gpu=0)
+
+
+def test_stats_before_any_producer_are_zero_and_the_status_line_is_text():
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.01) as c:
+        s = c.stats()
+        assert s["batches_delivered"] == 0 and s["cache_capacity"] >= 0.01 * (1 << 30) * 0.9
+        assert s["epochs"] == 1 and not s["finished"]
+        assert isinstance(c.status_line(), str) and c.status_line()
+        assert c.next_batch(timeout=0.05) is None  # nothing yet: a timeout, not an error
+
+
+def test_numpy_synthetic_source_is_bit_identical_to_the_library():
+    lib = ctypes.CDLL(hsflow.library_path())
+    f = lib.hs_synth_value
+    f.restype = ctypes.c_uint16
+    f.argtypes = [ctypes.c_uint64, ctypes.c_int32, ctypes.c_uint32, ctypes.c_uint32]
+    sids, cu, layers, H = [5, 2 ** 63 + 7, 123456789], [0, 3, 4, 11], [0, 2, 31], 37
+    got = hsflow.synthetic_hidden(sids, cu, layers, H)
+    want = np.empty_like(got)
+    for s in range(3):
+        for t in range(cu[s], cu[s + 1]):
+            for j, layer in enumerate(layers):
+                for c in range(H):
+                    want[t, j * H + c] = f(sids[s], layer, t - cu[s], c)
+    assert np.array_equal(got, want)
+
+
+def test_find_tool_honours_hsflow_bin_dir(tmp_path, monkeypatch):
+    tool = tmp_path / "hs-producer"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("HSFLOW_BIN_DIR", str(tmp_path))
+    assert hsflow.find_tool("hs-producer") == str(tool)
+    assert hsflow.find_tool("hs-no-such-tool") is None
