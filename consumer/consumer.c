@@ -562,10 +562,12 @@ static hs_status_t cb_accept(void *arg, hs_tp_conn_t *conn)
         return HS_OK;
     }
     if (c->stop || c->all_queued) {
+        /* The producer closes when it reads BYE; closing here with its HELLO
+         * unread would reset the connection and could lose the BYE. */
         Hsflow__Bye b = HSFLOW__BYE__INIT;
         b.reason = "the run is over";
         peer_send_msg(c, p, HS_MSG_BYE, &b.base);
-        hs_tp_close(conn, HS_ERR_CLOSED);
+        p->bye_sent = true;
         return HS_OK;
     }
     hs_debug("connection from %s", hs_tp_conn_peer(conn));
@@ -578,6 +580,10 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
     hs_consumer_t *c = arg;
     peer_t *p = hs_tp_conn_get_user(conn);
     if (!p || !p->conn) return;
+    if (p->bye_sent) {
+        if (payload_bytes) hs_tp_close(conn, HS_ERR_CLOSED); /* refused: nothing is written */
+        return;
+    }
     if (payload_bytes && type != HS_MSG_DONE) {
         peer_drop(c, p, HS_ERR_PROTO, "%s frame carries a payload", hs_msg_type_str(type));
         return;

@@ -48,6 +48,7 @@ typedef struct peer {
     double stall_pct, tokens_per_s;
     double t_done_frame; /* when the last DONE arrived (trace timing) */
     bool has_stats;
+    bool bye_sent; /* told the run is over; its frames are ignored */
 } peer_t;
 
 typedef struct verify_job {
@@ -75,7 +76,7 @@ struct hs_consumer {
     hs_tp_t *tp;
     uint16_t port;
     pthread_t net_thread;
-    volatile bool stop;
+    _Atomic bool stop; /* written by destroy and fatal paths, read by every thread */
     char fatal[256];
 
     /* network thread only */

@@ -91,7 +91,7 @@ struct hs_producer {
     outgoing_t *outbox;        /* filled batches for the network thread */
     bool stop;
     bool net_done;                 /* the network loop has ended */
-    volatile bool close_requested; /* hs_producer_close() before the end */
+    _Atomic bool close_requested; /* hs_producer_close() before the end */
     bool net_started;
     pthread_t net_thread;
     double t_start;
