@@ -1097,6 +1097,8 @@ void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
     s->cache_capacity = cs.capacity;
     s->cache_used = cs.used;
     s->cache_high_water = cs.high_water;
+    s->cache_ready_bytes = cs.ready_bytes;
+    s->cache_prepare_s = cs.prepare_s;
 }
 
 void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap)
@@ -1127,6 +1129,7 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         "  \"gbytes_per_s\": %.4f,\n  \"epochs\": %u,\n  \"producers_seen\": %llu,\n"
         "  \"producers_dropped\": %llu,\n  \"leases_returned\": %llu,\n"
         "  \"cache_capacity\": %llu,\n  \"cache_high_water\": %llu,\n"
+        "  \"cache_ready_bytes\": %llu,\n  \"cache_prepare_s\": %.3f,\n"
         "  \"starve_pct\": %.2f,\n  \"producer_stall_pct\": %.2f,\n"
         "  \"h2d_bytes\": %llu,\n  \"h2d_gbytes_per_s\": %.3f,\n  \"complete\": %s\n}\n",
         (unsigned long long)s->batches_planned, (unsigned long long)s->batches_delivered,
@@ -1136,7 +1139,8 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         (double)s->batches_delivered / secs, (double)s->bytes_received / secs / 1e9, s->epochs,
         (unsigned long long)s->producers_seen, (unsigned long long)s->producers_dropped,
         (unsigned long long)s->leases_returned, (unsigned long long)s->cache_capacity,
-        (unsigned long long)s->cache_high_water, s->starve_pct, s->producer_stall_pct,
+        (unsigned long long)s->cache_high_water, (unsigned long long)s->cache_ready_bytes,
+        s->cache_prepare_s, s->starve_pct, s->producer_stall_pct,
         (unsigned long long)s->h2d_bytes, s->h2d_gbytes_per_s, s->batches_planned && s->batches_delivered == s->batches_planned ? "true" : "false");
 }
 

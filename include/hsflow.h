@@ -89,6 +89,8 @@ typedef struct {
     uint64_t tickets_out;
     uint64_t leases_returned;   /* tickets that went back to the queue */
     uint64_t cache_capacity, cache_used, cache_high_water;
+    uint64_t cache_ready_bytes; /* pinned (with a GPU) and usable so far */
+    double cache_prepare_s;     /* time spent pinning the cache so far */
     double seconds;             /* since the first ticket */
     double starve_pct;          /* trainer waited for data */
     double producer_stall_pct;  /* reported by producers (mean) */

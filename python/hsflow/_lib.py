@@ -68,7 +68,8 @@ class ConsumerStats(ctypes.Structure):
         "batches_planned", "batches_delivered", "duplicates", "checksum_failures",
         "protocol_errors", "producers_connected", "producers_seen", "producers_dropped",
         "bytes_received", "tokens_delivered", "tickets_out", "leases_returned",
-        "cache_capacity", "cache_used", "cache_high_water")] + [
+        "cache_capacity", "cache_used", "cache_high_water", "cache_ready_bytes")] + [
+        ("cache_prepare_s", ctypes.c_double),
         ("seconds", ctypes.c_double),
         ("starve_pct", ctypes.c_double),
         ("producer_stall_pct", ctypes.c_double),
