@@ -376,15 +376,17 @@ END_TEST
 int main(int argc, char **argv)
 {
     const bool gpu = argc > 1 && !strcmp(argv[1], "gpu");
-    Suite *s = suite_create("preflight");
-    TCase *tc = tcase_create(gpu ? "gpu" : "host");
-    tcase_set_timeout(tc, gpu ? 600 : 60);
     if (gpu) {
         int n_dev = 0;
         if (hs_model_cuda_device_count(&n_dev) != HS_OK || n_dev == 0) {
             printf("no GPU (or a build without CUDA): skipped\n");
             return 77;
         }
+    }
+    Suite *s = suite_create("preflight");
+    TCase *tc = tcase_create(gpu ? "gpu" : "host");
+    tcase_set_timeout(tc, gpu ? 600 : 60);
+    if (gpu) {
         tcase_add_test(tc, preflight_runs_the_table_at_a_fixed_budget);
         tcase_add_test(tc, preflight_auto_picks_the_largest_budget_that_fits);
         tcase_add_test(tc, preflight_refuses_a_budget_that_leaves_too_little_headroom);
