@@ -833,6 +833,8 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
         goto err_cache;
     }
     tc.peer_timeout_s = cfg->peer_timeout_s;
+    tc.net_devices = cfg->net_devices;
+    tc.require_rdma = cfg->require_rdma;
     st = hs_tp_create(&tc, &consumer_callbacks, c, &c->tp);
     if (st != HS_OK) goto err_cache;
     hs_tp_mem_register(c->tp, hs_cache_base(c->cache), hs_cache_capacity(c->cache));

@@ -55,6 +55,8 @@ typedef struct {
     const char *transport;    /* "auto", "tcp", "ucx"; default "auto" */
     uint32_t verify_threads;  /* checksum threads; default 1 */
     uint32_t peer_timeout_s;  /* default 10 */
+    const char *net_devices;  /* UCX: device list for UCX_NET_DEVICES; NULL = UCX's choice */
+    bool require_rdma;        /* UCX: refuse connections without an RDMA lane */
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */

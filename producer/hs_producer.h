@@ -38,6 +38,8 @@ typedef struct {
     uint32_t prefetch;     /* tickets each worker wants queued */
     const char *secret_file;
     const char *transport; /* "auto", "tcp", "ucx" */
+    const char *net_devices; /* UCX_NET_DEVICES list; NULL = UCX's choice */
+    bool require_rdma;       /* refuse to run without an RDMA lane */
     uint32_t connect_timeout_s;
     const char *summary_json; /* NULL = none */
     const char *name;      /* identity in logs; NULL = host:pid */

@@ -890,6 +890,8 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
         hs_error("unknown transport '%s': use auto, tcp or ucx", cfg->transport);
         goto err;
     }
+    tc.net_devices = cfg->net_devices;
+    tc.require_rdma = cfg->require_rdma;
     st = hs_tp_create(&tc, &producer_callbacks, pr, &pr->tp);
     if (st != HS_OK) goto err;
 

@@ -37,6 +37,8 @@ class ConsumerConfig(ctypes.Structure):
         ("transport", ctypes.c_char_p),
         ("verify_threads", _c_u32),
         ("peer_timeout_s", _c_u32),
+        ("net_devices", ctypes.c_char_p),
+        ("require_rdma", ctypes.c_bool),
     ]
 
 
