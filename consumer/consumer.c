@@ -440,11 +440,16 @@ static void push_deliverable(hs_consumer_t *c)
     hs_sched_item_t it;
     bool pushed = false;
     while (c->sched && hs_sched_next_ready(c->sched, &it)) {
-        hs_sched_delivered(c->sched, it.ticket);
         pthread_mutex_lock(&c->lock);
         if (c->ready_n == c->ready_cap) {
+            /* Grows rarely: the ring never holds more batches than the cache. */
             uint32_t ncap = c->ready_cap ? c->ready_cap * 2 : 64;
             hs_sched_item_t *q = malloc(ncap * sizeof(*q));
+            if (!q) {
+                pthread_mutex_unlock(&c->lock);
+                hs_warn("out of memory growing the delivery queue; retrying");
+                break;
+            }
             for (uint32_t i = 0; i < c->ready_n; i++)
                 q[i] = c->ready[(c->ready_head + i) % c->ready_cap];
             free(c->ready);
@@ -454,6 +459,7 @@ static void push_deliverable(hs_consumer_t *c)
         }
         c->ready[(c->ready_head + c->ready_n++) % c->ready_cap] = it;
         pthread_mutex_unlock(&c->lock);
+        hs_sched_delivered(c->sched, it.ticket);
         pushed = true;
     }
     if (pushed) pthread_cond_broadcast(&c->cond);
@@ -548,6 +554,7 @@ static hs_status_t cb_accept(void *arg, hs_tp_conn_t *conn)
     if (!p) return HS_ERR_NOMEM;
     p->id = ++c->next_peer_id;
     p->conn = conn;
+    p->t_accept = hs_now_s();
     p->state = PEER_NEW;
     snprintf(p->name, sizeof(p->name), "%s", hs_tp_conn_peer(conn));
     hs_tp_conn_set_user(conn, p);
@@ -686,6 +693,18 @@ static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const ch
 
 /* ---- network thread ---------------------------------------------------------- */
 
+/* A peer that connects and never finishes the handshake would hold its
+ * connection forever: cut it off after handshake_timeout_s (15 s, or
+ * HS_HANDSHAKE_TIMEOUT_S). */
+static void drop_stalled_handshakes(hs_consumer_t *c, double now)
+{
+    for (peer_t *p = c->peers; p; p = p->next)
+        if (p->conn && !p->bye_sent && (p->state == PEER_NEW || p->state == PEER_AUTH) &&
+            now - p->t_accept > c->handshake_timeout_s)
+            peer_drop(c, p, HS_ERR_TIMEOUT, "no complete handshake within %.0f s",
+                      c->handshake_timeout_s);
+}
+
 /* Publishes the network thread's figures for hs_consumer_stats(). */
 static void snapshot(hs_consumer_t *c)
 {
@@ -739,6 +758,7 @@ static void *net_main(void *arg)
         issue_tickets(c);
         snapshot(c);
         double now = hs_now_s();
+        drop_stalled_handshakes(c, now);
         if (now - c->t_last_status >= c->status_interval && c->status_interval > 0) {
             c->t_last_status = now;
             char line[512];
@@ -795,6 +815,8 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     c->status_interval = 5.0;
     const char *si = getenv("HS_STATUS_INTERVAL");
     if (si) c->status_interval = atof(si);
+    const char *ht = getenv("HS_HANDSHAKE_TIMEOUT_S");
+    c->handshake_timeout_s = ht && atof(ht) > 0 ? atof(ht) : 15.0;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
     pthread_mutex_init(&c->vlock, NULL);
@@ -1170,6 +1192,9 @@ void hs_consumer_destroy(hs_consumer_t *c)
         n = j->next;
         free(j);
     }
+    /* Copies in flight finish first: their callbacks free slots and wake the
+     * transport, which must still exist. */
+    hs__loader_destroy(c->loader);
     hs_tp_destroy(c->tp);
     while (c->peers) {
         peer_t *p = c->peers;
@@ -1177,7 +1202,6 @@ void hs_consumer_destroy(hs_consumer_t *c)
         free(p->hello_body);
         free(p);
     }
-    hs__loader_destroy(c->loader); /* waits for copies, whose callbacks free slots */
     hs_sched_destroy(c->sched);
     hs_cache_destroy(c->cache);
     hs_auth_key_clear(&c->key);

@@ -47,6 +47,7 @@ typedef struct peer {
     uint32_t hello_len;
     double stall_pct, tokens_per_s;
     double t_done_frame; /* when the last DONE arrived (trace timing) */
+    double t_accept;     /* when the connection arrived */
     bool has_stats;
     bool bye_sent; /* told the run is over; its frames are ignored */
 } peer_t;
@@ -93,7 +94,7 @@ struct hs_consumer {
     uint64_t tokens_per_epoch;
     hs_sched_t *sched;
     uint64_t n_seen, n_dropped, n_proto_errors, leases_returned;
-    double t_last_status, status_interval;
+    double t_last_status, status_interval, handshake_timeout_s;
 
     /* checksum threads */
     pthread_t *verify_threads;

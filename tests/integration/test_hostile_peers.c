@@ -557,6 +557,20 @@ START_TEST(test_wrong_magic_gets_error_and_run_completes)
 }
 END_TEST
 
+START_TEST(test_silent_peer_is_cut_off_after_the_handshake_timeout)
+{
+    setenv("HS_HANDSHAKE_TIMEOUT_S", "1", 1);
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    unsetenv("HS_HANDSHAKE_TIMEOUT_S");
+    int fd = raw_connect(hs_consumer_port(h.c)); /* connects, never says HELLO */
+    expect_refused(fd, "handshake", true);
+    hs_consumer_stats_t s;
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.producers_dropped, 1);
+}
+END_TEST
+
 START_TEST(test_oversized_body_len_is_refused_before_allocating)
 {
     harness_t h;
@@ -924,6 +938,7 @@ static Suite *hostile_suite(void)
     tcase_add_test(tc, test_raw_peer_with_valid_batches_is_accepted);
     tcase_add_test(tc, test_wrong_magic_gets_error_and_run_completes);
     tcase_add_test(tc, test_oversized_body_len_is_refused_before_allocating);
+    tcase_add_test(tc, test_silent_peer_is_cut_off_after_the_handshake_timeout);
     tcase_add_test(tc, test_truncated_body_then_close_is_dropped);
     tcase_add_test(tc, test_crc_mismatch_is_refused);
     tcase_add_test(tc, test_done_for_a_ticket_the_peer_does_not_hold_is_refused);
