@@ -87,16 +87,17 @@ hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb,
 void hs_tp_destroy(hs_tp_t *tp);
 
 /* Listens on host:port ("0.0.0.0", "::", "127.0.0.1"; port 0 picks one).
- * The bound port is returned in *bound_port when not NULL. */
+ * The bound port is returned in *bound_port when not NULL. Both kinds listen
+ * on a TCP port; UCX swaps worker addresses there, then carries the
+ * connection over whatever UCX selects (RDMA, shared memory, its own TCP). */
 hs_status_t hs_tp_listen(hs_tp_t *tp, const char *host, uint16_t port, uint16_t *bound_port);
 /* Connects (blocking, up to timeout_ms, retrying while the peer is not yet
  * listening; timeout_ms < 0 waits forever). Fails with HS_ERR_TIMEOUT when
  * nobody answered in time. UCX: returns once the endpoint is wired up, which
  * needs the peer's loop running; events of this transport's other
  * connections may be delivered meanwhile, so connect before serving others.
- * UCX 1.13 refuses IPv6 addresses (HS_ERR_UNSUPPORTED; HS_UCX_ALLOW_IPV6=1
- * overrides); with require_rdma, a connection without an RDMA lane fails
- * with HS_ERR_UNSUPPORTED. */
+ * With require_rdma, a connection without an RDMA lane fails with
+ * HS_ERR_UNSUPPORTED. */
 hs_status_t hs_tp_connect(hs_tp_t *tp, const char *host, uint16_t port, int timeout_ms,
                           hs_tp_conn_t **out);
 

@@ -52,12 +52,12 @@
 #define TCP_HEAD (TCP_PREFIX + HS_FRAME_HEADER_BYTES)
 #define TCP_RX_INITIAL (64u << 10)
 #define TCP_TX_INITIAL (16u << 10)
-#define TCP_TX_MAX (256u << 20)     /* copied frames queued on one connection */
+#define TCP_TX_MAX (256u << 20) /* copied frames queued on one connection */
 #define TCP_IOV_MAX 64
-#define TCP_IO_CHUNK (1u << 30)     /* largest single recv()/iovec */
+#define TCP_IO_CHUNK (1u << 30)      /* largest single recv()/iovec */
 #define TCP_READ_BUDGET (256u << 20) /* bytes read per wakeup, then other fds get a turn */
-#define TCP_LINGER_MS 2000          /* hs_tp_close() flush bound */
-#define TCP_SOCKBUF (16u << 20)     /* asked-for SO_SNDBUF / SO_RCVBUF */
+#define TCP_LINGER_MS 2000           /* hs_tp_close() flush bound */
+#define TCP_SOCKBUF (16u << 20)      /* asked-for SO_SNDBUF / SO_RCVBUF */
 #define TCP_EVENTS 64
 
 typedef enum { OBJ_WAKE, OBJ_LISTENER, OBJ_CONN } obj_kind_t;
@@ -100,9 +100,9 @@ typedef struct tcp_conn {
     size_t rx_cap, rx_len;
     hs_frame_header_t rx_hdr;
     uint64_t rx_payload_len;
-    bool in_on_frame;  /* inside on_frame() of a frame with a payload */
-    bool pl_accepted;  /* hs_tp_recv_payload() was called for it */
-    bool pl_active;    /* a payload is being received into pl_dest */
+    bool in_on_frame; /* inside on_frame() of a frame with a payload */
+    bool pl_accepted; /* hs_tp_recv_payload() was called for it */
+    bool pl_active;   /* a payload is being received into pl_dest */
     uint8_t *pl_dest;
     uint64_t pl_len, pl_done, pl_cookie;
 
@@ -132,17 +132,25 @@ struct tcp_tp {
     int sockbuf; /* SO_SNDBUF/SO_RCVBUF to ask for, 0 = leave autotuning */
 };
 
-static tcp_conn_t *conn_of(hs_tp_conn_t *c) { return (tcp_conn_t *)c; }
-static tcp_tp_t *tp_of(hs_tp_t *t) { return (tcp_tp_t *)t; }
+static tcp_conn_t *conn_of(hs_tp_conn_t *c)
+{
+    return (tcp_conn_t *)c;
+}
+static tcp_tp_t *tp_of(hs_tp_t *t)
+{
+    return (tcp_tp_t *)t;
+}
 
 static void put_u64(uint8_t *p, uint64_t v)
 {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 static uint64_t get_u64(const uint8_t *p)
 {
     uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
     return v;
 }
 
@@ -238,10 +246,12 @@ static hs_status_t seg_reserve(tcp_conn_t *c, size_t more)
 {
     if (c->seg_count + more <= c->seg_cap) return HS_OK;
     size_t ncap = c->seg_cap ? c->seg_cap * 2 : 16;
-    while (ncap < c->seg_count + more) ncap *= 2;
+    while (ncap < c->seg_count + more)
+        ncap *= 2;
     tcp_seg_t *n = malloc(ncap * sizeof *n);
     if (!n) return HS_ERR_NOMEM;
-    for (size_t i = 0; i < c->seg_count; i++) n[i] = c->segs[(c->seg_head + i) % c->seg_cap];
+    for (size_t i = 0; i < c->seg_count; i++)
+        n[i] = c->segs[(c->seg_head + i) % c->seg_cap];
     free(c->segs);
     c->segs = n;
     c->seg_cap = ncap;
@@ -278,7 +288,8 @@ static hs_status_t tx_append_frame(tcp_conn_t *c, uint64_t payload_len, const vo
     }
     if (c->tx_cap - c->tx_tail < need) {
         size_t ncap = c->tx_cap ? c->tx_cap : TCP_TX_INITIAL;
-        while (ncap - c->tx_tail < need) ncap *= 2;
+        while (ncap - c->tx_tail < need)
+            ncap *= 2;
         if (ncap > TCP_TX_MAX) {
             hs_error("connection %s: %zu bytes of frames already queued, the peer is not "
                      "reading; close it or slow down",
@@ -324,8 +335,9 @@ static tcp_conn_t *conn_new(tcp_tp_t *tp, int fd, const struct sockaddr *sa, soc
     (void)getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sb, &ol);
     ol = sizeof rb;
     (void)getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rb, &ol);
-    snprintf(c->base.describe, sizeof c->base.describe, "tcp %s -> %s (sndbuf %d KiB, rcvbuf %d KiB%s)",
-             lbuf, c->base.peer, sb >> 10, rb >> 10, tp->sockbuf ? "" : ", autotuned");
+    snprintf(c->base.describe, sizeof c->base.describe,
+             "tcp %s -> %s (sndbuf %d KiB, rcvbuf %d KiB%s)", lbuf, c->base.peer, sb >> 10,
+             rb >> 10, tp->sockbuf ? "" : ", autotuned");
     c->events = EPOLLIN;
     struct epoll_event e = {.events = EPOLLIN, .data.ptr = &c->obj};
     if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
@@ -365,7 +377,8 @@ static void conn_finalize(tcp_conn_t *c)
     }
     c->closing = true; /* sends from the callbacks below fail */
     if (c->tx_tail > c->tx_head || c->seg_count > 0)
-        hs_debug("connection %s: dropping %zu queued segments at close", c->base.peer, c->seg_count);
+        hs_debug("connection %s: dropping %zu queued segments at close", c->base.peer,
+                 c->seg_count);
     if (c->pl_active) {
         c->pl_active = false;
         if (tp->base.cb.on_payload)
@@ -395,7 +408,8 @@ static void run_finalizers(tcp_tp_t *tp)
     /* callbacks may close more connections: loop until none is pending */
     while (tp->n_finalize > 0) {
         tcp_conn_t *c = tp->conns;
-        while (c && !c->finalize) c = c->next;
+        while (c && !c->finalize)
+            c = c->next;
         if (!c) {
             tp->n_finalize = 0; /* cannot happen; keeps the loop finite */
             break;
@@ -539,7 +553,8 @@ static bool rx_parse_head(tcp_conn_t *c)
     size_t need = (size_t)TCP_HEAD * 2 + c->rx_hdr.body_len;
     if (need > c->rx_cap) {
         size_t ncap = c->rx_cap;
-        while (ncap < need) ncap *= 2;
+        while (ncap < need)
+            ncap *= 2;
         size_t bound = (size_t)TCP_HEAD * 2 + c->tp->base.cfg.max_frame_body;
         if (ncap > bound) ncap = bound;
         uint8_t *n = realloc(c->rx, ncap);
@@ -600,11 +615,15 @@ static void conn_read_closed(tcp_conn_t *c, ssize_t r)
         } else {
             st = HS_ERR_IO;
             if (c->rx_state == RX_PAYLOAD)
-                snprintf(why, sizeof why, "peer %s closed the connection %llu bytes into a %llu-byte payload",
-                         c->base.peer, (unsigned long long)c->pl_done, (unsigned long long)c->pl_len);
+                snprintf(why, sizeof why,
+                         "peer %s closed the connection %llu bytes into a %llu-byte payload",
+                         c->base.peer, (unsigned long long)c->pl_done,
+                         (unsigned long long)c->pl_len);
             else
-                snprintf(why, sizeof why, "peer %s closed the connection in the middle of a frame (%zu bytes received)",
-                         c->base.peer, c->rx_len);
+                snprintf(
+                    why, sizeof why,
+                    "peer %s closed the connection in the middle of a frame (%zu bytes received)",
+                    c->base.peer, c->rx_len);
         }
     } else {
         st = HS_ERR_IO;
@@ -780,7 +799,7 @@ static int connect_once(tcp_tp_t *tp, const struct addrinfo *a, int wait_ms)
     }
     return fd;
 
-err_fd: {
+err_fd : {
     int e = errno;
     close(fd);
     errno = e;
@@ -827,8 +846,8 @@ static hs_status_t tcp_connect(hs_tp_t *t, const char *host, uint16_t port, int 
     if (fd < 0) {
         freeaddrinfo(ai);
         bool timed_out = hs_now_ns() >= deadline;
-        hs_error("cannot connect to %s port %u%s: %s; is the consumer running and reachable?",
-                 host, port, timed_out ? " before the timeout" : "", strerror(err));
+        hs_error("cannot connect to %s port %u%s: %s; is the consumer running and reachable?", host,
+                 port, timed_out ? " before the timeout" : "", strerror(err));
         return timed_out ? HS_ERR_TIMEOUT : HS_ERR_IO;
     }
     tcp_conn_t *c = conn_new(tp, fd, used->ai_addr, used->ai_addrlen);
@@ -870,7 +889,8 @@ static int next_linger_ms(tcp_tp_t *tp, int timeout_ms)
     uint64_t now = hs_now_ns();
     for (tcp_conn_t *c = tp->conns; c; c = c->next) {
         if (!c->closing || c->finalize) continue;
-        int ms = now >= c->linger_deadline_ns ? 0 : (int)((c->linger_deadline_ns - now) / 1000000u + 1);
+        int ms =
+            now >= c->linger_deadline_ns ? 0 : (int)((c->linger_deadline_ns - now) / 1000000u + 1);
         if (timeout_ms < 0 || ms < timeout_ms) timeout_ms = ms;
     }
     return timeout_ms;
@@ -930,7 +950,10 @@ static void tcp_wakeup(hs_tp_t *t)
     (void)r; /* EAGAIN: the counter is already non-zero, which is the point */
 }
 
-static hs_status_t tcp_mem_register(hs_tp_t *t, void *addr, size_t len) { return HS_OK; }
+static hs_status_t tcp_mem_register(hs_tp_t *t, void *addr, size_t len)
+{
+    return HS_OK;
+}
 
 /* ---- life cycle ----------------------------------------------------------- */
 

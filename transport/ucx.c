@@ -1,7 +1,9 @@
 /* ucx.c - the UCX transport (UCX 1.13 UCP active messages).
  *
- * One ucp_context + ucp_worker per hs_tp_t. The consumer listens with a
- * ucp_listener; every connection is an endpoint created with
+ * One ucp_context + ucp_worker per hs_tp_t. The consumer listens on a TCP
+ * socket of its own where the two sides swap UCX worker addresses (see
+ * "bootstrap" below for why not a ucp_listener); every connection is then a
+ * pair of endpoints created from those addresses with
  * UCP_ERR_HANDLING_MODE_PEER (UCX keepalive, set from peer_timeout_s unless
  * UCX_KEEPALIVE_INTERVAL is set, detects dead peers).
  *
@@ -25,26 +27,31 @@
  * and run after ucp_worker_progress() returns, still inside hs_tp_progress().
  *
  * Close: hs_tp_close() sends AM_CLOSE, flushes the endpoint for up to
- * UCX_LINGER_MS, then closes it with UCP_EP_CLOSE_FLAG_FORCE; UCX fails the
- * requests still outstanding, and on_close runs once all of them reported.
+ * UCX_LINGER_MS, then closes it (flush mode when the flush completed, else
+ * UCP_EP_CLOSE_FLAG_FORCE); UCX fails the requests still outstanding, and
+ * on_close runs once all of them reported (or UCX_DRAIN_MS passed).
  */
 #include "hs_transport_int.h"
 
 #include <assert.h>
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 #include <ucp/api/ucp.h>
 
 #define AM_FRAME 1
 #define AM_PAYLOAD 2
 #define AM_CLOSE 3
-#define UCX_LINGER_MS 2000  /* flush bound at close */
-#define UCX_DRAIN_MS 5000   /* after a forced close, wait this long for UCX to fail requests */
+#define UCX_LINGER_MS 2000 /* flush bound at close */
+#define UCX_DRAIN_MS 5000  /* after a forced close, wait this long for UCX to fail requests */
 #define UCX_CLOSING_POLL_MS 10
 #define OP_INLINE 256
 
@@ -52,6 +59,7 @@ typedef enum { OP_SEND, OP_SEND_PAYLOAD, OP_RECV, OP_FLUSH, OP_CLOSE } op_kind_t
 
 typedef struct ucx_conn ucx_conn_t;
 typedef struct ucx_tp ucx_tp_t;
+typedef struct ucx_pending ucx_pending_t;
 
 /* One outstanding UCX operation. Reused through a free list. */
 typedef struct ucx_op {
@@ -91,6 +99,7 @@ struct ucx_conn {
     bool failed;    /* UCX reported an error on the endpoint */
     bool closing, flush_started, flushed, ep_closed, close_done;
     bool lanes_checked;
+    bool announced; /* the user knows it: on_close is owed */
     hs_status_t close_reason;
     char close_why[256];
     uint64_t linger_deadline_ns, drain_deadline_ns;
@@ -102,8 +111,12 @@ struct ucx_tp {
     ucp_worker_h worker;
     int efd;
     size_t max_am_header;
-    ucp_listener_h *listeners;
-    size_t n_listeners;
+    int *lfds; /* bootstrap listening sockets */
+    size_t n_lfds;
+    ucx_pending_t *pending; /* accepted sockets in their hello */
+    size_t n_pending;
+    ucp_address_t *my_addr;
+    size_t my_addr_len;
     ucx_conn_t *conns;
     size_t n_closing;
     ucx_op_t *done_head, *done_tail;
@@ -113,11 +126,18 @@ struct ucx_tp {
     uint64_t activity; /* bumped by everything the user would call "something happened" */
     volatile int wake_pending;
     bool in_progress;
+    bool destroying;
     bool use_memh;
 };
 
-static ucx_conn_t *conn_of(hs_tp_conn_t *c) { return (ucx_conn_t *)c; }
-static ucx_tp_t *tp_of(hs_tp_t *t) { return (ucx_tp_t *)t; }
+static ucx_conn_t *conn_of(hs_tp_conn_t *c)
+{
+    return (ucx_conn_t *)c;
+}
+static ucx_tp_t *tp_of(hs_tp_t *t)
+{
+    return (ucx_tp_t *)t;
+}
 
 /* ---- ops ------------------------------------------------------------------ */
 
@@ -211,7 +231,8 @@ static void process_done(ucx_tp_t *tp)
             break;
         case OP_RECV:
             if (c && tp->base.cb.on_payload)
-                tp->base.cb.on_payload(tp->base.arg, &c->base, op->cookie, user_status(c, op->status));
+                tp->base.cb.on_payload(tp->base.arg, &c->base, op->cookie,
+                                       user_status(c, op->status));
             break;
         case OP_FLUSH:
             if (c) c->flushed = true;
@@ -273,12 +294,15 @@ static void conn_refresh_describe(ucx_conn_t *c)
             char *p = strstr(lane, "]:");
             if (!p) continue;
             p += 2;
-            while (*p == ' ') p++;
+            while (*p == ' ')
+                p++;
             if (strncmp(p, "cm ", 3) == 0) {
-                n += (size_t)snprintf(out + n, n < sizeof out ? sizeof out - n : 0, " cm=%s", p + 3);
+                n +=
+                    (size_t)snprintf(out + n, n < sizeof out ? sizeof out - n : 0, " cm=%s", p + 3);
                 continue;
             }
-            while (*p >= '0' && *p <= '9') p++;
+            while (*p >= '0' && *p <= '9')
+                p++;
             if (*p == ':') p++;
             char tl[64];
             size_t l = strcspn(p, " ");
@@ -295,7 +319,8 @@ static void conn_refresh_describe(ucx_conn_t *c)
         } else if (rndv) {
             /* the number just before "..<rndv>" */
             char *q = rndv;
-            while (q > line && q[-1] >= '0' && q[-1] <= '9') q--;
+            while (q > line && q[-1] >= '0' && q[-1] <= '9')
+                q--;
             if (q < rndv)
                 n += (size_t)snprintf(out + n, n < sizeof out ? sizeof out - n : 0, " rndv>=%.*s",
                                       (int)(rndv - q), q);
@@ -314,7 +339,10 @@ static bool describe_has_rdma(const char *d)
     return false;
 }
 
-static void ucx_describe(hs_tp_conn_t *conn) { conn_refresh_describe(conn_of(conn)); }
+static void ucx_describe(hs_tp_conn_t *conn)
+{
+    conn_refresh_describe(conn_of(conn));
+}
 
 /* ---- connections --------------------------------------------------------- */
 
@@ -327,7 +355,8 @@ static void err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     c->tp->activity++;
     if (c->closing || !c->connected) return; /* a connect attempt handles its own failure */
     char why[200];
-    snprintf(why, sizeof why, "connection to %s failed: %s", c->base.peer, ucs_status_string(status));
+    snprintf(why, sizeof why, "connection to %s failed: %s", c->base.peer,
+             ucs_status_string(status));
     if (c->connected) hs_warn("%s", why);
     conn_begin_close(c, HS_ERR_IO, why, false);
 }
@@ -390,8 +419,8 @@ static hs_status_t send_am(ucx_conn_t *c, unsigned id, const void *frame, size_t
         return HS_ERR_NOMEM;
     }
     ucp_request_param_t prm = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_FLAGS,
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
         .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
         .cb.send = send_cb,
         .user_data = op,
@@ -427,7 +456,7 @@ static void conn_fail_peer(ucx_conn_t *c, hs_status_t st, const char *why)
     uint8_t buf[512];
     size_t n = hs__tp_error_frame(st, why, buf, sizeof buf);
     if (n > 0) (void)send_am(c, AM_FRAME, buf, n);
-    conn_begin_close(c, st, why, false);
+    conn_begin_close(c, st, why, true); /* the peer learns of it from AM_CLOSE */
 }
 
 static void conn_force_close(ucx_conn_t *c)
@@ -444,9 +473,12 @@ static void conn_force_close(ucx_conn_t *c)
         return;
     }
     ucp_request_param_t prm = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_EP_CLOSE_FLAG_FORCE,
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        /* a healthy, flushed endpoint closes in flush mode (UCX 1.13's tcp
+         * transport can crash in worker destroy after forced closes of
+         * healthy endpoints); a failed or stuck one is forced */
+        .flags = c->flushed && !c->failed && !tp->destroying ? 0 : UCP_EP_CLOSE_FLAG_FORCE,
         .cb.send = send_cb,
         .user_data = op,
     };
@@ -477,7 +509,7 @@ static void conn_finalize(ucx_conn_t *c)
         assert(op->conn != c);
     tp->n_closing--;
     tp->activity++;
-    tp->base.cb.on_close(tp->base.arg, &c->base, c->close_reason, c->close_why);
+    if (c->announced) tp->base.cb.on_close(tp->base.arg, &c->base, c->close_reason, c->close_why);
     conn_unlink(tp, c);
     free(c);
 }
@@ -533,13 +565,16 @@ static bool frame_check(ucx_conn_t *c, const void *frame, size_t len, hs_frame_h
         conn_fail_peer(c, HS_ERR_FORMAT, why);
         return false;
     }
-    hs_status_t st = hs_frame_header_decode(frame, c->tp->base.cfg.max_frame_body, h, why, sizeof why);
+    hs_status_t st =
+        hs_frame_header_decode(frame, c->tp->base.cfg.max_frame_body, h, why, sizeof why);
     if (st == HS_OK && (size_t)h->body_len + HS_FRAME_HEADER_BYTES != len) {
         snprintf(why, sizeof why, "%s frame of %zu bytes whose header says %u body bytes",
                  hs_msg_type_str(h->type), len, h->body_len);
         st = HS_ERR_FORMAT;
     }
-    if (st == HS_OK) st = hs_frame_body_check(h, (const uint8_t *)frame + HS_FRAME_HEADER_BYTES, why, sizeof why);
+    if (st == HS_OK)
+        st =
+            hs_frame_body_check(h, (const uint8_t *)frame + HS_FRAME_HEADER_BYTES, why, sizeof why);
     if (st != HS_OK) {
         conn_fail_peer(c, st, why);
         return false;
@@ -556,9 +591,11 @@ static bool lanes_ok(ucx_conn_t *c)
     hs_info("connection from %s: %s", c->base.peer, c->base.describe);
     if (!c->tp->base.cfg.require_rdma || describe_has_rdma(c->base.describe)) return true;
     char why[HS__TP_DESCRIBE_CAP + 512];
-    snprintf(why, sizeof why, "RDMA is required but UCX carries %s over '%s' (no rc/dc/ud verbs lane): "
-             "check the RDMA NIC, its link and UCX_NET_DEVICES/UCX_TLS, or run without --require-rdma",
-             c->base.peer, c->base.describe);
+    snprintf(
+        why, sizeof why,
+        "RDMA is required but UCX carries %s over '%s' (no rc/dc/ud verbs lane): "
+        "check the RDMA NIC, its link and UCX_NET_DEVICES/UCX_TLS, or run without --require-rdma",
+        c->base.peer, c->base.describe);
     hs_error("%s", why);
     conn_begin_close(c, HS_ERR_UNSUPPORTED, why, true);
     return false;
@@ -579,8 +616,8 @@ static ucs_status_t am_frame_cb(void *arg, const void *header, size_t header_len
     if (!lanes_ok(c)) return UCS_OK;
     hs_frame_header_t h;
     if (!frame_check(c, data, length, &h)) return UCS_OK;
-    tp->base.cb.on_frame(tp->base.arg, &c->base, h.type, (const uint8_t *)data + HS_FRAME_HEADER_BYTES,
-                         h.body_len, 0);
+    tp->base.cb.on_frame(tp->base.arg, &c->base, h.type,
+                         (const uint8_t *)data + HS_FRAME_HEADER_BYTES, h.body_len, 0);
     return UCS_OK;
 }
 
@@ -605,8 +642,8 @@ static ucs_status_t am_payload_cb(void *arg, const void *header, size_t header_l
     c->in_on_frame = true;
     c->pl_accepted = false;
     c->pl_len = length;
-    tp->base.cb.on_frame(tp->base.arg, &c->base, h.type, (const uint8_t *)header + HS_FRAME_HEADER_BYTES,
-                         h.body_len, length);
+    tp->base.cb.on_frame(tp->base.arg, &c->base, h.type,
+                         (const uint8_t *)header + HS_FRAME_HEADER_BYTES, h.body_len, length);
     c->in_on_frame = false;
     if (!c->pl_accepted) {
         if (!c->closing) {
@@ -723,8 +760,8 @@ static hs_status_t ucx_send_payload(hs_tp_conn_t *conn, const void *frame, size_
     op->cb = cb;
     op->cb_arg = cb_arg;
     ucp_request_param_t prm = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_FLAGS,
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
         .flags = UCP_AM_SEND_FLAG_REPLY,
         .cb.send = send_cb,
         .user_data = op,
@@ -758,57 +795,269 @@ static void ucx_close(hs_tp_conn_t *conn, hs_status_t reason)
     conn_begin_close(c, reason, why, true);
 }
 
-/* ---- listen / accept / connect ------------------------------------------ */
+/* ---- bootstrap: listen / accept / connect ----------------------------------
+ *
+ * This transport listens with a plain TCP socket of its own, not a
+ * ucp_listener: UCX 1.13's tcp connection manager aborts the whole process
+ * when a stray client sends it garbage (assertion in tcp_sockcm_ep.c), and a
+ * consumer must survive any bytes from the network. On that socket both sides
+ * send one hello carrying their UCX worker address; each then creates an
+ * endpoint to the other's address (UCX pairs the two into one connection,
+ * the server's first, so that no message can arrive before it exists), and
+ * the socket is closed. The hello, all little-endian:
+ *
+ *   magic u32 "HSUX" | version u16 | reserved u16 | addr_len u32 | addr
+ *
+ * with 0 < addr_len <= UCX_ADDR_MAX. Anything else is cut off.
+ */
+#define HELLO_MAGIC 0x58555348u /* "HSUX" */
+#define HELLO_VERSION 1u
+#define HELLO_HEAD 12u
+#define UCX_ADDR_MAX (64u << 10)
+#define UCX_HELLO_TIMEOUT_MS 10000
+#define UCX_PENDING_MAX 256
 
-/* UCX 1.13's tcp connection manager overruns a buffer when the server side
- * connects back to an IPv6 peer (seen under ASan in uct_tcp_cm_conn_start),
- * so IPv6 is refused unless HS_UCX_ALLOW_IPV6=1. */
-static bool ipv6_refused(const struct addrinfo *ai, const char *host)
+struct ucx_pending {
+    int fd;
+    struct sockaddr_storage peer;
+    socklen_t peer_len;
+    uint8_t head[HELLO_HEAD];
+    size_t got;
+    uint32_t addr_len;
+    uint8_t *addr;
+    uint64_t deadline_ns;
+    ucx_pending_t *next;
+};
+
+static void put_le(uint8_t *p, uint64_t v, int n)
 {
-    if (!ai || ai->ai_family != AF_INET6) return false;
-    const char *allow = getenv("HS_UCX_ALLOW_IPV6");
-    if (allow && strcmp(allow, "1") == 0) return false;
-    hs_error("'%s' is an IPv6 address, which this UCX (1.13) does not carry safely: give an IPv4 "
-             "address (e.g. 0.0.0.0 instead of ::), or use --transport tcp",
-             host);
-    return true;
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
 }
 
-static void conn_handler(ucp_conn_request_h req, void *arg)
+static void hello_head(uint8_t out[HELLO_HEAD], size_t addr_len)
 {
-    ucx_tp_t *tp = arg;
-    ucx_conn_t *c = conn_alloc(tp);
-    if (!c) {
-        if (tp->n_listeners > 0) ucp_listener_reject(tp->listeners[0], req);
-        return;
+    put_le(out, HELLO_MAGIC, 4);
+    put_le(out + 4, HELLO_VERSION, 2);
+    put_le(out + 6, 0, 2);
+    put_le(out + 8, addr_len, 4);
+}
+
+/* Checks a received hello header; returns addr_len, or 0 with why set. */
+static uint32_t hello_check(const uint8_t h[HELLO_HEAD], char *why, size_t whycap)
+{
+    uint32_t magic = (uint32_t)get_le(h, 4);
+    uint32_t version = (uint32_t)get_le(h + 4, 2);
+    uint32_t len = (uint32_t)get_le(h + 8, 4);
+    if (magic != HELLO_MAGIC) {
+        snprintf(why, whycap,
+                 "not an hsflow UCX hello (magic 0x%08x): is the peer using --transport tcp?",
+                 magic);
+        return 0;
     }
-    ucp_conn_request_attr_t attr = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
-    if (ucp_conn_request_query(req, &attr) == UCS_OK) {
-        socklen_t len = attr.client_address.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                                                  : sizeof(struct sockaddr_in);
-        hs__tp_conn_set_peer(&c->base, (struct sockaddr *)&attr.client_address, len);
-    } else {
-        hs__tp_conn_set_peer(&c->base, NULL, 0);
+    if (version != HELLO_VERSION) {
+        snprintf(why, whycap,
+                 "UCX hello version %u, this side speaks %u: run the same hsflow "
+                 "release on both sides",
+                 version, HELLO_VERSION);
+        return 0;
     }
+    if (len == 0 || len > UCX_ADDR_MAX) {
+        snprintf(why, whycap, "UCX worker address of %u bytes (at most %u)", len, UCX_ADDR_MAX);
+        return 0;
+    }
+    return len;
+}
+
+static ucs_status_t ep_create_to(ucx_tp_t *tp, ucx_conn_t *c, const void *addr)
+{
     ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .conn_request = req,
+        .address = addr,
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {.cb = err_cb, .arg = c},
     };
-    ucs_status_t st = ucp_ep_create(tp->worker, &ep, &c->ep);
-    if (st != UCS_OK) {
-        hs_warn("cannot accept a connection from %s: %s", c->base.peer, ucs_status_string(st));
+    return ucp_ep_create(tp->worker, &ep, &c->ep);
+}
+
+static void pending_free(ucx_tp_t *tp, ucx_pending_t *p)
+{
+    for (ucx_pending_t **pp = &tp->pending; *pp; pp = &(*pp)->next) {
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    }
+    tp->n_pending--;
+    close(p->fd);
+    free(p->addr);
+    free(p);
+}
+
+static void pending_drop(ucx_tp_t *tp, ucx_pending_t *p, const char *why)
+{
+    char peer[HS__TP_PEER_CAP];
+    hs__tp_addr_format((struct sockaddr *)&p->peer, peer, sizeof peer);
+    hs_warn("connection from %s: %s; closing it", peer, why);
+    pending_free(tp, p);
+}
+
+/* A complete hello arrived: create the endpoint, answer, hand it over. */
+static void pending_accept(ucx_tp_t *tp, ucx_pending_t *p)
+{
+    ucx_conn_t *c = conn_alloc(tp);
+    if (!c) {
+        pending_drop(tp, p, "out of memory");
+        return;
+    }
+    hs__tp_conn_set_peer(&c->base, (struct sockaddr *)&p->peer, p->peer_len);
+    ucs_status_t us = ep_create_to(tp, c, p->addr);
+    if (us != UCS_OK) {
+        char why[160];
+        snprintf(why, sizeof why, "cannot reach its UCX worker: %s", ucs_status_string(us));
         free(c);
+        pending_drop(tp, p, why);
         return;
     }
     c->connected = true;
     conn_link(tp, c);
+    uint8_t head[HELLO_HEAD];
+    hello_head(head, tp->my_addr_len);
+    struct iovec iov[2] = {{head, HELLO_HEAD}, {tp->my_addr, tp->my_addr_len}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+    ssize_t w = sendmsg(p->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    pending_free(tp, p);
     tp->activity++;
+    if (w != (ssize_t)(HELLO_HEAD + tp->my_addr_len)) {
+        /* the user never saw it: close without on_close */
+        c->announced = false;
+        conn_begin_close(c, HS_ERR_IO, "could not answer the UCX hello", false);
+        return;
+    }
+    c->announced = true;
     hs_debug("accepted ucx connection from %s", c->base.peer);
     hs_status_t s = tp->base.cb.on_accept(tp->base.arg, &c->base);
     if (s != HS_OK) conn_begin_close(c, s, "connection refused by this side", true);
+}
+
+static void pending_read(ucx_tp_t *tp, ucx_pending_t *p)
+{
+    for (;;) {
+        ssize_t r;
+        if (p->got < HELLO_HEAD)
+            r = recv(p->fd, p->head + p->got, HELLO_HEAD - p->got, MSG_DONTWAIT);
+        else
+            r = recv(p->fd, p->addr + (p->got - HELLO_HEAD), p->addr_len - (p->got - HELLO_HEAD),
+                     MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (r <= 0) {
+            pending_drop(tp, p, r == 0 ? "closed before its hello was complete" : strerror(errno));
+            return;
+        }
+        p->got += (size_t)r;
+        if (p->got == HELLO_HEAD) {
+            char why[200];
+            p->addr_len = hello_check(p->head, why, sizeof why);
+            if (p->addr_len == 0) {
+                pending_drop(tp, p, why);
+                return;
+            }
+            p->addr = malloc(p->addr_len);
+            if (!p->addr) {
+                pending_drop(tp, p, "out of memory");
+                return;
+            }
+        }
+        if (p->got > HELLO_HEAD && p->got == HELLO_HEAD + p->addr_len) {
+            pending_accept(tp, p);
+            return;
+        }
+    }
+}
+
+static void listener_accept(ucx_tp_t *tp, int lfd)
+{
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        int fd = accept4(lfd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                hs_warn("accept failed: %m (too many open files? raise ulimit -n)");
+            return;
+        }
+        ucx_pending_t *p = tp->n_pending < UCX_PENDING_MAX ? calloc(1, sizeof *p) : NULL;
+        if (!p) {
+            hs_warn("too many connections in their handshake (%zu): refusing one", tp->n_pending);
+            close(fd);
+            continue;
+        }
+        p->fd = fd;
+        p->peer = ss;
+        p->peer_len = len;
+        p->deadline_ns = hs_now_ns() + (uint64_t)UCX_HELLO_TIMEOUT_MS * 1000000u;
+        p->next = tp->pending;
+        tp->pending = p;
+        tp->n_pending++;
+    }
+}
+
+/* Waits up to ms on the worker fd (when with_efd) and the bootstrap sockets,
+ * then serves the sockets that are ready. */
+static hs_status_t sockets_poll(ucx_tp_t *tp, int ms, bool with_efd)
+{
+    if (!with_efd && tp->n_lfds == 0 && tp->n_pending == 0) return HS_OK;
+    size_t n = (with_efd ? 1 : 0) + tp->n_lfds + tp->n_pending;
+    struct pollfd stack[64];
+    struct pollfd *pf = n <= 64 ? stack : malloc(n * sizeof *pf);
+    ucx_pending_t *pstack[64];
+    ucx_pending_t **ps = tp->n_pending <= 64 ? pstack : malloc(tp->n_pending * sizeof *ps);
+    if (!pf || !ps) {
+        if (pf != stack) free(pf);
+        if (ps != pstack) free(ps);
+        return HS_ERR_NOMEM;
+    }
+    size_t k = 0;
+    if (with_efd) pf[k++] = (struct pollfd){.fd = tp->efd, .events = POLLIN};
+    for (size_t i = 0; i < tp->n_lfds; i++)
+        pf[k++] = (struct pollfd){.fd = tp->lfds[i], .events = POLLIN};
+    size_t np = 0;
+    for (ucx_pending_t *p = tp->pending; p; p = p->next) {
+        ps[np++] = p;
+        pf[k++] = (struct pollfd){.fd = p->fd, .events = POLLIN};
+    }
+    if (tp->n_pending > 0 && (ms < 0 || ms > 100)) ms = 100; /* hello deadlines */
+    int r = poll(pf, k, ms);
+    hs_status_t st = HS_OK;
+    if (r < 0 && errno != EINTR) {
+        hs_error("poll on the UCX transport's fds failed: %m");
+        st = HS_ERR_IO;
+    } else if (r > 0) {
+        size_t base = with_efd ? 1 : 0;
+        for (size_t i = 0; i < tp->n_lfds; i++)
+            if (pf[base + i].revents & POLLIN) listener_accept(tp, tp->lfds[i]);
+        /* each pending is freed only by its own read */
+        for (size_t i = 0; i < np; i++)
+            if (pf[base + tp->n_lfds + i].revents) pending_read(tp, ps[i]);
+    }
+    uint64_t now = hs_now_ns();
+    for (ucx_pending_t *p = tp->pending, *next; p; p = next) {
+        next = p->next;
+        if (now >= p->deadline_ns) pending_drop(tp, p, "no complete hello within 10 s");
+    }
+    if (pf != stack) free(pf);
+    if (ps != pstack) free(ps);
+    return st;
 }
 
 static hs_status_t ucx_listen(hs_tp_t *t, const char *host, uint16_t port, uint16_t *bound_port)
@@ -817,41 +1066,43 @@ static hs_status_t ucx_listen(hs_tp_t *t, const char *host, uint16_t port, uint1
     struct addrinfo *ai = NULL;
     hs_status_t st = hs__tp_resolve(host, port, true, &ai);
     if (st != HS_OK) return st;
-    if (ipv6_refused(ai, host)) {
-        freeaddrinfo(ai);
-        return HS_ERR_UNSUPPORTED;
-    }
-    ucp_listener_h l = NULL;
-    ucs_status_t us = UCS_ERR_INVALID_ADDR;
-    for (struct addrinfo *a = ai; a && !l; a = a->ai_next) {
-        ucp_listener_params_t p = {
-            .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-            .sockaddr = {.addr = a->ai_addr, .addrlen = a->ai_addrlen},
-            .conn_handler = {.cb = conn_handler, .arg = tp},
-        };
-        us = ucp_listener_create(tp->worker, &p, &l);
-        if (us != UCS_OK) l = NULL;
+    int fd = -1, err = 0;
+    for (struct addrinfo *a = ai; a; a = a->ai_next) {
+        fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        int one = 1, zero = 0;
+        (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (a->ai_family == AF_INET6)
+            (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) break;
+        err = errno;
+        close(fd);
+        fd = -1;
     }
     freeaddrinfo(ai);
-    if (!l) {
-        hs_error("cannot listen with UCX on %s port %u: %s; choose a free port or a local address",
-                 host, port, ucs_status_string(us));
+    if (fd < 0) {
+        hs_error("cannot listen on %s port %u: %s; choose a free port or a local address", host,
+                 port, strerror(err));
         return HS_ERR_IO;
     }
-    ucp_listener_h *n = realloc(tp->listeners, (tp->n_listeners + 1) * sizeof *n);
+    int *n = realloc(tp->lfds, (tp->n_lfds + 1) * sizeof *n);
     if (!n) {
-        ucp_listener_destroy(l);
+        close(fd);
         return HS_ERR_NOMEM;
     }
-    tp->listeners = n;
-    tp->listeners[tp->n_listeners++] = l;
-    ucp_listener_attr_t attr = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+    tp->lfds = n;
+    tp->lfds[tp->n_lfds++] = fd;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
     uint16_t p = port;
     char addr[HS__TP_PEER_CAP] = "?";
-    if (ucp_listener_query(l, &attr) == UCS_OK) {
-        hs__tp_addr_format((struct sockaddr *)&attr.sockaddr, addr, sizeof addr);
-        if (attr.sockaddr.ss_family == AF_INET) p = ntohs(((struct sockaddr_in *)&attr.sockaddr)->sin_port);
-        if (attr.sockaddr.ss_family == AF_INET6) p = ntohs(((struct sockaddr_in6 *)&attr.sockaddr)->sin6_port);
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0) {
+        hs__tp_addr_format((struct sockaddr *)&ss, addr, sizeof addr);
+        if (ss.ss_family == AF_INET) p = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        if (ss.ss_family == AF_INET6) p = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
     }
     hs_info("ucx transport listening on %s", addr);
     if (bound_port) *bound_port = p;
@@ -873,6 +1124,135 @@ static void worker_drain(ucx_tp_t *tp)
     }
 }
 
+static int ms_left(uint64_t deadline)
+{
+    if (deadline == UINT64_MAX) return -1;
+    uint64_t now = hs_now_ns();
+    return now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
+}
+
+/* Blocking I/O on the bootstrap socket, bounded by deadline. */
+static bool sock_io(int fd, void *buf, size_t len, bool writing, uint64_t deadline)
+{
+    size_t done = 0;
+    while (done < len) {
+        struct pollfd p = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
+        int r = poll(&p, 1, ms_left(deadline));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            if (r == 0) errno = ETIMEDOUT;
+            return false;
+        }
+        ssize_t n = writing ? send(fd, (uint8_t *)buf + done, len - done, MSG_NOSIGNAL)
+                            : recv(fd, (uint8_t *)buf + done, len - done, 0);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (n <= 0) {
+            if (n == 0) errno = ECONNRESET;
+            return false;
+        }
+        done += (size_t)n;
+    }
+    return true;
+}
+
+/* TCP connect to one of ai, retrying while refused, then the hello swap.
+ * On success *peer_addr (malloc'd) holds the server's worker address. */
+static hs_status_t bootstrap(ucx_tp_t *tp, const struct addrinfo *ai, uint64_t deadline,
+                             const struct addrinfo **used, uint8_t **peer_addr, char *last,
+                             size_t lastcap)
+{
+    int fd = -1;
+    for (;;) {
+        for (const struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+            fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            if (fd < 0) continue;
+            if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+                *used = a;
+                break;
+            }
+            snprintf(last, lastcap, "%s", strerror(errno));
+            close(fd);
+            fd = -1;
+        }
+        if (fd >= 0) break;
+        uint64_t now = hs_now_ns();
+        if (now >= deadline) return HS_ERR_TIMEOUT;
+        uint64_t nap = 50u * 1000000u;
+        if (deadline - now < nap) nap = deadline - now;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap};
+        nanosleep(&ts, NULL);
+    }
+    uint8_t head[HELLO_HEAD];
+    hello_head(head, tp->my_addr_len);
+    hs_status_t st = HS_ERR_IO;
+    uint8_t *addr = NULL;
+    if (!sock_io(fd, head, HELLO_HEAD, true, deadline) ||
+        !sock_io(fd, tp->my_addr, tp->my_addr_len, true, deadline) ||
+        !sock_io(fd, head, HELLO_HEAD, false, deadline)) {
+        snprintf(last, lastcap, "hello exchange failed: %s", strerror(errno));
+        if (errno == ETIMEDOUT) st = HS_ERR_TIMEOUT;
+        goto out;
+    }
+    uint32_t len = hello_check(head, last, lastcap);
+    if (len == 0) {
+        st = HS_ERR_PROTO;
+        goto out;
+    }
+    addr = malloc(len);
+    if (!addr) {
+        st = HS_ERR_NOMEM;
+        goto out;
+    }
+    if (!sock_io(fd, addr, len, false, deadline)) {
+        snprintf(last, lastcap, "hello exchange failed: %s", strerror(errno));
+        free(addr);
+        goto out;
+    }
+    *peer_addr = addr;
+    st = HS_OK;
+out:
+    close(fd);
+    return st;
+}
+
+/* Tears down an endpoint the user never saw (no on_close). */
+static void conn_discard(ucx_tp_t *tp, ucx_conn_t *c)
+{
+    if (!c->closing) {
+        c->closing = true;
+        tp->n_closing++;
+    }
+    if (!c->ep_closed) conn_force_close(c);
+    uint64_t until = hs_now_ns() + 2000000000ull;
+    while ((!c->close_done || c->n_ops > 0) && hs_now_ns() < until) {
+        worker_wait(tp, 10);
+        worker_drain(tp);
+        for (ucx_op_t **pp = &tp->done_head; *pp;) {
+            ucx_op_t *o = *pp;
+            if (o->conn == c) {
+                if (o->kind == OP_CLOSE) c->close_done = true;
+                *pp = o->dnext;
+                if (tp->done_tail == o) {
+                    tp->done_tail = NULL;
+                    for (ucx_op_t *x = tp->done_head; x; x = x->dnext)
+                        tp->done_tail = x;
+                }
+                op_put(tp, o);
+            } else {
+                pp = &o->dnext;
+            }
+        }
+    }
+    while (c->ops) { /* still not finished: orphan */
+        ucx_op_t *o = c->ops;
+        c->ops = o->cnext;
+        o->conn = NULL;
+    }
+    tp->n_closing--;
+    conn_unlink(tp, c);
+    free(c);
+}
+
 static hs_status_t ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int timeout_ms,
                                hs_tp_conn_t **out)
 {
@@ -884,34 +1264,29 @@ static hs_status_t ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int 
     struct addrinfo *ai = NULL;
     hs_status_t st = hs__tp_resolve(host, port, false, &ai);
     if (st != HS_OK) return st;
-    if (ipv6_refused(ai, host)) {
-        freeaddrinfo(ai);
-        return HS_ERR_UNSUPPORTED;
-    }
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : hs_now_ns() + (uint64_t)timeout_ms * 1000000u;
     ucx_conn_t *c = NULL;
-    char last[128] = "no attempt";
+    char last[200] = "no attempt";
     /* internal progress below may deliver other connections' events: the
      * reentrancy guard of progress covers it */
     tp->in_progress = true;
     for (;;) {
+        const struct addrinfo *used = NULL;
+        uint8_t *peer_addr = NULL;
+        st = bootstrap(tp, ai, deadline, &used, &peer_addr, last, sizeof last);
+        if (st != HS_OK) break;
         c = conn_alloc(tp);
         if (!c) {
+            free(peer_addr);
             st = HS_ERR_NOMEM;
             break;
         }
-        hs__tp_conn_set_peer(&c->base, ai->ai_addr, ai->ai_addrlen);
-        ucp_ep_params_t ep = {
-            .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
-            .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-            .sockaddr = {.addr = ai->ai_addr, .addrlen = ai->ai_addrlen},
-            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-            .err_handler = {.cb = err_cb, .arg = c},
-        };
-        ucs_status_t us = ucp_ep_create(tp->worker, &ep, &c->ep);
+        hs__tp_conn_set_peer(&c->base, used->ai_addr, used->ai_addrlen);
+        ucs_status_t us = ep_create_to(tp, c, peer_addr);
+        free(peer_addr);
         if (us != UCS_OK) {
-            snprintf(last, sizeof last, "%s", ucs_status_string(us));
+            snprintf(last, sizeof last, "cannot reach the consumer's UCX worker: %s",
+                     ucs_status_string(us));
             free(c);
             c = NULL;
             st = HS_ERR_IO;
@@ -945,7 +1320,8 @@ static hs_status_t ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int 
                     *pp = o->dnext;
                     if (tp->done_tail == o) {
                         tp->done_tail = NULL;
-                        for (ucx_op_t *x = tp->done_head; x; x = x->dnext) tp->done_tail = x;
+                        for (ucx_op_t *x = tp->done_head; x; x = x->dnext)
+                            tp->done_tail = x;
                     }
                     op_put(tp, o);
                 } else {
@@ -957,86 +1333,39 @@ static hs_status_t ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int 
             st = HS_OK;
             break;
         }
-        snprintf(last, sizeof last, "%s", c->failed ? "peer not reachable or not listening" : "timed out");
-        /* tear this attempt down quietly, then retry */
-        if (!c->closing) {
-            c->closing = true;
-            tp->n_closing++;
-        }
-        conn_force_close(c);
-        uint64_t until = hs_now_ns() + 2000000000ull;
-        while ((!c->close_done || c->n_ops > 0) && hs_now_ns() < until) {
-            worker_wait(tp, 10);
-            worker_drain(tp);
-            for (ucx_op_t **pp = &tp->done_head; *pp;) {
-                ucx_op_t *o = *pp;
-                if (o->conn == c) {
-                    if (o->kind == OP_CLOSE) c->close_done = true;
-                    *pp = o->dnext;
-                    if (tp->done_tail == o) {
-                        tp->done_tail = NULL;
-                        for (ucx_op_t *x = tp->done_head; x; x = x->dnext) tp->done_tail = x;
-                    }
-                    op_put(tp, o);
-                } else {
-                    pp = &o->dnext;
-                }
-            }
-        }
-        while (c->ops) { /* still not finished: orphan */
-            ucx_op_t *o = c->ops;
-            c->ops = o->cnext;
-            o->conn = NULL;
-        }
-        tp->n_closing--;
-        conn_unlink(tp, c);
-        free(c);
+        snprintf(last, sizeof last, "%s",
+                 c->failed ? "UCX could not wire up the endpoint" : "timed out");
+        conn_discard(tp, c);
         c = NULL;
-        uint64_t now = hs_now_ns();
-        if (now >= deadline) {
+        if (hs_now_ns() >= deadline) {
             st = HS_ERR_TIMEOUT;
             break;
         }
-        uint64_t nap = 50u * 1000000u;
-        if (deadline - now < nap) nap = deadline - now;
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap};
-        nanosleep(&ts, NULL);
     }
     tp->in_progress = false;
     freeaddrinfo(ai);
     if (st != HS_OK) {
-        hs_error("cannot connect with UCX to %s port %u: %s; is the consumer running and reachable?",
-                 host, port, last);
+        hs_error(
+            "cannot connect with UCX to %s port %u: %s; is the consumer running and reachable?",
+            host, port, last);
         return st;
     }
     c->connected = true;
+    c->announced = true;
     conn_refresh_describe(c);
     hs_info("connected to %s: %s", c->base.peer, c->base.describe);
+    c->lanes_checked = true;
     if (tp->base.cfg.require_rdma && !describe_has_rdma(c->base.describe)) {
         hs_error("RDMA is required but UCX connects to %s over '%s' (no rc/dc/ud verbs lane): "
-                 "check the RDMA NIC, its link and UCX_NET_DEVICES/UCX_TLS, or run without --require-rdma",
+                 "check the RDMA NIC, its link and UCX_NET_DEVICES/UCX_TLS, or run without "
+                 "--require-rdma",
                  c->base.peer, c->base.describe);
-        c->lanes_checked = true;
-        conn_begin_close(c, HS_ERR_UNSUPPORTED, "RDMA required, none selected", true);
-        /* the user never saw it: finish it here without on_close */
-        conn_force_close(c);
-        uint64_t until = hs_now_ns() + 2000000000ull;
-        while ((!c->close_done || c->n_ops > 0) && hs_now_ns() < until) {
-            worker_wait(tp, 10);
-            worker_drain(tp);
-            process_done(tp);
-        }
-        while (c->ops) {
-            ucx_op_t *o = c->ops;
-            c->ops = o->cnext;
-            o->conn = NULL;
-        }
-        tp->n_closing--;
-        conn_unlink(tp, c);
-        free(c);
+        (void)send_am(c, AM_CLOSE, NULL, 0);
+        tp->in_progress = true;
+        conn_discard(tp, c);
+        tp->in_progress = false;
         return HS_ERR_UNSUPPORTED;
     }
-    c->lanes_checked = true;
     *out = &c->base;
     return HS_OK;
 }
@@ -1062,24 +1391,16 @@ static hs_status_t ucx_progress(hs_tp_t *t, int timeout_ms)
     uint64_t a0 = tp->activity;
     step(tp);
     bool woken = __atomic_exchange_n(&tp->wake_pending, 0, __ATOMIC_ACQ_REL) != 0;
-    if (tp->activity == a0 && timeout_ms != 0 && !woken) {
+    hs_status_t st = sockets_poll(tp, 0, false);
+    if (st == HS_OK && tp->activity == a0 && timeout_ms != 0 && !woken) {
         int ms = timeout_ms;
         if (tp->n_closing > 0 && (ms < 0 || ms > UCX_CLOSING_POLL_MS)) ms = UCX_CLOSING_POLL_MS;
-        ucs_status_t st = ucp_worker_arm(tp->worker);
-        if (st == UCS_OK) {
-            struct pollfd p = {.fd = tp->efd, .events = POLLIN};
-            int r = poll(&p, 1, ms);
-            if (r < 0 && errno != EINTR) {
-                hs_error("poll on the UCX worker fd failed: %m");
-                tp->in_progress = false;
-                return HS_ERR_IO;
-            }
-        }
+        if (ucp_worker_arm(tp->worker) == UCS_OK) st = sockets_poll(tp, ms, true);
         step(tp);
         __atomic_store_n(&tp->wake_pending, 0, __ATOMIC_RELEASE);
     }
     tp->in_progress = false;
-    return HS_OK;
+    return st;
 }
 
 static void ucx_wakeup(hs_tp_t *t)
@@ -1177,6 +1498,11 @@ static hs_status_t ucx_create(const hs_tp_config_t *cfg, hs_tp_t **out)
         hs_error("ucp_worker_get_efd failed: %s", ucs_status_string(st));
         goto err_worker;
     }
+    st = ucp_worker_get_address(tp->worker, &tp->my_addr, &tp->my_addr_len);
+    if (st != UCS_OK) {
+        hs_error("ucp_worker_get_address failed: %s", ucs_status_string(st));
+        goto err_worker;
+    }
     ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
     tp->max_am_header = ucp_worker_query(tp->worker, &wa) == UCS_OK ? wa.max_am_header : 0;
     static const unsigned ids[] = {AM_FRAME, AM_PAYLOAD, AM_CLOSE};
@@ -1201,6 +1527,7 @@ static hs_status_t ucx_create(const hs_tp_config_t *cfg, hs_tp_t **out)
     return HS_OK;
 
 err_worker:
+    if (tp->my_addr) ucp_worker_release_address(tp->worker, tp->my_addr);
     ucp_worker_destroy(tp->worker);
 err_ctx:
     ucp_cleanup(tp->ctx);
@@ -1215,6 +1542,7 @@ static void ucx_destroy(hs_tp_t *t)
 {
     ucx_tp_t *tp = tp_of(t);
     tp->in_progress = true;
+    tp->destroying = true;
     uint64_t now = hs_now_ns();
     for (ucx_conn_t *c = tp->conns; c; c = c->next) {
         conn_begin_close(c, HS_ERR_CLOSED, "transport destroyed", true);
@@ -1227,9 +1555,14 @@ static void ucx_destroy(hs_tp_t *t)
         if (tp->conns) worker_wait(tp, UCX_CLOSING_POLL_MS);
     }
     process_done(tp);
-    for (size_t i = 0; i < tp->n_listeners; i++) ucp_listener_destroy(tp->listeners[i]);
-    free(tp->listeners);
-    for (size_t i = 0; i < tp->n_regions; i++) ucp_mem_unmap(tp->ctx, tp->regions[i].memh);
+    while (tp->pending)
+        pending_free(tp, tp->pending);
+    for (size_t i = 0; i < tp->n_lfds; i++)
+        close(tp->lfds[i]);
+    free(tp->lfds);
+    ucp_worker_release_address(tp->worker, tp->my_addr);
+    for (size_t i = 0; i < tp->n_regions; i++)
+        ucp_mem_unmap(tp->ctx, tp->regions[i].memh);
     free(tp->regions);
     ucp_worker_destroy(tp->worker);
     ucp_cleanup(tp->ctx);

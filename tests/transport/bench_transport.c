@@ -49,12 +49,16 @@ static void rx_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const ch
 static void *rx_main(void *arg)
 {
     rx_t *r = arg;
-    while (r->got < r->want && r->closes == 0) hs_tp_progress(r->tp, 100);
+    while (r->got < r->want && r->closes == 0)
+        hs_tp_progress(r->tp, 100);
     return NULL;
 }
 
 static atomic_int g_done;
-static void tx_done(void *arg, hs_status_t st) { g_done++; }
+static void tx_done(void *arg, hs_status_t st)
+{
+    g_done++;
+}
 static void tx_noop_frame(void *a, hs_tp_conn_t *c, uint16_t t, const uint8_t *b, uint32_t l,
                           uint64_t p)
 {
@@ -102,9 +106,8 @@ int main(int argc, char **argv)
     }
     pthread_join(th, NULL);
     double dt = r.t_last - r.t_first;
-    printf("%s: %d x %llu MiB in %.3f s = %.2f GB/s\n",
-           hs_tp_kind_str(kind), n, (unsigned long long)mib, dt,
-           (double)n * r.len / dt / 1e9);
+    printf("%s: %d x %llu MiB in %.3f s = %.2f GB/s\n", hs_tp_kind_str(kind), n,
+           (unsigned long long)mib, dt, (double)n * r.len / dt / 1e9);
     hs_tp_destroy(tx);
     hs_tp_destroy(r.tp);
     free(src);
