@@ -705,6 +705,23 @@ static void drop_stalled_handshakes(hs_consumer_t *c, double now)
                       c->handshake_timeout_s);
 }
 
+/* Registers the cache with the transport (UCX maps it for RDMA) one chunk
+ * at a time as chunks become usable, so a large cache is never mapped in one
+ * blocking call before producers can start. A slot that straddles two chunks
+ * still works; UCX then registers it on the fly. */
+static void register_ready_chunks(hs_consumer_t *c)
+{
+    hs_cache_stats_t cs;
+    hs_cache_stats(c->cache, &cs);
+    uint64_t chunk = hs_cache_chunk_bytes(c->cache);
+    if (c->registered_bytes < cs.ready_bytes) {
+        uint64_t len = cs.ready_bytes - c->registered_bytes;
+        if (len > chunk) len = chunk;
+        hs_tp_mem_register(c->tp, (uint8_t *)hs_cache_base(c->cache) + c->registered_bytes, len);
+        c->registered_bytes += len;
+    }
+}
+
 /* Publishes the network thread's figures for hs_consumer_stats(). */
 static void snapshot(hs_consumer_t *c)
 {
@@ -751,7 +768,8 @@ static void *net_main(void *arg)
 {
     hs_consumer_t *c = arg;
     while (!c->stop) {
-        hs_tp_progress(c->tp, 200);
+        register_ready_chunks(c);
+        hs_tp_progress(c->tp, c->registered_bytes < hs_cache_capacity(c->cache) ? 20 : 200);
         collect_verified(c);
         collect_released(c);
         push_deliverable(c);
@@ -859,7 +877,6 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     tc.require_rdma = cfg->require_rdma;
     st = hs_tp_create(&tc, &consumer_callbacks, c, &c->tp);
     if (st != HS_OK) goto err_cache;
-    hs_tp_mem_register(c->tp, hs_cache_base(c->cache), hs_cache_capacity(c->cache));
     st = hs_tp_listen(c->tp, cfg->listen_host, cfg->listen_port, &c->port);
     if (st != HS_OK) goto err_tp;
 

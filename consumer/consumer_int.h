@@ -93,6 +93,7 @@ struct hs_consumer {
     uint64_t *plan_bytes;
     uint64_t tokens_per_epoch;
     hs_sched_t *sched;
+    uint64_t registered_bytes; /* cache prefix registered with the transport */
     uint64_t n_seen, n_dropped, n_proto_errors, leases_returned;
     double t_last_status, status_interval, handshake_timeout_s;
 

@@ -13,6 +13,7 @@
 
 #include "hsflow.h"
 #include "hs_common.h"
+#include "hs_devices.h"
 
 #define MAX_LOOPBACK 64
 
@@ -36,7 +37,13 @@ static const char usage[] =
     "  --verify-threads N     checksum threads (default 1)\n"
     "  --secret-file FILE     shared secret: producers must prove they hold it (HMAC)\n"
     "  --insecure             accept non-loopback producers without a secret\n"
-    "  --transport KIND       auto, tcp or ucx (default auto)\n"
+    "  --transport KIND       auto, tcp or ucx (default auto: ucx when built with UCX)\n"
+    "  --nic auto|NAME[:PORT][,...]  RDMA devices UCX may use (UCX_NET_DEVICES): auto = the\n"
+    "                         port nearest --gpu, else the first active one; without any RDMA\n"
+    "                         device, auto leaves the choice to UCX (default: UCX's choice)\n"
+    "  --require-rdma         fail instead of running without an RDMA lane (no silent TCP)\n"
+    "  --list-devices         print RDMA devices, ports, link state and speed, and the NIC\n"
+    "                         nearest each GPU, then exit\n"
     "  --train-ms MS          hold each batch MS milliseconds before releasing it (a stand-in\n"
     "                         for trainer time; default 0)\n"
     "  --summary-json FILE    write the end-of-run summary as JSON (\"-\" = stdout)\n"
@@ -49,7 +56,9 @@ static const char usage[] =
     "  hs-consumer --listen 0.0.0.0:7000 --cache-gb 64 --epochs 2 --secret-file /etc/hsflow.key\n"
     "  hs-consumer --loopback 3 --cache-gb 1 --epochs 2 --verify-synthetic -- \\\n"
     "      --data data.jsonl --token-budget 8192 --hidden-size 1024 --layers 2,16,29 \\\n"
-    "      --source synthetic --gpus cpu:1\n";
+    "      --source synthetic --gpus cpu:1\n"
+    "  hs-consumer --list-devices\n"
+    "  hs-consumer --listen 0.0.0.0:7000 --gpu 3 --nic auto --require-rdma --secret-file KEY\n";
 
 typedef struct {
     hs_consumer_config_t cfg;
@@ -57,6 +66,8 @@ typedef struct {
     int loopback;
     unsigned train_ms;
     const char *summary_json;
+    const char *nic;
+    bool list_devices;
 } options_t;
 
 enum {
@@ -75,6 +86,9 @@ enum {
     OPT_SUMMARY,
     OPT_STATUS,
     OPT_LOOPBACK,
+    OPT_NIC,
+    OPT_REQUIRE_RDMA,
+    OPT_LIST_DEVICES,
 };
 
 static const struct option long_options[] = {
@@ -93,6 +107,9 @@ static const struct option long_options[] = {
     {"summary-json", required_argument, NULL, OPT_SUMMARY},
     {"status-interval", required_argument, NULL, OPT_STATUS},
     {"loopback", required_argument, NULL, OPT_LOOPBACK},
+    {"nic", required_argument, NULL, OPT_NIC},
+    {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
+    {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -189,6 +206,16 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
             return bad("loopback", arg, from, "expected 1..64 producers");
         o->loopback = (int)u;
         return 0;
+    case OPT_NIC:
+        if (!arg[0]) return bad("nic", arg, from, "expected auto or NAME[:PORT], e.g. mlx5_0:1");
+        o->nic = arg;
+        return 0;
+    case OPT_REQUIRE_RDMA:
+        o->cfg.require_rdma = true;
+        return 0;
+    case OPT_LIST_DEVICES:
+        o->list_devices = true;
+        return 0;
     }
     return 2;
 }
@@ -279,15 +306,39 @@ int main(int argc, char **argv)
                         "--loopback N\n");
         return 2;
     }
+    if (o.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;
+    if (o.cfg.require_rdma) {
+        if (!strcmp(o.cfg.transport, "tcp")) {
+            fprintf(stderr, "hs-consumer: --require-rdma cannot be met with --transport tcp: "
+                            "use --transport ucx (or auto), or drop --require-rdma\n");
+            return 2;
+        }
+        if (hs_dev_rdma_count() == 0) {
+            fprintf(stderr, "hs-consumer: --require-rdma: no RDMA device on this machine "
+                            "(ibv_get_device_list found none); drop --require-rdma to run over "
+                            "TCP\n");
+            return 2;
+        }
+    }
+    char *net_devices = NULL;
+    if (o.nic) {
+        if (!strcmp(o.cfg.transport, "tcp"))
+            hs_warn("--nic %s is ignored with --transport tcp (it selects UCX's devices)", o.nic);
+        else if (hs_dev_nic_select(o.nic, o.cfg.gpu, &net_devices) != HS_OK)
+            return 2;
+        o.cfg.net_devices = net_devices;
+    }
     if (o.loopback) {
         snprintf(o.host, sizeof(o.host), "127.0.0.1");
         if (!hs_env_for_flag("listen")) o.cfg.listen_port = 0;
     }
     hs_info("config: listen %s:%u, cache %.3f GiB, epochs %u, gpu %d, order %s, prefetch %u, "
-            "verify-synthetic %s, transport %s, loopback %d",
+            "verify-synthetic %s, transport %s, net devices %s, require-rdma %s, loopback %d",
             o.cfg.listen_host, o.cfg.listen_port, (double)o.cfg.cache_bytes / (1 << 30),
             o.cfg.epochs, o.cfg.gpu, o.cfg.order == HS_ORDER_PLAN ? "plan" : "arrival",
-            o.cfg.prefetch, o.cfg.verify_synthetic ? "on" : "off", o.cfg.transport, o.loopback);
+            o.cfg.prefetch, o.cfg.verify_synthetic ? "on" : "off", o.cfg.transport,
+            o.cfg.net_devices ? o.cfg.net_devices : "ucx's choice",
+            o.cfg.require_rdma ? "on" : "off", o.loopback);
 
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, on_signal);
@@ -351,6 +402,7 @@ int main(int argc, char **argv)
     hs_consumer_stats_t s;
     hs_consumer_stats(c, &s);
     hs_consumer_destroy(c);
+    free(net_devices);
     if (o.loopback) {
         for (int i = 0; i < o.loopback; i++) {
             if (pids[i] <= 0) continue;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "hs_producer.h"
+#include "hs_devices.h"
 #include "hs_model.h"
 #include "plan_int.h"
 
@@ -40,7 +41,14 @@ static const char usage[] =
     "  --gpus cpu:N|LIST      N CPU workers, or one worker per GPU id (default cpu:1)\n"
     "  --prefetch N           tickets each worker keeps queued (default 2)\n"
     "  --secret-file FILE     shared secret for the HMAC handshake\n"
-    "  --transport KIND       auto, tcp or ucx (default auto)\n"
+    "  --transport KIND       auto, tcp or ucx (default auto: ucx when built with UCX)\n"
+    "  --nic auto|NAME[:PORT][,...]  RDMA devices UCX may use (UCX_NET_DEVICES): auto = the\n"
+    "                         port nearest the first GPU of --gpus, else the first active one;\n"
+    "                         without any RDMA device, auto leaves the choice to UCX\n"
+    "                         (default: UCX's choice)\n"
+    "  --require-rdma         fail instead of running without an RDMA lane (no silent TCP)\n"
+    "  --list-devices         print RDMA devices, ports, link state and speed, and the NIC\n"
+    "                         nearest each GPU, then exit\n"
     "  --connect-timeout S    seconds to keep trying to reach the consumer (default 30)\n"
     "  --summary-json FILE    write this producer's summary as JSON\n"
     "  --name NAME            identity in the consumer's logs (default host:pid)\n"
@@ -50,12 +58,15 @@ static const char usage[] =
     "  hs-producer --to drafter:7000 --data train.hst --token-budget 65536 \\\n"
     "      --source model --model /models/Llama-3.1-8B --layers 2,16,29 --gpus 0,1,2\n"
     "  hs-producer --to 127.0.0.1:7000 --data data.jsonl --token-budget 8192 \\\n"
-    "      --hidden-size 1024 --layers 2,16,29 --source synthetic --gpus cpu:3\n";
+    "      --hidden-size 1024 --layers 2,16,29 --source synthetic --gpus cpu:3\n"
+    "  hs-producer --list-devices\n"
+    "  hs-producer --to drafter:7000 --gpus 0,1,2 --nic auto --require-rdma ...\n";
 
 enum {
     OPT_TO = 1000, OPT_DATA, OPT_BUDGET, OPT_MAXLEN, OPT_OVERFLOW, OPT_SEED, OPT_LAYERS,
     OPT_DFLASH, OPT_HIDDEN, OPT_SOURCE, OPT_MODEL, OPT_GPUS, OPT_PREFETCH, OPT_SECRET,
     OPT_TRANSPORT, OPT_CONNECT_TIMEOUT, OPT_SUMMARY, OPT_NAME, OPT_PREFLIGHT,
+    OPT_NIC, OPT_REQUIRE_RDMA, OPT_LIST_DEVICES,
 };
 
 static const struct option long_options[] = {
@@ -78,6 +89,9 @@ static const struct option long_options[] = {
     {"summary-json", required_argument, NULL, OPT_SUMMARY},
     {"name", required_argument, NULL, OPT_NAME},
     {"preflight", no_argument, NULL, OPT_PREFLIGHT},
+    {"nic", required_argument, NULL, OPT_NIC},
+    {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
+    {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -88,6 +102,8 @@ typedef struct {
     bool have_to, have_layers, have_budget, preflight, budget_auto;
     int dflash_layers;
     const char *layers_arg;
+    const char *nic;
+    bool list_devices;
 } options_t;
 
 static int bad(const char *flag, const char *arg, const char *from, const char *expect)
@@ -182,6 +198,12 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     case OPT_SUMMARY: c->summary_json = arg; return 0;
     case OPT_NAME: c->name = arg; return 0;
     case OPT_PREFLIGHT: o->preflight = true; return 0;
+    case OPT_NIC:
+        if (!arg[0]) return bad("nic", arg, from, "expected auto or NAME[:PORT], e.g. mlx5_0:1");
+        o->nic = arg;
+        return 0;
+    case OPT_REQUIRE_RDMA: c->require_rdma = true; return 0;
+    case OPT_LIST_DEVICES: o->list_devices = true; return 0;
     }
     return 2;
 }
@@ -258,6 +280,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "hs-producer: unexpected argument '%s'\n", argv[first]);
         return 2;
     }
+    if (o.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;
     if (check(&o)) return 2;
     if (o.cfg.name) {
         char tag[48];
@@ -265,6 +288,26 @@ int main(int argc, char **argv)
         hs_log_set_tag(tag);
     }
     o.cfg.dflash_layers = o.dflash_layers;
+    if (o.cfg.require_rdma && !o.preflight) {
+        if (o.cfg.transport && !strcmp(o.cfg.transport, "tcp"))
+            return fprintf(stderr, "hs-producer: --require-rdma cannot be met with --transport "
+                                   "tcp: use --transport ucx (or auto), or drop --require-rdma\n"),
+                   2;
+        if (hs_dev_rdma_count() == 0)
+            return fprintf(stderr, "hs-producer: --require-rdma: no RDMA device on this machine "
+                                   "(ibv_get_device_list found none); drop --require-rdma to run "
+                                   "over TCP\n"),
+                   2;
+    }
+    char *net_devices = NULL;
+    if (o.nic && !o.preflight) {
+        if (o.cfg.transport && !strcmp(o.cfg.transport, "tcp"))
+            hs_warn("--nic %s is ignored with --transport tcp (it selects UCX's devices)", o.nic);
+        else if (hs_dev_nic_select(o.nic, o.cfg.n_workers ? o.cfg.gpu_ids[0] : -1,
+                                   &net_devices) != HS_OK)
+            return 2;
+        o.cfg.net_devices = net_devices;
+    }
     signal(SIGPIPE, SIG_IGN);
     hs_status_t st;
     if (o.preflight || o.budget_auto) {
@@ -280,6 +323,7 @@ int main(int argc, char **argv)
         o.cfg.token_budget = budget;
     }
     st = hs_producer_run(&o.cfg);
+    free(net_devices);
     switch (st) {
     case HS_OK: return 0;
     case HS_ERR_INVALID:

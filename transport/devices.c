@@ -69,27 +69,42 @@ static void resolve_pci(const char *dir, char *real, char *pci)
 static double speed_gbps(uint8_t s)
 {
     switch (s) {
-    case 1: return 2.5;   /* SDR */
-    case 2: return 5.0;   /* DDR */
-    case 4: return 10.0;  /* QDR */
-    case 8: return 10.0;  /* FDR10 */
-    case 16: return 14.0; /* FDR */
-    case 32: return 25.0; /* EDR */
-    case 64: return 50.0; /* HDR */
-    case 128: return 100.0; /* NDR */
-    default: return 0.0;
+    case 1:
+        return 2.5; /* SDR */
+    case 2:
+        return 5.0; /* DDR */
+    case 4:
+        return 10.0; /* QDR */
+    case 8:
+        return 10.0; /* FDR10 */
+    case 16:
+        return 14.0; /* FDR */
+    case 32:
+        return 25.0; /* EDR */
+    case 64:
+        return 50.0; /* HDR */
+    case 128:
+        return 100.0; /* NDR */
+    default:
+        return 0.0;
     }
 }
 
 static unsigned width_lanes(uint8_t w)
 {
     switch (w) {
-    case 1: return 1;
-    case 2: return 4;
-    case 4: return 8;
-    case 8: return 12;
-    case 16: return 2;
-    default: return 0;
+    case 1:
+        return 1;
+    case 2:
+        return 4;
+    case 4:
+        return 8;
+    case 8:
+        return 12;
+    case 16:
+        return 2;
+    default:
+        return 0;
     }
 }
 
@@ -130,8 +145,8 @@ hs_status_t hs_dev_rdma_list(hs_rdma_port_t **out, size_t *n)
         struct ibv_device_attr da;
         unsigned n_port = 0;
         if (ctx && ibv_query_device(ctx, &da) == 0) n_port = da.phys_port_cnt;
-        if (!ctx) hs_warn("rdma device %s: cannot open it: %m; listing it without port details",
-                          name);
+        if (!ctx)
+            hs_warn("rdma device %s: cannot open it: %m; listing it without port details", name);
         for (unsigned p = 1; p <= (n_port ? n_port : 1); p++) {
             if (np == cap) {
                 size_t nc = cap ? 2 * cap : 8;
@@ -213,7 +228,7 @@ hs_status_t hs_dev_gpu_list(const char *root, hs_gpu_pci_t **out, size_t *n)
         snprintf(path, sizeof path, "%s/%s/class", dir, e->d_name);
         if (!read_line(path, buf, sizeof buf)) continue;
         unsigned long cls = strtoul(buf, NULL, 16) >> 8; /* 0xCCSSPP: class, subclass */
-        if (cls != 0x0300 && cls != 0x0302) continue;   /* VGA or 3D controller */
+        if (cls != 0x0300 && cls != 0x0302) continue;    /* VGA or 3D controller */
         if (ng == cap) {
             size_t nc = cap ? 2 * cap : 8;
             hs_gpu_pci_t *g = realloc(gpus, nc * sizeof *g);
@@ -269,7 +284,8 @@ const hs_gpu_pci_t *hs_dev_gpu_for_cuda_index(const hs_gpu_pci_t *gpus, size_t n
 static int split_path(char *buf, char **comp, int cap)
 {
     int k = 0;
-    for (char *s = strtok(buf, "/"); s && k < cap; s = strtok(NULL, "/"))
+    for (char *save = NULL, *s = strtok_r(buf, "/", &save); s && k < cap;
+         s = strtok_r(NULL, "/", &save))
         comp[k++] = s;
     return k;
 }
@@ -418,8 +434,8 @@ hs_status_t hs_dev_nic_resolve(const char *spec, const hs_rdma_port_t *ports, si
         for (size_t i = 0; i < n; i++) {
             if (strcmp(ports[i].device, tok)) continue;
             dev_known = true;
-            if (want ? ports[i].port == want : (pick < 0 || (!ports[pick].active &&
-                                                            ports[i].active)))
+            if (want ? ports[i].port == want
+                     : (pick < 0 || (!ports[pick].active && ports[i].active)))
                 pick = (int)i;
         }
         if (!dev_known) {
@@ -463,8 +479,7 @@ err:
 
 /* ---- report -------------------------------------------------------------------- */
 
-static void describe_distance(const hs_rdma_port_t *p, const hs_gpu_pci_t *g, char *buf,
-                              size_t cap)
+static void describe_distance(const hs_rdma_port_t *p, const hs_gpu_pci_t *g, char *buf, size_t cap)
 {
     int d = hs_dev_pci_distance(p->sysfs, g->sysfs);
     const char *numa = p->numa_node >= 0 && p->numa_node == g->numa_node ? "same NUMA node"
@@ -484,18 +499,18 @@ void hs_dev_print(FILE *f, const hs_rdma_port_t *ports, size_t n, const hs_gpu_p
                    "memory\n");
     } else {
         fprintf(f, "RDMA devices (libibverbs):\n");
-        fprintf(f, "  %-12s %4s  %-8s %-10s %-20s %5s %5s  %s\n", "device", "port", "state",
-                "link", "speed", "GIDs", "NUMA", "PCI");
+        fprintf(f, "  %-12s %4s  %-8s %-10s %-20s %5s %5s  %s\n", "device", "port", "state", "link",
+                "speed", "GIDs", "NUMA", "PCI");
         for (size_t i = 0; i < n; i++) {
             const hs_rdma_port_t *p = &ports[i];
             char speed[48] = "unknown", numa[16] = "?", gids[16] = "?";
             if (p->width && p->lane_gbps > 0)
-                snprintf(speed, sizeof speed, "%g Gb/s (%ux%g)", p->width * p->lane_gbps,
-                         p->width, p->lane_gbps);
+                snprintf(speed, sizeof speed, "%g Gb/s (%ux%g)", p->width * p->lane_gbps, p->width,
+                         p->lane_gbps);
             if (p->numa_node >= 0) snprintf(numa, sizeof numa, "%d", p->numa_node);
             if (p->gid_count >= 0) snprintf(gids, sizeof gids, "%d", p->gid_count);
-            fprintf(f, "  %-12s %4u  %-8s %-10s %-20s %5s %5s  %s\n", p->device, p->port,
-                    p->state, p->link_layer, speed, gids, numa, p->pci[0] ? p->pci : "?");
+            fprintf(f, "  %-12s %4u  %-8s %-10s %-20s %5s %5s  %s\n", p->device, p->port, p->state,
+                    p->link_layer, speed, gids, numa, p->pci[0] ? p->pci : "?");
         }
         int a = hs_dev_nearest_port(ports, n, NULL, true);
         if (a >= 0)
@@ -559,8 +574,8 @@ hs_status_t hs_dev_nic_select(const char *spec, int cuda_gpu, char **out)
             hs_warn("--nic auto: cannot tell which PCI device CUDA GPU %d is (%zu NVIDIA GPU(s) "
                     "on the PCI bus, CUDA_VISIBLE_DEVICES=%s); picking the first active RDMA "
                     "port instead; give --nic NAME to choose",
-                    cuda_gpu, ng, getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES")
-                                                                 : "unset");
+                    cuda_gpu, ng,
+                    getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
     }
     char *res = NULL;
     st = hs_dev_nic_resolve(spec, ports, n, gpu, &res);
@@ -575,8 +590,7 @@ hs_status_t hs_dev_nic_select(const char *spec, int cuda_gpu, char **out)
             char why[96] = "";
             int k = hs_dev_nearest_port(ports, n, gpu, true);
             describe_distance(&ports[k], gpu, why, sizeof why);
-            hs_info("--nic auto: %s, nearest to GPU %d (PCI %s; %s)", res, cuda_gpu, gpu->pci,
-                    why);
+            hs_info("--nic auto: %s, nearest to GPU %d (PCI %s; %s)", res, cuda_gpu, gpu->pci, why);
         } else
             hs_info("--nic auto: %s (the first active RDMA port)", res);
     } else {

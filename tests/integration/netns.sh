@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# netns.sh tcp|ucx|ucx-default - two "hosts" on one machine: the consumer in
+# one network namespace, two producers in another, joined by a veth pair
+# (10.77.N.1 <-> 10.77.N.2, the interface is called hs0 on both sides). The
+# peer is not on loopback, so both sides use --secret-file. Two epochs, every
+# hidden-state element checked (--verify-synthetic), every batch delivered
+# exactly once, and the bytes must really have crossed the veth: the
+# consumer's hs0 received at least the payload bytes of the run.
+#   tcp          --transport tcp
+#   ucx          --transport ucx with UCX_TLS=tcp and UCX_NET_DEVICES=hs0:
+#                the namespaces share the machine's memory, so without this
+#                UCX may take shared memory and bypass the veth
+#   ucx-default  --transport ucx with UCX's own choice (UCX_TLS unset): the
+#                run must complete; the lanes UCX took are printed
+# Exits 77 (skipped) only where the kernel or the sandbox refuses network
+# namespaces or veth pairs (not root, no CAP_NET_ADMIN, no veth module).
+. "$(dirname "$0")/lib.sh"
+mode=${1:?usage: netns.sh tcp|ucx|ucx-default}
+case $mode in tcp | ucx | ucx-default) ;; *) fail "unknown mode $mode" ;; esac
+
+skip() {
+    echo "SKIP [$TEST_NAME]: $*" >&2
+    rm -rf "$SCRATCH"
+    trap - EXIT
+    exit 77
+}
+command -v ip >/dev/null || skip "the ip command (iproute2) is missing"
+
+# Unique names: tests of this file may run at the same time.
+id=$$
+ns_c=hs-c-$id ns_p=hs-p-$id veth_c=hsc$id veth_p=hsp$id
+net=10.77.$((id % 250 + 1))
+netns_cleanup() {
+    ip netns pids "$ns_c" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    ip netns pids "$ns_p" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    ip link del "$veth_c" 2>/dev/null # deleting one end removes both
+    ip netns del "$ns_c" 2>/dev/null
+    ip netns del "$ns_p" 2>/dev/null
+    true
+}
+# lib.sh's cleanup (kill processes, keep the scratch folder on failure) runs
+# after the namespaces are gone, with the script's exit status.
+trap 'rc=$?; netns_cleanup; (exit $rc); cleanup' EXIT
+
+ip netns add "$ns_c" 2>"$SCRATCH/ns.err" ||
+    skip "the kernel refuses network namespaces here: $(cat "$SCRATCH/ns.err")"
+ip netns add "$ns_p" 2>"$SCRATCH/ns.err" ||
+    skip "the kernel refuses a second network namespace: $(cat "$SCRATCH/ns.err")"
+ip link add "$veth_c" type veth peer name "$veth_p" 2>"$SCRATCH/ns.err" ||
+    skip "cannot create a veth pair: $(cat "$SCRATCH/ns.err")"
+# From here on a failure is a real failure: namespaces work.
+ip link set "$veth_c" netns "$ns_c" || fail "cannot move $veth_c into $ns_c"
+ip link set "$veth_p" netns "$ns_p" || fail "cannot move $veth_p into $ns_p"
+ip -n "$ns_c" link set "$veth_c" name hs0 || fail "cannot rename $veth_c"
+ip -n "$ns_p" link set "$veth_p" name hs0 || fail "cannot rename $veth_p"
+ip -n "$ns_c" addr add "$net.1/24" dev hs0 || fail "cannot address hs0 in $ns_c"
+ip -n "$ns_p" addr add "$net.2/24" dev hs0 || fail "cannot address hs0 in $ns_p"
+for ns in "$ns_c" "$ns_p"; do
+    ip -n "$ns" link set lo up || fail "cannot bring lo up in $ns"
+    ip -n "$ns" link set hs0 up || fail "cannot bring hs0 up in $ns"
+done
+
+data=$SCRATCH/d.jsonl
+synth "$data" --sequences 160 --min-len 16 --max-len 2000 --seed 11
+budget=4096
+per_epoch=$(plan_batches "$data" $budget)
+[ "${per_epoch:-0}" -gt 0 ] || fail "hs-data plan gave no batch count"
+umask 077
+head -c 48 /dev/urandom | base64 >"$SCRATCH/secret"
+
+envs=()
+case $mode in
+tcp) tp=(--transport tcp) ;;
+ucx) tp=(--transport ucx) envs=(UCX_TLS=tcp UCX_NET_DEVICES=hs0) ;;
+ucx-default) tp=(--transport ucx) envs=(-u UCX_TLS -u UCX_NET_DEVICES) ;;
+esac
+# ip netns exec and env both exec, so the process lib.sh tracks is the binary
+[ ${#envs[@]} -gt 0 ] || envs=(-u UCX_NET_DEVICES)
+
+rx_before=$(ip netns exec "$ns_c" cat /sys/class/net/hs0/statistics/rx_bytes)
+port=7000 # the namespace is ours alone
+for i in 0 1; do
+    start p$i ip netns exec "$ns_p" env "${envs[@]}" "$PRODUCER" --to "$net.1:$port" --name p$i \
+        --connect-timeout 60 --secret-file "$SCRATCH/secret" --summary-json "$SCRATCH/p$i.json" \
+        --data "$data" --token-budget $budget --hidden-size 256 --layers 2,16,29 \
+        --source synthetic --gpus cpu:1 "${tp[@]}"
+done
+wait_connecting p0 p1
+start consumer ip netns exec "$ns_c" env "${envs[@]}" "$CONSUMER" --listen "$net.1:$port" --cache-gb 0.25 \
+    --epochs 2 --verify-synthetic --secret-file "$SCRATCH/secret" \
+    --summary-json "$SCRATCH/summary.json" "${tp[@]}"
+expect_exit consumer 0 120
+for i in 0 1; do expect_exit p$i 0 30; done
+rx_after=$(ip netns exec "$ns_c" cat /sys/class/net/hs0/statistics/rx_bytes)
+
+expect_json "$SCRATCH/summary.json" \
+    'd["complete"] is True' \
+    "d['batches_planned'] == 2 * $per_epoch" \
+    'd["batches_delivered"] == d["batches_planned"]' \
+    'd["duplicates"] == 0' \
+    'd["checksum_failures"] == 0' \
+    'd["protocol_errors"] == 0' \
+    'd["producers_seen"] == 2' \
+    'd["producers_dropped"] == 0' \
+    'd["epochs"] == 2'
+sum=0
+for i in 0 1; do sum=$((sum + $(json_get "$SCRATCH/p$i.json" batches))); done
+[ $sum -eq $((2 * per_epoch)) ] || fail "producers computed $sum batches for a run of $((2 * per_epoch))"
+log_has consumer "producer p0 \\(${net//./\\.}\\.2:[0-9]+\\)"
+
+bytes=$(json_get "$SCRATCH/summary.json" bytes)
+crossed=$((rx_after - rx_before))
+lanes=$(grep -Eo 'ucx: [^"]*' "$SCRATCH/consumer.log" | head -n 1)
+if [ "$mode" = ucx-default ]; then
+    pass "$((2 * per_epoch)) batches verified across namespaces; UCX's own choice: ${lanes:-?}; $crossed B crossed hs0 for $bytes B of payload"
+    exit 0
+fi
+[ "$crossed" -ge "$bytes" ] ||
+    fail "only $crossed bytes crossed hs0 for $bytes bytes of payload: the traffic did not go over the veth (${lanes:-no ucx lanes logged})"
+if [ "$mode" = ucx ]; then
+    grep -Eq 'ucx: .*tcp/hs0' "$SCRATCH/consumer.log" "$SCRATCH/p0.log" ||
+        fail "no connection logged as carried by UCX tcp/hs0 (got: ${lanes:-nothing})"
+fi
+pass "$mode: $((2 * per_epoch)) batches verified from $ns_p to $ns_c over hs0, $crossed B crossed for $bytes B of payload${lanes:+ ($lanes)}"
