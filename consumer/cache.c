@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -190,7 +191,12 @@ bool hs_cache_prepare_next(hs_cache_t *c)
 static void *cache_prepare_main(void *arg)
 {
     hs_cache_t *c = arg;
+    /* A short pause between chunks: back-to-back cudaHostRegister calls can
+     * keep other threads' CUDA calls (the loader's copies) waiting for the
+     * driver until the whole cache is pinned. */
     while (hs_cache_prepare_next(c)) {
+        struct timespec pause = {0, 2000000};
+        nanosleep(&pause, NULL);
     }
     return NULL;
 }

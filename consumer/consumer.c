@@ -1006,8 +1006,8 @@ static void slot_done(hs_consumer_t *c, uint64_t offset, uint64_t ticket)
 
 static void gpu_copied(void *arg)
 {
-    gpu_slot_t *g = arg;
-    slot_done(g->c, g->item.slot_offset, g->item.ticket);
+    gpu_copy_done_t *d = arg;
+    slot_done(d->c, d->slot_offset, d->ticket);
 }
 
 /* Starts the H2D copy of `it` into device buffer `buf`. */
@@ -1019,10 +1019,13 @@ static hs_status_t gpu_start_copy(hs_consumer_t *c, int buf, const hs_sched_item
     pthread_mutex_unlock(&c->lock);
     hs_status_t st = hs__loader_reserve(c->loader, max_bytes);
     if (st != HS_OK) return st;
-    c->gpu_slot[buf].c = c;
     c->gpu_slot[buf].item = *it;
-    st = hs__loader_copy(c->loader, buf, c->cache, it->slot_offset, it->bytes, gpu_copied,
-                         &c->gpu_slot[buf]);
+    /* The copy's callback may run after this buffer has been refilled, so it
+     * gets its own record of the slot to free (a small ring: at most two
+     * copies are queued at once). */
+    gpu_copy_done_t *d = &c->gpu_done[c->gpu_done_next++ % HS_GPU_DONE_RING];
+    *d = (gpu_copy_done_t){c, it->slot_offset, it->ticket};
+    st = hs__loader_copy(c->loader, buf, c->cache, it->slot_offset, it->bytes, gpu_copied, d);
     if (st == HS_OK) c->gpu_inflight = buf;
     return st;
 }

@@ -62,9 +62,15 @@ typedef struct verify_job {
 } verify_job_t;
 
 typedef struct {
-    struct hs_consumer *c;
     hs_sched_item_t item; /* the batch in this device buffer */
 } gpu_slot_t;
+
+/* What the copy-done callback frees: the slot and ticket of one copy. */
+typedef struct {
+    struct hs_consumer *c;
+    uint64_t slot_offset, ticket;
+} gpu_copy_done_t;
+#define HS_GPU_DONE_RING 8
 
 struct hs_consumer {
     hs_consumer_config_t cfg;
@@ -125,6 +131,8 @@ struct hs_consumer {
     /* GPU delivery (trainer's thread only) */
     hs__loader_t *loader;
     gpu_slot_t gpu_slot[2];
+    gpu_copy_done_t gpu_done[HS_GPU_DONE_RING];
+    uint32_t gpu_done_next;
     int gpu_cur;      /* buffer handed to the trainer, -1 none */
     int gpu_inflight; /* buffer being copied, not yet handed, -1 none */
     int gpu_last;     /* buffer handed most recently */
