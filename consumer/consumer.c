@@ -58,6 +58,19 @@ static peer_t *peer_find(hs_consumer_t *c, uint64_t id)
     return NULL;
 }
 
+/* Decodes a frame body from a peer; a malformed one drops the peer (NULL). */
+static ProtobufCMessage *peer_unpack(hs_consumer_t *c, peer_t *p, uint16_t type,
+                                     const uint8_t *body, uint32_t len)
+{
+    char why[256];
+    ProtobufCMessage *m;
+    if (hs_msg_unpack(type, body, len, &m, why, sizeof(why)) != HS_OK) {
+        peer_drop(c, p, HS_ERR_FORMAT, "bad %s: %s", hs_msg_type_str(type), why);
+        return NULL;
+    }
+    return m;
+}
+
 /* Frees a dead peer once no payload of it is being received or verified:
  * only then can its leases go back to the queue without a slot being written
  * twice. */
@@ -161,10 +174,7 @@ static void on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t 
         peer_drop(c, p, HS_ERR_PROTO, "HELLO sent twice");
         return;
     }
-    if (hs_msg_unpack(HS_MSG_HELLO, body, len, &m, why, sizeof(why)) != HS_OK) {
-        peer_drop(c, p, HS_ERR_FORMAT, "bad HELLO: %s", why);
-        return;
-    }
+    if (!(m = peer_unpack(c, p, HS_MSG_HELLO, body, len))) return;
     Hsflow__Hello *h = (Hsflow__Hello *)m;
     run_offer_t *o = &p->offer;
     snprintf(p->name, sizeof(p->name), "%s (%s)", h->producer_name, hs_tp_conn_peer(p->conn));
@@ -217,16 +227,12 @@ out:
 
 static void on_auth(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
 {
-    char why[256];
     ProtobufCMessage *m;
     if (p->state != PEER_AUTH) {
         peer_drop(c, p, HS_ERR_PROTO, "AUTH without a CHALLENGE");
         return;
     }
-    if (hs_msg_unpack(HS_MSG_AUTH, body, len, &m, why, sizeof(why)) != HS_OK) {
-        peer_drop(c, p, HS_ERR_FORMAT, "bad AUTH: %s", why);
-        return;
-    }
+    if (!(m = peer_unpack(c, p, HS_MSG_AUTH, body, len))) return;
     Hsflow__Auth *a = (Hsflow__Auth *)m;
     uint8_t expect[HS_AUTH_MAC_BYTES];
     hs_auth_producer_mac(&c->key, p->server_nonce, p->client_nonce, p->hello_body, p->hello_len,
@@ -293,16 +299,12 @@ static void plan_complete(hs_consumer_t *c)
 
 static void on_plan(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
 {
-    char why[256];
     ProtobufCMessage *m;
     if (p->state != PEER_SENDING_PLAN) {
         peer_drop(c, p, HS_ERR_PROTO, "PLAN page without being asked for the plan");
         return;
     }
-    if (hs_msg_unpack(HS_MSG_PLAN, body, len, &m, why, sizeof(why)) != HS_OK) {
-        peer_drop(c, p, HS_ERR_FORMAT, "bad PLAN page: %s", why);
-        return;
-    }
+    if (!(m = peer_unpack(c, p, HS_MSG_PLAN, body, len))) return;
     Hsflow__Plan *pl = (Hsflow__Plan *)m;
     if (!c->plan_nseqs) {
         c->plan_nseqs = calloc(c->n_batches, sizeof(uint32_t));
@@ -346,17 +348,13 @@ out:
 static void on_done(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len,
                     uint64_t payload_bytes)
 {
-    char why[256];
     ProtobufCMessage *m;
     hs_sched_item_t it;
     if (p->state != PEER_READY) {
         peer_drop(c, p, HS_ERR_PROTO, "DONE before the handshake finished");
         return;
     }
-    if (hs_msg_unpack(HS_MSG_DONE, body, len, &m, why, sizeof(why)) != HS_OK) {
-        peer_drop(c, p, HS_ERR_FORMAT, "bad DONE: %s", why);
-        return;
-    }
+    if (!(m = peer_unpack(c, p, HS_MSG_DONE, body, len))) return;
     Hsflow__Done *d = (Hsflow__Done *)m;
     if (hs_sched_lookup(c->sched, p->id, d->ticket_id, &it) != HS_OK) {
         peer_drop(c, p, HS_ERR_PROTO, "DONE for ticket %llu, which this producer does not hold",
@@ -382,12 +380,8 @@ static void on_done(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t l
 
 static void on_stats(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
 {
-    char why[256];
     ProtobufCMessage *m;
-    if (hs_msg_unpack(HS_MSG_STATS, body, len, &m, why, sizeof(why)) != HS_OK) {
-        peer_drop(c, p, HS_ERR_FORMAT, "bad STATS: %s", why);
-        return;
-    }
+    if (!(m = peer_unpack(c, p, HS_MSG_STATS, body, len))) return;
     Hsflow__Stats *s = (Hsflow__Stats *)m;
     p->stall_pct = s->stall_pct;
     p->tokens_per_s = s->tokens_per_s;

@@ -336,6 +336,19 @@ static void fail(producer_t *pr, hs_status_t code, const char *fmt, ...)
     pr->done = true;
 }
 
+/* Decodes a frame body from the consumer; a malformed one fails the run. */
+static ProtobufCMessage *consumer_unpack(producer_t *pr, uint16_t type, const uint8_t *body,
+                                         uint32_t len)
+{
+    char why[256];
+    ProtobufCMessage *m;
+    if (hs_msg_unpack(type, body, len, &m, why, sizeof(why)) != HS_OK) {
+        fail(pr, HS_ERR_FORMAT, "bad %s from the consumer: %s", hs_msg_type_str(type), why);
+        return NULL;
+    }
+    return m;
+}
+
 static void send_plan(producer_t *pr)
 {
     uint32_t n = hs_plan_n_batches(pr->plan);
@@ -370,7 +383,6 @@ static void send_plan(producer_t *pr)
 
 static void on_challenge(producer_t *pr, const uint8_t *body, uint32_t len)
 {
-    char why[256];
     ProtobufCMessage *m;
     if (!pr->have_secret) {
         fail(pr, HS_ERR_AUTH,
@@ -378,10 +390,7 @@ static void on_challenge(producer_t *pr, const uint8_t *body, uint32_t len)
              "(the same file as the consumer's)");
         return;
     }
-    if (hs_msg_unpack(HS_MSG_CHALLENGE, body, len, &m, why, sizeof(why)) != HS_OK) {
-        fail(pr, HS_ERR_FORMAT, "bad CHALLENGE from the consumer: %s", why);
-        return;
-    }
+    if (!(m = consumer_unpack(pr, HS_MSG_CHALLENGE, body, len))) return;
     Hsflow__Challenge *c = (Hsflow__Challenge *)m;
     memcpy(pr->server_nonce, c->server_nonce.data, HS_AUTH_NONCE_BYTES);
     hs_msg_free(m);
@@ -396,12 +405,8 @@ static void on_challenge(producer_t *pr, const uint8_t *body, uint32_t len)
 
 static void on_welcome(producer_t *pr, const uint8_t *body, uint32_t len)
 {
-    char why[256];
     ProtobufCMessage *m;
-    if (hs_msg_unpack(HS_MSG_WELCOME, body, len, &m, why, sizeof(why)) != HS_OK) {
-        fail(pr, HS_ERR_FORMAT, "bad WELCOME from the consumer: %s", why);
-        return;
-    }
+    if (!(m = consumer_unpack(pr, HS_MSG_WELCOME, body, len))) return;
     Hsflow__Welcome *w = (Hsflow__Welcome *)m;
     if (pr->have_secret) {
         uint8_t expect[HS_AUTH_MAC_BYTES];
@@ -429,16 +434,12 @@ static void on_welcome(producer_t *pr, const uint8_t *body, uint32_t len)
 
 static void on_ticket(producer_t *pr, const uint8_t *body, uint32_t len)
 {
-    char why[256];
     ProtobufCMessage *m;
     if (!pr->welcomed) {
         fail(pr, HS_ERR_PROTO, "TICKET before WELCOME");
         return;
     }
-    if (hs_msg_unpack(HS_MSG_TICKET, body, len, &m, why, sizeof(why)) != HS_OK) {
-        fail(pr, HS_ERR_FORMAT, "bad TICKET from the consumer: %s", why);
-        return;
-    }
+    if (!(m = consumer_unpack(pr, HS_MSG_TICKET, body, len))) return;
     Hsflow__Ticket *t = (Hsflow__Ticket *)m;
     hs_plan_batch_t b;
     if (hs_plan_batch(pr->plan, t->batch, &b) != HS_OK) {
