@@ -8,19 +8,20 @@
 # prefetch) that it never finishes; once the run has moved on by several
 # batches, the frozen victim holds some, and SIGKILL ends it.
 . "$(dirname "$0")/lib.sh"
+transport=${1:-tcp} # tcp, or ucx
 
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 200 --min-len 16 --max-len 2000 --seed 3
 per_epoch=$(plan_batches "$data" 4096)
 port=$(free_port)
-popts=(--to 127.0.0.1:$port --transport tcp --data "$data" --token-budget 4096 --hidden-size 256
+popts=(--to 127.0.0.1:$port --transport "$transport" --data "$data" --token-budget 4096 --hidden-size 256
     --layers 2,16,29 --source synthetic --gpus cpu:1 --prefetch 2 --connect-timeout 60)
 start victim "$PRODUCER" "${popts[@]}" --name victim
 start p1 "$PRODUCER" "${popts[@]}" --name p1
 start p2 "$PRODUCER" "${popts[@]}" --name p2
 wait_connecting victim p1 p2
 # --train-ms stretches the run over seconds, so the kill lands mid-run.
-start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport tcp --cache-gb 0.25 --epochs 2 \
+start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport "$transport" --cache-gb 0.25 --epochs 2 \
     --verify-synthetic --train-ms 15 --status-interval 0.1 --summary-json "$SCRATCH/summary.json"
 for name in victim p1 p2; do wait_log consumer "producer $name .* ready" 30; done
 wait_delivered consumer 3 60
