@@ -878,6 +878,17 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     c->verify_threads = calloc(c->n_verify, sizeof(pthread_t));
     for (uint32_t i = 0; i < c->n_verify; i++)
         pthread_create(&c->verify_threads[i], NULL, verify_main, c);
+    if (cfg->metrics) {
+        char mhost[64];
+        uint16_t mport;
+        if (hs_parse_hostport(cfg->metrics, mhost, sizeof(mhost), &mport) != HS_OK) {
+            hs_error("consumer: metrics address '%s' is not HOST:PORT", cfg->metrics);
+            st = HS_ERR_INVALID;
+            goto err_threads;
+        }
+        st = hs_metrics_start(c, mhost, mport, &c->metrics);
+        if (st != HS_OK) goto err_threads;
+    }
     if (pthread_create(&c->net_thread, NULL, net_main, c) != 0) {
         st = HS_ERR_NOMEM;
         goto err_threads;
@@ -891,6 +902,7 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     return HS_OK;
 
 err_threads:
+    hs_metrics_stop(c->metrics);
     pthread_mutex_lock(&c->vlock);
     c->vstop = true;
     pthread_cond_broadcast(&c->vcond);
@@ -911,6 +923,11 @@ err_free:
 uint16_t hs_consumer_port(const hs_consumer_t *c)
 {
     return c->port;
+}
+
+uint16_t hs_consumer_metrics_port(const hs_consumer_t *c)
+{
+    return c->metrics ? hs_metrics_port(c->metrics) : 0;
 }
 
 /* Takes the next deliverable batch off the ready ring, waiting up to
@@ -1166,7 +1183,8 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         "  \"seconds\": %.3f,\n  \"tokens_per_s\": %.1f,\n  \"batches_per_s\": %.3f,\n"
         "  \"gbytes_per_s\": %.4f,\n  \"epochs\": %u,\n  \"producers_seen\": %llu,\n"
         "  \"producers_dropped\": %llu,\n  \"leases_returned\": %llu,\n"
-        "  \"cache_capacity\": %llu,\n  \"cache_high_water\": %llu,\n"
+        "  \"cache_capacity\": %llu,\n  \"cache_used\": %llu,\n  \"cache_high_water\": %llu,\n"
+        "  \"tickets_out\": %llu,\n  \"producers_connected\": %llu,\n"
         "  \"cache_ready_bytes\": %llu,\n  \"cache_prepare_s\": %.3f,\n"
         "  \"starve_pct\": %.2f,\n  \"producer_stall_pct\": %.2f,\n"
         "  \"h2d_bytes\": %llu,\n  \"h2d_gbytes_per_s\": %.3f,\n  \"complete\": %s\n}\n",
@@ -1177,7 +1195,8 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         (double)s->batches_delivered / secs, (double)s->bytes_received / secs / 1e9, s->epochs,
         (unsigned long long)s->producers_seen, (unsigned long long)s->producers_dropped,
         (unsigned long long)s->leases_returned, (unsigned long long)s->cache_capacity,
-        (unsigned long long)s->cache_high_water, (unsigned long long)s->cache_ready_bytes,
+        (unsigned long long)s->cache_used, (unsigned long long)s->cache_high_water,
+        (unsigned long long)s->tickets_out, (unsigned long long)s->producers_connected, (unsigned long long)s->cache_ready_bytes,
         s->cache_prepare_s, s->starve_pct, s->producer_stall_pct,
         (unsigned long long)s->h2d_bytes, s->h2d_gbytes_per_s, s->batches_planned && s->batches_delivered == s->batches_planned ? "true" : "false");
 }
@@ -1188,6 +1207,7 @@ void hs_consumer_destroy(hs_consumer_t *c)
     pthread_mutex_lock(&c->lock);
     if (c->t_end == 0) c->t_end = hs_now_s();
     pthread_mutex_unlock(&c->lock);
+    hs_metrics_stop(c->metrics); /* its thread reads the stats below */
     c->stop = true;
     hs_tp_wakeup(c->tp);
     pthread_join(c->net_thread, NULL);

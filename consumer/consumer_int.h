@@ -13,6 +13,7 @@
 #include "cache_int.h"
 #include "sched_int.h"
 #include "gpu_loader_int.h"
+#include "metrics_int.h"
 
 typedef enum {
     PEER_NEW,          /* waiting for HELLO */
@@ -130,6 +131,7 @@ struct hs_consumer {
 
     /* GPU delivery (trainer's thread only) */
     hs__loader_t *loader;
+    hs_metrics_t *metrics;
     gpu_slot_t gpu_slot[2];
     gpu_copy_done_t gpu_done[HS_GPU_DONE_RING];
     uint32_t gpu_done_next;

@@ -48,6 +48,8 @@ static const char usage[] =
     "                         for trainer time; default 0)\n"
     "  --summary-json FILE    write the end-of-run summary as JSON (\"-\" = stdout)\n"
     "  --status-interval S    seconds between status lines (default 5; 0 = off)\n"
+    "  --metrics HOST:PORT    serve Prometheus metrics at http://HOST:PORT/metrics\n"
+    "  --stats-jsonl FILE     append the figures as one JSON line per second (for plots)\n"
     "  --loopback N           run N local hs-producer processes against 127.0.0.1; the\n"
     "                         arguments after -- go to each of them\n"
     "  -h, --help             this text\n"
@@ -66,6 +68,7 @@ typedef struct {
     int loopback;
     unsigned train_ms;
     const char *summary_json;
+    const char *stats_jsonl;
     const char *nic;
     bool list_devices;
 } options_t;
@@ -89,6 +92,8 @@ enum {
     OPT_NIC,
     OPT_REQUIRE_RDMA,
     OPT_LIST_DEVICES,
+    OPT_METRICS,
+    OPT_STATS_JSONL,
 };
 
 static const struct option long_options[] = {
@@ -107,6 +112,8 @@ static const struct option long_options[] = {
     {"summary-json", required_argument, NULL, OPT_SUMMARY},
     {"status-interval", required_argument, NULL, OPT_STATUS},
     {"loopback", required_argument, NULL, OPT_LOOPBACK},
+    {"metrics", required_argument, NULL, OPT_METRICS},
+    {"stats-jsonl", required_argument, NULL, OPT_STATS_JSONL},
     {"nic", required_argument, NULL, OPT_NIC},
     {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
     {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
@@ -196,6 +203,17 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     case OPT_SUMMARY:
         o->summary_json = arg;
         return 0;
+    case OPT_METRICS: {
+        char h[64];
+        uint16_t port;
+        if (hs_parse_hostport(arg, h, sizeof(h), &port) != HS_OK)
+            return bad("metrics", arg, from, "expected HOST:PORT, e.g. 0.0.0.0:9400");
+        o->cfg.metrics = arg;
+        return 0;
+    }
+    case OPT_STATS_JSONL:
+        o->stats_jsonl = arg;
+        return 0;
     case OPT_STATUS:
         if (hs_parse_double(arg, &d) != HS_OK || d < 0)
             return bad("status-interval", arg, from, "expected seconds >= 0");
@@ -218,6 +236,20 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         return 0;
     }
     return 2;
+}
+
+/* One JSON object per line: the summary's figures now, plus the wall time. */
+static void write_stats_line(hs_consumer_t *c, FILE *f)
+{
+    hs_consumer_stats_t s;
+    char json[4096];
+    hs_consumer_stats(c, &s);
+    hs_consumer_stats_json(&s, json, sizeof(json));
+    fprintf(f, "{\"time\": %.3f, ", hs_now_s());
+    for (const char *p = json + 1; *p; p++) /* skip the opening brace, fold lines */
+        if (*p != '\n') fputc(*p, f);
+    fputc('\n', f);
+    fflush(f);
 }
 
 static volatile sig_atomic_t g_interrupted;
@@ -344,6 +376,12 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
+    FILE *jsonl = NULL;
+    if (o.stats_jsonl && !(jsonl = fopen(o.stats_jsonl, "a"))) {
+        fprintf(stderr, "hs-consumer: --stats-jsonl %s: cannot open it for appending: %m\n",
+                o.stats_jsonl);
+        return 2;
+    }
     hs_consumer_t *c;
     if (hs_consumer_create(&o.cfg, &c) != HS_OK) return 1;
 
@@ -363,7 +401,12 @@ int main(int argc, char **argv)
 
     int exit_code = 0;
     hs_batch_t b;
-    for (;;) {
+    double t_jsonl = 0;
+    for (; !exit_code;) {
+        if (jsonl && hs_now_s() - t_jsonl >= 1.0) {
+            t_jsonl = hs_now_s();
+            write_stats_line(c, jsonl);
+        }
         if (g_interrupted) {
             hs_warn("interrupted: stopping before the run is complete");
             exit_code = 130;
@@ -399,6 +442,10 @@ int main(int argc, char **argv)
         }
     }
 
+    if (jsonl) {
+        write_stats_line(c, jsonl);
+        fclose(jsonl);
+    }
     hs_consumer_stats_t s;
     hs_consumer_stats(c, &s);
     hs_consumer_destroy(c);

@@ -57,6 +57,7 @@ typedef struct {
     uint32_t peer_timeout_s;  /* default 10 */
     const char *net_devices;  /* UCX: device list for UCX_NET_DEVICES; NULL = UCX's choice */
     bool require_rdma;        /* UCX: refuse connections without an RDMA lane */
+    const char *metrics;      /* "HOST:PORT": Prometheus /metrics there; NULL = off */
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */
@@ -110,6 +111,8 @@ void hs_consumer_config_default(hs_consumer_config_t *cfg);
 hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer_t **out);
 /* The port actually bound (useful with listen_port 0). */
 uint16_t hs_consumer_port(const hs_consumer_t *c);
+/* The metrics endpoint's port (0 when off). */
+uint16_t hs_consumer_metrics_port(const hs_consumer_t *c);
 /* Waits up to timeout_ms (-1 = forever) for the next verified batch.
  * Returns 0 with *out set, HS_ERR_TIMEOUT (-11), or HS_ERR_CLOSED (-9) once
  * every batch of every epoch has been delivered (or the consumer stopped). */

@@ -39,6 +39,7 @@ class ConsumerConfig(ctypes.Structure):
         ("peer_timeout_s", _c_u32),
         ("net_devices", ctypes.c_char_p),
         ("require_rdma", ctypes.c_bool),
+        ("metrics", ctypes.c_char_p),
     ]
 
 

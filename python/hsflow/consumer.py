@@ -138,7 +138,7 @@ class Consumer:
     def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
                  order="arrival", prefetch=2, verify_synthetic=False, secret_file=None,
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
-                 arrays="auto"):
+                 arrays="auto", metrics=None):
         self._c = None
         lib = load()
         host, port = _parse_listen(listen)
@@ -163,8 +163,12 @@ class Consumer:
 
         cfg = ConsumerConfig()
         lib.hs_consumer_config_default(ctypes.byref(cfg))
+        if metrics is not None and (not isinstance(metrics, str) or ":" not in metrics):
+            raise ValueError("metrics=%r: expected 'HOST:PORT' for the Prometheus endpoint, "
+                             "e.g. '0.0.0.0:9400'" % (metrics,))
         self._keep = [host.encode(), transport.encode(),
-                      secret_file.encode() if secret_file else None]
+                      secret_file.encode() if secret_file else None,
+                      metrics.encode() if metrics else None]
         cfg.listen_host = self._keep[0]
         cfg.listen_port = port
         cfg.cache_bytes = int(cache_gb * (1 << 30))
@@ -178,6 +182,7 @@ class Consumer:
         cfg.transport = self._keep[1]
         cfg.verify_threads = int(verify_threads)
         cfg.peer_timeout_s = int(peer_timeout_s)
+        cfg.metrics = self._keep[3]
         h = ctypes.c_void_p()
         st = lib.hs_consumer_create(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK:

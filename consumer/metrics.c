@@ -1,0 +1,155 @@
+/* metrics.c - Prometheus text exposition of the consumer's figures. */
+#include "metrics_int.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef HS_HAVE_MICROHTTPD
+#include <microhttpd.h>
+#endif
+
+int hs_metrics_format(const hs_consumer_stats_t *s, char *buf, size_t cap)
+{
+    /* name, type, help, value */
+    struct {
+        const char *name, *type, *help;
+        double value;
+    } m[] = {
+        {"hsflow_batches_planned", "gauge", "Batches of every epoch in the plan.",
+         (double)s->batches_planned},
+        {"hsflow_batches_delivered_total", "counter", "Batches handed to the trainer.",
+         (double)s->batches_delivered},
+        {"hsflow_tokens_delivered_total", "counter", "Tokens in the delivered batches.",
+         (double)s->tokens_delivered},
+        {"hsflow_bytes_received_total", "counter", "Payload bytes verified in the cache.",
+         (double)s->bytes_received},
+        {"hsflow_duplicates_total", "counter", "Batches delivered twice (always 0).",
+         (double)s->duplicates},
+        {"hsflow_checksum_failures_total", "counter", "Payloads that failed verification.",
+         (double)s->checksum_failures},
+        {"hsflow_protocol_errors_total", "counter", "Connections cut for a protocol error.",
+         (double)s->protocol_errors},
+        {"hsflow_producers_connected", "gauge", "Producers receiving tickets now.",
+         (double)s->producers_connected},
+        {"hsflow_producers_dropped_total", "counter", "Producers cut off.",
+         (double)s->producers_dropped},
+        {"hsflow_tickets_out", "gauge", "Tickets held by producers now.", (double)s->tickets_out},
+        {"hsflow_leases_returned_total", "counter", "Tickets re-queued from dead producers.",
+         (double)s->leases_returned},
+        {"hsflow_cache_capacity_bytes", "gauge", "Host-RAM cache size.",
+         (double)s->cache_capacity},
+        {"hsflow_cache_used_bytes", "gauge", "Cache bytes reserved or holding batches.",
+         (double)s->cache_used},
+        {"hsflow_cache_ready_bytes", "gauge", "Cache bytes pinned and usable.",
+         (double)s->cache_ready_bytes},
+        {"hsflow_trainer_starve_ratio", "gauge", "Share of the run the trainer waited for data.",
+         s->starve_pct / 100.0},
+        {"hsflow_producer_stall_ratio", "gauge", "Mean share of time producers lacked a ticket.",
+         s->producer_stall_pct / 100.0},
+        {"hsflow_h2d_bytes_total", "counter", "Bytes copied to the trainer's GPU.",
+         (double)s->h2d_bytes},
+        {"hsflow_run_seconds", "gauge", "Seconds since the plan was known.", s->seconds},
+    };
+    size_t len = 0;
+    for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
+        int n = snprintf(buf + (len < cap ? len : cap), len < cap ? cap - len : 0,
+                         "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", m[i].name, m[i].help,
+                         m[i].name, m[i].type, m[i].name, m[i].value);
+        if (n < 0) return n;
+        len += (size_t)n;
+    }
+    return (int)len;
+}
+
+#ifdef HS_HAVE_MICROHTTPD
+
+struct hs_metrics {
+    struct MHD_Daemon *daemon;
+    hs_consumer_t *c;
+    uint16_t port;
+};
+
+static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_size, void **state)
+{
+    hs_metrics_t *m = cls;
+    (void)version, (void)upload, (void)upload_size, (void)state;
+    const char *body = "only GET /metrics is served here\n";
+    unsigned code = MHD_HTTP_NOT_FOUND;
+    char *text = NULL;
+    if (!strcmp(method, "GET") && !strcmp(url, "/metrics")) {
+        hs_consumer_stats_t s;
+        hs_consumer_stats(m->c, &s);
+        int n = hs_metrics_format(&s, NULL, 0);
+        text = n > 0 ? malloc((size_t)n + 1) : NULL;
+        if (text) {
+            hs_metrics_format(&s, text, (size_t)n + 1);
+            body = text;
+            code = MHD_HTTP_OK;
+        }
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        strlen(body), (void *)body, text ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (!r) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
+    enum MHD_Result ret = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+hs_status_t hs_metrics_start(hs_consumer_t *c, const char *host, uint16_t port, hs_metrics_t **out)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+        hs_error("--metrics: '%s' is not an IPv4 address (e.g. 0.0.0.0 or 127.0.0.1)", host);
+        return HS_ERR_INVALID;
+    }
+    hs_metrics_t *m = calloc(1, sizeof(*m));
+    if (!m) return HS_ERR_NOMEM;
+    m->c = c;
+    m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, port, NULL,
+                                 NULL, answer, m, MHD_OPTION_SOCK_ADDR, &sa,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    if (!m->daemon) {
+        hs_error("--metrics %s:%u: cannot listen there (port in use?)", host, port);
+        free(m);
+        return HS_ERR_IO;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    m->port = info ? info->port : port;
+    hs_info("metrics on http://%s:%u/metrics", host, m->port);
+    *out = m;
+    return HS_OK;
+}
+
+uint16_t hs_metrics_port(const hs_metrics_t *m) { return m->port; }
+
+void hs_metrics_stop(hs_metrics_t *m)
+{
+    if (!m) return;
+    MHD_stop_daemon(m->daemon);
+    free(m);
+}
+
+#else /* !HS_HAVE_MICROHTTPD */
+
+hs_status_t hs_metrics_start(hs_consumer_t *c, const char *host, uint16_t port, hs_metrics_t **out)
+{
+    (void)c, (void)host, (void)port, (void)out;
+    hs_error("--metrics needs libmicrohttpd (scripts/install-deps installs it)");
+    return HS_ERR_UNSUPPORTED;
+}
+uint16_t hs_metrics_port(const hs_metrics_t *m)
+{
+    (void)m;
+    return 0;
+}
+void hs_metrics_stop(hs_metrics_t *m) { (void)m; }
+#endif

@@ -1,0 +1,23 @@
+/* metrics_int.h - the consumer's Prometheus endpoint: GET /metrics on a
+ * port of its own (libmicrohttpd, one internal thread), serving the same
+ * figures as the status line and the summary. */
+#ifndef HS_METRICS_INT_H
+#define HS_METRICS_INT_H
+
+#include "hsflow.h"
+#include "hs_common.h"
+
+typedef struct hs_metrics hs_metrics_t;
+
+/* Serves /metrics on host:port from hs_consumer_stats(c). Port 0 picks one
+ * (see hs_metrics_port). */
+hs_status_t hs_metrics_start(hs_consumer_t *c, const char *host, uint16_t port,
+                             hs_metrics_t **out);
+uint16_t hs_metrics_port(const hs_metrics_t *m);
+void hs_metrics_stop(hs_metrics_t *m); /* NULL ok */
+
+/* The Prometheus text exposition of `s` into buf[cap]; returns its length
+ * (as snprintf). */
+int hs_metrics_format(const hs_consumer_stats_t *s, char *buf, size_t cap);
+
+#endif /* HS_METRICS_INT_H */
