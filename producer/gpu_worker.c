@@ -129,6 +129,12 @@ hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_v
     return HS_OK;
 }
 
+bool hs__gpu_batch_done(hs__gpu_worker_t *w, int slot)
+{
+    cudaSetDevice(w->device);
+    return cudaEventQuery(w->slot[slot].copied) == cudaSuccess;
+}
+
 hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, double *forward_ms)
 {
     gpu_slot_t *s = &w->slot[slot];
@@ -160,6 +166,11 @@ hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_v
 {
     (void)w, (void)slot, (void)view, (void)n_seqs, (void)n_tokens;
     return HS_ERR_UNSUPPORTED;
+}
+bool hs__gpu_batch_done(hs__gpu_worker_t *w, int slot)
+{
+    (void)w, (void)slot;
+    return true;
 }
 hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, double *forward_ms)
 {

@@ -31,6 +31,9 @@ void hs__gpu_worker_destroy(hs__gpu_worker_t *w); /* NULL ok */
  * whose metadata (ids, cu_seqlens) is already in `view`. */
 hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_view_t *view,
                                  uint32_t n_seqs, uint32_t n_tokens);
+/* Whether batch `slot`'s hidden states are already in its staging buffer
+ * (does not wait). */
+bool hs__gpu_batch_done(hs__gpu_worker_t *w, int slot);
 /* Waits until batch `slot`'s hidden states are in its staging buffer;
  * *forward_ms is the GPU time of its forward (CUDA events). */
 hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, double *forward_ms);

@@ -249,13 +249,29 @@ static void *gpu_worker_main(void *arg)
             for (int i = 0; i < STAGING_PER_WORKER; i++)
                 if (!w->staging[i].busy) slot = i;
             if (pr->tickets && slot >= 0) break;
-            if (pending.t) { /* nothing new to launch: finish what the GPU has */
+            /* Nothing to launch yet. Finish the batch on the GPU once its
+             * hidden states are out; until then wait in short steps for a
+             * staging buffer (the one being sent) or a ticket, so the next
+             * forward is queued before this one ends and the GPU never waits
+             * for a checksum or a send. */
+            if (pending.t && hs__gpu_batch_done(w->gpu_w, pending.slot)) {
                 pthread_mutex_unlock(&pr->lock);
                 hs_status_t rc = gpu_finish(pr, w, &pending);
                 pending.t = NULL;
                 pthread_mutex_lock(&pr->lock);
                 if (rc != HS_OK) break;
                 t_wait = hs_now_s();
+                continue;
+            }
+            if (pending.t) {
+                struct timespec dl;
+                clock_gettime(CLOCK_REALTIME, &dl);
+                dl.tv_nsec += 2000000;
+                if (dl.tv_nsec >= 1000000000L) {
+                    dl.tv_sec++;
+                    dl.tv_nsec -= 1000000000L;
+                }
+                pthread_cond_timedwait(&pr->cond, &pr->lock, &dl);
                 continue;
             }
             pthread_cond_wait(&pr->cond, &pr->lock);
