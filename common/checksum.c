@@ -16,7 +16,8 @@ static void crc_table_init(void)
 {
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
         crc_table[i] = c;
     }
     __atomic_store_n(&crc_table_ready, 1, __ATOMIC_RELEASE);
@@ -25,13 +26,14 @@ static void crc_table_init(void)
 static uint32_t crc32c_soft(uint32_t crc, const uint8_t *p, size_t len)
 {
     if (!__atomic_load_n(&crc_table_ready, __ATOMIC_ACQUIRE)) crc_table_init();
-    while (len--) crc = crc_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    while (len--)
+        crc = crc_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
     return crc;
 }
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const uint8_t *p,
-                                                             size_t len)
+                                                            size_t len)
 {
     uint64_t c = crc;
     while (len >= 8) {
@@ -42,7 +44,8 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const 
         len -= 8;
     }
     uint32_t c32 = (uint32_t)c;
-    while (len--) c32 = __builtin_ia32_crc32qi(c32, *p++);
+    while (len--)
+        c32 = __builtin_ia32_crc32qi(c32, *p++);
     return c32;
 }
 #endif
@@ -59,7 +62,10 @@ uint32_t hs_crc32c(uint32_t crc, const void *data, size_t len)
     return ~crc;
 }
 
-uint64_t hs_checksum64_chunk(const void *chunk, size_t len) { return XXH3_64bits(chunk, len); }
+uint64_t hs_checksum64_chunk(const void *chunk, size_t len)
+{
+    return XXH3_64bits(chunk, len);
+}
 
 uint64_t hs_checksum64_combine(const uint64_t *chunk_hashes, size_t n_chunks)
 {

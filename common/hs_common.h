@@ -19,22 +19,22 @@ extern "C" {
 /* 0 is success, every error is negative. */
 typedef enum {
     HS_OK = 0,
-    HS_ERR_INVALID = -1,     /* bad argument, flag or value */
-    HS_ERR_NOMEM = -2,       /* allocation failed */
-    HS_ERR_IO = -3,          /* read/write/open failed (errno logged) */
-    HS_ERR_FORMAT = -4,      /* malformed file or frame */
-    HS_ERR_PROTO = -5,       /* peer broke the protocol */
-    HS_ERR_MISMATCH = -6,    /* version, layout or plan differs from the peer's */
-    HS_ERR_AUTH = -7,        /* authentication failed or required */
-    HS_ERR_CHECKSUM = -8,    /* checksum did not match */
-    HS_ERR_CLOSED = -9,      /* peer or object closed */
-    HS_ERR_AGAIN = -10,      /* would block; try later */
-    HS_ERR_TIMEOUT = -11,    /* deadline passed */
-    HS_ERR_NOSPACE = -12,    /* cache or buffer full */
-    HS_ERR_NOT_FOUND = -13,  /* no such item */
-    HS_ERR_UNSUPPORTED = -14,/* not built in or not available here */
-    HS_ERR_CUDA = -15,       /* CUDA or cuBLAS call failed */
-    HS_ERR_BUSY = -16,       /* resource in use */
+    HS_ERR_INVALID = -1,      /* bad argument, flag or value */
+    HS_ERR_NOMEM = -2,        /* allocation failed */
+    HS_ERR_IO = -3,           /* read/write/open failed (errno logged) */
+    HS_ERR_FORMAT = -4,       /* malformed file or frame */
+    HS_ERR_PROTO = -5,        /* peer broke the protocol */
+    HS_ERR_MISMATCH = -6,     /* version, layout or plan differs from the peer's */
+    HS_ERR_AUTH = -7,         /* authentication failed or required */
+    HS_ERR_CHECKSUM = -8,     /* checksum did not match */
+    HS_ERR_CLOSED = -9,       /* peer or object closed */
+    HS_ERR_AGAIN = -10,       /* would block; try later */
+    HS_ERR_TIMEOUT = -11,     /* deadline passed */
+    HS_ERR_NOSPACE = -12,     /* cache or buffer full */
+    HS_ERR_NOT_FOUND = -13,   /* no such item */
+    HS_ERR_UNSUPPORTED = -14, /* not built in or not available here */
+    HS_ERR_CUDA = -15,        /* CUDA or cuBLAS call failed */
+    HS_ERR_BUSY = -16,        /* resource in use */
 } hs_status_t;
 
 const char *hs_status_str(hs_status_t status);
@@ -51,8 +51,8 @@ void hs_log_set_tag(const char *tag);
 void hs_log_write(hs_log_level_t level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-#define hs_log(level, ...)                                                             \
-    do {                                                                               \
+#define hs_log(level, ...)                                                                         \
+    do {                                                                                           \
         if ((level) <= hs_log_get_level()) hs_log_write((level), __FILE__, __LINE__, __VA_ARGS__); \
     } while (0)
 #define hs_error(...) hs_log(HS_LOG_ERROR, __VA_ARGS__)
@@ -84,7 +84,7 @@ uint64_t hs_checksum64_combine(const uint64_t *chunk_hashes, size_t n_chunks);
 /* The same checksum computed incrementally, for data hashed as it is written
  * or received (still hot in cache). Feed the bytes in order, any split. */
 typedef struct hs_checksum_stream hs_checksum_stream_t;
-hs_checksum_stream_t *hs_checksum_stream_create(void); /* NULL on failure */
+hs_checksum_stream_t *hs_checksum_stream_create(void);    /* NULL on failure */
 void hs_checksum_stream_destroy(hs_checksum_stream_t *s); /* NULL ok */
 void hs_checksum_stream_reset(hs_checksum_stream_t *s);
 void hs_checksum_stream_update(hs_checksum_stream_t *s, const void *data, size_t len);
@@ -109,7 +109,10 @@ void hs_permutation(uint64_t seed, uint32_t epoch, uint32_t n, uint32_t *out);
 
 void *hs_aligned_alloc(size_t alignment, size_t size); /* NULL on failure */
 void hs_aligned_free(void *p);
-static inline size_t hs_align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static inline size_t hs_align_up(size_t x, size_t a)
+{
+    return (x + a - 1) / a * a;
+}
 
 /* ---- parsing (CLI, env) ------------------------------------------------- */
 

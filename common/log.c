@@ -24,7 +24,10 @@ static int level_from_env(void)
     return HS_LOG_INFO;
 }
 
-void hs_log_set_level(hs_log_level_t level) { g_level = (int)level; }
+void hs_log_set_level(hs_log_level_t level)
+{
+    g_level = (int)level;
+}
 
 hs_log_level_t hs_log_get_level(void)
 {
@@ -55,8 +58,8 @@ void hs_log_write(hs_log_level_t level, const char *file, int line, const char *
 
     pthread_mutex_lock(&g_lock);
     if (level >= HS_LOG_DEBUG)
-        fprintf(stderr, "[%02d:%02d:%02d.%03ld %s %s %s:%d] %s\n", tm.tm_hour, tm.tm_min,
-                tm.tm_sec, ts.tv_nsec / 1000000, g_tag, names[level], base, line, msg);
+        fprintf(stderr, "[%02d:%02d:%02d.%03ld %s %s %s:%d] %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
+                ts.tv_nsec / 1000000, g_tag, names[level], base, line, msg);
     else
         fprintf(stderr, "[%02d:%02d:%02d.%03ld %s %s] %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
                 ts.tv_nsec / 1000000, g_tag, names[level], msg);

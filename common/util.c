@@ -16,7 +16,10 @@ uint64_t hs_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-double hs_now_s(void) { return (double)hs_now_ns() * 1e-9; }
+double hs_now_s(void)
+{
+    return (double)hs_now_ns() * 1e-9;
+}
 
 void *hs_aligned_alloc(size_t alignment, size_t size)
 {
@@ -26,7 +29,10 @@ void *hs_aligned_alloc(size_t alignment, size_t size)
     return p;
 }
 
-void hs_aligned_free(void *p) { free(p); }
+void hs_aligned_free(void *p)
+{
+    free(p);
+}
 
 hs_status_t hs_parse_u64(const char *s, uint64_t *out)
 {
@@ -70,12 +76,26 @@ hs_status_t hs_parse_size(const char *s, uint64_t *out)
     if (errno) return HS_ERR_INVALID;
     int shift = 0;
     switch (toupper((unsigned char)*end)) {
-    case 0: break;
-    case 'K': shift = 10; end++; break;
-    case 'M': shift = 20; end++; break;
-    case 'G': shift = 30; end++; break;
-    case 'T': shift = 40; end++; break;
-    default: return HS_ERR_INVALID;
+    case 0:
+        break;
+    case 'K':
+        shift = 10;
+        end++;
+        break;
+    case 'M':
+        shift = 20;
+        end++;
+        break;
+    case 'G':
+        shift = 30;
+        end++;
+        break;
+    case 'T':
+        shift = 40;
+        end++;
+        break;
+    default:
+        return HS_ERR_INVALID;
     }
     if (shift && (!strcasecmp(end, "iB") || !strcasecmp(end, "B"))) end += strlen(end);
     if (*end) return HS_ERR_INVALID;
@@ -149,7 +169,8 @@ const char *hs_env_for_flag(const char *long_name)
 void hs_permutation(uint64_t seed, uint32_t epoch, uint32_t n, uint32_t *out)
 {
     uint64_t st = seed ^ (0xD1B54A32D192ED03ull * ((uint64_t)epoch + 1));
-    for (uint32_t i = 0; i < n; i++) out[i] = i;
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = i;
     for (uint32_t i = n; i > 1; i--) {
         /* unbiased enough for n << 2^64: multiply-shift range reduction */
         uint32_t j = (uint32_t)(((unsigned __int128)hs_splitmix64(&st) * i) >> 64);

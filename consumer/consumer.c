@@ -155,8 +155,8 @@ static void peer_admit(hs_consumer_t *c, peer_t *p)
         c->have_run = true;
         char desc[160];
         hs_layout_describe(&o->layout, desc, sizeof(desc));
-        hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens",
-                p->name, desc, (unsigned long long)c->plan_hash, c->n_batches, c->token_budget);
+        hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens", p->name,
+                desc, (unsigned long long)c->plan_hash, c->n_batches, c->token_budget);
     }
     if (c->sched)
         send_welcome(c, p, false);
@@ -517,8 +517,8 @@ static void collect_verified(hs_consumer_t *c)
         done = j->next;
         peer_t *p = peer_find(c, j->peer_id);
         if (j->status == HS_OK) {
-            hs_trace("ticket %llu: verified %.1f ms after landing", (unsigned long long)j->ticket_id,
-                     1e3 * (hs_now_s() - j->t_queued));
+            hs_trace("ticket %llu: verified %.1f ms after landing",
+                     (unsigned long long)j->ticket_id, 1e3 * (hs_now_s() - j->t_queued));
             hs_sched_fill(c->sched, j->peer_id, j->ticket_id);
             pthread_mutex_lock(&c->lock);
             c->bytes_received += j->item.bytes;
@@ -1196,9 +1196,10 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         (unsigned long long)s->producers_seen, (unsigned long long)s->producers_dropped,
         (unsigned long long)s->leases_returned, (unsigned long long)s->cache_capacity,
         (unsigned long long)s->cache_used, (unsigned long long)s->cache_high_water,
-        (unsigned long long)s->tickets_out, (unsigned long long)s->producers_connected, (unsigned long long)s->cache_ready_bytes,
-        s->cache_prepare_s, s->starve_pct, s->producer_stall_pct,
-        (unsigned long long)s->h2d_bytes, s->h2d_gbytes_per_s, s->batches_planned && s->batches_delivered == s->batches_planned ? "true" : "false");
+        (unsigned long long)s->tickets_out, (unsigned long long)s->producers_connected,
+        (unsigned long long)s->cache_ready_bytes, s->cache_prepare_s, s->starve_pct,
+        s->producer_stall_pct, (unsigned long long)s->h2d_bytes, s->h2d_gbytes_per_s,
+        s->batches_planned && s->batches_delivered == s->batches_planned ? "true" : "false");
 }
 
 void hs_consumer_destroy(hs_consumer_t *c)

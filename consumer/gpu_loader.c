@@ -7,20 +7,20 @@
 #ifdef HS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#define CU(call)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            hs_error("%s failed: %s", #call, cudaGetErrorString(e_));                            \
-            return HS_ERR_CUDA;                                                                   \
-        }                                                                                         \
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            hs_error("%s failed: %s", #call, cudaGetErrorString(e_));                              \
+            return HS_ERR_CUDA;                                                                    \
+        }                                                                                          \
     } while (0)
 
 typedef struct {
     void *dptr;
-    cudaEvent_t consumed;   /* recorded on the trainer's stream */
+    cudaEvent_t consumed; /* recorded on the trainer's stream */
     cudaEvent_t copy_start, copy_end;
-    uint64_t copy_bytes;    /* of the copy whose timing is not yet counted */
+    uint64_t copy_bytes; /* of the copy whose timing is not yet counted */
     bool timing_pending;
 } loader_buf_t;
 
@@ -166,7 +166,8 @@ hs_status_t hs__loader_consumed(hs__loader_t *l, int buf)
 
 void hs__loader_stats(hs__loader_t *l, uint64_t *bytes, double *seconds)
 {
-    for (int i = 0; i < 2; i++) account(l, &l->buf[i]);
+    for (int i = 0; i < 2; i++)
+        account(l, &l->buf[i]);
     *bytes = l->bytes_copied;
     *seconds = l->copy_s;
 }
@@ -180,7 +181,10 @@ hs_status_t hs__loader_create(int device, hs__loader_t **out)
              device);
     return HS_ERR_UNSUPPORTED;
 }
-void hs__loader_destroy(hs__loader_t *l) { (void)l; }
+void hs__loader_destroy(hs__loader_t *l)
+{
+    (void)l;
+}
 hs_status_t hs__loader_reserve(hs__loader_t *l, uint64_t bytes)
 {
     (void)l, (void)bytes;

@@ -39,8 +39,7 @@ int hs_metrics_format(const hs_consumer_stats_t *s, char *buf, size_t cap)
         {"hsflow_tickets_out", "gauge", "Tickets held by producers now.", (double)s->tickets_out},
         {"hsflow_leases_returned_total", "counter", "Tickets re-queued from dead producers.",
          (double)s->leases_returned},
-        {"hsflow_cache_capacity_bytes", "gauge", "Host-RAM cache size.",
-         (double)s->cache_capacity},
+        {"hsflow_cache_capacity_bytes", "gauge", "Host-RAM cache size.", (double)s->cache_capacity},
         {"hsflow_cache_used_bytes", "gauge", "Cache bytes reserved or holding batches.",
          (double)s->cache_used},
         {"hsflow_cache_ready_bytes", "gauge", "Cache bytes pinned and usable.",
@@ -56,8 +55,8 @@ int hs_metrics_format(const hs_consumer_stats_t *s, char *buf, size_t cap)
     size_t len = 0;
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
         int n = snprintf(buf + (len < cap ? len : cap), len < cap ? cap - len : 0,
-                         "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", m[i].name, m[i].help,
-                         m[i].name, m[i].type, m[i].name, m[i].value);
+                         "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", m[i].name, m[i].help, m[i].name,
+                         m[i].type, m[i].name, m[i].value);
         if (n < 0) return n;
         len += (size_t)n;
     }
@@ -129,7 +128,10 @@ hs_status_t hs_metrics_start(hs_consumer_t *c, const char *host, uint16_t port, 
     return HS_OK;
 }
 
-uint16_t hs_metrics_port(const hs_metrics_t *m) { return m->port; }
+uint16_t hs_metrics_port(const hs_metrics_t *m)
+{
+    return m->port;
+}
 
 void hs_metrics_stop(hs_metrics_t *m)
 {
@@ -151,5 +153,8 @@ uint16_t hs_metrics_port(const hs_metrics_t *m)
     (void)m;
     return 0;
 }
-void hs_metrics_stop(hs_metrics_t *m) { (void)m; }
+void hs_metrics_stop(hs_metrics_t *m)
+{
+    (void)m;
+}
 #endif

@@ -11,8 +11,7 @@ typedef struct hs_metrics hs_metrics_t;
 
 /* Serves /metrics on host:port from hs_consumer_stats(c). Port 0 picks one
  * (see hs_metrics_port). */
-hs_status_t hs_metrics_start(hs_consumer_t *c, const char *host, uint16_t port,
-                             hs_metrics_t **out);
+hs_status_t hs_metrics_start(hs_consumer_t *c, const char *host, uint16_t port, hs_metrics_t **out);
 uint16_t hs_metrics_port(const hs_metrics_t *m);
 void hs_metrics_stop(hs_metrics_t *m); /* NULL ok */
 

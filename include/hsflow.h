@@ -42,34 +42,34 @@ const char *hsflow_status_str(hs_status_code_t status);
 typedef enum { HS_ORDER_ARRIVAL = 0, HS_ORDER_PLAN = 1 } hs_order_t;
 
 typedef struct {
-    const char *listen_host;  /* default "0.0.0.0" */
-    uint16_t listen_port;     /* default 7000; 0 picks a free port */
-    uint64_t cache_bytes;     /* host-RAM cache size; default 4 GiB */
-    uint32_t epochs;          /* default 1 */
-    int gpu;                  /* -1 = host delivery (default) */
-    hs_order_t order;         /* default HS_ORDER_ARRIVAL */
-    uint32_t prefetch;        /* tickets per producer worker; default 2 */
-    bool verify_synthetic;    /* check every element against the synthetic source */
-    bool insecure;            /* accept non-loopback peers without a secret */
-    const char *secret_file;  /* shared secret for HMAC auth; NULL = none */
-    const char *transport;    /* "auto", "tcp", "ucx"; default "auto" */
-    uint32_t verify_threads;  /* checksum threads; default 1 */
-    uint32_t peer_timeout_s;  /* default 10 */
-    const char *net_devices;  /* UCX: device list for UCX_NET_DEVICES; NULL = UCX's choice */
-    bool require_rdma;        /* UCX: refuse connections without an RDMA lane */
-    const char *metrics;      /* "HOST:PORT": Prometheus /metrics there; NULL = off */
+    const char *listen_host; /* default "0.0.0.0" */
+    uint16_t listen_port;    /* default 7000; 0 picks a free port */
+    uint64_t cache_bytes;    /* host-RAM cache size; default 4 GiB */
+    uint32_t epochs;         /* default 1 */
+    int gpu;                 /* -1 = host delivery (default) */
+    hs_order_t order;        /* default HS_ORDER_ARRIVAL */
+    uint32_t prefetch;       /* tickets per producer worker; default 2 */
+    bool verify_synthetic;   /* check every element against the synthetic source */
+    bool insecure;           /* accept non-loopback peers without a secret */
+    const char *secret_file; /* shared secret for HMAC auth; NULL = none */
+    const char *transport;   /* "auto", "tcp", "ucx"; default "auto" */
+    uint32_t verify_threads; /* checksum threads; default 1 */
+    uint32_t peer_timeout_s; /* default 10 */
+    const char *net_devices; /* UCX: device list for UCX_NET_DEVICES; NULL = UCX's choice */
+    bool require_rdma;       /* UCX: refuse connections without an RDMA lane */
+    const char *metrics;     /* "HOST:PORT": Prometheus /metrics there; NULL = off */
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */
 typedef struct {
     uint32_t epoch;
-    uint32_t batch;           /* batch id in the plan */
+    uint32_t batch; /* batch id in the plan */
     uint32_t n_seqs;
-    uint32_t n_tokens;        /* T */
-    uint32_t hidden_size;     /* H */
-    uint32_t n_layers;        /* k */
-    const int32_t *layers;    /* the k captured layer indices */
-    const int32_t *cu_seqlens;/* n_seqs + 1 */
+    uint32_t n_tokens;         /* T */
+    uint32_t hidden_size;      /* H */
+    uint32_t n_layers;         /* k */
+    const int32_t *layers;     /* the k captured layer indices */
+    const int32_t *cu_seqlens; /* n_seqs + 1 */
     const uint64_t *sample_ids;
     const int32_t *input_ids; /* T */
     const uint8_t *loss_mask; /* T */
@@ -81,16 +81,16 @@ typedef struct {
 } hs_batch_t;
 
 typedef struct {
-    uint64_t batches_planned;   /* over all epochs; 0 until the plan is known */
+    uint64_t batches_planned; /* over all epochs; 0 until the plan is known */
     uint64_t batches_delivered;
     uint64_t duplicates;
     uint64_t checksum_failures;
     uint64_t protocol_errors;
     uint64_t producers_connected, producers_seen, producers_dropped;
-    uint64_t bytes_received;    /* payload bytes that landed in the cache */
+    uint64_t bytes_received; /* payload bytes that landed in the cache */
     uint64_t tokens_delivered;
     uint64_t tickets_out;
-    uint64_t leases_returned;   /* tickets that went back to the queue */
+    uint64_t leases_returned; /* tickets that went back to the queue */
     uint64_t cache_capacity, cache_used, cache_high_water;
     uint64_t cache_ready_bytes; /* pinned (with a GPU) and usable so far */
     double cache_prepare_s;     /* time spent pinning the cache so far */
@@ -149,19 +149,19 @@ void hs_consumer_destroy(hs_consumer_t *c);
  * until hs_producer_submit(). At most two batches are out at once. */
 
 typedef struct {
-    const char *to;           /* consumer "HOST:PORT" */
-    const char *data_path;    /* JSONL or .hst; the same for every producer of a run */
+    const char *to;        /* consumer "HOST:PORT" */
+    const char *data_path; /* JSONL or .hst; the same for every producer of a run */
     uint32_t token_budget;
-    uint32_t max_seq_len;     /* 0 = token_budget */
-    bool overflow_drop;       /* drop (true) or truncate (false) longer sequences */
+    uint32_t max_seq_len; /* 0 = token_budget */
+    bool overflow_drop;   /* drop (true) or truncate (false) longer sequences */
     uint64_t seed;
     uint32_t hidden_size;
-    const int32_t *layers;    /* captured output_hidden_states indices, increasing */
+    const int32_t *layers; /* captured output_hidden_states indices, increasing */
     uint32_t n_layers;
-    uint32_t prefetch;        /* tickets to keep queued; 0 = 2 */
-    const char *secret_file;  /* NULL = none */
-    const char *transport;    /* NULL = "auto" */
-    const char *name;         /* NULL = host:pid */
+    uint32_t prefetch;          /* tickets to keep queued; 0 = 2 */
+    const char *secret_file;    /* NULL = none */
+    const char *transport;      /* NULL = "auto" */
+    const char *name;           /* NULL = host:pid */
     uint32_t connect_timeout_s; /* 0 = 30 */
 } hs_producer_client_config_t;
 
@@ -174,7 +174,7 @@ typedef struct {
     const uint8_t *loss_mask;   /* T */
     uint16_t *hidden;           /* to fill: bf16 bits, [T][k*H] row-major */
     uint64_t bytes;
-    uint64_t handle;            /* internal */
+    uint64_t handle; /* internal */
 } hs_work_t;
 
 typedef struct hs_producer hs_producer_t;

@@ -6,13 +6,13 @@
 #ifdef HS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#define CU(call)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            hs_error("gpu %d: %s failed: %s", w->device, #call, cudaGetErrorString(e_));         \
-            return HS_ERR_CUDA;                                                                   \
-        }                                                                                         \
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            hs_error("gpu %d: %s failed: %s", w->device, #call, cudaGetErrorString(e_));           \
+            return HS_ERR_CUDA;                                                                    \
+        }                                                                                          \
     } while (0)
 
 typedef struct {
@@ -160,7 +160,10 @@ hs_status_t hs__gpu_worker_create(hs_model_t *model, int device, uint32_t token_
              device);
     return HS_ERR_UNSUPPORTED;
 }
-void hs__gpu_worker_destroy(hs__gpu_worker_t *w) { (void)w; }
+void hs__gpu_worker_destroy(hs__gpu_worker_t *w)
+{
+    (void)w;
+}
 hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_view_t *view,
                                  uint32_t n_seqs, uint32_t n_tokens)
 {

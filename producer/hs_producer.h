@@ -21,28 +21,28 @@ extern "C" {
 typedef enum { HS_SOURCE_SYNTHETIC = 1, HS_SOURCE_MODEL = 2, HS_SOURCE_EXTERNAL = 3 } hs_source_t;
 
 typedef struct {
-    const char *to_host;   /* consumer address */
+    const char *to_host; /* consumer address */
     uint16_t to_port;
     const char *data_path; /* JSONL or .hst */
     uint32_t token_budget;
-    uint32_t max_seq_len;  /* 0 = token_budget */
-    int overflow;          /* hs_overflow_t: truncate or drop */
+    uint32_t max_seq_len; /* 0 = token_budget */
+    int overflow;         /* hs_overflow_t: truncate or drop */
     uint64_t seed;
-    hs_layout_t layout;    /* hidden size and captured layers; with a model, a
-                            * hidden size of 0 means the model's */
+    hs_layout_t layout; /* hidden size and captured layers; with a model, a
+                         * hidden size of 0 means the model's */
     hs_source_t source;
     const char *model_dir; /* HS_SOURCE_MODEL */
     int dflash_layers;     /* > 0: layers = DFlash's default set for this many draft layers */
     uint32_t n_workers;
     int gpu_ids[HS_PRODUCER_MAX_WORKERS]; /* -1 = CPU worker */
-    uint32_t prefetch;     /* tickets each worker wants queued */
+    uint32_t prefetch;                    /* tickets each worker wants queued */
     const char *secret_file;
-    const char *transport; /* "auto", "tcp", "ucx" */
+    const char *transport;   /* "auto", "tcp", "ucx" */
     const char *net_devices; /* UCX_NET_DEVICES list; NULL = UCX's choice */
     bool require_rdma;       /* refuse to run without an RDMA lane */
     uint32_t connect_timeout_s;
     const char *summary_json; /* NULL = none */
-    const char *name;      /* identity in logs; NULL = host:pid */
+    const char *name;         /* identity in logs; NULL = host:pid */
 } hs_producer_config_t;
 
 void hs_producer_config_default(hs_producer_config_t *cfg);

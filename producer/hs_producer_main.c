@@ -13,7 +13,8 @@
 
 static const char usage[] =
     "usage: hs-producer --to HOST:PORT --data FILE --token-budget N --layers L1,L2,...\n"
-    "                   [--hidden-size H] [--source synthetic|model] [--gpus cpu:N|0,1,2] [options]\n"
+    "                   [--hidden-size H] [--source synthetic|model] [--gpus cpu:N|0,1,2] "
+    "[options]\n"
     "\n"
     "Computes packed hidden states of the batches a consumer tickets and streams them to\n"
     "it. Every producer of a run must use the same --data, --token-budget, --max-seq-len,\n"
@@ -63,10 +64,28 @@ static const char usage[] =
     "  hs-producer --to drafter:7000 --gpus 0,1,2 --nic auto --require-rdma ...\n";
 
 enum {
-    OPT_TO = 1000, OPT_DATA, OPT_BUDGET, OPT_MAXLEN, OPT_OVERFLOW, OPT_SEED, OPT_LAYERS,
-    OPT_DFLASH, OPT_HIDDEN, OPT_SOURCE, OPT_MODEL, OPT_GPUS, OPT_PREFETCH, OPT_SECRET,
-    OPT_TRANSPORT, OPT_CONNECT_TIMEOUT, OPT_SUMMARY, OPT_NAME, OPT_PREFLIGHT,
-    OPT_NIC, OPT_REQUIRE_RDMA, OPT_LIST_DEVICES,
+    OPT_TO = 1000,
+    OPT_DATA,
+    OPT_BUDGET,
+    OPT_MAXLEN,
+    OPT_OVERFLOW,
+    OPT_SEED,
+    OPT_LAYERS,
+    OPT_DFLASH,
+    OPT_HIDDEN,
+    OPT_SOURCE,
+    OPT_MODEL,
+    OPT_GPUS,
+    OPT_PREFETCH,
+    OPT_SECRET,
+    OPT_TRANSPORT,
+    OPT_CONNECT_TIMEOUT,
+    OPT_SUMMARY,
+    OPT_NAME,
+    OPT_PREFLIGHT,
+    OPT_NIC,
+    OPT_REQUIRE_RDMA,
+    OPT_LIST_DEVICES,
 };
 
 static const struct option long_options[] = {
@@ -118,14 +137,18 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     hs_producer_config_t *c = &o->cfg;
     uint64_t u;
     switch (opt) {
-    case 'h': fputs(usage, stdout); return 3;
+    case 'h':
+        fputs(usage, stdout);
+        return 3;
     case OPT_TO:
         if (hs_parse_hostport(arg, o->host, sizeof(o->host), &c->to_port) != HS_OK)
             return bad("to", arg, from, "expected HOST:PORT, e.g. drafter:7000");
         c->to_host = o->host;
         o->have_to = true;
         return 0;
-    case OPT_DATA: c->data_path = arg; return 0;
+    case OPT_DATA:
+        c->data_path = arg;
+        return 0;
     case OPT_BUDGET:
         if (!strcmp(arg, "auto")) {
             o->budget_auto = true;
@@ -154,7 +177,9 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         if (hs_parse_u64(arg, &u) != HS_OK) return bad("seed", arg, from, "expected an integer");
         c->seed = u;
         return 0;
-    case OPT_LAYERS: o->layers_arg = arg; return 0;
+    case OPT_LAYERS:
+        o->layers_arg = arg;
+        return 0;
     case OPT_DFLASH:
         if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > HS_MAX_LAYERS)
             return bad("dflash-layers", arg, from, "expected 1..32 draft layers");
@@ -173,7 +198,9 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         else
             return bad("source", arg, from, "expected synthetic or model");
         return 0;
-    case OPT_MODEL: c->model_dir = arg; return 0;
+    case OPT_MODEL:
+        c->model_dir = arg;
+        return 0;
     case OPT_GPUS:
         if (hs_producer_parse_devices(arg, c) != HS_OK)
             return bad("gpus", arg, from,
@@ -184,7 +211,9 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
             return bad("prefetch", arg, from, "expected 1..64");
         c->prefetch = (uint32_t)u;
         return 0;
-    case OPT_SECRET: c->secret_file = arg; return 0;
+    case OPT_SECRET:
+        c->secret_file = arg;
+        return 0;
     case OPT_TRANSPORT:
         if (strcmp(arg, "auto") && strcmp(arg, "tcp") && strcmp(arg, "ucx"))
             return bad("transport", arg, from, "expected auto, tcp or ucx");
@@ -195,15 +224,25 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
             return bad("connect-timeout", arg, from, "expected seconds");
         c->connect_timeout_s = (uint32_t)u;
         return 0;
-    case OPT_SUMMARY: c->summary_json = arg; return 0;
-    case OPT_NAME: c->name = arg; return 0;
-    case OPT_PREFLIGHT: o->preflight = true; return 0;
+    case OPT_SUMMARY:
+        c->summary_json = arg;
+        return 0;
+    case OPT_NAME:
+        c->name = arg;
+        return 0;
+    case OPT_PREFLIGHT:
+        o->preflight = true;
+        return 0;
     case OPT_NIC:
         if (!arg[0]) return bad("nic", arg, from, "expected auto or NAME[:PORT], e.g. mlx5_0:1");
         o->nic = arg;
         return 0;
-    case OPT_REQUIRE_RDMA: c->require_rdma = true; return 0;
-    case OPT_LIST_DEVICES: o->list_devices = true; return 0;
+    case OPT_REQUIRE_RDMA:
+        c->require_rdma = true;
+        return 0;
+    case OPT_LIST_DEVICES:
+        o->list_devices = true;
+        return 0;
     }
     return 2;
 }
@@ -244,14 +283,16 @@ static int check(options_t *o)
     if (o->layers_arg) {
         int layers[HS_MAX_LAYERS], n;
         if (hs_parse_int_list(o->layers_arg, layers, HS_MAX_LAYERS, &n) != HS_OK)
-            return fprintf(stderr, "hs-producer: --layers '%s': expected up to %d comma-separated "
-                                   "indices such as 2,16,29\n",
+            return fprintf(stderr,
+                           "hs-producer: --layers '%s': expected up to %d comma-separated "
+                           "indices such as 2,16,29\n",
                            o->layers_arg, HS_MAX_LAYERS),
                    2;
         for (int i = 0; i < n; i++) {
             if (layers[i] < 0 || (i && layers[i] <= layers[i - 1]))
-                return fprintf(stderr, "hs-producer: --layers '%s': indices must be >= 0 and "
-                                       "strictly increasing\n",
+                return fprintf(stderr,
+                               "hs-producer: --layers '%s': indices must be >= 0 and "
+                               "strictly increasing\n",
                                o->layers_arg),
                        2;
             c->layout.layers[i] = layers[i];
@@ -303,8 +344,8 @@ int main(int argc, char **argv)
     if (o.nic && !o.preflight) {
         if (o.cfg.transport && !strcmp(o.cfg.transport, "tcp"))
             hs_warn("--nic %s is ignored with --transport tcp (it selects UCX's devices)", o.nic);
-        else if (hs_dev_nic_select(o.nic, o.cfg.n_workers ? o.cfg.gpu_ids[0] : -1,
-                                   &net_devices) != HS_OK)
+        else if (hs_dev_nic_select(o.nic, o.cfg.n_workers ? o.cfg.gpu_ids[0] : -1, &net_devices) !=
+                 HS_OK)
             return 2;
         o.cfg.net_devices = net_devices;
     }
@@ -325,11 +366,14 @@ int main(int argc, char **argv)
     st = hs_producer_run(&o.cfg);
     free(net_devices);
     switch (st) {
-    case HS_OK: return 0;
+    case HS_OK:
+        return 0;
     case HS_ERR_INVALID:
     case HS_ERR_NOT_FOUND:
     case HS_ERR_FORMAT:
-    case HS_ERR_IO: return 2;
-    default: return 1;
+    case HS_ERR_IO:
+        return 2;
+    default:
+        return 1;
     }
 }

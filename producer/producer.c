@@ -36,7 +36,7 @@ typedef struct hs_producer producer_t;
 
 typedef struct staging {
     uint8_t *buf;
-    bool busy; /* filled and waiting for / on the wire */
+    bool busy;     /* filled and waiting for / on the wire */
     double t_send; /* when it was handed to the transport (trace timing) */
     struct worker *owner;
 } staging_t;
@@ -50,7 +50,7 @@ typedef struct worker {
     /* figures, under pr->lock */
     uint64_t batches, tokens, bytes;
     double busy_s, stall_s;
-    double t_taken; /* external source: when the caller took its batch */
+    double t_taken;                 /* external source: when the caller took its batch */
     hs_checksum_stream_t *checksum; /* scratch for sealing */
     hs__gpu_worker_t *gpu_w;        /* GPU model worker, or NULL */
 } worker_t;
@@ -86,11 +86,11 @@ struct hs_producer {
     char consumer_name[256];
 
     pthread_mutex_t lock;
-    pthread_cond_t cond;       /* tickets arrived / staging freed / stop */
+    pthread_cond_t cond; /* tickets arrived / staging freed / stop */
     ticket_t *tickets, *tickets_tail;
-    outgoing_t *outbox;        /* filled batches for the network thread */
+    outgoing_t *outbox; /* filled batches for the network thread */
     bool stop;
-    bool net_done;                 /* the network loop has ended */
+    bool net_done;                /* the network loop has ended */
     _Atomic bool close_requested; /* hs_producer_close() before the end */
     bool net_started;
     pthread_t net_thread;
@@ -326,8 +326,8 @@ static void send_msg(producer_t *pr, uint16_t type, const ProtobufCMessage *m)
 {
     size_t len;
     if (!pr->conn) return;
-    hs_status_t st = hs_msg_pack(type, m, pr->frame_buf, HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES,
-                                 &len);
+    hs_status_t st =
+        hs_msg_pack(type, m, pr->frame_buf, HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES, &len);
     if (st == HS_OK) st = hs_tp_send(pr->conn, pr->frame_buf, len);
     if (st != HS_OK) hs_error("sending %s failed: %s", hs_msg_type_str(type), hs_status_str(st));
 }
@@ -473,8 +473,8 @@ static void on_ticket(producer_t *pr, const uint8_t *body, uint32_t len)
         if (!q) {
             fail(pr, HS_ERR_NOMEM, "out of memory");
         } else {
-            *q = (ticket_t){NULL, t->ticket_id, t->epoch, t->batch, t->n_seqs, t->n_tokens,
-                            t->bytes};
+            *q = (ticket_t){NULL,      t->ticket_id, t->epoch, t->batch,
+                            t->n_seqs, t->n_tokens,  t->bytes};
             pthread_mutex_lock(&pr->lock);
             if (pr->tickets_tail)
                 pr->tickets_tail->next = q;
@@ -500,9 +500,15 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
         return;
     }
     switch (type) {
-    case HS_MSG_CHALLENGE: on_challenge(pr, body, body_len); break;
-    case HS_MSG_WELCOME: on_welcome(pr, body, body_len); break;
-    case HS_MSG_TICKET: on_ticket(pr, body, body_len); break;
+    case HS_MSG_CHALLENGE:
+        on_challenge(pr, body, body_len);
+        break;
+    case HS_MSG_WELCOME:
+        on_welcome(pr, body, body_len);
+        break;
+    case HS_MSG_TICKET:
+        on_ticket(pr, body, body_len);
+        break;
     case HS_MSG_BYE:
         if (hs_msg_unpack(HS_MSG_BYE, body, body_len, &m, why, sizeof(why)) == HS_OK) {
             hs_info("consumer says BYE: %s", ((Hsflow__Bye *)m)->reason);
@@ -523,7 +529,8 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
         pr->done = true;
         hs_tp_close(conn, HS_ERR_CLOSED);
         break;
-    default: fail(pr, HS_ERR_PROTO, "unexpected %s frame from the consumer", hs_msg_type_str(type));
+    default:
+        fail(pr, HS_ERR_PROTO, "unexpected %s frame from the consumer", hs_msg_type_str(type));
     }
 }
 
@@ -638,7 +645,8 @@ static void print_status(producer_t *pr)
         stall += w->stall_s;
     }
     uint32_t queued = 0;
-    for (ticket_t *t = pr->tickets; t; t = t->next) queued++;
+    for (ticket_t *t = pr->tickets; t; t = t->next)
+        queued++;
     pthread_mutex_unlock(&pr->lock);
     if (elapsed <= 0) return;
     hs_info("%llu batches | %.0f tok/s | %.2f batch/s | %.2f GB/s | tickets queued %u | worker "
@@ -669,8 +677,8 @@ static void print_summary(producer_t *pr)
             fprintf(f,
                     "    {\"worker\": %u, \"gpu\": %d, \"batches\": %llu, \"tokens\": %llu, "
                     "\"busy_pct\": %.2f, \"stall_pct\": %.2f}%s\n",
-                    i, w->gpu, (unsigned long long)w->batches, (unsigned long long)w->tokens,
-                    busy, stall, i + 1 < cfg->n_workers ? "," : "");
+                    i, w->gpu, (unsigned long long)w->batches, (unsigned long long)w->tokens, busy,
+                    stall, i + 1 < cfg->n_workers ? "," : "");
     }
     hs_info("done: %llu batches, %llu tokens in %.2f s (%.0f tokens/s)",
             (unsigned long long)batches, (unsigned long long)tokens, elapsed,
@@ -750,7 +758,8 @@ hs_status_t hs_producer_parse_devices(const char *s, hs_producer_config_t *cfg)
         if (hs_parse_u64(s + 4, &n) != HS_OK || n == 0 || n > HS_PRODUCER_MAX_WORKERS)
             return HS_ERR_INVALID;
         cfg->n_workers = (uint32_t)n;
-        for (uint32_t i = 0; i < n; i++) cfg->gpu_ids[i] = -1;
+        for (uint32_t i = 0; i < n; i++)
+            cfg->gpu_ids[i] = -1;
         return HS_OK;
     }
     int ids[HS_PRODUCER_MAX_WORKERS], cnt;
@@ -818,7 +827,8 @@ static hs_status_t load_model(producer_t *pr)
     hs_producer_config_t *cfg = &pr->config;
     hs_status_t st = hs_model_load(cfg->model_dir, &pr->model);
     if (st != HS_OK) return st;
-    if (!cfg->layout.hidden_size) cfg->layout.hidden_size = (uint32_t)hs_model_hidden_size(pr->model);
+    if (!cfg->layout.hidden_size)
+        cfg->layout.hidden_size = (uint32_t)hs_model_hidden_size(pr->model);
     if (cfg->dflash_layers > 0) {
         st = hs_model_dflash_layers(hs_model_num_layers(pr->model), cfg->dflash_layers,
                                     cfg->layout.layers, HS_MAX_LAYERS);
@@ -850,7 +860,8 @@ static void producer_free(producer_t *pr)
     }
     for (uint32_t i = 0; i < HS_PRODUCER_MAX_WORKERS; i++) {
         hs__gpu_worker_destroy(pr->workers[i].gpu_w); /* unpins staging first */
-        for (int k = 0; k < STAGING_PER_WORKER; k++) hs_aligned_free(pr->workers[i].staging[k].buf);
+        for (int k = 0; k < STAGING_PER_WORKER; k++)
+            hs_aligned_free(pr->workers[i].staging[k].buf);
         hs_checksum_stream_destroy(pr->workers[i].checksum);
     }
     hs_model_destroy(pr->model);
@@ -941,8 +952,8 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
             st = hs__gpu_worker_create(pr->model, w->gpu, cfg->token_budget, pr->max_batch_seqs,
                                        &cfg->layout, bufs, pr->max_batch_bytes, &w->gpu_w);
             if (st != HS_OK) goto err;
-            hs_info("worker %u on gpu %d: model replica and buffers for %u tokens ready", i,
-                    w->gpu, cfg->token_budget);
+            hs_info("worker %u on gpu %d: model replica and buffers for %u tokens ready", i, w->gpu,
+                    cfg->token_budget);
         }
     }
 
@@ -995,7 +1006,8 @@ static void *net_main(void *arg)
         }
     }
     /* Let BYE/ERROR and the last completions go out. */
-    for (int i = 0; i < 3 && pr->conn; i++) hs_tp_progress(pr->tp, 10);
+    for (int i = 0; i < 3 && pr->conn; i++)
+        hs_tp_progress(pr->tp, 10);
     pthread_mutex_lock(&pr->lock);
     pr->net_done = true;
     pthread_cond_broadcast(&pr->cond);
@@ -1023,7 +1035,8 @@ hs_status_t hs_producer_run(const hs_producer_config_t *config)
     pr->stop = true;
     pthread_cond_broadcast(&pr->cond);
     pthread_mutex_unlock(&pr->lock);
-    for (uint32_t i = 0; i < started; i++) pthread_join(pr->workers[i].thread, NULL);
+    for (uint32_t i = 0; i < started; i++)
+        pthread_join(pr->workers[i].thread, NULL);
     if (started) print_summary(pr);
     producer_free(pr);
     return st;
@@ -1154,8 +1167,8 @@ hs_status_code_t hs_producer_submit(hs_producer_t *pr, const hs_work_t *work)
     outgoing_t *o = calloc(1, sizeof(*o));
     if (!o) return HS_ERR_NOMEM;
     hs_batch_seal(st->buf, work->bytes);
-    o->t = (ticket_t){NULL, work->ticket, work->epoch, work->batch, work->n_seqs, work->n_tokens,
-                      work->bytes};
+    o->t = (ticket_t){NULL,         work->ticket,   work->epoch, work->batch,
+                      work->n_seqs, work->n_tokens, work->bytes};
     o->st = st;
     o->worker = 0;
     o->checksum = ((hs_batch_header_t *)st->buf)->checksum;

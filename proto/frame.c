@@ -14,9 +14,13 @@ static void put_u16(uint8_t *p, uint16_t v)
 }
 static void put_u32(uint8_t *p, uint32_t v)
 {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
-static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint16_t get_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
 static uint32_t get_u32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -24,8 +28,8 @@ static uint32_t get_u32(const uint8_t *p)
 
 const char *hs_msg_type_str(uint16_t type)
 {
-    static const char *names[] = {"?",     "HELLO", "AUTH",  "WELCOME", "TICKET",   "DONE",
-                                  "STATS", "ERROR", "BYE",   "PLAN",    "CHALLENGE"};
+    static const char *names[] = {"?",     "HELLO", "AUTH", "WELCOME", "TICKET",   "DONE",
+                                  "STATS", "ERROR", "BYE",  "PLAN",    "CHALLENGE"};
     return type <= HS_MSG_TYPE_MAX ? names[type] : "?";
 }
 
@@ -45,13 +49,16 @@ hs_status_t hs_frame_header_decode(const uint8_t in[HS_FRAME_HEADER_BYTES], uint
     hs_frame_header_t h = {get_u32(in), get_u16(in + 4), get_u16(in + 6), get_u32(in + 8),
                            get_u32(in + 12)};
     if (h.magic != HS_FRAME_MAGIC) {
-        snprintf(why, whycap, "bad frame magic 0x%08x (expected 0x%08x): peer is not an hsflow peer",
-                 h.magic, HS_FRAME_MAGIC);
+        snprintf(why, whycap,
+                 "bad frame magic 0x%08x (expected 0x%08x): peer is not an hsflow peer", h.magic,
+                 HS_FRAME_MAGIC);
         return HS_ERR_FORMAT;
     }
     if (h.version != HS_PROTO_VERSION) {
-        snprintf(why, whycap, "protocol version %u, this side speaks %u: run the same hsflow release on both sides",
-                 h.version, HS_PROTO_VERSION);
+        snprintf(
+            why, whycap,
+            "protocol version %u, this side speaks %u: run the same hsflow release on both sides",
+            h.version, HS_PROTO_VERSION);
         return HS_ERR_MISMATCH;
     }
     if (h.type == 0 || h.type > HS_MSG_TYPE_MAX) {
@@ -72,7 +79,8 @@ hs_status_t hs_frame_body_check(const hs_frame_header_t *h, const void *body, ch
 {
     uint32_t crc = hs_crc32c(0, body, h->body_len);
     if (crc != h->body_crc) {
-        snprintf(why, whycap, "%s frame body crc32c 0x%08x, header says 0x%08x: corrupted in transit",
+        snprintf(why, whycap,
+                 "%s frame body crc32c 0x%08x, header says 0x%08x: corrupted in transit",
                  hs_msg_type_str(h->type), crc, h->body_crc);
         return HS_ERR_CHECKSUM;
     }
