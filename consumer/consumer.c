@@ -101,6 +101,7 @@ static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
     w.epochs = c->cfg.epochs;
     w.need_plan = need_plan;
     w.order = (uint32_t)c->cfg.order;
+    w.start_epoch = c->journal ? hs_journal_start_epoch(c->journal) : 0;
     w.consumer_name = c->name;
     if (c->have_secret) {
         hs_auth_consumer_mac(&c->key, p->client_nonce, p->server_nonce, mac);
@@ -147,6 +148,15 @@ static void peer_admit(hs_consumer_t *c, peer_t *p)
             return;
         }
     } else {
+        if (c->journal) {
+            char why[512];
+            hs_status_t st = hs_journal_bind(c->journal, o->plan_hash, o->n_batches,
+                                             c->cfg.epochs, why, sizeof(why));
+            if (st != HS_OK) {
+                peer_drop(c, p, st, "%s", why);
+                return;
+            }
+        }
         c->layout = o->layout;
         c->plan_hash = o->plan_hash;
         c->n_batches = o->n_batches;
@@ -272,6 +282,32 @@ static void plan_complete(hs_consumer_t *c)
     sc.epochs = c->cfg.epochs;
     sc.seed = c->seed;
     sc.order = c->cfg.order == HS_ORDER_PLAN ? HS_SCHED_PLAN : HS_SCHED_ARRIVAL;
+    uint64_t resumed = 0;
+    if (c->journal) {
+        sc.start_epoch = hs_journal_start_epoch(c->journal);
+        sc.resume_done = hs_journal_done(c->journal);
+        resumed = hs_journal_count(c->journal);
+        if (sc.start_epoch >= sc.epochs) {
+            hs_info("the journal says every batch of the %u epoch(s) was already released: "
+                    "nothing left to do",
+                    sc.epochs);
+            pthread_mutex_lock(&c->lock);
+            c->batches_resumed = resumed;
+            c->t_start = hs_now_s();
+            c->finished = true;
+            pthread_mutex_unlock(&c->lock);
+            pthread_cond_broadcast(&c->cond);
+            c->all_queued = true;
+            for (peer_t *p = c->peers; p; p = p->next) {
+                Hsflow__Bye b = HSFLOW__BYE__INIT;
+                b.reason = "the run is over (journal)";
+                peer_send_msg(c, p, HS_MSG_BYE, &b.base);
+            }
+            return;
+        }
+        hs_info("resuming from the journal: epoch %u, %llu batch(es) already released",
+                sc.start_epoch, (unsigned long long)resumed);
+    }
     hs_status_t st = hs_sched_create(&sc, &c->sched);
     if (st != HS_OK) {
         snprintf(c->fatal, sizeof(c->fatal), "scheduler: %s", hs_status_str(st));
@@ -280,7 +316,8 @@ static void plan_complete(hs_consumer_t *c)
     }
     pthread_mutex_lock(&c->lock);
     c->max_batch_bytes = max_bytes;
-    c->batches_planned = (uint64_t)c->n_batches * c->cfg.epochs;
+    c->batches_planned = (uint64_t)c->n_batches * c->cfg.epochs - resumed;
+    c->batches_resumed = resumed;
     c->t_start = hs_now_s();
     pthread_mutex_unlock(&c->lock);
     hs_info("plan complete: %u batches/epoch x %u epochs, %.1f MiB max batch, %llu tokens/epoch",
@@ -854,6 +891,10 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     hs_cache_config_t cc = {.capacity = cfg->cache_bytes,
                             .flags = cfg->gpu >= 0 ? HS_CACHE_PIN_CUDA : 0,
                             .cuda_device = cfg->gpu};
+    if (cfg->journal) {
+        st = hs_journal_open(cfg->journal, &c->journal);
+        if (st != HS_OK) goto err_free;
+    }
     st = hs_cache_create_ex(&cc, &c->cache);
     if (st != HS_OK) {
         hs_error("consumer: cannot map a cache of %llu bytes: %s",
@@ -915,6 +956,7 @@ err_tp:
 err_cache:
     hs_cache_destroy(c->cache);
 err_free:
+    hs_journal_close(c->journal);
     hs__loader_destroy(c->loader);
     free(c);
     return st;
@@ -1100,6 +1142,8 @@ hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout
 
 hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
 {
+    /* The trainer is done with it: record that first. */
+    if (c->journal) hs_journal_append(c->journal, batch->epoch, batch->batch);
     if (c->loader) {
         /* The host slot went back when its copy finished; this only ends the
          * trainer's use of the device buffer. */
@@ -1128,6 +1172,7 @@ void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
     hs_cache_stats(c->cache, &cs);
     pthread_mutex_lock(&c->lock);
     s->batches_planned = c->batches_planned;
+    s->batches_resumed = c->batches_resumed;
     s->batches_delivered = c->batches_delivered;
     s->checksum_failures = c->checksum_failures;
     s->bytes_received = c->bytes_received;
@@ -1177,7 +1222,8 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
     double secs = s->seconds > 0 ? s->seconds : 1e-9;
     return snprintf(
         buf, cap,
-        "{\n  \"batches_planned\": %llu,\n  \"batches_delivered\": %llu,\n"
+        "{\n  \"batches_planned\": %llu,\n  \"batches_resumed\": %llu,\n"
+        "  \"batches_delivered\": %llu,\n"
         "  \"duplicates\": %llu,\n  \"checksum_failures\": %llu,\n"
         "  \"protocol_errors\": %llu,\n  \"bytes\": %llu,\n  \"tokens\": %llu,\n"
         "  \"seconds\": %.3f,\n  \"tokens_per_s\": %.1f,\n  \"batches_per_s\": %.3f,\n"
@@ -1188,7 +1234,8 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         "  \"cache_ready_bytes\": %llu,\n  \"cache_prepare_s\": %.3f,\n"
         "  \"starve_pct\": %.2f,\n  \"producer_stall_pct\": %.2f,\n"
         "  \"h2d_bytes\": %llu,\n  \"h2d_gbytes_per_s\": %.3f,\n  \"complete\": %s\n}\n",
-        (unsigned long long)s->batches_planned, (unsigned long long)s->batches_delivered,
+        (unsigned long long)s->batches_planned, (unsigned long long)s->batches_resumed,
+        (unsigned long long)s->batches_delivered,
         (unsigned long long)s->duplicates, (unsigned long long)s->checksum_failures,
         (unsigned long long)s->protocol_errors, (unsigned long long)s->bytes_received,
         (unsigned long long)s->tokens_delivered, s->seconds, (double)s->tokens_delivered / secs,
@@ -1199,7 +1246,9 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         (unsigned long long)s->tickets_out, (unsigned long long)s->producers_connected,
         (unsigned long long)s->cache_ready_bytes, s->cache_prepare_s, s->starve_pct,
         s->producer_stall_pct, (unsigned long long)s->h2d_bytes, s->h2d_gbytes_per_s,
-        s->batches_planned && s->batches_delivered == s->batches_planned ? "true" : "false");
+        (s->batches_planned || s->batches_resumed) && s->batches_delivered == s->batches_planned
+            ? "true"
+            : "false");
 }
 
 void hs_consumer_destroy(hs_consumer_t *c)
@@ -1239,6 +1288,7 @@ void hs_consumer_destroy(hs_consumer_t *c)
     }
     hs_sched_destroy(c->sched);
     hs_cache_destroy(c->cache);
+    hs_journal_close(c->journal);
     hs_auth_key_clear(&c->key);
     free(c->plan_nseqs);
     free(c->plan_ntokens);

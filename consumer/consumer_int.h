@@ -14,6 +14,7 @@
 #include "sched_int.h"
 #include "gpu_loader_int.h"
 #include "metrics_int.h"
+#include "journal_int.h"
 
 typedef enum {
     PEER_NEW,          /* waiting for HELLO */
@@ -132,6 +133,8 @@ struct hs_consumer {
     /* GPU delivery (trainer's thread only) */
     hs__loader_t *loader;
     hs_metrics_t *metrics;
+    hs_journal_t *journal; /* resume journal, or NULL */
+    uint64_t batches_resumed;
     gpu_slot_t gpu_slot[2];
     gpu_copy_done_t gpu_done[HS_GPU_DONE_RING];
     uint32_t gpu_done_next;

@@ -317,7 +317,16 @@ hs_status_t hs_sched_create(const hs_sched_config_t *cfg, hs_sched_t **out)
     if (s->n_tokens) memcpy(s->n_tokens, cfg->n_tokens, n * sizeof *s->n_tokens);
 
     s->planned = n_items;
-    if (cfg->start_done) {
+    if (cfg->resume_done) {
+        for (uint32_t e = cfg->start_epoch; e < cfg->epochs; e++)
+            for (uint32_t b = 0; b < n; b++) {
+                uint64_t i = (uint64_t)(e - cfg->start_epoch) * n + b;
+                if (cfg->resume_done[i / 8] >> (i % 8) & 1) {
+                    sched_done_set(s, e, b);
+                    s->planned--;
+                }
+            }
+    } else if (cfg->start_done) {
         for (uint32_t b = 0; b < n; b++) {
             if (cfg->start_done[b / 8] >> (b % 8) & 1) {
                 sched_done_set(s, cfg->start_epoch, b);

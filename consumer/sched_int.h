@@ -58,6 +58,10 @@ typedef struct {
     /* resume: bitmap over the batch ids of start_epoch already delivered
      * (bit b of byte b/8), or NULL for none */
     const uint8_t *start_done;
+    /* resume from a journal: bitmap over (epoch - start_epoch) * n_batches +
+     * batch for every epoch from start_epoch on (bit i of byte i/8), or NULL.
+     * Used instead of start_done when set. */
+    const uint8_t *resume_done;
 } hs_sched_config_t;
 
 typedef enum {

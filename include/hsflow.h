@@ -58,6 +58,7 @@ typedef struct {
     const char *net_devices; /* UCX: device list for UCX_NET_DEVICES; NULL = UCX's choice */
     bool require_rdma;       /* UCX: refuse connections without an RDMA lane */
     const char *metrics;     /* "HOST:PORT": Prometheus /metrics there; NULL = off */
+    const char *journal;     /* resume journal file; NULL = off */
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */
@@ -81,7 +82,8 @@ typedef struct {
 } hs_batch_t;
 
 typedef struct {
-    uint64_t batches_planned; /* over all epochs; 0 until the plan is known */
+    uint64_t batches_planned; /* to deliver in this run, all epochs; 0 until the plan is known */
+    uint64_t batches_resumed; /* skipped: released in an earlier run (journal) */
     uint64_t batches_delivered;
     uint64_t duplicates;
     uint64_t checksum_failures;

@@ -40,6 +40,7 @@ class ConsumerConfig(ctypes.Structure):
         ("net_devices", ctypes.c_char_p),
         ("require_rdma", ctypes.c_bool),
         ("metrics", ctypes.c_char_p),
+        ("journal", ctypes.c_char_p),
     ]
 
 
@@ -68,7 +69,7 @@ class CBatch(ctypes.Structure):
 class ConsumerStats(ctypes.Structure):
     """hs_consumer_stats_t."""
     _fields_ = [(n, _c_u64) for n in (
-        "batches_planned", "batches_delivered", "duplicates", "checksum_failures",
+        "batches_planned", "batches_resumed", "batches_delivered", "duplicates", "checksum_failures",
         "protocol_errors", "producers_connected", "producers_seen", "producers_dropped",
         "bytes_received", "tokens_delivered", "tickets_out", "leases_returned",
         "cache_capacity", "cache_used", "cache_high_water", "cache_ready_bytes")] + [

@@ -1,6 +1,7 @@
 """hsflow.Consumer: the drafter side. Listens for producers, hands out tickets,
 and yields verified batches as zero-copy arrays over the consumer's memory."""
 import ctypes
+import os
 import json
 import threading
 
@@ -138,7 +139,7 @@ class Consumer:
     def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
                  order="arrival", prefetch=2, verify_synthetic=False, secret_file=None,
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
-                 arrays="auto", metrics=None):
+                 arrays="auto", metrics=None, journal=None):
         self._c = None
         lib = load()
         host, port = _parse_listen(listen)
@@ -168,7 +169,8 @@ class Consumer:
                              "e.g. '0.0.0.0:9400'" % (metrics,))
         self._keep = [host.encode(), transport.encode(),
                       secret_file.encode() if secret_file else None,
-                      metrics.encode() if metrics else None]
+                      metrics.encode() if metrics else None,
+                      os.fsencode(journal) if journal else None]
         cfg.listen_host = self._keep[0]
         cfg.listen_port = port
         cfg.cache_bytes = int(cache_gb * (1 << 30))
@@ -183,6 +185,7 @@ class Consumer:
         cfg.verify_threads = int(verify_threads)
         cfg.peer_timeout_s = int(peer_timeout_s)
         cfg.metrics = self._keep[3]
+        cfg.journal = self._keep[4]
         h = ctypes.c_void_p()
         st = lib.hs_consumer_create(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK:

@@ -1,0 +1,204 @@
+/* journal.c - the resume journal; see journal_int.h. */
+#include "journal_int.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct hs_journal {
+    FILE *f;
+    char path[512];
+    bool has_header, bound;
+    uint64_t plan_hash;
+    uint32_t n_batches, epochs, start_epoch;
+    uint64_t (*entries)[2]; /* (epoch, batch) read at open */
+    size_t n_entries, cap_entries;
+    uint8_t *done; /* after bind: bitmap from start_epoch on */
+    uint64_t count;
+    double t_sync;
+};
+
+static hs_status_t read_existing(hs_journal_t *j, FILE *f)
+{
+    char line[256];
+    unsigned long lineno = 0;
+    while (fgets(line, sizeof(line), f)) {
+        lineno++;
+        size_t len = strlen(line);
+        bool complete = len && line[len - 1] == '\n';
+        if (!complete) {
+            if (!feof(f)) {
+                hs_error("journal %s:%lu: line too long; this is not an hsflow journal", j->path,
+                         lineno);
+                return HS_ERR_FORMAT;
+            }
+            hs_warn("journal %s:%lu: last line cut short (a crash while writing?); ignoring it",
+                    j->path, lineno);
+            break;
+        }
+        if (lineno == 1) {
+            unsigned long long plan;
+            unsigned batches;
+            int version;
+            if (sscanf(line, "hsflow-journal %d plan=%16llx batches=%u", &version, &plan,
+                       &batches) != 3 ||
+                version != 1 || batches == 0) {
+                hs_error("journal %s:1: not an hsflow journal header (expected \"hsflow-journal 1 "
+                         "plan=... batches=...\"); move the file away or give another --journal",
+                         j->path);
+                return HS_ERR_FORMAT;
+            }
+            j->has_header = true;
+            j->plan_hash = plan;
+            j->n_batches = batches;
+            continue;
+        }
+        unsigned long e, b;
+        char *end;
+        errno = 0;
+        e = strtoul(line, &end, 10);
+        char *p = end;
+        b = strtoul(p, &end, 10);
+        if (errno || end == p || (*end != '\n') || e > 1000000 || b >= j->n_batches) {
+            hs_error("journal %s:%lu: expected \"<epoch> <batch>\" with batch < %u, got \"%.*s\"",
+                     j->path, lineno, j->n_batches, (int)(len - 1), line);
+            return HS_ERR_FORMAT;
+        }
+        if (j->n_entries == j->cap_entries) {
+            size_t ncap = j->cap_entries ? j->cap_entries * 2 : 1024;
+            void *n = realloc(j->entries, ncap * sizeof(*j->entries));
+            if (!n) return HS_ERR_NOMEM;
+            j->entries = n;
+            j->cap_entries = ncap;
+        }
+        j->entries[j->n_entries][0] = e;
+        j->entries[j->n_entries][1] = b;
+        j->n_entries++;
+    }
+    return HS_OK;
+}
+
+hs_status_t hs_journal_open(const char *path, hs_journal_t **out)
+{
+    hs_journal_t *j = calloc(1, sizeof(*j));
+    if (!j) return HS_ERR_NOMEM;
+    snprintf(j->path, sizeof(j->path), "%s", path);
+    hs_status_t st = HS_OK;
+    FILE *r = fopen(path, "r");
+    if (r) {
+        st = read_existing(j, r);
+        fclose(r);
+        if (st != HS_OK) goto err;
+    } else if (errno != ENOENT) {
+        hs_error("journal %s: cannot read it: %m", path);
+        st = HS_ERR_IO;
+        goto err;
+    }
+    j->f = fopen(path, "a");
+    if (!j->f) {
+        hs_error("journal %s: cannot open it for appending: %m", path);
+        st = HS_ERR_IO;
+        goto err;
+    }
+    if (j->has_header)
+        hs_info("journal %s: %zu released batch(es) of plan %016" PRIx64 " to skip", path,
+                j->n_entries, j->plan_hash);
+    *out = j;
+    return HS_OK;
+err:
+    free(j->entries);
+    free(j);
+    return st;
+}
+
+void hs_journal_close(hs_journal_t *j)
+{
+    if (!j) return;
+    if (j->f) {
+        fflush(j->f);
+        fdatasync(fileno(j->f));
+        fclose(j->f);
+    }
+    free(j->entries);
+    free(j->done);
+    free(j);
+}
+
+hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batches,
+                            uint32_t epochs, char *why, size_t whycap)
+{
+    if (j->has_header && (j->plan_hash != plan_hash || j->n_batches != n_batches)) {
+        snprintf(why, whycap,
+                 "journal %s was written for plan %016" PRIx64 " (%u batches/epoch), the producer "
+                 "offers plan %016" PRIx64 " (%u): start the producers with that run's data and "
+                 "flags, or move the journal away to start afresh",
+                 j->path, j->plan_hash, j->n_batches, plan_hash, n_batches);
+        return HS_ERR_MISMATCH;
+    }
+    uint64_t *per_epoch = calloc(epochs, sizeof(uint64_t));
+    if (!per_epoch) return HS_ERR_NOMEM;
+    for (size_t i = 0; i < j->n_entries; i++) {
+        if (j->entries[i][0] >= epochs) {
+            snprintf(why, whycap, "journal %s has a batch of epoch %" PRIu64 ", this run has %u "
+                     "epoch(s): give --epochs %" PRIu64 " or more", j->path, j->entries[i][0],
+                     epochs, j->entries[i][0] + 1);
+            free(per_epoch);
+            return HS_ERR_MISMATCH;
+        }
+        per_epoch[j->entries[i][0]]++;
+    }
+    uint32_t start = 0;
+    while (start < epochs && per_epoch[start] >= n_batches) start++;
+    free(per_epoch);
+    uint64_t bits = (uint64_t)(epochs - start) * n_batches;
+    free(j->done);
+    j->done = calloc(bits / 8 + 1, 1);
+    if (!j->done) return HS_ERR_NOMEM;
+    j->count = 0;
+    for (size_t i = 0; i < j->n_entries; i++) {
+        uint64_t e = j->entries[i][0], b = j->entries[i][1];
+        if (e < start) {
+            j->count++;
+            continue;
+        }
+        uint64_t bit = (e - start) * n_batches + b;
+        if (!(j->done[bit / 8] >> (bit % 8) & 1)) {
+            j->done[bit / 8] |= (uint8_t)(1u << (bit % 8));
+            j->count++;
+        }
+    }
+    if (!j->has_header) {
+        fprintf(j->f, "hsflow-journal 1 plan=%016" PRIx64 " batches=%u\n", plan_hash, n_batches);
+        fflush(j->f);
+        j->has_header = true;
+        j->plan_hash = plan_hash;
+        j->n_batches = n_batches;
+    }
+    j->start_epoch = start;
+    j->epochs = epochs;
+    j->bound = true;
+    return HS_OK;
+}
+
+uint32_t hs_journal_start_epoch(const hs_journal_t *j) { return j->start_epoch; }
+uint64_t hs_journal_count(const hs_journal_t *j) { return j->count; }
+const uint8_t *hs_journal_done(const hs_journal_t *j) { return j->done; }
+
+hs_status_t hs_journal_append(hs_journal_t *j, uint32_t epoch, uint32_t batch)
+{
+    if (!j->bound) return HS_ERR_INVALID;
+    if (fprintf(j->f, "%u %u\n", epoch, batch) < 0 || fflush(j->f) != 0) {
+        hs_error("journal %s: write failed: %m (the run goes on; a restart may repeat batches)",
+                 j->path);
+        return HS_ERR_IO;
+    }
+    double now = hs_now_s();
+    if (now - j->t_sync >= 1.0) {
+        fdatasync(fileno(j->f));
+        j->t_sync = now;
+    }
+    return HS_OK;
+}

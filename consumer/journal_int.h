@@ -1,0 +1,40 @@
+/* journal_int.h - the consumer's resume journal (DESIGN §2 "Resume"): one
+ * line per batch the trainer has released, so a restarted consumer skips
+ * them and resumes each epoch where the trainer left it.
+ *
+ *   hsflow-journal 1 plan=<16 hex digits> batches=<per epoch>
+ *   <epoch> <batch id>
+ *   ...
+ *
+ * Lines are appended and flushed one by one (a consumer or trainer crash
+ * loses nothing released before it); the file is synced to disk at most
+ * once a second. Ownership: the journal owns its file and its bitmap. */
+#ifndef HS_JOURNAL_INT_H
+#define HS_JOURNAL_INT_H
+
+#include "hs_common.h"
+
+typedef struct hs_journal hs_journal_t;
+
+/* Opens the journal at `path`, creating it if missing; reads and checks
+ * every entry (a malformed line is an error naming file:line; a last line
+ * cut short by a crash is dropped with a warning). */
+hs_status_t hs_journal_open(const char *path, hs_journal_t **out);
+void hs_journal_close(hs_journal_t *j); /* NULL ok */
+
+/* Ties the journal to the run: a new journal gets its header; an existing
+ * one must have been written for the same plan (HS_ERR_MISMATCH, with both
+ * plan hashes in why) and its entries must fit `epochs`. */
+hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batches,
+                            uint32_t epochs, char *why, size_t whycap);
+/* After bind: the first epoch with a batch not yet released (== epochs when
+ * the run is complete), the number of released batches, and a bitmap of the
+ * released ones over (epoch - start_epoch) * n_batches + batch. */
+uint32_t hs_journal_start_epoch(const hs_journal_t *j);
+uint64_t hs_journal_count(const hs_journal_t *j);
+const uint8_t *hs_journal_done(const hs_journal_t *j);
+
+/* Records a released batch (after bind). */
+hs_status_t hs_journal_append(hs_journal_t *j, uint32_t epoch, uint32_t batch);
+
+#endif /* HS_JOURNAL_INT_H */
