@@ -31,7 +31,7 @@ SHAPES = {"golden": None, "odd": [1, 33, 64, 65, 130], "long": [300]}
 
 def bin_env():
     """Environment for hsflow's binaries: HS_LD_LIBRARY_PATH (the runtime
-    libraries they need, e.g. .device/ on the GPU machine) goes in front of
+    libraries they need, e.g. a bundled sysroot on a host without them) goes in front of
     LD_LIBRARY_PATH for them only, not for torch in this process."""
     env = dict(os.environ)
     extra = os.environ.get("HS_LD_LIBRARY_PATH")
