@@ -23,6 +23,13 @@ extern "C" {
 
 typedef struct hs_tp_ops hs_tp_ops_t;
 
+/* Fault injection for tests (fault.c, HS_FAULT): wraps the callbacks. */
+typedef struct hs__tp_fault hs__tp_fault_t;
+hs_status_t hs__tp_fault_wrap(hs_tp_callbacks_t *cb, void **arg, hs__tp_fault_t **out);
+void hs__tp_fault_note_recv(hs__tp_fault_t *f, hs_tp_conn_t *conn, void *dest, uint64_t bytes,
+                            uint64_t cookie);
+void hs__tp_fault_free(hs__tp_fault_t *f);
+
 /* Common head of every backend's transport object. */
 struct hs_tp {
     const hs_tp_ops_t *ops;
@@ -30,6 +37,7 @@ struct hs_tp {
     hs_tp_callbacks_t cb;
     void *arg;
     char *net_devices; /* owned copy of cfg->net_devices, or NULL */
+    hs__tp_fault_t *fault; /* HS_FAULT in effect, or NULL */
 };
 
 /* Common head of every backend's connection object. */

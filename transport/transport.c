@@ -114,6 +114,11 @@ hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb,
     tp->cb = *cb;
     tp->arg = arg;
     tp->net_devices = nd;
+    st = hs__tp_fault_wrap(&tp->cb, &tp->arg, &tp->fault);
+    if (st != HS_OK) {
+        hs_tp_destroy(tp);
+        return st;
+    }
     *out = tp;
     return HS_OK;
 }
@@ -122,8 +127,10 @@ void hs_tp_destroy(hs_tp_t *tp)
 {
     if (!tp) return;
     char *nd = tp->net_devices;
-    tp->ops->destroy(tp);
+    hs__tp_fault_t *f = tp->fault;
+    tp->ops->destroy(tp); /* callbacks may still run through the fault layer */
     free(nd);
+    hs__tp_fault_free(f);
 }
 
 hs_status_t hs_tp_listen(hs_tp_t *tp, const char *host, uint16_t port, uint16_t *bound_port)
@@ -195,6 +202,7 @@ hs_status_t hs_tp_send_payload(hs_tp_conn_t *conn, const void *frame, size_t fra
 hs_status_t hs_tp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie)
 {
     if (!conn || !dest || bytes == 0) return HS_ERR_INVALID;
+    if (conn->tp->fault) hs__tp_fault_note_recv(conn->tp->fault, conn, dest, bytes, cookie);
     return conn->tp->ops->recv_payload(conn, dest, bytes, cookie);
 }
 
