@@ -150,8 +150,8 @@ static void peer_admit(hs_consumer_t *c, peer_t *p)
     } else {
         if (c->journal) {
             char why[512];
-            hs_status_t st = hs_journal_bind(c->journal, o->plan_hash, o->n_batches,
-                                             c->cfg.epochs, why, sizeof(why));
+            hs_status_t st = hs_journal_bind(c->journal, o->plan_hash, o->n_batches, c->cfg.epochs,
+                                             why, sizeof(why));
             if (st != HS_OK) {
                 peer_drop(c, p, st, "%s", why);
                 return;
@@ -1235,17 +1235,17 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         "  \"starve_pct\": %.2f,\n  \"producer_stall_pct\": %.2f,\n"
         "  \"h2d_bytes\": %llu,\n  \"h2d_gbytes_per_s\": %.3f,\n  \"complete\": %s\n}\n",
         (unsigned long long)s->batches_planned, (unsigned long long)s->batches_resumed,
-        (unsigned long long)s->batches_delivered,
-        (unsigned long long)s->duplicates, (unsigned long long)s->checksum_failures,
-        (unsigned long long)s->protocol_errors, (unsigned long long)s->bytes_received,
-        (unsigned long long)s->tokens_delivered, s->seconds, (double)s->tokens_delivered / secs,
-        (double)s->batches_delivered / secs, (double)s->bytes_received / secs / 1e9, s->epochs,
-        (unsigned long long)s->producers_seen, (unsigned long long)s->producers_dropped,
-        (unsigned long long)s->leases_returned, (unsigned long long)s->cache_capacity,
-        (unsigned long long)s->cache_used, (unsigned long long)s->cache_high_water,
-        (unsigned long long)s->tickets_out, (unsigned long long)s->producers_connected,
-        (unsigned long long)s->cache_ready_bytes, s->cache_prepare_s, s->starve_pct,
-        s->producer_stall_pct, (unsigned long long)s->h2d_bytes, s->h2d_gbytes_per_s,
+        (unsigned long long)s->batches_delivered, (unsigned long long)s->duplicates,
+        (unsigned long long)s->checksum_failures, (unsigned long long)s->protocol_errors,
+        (unsigned long long)s->bytes_received, (unsigned long long)s->tokens_delivered, s->seconds,
+        (double)s->tokens_delivered / secs, (double)s->batches_delivered / secs,
+        (double)s->bytes_received / secs / 1e9, s->epochs, (unsigned long long)s->producers_seen,
+        (unsigned long long)s->producers_dropped, (unsigned long long)s->leases_returned,
+        (unsigned long long)s->cache_capacity, (unsigned long long)s->cache_used,
+        (unsigned long long)s->cache_high_water, (unsigned long long)s->tickets_out,
+        (unsigned long long)s->producers_connected, (unsigned long long)s->cache_ready_bytes,
+        s->cache_prepare_s, s->starve_pct, s->producer_stall_pct, (unsigned long long)s->h2d_bytes,
+        s->h2d_gbytes_per_s,
         (s->batches_planned || s->batches_resumed) && s->batches_delivered == s->batches_planned
             ? "true"
             : "false");

@@ -142,16 +142,18 @@ hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batc
     if (!per_epoch) return HS_ERR_NOMEM;
     for (size_t i = 0; i < j->n_entries; i++) {
         if (j->entries[i][0] >= epochs) {
-            snprintf(why, whycap, "journal %s has a batch of epoch %" PRIu64 ", this run has %u "
-                     "epoch(s): give --epochs %" PRIu64 " or more", j->path, j->entries[i][0],
-                     epochs, j->entries[i][0] + 1);
+            snprintf(why, whycap,
+                     "journal %s has a batch of epoch %" PRIu64 ", this run has %u "
+                     "epoch(s): give --epochs %" PRIu64 " or more",
+                     j->path, j->entries[i][0], epochs, j->entries[i][0] + 1);
             free(per_epoch);
             return HS_ERR_MISMATCH;
         }
         per_epoch[j->entries[i][0]]++;
     }
     uint32_t start = 0;
-    while (start < epochs && per_epoch[start] >= n_batches) start++;
+    while (start < epochs && per_epoch[start] >= n_batches)
+        start++;
     free(per_epoch);
     uint64_t bits = (uint64_t)(epochs - start) * n_batches;
     free(j->done);
@@ -183,9 +185,18 @@ hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batc
     return HS_OK;
 }
 
-uint32_t hs_journal_start_epoch(const hs_journal_t *j) { return j->start_epoch; }
-uint64_t hs_journal_count(const hs_journal_t *j) { return j->count; }
-const uint8_t *hs_journal_done(const hs_journal_t *j) { return j->done; }
+uint32_t hs_journal_start_epoch(const hs_journal_t *j)
+{
+    return j->start_epoch;
+}
+uint64_t hs_journal_count(const hs_journal_t *j)
+{
+    return j->count;
+}
+const uint8_t *hs_journal_done(const hs_journal_t *j)
+{
+    return j->done;
+}
 
 hs_status_t hs_journal_append(hs_journal_t *j, uint32_t epoch, uint32_t batch)
 {

@@ -41,6 +41,8 @@ typedef struct {
     const char *net_devices; /* UCX_NET_DEVICES list; NULL = UCX's choice */
     bool require_rdma;       /* refuse to run without an RDMA lane */
     uint32_t connect_timeout_s;
+    bool reconnect;           /* when the consumer goes away mid-run, connect again (for up to
+                               * connect_timeout_s) instead of exiting */
     const char *summary_json; /* NULL = none */
     const char *name;         /* identity in logs; NULL = host:pid */
 } hs_producer_config_t;

@@ -51,6 +51,8 @@ static const char usage[] =
     "  --list-devices         print RDMA devices, ports, link state and speed, and the NIC\n"
     "                         nearest each GPU, then exit\n"
     "  --connect-timeout S    seconds to keep trying to reach the consumer (default 30)\n"
+    "  --reconnect            when the consumer goes away mid-run, connect again (for up to\n"
+    "                         --connect-timeout) and carry on with a restarted consumer\n"
     "  --summary-json FILE    write this producer's summary as JSON\n"
     "  --name NAME            identity in the consumer's logs (default host:pid)\n"
     "  -h, --help             this text\n"
@@ -86,6 +88,7 @@ enum {
     OPT_NIC,
     OPT_REQUIRE_RDMA,
     OPT_LIST_DEVICES,
+    OPT_RECONNECT,
 };
 
 static const struct option long_options[] = {
@@ -108,6 +111,7 @@ static const struct option long_options[] = {
     {"summary-json", required_argument, NULL, OPT_SUMMARY},
     {"name", required_argument, NULL, OPT_NAME},
     {"preflight", no_argument, NULL, OPT_PREFLIGHT},
+    {"reconnect", no_argument, NULL, OPT_RECONNECT},
     {"nic", required_argument, NULL, OPT_NIC},
     {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
     {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
@@ -232,6 +236,9 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         return 0;
     case OPT_PREFLIGHT:
         o->preflight = true;
+        return 0;
+    case OPT_RECONNECT:
+        c->reconnect = true;
         return 0;
     case OPT_NIC:
         if (!arg[0]) return bad("nic", arg, from, "expected auto or NAME[:PORT], e.g. mlx5_0:1");

@@ -30,6 +30,7 @@ typedef struct ticket {
     uint64_t id;
     uint32_t epoch, batch, n_seqs, n_tokens;
     uint64_t bytes;
+    uint32_t gen; /* connection generation the ticket came from */
 } ticket_t;
 
 typedef struct hs_producer producer_t;
@@ -38,6 +39,7 @@ typedef struct staging {
     uint8_t *buf;
     bool busy;     /* filled and waiting for / on the wire */
     double t_send; /* when it was handed to the transport (trace timing) */
+    uint32_t gen;  /* external source: generation of the ticket it holds */
     struct worker *owner;
 } staging_t;
 
@@ -91,6 +93,9 @@ struct hs_producer {
     outgoing_t *outbox; /* filled batches for the network thread */
     bool stop;
     bool net_done;                /* the network loop has ended */
+    bool lost;                    /* connection gone, --reconnect pending */
+    uint32_t gen;                 /* connection generation, see ticket_t */
+    char host[256];               /* consumer host */
     _Atomic bool close_requested; /* hs_producer_close() before the end */
     bool net_started;
     pthread_t net_thread;
@@ -444,7 +449,7 @@ static void on_welcome(producer_t *pr, const uint8_t *body, uint32_t len)
     pr->welcomed = true;
     if (need_plan) send_plan(pr);
     pthread_mutex_lock(&pr->lock);
-    pr->t_start = hs_now_s();
+    if (pr->t_start == 0) pr->t_start = hs_now_s();
     pthread_mutex_unlock(&pr->lock);
 }
 
@@ -474,7 +479,7 @@ static void on_ticket(producer_t *pr, const uint8_t *body, uint32_t len)
             fail(pr, HS_ERR_NOMEM, "out of memory");
         } else {
             *q = (ticket_t){NULL,      t->ticket_id, t->epoch, t->batch,
-                            t->n_seqs, t->n_tokens,  t->bytes};
+                            t->n_seqs, t->n_tokens,  t->bytes, pr->gen};
             pthread_mutex_lock(&pr->lock);
             if (pr->tickets_tail)
                 pr->tickets_tail->next = q;
@@ -539,7 +544,11 @@ static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const ch
     producer_t *pr = arg;
     (void)conn;
     pr->conn = NULL;
-    if (!pr->done) {
+    if (!pr->done && pr->cfg->reconnect) {
+        hs_warn("lost the consumer (%s); reconnecting for up to %u s",
+                why && *why ? why : hs_status_str(reason), pr->cfg->connect_timeout_s);
+        pr->lost = true;
+    } else if (!pr->done) {
         hs_error("lost the consumer: %s", why && *why ? why : hs_status_str(reason));
         pr->result = HS_ERR_CLOSED;
         pr->done = true;
@@ -583,7 +592,8 @@ static void flush_outbox(producer_t *pr)
         o = rev;
         rev = o->next;
         hs_status_t st = HS_ERR_CLOSED;
-        if (pr->conn) {
+        /* A batch ticketed by an earlier connection is of no use to this one. */
+        if (pr->conn && o->t.gen == pr->gen) {
             Hsflow__Done d = HSFLOW__DONE__INIT;
             size_t len;
             d.ticket_id = o->t.id;
@@ -957,7 +967,8 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
         }
     }
 
-    st = hs_tp_connect(pr->tp, cfg->to_host, cfg->to_port, (int)cfg->connect_timeout_s * 1000,
+    snprintf(pr->host, sizeof(pr->host), "%s", cfg->to_host);
+    st = hs_tp_connect(pr->tp, pr->host, cfg->to_port, (int)cfg->connect_timeout_s * 1000,
                        &pr->conn);
     if (st != HS_OK) {
         hs_error("cannot reach the consumer at %s:%u within %u s: is hs-consumer running there?",
@@ -976,6 +987,35 @@ err:
     return st;
 }
 
+/* --reconnect: drops the tickets of the lost connection (a batch being
+ * computed for one is discarded when done), connects again and repeats the
+ * handshake; a restarted consumer (with its journal) then tickets anew. */
+static void reconnect(producer_t *pr)
+{
+    pthread_mutex_lock(&pr->lock);
+    while (pr->tickets) {
+        ticket_t *t = pr->tickets;
+        pr->tickets = t->next;
+        free(t);
+    }
+    pr->tickets_tail = NULL;
+    pr->gen++;
+    pthread_mutex_unlock(&pr->lock);
+    pr->welcomed = false;
+    pr->lost = false;
+    hs_status_t st = hs_tp_connect(pr->tp, pr->host, pr->cfg->to_port,
+                                   (int)pr->cfg->connect_timeout_s * 1000, &pr->conn);
+    if (st == HS_OK) st = send_hello(pr);
+    if (st != HS_OK) {
+        hs_error("could not reach the consumer at %s:%u again within %u s", pr->host,
+                 pr->cfg->to_port, pr->cfg->connect_timeout_s);
+        pr->result = HS_ERR_CLOSED;
+        pr->done = true;
+        return;
+    }
+    hs_info("reconnected to %s:%u", pr->host, pr->cfg->to_port);
+}
+
 /* The network loop: until the consumer says BYE, the connection is lost, or
  * a local failure. Wakes everyone waiting on pr->cond when it ends. */
 static void *net_main(void *arg)
@@ -986,6 +1026,7 @@ static void *net_main(void *arg)
     double status_interval = si ? atof(si) : 5.0;
     while (!pr->done) {
         hs_tp_progress(pr->tp, 200);
+        if (pr->lost) reconnect(pr);
         flush_outbox(pr);
         if (pr->stop && pr->result != HS_OK && pr->conn) fail(pr, pr->result, "worker failed");
         if (pr->close_requested && pr->conn) {
@@ -1127,6 +1168,7 @@ hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout
     pr->tickets = t->next;
     if (!pr->tickets) pr->tickets_tail = NULL;
     st->busy = true;
+    st->gen = t->gen;
     pthread_mutex_unlock(&pr->lock);
 
     const hs_layout_t *layout = &pr->cfg->layout;
@@ -1168,7 +1210,7 @@ hs_status_code_t hs_producer_submit(hs_producer_t *pr, const hs_work_t *work)
     if (!o) return HS_ERR_NOMEM;
     hs_batch_seal(st->buf, work->bytes);
     o->t = (ticket_t){NULL,         work->ticket,   work->epoch, work->batch,
-                      work->n_seqs, work->n_tokens, work->bytes};
+                      work->n_seqs, work->n_tokens, work->bytes, st->gen};
     o->st = st;
     o->worker = 0;
     o->checksum = ((hs_batch_header_t *)st->buf)->checksum;
