@@ -36,7 +36,7 @@ struct hs_tp {
     hs_tp_config_t cfg; /* defaults filled in; cfg.net_devices points at net_devices */
     hs_tp_callbacks_t cb;
     void *arg;
-    char *net_devices; /* owned copy of cfg->net_devices, or NULL */
+    char *net_devices;     /* owned copy of cfg->net_devices, or NULL */
     hs__tp_fault_t *fault; /* HS_FAULT in effect, or NULL */
 };
 
@@ -47,7 +47,19 @@ struct hs_tp_conn {
     struct sockaddr_storage peer_addr; /* ss_family AF_UNSPEC when unknown */
     char peer[HS__TP_PEER_CAP];
     char describe[HS__TP_DESCRIBE_CAP];
+    /* The payload offered by the frame being delivered (hs__tp_deliver_frame):
+     * its size, 0 outside such an on_frame(), and whether it was accepted. */
+    uint64_t offer_bytes;
+    bool offer_accepted;
 };
+
+/* Runs on_frame() for a checked frame. When payload_bytes > 0 it returns
+ * whether the callee accepted the payload with hs_tp_recv_payload(), which
+ * checks, for every backend, that it is called inside this on_frame(), once,
+ * with exactly payload_bytes; the backend's recv_payload then only records
+ * where the payload goes. */
+bool hs__tp_deliver_frame(hs_tp_conn_t *conn, uint16_t type, const uint8_t *body, uint32_t body_len,
+                          uint64_t payload_bytes);
 
 /* What a backend provides. Arguments were checked by transport.c: pointers
  * are not NULL, frames passed hs__tp_frame_check(), payload_len > 0. */

@@ -100,9 +100,7 @@ typedef struct tcp_conn {
     size_t rx_cap, rx_len;
     hs_frame_header_t rx_hdr;
     uint64_t rx_payload_len;
-    bool in_on_frame; /* inside on_frame() of a frame with a payload */
-    bool pl_accepted; /* hs_tp_recv_payload() was called for it */
-    bool pl_active;   /* a payload is being received into pl_dest */
+    bool pl_active; /* a payload is being received into pl_dest */
     uint8_t *pl_dest;
     uint64_t pl_len, pl_done, pl_cookie;
 
@@ -519,19 +517,7 @@ static void conn_fail_peer(tcp_conn_t *c, hs_status_t st, const char *why)
 
 static hs_status_t tcp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie)
 {
-    tcp_conn_t *c = conn_of(conn);
-    if (!c->in_on_frame || c->pl_accepted) {
-        hs_error("hs_tp_recv_payload on %s outside on_frame() of a frame with a payload, "
-                 "or twice for one payload",
-                 c->base.peer);
-        return HS_ERR_INVALID;
-    }
-    if (bytes != c->rx_payload_len) {
-        hs_error("hs_tp_recv_payload on %s for %llu bytes, but %llu bytes follow the frame",
-                 c->base.peer, (unsigned long long)bytes, (unsigned long long)c->rx_payload_len);
-        return HS_ERR_INVALID;
-    }
-    c->pl_accepted = true;
+    tcp_conn_t *c = conn_of(conn); /* transport.c checked the call and the size */
     c->pl_dest = dest;
     c->pl_len = bytes;
     c->pl_done = 0;
@@ -572,7 +558,6 @@ static bool rx_parse_head(tcp_conn_t *c)
 /* Whole frame in rx: check crc, hand it over, then payload or next frame. */
 static void rx_deliver(tcp_conn_t *c)
 {
-    tcp_tp_t *tp = c->tp;
     char why[200];
     const uint8_t *body = c->rx + TCP_HEAD;
     hs_status_t st = hs_frame_body_check(&c->rx_hdr, body, why, sizeof why);
@@ -581,19 +566,15 @@ static void rx_deliver(tcp_conn_t *c)
         return;
     }
     uint64_t plen = c->rx_payload_len;
-    c->in_on_frame = plen > 0;
-    c->pl_accepted = false;
-    tp->base.cb.on_frame(tp->base.arg, &c->base, c->rx_hdr.type, body, c->rx_hdr.body_len, plen);
-    c->in_on_frame = false;
+    bool accepted = hs__tp_deliver_frame(&c->base, c->rx_hdr.type, body, c->rx_hdr.body_len, plen);
     size_t used = TCP_HEAD + c->rx_hdr.body_len;
     memmove(c->rx, c->rx + used, c->rx_len - used);
     c->rx_len -= used;
     c->rx_state = RX_HEAD;
     if (plen == 0) return;
-    if (c->pl_accepted) {
+    if (accepted) {
         /* even when the callee closed the connection right after accepting,
          * on_payload runs once for it (with HS_ERR_CLOSED then) */
-        c->pl_accepted = false;
         c->pl_active = true;
         c->rx_state = RX_PAYLOAD;
         return;

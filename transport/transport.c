@@ -202,8 +202,34 @@ hs_status_t hs_tp_send_payload(hs_tp_conn_t *conn, const void *frame, size_t fra
 hs_status_t hs_tp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie)
 {
     if (!conn || !dest || bytes == 0) return HS_ERR_INVALID;
+    if (conn->offer_bytes == 0 || conn->offer_accepted) {
+        hs_error("hs_tp_recv_payload on %s outside on_frame() of a frame with a payload, "
+                 "or twice for one payload",
+                 conn->peer);
+        return HS_ERR_INVALID;
+    }
+    if (bytes != conn->offer_bytes) {
+        hs_error("hs_tp_recv_payload on %s for %llu bytes, but %llu bytes follow the frame",
+                 conn->peer, (unsigned long long)bytes, (unsigned long long)conn->offer_bytes);
+        return HS_ERR_INVALID;
+    }
     if (conn->tp->fault) hs__tp_fault_note_recv(conn->tp->fault, conn, dest, bytes, cookie);
-    return conn->tp->ops->recv_payload(conn, dest, bytes, cookie);
+    hs_status_t st = conn->tp->ops->recv_payload(conn, dest, bytes, cookie);
+    if (st == HS_OK) conn->offer_accepted = true;
+    return st;
+}
+
+bool hs__tp_deliver_frame(hs_tp_conn_t *conn, uint16_t type, const uint8_t *body, uint32_t body_len,
+                          uint64_t payload_bytes)
+{
+    hs_tp_t *tp = conn->tp;
+    conn->offer_bytes = payload_bytes;
+    conn->offer_accepted = false;
+    tp->cb.on_frame(tp->arg, conn, type, body, body_len, payload_bytes);
+    bool accepted = conn->offer_accepted;
+    conn->offer_bytes = 0;
+    conn->offer_accepted = false;
+    return accepted;
 }
 
 void hs_tp_close(hs_tp_conn_t *conn, hs_status_t reason)

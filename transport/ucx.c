@@ -91,9 +91,8 @@ struct ucx_conn {
     ucx_op_t *ops; /* outstanding */
     int n_ops;
     /* payload offered to the callee in on_frame */
-    bool in_on_frame, pl_accepted;
     void *pl_dest;
-    uint64_t pl_len, pl_cookie;
+    uint64_t pl_cookie;
     /* state */
     bool connected; /* client: wireup flush done; server: always */
     bool failed;    /* UCX reported an error on the endpoint */
@@ -616,8 +615,8 @@ static ucs_status_t am_frame_cb(void *arg, const void *header, size_t header_len
     if (!lanes_ok(c)) return UCS_OK;
     hs_frame_header_t h;
     if (!frame_check(c, data, length, &h)) return UCS_OK;
-    tp->base.cb.on_frame(tp->base.arg, &c->base, h.type,
-                         (const uint8_t *)data + HS_FRAME_HEADER_BYTES, h.body_len, 0);
+    hs__tp_deliver_frame(&c->base, h.type, (const uint8_t *)data + HS_FRAME_HEADER_BYTES,
+                         h.body_len, 0);
     return UCS_OK;
 }
 
@@ -639,13 +638,8 @@ static ucs_status_t am_payload_cb(void *arg, const void *header, size_t header_l
         conn_fail_peer(c, HS_ERR_PROTO, "an empty payload");
         return refuse;
     }
-    c->in_on_frame = true;
-    c->pl_accepted = false;
-    c->pl_len = length;
-    tp->base.cb.on_frame(tp->base.arg, &c->base, h.type,
-                         (const uint8_t *)header + HS_FRAME_HEADER_BYTES, h.body_len, length);
-    c->in_on_frame = false;
-    if (!c->pl_accepted) {
+    if (!hs__tp_deliver_frame(&c->base, h.type, (const uint8_t *)header + HS_FRAME_HEADER_BYTES,
+                              h.body_len, length)) {
         if (!c->closing) {
             char why[160];
             snprintf(why, sizeof why, "a payload of %zu bytes after a %s frame was not accepted",
@@ -654,7 +648,6 @@ static ucs_status_t am_payload_cb(void *arg, const void *header, size_t header_l
         }
         return refuse;
     }
-    c->pl_accepted = false;
     ucx_op_t *op = op_get(tp, OP_RECV, c);
     if (!op) {
         /* cannot track it, so cannot report it: the connection goes */
@@ -711,19 +704,8 @@ static ucs_status_t am_close_cb(void *arg, const void *header, size_t header_len
 
 static hs_status_t ucx_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie)
 {
-    ucx_conn_t *c = conn_of(conn);
-    if (!c->in_on_frame || c->pl_accepted) {
-        hs_error("hs_tp_recv_payload on %s outside on_frame() of a frame with a payload, "
-                 "or twice for one payload",
-                 c->base.peer);
-        return HS_ERR_INVALID;
-    }
-    if (bytes != c->pl_len) {
-        hs_error("hs_tp_recv_payload on %s for %llu bytes, but %llu bytes follow the frame",
-                 c->base.peer, (unsigned long long)bytes, (unsigned long long)c->pl_len);
-        return HS_ERR_INVALID;
-    }
-    c->pl_accepted = true;
+    ucx_conn_t *c = conn_of(conn); /* transport.c checked the call and the size */
+    (void)bytes;
     c->pl_dest = dest;
     c->pl_cookie = cookie;
     return HS_OK;
