@@ -42,7 +42,10 @@ static void peer_drop(hs_consumer_t *c, peer_t *p, hs_status_t code, const char 
     va_start(ap, fmt);
     vsnprintf(text, sizeof(text), fmt, ap);
     va_end(ap);
-    if (!p->conn) return;
+    /* The connection lingers until its close completes; a peer is dropped
+     * (and counted) once. */
+    if (!p->conn || p->dropped) return;
+    p->dropped = true;
     hs_error("producer %s dropped: %s", p->name, text);
     size_t len;
     if (hs_msg_error_frame(code, text, c->frame_buf, sizeof(c->frame_buf), &len) == HS_OK)
@@ -564,9 +567,13 @@ static void collect_verified(hs_consumer_t *c)
             pthread_mutex_lock(&c->lock);
             c->checksum_failures++;
             pthread_mutex_unlock(&c->lock);
-            if (p)
+            if (p && p->conn && !p->dropped)
                 peer_drop(c, p, j->status, "batch %u/%u failed verification: %s", j->item.epoch,
                           j->item.batch, j->why);
+            else
+                hs_error("batch %u/%u from producer %s failed verification: %s (the producer "
+                         "had already left or been cut off; the batch goes back to the queue)",
+                         j->item.epoch, j->item.batch, p ? p->name : "(gone)", j->why);
         }
         if (p) {
             p->verifying--;
@@ -730,7 +737,8 @@ static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const ch
 static void drop_stalled_handshakes(hs_consumer_t *c, double now)
 {
     for (peer_t *p = c->peers; p; p = p->next)
-        if (p->conn && !p->bye_sent && (p->state == PEER_NEW || p->state == PEER_AUTH) &&
+        if (p->conn && !p->bye_sent && !p->dropped &&
+            (p->state == PEER_NEW || p->state == PEER_AUTH) &&
             now - p->t_accept > c->handshake_timeout_s)
             peer_drop(c, p, HS_ERR_TIMEOUT, "no complete handshake within %.0f s",
                       c->handshake_timeout_s);

@@ -52,6 +52,7 @@ typedef struct peer {
     double t_accept;     /* when the connection arrived */
     bool has_stats;
     bool bye_sent; /* told the run is over; its frames are ignored */
+    bool dropped;  /* peer_drop() ran: told, logged and counted once */
 } peer_t;
 
 typedef struct verify_job {

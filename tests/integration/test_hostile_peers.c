@@ -96,6 +96,7 @@ typedef struct {
     uint32_t *sequence; /* epoch * n_batches + batch, in delivery order */
     atomic_uint delivered, out_of_range, bad;
     char bad_why[256];
+    bool corrupt_peers; /* peers send corrupt batches: checksum failures expected */
 } harness_t;
 
 static void *trainer_main(void *arg)
@@ -226,7 +227,11 @@ static void harness_finish(harness_t *h, hs_consumer_stats_t *out)
         ck_assert_msg(h->seen[i] == 1, "batch %u of epoch %u delivered %u times",
                       i % h->n_batches, i / h->n_batches, h->seen[i]);
     ck_assert_uint_eq(out->duplicates, 0);
-    ck_assert_uint_eq(out->checksum_failures, 0);
+    if (!h->corrupt_peers) ck_assert_uint_eq(out->checksum_failures, 0);
+    ck_assert_msg(out->producers_dropped <= out->producers_seen,
+                  "%llu producers dropped of %llu seen: a peer was counted twice",
+                  (unsigned long long)out->producers_dropped,
+                  (unsigned long long)out->producers_seen);
     ck_assert(out->finished);
     /* Slots of dropped peers came back: nothing is left reserved. */
     ck_assert_uint_le(out->cache_high_water, out->cache_capacity);
@@ -450,13 +455,26 @@ static void plan_send(int fd, uint32_t first, uint32_t n, bool last)
     free(nt);
 }
 
+/* A peer that went through HELLO claiming `workers` workers (+ the whole
+ * plan when asked) and is ready. */
+static int peer_ready_workers(uint16_t port, const char *name, uint32_t workers)
+{
+    int fd = raw_connect(port);
+    Hsflow__Hello h;
+    Hsflow__Layout lm;
+    int32_t layers[HS_MAX_LAYERS];
+    uint8_t nonce[HS_AUTH_NONCE_BYTES] = {1, 2, 3};
+    hello_fill(&h, name, &lm, layers, nonce);
+    h.workers = workers;
+    ck_assert(raw_send_msg(fd, HS_MSG_HELLO, &h.base, 0));
+    if (welcome_recv(fd)) plan_send(fd, 0, hs_plan_n_batches(g_plan), true);
+    return fd;
+}
+
 /* A peer that went through HELLO (+ the whole plan when asked) and is ready. */
 static int peer_ready(uint16_t port, const char *name)
 {
-    int fd = raw_connect(port);
-    hello_send(fd, name);
-    if (welcome_recv(fd)) plan_send(fd, 0, hs_plan_n_batches(g_plan), true);
-    return fd;
+    return peer_ready_workers(port, name, 1);
 }
 
 static void ticket_recv(int fd, Hsflow__Ticket *out)
@@ -495,6 +513,62 @@ static uint8_t *batch_make(const Hsflow__Ticket *t)
     hs_batch_synth_fill(&v, &g_layout);
     hs_batch_seal(region, t->bytes);
     return region;
+}
+
+/* DONE for ticket t and its payload with one hidden-state byte flipped (the
+ * checksum fails), as one buffer: transport prefix, frame, payload. */
+static uint8_t *corrupt_done_make(const Hsflow__Ticket *t, size_t *len)
+{
+    uint8_t *region = batch_make(t);
+    Hsflow__Done d;
+    done_init(&d, t);
+    d.checksum = ((hs_batch_header_t *)region)->checksum;
+    uint8_t *buf = malloc(1024 + t->bytes);
+    ck_assert_ptr_nonnull(buf);
+    size_t n = raw_build(buf, 1024, HS_MSG_DONE, &d.base, t->bytes);
+    region[t->bytes - 1] ^= 0x5a;
+    memcpy(buf + n, region, t->bytes);
+    hs_aligned_free(region);
+    *len = n + t->bytes;
+    return buf;
+}
+
+/* The consumer's log (stderr) goes to a file while a test runs, so the test
+ * can count lines. */
+typedef struct {
+    int saved_fd;
+    char path[320];
+} log_capture_t;
+
+static void log_capture_start(log_capture_t *lc)
+{
+    snprintf(lc->path, sizeof lc->path, "%s/log.XXXXXX", g_dir);
+    int fd = mkstemp(lc->path);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    lc->saved_fd = dup(2);
+    ck_assert_int_ge(lc->saved_fd, 0);
+    ck_assert_int_ge(dup2(fd, 2), 0);
+    close(fd);
+}
+
+/* Restores stderr and returns how many logged lines contain `needle`. */
+static unsigned log_capture_stop(log_capture_t *lc, const char *needle)
+{
+    fflush(stderr);
+    dup2(lc->saved_fd, 2);
+    close(lc->saved_fd);
+    FILE *f = fopen(lc->path, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[4096];
+    unsigned n = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strstr(line, needle)) n++;
+        fputs(line, stderr); /* still shown with the test's output */
+    }
+    fclose(f);
+    unlink(lc->path);
+    return n;
 }
 
 /* Waits (bounded) until the consumer's stats satisfy `cond`. */
@@ -930,6 +1004,54 @@ START_TEST(test_bad_peers_beside_verified_batches_write_nothing_outside_their_sl
 }
 END_TEST
 
+START_TEST(test_each_checksum_failure_is_logged_and_a_peer_is_dropped_once)
+{
+    /* Peer a sends two corrupt batches at once: both can fail verification
+     * while a's connection is still closing, and a is dropped (and counted)
+     * once. Peer b sends one and closes at once: its failure is found after
+     * b is gone and must still be logged. */
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    h.corrupt_peers = true;
+    uint16_t port = hs_consumer_port(h.c);
+    log_capture_t lc;
+    log_capture_start(&lc);
+    int a = peer_ready_workers(port, "raw-corrupt-twice", 2);
+    Hsflow__Ticket ta[2];
+    ticket_recv(a, &ta[0]);
+    ticket_recv(a, &ta[1]);
+    size_t n0, n1;
+    uint8_t *d0 = corrupt_done_make(&ta[0], &n0), *d1 = corrupt_done_make(&ta[1], &n1);
+    uint8_t *both = malloc(n0 + n1);
+    memcpy(both, d0, n0);
+    memcpy(both + n0, d1, n1);
+    ck_assert(raw_send(a, both, n0 + n1));
+    expect_refused(a, "failed verification", true);
+    free(d0);
+    free(d1);
+    free(both);
+
+    int b = peer_ready(port, "raw-corrupt-and-gone");
+    Hsflow__Ticket tb;
+    ticket_recv(b, &tb);
+    size_t nb;
+    uint8_t *db = corrupt_done_make(&tb, &nb);
+    ck_assert(raw_send(b, db, nb));
+    close(b);
+    free(db);
+
+    hs_consumer_stats_t s;
+    WAIT_STATS(h.c, s, s.checksum_failures >= 2);
+    harness_finish(&h, &s);
+    unsigned logged = log_capture_stop(&lc, "failed verification");
+    ck_assert_uint_ge(s.checksum_failures, 2);
+    ck_assert_msg(logged == s.checksum_failures, "%u checksum failures but %u logged",
+                  (unsigned)s.checksum_failures, logged);
+    ck_assert_msg(s.producers_dropped <= 2, "2 bad peers, %llu drops counted",
+                  (unsigned long long)s.producers_dropped);
+}
+END_TEST
+
 static Suite *hostile_suite(void)
 {
     Suite *s = suite_create("hostile_peers");
@@ -947,6 +1069,7 @@ static Suite *hostile_suite(void)
     tcase_add_test(tc, test_second_hello_and_other_out_of_protocol_frames_are_refused);
     tcase_add_test(tc, test_well_framed_but_invalid_messages_are_refused);
     tcase_add_test(tc, test_bad_peers_beside_verified_batches_write_nothing_outside_their_slot);
+    tcase_add_test(tc, test_each_checksum_failure_is_logged_and_a_peer_is_dropped_once);
     suite_add_tcase(s, tc);
     return s;
 }
