@@ -85,7 +85,6 @@ static void peer_reap(hs_consumer_t *c, peer_t *p)
         c->leases_returned += n;
         if (n) hs_warn("producer %s gone: %u ticket(s) back to the front of the queue", p->name, n);
     }
-    if (c->plan_sender == p->id) c->plan_sender = 0;
     peer_t **pp = &c->peers;
     while (*pp != p)
         pp = &(*pp)->next;
@@ -104,7 +103,7 @@ static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
     w.epochs = c->cfg.epochs;
     w.need_plan = need_plan;
     w.order = (uint32_t)c->cfg.order;
-    w.start_epoch = c->journal ? hs_journal_start_epoch(c->journal) : 0;
+    w.start_epoch = c->journal && c->have_run ? hs_journal_start_epoch(c->journal) : 0;
     w.consumer_name = c->name;
     if (c->have_secret) {
         hs_auth_consumer_mac(&c->key, p->client_nonce, p->server_nonce, mac);
@@ -113,9 +112,8 @@ static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
     }
     peer_send_msg(c, p, HS_MSG_WELCOME, &w.base);
     if (need_plan) {
-        c->plan_sender = p->id;
         p->state = PEER_SENDING_PLAN;
-        hs_info("producer %s sends the plan (%u batches per epoch)", p->name, c->n_batches);
+        hs_info("producer %s sends the plan (%u batches per epoch)", p->name, p->offer.n_batches);
     } else {
         p->state = PEER_READY;
         hs_info("producer %s ready: %u worker(s) x %u tickets, %s", p->name, p->workers,
@@ -123,60 +121,97 @@ static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
     }
 }
 
-/* After HELLO (and AUTH, when a secret is set): check the peer's offer
- * against the run, or let it define the run if it is the first; then start
- * the plan exchange or join. Only an authenticated peer can define the run,
- * and nothing about the run is told to a peer before it is authenticated. */
-static void peer_admit(hs_consumer_t *c, peer_t *p)
+/* The pending plan: asks `p` for its plan, which becomes the run once every
+ * page is in and checked. */
+static void plan_start(hs_consumer_t *c, peer_t *p)
+{
+    pending_plan_t *pp = calloc(1, sizeof(*pp));
+    if (!pp) {
+        peer_drop(c, p, HS_ERR_NOMEM, "out of memory");
+        return;
+    }
+    pp->sender = p->id;
+    pp->offer = p->offer;
+    pp->t_page = hs_now_s();
+    c->pending = pp;
+    send_welcome(c, p, true);
+}
+
+/* Discards the pending plan whole: its sender left before it was complete. */
+static void plan_discard(hs_consumer_t *c)
+{
+    if (!c->pending) return;
+    free(c->pending->n_seqs);
+    free(c->pending->n_tokens);
+    free(c->pending);
+    c->pending = NULL;
+}
+
+/* The pending plan's sender is gone: the longest-waiting admitted peer
+ * sends its own plan from the start. With none, the next peer admitted does. */
+static void plan_restart(hs_consumer_t *c)
+{
+    plan_discard(c);
+    peer_t *next = NULL;
+    for (peer_t *q = c->peers; q; q = q->next)
+        if (q->state == PEER_WAIT_PLAN && q->conn && !q->dropped && (!next || q->id < next->id))
+            next = q;
+    if (next) plan_start(c, next);
+}
+
+/* A peer's offer against the run: true when it may join; otherwise it is
+ * dropped with both sides' values and what to change. */
+static bool offer_matches_run(hs_consumer_t *c, peer_t *p)
 {
     const run_offer_t *o = &p->offer;
-    if (c->have_run) {
-        if (hs_layout_id(&o->layout) != hs_layout_id(&c->layout)) {
-            char mine[160], theirs[160];
-            hs_layout_describe(&c->layout, mine, sizeof(mine));
-            hs_layout_describe(&o->layout, theirs, sizeof(theirs));
-            peer_drop(c, p, HS_ERR_MISMATCH,
-                      "layout mismatch: this run carries %s, producer offers %s; start every "
-                      "producer with the same --hidden-size and --layers",
-                      mine, theirs);
-            return;
-        }
-        if (o->plan_hash != c->plan_hash || o->n_batches != c->n_batches) {
-            peer_drop(c, p, HS_ERR_MISMATCH,
-                      "plan mismatch: this run's plan hash is %016llx (%u batches), producer's is "
-                      "%016llx (%u batches); give every producer the same --data, "
-                      "--token-budget, --max-seq-len and --seed",
-                      (unsigned long long)c->plan_hash, c->n_batches,
-                      (unsigned long long)o->plan_hash, o->n_batches);
-            return;
-        }
-    } else {
-        if (c->journal) {
-            char why[512];
-            hs_status_t st = hs_journal_bind(c->journal, o->plan_hash, o->n_batches, c->cfg.epochs,
-                                             why, sizeof(why));
-            if (st != HS_OK) {
-                peer_drop(c, p, st, "%s", why);
-                return;
-            }
-        }
-        c->layout = o->layout;
-        c->plan_hash = o->plan_hash;
-        c->n_batches = o->n_batches;
-        c->seed = o->seed;
-        c->token_budget = o->token_budget;
-        c->have_run = true;
-        char desc[160];
-        hs_layout_describe(&o->layout, desc, sizeof(desc));
-        hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens", p->name,
-                desc, (unsigned long long)c->plan_hash, c->n_batches, c->token_budget);
+    if (hs_layout_id(&o->layout) != hs_layout_id(&c->layout)) {
+        char mine[160], theirs[160];
+        hs_layout_describe(&c->layout, mine, sizeof(mine));
+        hs_layout_describe(&o->layout, theirs, sizeof(theirs));
+        peer_drop(c, p, HS_ERR_MISMATCH,
+                  "layout mismatch: this run carries %s, producer offers %s; start every "
+                  "producer with the same --hidden-size and --layers",
+                  mine, theirs);
+        return false;
     }
-    if (c->sched)
-        send_welcome(c, p, false);
-    else if (!c->plan_sender)
-        send_welcome(c, p, true);
+    if (o->plan_hash != c->plan_hash || o->n_batches != c->n_batches) {
+        peer_drop(c, p, HS_ERR_MISMATCH,
+                  "plan mismatch: this run's plan hash is %016llx (%u batches), producer's is "
+                  "%016llx (%u batches); give every producer the same --data, "
+                  "--token-budget, --max-seq-len and --seed",
+                  (unsigned long long)c->plan_hash, c->n_batches, (unsigned long long)o->plan_hash,
+                  o->n_batches);
+        return false;
+    }
+    return true;
+}
+
+/* After HELLO (and AUTH, when a secret is set): join the run, or, before
+ * there is one, send a plan or wait for the one being sent. A run exists only
+ * once a plan is complete and checked (plan_complete); until then no offer
+ * is preferred over another and nothing is written to the journal. Only an
+ * authenticated peer gets here, and nothing about the run is told to a peer
+ * before it is authenticated. */
+static void peer_admit(hs_consumer_t *c, peer_t *p)
+{
+    if (c->have_run) {
+        if (offer_matches_run(c, p)) send_welcome(c, p, false);
+        return;
+    }
+    if (c->journal) {
+        /* A journal of an earlier run decides the plan; reading it writes nothing. */
+        char why[512];
+        hs_status_t st =
+            hs_journal_check(c->journal, p->offer.plan_hash, p->offer.n_batches, why, sizeof(why));
+        if (st != HS_OK) {
+            peer_drop(c, p, st, "%s", why);
+            return;
+        }
+    }
+    if (!c->pending)
+        plan_start(c, p);
     else
-        p->state = PEER_WAIT_PLAN; /* WELCOME when the plan is complete */
+        p->state = PEER_WAIT_PLAN; /* WELCOME, or a mismatch, once the plan is complete */
 }
 
 static void on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
@@ -200,16 +235,11 @@ static void on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t 
         peer_drop(c, p, HS_ERR_FORMAT, "bad layout in HELLO: %s", why);
         goto out;
     }
-    if (h->workers == 0 || h->workers > HS_MSG_MAX_WORKERS || h->n_batches == 0) {
-        peer_drop(c, p, HS_ERR_FORMAT, "HELLO with %u workers and %u batches", h->workers,
-                  h->n_batches);
-        goto out;
-    }
     o->plan_hash = h->plan_hash;
-    o->n_batches = h->n_batches;
+    o->n_batches = h->n_batches; /* 1..HS_PLAN_MAX_BATCHES (hs_msg_unpack) */
     o->seed = h->seed;
     o->token_budget = h->token_budget;
-    p->workers = h->workers;
+    p->workers = h->workers; /* 1..HS_MSG_MAX_WORKERS (hs_msg_unpack) */
     p->prefetch = c->cfg.prefetch;
     if (h->prefetch_per_worker && h->prefetch_per_worker < p->prefetch)
         p->prefetch = h->prefetch_per_worker;
@@ -259,62 +289,116 @@ static void on_auth(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t l
     hs_msg_free(m);
 }
 
-/* The plan arrived in full: build the scheduler and let waiting peers in. */
+/* Stops the consumer on a problem of its own configuration that no producer
+ * can fix; the trainer's next call returns. */
+static void consumer_fatal(hs_consumer_t *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void consumer_fatal(hs_consumer_t *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->fatal, sizeof(c->fatal), fmt, ap);
+    va_end(ap);
+    hs_error("%s", c->fatal);
+    c->stop = true;
+}
+
+/* The pending plan arrived in full and checked: it becomes the run. The
+ * journal is bound to it (its header written) only now, then the scheduler
+ * is built and waiting peers are let in, or refused if they offered another
+ * plan. */
 static void plan_complete(hs_consumer_t *c)
 {
-    hs_sched_config_t sc = {0};
-    uint64_t max_bytes = 0;
-    for (uint32_t b = 0; b < c->n_batches; b++) {
-        c->plan_bytes[b] = hs_batch_bytes(c->plan_nseqs[b], c->plan_ntokens[b], &c->layout);
-        if (c->plan_bytes[b] > max_bytes) max_bytes = c->plan_bytes[b];
-        c->tokens_per_epoch += c->plan_ntokens[b];
-    }
-    if (max_bytes > hs_cache_capacity(c->cache)) {
-        snprintf(c->fatal, sizeof(c->fatal),
-                 "the largest batch needs %.2f GiB but --cache-gb gives %.2f GiB: raise "
-                 "--cache-gb or lower the producers' --token-budget",
-                 (double)max_bytes / (1 << 30), (double)hs_cache_capacity(c->cache) / (1 << 30));
-        hs_error("%s", c->fatal);
-        c->stop = true;
+    pending_plan_t *pp = c->pending;
+    const run_offer_t *o = &pp->offer;
+    uint32_t n = o->n_batches;
+    uint64_t max_bytes = 0, tokens = 0;
+    uint64_t *bytes = malloc((size_t)n * sizeof(uint64_t));
+    if (!bytes) {
+        consumer_fatal(c, "out of memory for a plan of %u batches", n);
         return;
     }
-    sc.n_batches = c->n_batches;
-    sc.bytes = c->plan_bytes;
-    sc.n_seqs = c->plan_nseqs;
-    sc.n_tokens = c->plan_ntokens;
+    for (uint32_t b = 0; b < n; b++) {
+        bytes[b] = hs_batch_bytes(pp->n_seqs[b], pp->n_tokens[b], &o->layout);
+        if (bytes[b] > max_bytes) max_bytes = bytes[b];
+        tokens += pp->n_tokens[b];
+    }
+    if (max_bytes > hs_cache_capacity(c->cache)) {
+        consumer_fatal(c,
+                       "the largest batch needs %.2f GiB but --cache-gb gives %.2f GiB: raise "
+                       "--cache-gb or lower the producers' --token-budget",
+                       (double)max_bytes / (1 << 30),
+                       (double)hs_cache_capacity(c->cache) / (1 << 30));
+        free(bytes);
+        return;
+    }
+    if (c->journal) {
+        char why[512];
+        if (hs_journal_bind(c->journal, o->plan_hash, n, c->cfg.epochs, why, sizeof(why)) !=
+            HS_OK) {
+            consumer_fatal(c, "%s", why);
+            free(bytes);
+            return;
+        }
+    }
+    c->layout = o->layout;
+    c->plan_hash = o->plan_hash;
+    c->n_batches = n;
+    c->seed = o->seed;
+    c->token_budget = o->token_budget;
+    c->tokens_per_epoch = tokens;
+    c->have_run = true;
+    char desc[160];
+    hs_layout_describe(&c->layout, desc, sizeof(desc));
+    peer_t *sender = peer_find(c, pp->sender);
+    hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens",
+            sender ? sender->name : "a producer", desc, (unsigned long long)c->plan_hash,
+            c->n_batches, c->token_budget);
+
+    hs_sched_config_t sc = {0};
+    sc.n_batches = n;
+    sc.bytes = bytes;
+    sc.n_seqs = pp->n_seqs;
+    sc.n_tokens = pp->n_tokens;
     sc.epochs = c->cfg.epochs;
     sc.seed = c->seed;
     sc.order = c->cfg.order == HS_ORDER_PLAN ? HS_SCHED_PLAN : HS_SCHED_ARRIVAL;
     uint64_t resumed = 0;
+    hs_status_t st = HS_OK;
     if (c->journal) {
         sc.start_epoch = hs_journal_start_epoch(c->journal);
         sc.resume_done = hs_journal_done(c->journal);
         resumed = hs_journal_count(c->journal);
-        if (sc.start_epoch >= sc.epochs) {
-            hs_info("the journal says every batch of the %u epoch(s) was already released: "
-                    "nothing left to do",
-                    sc.epochs);
-            pthread_mutex_lock(&c->lock);
-            c->batches_resumed = resumed;
-            c->t_start = hs_now_s();
-            c->finished = true;
-            pthread_mutex_unlock(&c->lock);
-            pthread_cond_broadcast(&c->cond);
-            c->all_queued = true;
-            for (peer_t *p = c->peers; p; p = p->next) {
-                Hsflow__Bye b = HSFLOW__BYE__INIT;
-                b.reason = "the run is over (journal)";
-                peer_send_msg(c, p, HS_MSG_BYE, &b.base);
-            }
-            return;
-        }
-        hs_info("resuming from the journal: epoch %u, %llu batch(es) already released",
-                sc.start_epoch, (unsigned long long)resumed);
     }
-    hs_status_t st = hs_sched_create(&sc, &c->sched);
+    if (c->journal && sc.start_epoch >= sc.epochs) {
+        hs_info("the journal says every batch of the %u epoch(s) was already released: "
+                "nothing left to do",
+                sc.epochs);
+    } else {
+        if (c->journal)
+            hs_info("resuming from the journal: epoch %u, %llu batch(es) already released",
+                    sc.start_epoch, (unsigned long long)resumed);
+        st = hs_sched_create(&sc, &c->sched); /* copies the plan arrays */
+    }
+    free(bytes);
+    plan_discard(c);
     if (st != HS_OK) {
-        snprintf(c->fatal, sizeof(c->fatal), "scheduler: %s", hs_status_str(st));
-        c->stop = true;
+        consumer_fatal(c, "scheduler: %s", hs_status_str(st));
+        return;
+    }
+    if (!c->sched) { /* the journal has it all */
+        pthread_mutex_lock(&c->lock);
+        c->batches_resumed = resumed;
+        c->t_start = hs_now_s();
+        c->finished = true;
+        pthread_mutex_unlock(&c->lock);
+        pthread_cond_broadcast(&c->cond);
+        c->all_queued = true;
+        for (peer_t *p = c->peers; p; p = p->next) {
+            Hsflow__Bye b = HSFLOW__BYE__INIT;
+            b.reason = "the run is over (journal)";
+            peer_send_msg(c, p, HS_MSG_BYE, &b.base);
+        }
         return;
     }
     pthread_mutex_lock(&c->lock);
@@ -327,11 +411,12 @@ static void plan_complete(hs_consumer_t *c)
             c->n_batches, c->cfg.epochs, (double)max_bytes / (1 << 20),
             (unsigned long long)c->tokens_per_epoch);
     for (peer_t *p = c->peers; p; p = p->next) {
+        if (!p->conn || p->dropped) continue;
         if (p->state == PEER_SENDING_PLAN) {
             p->state = PEER_READY;
             hs_info("producer %s ready: %u worker(s) x %u tickets, %s", p->name, p->workers,
                     p->prefetch, hs_tp_conn_describe(p->conn));
-        } else if (p->state == PEER_WAIT_PLAN) {
+        } else if (p->state == PEER_WAIT_PLAN && offer_matches_run(c, p)) {
             send_welcome(c, p, false);
         }
     }
@@ -340,42 +425,50 @@ static void plan_complete(hs_consumer_t *c)
 static void on_plan(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
 {
     ProtobufCMessage *m;
-    if (p->state != PEER_SENDING_PLAN) {
+    pending_plan_t *pp = c->pending;
+    if (p->state != PEER_SENDING_PLAN || !pp || pp->sender != p->id) {
         peer_drop(c, p, HS_ERR_PROTO, "PLAN page without being asked for the plan");
         return;
     }
     if (!(m = peer_unpack(c, p, HS_MSG_PLAN, body, len))) return;
     Hsflow__Plan *pl = (Hsflow__Plan *)m;
-    if (!c->plan_nseqs) {
-        c->plan_nseqs = calloc(c->n_batches, sizeof(uint32_t));
-        c->plan_ntokens = calloc(c->n_batches, sizeof(uint32_t));
-        c->plan_bytes = calloc(c->n_batches, sizeof(uint64_t));
-        if (!c->plan_nseqs || !c->plan_ntokens || !c->plan_bytes) {
-            peer_drop(c, p, HS_ERR_NOMEM, "out of memory for a plan of %u batches", c->n_batches);
-            goto out;
-        }
-    }
-    if (pl->first_batch != c->plan_received || pl->n_n_seqs > c->n_batches - c->plan_received) {
+    uint32_t n = pp->offer.n_batches;
+    if (pl->first_batch != pp->received || pl->n_n_seqs > n - pp->received) {
         peer_drop(c, p, HS_ERR_PROTO,
                   "PLAN page for batches %u..%zu, expected to start at %u of %u", pl->first_batch,
-                  pl->first_batch + pl->n_n_seqs, c->plan_received, c->n_batches);
+                  pl->first_batch + pl->n_n_seqs, pp->received, n);
         goto out;
+    }
+    /* The arrays grow with the pages that actually arrive (each at most
+     * HS_PLAN_PAGE_MAX entries), never to a size a HELLO merely claims. */
+    uint32_t need = pp->received + (uint32_t)pl->n_n_seqs;
+    if (need > pp->cap) {
+        uint32_t ncap = pp->cap > n / 2 ? n : (pp->cap * 2 > need ? pp->cap * 2 : need);
+        uint32_t *ns = realloc(pp->n_seqs, (size_t)ncap * sizeof(uint32_t));
+        if (ns) pp->n_seqs = ns;
+        uint32_t *nt = ns ? realloc(pp->n_tokens, (size_t)ncap * sizeof(uint32_t)) : NULL;
+        if (nt) pp->n_tokens = nt;
+        if (!ns || !nt) {
+            peer_drop(c, p, HS_ERR_NOMEM, "out of memory for a plan of %u batches", n);
+            goto out;
+        }
+        pp->cap = ncap;
     }
     for (size_t i = 0; i < pl->n_n_seqs; i++) {
         uint32_t ns = pl->n_seqs[i], nt = pl->n_tokens[i];
-        if (ns == 0 || nt < ns || nt > c->token_budget) {
+        if (ns == 0 || nt < ns || nt > pp->offer.token_budget) {
             peer_drop(c, p, HS_ERR_FORMAT,
                       "PLAN batch %zu has %u sequences and %u tokens (budget %u)",
-                      pl->first_batch + i, ns, nt, c->token_budget);
+                      pl->first_batch + i, ns, nt, pp->offer.token_budget);
             goto out;
         }
-        c->plan_nseqs[c->plan_received] = ns;
-        c->plan_ntokens[c->plan_received] = nt;
-        c->plan_received++;
     }
-    if (pl->last != (c->plan_received == c->n_batches)) {
-        peer_drop(c, p, HS_ERR_PROTO, "PLAN ended at %u of %u batches", c->plan_received,
-                  c->n_batches);
+    memcpy(pp->n_seqs + pp->received, pl->n_seqs, pl->n_n_seqs * sizeof(uint32_t));
+    memcpy(pp->n_tokens + pp->received, pl->n_tokens, pl->n_n_seqs * sizeof(uint32_t));
+    pp->received = need;
+    pp->t_page = hs_now_s();
+    if (pl->last != (pp->received == n)) {
+        peer_drop(c, p, HS_ERR_PROTO, "PLAN ended at %u of %u batches", pp->received, n);
         goto out;
     }
     if (pl->last) plan_complete(c);
@@ -712,20 +805,13 @@ static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const ch
     if (reason == HS_ERR_PROTO || reason == HS_ERR_FORMAT || reason == HS_ERR_CHECKSUM)
         c->n_proto_errors++;
     p->conn = NULL;
-    if (p->state == PEER_SENDING_PLAN && !c->sched) {
-        /* Another producer must send the plan from the start; with none
-         * waiting, the next producer to arrive defines the run afresh. */
-        c->plan_received = 0;
-        c->plan_sender = 0;
-        peer_t *next = NULL;
-        for (peer_t *q = c->peers; q && !next; q = q->next)
-            if (q->state == PEER_WAIT_PLAN && q->conn) next = q;
-        if (next)
-            send_welcome(c, next, true);
-        else
-            c->have_run = false;
-    }
     p->state = PEER_GONE;
+    if (c->pending && c->pending->sender == p->id) {
+        hs_warn("producer %s left before its plan was complete (%u of %u batches); the plan is "
+                "discarded",
+                p->name, c->pending->received, c->pending->offer.n_batches);
+        plan_restart(c);
+    }
     peer_reap(c, p);
 }
 
@@ -736,6 +822,14 @@ static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const ch
  * HS_HANDSHAKE_TIMEOUT_S). */
 static void drop_stalled_handshakes(hs_consumer_t *c, double now)
 {
+    /* The same bound for the plan exchange, page by page: a producer asked
+     * for the plan that stops sending it would keep every other one waiting. */
+    peer_t *sender = c->pending ? peer_find(c, c->pending->sender) : NULL;
+    if (sender && now - c->pending->t_page > c->handshake_timeout_s)
+        peer_drop(c, sender, HS_ERR_TIMEOUT,
+                  "no PLAN page within %.0f s (%u of %u batches received); another producer "
+                  "sends the plan",
+                  c->handshake_timeout_s, c->pending->received, c->pending->offer.n_batches);
     for (peer_t *p = c->peers; p; p = p->next)
         if (p->conn && !p->bye_sent && !p->dropped &&
             (p->state == PEER_NEW || p->state == PEER_AUTH) &&
@@ -1298,9 +1392,7 @@ void hs_consumer_destroy(hs_consumer_t *c)
     hs_cache_destroy(c->cache);
     hs_journal_close(c->journal);
     hs_auth_key_clear(&c->key);
-    free(c->plan_nseqs);
-    free(c->plan_ntokens);
-    free(c->plan_bytes);
+    plan_discard(c);
     free(c->ready);
     free(c->released);
     pthread_mutex_destroy(&c->lock);

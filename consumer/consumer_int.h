@@ -25,12 +25,24 @@ typedef enum {
     PEER_GONE,         /* connection closed; waits for its payloads to settle */
 } peer_state_t;
 
-/* What a producer's HELLO offers; becomes the run if it is the first admitted. */
+/* What a producer's HELLO offers; becomes the run once its plan is complete. */
 typedef struct {
     hs_layout_t layout;
     uint64_t plan_hash, seed;
-    uint32_t n_batches, token_budget;
+    uint32_t n_batches, token_budget; /* n_batches in 1..HS_PLAN_MAX_BATCHES */
 } run_offer_t;
+
+/* A plan being received: the offer of the peer asked for it and the pages so
+ * far. None of it is the run (nor in the journal) until every page is in and
+ * checked; when its sender leaves, it is discarded whole. */
+typedef struct {
+    uint64_t sender; /* peer id sending the PLAN pages */
+    run_offer_t offer;
+    uint32_t received;           /* batches received so far */
+    uint32_t cap;                /* entries allocated in n_seqs and n_tokens */
+    uint32_t *n_seqs, *n_tokens; /* [cap], grown as pages arrive */
+    double t_page;               /* when the last page came (or the plan was asked for) */
+} pending_plan_t;
 
 /* One producer connection. Owned by the network thread. */
 typedef struct peer {
@@ -94,12 +106,11 @@ struct hs_consumer {
     uint64_t next_peer_id;
     uint8_t frame_buf[HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES];
     bool have_run, all_queued;
+    pending_plan_t *pending; /* the plan being received, or NULL */
+    /* the run, set once by plan_complete() */
     hs_layout_t layout;
     uint64_t plan_hash, seed;
-    uint32_t n_batches, token_budget, plan_received;
-    uint64_t plan_sender; /* peer id sending PLAN pages, 0 = none */
-    uint32_t *plan_nseqs, *plan_ntokens;
-    uint64_t *plan_bytes;
+    uint32_t n_batches, token_budget;
     uint64_t tokens_per_epoch;
     hs_sched_t *sched;
     uint64_t registered_bytes; /* cache prefix registered with the transport */

@@ -127,8 +127,8 @@ void hs_journal_close(hs_journal_t *j)
     free(j);
 }
 
-hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batches,
-                            uint32_t epochs, char *why, size_t whycap)
+hs_status_t hs_journal_check(const hs_journal_t *j, uint64_t plan_hash, uint32_t n_batches,
+                             char *why, size_t whycap)
 {
     if (j->has_header && (j->plan_hash != plan_hash || j->n_batches != n_batches)) {
         snprintf(why, whycap,
@@ -138,6 +138,14 @@ hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batc
                  j->path, j->plan_hash, j->n_batches, plan_hash, n_batches);
         return HS_ERR_MISMATCH;
     }
+    return HS_OK;
+}
+
+hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batches,
+                            uint32_t epochs, char *why, size_t whycap)
+{
+    hs_status_t st = hs_journal_check(j, plan_hash, n_batches, why, whycap);
+    if (st != HS_OK) return st;
     uint64_t *per_epoch = calloc(epochs, sizeof(uint64_t));
     if (!per_epoch) return HS_ERR_NOMEM;
     for (size_t i = 0; i < j->n_entries; i++) {

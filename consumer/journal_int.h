@@ -22,9 +22,14 @@ typedef struct hs_journal hs_journal_t;
 hs_status_t hs_journal_open(const char *path, hs_journal_t **out);
 void hs_journal_close(hs_journal_t *j); /* NULL ok */
 
-/* Ties the journal to the run: a new journal gets its header; an existing
- * one must have been written for the same plan (HS_ERR_MISMATCH, with both
- * plan hashes in why) and its entries must fit `epochs`. */
+/* Whether the journal fits a plan offered before the plan exchange: HS_OK
+ * for a new journal or one written for that plan, else HS_ERR_MISMATCH with
+ * both plan hashes in why. Reads only; writes nothing. */
+hs_status_t hs_journal_check(const hs_journal_t *j, uint64_t plan_hash, uint32_t n_batches,
+                             char *why, size_t whycap);
+/* Ties the journal to the run (once its plan is complete and checked): a new journal gets its
+ * header; an existing one must have been written for the same plan (HS_ERR_MISMATCH, with both plan
+ * hashes in why) and its entries must fit `epochs`. */
 hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batches,
                             uint32_t epochs, char *why, size_t whycap);
 /* After bind: the first epoch with a batch not yet released (== epochs when

@@ -798,6 +798,12 @@ static hs_status_t load_inputs(producer_t *pr)
     hs_plan_stats_t ps;
     hs_plan_stats(pr->plan, &ps);
     uint32_t n = hs_plan_n_batches(pr->plan);
+    if (n > HS_PLAN_MAX_BATCHES) {
+        hs_error("the plan of %s has %u batches per epoch, more than the %u a run may have: "
+                 "raise --token-budget or split the data",
+                 cfg->data_path, n, HS_PLAN_MAX_BATCHES);
+        return HS_ERR_INVALID;
+    }
     for (uint32_t b = 0; b < n; b++) {
         hs_plan_batch_t pb;
         hs_plan_batch(pr->plan, b, &pb);

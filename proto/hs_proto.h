@@ -193,6 +193,10 @@ hs_status_t hs_frame_body_check(const hs_frame_header_t *h, const void *body, ch
 #define HS_MSG_NAME_MAX 256u     /* producer and consumer names, bytes */
 #define HS_MSG_TEXT_MAX 4096u    /* error text, bye reason, target name, bytes */
 #define HS_MSG_MAX_WORKERS 4096u /* workers one producer may report */
+/* Batches per epoch a plan may have (HELLO's n_batches): 16 Mi batches is
+ * over 10^12 tokens an epoch at a 65,536-token budget, and the consumer's
+ * per-batch state for it (about 48 bytes a batch) stays under 1 GiB. */
+#define HS_PLAN_MAX_BATCHES (1u << 24)
 /* Batches per PLAN page: each entry costs at most 10 bytes on the wire, so a
  * full page stays far below HS_FRAME_MAX_BODY. */
 #define HS_PLAN_PAGE_MAX 262144u

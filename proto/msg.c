@@ -104,6 +104,11 @@ static hs_status_t check_hello(const Hsflow__Hello *m, char *why, size_t whycap)
                    m->prefetch_per_worker);
     if ((st = check_layout_msg("hello.layout", m->layout, why, whycap))) return st;
     if (m->n_batches < 1) return bad(why, whycap, "hello.n_batches is 0: the plan has no batches");
+    if (m->n_batches > HS_PLAN_MAX_BATCHES)
+        return bad(why, whycap,
+                   "hello.n_batches is %u, more than the %u batches an epoch may have: raise "
+                   "--token-budget or split the data",
+                   m->n_batches, HS_PLAN_MAX_BATCHES);
     if (m->token_budget < 1) return bad(why, whycap, "hello.token_budget is 0");
     if (m->max_seq_len < 1) return bad(why, whycap, "hello.max_seq_len is 0");
     return check_bytes("hello.client_nonce", m->client_nonce, HS_AUTH_NONCE_BYTES, false, why,

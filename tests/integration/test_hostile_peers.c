@@ -132,14 +132,21 @@ static void *trainer_main(void *arg)
     return NULL;
 }
 
-static void harness_start(harness_t *h, hs_order_t order)
+/* Consumer settings a test changes; zero fields keep the harness's own. */
+typedef struct {
+    const char *journal;
+    uint64_t cache_bytes;
+} harness_opts_t;
+
+static void harness_start_ex(harness_t *h, hs_order_t order, const harness_opts_t *o)
 {
     memset(h, 0, sizeof *h);
     hs_consumer_config_t cfg;
     hs_consumer_config_default(&cfg);
     cfg.listen_host = "127.0.0.1";
     cfg.listen_port = 0;
-    cfg.cache_bytes = 64ull << 20;
+    cfg.cache_bytes = o && o->cache_bytes ? o->cache_bytes : 64ull << 20;
+    cfg.journal = o ? o->journal : NULL;
     cfg.epochs = EPOCHS;
     cfg.order = order;
     cfg.verify_synthetic = true;
@@ -153,6 +160,11 @@ static void harness_start(harness_t *h, hs_order_t order)
     ck_assert_ptr_nonnull(h->seen);
     ck_assert_ptr_nonnull(h->sequence);
     ck_assert_int_eq(pthread_create(&h->trainer, NULL, trainer_main, h), 0);
+}
+
+static void harness_start(harness_t *h, hs_order_t order)
+{
+    harness_start_ex(h, order, NULL);
 }
 
 typedef struct {
@@ -1004,6 +1016,132 @@ START_TEST(test_bad_peers_beside_verified_batches_write_nothing_outside_their_sl
 }
 END_TEST
 
+/* A HELLO for another plan (hash of the real one with a bit flipped) with
+ * `n_batches`, sent without hs_msg_pack()'s checks. */
+static void hello_send_other_plan(int fd, const char *name, uint32_t n_batches)
+{
+    Hsflow__Hello h;
+    Hsflow__Layout lm;
+    int32_t layers[HS_MAX_LAYERS];
+    uint8_t nonce[HS_AUTH_NONCE_BYTES] = {4, 5, 6};
+    hello_fill(&h, name, &lm, layers, nonce);
+    h.plan_hash ^= 1;
+    h.n_batches = n_batches;
+    ck_assert(raw_send_unchecked(fd, HS_MSG_HELLO, &h.base));
+}
+
+static long file_size(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    return n;
+}
+
+START_TEST(test_plan_left_half_way_is_discarded_whole_and_a_larger_plan_fits)
+{
+    /* A peer offers a 3-batch plan, sends 2 batches of it and leaves: nothing
+     * of it may outlive it. The real plan is larger; writing it where the
+     * small one was kept would run past its arrays. A batch count beyond
+     * HS_PLAN_MAX_BATCHES is refused before anything is allocated for it. */
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    uint16_t port = hs_consumer_port(h.c);
+    ck_assert_uint_gt(h.n_batches, 3);
+    int a = raw_connect(port);
+    hello_send_other_plan(a, "raw-small-plan", 3);
+    ck_assert(welcome_recv(a));
+    plan_send(a, 0, 2, false);
+    hs_consumer_stats_t s;
+    WAIT_STATS(h.c, s, s.producers_seen >= 1);
+    close(a);
+    int b = raw_connect(port);
+    hello_send_other_plan(b, "raw-huge-plan", 0xffffffffu);
+    expect_refused(b, "n_batches", true);
+    int c = raw_connect(port);
+    hello_send_other_plan(c, "raw-too-many", HS_PLAN_MAX_BATCHES + 1);
+    expect_refused(c, "n_batches", true);
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.producers_dropped, 2);
+}
+END_TEST
+
+START_TEST(test_stalled_plan_sender_is_cut_off_and_a_waiting_producer_defines_the_run)
+{
+    /* The first peer offers another plan, is asked for it and sends nothing.
+     * The real producer arriving meanwhile is not refused for a plan that was
+     * never complete: it waits, and sends its own once the staller is cut off. */
+    setenv("HS_HANDSHAKE_TIMEOUT_S", "1", 1);
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    unsetenv("HS_HANDSHAKE_TIMEOUT_S");
+    int a = raw_connect(hs_consumer_port(h.c));
+    hello_send_other_plan(a, "raw-staller", hs_plan_n_batches(g_plan));
+    ck_assert(welcome_recv(a));
+    hs_consumer_stats_t s;
+    harness_finish(&h, &s);
+    expect_refused(a, "PLAN page", true);
+    ck_assert_uint_ge(s.producers_dropped, 1);
+}
+END_TEST
+
+START_TEST(test_unverified_hello_writes_nothing_to_the_journal)
+{
+    /* A peer offers another plan, is asked for it and leaves: the journal
+     * stays empty, and the real producer (another plan) is not refused. */
+    char journal[320];
+    snprintf(journal, sizeof journal, "%s/journal", g_dir);
+    unlink(journal);
+    harness_opts_t o = {.journal = journal};
+    harness_t h;
+    harness_start_ex(&h, HS_ORDER_ARRIVAL, &o);
+    uint16_t port = hs_consumer_port(h.c);
+    int a = raw_connect(port);
+    hello_send_other_plan(a, "raw-poisoner", hs_plan_n_batches(g_plan));
+    ck_assert(welcome_recv(a));
+    close(a);
+    hs_consumer_stats_t s;
+    WAIT_STATS(h.c, s, s.producers_seen >= 1);
+    ck_assert_msg(file_size(journal) == 0, "the journal has %ld bytes before any plan completed",
+                  file_size(journal));
+    harness_finish(&h, &s);
+    FILE *f = fopen(journal, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[256], want[64];
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+    snprintf(want, sizeof want, "plan=%016llx", (unsigned long long)hs_plan_hash(g_plan));
+    ck_assert_msg(strstr(line, want) != NULL, "journal header '%s' is not for the real plan",
+                  line);
+    unsigned entries = 0;
+    while (fgets(line, sizeof line, f))
+        entries++;
+    fclose(f);
+    ck_assert_uint_eq(entries, EPOCHS * h.n_batches);
+
+    /* Restarted with that journal, the consumer refuses another plan at
+     * HELLO, before any plan exchange, and writes nothing. */
+    long before = file_size(journal);
+    hs_consumer_config_t cfg;
+    hs_consumer_config_default(&cfg);
+    cfg.listen_host = "127.0.0.1";
+    cfg.listen_port = 0;
+    cfg.cache_bytes = 64ull << 20;
+    cfg.epochs = EPOCHS;
+    cfg.transport = "tcp";
+    cfg.journal = journal;
+    hs_consumer_t *c2;
+    ck_assert_int_eq(hs_consumer_create(&cfg, &c2), HS_OK);
+    int b = raw_connect(hs_consumer_port(c2));
+    hello_send_other_plan(b, "raw-other-plan", hs_plan_n_batches(g_plan));
+    expect_refused(b, "journal", true);
+    hs_consumer_destroy(c2);
+    ck_assert_int_eq(file_size(journal), before);
+    unlink(journal);
+}
+END_TEST
+
 START_TEST(test_each_checksum_failure_is_logged_and_a_peer_is_dropped_once)
 {
     /* Peer a sends two corrupt batches at once: both can fail verification
@@ -1070,6 +1208,9 @@ static Suite *hostile_suite(void)
     tcase_add_test(tc, test_well_framed_but_invalid_messages_are_refused);
     tcase_add_test(tc, test_bad_peers_beside_verified_batches_write_nothing_outside_their_slot);
     tcase_add_test(tc, test_each_checksum_failure_is_logged_and_a_peer_is_dropped_once);
+    tcase_add_test(tc, test_plan_left_half_way_is_discarded_whole_and_a_larger_plan_fits);
+    tcase_add_test(tc, test_stalled_plan_sender_is_cut_off_and_a_waiting_producer_defines_the_run);
+    tcase_add_test(tc, test_unverified_hello_writes_nothing_to_the_journal);
     suite_add_tcase(s, tc);
     return s;
 }
