@@ -95,6 +95,13 @@ static void peer_reap(hs_consumer_t *c, peer_t *p)
 
 /* ---- handshake -------------------------------------------------------------- */
 
+/* The first epoch with a batch still to deliver, as told to producers. */
+static uint32_t resume_start_epoch(hs_consumer_t *c)
+{
+    if (c->resume_given) return hs_state_epochs_done(c->resume);
+    return c->journal && c->have_run ? hs_journal_start_epoch(c->journal) : 0;
+}
+
 static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
 {
     Hsflow__Welcome w = HSFLOW__WELCOME__INIT;
@@ -103,7 +110,7 @@ static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
     w.epochs = c->cfg.epochs;
     w.need_plan = need_plan;
     w.order = (uint32_t)c->cfg.order;
-    w.start_epoch = c->journal && c->have_run ? hs_journal_start_epoch(c->journal) : 0;
+    w.start_epoch = resume_start_epoch(c);
     w.consumer_name = c->name;
     if (c->have_secret) {
         hs_auth_consumer_mac(&c->key, p->client_nonce, p->server_nonce, mac);
@@ -198,9 +205,15 @@ static void peer_admit(hs_consumer_t *c, peer_t *p)
         if (offer_matches_run(c, p)) send_welcome(c, p, false);
         return;
     }
+    char why[512];
+    /* A resume state decides the plan, else a journal of an earlier run;
+     * reading either writes nothing. */
+    if (hs_state_check_plan(c->resume, p->offer.plan_hash, p->offer.n_batches, why, sizeof(why)) !=
+        HS_OK) {
+        peer_drop(c, p, HS_ERR_MISMATCH, "%s", why);
+        return;
+    }
     if (c->journal) {
-        /* A journal of an earlier run decides the plan; reading it writes nothing. */
-        char why[512];
         hs_status_t st =
             hs_journal_check(c->journal, p->offer.plan_hash, p->offer.n_batches, why, sizeof(why));
         if (st != HS_OK) {
@@ -303,6 +316,22 @@ static void consumer_fatal(hs_consumer_t *c, const char *fmt, ...)
     c->stop = true;
 }
 
+/* Adds the batches the journal recorded as released to the position. */
+static void position_add_journal(hs_consumer_t *c, hs_state_t *pos)
+{
+    uint32_t start = hs_journal_start_epoch(c->journal), n = c->n_batches;
+    const uint8_t *done = hs_journal_done(c->journal);
+    for (uint32_t e = 0; e < c->cfg.epochs; e++)
+        for (uint32_t b = 0; b < n; b++) {
+            bool released = e < start;
+            if (!released) {
+                uint64_t i = (uint64_t)(e - start) * n + b;
+                released = done[i / 8] >> (i % 8) & 1;
+            }
+            if (released) hs_state_mark(pos, e, b);
+        }
+}
+
 /* The pending plan arrived in full and checked: it becomes the run. The
  * journal is bound to it (its header written) only now, then the scheduler
  * is built and waiting peers are let in, or refused if they offered another
@@ -363,30 +392,45 @@ static void plan_complete(hs_consumer_t *c)
     sc.epochs = c->cfg.epochs;
     sc.seed = c->seed;
     sc.order = c->cfg.order == HS_ORDER_PLAN ? HS_SCHED_PLAN : HS_SCHED_ARRIVAL;
-    uint64_t resumed = 0;
-    hs_status_t st = HS_OK;
-    if (c->journal) {
-        sc.start_epoch = hs_journal_start_epoch(c->journal);
-        sc.resume_done = hs_journal_done(c->journal);
-        resumed = hs_journal_count(c->journal);
+    /* What to skip: the resume state when one was given (it follows the
+     * trainer's checkpoint, so it wins over the journal, which is rewritten
+     * to match it), else the journal's released batches, else nothing. */
+    hs_state_t *pos = NULL;
+    hs_status_t st = hs_state_bind(c->resume, c->plan_hash, n, c->cfg.epochs,
+                                   (hs_state_order_t)c->cfg.order, &pos);
+    if (st == HS_OK && !c->resume_given && c->journal) position_add_journal(c, pos);
+    uint8_t *skip = st == HS_OK ? hs_state_done_bits(pos) : NULL;
+    if (!skip) {
+        consumer_fatal(c, "resume state: %s", hs_status_str(st ? st : HS_ERR_NOMEM));
+        hs_state_destroy(pos);
+        free(bytes);
+        return;
     }
-    if (c->journal && sc.start_epoch >= sc.epochs) {
-        hs_info("the journal says every batch of the %u epoch(s) was already released: "
-                "nothing left to do",
-                sc.epochs);
+    if (c->resume_given && c->journal) hs_journal_rewrite(c->journal, pos);
+    sc.start_epoch = hs_state_epochs_done(pos);
+    sc.resume_done = skip;
+    uint64_t resumed = hs_state_delivered(pos);
+    const char *from = c->resume_given ? "the resume state" : "the journal";
+    pthread_mutex_lock(&c->lock);
+    c->position = pos;
+    pthread_mutex_unlock(&c->lock);
+    if (sc.start_epoch >= sc.epochs) {
+        hs_info("%s says every batch of the %u epoch(s) was already delivered: nothing left to do",
+                from, sc.epochs);
     } else {
-        if (c->journal)
-            hs_info("resuming from the journal: epoch %u, %llu batch(es) already released",
+        if (resumed)
+            hs_info("resuming from %s: epoch %u, %llu batch(es) already delivered", from,
                     sc.start_epoch, (unsigned long long)resumed);
         st = hs_sched_create(&sc, &c->sched); /* copies the plan arrays */
     }
+    free(skip);
     free(bytes);
     plan_discard(c);
     if (st != HS_OK) {
         consumer_fatal(c, "scheduler: %s", hs_status_str(st));
         return;
     }
-    if (!c->sched) { /* the journal has it all */
+    if (!c->sched) { /* everything was delivered before */
         pthread_mutex_lock(&c->lock);
         c->batches_resumed = resumed;
         c->t_start = hs_now_s();
@@ -396,7 +440,7 @@ static void plan_complete(hs_consumer_t *c)
         c->all_queued = true;
         for (peer_t *p = c->peers; p; p = p->next) {
             Hsflow__Bye b = HSFLOW__BYE__INIT;
-            b.reason = "the run is over (journal)";
+            b.reason = "the run is over (resumed)";
             peer_send_msg(c, p, HS_MSG_BYE, &b.base);
         }
         return;
@@ -944,6 +988,40 @@ void hs_consumer_config_default(hs_consumer_config_t *cfg)
     cfg->peer_timeout_s = 10;
 }
 
+/* The resume state of the config (checked against the run's epochs and
+ * order now, against the plan when a producer offers one), else an empty
+ * state. */
+static hs_status_t resume_load(hs_consumer_t *c, const hs_consumer_config_t *cfg)
+{
+    hs_state_order_t order = (hs_state_order_t)cfg->order;
+    if (!cfg->resume_state) return hs_state_create_empty(cfg->epochs, order, &c->resume);
+    char why[512];
+    size_t len = strnlen(cfg->resume_state, (size_t)HS_STATE_MAX_BYTES + 1);
+    hs_status_t st = hs_state_decode(cfg->resume_state, len, &c->resume, why, sizeof(why));
+    if (st == HS_OK) {
+        st = hs_state_check_run(c->resume, cfg->epochs, order, why, sizeof(why));
+        if (st != HS_OK) {
+            hs_state_destroy(c->resume);
+            c->resume = NULL;
+        }
+    }
+    if (st != HS_OK) {
+        if (st == HS_ERR_NOMEM)
+            hs_error("consumer: out of memory reading the resume state");
+        else
+            hs_error("consumer: %s", why);
+        return st;
+    }
+    c->resume_given = true;
+    if (hs_state_has_plan(c->resume))
+        hs_info("resume state: plan %016llx, %llu batch(es) delivered before, from epoch %u",
+                (unsigned long long)hs_state_plan_hash(c->resume),
+                (unsigned long long)hs_state_delivered(c->resume), hs_state_epochs_done(c->resume));
+    else
+        hs_info("resume state saved before the plan was known: nothing to skip");
+    return HS_OK;
+}
+
 static const hs_tp_callbacks_t consumer_callbacks = {
     .on_accept = cb_accept,
     .on_frame = cb_frame,
@@ -993,9 +1071,12 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     hs_cache_config_t cc = {.capacity = cfg->cache_bytes,
                             .flags = cfg->gpu >= 0 ? HS_CACHE_PIN_CUDA : 0,
                             .cuda_device = cfg->gpu};
+    st = resume_load(c, cfg);
+    if (st != HS_OK) goto err_free;
     if (cfg->journal) {
         st = hs_journal_open(cfg->journal, &c->journal);
         if (st != HS_OK) goto err_free;
+        if (c->resume_given) hs_journal_discard(c->journal);
     }
     st = hs_cache_create_ex(&cc, &c->cache);
     if (st != HS_OK) {
@@ -1059,6 +1140,7 @@ err_cache:
     hs_cache_destroy(c->cache);
 err_free:
     hs_journal_close(c->journal);
+    hs_state_destroy(c->resume);
     hs__loader_destroy(c->loader);
     free(c);
     return st;
@@ -1221,6 +1303,7 @@ static hs_status_t next_gpu(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
     pthread_mutex_lock(&c->lock);
     c->batches_delivered++;
     c->tokens_delivered += out->n_tokens;
+    if (c->position) hs_state_mark(c->position, out->epoch, out->batch);
     c->h2d_bytes = bytes;
     c->h2d_s = secs;
     pthread_mutex_unlock(&c->lock);
@@ -1237,6 +1320,7 @@ hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout
     c->batches_delivered++;
     c->tokens_delivered += it.n_tokens;
     c->in_trainer++;
+    if (c->position) hs_state_mark(c->position, it.epoch, it.batch);
     pthread_mutex_unlock(&c->lock);
     batch_from_view(c, &it, (uint8_t *)hs_cache_base(c->cache) + it.slot_offset, out);
     return HS_OK;
@@ -1265,6 +1349,14 @@ hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
     pthread_mutex_unlock(&c->lock);
     slot_done(c, batch->handle, batch->ticket);
     return HS_OK;
+}
+
+hs_status_code_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap, size_t *len)
+{
+    pthread_mutex_lock(&c->lock);
+    hs_status_t st = hs_state_encode(c->position ? c->position : c->resume, buf, cap, len);
+    pthread_mutex_unlock(&c->lock);
+    return st;
 }
 
 void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
@@ -1391,6 +1483,8 @@ void hs_consumer_destroy(hs_consumer_t *c)
     hs_sched_destroy(c->sched);
     hs_cache_destroy(c->cache);
     hs_journal_close(c->journal);
+    hs_state_destroy(c->resume);
+    hs_state_destroy(c->position);
     hs_auth_key_clear(&c->key);
     plan_discard(c);
     free(c->ready);

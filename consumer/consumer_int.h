@@ -15,6 +15,7 @@
 #include "gpu_loader_int.h"
 #include "metrics_int.h"
 #include "journal_int.h"
+#include "state_int.h"
 
 typedef enum {
     PEER_NEW,          /* waiting for HELLO */
@@ -146,6 +147,11 @@ struct hs_consumer {
     hs__loader_t *loader;
     hs_metrics_t *metrics;
     hs_journal_t *journal; /* resume journal, or NULL */
+    /* The resume state given at create (cfg.resume_state), else an empty one;
+     * and, once the plan is known, the position: every batch handed to the
+     * trainer, that state's included (under lock). */
+    hs_state_t *resume, *position;
+    bool resume_given;
     uint64_t batches_resumed;
     gpu_slot_t gpu_slot[2];
     gpu_copy_done_t gpu_done[HS_GPU_DONE_RING];

@@ -52,6 +52,14 @@ static const char usage[] =
     "  --stats-jsonl FILE     append the figures as one JSON line per second (for plots)\n"
     "  --journal FILE         record every released batch; a restarted consumer with the same\n"
     "                         journal skips them and resumes each epoch where it stopped\n"
+    "  --resume-state FILE    start from a saved position (--save-state, or the trainer's\n"
+    "                         Consumer.state_dict()): deliver exactly the batches it does not\n"
+    "                         name; it must come from the same plan, --epochs and --order.\n"
+    "                         With --journal too, the state wins and the journal is rewritten\n"
+    "  --save-state FILE      write this run's position (every batch delivered so far) to FILE\n"
+    "                         at exit and every --save-state-interval, atomically\n"
+    "  --save-state-interval S  seconds between --save-state writes (default 10; 0 = at exit\n"
+    "                         only)\n"
     "  --loopback N           run N local hs-producer processes against 127.0.0.1; the\n"
     "                         arguments after -- go to each of them\n"
     "  -h, --help             this text\n"
@@ -61,6 +69,8 @@ static const char usage[] =
     "  hs-consumer --loopback 3 --cache-gb 1 --epochs 2 --verify-synthetic -- \\\n"
     "      --data data.jsonl --token-budget 8192 --hidden-size 1024 --layers 2,16,29 \\\n"
     "      --source synthetic --gpus cpu:1\n"
+    "  hs-consumer --loopback 2 --cache-gb 1 --epochs 2 --save-state pos.json -- ...\n"
+    "  hs-consumer --loopback 2 --cache-gb 1 --epochs 2 --resume-state pos.json -- ...\n"
     "  hs-consumer --list-devices\n"
     "  hs-consumer --listen 0.0.0.0:7000 --gpu 3 --nic auto --require-rdma --secret-file KEY\n";
 
@@ -73,6 +83,9 @@ typedef struct {
     const char *stats_jsonl;
     const char *nic;
     bool list_devices;
+    const char *resume_state; /* file */
+    const char *save_state;   /* file */
+    double save_state_interval;
 } options_t;
 
 enum {
@@ -97,6 +110,9 @@ enum {
     OPT_METRICS,
     OPT_STATS_JSONL,
     OPT_JOURNAL,
+    OPT_RESUME_STATE,
+    OPT_SAVE_STATE,
+    OPT_SAVE_STATE_INTERVAL,
 };
 
 static const struct option long_options[] = {
@@ -118,6 +134,9 @@ static const struct option long_options[] = {
     {"metrics", required_argument, NULL, OPT_METRICS},
     {"stats-jsonl", required_argument, NULL, OPT_STATS_JSONL},
     {"journal", required_argument, NULL, OPT_JOURNAL},
+    {"resume-state", required_argument, NULL, OPT_RESUME_STATE},
+    {"save-state", required_argument, NULL, OPT_SAVE_STATE},
+    {"save-state-interval", required_argument, NULL, OPT_SAVE_STATE_INTERVAL},
     {"nic", required_argument, NULL, OPT_NIC},
     {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
     {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
@@ -221,6 +240,19 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     case OPT_JOURNAL:
         o->cfg.journal = arg;
         return 0;
+    case OPT_RESUME_STATE:
+        if (!arg[0]) return bad("resume-state", arg, from, "expected a state file");
+        o->resume_state = arg;
+        return 0;
+    case OPT_SAVE_STATE:
+        if (!arg[0]) return bad("save-state", arg, from, "expected a file to write");
+        o->save_state = arg;
+        return 0;
+    case OPT_SAVE_STATE_INTERVAL:
+        if (hs_parse_double(arg, &d) != HS_OK || d < 0 || d > 1e6)
+            return bad("save-state-interval", arg, from, "expected seconds >= 0");
+        o->save_state_interval = d;
+        return 0;
     case OPT_STATUS:
         if (hs_parse_double(arg, &d) != HS_OK || d < 0)
             return bad("status-interval", arg, from, "expected seconds >= 0");
@@ -257,6 +289,83 @@ static void write_stats_line(hs_consumer_t *c, FILE *f)
         if (*p != '\n') fputc(*p, f);
     fputc('\n', f);
     fflush(f);
+}
+
+/* The text of a --resume-state file, read whole (bounded). NULL after
+ * printing why. */
+static char *read_state_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "hs-consumer: --resume-state %s: cannot open it: %m\n", path);
+        return NULL;
+    }
+    size_t cap = 1 << 16, len = 0, max = HS_CONSUMER_STATE_MAX_BYTES;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        len += fread(buf + len, 1, cap - len, f);
+        if (len < cap || cap > max) break;
+        char *n = realloc(buf, cap * 2 + 1);
+        if (!n) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = n;
+        cap *= 2;
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf) {
+        fprintf(stderr, "hs-consumer: --resume-state %s: out of memory\n", path);
+        return NULL;
+    }
+    if (err || len > max) {
+        if (err)
+            fprintf(stderr, "hs-consumer: --resume-state %s: read failed\n", path);
+        else
+            fprintf(stderr,
+                    "hs-consumer: --resume-state %s: more than %u MiB, which no state is; give "
+                    "a file written by --save-state or Consumer.state_dict()\n",
+                    path, HS_CONSUMER_STATE_MAX_BYTES >> 20);
+        free(buf);
+        return NULL;
+    }
+    buf[len] = 0;
+    if (strlen(buf) != len) {
+        fprintf(stderr, "hs-consumer: --resume-state %s: has NUL bytes; it is not a state\n", path);
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* Writes the consumer's position to `path` through PATH.tmp, synced and
+ * renamed, so a crash leaves the previous state or the new one, never half
+ * of one. *buf / *cap: a buffer kept between calls. */
+static hs_status_code_t save_state(hs_consumer_t *c, const char *path, char **buf, size_t *cap)
+{
+    size_t len;
+    hs_status_code_t st;
+    while ((st = hs_consumer_state_save(c, *buf, *cap, &len)) == HS_ERR_NOSPACE) {
+        char *n = realloc(*buf, len + 1);
+        if (!n) return HS_ERR_NOMEM;
+        *buf = n;
+        *cap = len + 1;
+    }
+    if (st != HS_OK) return st;
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp)) return HS_ERR_INVALID;
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && fwrite(*buf, 1, len, f) == len && fputc('\n', f) != EOF && fflush(f) == 0 &&
+              fsync(fileno(f)) == 0;
+    if (f && fclose(f) != 0) ok = false;
+    if (!ok || rename(tmp, path) != 0) {
+        hs_error("--save-state %s: cannot write it: %m", path);
+        unlink(tmp);
+        return HS_ERR_IO;
+    }
+    return HS_OK;
 }
 
 static volatile sig_atomic_t g_interrupted;
@@ -317,6 +426,7 @@ int main(int argc, char **argv)
 {
     options_t o = {0};
     hs_consumer_config_default(&o.cfg);
+    o.save_state_interval = 10;
     snprintf(o.host, sizeof(o.host), "0.0.0.0");
     o.cfg.listen_host = o.host;
     hs_log_set_tag("consumer");
@@ -372,12 +482,15 @@ int main(int argc, char **argv)
         if (!hs_env_for_flag("listen")) o.cfg.listen_port = 0;
     }
     hs_info("config: listen %s:%u, cache %.3f GiB, epochs %u, gpu %d, order %s, prefetch %u, "
-            "verify-synthetic %s, transport %s, net devices %s, require-rdma %s, loopback %d",
+            "verify-synthetic %s, transport %s, net devices %s, require-rdma %s, loopback %d, "
+            "journal %s, resume-state %s, save-state %s every %.1f s",
             o.cfg.listen_host, o.cfg.listen_port, (double)o.cfg.cache_bytes / (1 << 30),
             o.cfg.epochs, o.cfg.gpu, o.cfg.order == HS_ORDER_PLAN ? "plan" : "arrival",
             o.cfg.prefetch, o.cfg.verify_synthetic ? "on" : "off", o.cfg.transport,
             o.cfg.net_devices ? o.cfg.net_devices : "ucx's choice",
-            o.cfg.require_rdma ? "on" : "off", o.loopback);
+            o.cfg.require_rdma ? "on" : "off", o.loopback, o.cfg.journal ? o.cfg.journal : "off",
+            o.resume_state ? o.resume_state : "off", o.save_state ? o.save_state : "off",
+            o.save_state_interval);
 
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, on_signal);
@@ -389,8 +502,18 @@ int main(int argc, char **argv)
                 o.stats_jsonl);
         return 2;
     }
+    char *resume_text = NULL;
+    if (o.resume_state) {
+        if (!(resume_text = read_state_file(o.resume_state))) return 2;
+        o.cfg.resume_state = resume_text;
+    }
     hs_consumer_t *c;
-    if (hs_consumer_create(&o.cfg, &c) != HS_OK) return 1;
+    hs_status_code_t cst = hs_consumer_create(&o.cfg, &c);
+    free(resume_text); /* copied by create */
+    if (cst != HS_OK) return cst == HS_ERR_FORMAT || cst == HS_ERR_MISMATCH ? 2 : 1;
+    char *state_buf = NULL;
+    size_t state_cap = 0;
+    double t_state = hs_now_s();
 
     pid_t pids[MAX_LOOPBACK] = {0};
     int alive = 0;
@@ -413,6 +536,11 @@ int main(int argc, char **argv)
         if (jsonl && hs_now_s() - t_jsonl >= 1.0) {
             t_jsonl = hs_now_s();
             write_stats_line(c, jsonl);
+        }
+        if (o.save_state && o.save_state_interval > 0 &&
+            hs_now_s() - t_state >= o.save_state_interval) {
+            t_state = hs_now_s();
+            save_state(c, o.save_state, &state_buf, &state_cap);
         }
         if (g_interrupted) {
             hs_warn("interrupted: stopping before the run is complete");
@@ -455,6 +583,15 @@ int main(int argc, char **argv)
     }
     hs_consumer_stats_t s;
     hs_consumer_stats(c, &s);
+    if (o.save_state) {
+        if (save_state(c, o.save_state, &state_buf, &state_cap) != HS_OK) {
+            if (!exit_code) exit_code = 1;
+        } else {
+            hs_info("position saved to %s (%llu batch(es) delivered in all)", o.save_state,
+                    (unsigned long long)(s.batches_delivered + s.batches_resumed));
+        }
+    }
+    free(state_buf);
     hs_consumer_destroy(c);
     free(net_devices);
     if (o.loopback) {
@@ -469,8 +606,8 @@ int main(int argc, char **argv)
     bool complete = (s.batches_planned > 0 || s.batches_resumed > 0) &&
                     s.batches_delivered == s.batches_planned;
     if (s.batches_resumed)
-        printf("hsflow journal: %llu batch(es) released in an earlier run were skipped\n",
-               (unsigned long long)s.batches_resumed);
+        printf("hsflow resume: %llu batch(es) delivered in an earlier run were skipped (%s)\n",
+               (unsigned long long)s.batches_resumed, o.resume_state ? "resume state" : "journal");
     printf("hsflow summary: %llu/%llu batches delivered (%s), %llu duplicates, %llu checksum "
            "failures, %llu protocol errors, %.3f GB in %.2f s = %.3f GB/s, %.0f tokens/s, "
            "%llu producers seen (%llu dropped), %llu tickets re-issued, starve %.1f%%\n",

@@ -12,6 +12,7 @@ struct hs_journal {
     FILE *f;
     char path[512];
     bool has_header, bound;
+    bool discarded; /* what was read is ignored; hs_journal_rewrite replaces it */
     uint64_t plan_hash;
     uint32_t n_batches, epochs, start_epoch;
     uint64_t (*entries)[2]; /* (epoch, batch) read at open */
@@ -130,7 +131,8 @@ void hs_journal_close(hs_journal_t *j)
 hs_status_t hs_journal_check(const hs_journal_t *j, uint64_t plan_hash, uint32_t n_batches,
                              char *why, size_t whycap)
 {
-    if (j->has_header && (j->plan_hash != plan_hash || j->n_batches != n_batches)) {
+    if (j->has_header && !j->discarded &&
+        (j->plan_hash != plan_hash || j->n_batches != n_batches)) {
         snprintf(why, whycap,
                  "journal %s was written for plan %016" PRIx64 " (%u batches/epoch), the producer "
                  "offers plan %016" PRIx64 " (%u): start the producers with that run's data and "
@@ -180,13 +182,13 @@ hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batc
             j->count++;
         }
     }
-    if (!j->has_header) {
+    if (!j->has_header && !j->discarded) {
         fprintf(j->f, "hsflow-journal 1 plan=%016" PRIx64 " batches=%u\n", plan_hash, n_batches);
         fflush(j->f);
         j->has_header = true;
-        j->plan_hash = plan_hash;
-        j->n_batches = n_batches;
     }
+    j->plan_hash = plan_hash;
+    j->n_batches = n_batches;
     j->start_epoch = start;
     j->epochs = epochs;
     j->bound = true;
@@ -219,5 +221,70 @@ hs_status_t hs_journal_append(hs_journal_t *j, uint32_t epoch, uint32_t batch)
         fdatasync(fileno(j->f));
         j->t_sync = now;
     }
+    return HS_OK;
+}
+
+void hs_journal_discard(hs_journal_t *j)
+{
+    if (j->n_entries || j->has_header)
+        hs_info("journal %s: its %zu entries give way to the resume state; it will be rewritten "
+                "to match the state once the plan is known",
+                j->path, j->n_entries);
+    j->n_entries = 0;
+    j->has_header = false;
+    j->discarded = true;
+}
+
+hs_status_t hs_journal_rewrite(hs_journal_t *j, const hs_state_t *s)
+{
+    if (!j->bound || !hs_state_has_plan(s) || hs_state_n_batches(s) != j->n_batches)
+        return HS_ERR_INVALID;
+    char tmp[sizeof(j->path) + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", j->path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        hs_error("journal %s: cannot write it: %m", tmp);
+        return HS_ERR_IO;
+    }
+    uint32_t n = j->n_batches, epochs_done = hs_state_epochs_done(s);
+    bool bad = fprintf(f, "hsflow-journal 1 plan=%016" PRIx64 " batches=%u\n",
+                       hs_state_plan_hash(s), n) < 0;
+    for (uint32_t e = 0; e < epochs_done && !bad; e++)
+        for (uint32_t b = 0; b < n; b++)
+            bad |= fprintf(f, "%u %u\n", e, b) < 0;
+    for (uint32_t e = epochs_done; e < j->epochs && !bad; e++)
+        for (uint32_t b = 0; b < n; b++)
+            if (hs_state_has(s, e, b)) bad |= fprintf(f, "%u %u\n", e, b) < 0;
+    bad |= fflush(f) != 0;
+    bad |= fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, j->path) != 0) {
+        hs_error("journal %s: cannot rewrite it: %m (the run goes on; the journal is not "
+                 "updated)",
+                 j->path);
+        unlink(tmp);
+        return HS_ERR_IO;
+    }
+    FILE *nf = fopen(j->path, "a");
+    if (!nf) {
+        hs_error("journal %s: cannot open it for appending: %m", j->path);
+        return HS_ERR_IO;
+    }
+    uint8_t *done = hs_state_done_bits(s);
+    if (!done) {
+        fclose(nf);
+        return HS_ERR_NOMEM;
+    }
+    fclose(j->f);
+    j->f = nf;
+    free(j->done);
+    j->done = done;
+    j->start_epoch = epochs_done;
+    j->count = hs_state_delivered(s);
+    j->has_header = true;
+    j->discarded = false;
+    j->plan_hash = hs_state_plan_hash(s);
+    hs_info("journal %s: rewritten to the resume state's %llu batch(es)", j->path,
+            (unsigned long long)j->count);
     return HS_OK;
 }

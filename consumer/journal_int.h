@@ -13,6 +13,7 @@
 #define HS_JOURNAL_INT_H
 
 #include "hs_common.h"
+#include "state_int.h"
 
 typedef struct hs_journal hs_journal_t;
 
@@ -38,6 +39,15 @@ hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batc
 uint32_t hs_journal_start_epoch(const hs_journal_t *j);
 uint64_t hs_journal_count(const hs_journal_t *j);
 const uint8_t *hs_journal_done(const hs_journal_t *j);
+
+/* A resume state wins over the journal: what was read from the file is
+ * ignored, the next bind accepts any plan and writes nothing, and
+ * hs_journal_rewrite() then replaces the file's contents. */
+void hs_journal_discard(hs_journal_t *j);
+/* After bind: replaces the file with a header and exactly the batches of the
+ * resume state `s` (written to PATH.tmp, synced, renamed over it) and goes
+ * on appending to it; start epoch, count and bitmap follow `s`. */
+hs_status_t hs_journal_rewrite(hs_journal_t *j, const hs_state_t *s);
 
 /* Records a released batch (after bind). */
 hs_status_t hs_journal_append(hs_journal_t *j, uint32_t epoch, uint32_t batch);

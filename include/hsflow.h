@@ -41,6 +41,9 @@ const char *hsflow_status_str(hs_status_code_t status);
 
 typedef enum { HS_ORDER_ARRIVAL = 0, HS_ORDER_PLAN = 1 } hs_order_t;
 
+/* The longest resume state text accepted (hs_consumer_config_t.resume_state). */
+#define HS_CONSUMER_STATE_MAX_BYTES (64u << 20)
+
 typedef struct {
     const char *listen_host; /* default "0.0.0.0" */
     uint16_t listen_port;    /* default 7000; 0 picks a free port */
@@ -59,6 +62,14 @@ typedef struct {
     bool require_rdma;       /* UCX: refuse connections without an RDMA lane */
     const char *metrics;     /* "HOST:PORT": Prometheus /metrics there; NULL = off */
     const char *journal;     /* resume journal file; NULL = off */
+    /* Resume state: the text hs_consumer_state_save() wrote (the caller's;
+     * copied at create), or NULL to start afresh. The consumer then delivers
+     * exactly the batches that state does not name. With a journal as well,
+     * the state wins: it is given when the trainer restarts from the
+     * checkpoint that holds it, and batches the journal recorded after that
+     * checkpoint were never trained into the weights resumed; the journal
+     * is rewritten to the state's batches once the plan is known. */
+    const char *resume_state;
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */
@@ -121,6 +132,15 @@ uint16_t hs_consumer_metrics_port(const hs_consumer_t *c);
 hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms);
 /* Gives the batch's cache slot back; new tickets can then be issued. */
 hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
+/* The consumer's position, for the trainer's checkpoint: every batch that
+ * hs_consumer_next() has handed out so far (the one the trainer holds now
+ * included, and those of the resume state it started from), as compact JSON
+ * (DESIGN §12). Writes it with a NUL into buf[cap] and sets *len to its
+ * length without the NUL. With buf NULL or cap <= that length it returns
+ * HS_ERR_NOSPACE (-12) and still sets *len: call with cap 0 to ask for the
+ * size. Call it from the trainer's thread (between next() calls the
+ * position does not move). */
+hs_status_code_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap, size_t *len);
 void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *out);
 /* The summary as a JSON object into buf[cap]; returns the length it needs
  * (as snprintf). Keys: batches_planned, batches_delivered, duplicates,

@@ -12,6 +12,7 @@ import shutil
 HS_OK = 0
 HS_ERR_CLOSED = -9
 HS_ERR_TIMEOUT = -11
+HS_ERR_NOSPACE = -12
 
 HS_ORDER_ARRIVAL = 0
 HS_ORDER_PLAN = 1
@@ -41,6 +42,7 @@ class ConsumerConfig(ctypes.Structure):
         ("require_rdma", ctypes.c_bool),
         ("metrics", ctypes.c_char_p),
         ("journal", ctypes.c_char_p),
+        ("resume_state", ctypes.c_char_p),
     ]
 
 
@@ -198,6 +200,8 @@ def _declare(lib):
         "hs_consumer_next": (i, [vp, P(CBatch), i]),
         "hs_consumer_release": (i, [vp, P(CBatch)]),
         "hs_consumer_stats": (v, [vp, P(ConsumerStats)]),
+        "hs_consumer_state_save": (i, [vp, ctypes.c_char_p, ctypes.c_size_t,
+                                       P(ctypes.c_size_t)]),
         "hs_consumer_stats_json": (i, [P(ConsumerStats), ctypes.c_char_p, ctypes.c_size_t]),
         "hs_consumer_status_line": (v, [vp, ctypes.c_char_p, ctypes.c_size_t]),
         "hs_consumer_destroy": (v, [vp]),

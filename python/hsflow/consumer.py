@@ -8,12 +8,29 @@ import threading
 import numpy as np
 
 from . import _arrays
-from ._lib import (HS_ERR_CLOSED, HS_ERR_TIMEOUT, HS_OK, HS_ORDER_ARRIVAL, HS_ORDER_PLAN,
-                   CBatch, ConsumerConfig, ConsumerStats, HsflowError, load)
+from ._lib import (HS_ERR_CLOSED, HS_ERR_NOSPACE, HS_ERR_TIMEOUT, HS_OK, HS_ORDER_ARRIVAL,
+                   HS_ORDER_PLAN, CBatch, ConsumerConfig, ConsumerStats, HsflowError, load)
 
 # How long one wait inside the library lasts before Python gets control back
 # (so Ctrl-C and close() from another thread are seen).
 _POLL_MS = 100
+
+
+def _resume_text(resume):
+    """The JSON text of a resume state given as state_dict() returned it (a
+    dict), or as its JSON text (str or bytes)."""
+    if isinstance(resume, dict):
+        try:
+            return json.dumps(resume, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as e:
+            raise ValueError("resume: the state is not JSON-serialisable (%s); give what "
+                             "Consumer.state_dict() returned" % e)
+    if isinstance(resume, str):
+        return resume.encode()
+    if isinstance(resume, (bytes, bytearray)):
+        return bytes(resume)
+    raise ValueError("resume=%r: expected the dict Consumer.state_dict() returned (or its "
+                     "JSON text)" % (type(resume).__name__,))
 
 
 def _parse_listen(listen):
@@ -134,12 +151,20 @@ class Consumer:
     gpu=None (or -1) delivers host memory; gpu=K copies each batch to GPU K
     (a build with CUDA) and the arrays are device tensors. arrays='auto'
     gives torch tensors when torch imports, else numpy ('numpy'/'torch'
-    force one). listen port 0 picks a free port (see .port)."""
+    force one). listen port 0 picks a free port (see .port).
+
+    Resume follows the trainer's checkpoint, as with PyTorch's stateful data
+    loaders: save `consumer.state_dict()` (plain JSON types) in the
+    checkpoint, and build the consumer of the restarted run with
+    `resume=state`; it then delivers exactly the batches not delivered before
+    that state (the same plan, epochs and order are required). `journal=`
+    covers a consumer that restarts while the trainer lives; with both, the
+    state wins."""
 
     def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
                  order="arrival", prefetch=2, verify_synthetic=False, secret_file=None,
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
-                 arrays="auto", metrics=None, journal=None):
+                 arrays="auto", metrics=None, journal=None, resume=None):
         self._c = None
         lib = load()
         host, port = _parse_listen(listen)
@@ -170,7 +195,8 @@ class Consumer:
         self._keep = [host.encode(), transport.encode(),
                       secret_file.encode() if secret_file else None,
                       metrics.encode() if metrics else None,
-                      os.fsencode(journal) if journal else None]
+                      os.fsencode(journal) if journal else None,
+                      _resume_text(resume) if resume is not None else None]
         cfg.listen_host = self._keep[0]
         cfg.listen_port = port
         cfg.cache_bytes = int(cache_gb * (1 << 30))
@@ -186,8 +212,12 @@ class Consumer:
         cfg.peer_timeout_s = int(peer_timeout_s)
         cfg.metrics = self._keep[3]
         cfg.journal = self._keep[4]
+        cfg.resume_state = self._keep[5]
         h = ctypes.c_void_p()
         st = lib.hs_consumer_create(ctypes.byref(cfg), ctypes.byref(h))
+        if st != HS_OK and resume is not None:
+            raise HsflowError("hs_consumer_create refused the resume state (the log above says "
+                              "what differs or is malformed)", st)
         if st != HS_OK:
             raise HsflowError("hs_consumer_create (listen %s:%d, cache %s GiB, gpu %d) failed; "
                               "the log above says why" % (host, port, cache_gb, gpu), st)
@@ -314,6 +344,25 @@ class Consumer:
         b = self.next_batch()
         assert b is not None  # no timeout: only a batch or StopIteration
         return b
+
+    # -- position ---------------------------------------------------------------
+    def state_dict(self):
+        """The consumer's position as a dict of plain JSON types, to save in
+        the trainer's checkpoint: every batch handed out so far, the current
+        one included. Consumer(..., resume=state) delivers the others."""
+        with self._lock:
+            h = self._handle()
+            n = ctypes.c_size_t(0)
+            buf = None
+            for _ in range(4):  # the position only moves in next_batch()
+                cap = len(buf) if buf is not None else 0
+                st = self._lib.hs_consumer_state_save(h, buf, cap, ctypes.byref(n))
+                if st == HS_OK:
+                    return json.loads(buf.value.decode())
+                if st != HS_ERR_NOSPACE:
+                    raise HsflowError("hs_consumer_state_save", st)
+                buf = ctypes.create_string_buffer(n.value + 1)
+            raise HsflowError("hs_consumer_state_save: the state kept growing", st)
 
     # -- figures --------------------------------------------------------------
     def _raw_stats(self):
