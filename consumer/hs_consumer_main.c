@@ -455,6 +455,13 @@ int main(int argc, char **argv)
                         "--loopback N\n");
         return 2;
     }
+    if (o.summary_json && strcmp(o.summary_json, "-")) {
+        const char *inputs[] = {o.cfg.journal, o.cfg.secret_file};
+        if (hs_outfile_check(o.summary_json, inputs, 2) != HS_OK) {
+            fprintf(stderr, "hs-consumer: --summary-json %s: give another file\n", o.summary_json);
+            return 2;
+        }
+    }
     if (o.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;
     if (o.cfg.require_rdma) {
         if (!strcmp(o.cfg.transport, "tcp")) {
@@ -619,15 +626,17 @@ int main(int argc, char **argv)
            (unsigned long long)s.producers_dropped, (unsigned long long)s.leases_returned,
            s.starve_pct);
     if (o.summary_json) {
-        FILE *f = strcmp(o.summary_json, "-") ? fopen(o.summary_json, "w") : stdout;
-        if (!f) {
-            hs_error("cannot write the summary to %s: %m", o.summary_json);
-            return 1;
-        }
         char json[4096];
         hs_consumer_stats_json(&s, json, sizeof(json));
-        fputs(json, f);
-        if (f != stdout) fclose(f);
+        if (!strcmp(o.summary_json, "-")) {
+            fputs(json, stdout);
+        } else {
+            /* Whole or not at all: a reader never sees half a summary. */
+            hs_outfile_t *f;
+            if (hs_outfile_open(o.summary_json, NULL, 0, &f) != HS_OK) return 1;
+            fputs(json, hs_outfile_stream(f));
+            if (hs_outfile_commit(f) != HS_OK) return 1;
+        }
     }
     if (!exit_code && !complete) exit_code = 1;
     return exit_code;

@@ -40,7 +40,9 @@ static void usage(FILE *fp)
             "  --dflash-layers N   DFlash's default set for an N-layer drafter instead\n"
             "  --device DEV        cpu (default) or cuda:0, cuda:1, ...\n"
             "  --token-budget N    tokens per forward call (default 16384)\n"
-            "  --out FILE          safetensors file to write\n"
+            "  --out FILE          safetensors file to write (whole or not at all: through a\n"
+            "                      temporary file renamed at the end; never onto --data or\n"
+            "                      into the --model folder)\n"
             "Every flag can also be set as HS_<FLAG> in the environment (HS_MODEL=...).\n"
             "\n"
             "example:\n"
@@ -227,6 +229,11 @@ int main(int argc, char **argv)
         }
         dflash_n = (int)v;
     }
+
+    /* Before the model is loaded: writing onto the tokens or the model's own
+     * files would destroy them. */
+    const char *inputs[] = {data, model_dir};
+    if (hs_outfile_check(out_path, inputs, 2) != HS_OK) return 2;
 
     int rc = 1;
     hs_model_t *m = NULL;

@@ -538,8 +538,6 @@ hs_status_t hs__st_write(const char *path, const hs__st_write_tensor_t *tensors,
 {
     hs_status_t rc = HS_ERR_NOMEM;
     char *hdr = NULL;
-    FILE *fp = NULL;
-    char tmp[PATH_MAX];
     cJSON *root = cJSON_CreateObject();
     if (!root) return HS_ERR_NOMEM;
     if (n_meta > 0) {
@@ -568,13 +566,10 @@ hs_status_t hs__st_write(const char *path, const hs__st_write_tensor_t *tensors,
     if (!hdr) goto err;
     size_t hlen = strlen(hdr);
     size_t padded = (hlen + 7) / 8 * 8; /* data starts 8-byte aligned */
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    fp = fopen(tmp, "wb");
-    if (!fp) {
-        hs_error("cannot create %s: %m", tmp);
-        rc = HS_ERR_IO;
-        goto err;
-    }
+    hs_outfile_t *of;
+    rc = hs_outfile_open(path, NULL, 0, &of);
+    if (rc != HS_OK) goto err;
+    FILE *fp = hs_outfile_stream(of);
     uint8_t len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
@@ -593,27 +588,14 @@ hs_status_t hs__st_write(const char *path, const hs__st_write_tensor_t *tensors,
                      t->row_bytes;
         }
     }
-    if (fflush(fp) != 0) ok = 0;
-    if (fclose(fp) != 0) ok = 0;
-    fp = NULL;
     if (!ok) {
-        hs_error("cannot write %s: %m", tmp);
-        unlink(tmp);
+        hs_error("cannot write %s: %m; check free disk space", path);
+        hs_outfile_abort(of);
         rc = HS_ERR_IO;
         goto err;
     }
-    if (rename(tmp, path) != 0) {
-        hs_error("cannot rename %s to %s: %m", tmp, path);
-        unlink(tmp);
-        rc = HS_ERR_IO;
-        goto err;
-    }
-    rc = HS_OK;
+    rc = hs_outfile_commit(of);
 err:
-    if (fp) {
-        fclose(fp);
-        unlink(tmp);
-    }
     free(hdr);
     cJSON_Delete(root);
     return rc;

@@ -79,8 +79,10 @@ typedef struct {
     size_t rows, row_bytes, src_stride;
 } hs__st_write_tensor_t;
 
-/* Writes a safetensors file (to path.tmp, then renamed over path), tensors
- * in the given order; n_meta string pairs go to __metadata__. */
+/* Writes a safetensors file through hs_outfile (a temporary file in the same
+ * folder, renamed over path once complete), tensors in the given order;
+ * n_meta string pairs go to __metadata__. The caller checks that path is not
+ * one of its inputs (hs_outfile_check). */
 hs_status_t hs__st_write(const char *path, const hs__st_write_tensor_t *tensors, int n,
                          const char *const *meta_keys, const char *const *meta_vals, int n_meta);
 

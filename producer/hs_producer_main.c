@@ -308,6 +308,11 @@ static int check(options_t *o)
     }
     if (c->source == HS_SOURCE_SYNTHETIC && !c->layout.hidden_size)
         return fprintf(stderr, "hs-producer: --source synthetic needs --hidden-size H\n"), 2;
+    const char *inputs[] = {c->data_path, c->secret_file, c->model_dir};
+    if (c->summary_json && hs_outfile_check(c->summary_json, inputs, 3) != HS_OK)
+        return fprintf(stderr, "hs-producer: --summary-json %s: give another file\n",
+                       c->summary_json),
+               2;
     return 0;
 }
 

@@ -671,8 +671,9 @@ static void print_summary(producer_t *pr)
     const hs_producer_config_t *cfg = pr->cfg;
     double elapsed = pr->t_start > 0 ? hs_now_s() - pr->t_start : 0;
     uint64_t tokens = 0, batches = 0;
-    FILE *f = cfg->summary_json ? fopen(cfg->summary_json, "w") : NULL;
-    if (cfg->summary_json && !f) hs_error("cannot write %s: %m", cfg->summary_json);
+    hs_outfile_t *of = NULL;
+    if (cfg->summary_json) hs_outfile_open(cfg->summary_json, NULL, 0, &of);
+    FILE *f = of ? hs_outfile_stream(of) : NULL;
     if (f) fprintf(f, "{\n  \"workers\": [\n");
     for (uint32_t i = 0; i < cfg->n_workers; i++) {
         worker_t *w = &pr->workers[i];
@@ -699,7 +700,7 @@ static void print_summary(producer_t *pr)
                 "  \"tokens_per_s\": %.1f,\n  \"status\": \"%s\"\n}\n",
                 (unsigned long long)batches, (unsigned long long)tokens, elapsed,
                 elapsed > 0 ? (double)tokens / elapsed : 0, hs_status_str(pr->result));
-        fclose(f);
+        hs_outfile_commit(of);
     }
 }
 

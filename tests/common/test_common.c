@@ -1,7 +1,12 @@
-/* test_common.c - parsers, CRC-32C and the chunked payload checksum. */
+/* test_common.c - parsers, CRC-32C, the chunked payload checksum and output
+ * files. */
 #include <check.h>
+#include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "hs_common.h"
 
@@ -18,7 +23,8 @@ START_TEST(checksum64_is_the_combination_of_chunk_hashes)
 {
     size_t len = 3 * HS_CHECKSUM_CHUNK + 12345;
     uint8_t *buf = malloc(len);
-    for (size_t i = 0; i < len; i++) buf[i] = (uint8_t)(i * 2654435761u >> 13);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)(i * 2654435761u >> 13);
     uint64_t h[4];
     for (int i = 0; i < 4; i++) {
         size_t off = (size_t)i * HS_CHECKSUM_CHUNK;
@@ -54,7 +60,8 @@ START_TEST(checksum_stream_equals_one_shot_for_any_split)
 {
     size_t len = 2 * HS_CHECKSUM_CHUNK + 777;
     uint8_t *buf = malloc(len);
-    for (size_t i = 0; i < len; i++) buf[i] = (uint8_t)(i * 40503u >> 7);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)(i * 40503u >> 7);
     hs_checksum_stream_t *s = hs_checksum_stream_create();
     size_t splits[] = {1, 4096, 24576, HS_CHECKSUM_CHUNK, 3 * HS_CHECKSUM_CHUNK};
     for (size_t k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
@@ -116,6 +123,122 @@ START_TEST(flags_map_to_hs_environment_variables)
 }
 END_TEST
 
+/* A scratch folder with one input file "in" holding "input\n". */
+static char *scratch_with_input(char *dir, size_t cap)
+{
+    snprintf(dir, cap, "/tmp/hs-outfile-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char p[256];
+    snprintf(p, sizeof p, "%s/in", dir);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("input\n", f);
+    fclose(f);
+    return dir;
+}
+
+static void read_back(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+}
+
+static int files_in(const char *dir)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static void remove_scratch(const char *dir)
+{
+    DIR *d = opendir(dir);
+    char p[512];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+START_TEST(outfile_refuses_an_input_by_name_symlink_or_hard_link)
+{
+    char dir[64], in[128], sym[128], hard[128], other[128], buf[64];
+    scratch_with_input(dir, sizeof dir);
+    snprintf(in, sizeof in, "%s/in", dir);
+    snprintf(sym, sizeof sym, "%s/sym", dir);
+    snprintf(hard, sizeof hard, "%s/hard", dir);
+    snprintf(other, sizeof other, "%s/./in", dir);
+    ck_assert_int_eq(symlink("in", sym), 0);
+    ck_assert_int_eq(link(in, hard), 0);
+    const char *inputs[] = {NULL, in};
+    hs_outfile_t *f = NULL;
+    ck_assert_int_eq(hs_outfile_open(in, inputs, 2, &f), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_outfile_open(other, inputs, 2, &f), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_outfile_open(sym, inputs, 2, &f), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_outfile_open(hard, inputs, 2, &f), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_outfile_check(dir, NULL, 0), HS_ERR_INVALID); /* a folder */
+    ck_assert_ptr_null(f);
+    /* an input folder protects the files in it */
+    const char *folder[] = {dir};
+    ck_assert_int_eq(hs_outfile_check(in, folder, 1), HS_ERR_INVALID);
+    read_back(in, buf, sizeof buf);
+    ck_assert_str_eq(buf, "input\n");
+    ck_assert_int_eq(files_in(dir), 3); /* in, sym, hard: nothing created */
+    remove_scratch(dir);
+}
+END_TEST
+
+START_TEST(outfile_appears_only_when_committed)
+{
+    char dir[64], in[128], out[128], buf[64];
+    scratch_with_input(dir, sizeof dir);
+    snprintf(in, sizeof in, "%s/in", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    const char *inputs[] = {in};
+    hs_outfile_t *f;
+    ck_assert_int_eq(hs_outfile_open(out, inputs, 1, &f), HS_OK);
+    fputs("half", hs_outfile_stream(f));
+    fflush(hs_outfile_stream(f));
+    ck_assert_int_eq(access(out, F_OK), -1); /* nothing at the name until commit */
+    ck_assert_int_eq(files_in(dir), 2);
+    ck_assert_int_eq(hs_outfile_commit(f), HS_OK);
+    read_back(out, buf, sizeof buf);
+    ck_assert_str_eq(buf, "half");
+    ck_assert_int_eq(files_in(dir), 2);
+
+    /* replacing: an aborted write leaves the old file and no temporary */
+    ck_assert_int_eq(chmod(out, 0640), 0);
+    ck_assert_int_eq(hs_outfile_open(out, inputs, 1, &f), HS_OK);
+    fputs("discarded", hs_outfile_stream(f));
+    hs_outfile_abort(f);
+    hs_outfile_abort(NULL);
+    read_back(out, buf, sizeof buf);
+    ck_assert_str_eq(buf, "half");
+    ck_assert_int_eq(files_in(dir), 2);
+    ck_assert_int_eq(hs_outfile_open(out, inputs, 1, &f), HS_OK);
+    fputs("whole", hs_outfile_stream(f));
+    ck_assert_int_eq(hs_outfile_commit(f), HS_OK);
+    read_back(out, buf, sizeof buf);
+    ck_assert_str_eq(buf, "whole");
+    struct stat sb;
+    ck_assert_int_eq(stat(out, &sb), 0);
+    ck_assert_uint_eq(sb.st_mode & 0777, 0640); /* the replaced file's mode is kept */
+    remove_scratch(dir);
+
+    /* a folder that does not exist: a clear error, nothing created */
+    ck_assert_int_eq(hs_outfile_open("/nonexistent-hs-dir/out", NULL, 0, &f), HS_ERR_IO);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("common");
@@ -126,6 +249,8 @@ int main(void)
     tcase_add_test(tc, checksum_stream_equals_one_shot_for_any_split);
     tcase_add_test(tc, parsers_accept_good_input_and_reject_bad);
     tcase_add_test(tc, flags_map_to_hs_environment_variables);
+    tcase_add_test(tc, outfile_refuses_an_input_by_name_symlink_or_hard_link);
+    tcase_add_test(tc, outfile_appears_only_when_committed);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
