@@ -1093,6 +1093,8 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     tc.peer_timeout_s = cfg->peer_timeout_s;
     tc.net_devices = cfg->net_devices;
     tc.require_rdma = cfg->require_rdma;
+    tc.auth_key = c->have_secret ? &c->key : NULL; /* copied: c->key stays ours */
+    tc.allow_remote = cfg->insecure;
     st = hs_tp_create(&tc, &consumer_callbacks, c, &c->tp);
     if (st != HS_OK) goto err_cache;
     st = hs_tp_listen(c->tp, cfg->listen_host, cfg->listen_port, &c->port);

@@ -937,6 +937,7 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
     }
     tc.net_devices = cfg->net_devices;
     tc.require_rdma = cfg->require_rdma;
+    tc.auth_key = pr->have_secret ? &pr->key : NULL; /* copied: pr->key stays ours */
     st = hs_tp_create(&tc, &producer_callbacks, pr, &pr->tp);
     if (st != HS_OK) goto err;
 
@@ -978,8 +979,11 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
     st = hs_tp_connect(pr->tp, pr->host, cfg->to_port, (int)cfg->connect_timeout_s * 1000,
                        &pr->conn);
     if (st != HS_OK) {
-        hs_error("cannot reach the consumer at %s:%u within %u s: is hs-consumer running there?",
-                 cfg->to_host, cfg->to_port, cfg->connect_timeout_s);
+        /* a refusal (secret, version) was explained by the transport */
+        if (st == HS_ERR_TIMEOUT || st == HS_ERR_IO)
+            hs_error("cannot reach the consumer at %s:%u within %u s: is hs-consumer running "
+                     "there?",
+                     cfg->to_host, cfg->to_port, cfg->connect_timeout_s);
         goto err;
     }
     static const char *source_names[] = {"?", "synthetic", "model", "external"};

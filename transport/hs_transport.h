@@ -36,6 +36,7 @@
 #define HS_TRANSPORT_H
 
 #include "hs_common.h"
+#include "hs_proto.h" /* hs_auth_key_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -75,6 +76,17 @@ typedef struct {
      * require_rdma makes hs_tp_create fail). Other UCX_* variables apply. */
     const char *net_devices;
     bool require_rdma;
+    /* Who may connect, and what a peer must prove. auth_key: the shared key
+     * (hs_auth_load_secret) or NULL; the caller keeps ownership of its key,
+     * hs_tp_create() copies it and the transport wipes its copy at destroy.
+     * allow_remote: without a key, whether peers off loopback may connect
+     * (the consumer's --insecure). UCX enforces both in its bootstrap, before
+     * anything a peer sends reaches UCX: with a key an HMAC challenge-response
+     * both ways, without one the loopback rule, and a refused peer is told
+     * why. TCP only carries them: its owner applies the rule in on_accept and
+     * the HMAC in its own handshake (frames are safe to parse before). */
+    const hs_auth_key_t *auth_key;
+    bool allow_remote;
 } hs_tp_config_t;
 
 /* Creates a transport with its event loop; `cb` is copied, `arg` is passed
@@ -131,6 +143,13 @@ const char *hs_tp_conn_peer(const hs_tp_conn_t *conn);
 bool hs_tp_conn_is_loopback(const hs_tp_conn_t *conn);
 /* What carries this connection, e.g. "tcp" or "ucx: rc_mlx5/mlx5_0:1". */
 const char *hs_tp_conn_describe(const hs_tp_conn_t *conn);
+/* Sets the largest frame body this connection accepts from now on: 0 gives
+ * back the transport's max_frame_body, anything larger than that is an
+ * error (HS_ERR_INVALID). A consumer keeps peers it has not admitted yet on
+ * a small limit, so that an unauthenticated connection cannot make the
+ * transport buffer a maximal frame. A frame over the limit closes the
+ * connection with HS_ERR_FORMAT, as an oversized one always did. */
+hs_status_t hs_tp_conn_set_max_frame(hs_tp_conn_t *conn, uint32_t max_body);
 /* Opaque per-connection pointer for the owner of the callbacks. */
 void hs_tp_conn_set_user(hs_tp_conn_t *conn, void *user);
 void *hs_tp_conn_get_user(const hs_tp_conn_t *conn);

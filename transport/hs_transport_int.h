@@ -33,11 +33,22 @@ void hs__tp_fault_free(hs__tp_fault_t *f);
 /* Common head of every backend's transport object. */
 struct hs_tp {
     const hs_tp_ops_t *ops;
-    hs_tp_config_t cfg; /* defaults filled in; cfg.net_devices points at net_devices */
+    /* defaults filled in; cfg.net_devices points at net_devices, cfg.auth_key
+     * at key (or is NULL) */
+    hs_tp_config_t cfg;
     hs_tp_callbacks_t cb;
     void *arg;
     char *net_devices;     /* owned copy of cfg->net_devices, or NULL */
+    hs_auth_key_t key;     /* copy of *cfg->auth_key, wiped at destroy */
     hs__tp_fault_t *fault; /* HS_FAULT in effect, or NULL */
+    /* Tests only: loopback peers count as remote for the loopback rule, so
+     * that it can be tested on one host. */
+    bool loopback_is_remote;
+    /* UCX bootstrap: peers that proved themselves (their worker address went
+     * to UCX) and peers refused before that; for tests and the logs. */
+    uint64_t boot_passed, boot_refused;
+    /* Listeners pause after a failed accept (hs__tp_accept_failed). */
+    uint64_t accept_refused, accept_last_log_ns;
 };
 
 /* Common head of every backend's connection object. */
@@ -51,6 +62,10 @@ struct hs_tp_conn {
      * its size, 0 outside such an on_frame(), and whether it was accepted. */
     uint64_t offer_bytes;
     bool offer_accepted;
+    /* Largest frame body accepted from the peer now (hs_tp_conn_set_max_frame);
+     * the backend sets it to cfg.max_frame_body when it creates the
+     * connection and checks every incoming frame header against it. */
+    uint32_t max_frame_body;
 };
 
 /* Runs on_frame() for a checked frame. When payload_bytes > 0 it returns
@@ -110,6 +125,16 @@ void hs__tp_addr_format(const struct sockaddr *sa, char *buf, size_t cap);
  * frees *out with freeaddrinfo(). Logs what was wrong. */
 struct addrinfo;
 hs_status_t hs__tp_resolve(const char *host, uint16_t port, bool passive, struct addrinfo **out);
+
+/* A listener's accept() failed with `err` (not EAGAIN, EINTR or
+ * ECONNABORTED): typically EMFILE/ENFILE when the descriptor limit is
+ * reached, which leaves the listening socket readable, so polling it again
+ * at once would spin. The caller stops polling that listener until
+ * *resume_ns (HS__TP_ACCEPT_PAUSE_MS from now); the failures are counted
+ * and logged at most once per HS__TP_ACCEPT_LOG_MS, with their number. */
+#define HS__TP_ACCEPT_PAUSE_MS 200
+#define HS__TP_ACCEPT_LOG_MS 2000
+void hs__tp_accept_failed(hs_tp_t *tp, int err, uint64_t *resume_ns);
 
 /* The ERROR frame a transport sends before it closes a connection for a
  * protocol error, encoded into buf[cap]; returns its length or 0 when it

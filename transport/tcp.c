@@ -17,8 +17,14 @@
  * and written with sendmsg() straight from the caller's buffer.
  *
  * Receive buffer: one per connection, grown (never per frame) up to
- * prefix + header + max_frame_body + one more prefix + header, the read-ahead
- * allowed when no payload follows the current frame.
+ * prefix + header + the connection's frame limit + one more prefix + header,
+ * the read-ahead allowed when no payload follows the current frame. The
+ * limit is max_frame_body unless the owner lowered it for this connection
+ * (hs_tp_conn_set_max_frame), e.g. until the peer is authenticated.
+ *
+ * Listeners: an accept() that fails for want of descriptors leaves the
+ * listening socket readable; the listener is then taken out of epoll for
+ * HS__TP_ACCEPT_PAUSE_MS instead of being retried in a spin.
  *
  * Send queue: frames are copied into a per-connection byte buffer; the queue
  * itself is a ring of segments, each either "the next n bytes of the buffer"
@@ -69,6 +75,7 @@ typedef struct {
 typedef struct tcp_listener {
     tcp_obj_t obj;
     int fd;
+    uint64_t resume_ns; /* not polled until then after a failed accept (0 = polled) */
     struct tcp_listener *next;
 } tcp_listener_t;
 
@@ -317,6 +324,7 @@ static tcp_conn_t *conn_new(tcp_tp_t *tp, int fd, const struct sockaddr *sa, soc
     c->obj.kind = OBJ_CONN;
     c->tp = tp;
     c->fd = fd;
+    c->base.max_frame_body = tp->base.cfg.max_frame_body;
     c->rx_cap = TCP_RX_INITIAL;
     size_t bound = (size_t)TCP_HEAD * 2 + tp->base.cfg.max_frame_body;
     if (c->rx_cap > bound) c->rx_cap = bound;
@@ -529,8 +537,8 @@ static hs_status_t tcp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t byt
 static bool rx_parse_head(tcp_conn_t *c)
 {
     char why[200];
-    hs_status_t st = hs_frame_header_decode(c->rx + TCP_PREFIX, c->tp->base.cfg.max_frame_body,
-                                            &c->rx_hdr, why, sizeof why);
+    hs_status_t st = hs_frame_header_decode(c->rx + TCP_PREFIX, c->base.max_frame_body, &c->rx_hdr,
+                                            why, sizeof why);
     if (st != HS_OK) {
         conn_fail_peer(c, st, why);
         return false;
@@ -541,7 +549,7 @@ static bool rx_parse_head(tcp_conn_t *c)
         size_t ncap = c->rx_cap;
         while (ncap < need)
             ncap *= 2;
-        size_t bound = (size_t)TCP_HEAD * 2 + c->tp->base.cfg.max_frame_body;
+        size_t bound = (size_t)TCP_HEAD * 2 + c->base.max_frame_body;
         if (ncap > bound) ncap = bound;
         uint8_t *n = realloc(c->rx, ncap);
         if (!n) {
@@ -669,6 +677,32 @@ static void conn_read(tcp_conn_t *c)
 
 /* ---- listen / accept / connect -------------------------------------------- */
 
+/* Takes the listener out of epoll until l->resume_ns (see the top). */
+static void listener_pause(tcp_tp_t *tp, tcp_listener_t *l, int err)
+{
+    hs__tp_accept_failed(&tp->base, err, &l->resume_ns);
+    if (epoll_ctl(tp->epfd, EPOLL_CTL_DEL, l->fd, NULL) != 0) l->resume_ns = 0;
+}
+
+/* Puts paused listeners whose time has come back into epoll; returns the
+ * timeout to wait at most so that the next one is not missed. */
+static int listeners_resume(tcp_tp_t *tp, int timeout_ms)
+{
+    uint64_t now = hs_now_ns();
+    for (tcp_listener_t *l = tp->listeners; l; l = l->next) {
+        if (!l->resume_ns) continue;
+        if (now >= l->resume_ns) {
+            struct epoll_event e = {.events = EPOLLIN, .data.ptr = &l->obj};
+            if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, l->fd, &e) == 0 || errno == EEXIST)
+                l->resume_ns = 0;
+            continue;
+        }
+        int ms = (int)((l->resume_ns - now) / 1000000u + 1);
+        if (timeout_ms < 0 || ms < timeout_ms) timeout_ms = ms;
+    }
+    return timeout_ms;
+}
+
 static void tcp_accept(tcp_tp_t *tp, tcp_listener_t *l)
 {
     for (;;) {
@@ -677,8 +711,7 @@ static void tcp_accept(tcp_tp_t *tp, tcp_listener_t *l)
         int fd = accept4(l->fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                hs_warn("accept failed: %m (too many open files? raise ulimit -n)");
+            if (errno != EAGAIN && errno != EWOULDBLOCK) listener_pause(tp, l, errno);
             return;
         }
         socket_tune(tp, fd, true);
@@ -890,6 +923,7 @@ static hs_status_t tcp_progress(hs_tp_t *t, int timeout_ms)
         timeout_ms = 0; /* something happened */
     }
     timeout_ms = next_linger_ms(tp, timeout_ms);
+    timeout_ms = listeners_resume(tp, timeout_ms);
     struct epoll_event ev[TCP_EVENTS];
     int n = epoll_wait(tp->epfd, ev, TCP_EVENTS, timeout_ms);
     if (n < 0) {

@@ -5,6 +5,7 @@
 #include "hs_transport_int.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -114,6 +115,10 @@ hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb,
     tp->cb = *cb;
     tp->arg = arg;
     tp->net_devices = nd;
+    if (cfg->auth_key) {
+        tp->key = *cfg->auth_key;
+        tp->cfg.auth_key = &tp->key;
+    }
     st = hs__tp_fault_wrap(&tp->cb, &tp->arg, &tp->fault);
     if (st != HS_OK) {
         hs_tp_destroy(tp);
@@ -128,7 +133,8 @@ void hs_tp_destroy(hs_tp_t *tp)
     if (!tp) return;
     char *nd = tp->net_devices;
     hs__tp_fault_t *f = tp->fault;
-    tp->ops->destroy(tp); /* callbacks may still run through the fault layer */
+    hs_auth_key_clear(&tp->key); /* no handshake runs during destroy */
+    tp->ops->destroy(tp);        /* callbacks may still run through the fault layer */
     free(nd);
     hs__tp_fault_free(f);
 }
@@ -274,6 +280,19 @@ const char *hs_tp_conn_describe(const hs_tp_conn_t *conn)
     return conn->describe;
 }
 
+hs_status_t hs_tp_conn_set_max_frame(hs_tp_conn_t *conn, uint32_t max_body)
+{
+    if (!conn) return HS_ERR_INVALID;
+    uint32_t full = conn->tp->cfg.max_frame_body;
+    if (max_body > full) {
+        hs_error("connection %s: a frame limit of %u bytes exceeds the transport's %u", conn->peer,
+                 max_body, full);
+        return HS_ERR_INVALID;
+    }
+    conn->max_frame_body = max_body ? max_body : full;
+    return HS_OK;
+}
+
 void hs_tp_conn_set_user(hs_tp_conn_t *conn, void *user)
 {
     if (conn) conn->user = user;
@@ -351,6 +370,26 @@ hs_status_t hs__tp_resolve(const char *host, uint16_t port, bool passive, struct
         return HS_ERR_INVALID;
     }
     return HS_OK;
+}
+
+/* ---- listeners ----------------------------------------------------------- */
+
+void hs__tp_accept_failed(hs_tp_t *tp, int err, uint64_t *resume_ns)
+{
+    uint64_t now = hs_now_ns();
+    tp->accept_refused++;
+    *resume_ns = now + (uint64_t)HS__TP_ACCEPT_PAUSE_MS * 1000000u;
+    if (tp->accept_last_log_ns && now - tp->accept_last_log_ns < HS__TP_ACCEPT_LOG_MS * 1000000ull)
+        return;
+    const char *hint = err == EMFILE || err == ENFILE
+                           ? "the open-file limit is reached: raise ulimit -n, or lower the number "
+                             "of connections"
+                           : "check the system's socket limits";
+    hs_warn("cannot accept connections: %s; %llu accept(s) failed%s, pausing each for %d ms; %s",
+            strerror(err), (unsigned long long)tp->accept_refused,
+            tp->accept_last_log_ns ? " since the last report" : "", HS__TP_ACCEPT_PAUSE_MS, hint);
+    tp->accept_refused = 0;
+    tp->accept_last_log_ns = now;
 }
 
 /* ---- ERROR frame ---------------------------------------------------------- */

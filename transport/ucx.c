@@ -32,6 +32,7 @@
  * on_close runs once all of them reported (or UCX_DRAIN_MS passed).
  */
 #include "hs_transport_int.h"
+#include "ucx_hello_int.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -110,7 +111,8 @@ struct ucx_tp {
     ucp_worker_h worker;
     int efd;
     size_t max_am_header;
-    int *lfds; /* bootstrap listening sockets */
+    int *lfds;               /* bootstrap listening sockets */
+    uint64_t *lfd_resume_ns; /* per listener: paused until then after a failed accept */
     size_t n_lfds;
     ucx_pending_t *pending; /* accepted sockets in their hello */
     size_t n_pending;
@@ -365,6 +367,7 @@ static ucx_conn_t *conn_alloc(ucx_tp_t *tp)
     ucx_conn_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->base.tp = &tp->base;
+    c->base.max_frame_body = tp->base.cfg.max_frame_body;
     c->tp = tp;
     snprintf(c->base.describe, sizeof c->base.describe, "ucx");
     return c;
@@ -564,8 +567,7 @@ static bool frame_check(ucx_conn_t *c, const void *frame, size_t len, hs_frame_h
         conn_fail_peer(c, HS_ERR_FORMAT, why);
         return false;
     }
-    hs_status_t st =
-        hs_frame_header_decode(frame, c->tp->base.cfg.max_frame_body, h, why, sizeof why);
+    hs_status_t st = hs_frame_header_decode(frame, c->base.max_frame_body, h, why, sizeof why);
     if (st == HS_OK && (size_t)h->body_len + HS_FRAME_HEADER_BYTES != len) {
         snprintf(why, sizeof why, "%s frame of %zu bytes whose header says %u body bytes",
                  hs_msg_type_str(h->type), len, h->body_len);
@@ -782,81 +784,44 @@ static void ucx_close(hs_tp_conn_t *conn, hs_status_t reason)
  * This transport listens with a plain TCP socket of its own, not a
  * ucp_listener: UCX 1.13's tcp connection manager aborts the whole process
  * when a stray client sends it garbage (assertion in tcp_sockcm_ep.c), and a
- * consumer must survive any bytes from the network. On that socket both sides
- * send one hello carrying their UCX worker address; each then creates an
- * endpoint to the other's address (UCX pairs the two into one connection,
- * the server's first, so that no message can arrive before it exists), and
- * the socket is closed. The hello, all little-endian:
+ * consumer must survive any bytes from the network. On that socket the two
+ * sides run the exchange of ucx_hello_int.h: HELLO and CHALLENGE swap nonces,
+ * AUTH and ACCEPT carry the proofs (with a shared secret) and the UCX worker
+ * addresses; each side then creates an endpoint to the other's address (UCX
+ * pairs the two into one connection, the server's first, so that no message
+ * can arrive before it exists), and the socket is closed.
  *
- *   magic u32 "HSUX" | version u16 | reserved u16 | addr_len u32 | addr
- *
- * with 0 < addr_len <= UCX_ADDR_MAX. Anything else is cut off.
+ * UCX trusts a worker address completely (it has no length and a malformed
+ * one makes it assert), so nothing a peer sends reaches UCX before the peer
+ * has proved itself: the server applies the loopback rule to the HELLO (no
+ * secret and not allow_remote: loopback peers only) and, with a secret,
+ * checks the client's proof before it looks at the address in AUTH; the
+ * client checks the server's proof before it uses the address in ACCEPT. A
+ * refused peer gets a REFUSE record saying why. Every length is checked
+ * before anything is allocated (hs__ucx_boot_head_parse); a connection that
+ * has not finished within UCX_BOOT_TIMEOUT_MS is cut off; at most
+ * UCX_PENDING_MAX are in the bootstrap at once (the oldest gives way).
  */
-#define HELLO_MAGIC 0x58555348u /* "HSUX" */
-#define HELLO_VERSION 1u
-#define HELLO_HEAD 12u
-#define UCX_ADDR_MAX (64u << 10)
-#define UCX_HELLO_TIMEOUT_MS 10000
+#define UCX_BOOT_TIMEOUT_MS 10000
+#define UCX_REFUSE_LINGER_MS 1000 /* after a REFUSE: read what the peer still sends */
 #define UCX_PENDING_MAX 256
+
+typedef enum { BOOT_HELLO, BOOT_AUTH, BOOT_REFUSED } boot_stage_t;
 
 struct ucx_pending {
     int fd;
     struct sockaddr_storage peer;
     socklen_t peer_len;
-    uint8_t head[HELLO_HEAD];
-    size_t got;
-    uint32_t addr_len;
-    uint8_t *addr;
+    char name[HS__TP_PEER_CAP];
+    boot_stage_t stage;
+    uint8_t small[HS__UCX_BOOT_HELLO_BYTES]; /* a record head, or a whole HELLO */
+    uint8_t *rec;                            /* the record being read: small or heap */
+    size_t want, got;                        /* its length once the head is in; bytes in */
+    uint8_t hello[HS__UCX_BOOT_HELLO_BYTES]; /* the client's HELLO: its proof covers it */
+    uint8_t server_nonce[HS__UCX_BOOT_NONCE];
     uint64_t deadline_ns;
     ucx_pending_t *next;
 };
-
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static void hello_head(uint8_t out[HELLO_HEAD], size_t addr_len)
-{
-    put_le(out, HELLO_MAGIC, 4);
-    put_le(out + 4, HELLO_VERSION, 2);
-    put_le(out + 6, 0, 2);
-    put_le(out + 8, addr_len, 4);
-}
-
-/* Checks a received hello header; returns addr_len, or 0 with why set. */
-static uint32_t hello_check(const uint8_t h[HELLO_HEAD], char *why, size_t whycap)
-{
-    uint32_t magic = (uint32_t)get_le(h, 4);
-    uint32_t version = (uint32_t)get_le(h + 4, 2);
-    uint32_t len = (uint32_t)get_le(h + 8, 4);
-    if (magic != HELLO_MAGIC) {
-        snprintf(why, whycap,
-                 "not an hsflow UCX hello (magic 0x%08x): is the peer using --transport tcp?",
-                 magic);
-        return 0;
-    }
-    if (version != HELLO_VERSION) {
-        snprintf(why, whycap,
-                 "UCX hello version %u, this side speaks %u: run the same hsflow "
-                 "release on both sides",
-                 version, HELLO_VERSION);
-        return 0;
-    }
-    if (len == 0 || len > UCX_ADDR_MAX) {
-        snprintf(why, whycap, "UCX worker address of %u bytes (at most %u)", len, UCX_ADDR_MAX);
-        return 0;
-    }
-    return len;
-}
 
 static ucs_status_t ep_create_to(ucx_tp_t *tp, ucx_conn_t *c, const void *addr)
 {
@@ -870,6 +835,13 @@ static ucs_status_t ep_create_to(ucx_tp_t *tp, ucx_conn_t *c, const void *addr)
     return ucp_ep_create(tp->worker, &ep, &c->ep);
 }
 
+static void pending_rec_reset(ucx_pending_t *p)
+{
+    if (p->rec != p->small) free(p->rec);
+    p->rec = p->small;
+    p->want = p->got = 0;
+}
+
 static void pending_free(ucx_tp_t *tp, ucx_pending_t *p)
 {
     for (ucx_pending_t **pp = &tp->pending; *pp; pp = &(*pp)->next) {
@@ -880,28 +852,121 @@ static void pending_free(ucx_tp_t *tp, ucx_pending_t *p)
     }
     tp->n_pending--;
     close(p->fd);
-    free(p->addr);
+    pending_rec_reset(p);
     free(p);
 }
 
 static void pending_drop(ucx_tp_t *tp, ucx_pending_t *p, const char *why)
 {
-    char peer[HS__TP_PEER_CAP];
-    hs__tp_addr_format((struct sockaddr *)&p->peer, peer, sizeof peer);
-    hs_warn("connection from %s: %s; closing it", peer, why);
+    hs_warn("connection from %s: %s; closing it", p->name, why);
     pending_free(tp, p);
 }
 
-/* A complete hello arrived: create the endpoint, answer, hand it over. */
-static void pending_accept(ucx_tp_t *tp, ucx_pending_t *p)
+/* Tells the peer why (REFUSE), then reads off what it still sends for a
+ * moment, so that closing does not reset the connection before the peer
+ * read the REFUSE. */
+static void pending_refuse(ucx_tp_t *tp, ucx_pending_t *p, hs_status_t st, const char *why)
 {
+    hs_warn("connection from %s refused in the UCX bootstrap: %s", p->name, why);
+    tp->base.boot_refused++;
+    uint8_t buf[HS__UCX_BOOT_HEAD + 4 + HS__UCX_BOOT_TEXT_MAX];
+    size_t n = hs__ucx_boot_pack_refuse(buf, sizeof buf, st, why);
+    if (n == 0 || send(p->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)n) {
+        pending_free(tp, p);
+        return;
+    }
+    (void)shutdown(p->fd, SHUT_WR);
+    pending_rec_reset(p);
+    p->stage = BOOT_REFUSED;
+    p->deadline_ns = hs_now_ns() + (uint64_t)UCX_REFUSE_LINGER_MS * 1000000u;
+}
+
+static bool pending_send(ucx_pending_t *p, const struct iovec *iov, int n)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += iov[i].iov_len;
+    struct msghdr msg = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+    return sendmsg(p->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)total;
+}
+
+/* HELLO: the loopback rule and whether both sides agree on a secret, then
+ * the CHALLENGE. Nothing of the peer's is kept but its HELLO. */
+static void pending_on_hello(ucx_tp_t *tp, ucx_pending_t *p, const hs__ucx_boot_msg_t *m)
+{
+    const hs_tp_config_t *cfg = &tp->base.cfg;
+    bool peer_key = (m->flags & HS__UCX_BOOT_FLAG_KEY) != 0;
+    bool loopback =
+        hs__tp_addr_is_loopback((struct sockaddr *)&p->peer) && !tp->base.loopback_is_remote;
+    char why[HS__UCX_BOOT_TEXT_MAX + 1];
+    if (cfg->auth_key && !peer_key) {
+        pending_refuse(tp, p, HS_ERR_AUTH,
+                       "the consumer requires a shared secret: start the producer with "
+                       "--secret-file FILE, the consumer's secret");
+        return;
+    }
+    if (!cfg->auth_key && peer_key) {
+        pending_refuse(tp, p, HS_ERR_AUTH,
+                       "the producer has a shared secret but the consumer has none: give both "
+                       "sides the same --secret-file");
+        return;
+    }
+    if (!cfg->auth_key && !cfg->allow_remote && !loopback) {
+        snprintf(why, sizeof why,
+                 "peer %s is not on a loopback address and no shared secret is set: start both "
+                 "sides with --secret-file FILE (or the consumer with --insecure)",
+                 p->name);
+        pending_refuse(tp, p, HS_ERR_AUTH, why);
+        return;
+    }
+    memcpy(p->hello, p->rec, HS__UCX_BOOT_HELLO_BYTES);
+    if (hs_auth_nonce(p->server_nonce) != HS_OK) {
+        pending_drop(tp, p, "no random nonce (libsodium)");
+        return;
+    }
+    uint8_t ch[HS__UCX_BOOT_HELLO_BYTES];
+    hs__ucx_boot_pack_nonce(ch, HS__UCX_BOOT_CHALLENGE, cfg->auth_key ? HS__UCX_BOOT_FLAG_KEY : 0,
+                            p->server_nonce);
+    struct iovec iov = {ch, sizeof ch};
+    if (!pending_send(p, &iov, 1)) {
+        pending_drop(tp, p, "could not send the UCX challenge");
+        return;
+    }
+    pending_rec_reset(p);
+    p->stage = BOOT_AUTH;
+}
+
+/* AUTH: with a secret the proof first; only then does the address go to
+ * UCX, and the ACCEPT (with this side's proof) goes back. */
+static void pending_on_auth(ucx_tp_t *tp, ucx_pending_t *p, const hs__ucx_boot_msg_t *m)
+{
+    const hs_auth_key_t *key = tp->base.cfg.auth_key;
+    const uint8_t *client_nonce = p->hello + HS__UCX_BOOT_HEAD + 4;
+    uint8_t mac[HS__UCX_BOOT_MAC] = {0};
+    if (key) {
+        uint8_t expect[HS_AUTH_MAC_BYTES];
+        if (hs_auth_producer_mac(key, p->server_nonce, client_nonce, p->hello, sizeof p->hello,
+                                 expect) != HS_OK ||
+            hs_auth_verify(m->mac, expect) != HS_OK) {
+            pending_refuse(tp, p, HS_ERR_AUTH,
+                           "authentication failed: the producer's --secret-file differs from the "
+                           "consumer's");
+            return;
+        }
+        hs_auth_consumer_mac(key, client_nonce, p->server_nonce, mac);
+    }
+    tp->base.boot_passed++;
+    hs_debug("ucx bootstrap: %s passed (%s); creating its endpoint", p->name,
+             key                         ? "shared secret"
+             : tp->base.cfg.allow_remote ? "insecure"
+                                         : "loopback");
     ucx_conn_t *c = conn_alloc(tp);
     if (!c) {
         pending_drop(tp, p, "out of memory");
         return;
     }
     hs__tp_conn_set_peer(&c->base, (struct sockaddr *)&p->peer, p->peer_len);
-    ucs_status_t us = ep_create_to(tp, c, p->addr);
+    ucs_status_t us = ep_create_to(tp, c, m->addr);
     if (us != UCS_OK) {
         char why[160];
         snprintf(why, sizeof why, "cannot reach its UCX worker: %s", ucs_status_string(us));
@@ -911,17 +976,16 @@ static void pending_accept(ucx_tp_t *tp, ucx_pending_t *p)
     }
     c->connected = true;
     conn_link(tp, c);
-    uint8_t head[HELLO_HEAD];
-    hello_head(head, tp->my_addr_len);
-    struct iovec iov[2] = {{head, HELLO_HEAD}, {tp->my_addr, tp->my_addr_len}};
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
-    ssize_t w = sendmsg(p->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    uint8_t head[HS__UCX_BOOT_HEAD];
+    hs__ucx_boot_head_pack(head, HS__UCX_BOOT_ACCEPT, (uint32_t)(sizeof mac + tp->my_addr_len));
+    struct iovec iov[3] = {{head, sizeof head}, {mac, sizeof mac}, {tp->my_addr, tp->my_addr_len}};
+    bool sent = pending_send(p, iov, 3);
     pending_free(tp, p);
     tp->activity++;
-    if (w != (ssize_t)(HELLO_HEAD + tp->my_addr_len)) {
+    if (!sent) {
         /* the user never saw it: close without on_close */
         c->announced = false;
-        conn_begin_close(c, HS_ERR_IO, "could not answer the UCX hello", false);
+        conn_begin_close(c, HS_ERR_IO, "could not answer the UCX bootstrap", false);
         return;
     }
     c->announced = true;
@@ -930,64 +994,125 @@ static void pending_accept(ucx_tp_t *tp, ucx_pending_t *p)
     if (s != HS_OK) conn_begin_close(c, s, "connection refused by this side", true);
 }
 
+/* A complete record is in p->rec[0, p->want). */
+static void pending_on_record(ucx_tp_t *tp, ucx_pending_t *p)
+{
+    char why[HS__UCX_BOOT_TEXT_MAX + 64];
+    hs__ucx_boot_msg_t m;
+    hs_status_t st = hs__ucx_hello_parse(p->rec, p->want, &m, why, sizeof why);
+    if (st != HS_OK) {
+        pending_refuse(tp, p, st, why);
+        return;
+    }
+    if (m.type == HS__UCX_BOOT_REFUSE) {
+        snprintf(why, sizeof why, "the peer gave up: %s", m.text);
+        pending_drop(tp, p, why);
+    } else if (m.type == HS__UCX_BOOT_HELLO && p->stage == BOOT_HELLO) {
+        pending_on_hello(tp, p, &m); /* p may be gone afterwards */
+    } else if (m.type == HS__UCX_BOOT_AUTH && p->stage == BOOT_AUTH) {
+        pending_on_auth(tp, p, &m); /* p is gone or refused afterwards */
+    } else {
+        snprintf(why, sizeof why, "unexpected UCX bootstrap record type %u %s", m.type,
+                 p->stage == BOOT_HELLO ? "instead of a HELLO" : "instead of an AUTH");
+        pending_refuse(tp, p, HS_ERR_PROTO, why);
+    }
+}
+
+/* Reads what the socket has; returns when it would block or p is gone (or
+ * refused: the caller must not touch p after a record was handled). */
 static void pending_read(ucx_tp_t *tp, ucx_pending_t *p)
 {
+    if (p->stage == BOOT_REFUSED) {
+        uint8_t scratch[4096];
+        for (int i = 0; i < 64; i++) {
+            ssize_t r = recv(p->fd, scratch, sizeof scratch, MSG_DONTWAIT);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+            if (r <= 0) break;
+        }
+        pending_free(tp, p);
+        return;
+    }
     for (;;) {
-        ssize_t r;
-        if (p->got < HELLO_HEAD)
-            r = recv(p->fd, p->head + p->got, HELLO_HEAD - p->got, MSG_DONTWAIT);
-        else
-            r = recv(p->fd, p->addr + (p->got - HELLO_HEAD), p->addr_len - (p->got - HELLO_HEAD),
-                     MSG_DONTWAIT);
+        size_t want = p->want ? p->want : HS__UCX_BOOT_HEAD;
+        ssize_t r = recv(p->fd, p->rec + p->got, want - p->got, MSG_DONTWAIT);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
         if (r <= 0) {
-            pending_drop(tp, p, r == 0 ? "closed before its hello was complete" : strerror(errno));
+            pending_drop(tp, p,
+                         r == 0 ? "closed before its UCX bootstrap was complete" : strerror(errno));
             return;
         }
         p->got += (size_t)r;
-        if (p->got == HELLO_HEAD) {
-            char why[200];
-            p->addr_len = hello_check(p->head, why, sizeof why);
-            if (p->addr_len == 0) {
-                pending_drop(tp, p, why);
+        if (p->want == 0 && p->got == HS__UCX_BOOT_HEAD) {
+            char why[256];
+            hs__ucx_boot_head_t h;
+            hs_status_t st = hs__ucx_boot_head_parse(p->rec, &h, why, sizeof why);
+            if (st != HS_OK) {
+                pending_refuse(tp, p, st, why);
                 return;
             }
-            p->addr = malloc(p->addr_len);
-            if (!p->addr) {
-                pending_drop(tp, p, "out of memory");
+            uint16_t expect = p->stage == BOOT_HELLO ? HS__UCX_BOOT_HELLO : HS__UCX_BOOT_AUTH;
+            if (h.type != expect && h.type != HS__UCX_BOOT_REFUSE) {
+                snprintf(why, sizeof why, "UCX bootstrap record type %u instead of %s", h.type,
+                         p->stage == BOOT_HELLO ? "a HELLO" : "an AUTH");
+                pending_refuse(tp, p, HS_ERR_PROTO, why);
                 return;
+            }
+            /* bounded by the head check: at most HS__UCX_BOOT_RECORD_MAX */
+            p->want = HS__UCX_BOOT_HEAD + (size_t)h.body_len;
+            if (p->want > sizeof p->small) {
+                uint8_t *b = malloc(p->want);
+                if (!b) {
+                    pending_drop(tp, p, "out of memory");
+                    return;
+                }
+                memcpy(b, p->small, HS__UCX_BOOT_HEAD);
+                p->rec = b;
             }
         }
-        if (p->got > HELLO_HEAD && p->got == HELLO_HEAD + p->addr_len) {
-            pending_accept(tp, p);
+        if (p->want && p->got == p->want) {
+            pending_on_record(tp, p);
             return;
         }
     }
 }
 
-static void listener_accept(ucx_tp_t *tp, int lfd)
+static void listener_accept(ucx_tp_t *tp, size_t li)
 {
     for (;;) {
         struct sockaddr_storage ss;
         socklen_t len = sizeof ss;
-        int fd = accept4(lfd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(tp->lfds[li], (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
-                hs_warn("accept failed: %m (too many open files? raise ulimit -n)");
+                hs__tp_accept_failed(&tp->base, errno, &tp->lfd_resume_ns[li]);
             return;
         }
-        ucx_pending_t *p = tp->n_pending < UCX_PENDING_MAX ? calloc(1, sizeof *p) : NULL;
+        if (tp->n_pending >= UCX_PENDING_MAX) {
+            /* the oldest gives way: the list is newest first */
+            ucx_pending_t *old = tp->pending;
+            while (old && old->next)
+                old = old->next;
+            char why[128];
+            snprintf(why, sizeof why, "%u connections in their UCX bootstrap: dropping the oldest",
+                     UCX_PENDING_MAX);
+            if (old) pending_drop(tp, old, why);
+        }
+        ucx_pending_t *p = calloc(1, sizeof *p);
         if (!p) {
-            hs_warn("too many connections in their handshake (%zu): refusing one", tp->n_pending);
+            hs_warn("out of memory for a connection in its UCX bootstrap: refusing it");
             close(fd);
             continue;
         }
         p->fd = fd;
         p->peer = ss;
         p->peer_len = len;
-        p->deadline_ns = hs_now_ns() + (uint64_t)UCX_HELLO_TIMEOUT_MS * 1000000u;
+        hs__tp_addr_format((struct sockaddr *)&ss, p->name, sizeof p->name);
+        p->rec = p->small;
+        p->stage = BOOT_HELLO;
+        p->deadline_ns = hs_now_ns() + (uint64_t)UCX_BOOT_TIMEOUT_MS * 1000000u;
         p->next = tp->pending;
         tp->pending = p;
         tp->n_pending++;
@@ -995,7 +1120,8 @@ static void listener_accept(ucx_tp_t *tp, int lfd)
 }
 
 /* Waits up to ms on the worker fd (when with_efd) and the bootstrap sockets,
- * then serves the sockets that are ready. */
+ * then serves the sockets that are ready. A listener paused after a failed
+ * accept is left out until its time (hs__tp_accept_failed). */
 static hs_status_t sockets_poll(ucx_tp_t *tp, int ms, bool with_efd)
 {
     if (!with_efd && tp->n_lfds == 0 && tp->n_pending == 0) return HS_OK;
@@ -1009,33 +1135,48 @@ static hs_status_t sockets_poll(ucx_tp_t *tp, int ms, bool with_efd)
         if (ps != pstack) free(ps);
         return HS_ERR_NOMEM;
     }
+    uint64_t now = hs_now_ns();
     size_t k = 0;
     if (with_efd) pf[k++] = (struct pollfd){.fd = tp->efd, .events = POLLIN};
-    for (size_t i = 0; i < tp->n_lfds; i++)
-        pf[k++] = (struct pollfd){.fd = tp->lfds[i], .events = POLLIN};
-    size_t np = 0;
+    size_t lbase = k;
+    for (size_t i = 0; i < tp->n_lfds; i++) {
+        uint64_t resume = tp->lfd_resume_ns[i];
+        bool paused = resume && now < resume;
+        if (!paused) tp->lfd_resume_ns[i] = 0;
+        /* a negative fd is skipped by poll */
+        pf[k++] = (struct pollfd){.fd = paused ? -1 : tp->lfds[i], .events = POLLIN};
+        if (paused) {
+            int left = (int)((resume - now) / 1000000u + 1);
+            if (ms < 0 || ms > left) ms = left;
+        }
+    }
+    size_t pbase = k, np = 0;
     for (ucx_pending_t *p = tp->pending; p; p = p->next) {
         ps[np++] = p;
         pf[k++] = (struct pollfd){.fd = p->fd, .events = POLLIN};
     }
-    if (tp->n_pending > 0 && (ms < 0 || ms > 100)) ms = 100; /* hello deadlines */
+    if (tp->n_pending > 0 && (ms < 0 || ms > 100)) ms = 100; /* bootstrap deadlines */
     int r = poll(pf, k, ms);
     hs_status_t st = HS_OK;
     if (r < 0 && errno != EINTR) {
         hs_error("poll on the UCX transport's fds failed: %m");
         st = HS_ERR_IO;
     } else if (r > 0) {
-        size_t base = with_efd ? 1 : 0;
-        for (size_t i = 0; i < tp->n_lfds; i++)
-            if (pf[base + i].revents & POLLIN) listener_accept(tp, tp->lfds[i]);
-        /* each pending is freed only by its own read */
+        /* each pending is freed only by its own read, so serve them before
+         * the listeners, whose accepts may drop the oldest */
         for (size_t i = 0; i < np; i++)
-            if (pf[base + tp->n_lfds + i].revents) pending_read(tp, ps[i]);
+            if (pf[pbase + i].revents) pending_read(tp, ps[i]);
+        for (size_t i = 0; i < tp->n_lfds; i++)
+            if (pf[lbase + i].revents & POLLIN) listener_accept(tp, i);
     }
-    uint64_t now = hs_now_ns();
+    now = hs_now_ns();
     for (ucx_pending_t *p = tp->pending, *next; p; p = next) {
         next = p->next;
-        if (now >= p->deadline_ns) pending_drop(tp, p, "no complete hello within 10 s");
+        if (now < p->deadline_ns) continue;
+        if (p->stage == BOOT_REFUSED)
+            pending_free(tp, p);
+        else
+            pending_drop(tp, p, "no complete UCX bootstrap within 10 s");
     }
     if (pf != stack) free(pf);
     if (ps != pstack) free(ps);
@@ -1071,11 +1212,14 @@ static hs_status_t ucx_listen(hs_tp_t *t, const char *host, uint16_t port, uint1
         return HS_ERR_IO;
     }
     int *n = realloc(tp->lfds, (tp->n_lfds + 1) * sizeof *n);
-    if (!n) {
+    if (n) tp->lfds = n;
+    uint64_t *r = n ? realloc(tp->lfd_resume_ns, (tp->n_lfds + 1) * sizeof *r) : NULL;
+    if (r) tp->lfd_resume_ns = r;
+    if (!n || !r) {
         close(fd);
         return HS_ERR_NOMEM;
     }
-    tp->lfds = n;
+    tp->lfd_resume_ns[tp->n_lfds] = 0;
     tp->lfds[tp->n_lfds++] = fd;
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
@@ -1113,7 +1257,8 @@ static int ms_left(uint64_t deadline)
     return now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
 }
 
-/* Blocking I/O on the bootstrap socket, bounded by deadline. */
+/* Blocking I/O on the bootstrap socket, bounded by deadline. false with
+ * errno set (ETIMEDOUT at the deadline, ECONNRESET for an end of stream). */
 static bool sock_io(int fd, void *buf, size_t len, bool writing, uint64_t deadline)
 {
     size_t done = 0;
@@ -1137,63 +1282,205 @@ static bool sock_io(int fd, void *buf, size_t len, bool writing, uint64_t deadli
     return true;
 }
 
-/* TCP connect to one of ai, retrying while refused, then the hello swap.
+/* errnos of a bootstrap that may work if tried again: the consumer is not
+ * (yet, or again) listening, or went away in the middle (a restart). */
+static bool boot_errno_transient(int e)
+{
+    return e == ECONNREFUSED || e == ECONNRESET || e == EPIPE || e == ECONNABORTED || e == EAGAIN ||
+           e == ETIMEDOUT || e == ENETUNREACH || e == EHOSTUNREACH || e == EINTR;
+}
+
+/* An I/O failure in the middle of the exchange, errno set: a reset or an
+ * end of stream is what a consumer restarting looks like. */
+static hs_status_t boot_io_failed(char *last, size_t lastcap)
+{
+    int e = errno;
+    snprintf(last, lastcap, "UCX bootstrap with the consumer failed: %s", strerror(e));
+    if (e == ETIMEDOUT) return HS_ERR_TIMEOUT;
+    return boot_errno_transient(e) ? HS_ERR_AGAIN : HS_ERR_IO;
+}
+
+/* One non-blocking TCP connect to `a`, bounded by deadline: the connected
+ * (blocking-free, O_NONBLOCK) fd, or -1 with errno set. */
+static int boot_connect(const struct addrinfo *a, uint64_t deadline)
+{
+    int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) return fd;
+    int e = errno;
+    if (e == EINPROGRESS) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int r;
+        do {
+            r = poll(&p, 1, ms_left(deadline));
+        } while (r < 0 && errno == EINTR);
+        int soerr = 0;
+        socklen_t sl = sizeof soerr;
+        if (r == 0)
+            e = ETIMEDOUT;
+        else if (r < 0)
+            e = errno;
+        else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0)
+            e = errno;
+        else if (soerr != 0)
+            e = soerr;
+        else
+            return fd;
+    }
+    close(fd);
+    errno = e;
+    return -1;
+}
+
+/* Reads one record (head, checked, then its body) into a malloc'd *out of
+ * *out_len bytes. HS_ERR_AGAIN for a transient failure (errno in last),
+ * HS_ERR_TIMEOUT, or the parse error. */
+static hs_status_t boot_read(int fd, uint64_t deadline, uint8_t **out, size_t *out_len, char *last,
+                             size_t lastcap)
+{
+    uint8_t head[HS__UCX_BOOT_HEAD];
+    if (!sock_io(fd, head, sizeof head, false, deadline)) goto err_io;
+    hs__ucx_boot_head_t h;
+    hs_status_t st = hs__ucx_boot_head_parse(head, &h, last, lastcap);
+    if (st != HS_OK) return st;
+    size_t len = HS__UCX_BOOT_HEAD + (size_t)h.body_len; /* bounded by the head check */
+    uint8_t *rec = malloc(len);
+    if (!rec) return HS_ERR_NOMEM;
+    memcpy(rec, head, sizeof head);
+    if (!sock_io(fd, rec + sizeof head, h.body_len, false, deadline)) {
+        free(rec);
+        goto err_io;
+    }
+    *out = rec;
+    *out_len = len;
+    return HS_OK;
+err_io:
+    return boot_io_failed(last, lastcap);
+}
+
+/* Tells the consumer why this side gives up (best effort). */
+static void boot_refuse(int fd, hs_status_t st, const char *why)
+{
+    uint8_t buf[HS__UCX_BOOT_HEAD + 4 + HS__UCX_BOOT_TEXT_MAX];
+    size_t n = hs__ucx_boot_pack_refuse(buf, sizeof buf, st, why);
+    if (n) (void)send(fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* The client side of the bootstrap exchange (see above) on a connected fd.
  * On success *peer_addr (malloc'd) holds the server's worker address. */
+static hs_status_t boot_exchange(ucx_tp_t *tp, int fd, uint64_t deadline, uint8_t **peer_addr,
+                                 char *last, size_t lastcap)
+{
+    const hs_auth_key_t *key = tp->base.cfg.auth_key;
+    uint8_t client_nonce[HS__UCX_BOOT_NONCE], server_nonce[HS__UCX_BOOT_NONCE];
+    uint8_t hello[HS__UCX_BOOT_HELLO_BYTES];
+    if (hs_auth_nonce(client_nonce) != HS_OK) return HS_ERR_UNSUPPORTED;
+    hs__ucx_boot_pack_nonce(hello, HS__UCX_BOOT_HELLO, key ? HS__UCX_BOOT_FLAG_KEY : 0,
+                            client_nonce);
+    if (!sock_io(fd, hello, sizeof hello, true, deadline)) return boot_io_failed(last, lastcap);
+    uint8_t *rec = NULL;
+    size_t len = 0;
+    hs__ucx_boot_msg_t m;
+    hs_status_t st = boot_read(fd, deadline, &rec, &len, last, lastcap);
+    if (st == HS_OK) st = hs__ucx_hello_parse(rec, len, &m, last, lastcap);
+    if (st != HS_OK) goto out;
+    if (m.type == HS__UCX_BOOT_REFUSE) {
+        snprintf(last, lastcap, "the consumer refused the connection: %s", m.text);
+        st = m.status;
+        goto out;
+    }
+    if (m.type != HS__UCX_BOOT_CHALLENGE) {
+        snprintf(last, lastcap, "the consumer sent UCX bootstrap record type %u, not a CHALLENGE",
+                 m.type);
+        st = HS_ERR_PROTO;
+        goto out;
+    }
+    if (!(m.flags & HS__UCX_BOOT_FLAG_KEY) != !key) {
+        snprintf(last, lastcap,
+                 key ? "the consumer has no shared secret but this producer has one: give both "
+                       "sides the same --secret-file"
+                     : "the consumer requires a shared secret: start this producer with "
+                       "--secret-file FILE, the consumer's secret");
+        boot_refuse(fd, HS_ERR_AUTH, last);
+        st = HS_ERR_AUTH;
+        goto out;
+    }
+    memcpy(server_nonce, m.nonce, sizeof server_nonce);
+    free(rec);
+    rec = NULL;
+
+    uint8_t mac[HS__UCX_BOOT_MAC] = {0};
+    if (key) hs_auth_producer_mac(key, server_nonce, client_nonce, hello, sizeof hello, mac);
+    uint8_t head[HS__UCX_BOOT_HEAD];
+    hs__ucx_boot_head_pack(head, HS__UCX_BOOT_AUTH, (uint32_t)(sizeof mac + tp->my_addr_len));
+    if (!sock_io(fd, head, sizeof head, true, deadline) ||
+        !sock_io(fd, mac, sizeof mac, true, deadline) ||
+        !sock_io(fd, tp->my_addr, tp->my_addr_len, true, deadline)) {
+        st = boot_io_failed(last, lastcap);
+        goto out;
+    }
+    st = boot_read(fd, deadline, &rec, &len, last, lastcap);
+    if (st == HS_OK) st = hs__ucx_hello_parse(rec, len, &m, last, lastcap);
+    if (st != HS_OK) goto out;
+    if (m.type == HS__UCX_BOOT_REFUSE) {
+        snprintf(last, lastcap, "the consumer refused the connection: %s", m.text);
+        st = m.status;
+        goto out;
+    }
+    if (m.type != HS__UCX_BOOT_ACCEPT) {
+        snprintf(last, lastcap, "the consumer sent UCX bootstrap record type %u, not an ACCEPT",
+                 m.type);
+        st = HS_ERR_PROTO;
+        goto out;
+    }
+    if (key) {
+        uint8_t expect[HS_AUTH_MAC_BYTES];
+        hs_auth_consumer_mac(key, client_nonce, server_nonce, expect);
+        if (hs_auth_verify(m.mac, expect) != HS_OK) {
+            snprintf(last, lastcap,
+                     "the consumer could not prove it holds the shared secret: wrong peer or a "
+                     "different --secret-file");
+            st = HS_ERR_AUTH;
+            goto out;
+        }
+    }
+    uint8_t *addr = malloc(m.addr_len);
+    if (!addr) {
+        st = HS_ERR_NOMEM;
+        goto out;
+    }
+    memcpy(addr, m.addr, m.addr_len);
+    *peer_addr = addr;
+    st = HS_OK;
+out:
+    free(rec);
+    return st;
+}
+
+/* TCP connect to one of ai, then the bootstrap exchange. HS_ERR_AGAIN when
+ * trying again may work (nobody listening yet, a reset in the middle). */
 static hs_status_t bootstrap(ucx_tp_t *tp, const struct addrinfo *ai, uint64_t deadline,
                              const struct addrinfo **used, uint8_t **peer_addr, char *last,
                              size_t lastcap)
 {
     int fd = -1;
-    for (;;) {
-        for (const struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-            fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            if (fd < 0) continue;
-            if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-                *used = a;
-                break;
-            }
-            snprintf(last, lastcap, "%s", strerror(errno));
-            close(fd);
-            fd = -1;
+    bool transient = false;
+    for (const struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+        fd = boot_connect(a, deadline);
+        if (fd >= 0) {
+            *used = a;
+            break;
         }
-        if (fd >= 0) break;
-        uint64_t now = hs_now_ns();
-        if (now >= deadline) return HS_ERR_TIMEOUT;
-        uint64_t nap = 50u * 1000000u;
-        if (deadline - now < nap) nap = deadline - now;
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap};
-        nanosleep(&ts, NULL);
+        snprintf(last, lastcap, "%s", strerror(errno));
+        if (boot_errno_transient(errno)) transient = true;
     }
-    uint8_t head[HELLO_HEAD];
-    hello_head(head, tp->my_addr_len);
-    hs_status_t st = HS_ERR_IO;
-    uint8_t *addr = NULL;
-    if (!sock_io(fd, head, HELLO_HEAD, true, deadline) ||
-        !sock_io(fd, tp->my_addr, tp->my_addr_len, true, deadline) ||
-        !sock_io(fd, head, HELLO_HEAD, false, deadline)) {
-        snprintf(last, lastcap, "hello exchange failed: %s", strerror(errno));
-        if (errno == ETIMEDOUT) st = HS_ERR_TIMEOUT;
-        goto out;
+    if (fd < 0) {
+        if (hs_now_ns() >= deadline) return HS_ERR_TIMEOUT;
+        return transient ? HS_ERR_AGAIN : HS_ERR_IO;
     }
-    uint32_t len = hello_check(head, last, lastcap);
-    if (len == 0) {
-        st = HS_ERR_PROTO;
-        goto out;
-    }
-    addr = malloc(len);
-    if (!addr) {
-        st = HS_ERR_NOMEM;
-        goto out;
-    }
-    if (!sock_io(fd, addr, len, false, deadline)) {
-        snprintf(last, lastcap, "hello exchange failed: %s", strerror(errno));
-        free(addr);
-        goto out;
-    }
-    *peer_addr = addr;
-    st = HS_OK;
-out:
+    hs_status_t st = boot_exchange(tp, fd, deadline, peer_addr, last, lastcap);
     close(fd);
+    if (st == HS_ERR_AGAIN && hs_now_ns() >= deadline) st = HS_ERR_TIMEOUT;
     return st;
 }
 
@@ -1248,7 +1535,7 @@ static hs_status_t ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int 
     if (st != HS_OK) return st;
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : hs_now_ns() + (uint64_t)timeout_ms * 1000000u;
     ucx_conn_t *c = NULL;
-    char last[200] = "no attempt";
+    char last[400] = "no attempt";
     /* internal progress below may deliver other connections' events: the
      * reentrancy guard of progress covers it */
     tp->in_progress = true;
@@ -1256,6 +1543,21 @@ static hs_status_t ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int 
         const struct addrinfo *used = NULL;
         uint8_t *peer_addr = NULL;
         st = bootstrap(tp, ai, deadline, &used, &peer_addr, last, sizeof last);
+        if (st == HS_ERR_AGAIN) {
+            /* not listening yet, or reset in the middle (a restart): the
+             * whole bootstrap again, until the deadline */
+            hs_debug("ucx bootstrap with %s port %u: %s; trying again", host, port, last);
+            uint64_t now = hs_now_ns();
+            if (now >= deadline) {
+                st = HS_ERR_TIMEOUT;
+                break;
+            }
+            uint64_t nap = 50u * 1000000u;
+            if (deadline - now < nap) nap = deadline - now;
+            struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap};
+            nanosleep(&ts, NULL);
+            continue;
+        }
         if (st != HS_OK) break;
         c = conn_alloc(tp);
         if (!c) {
@@ -1327,9 +1629,12 @@ static hs_status_t ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int 
     tp->in_progress = false;
     freeaddrinfo(ai);
     if (st != HS_OK) {
-        hs_error(
-            "cannot connect with UCX to %s port %u: %s; is the consumer running and reachable?",
-            host, port, last);
+        if (st == HS_ERR_AUTH || st == HS_ERR_MISMATCH || st == HS_ERR_PROTO || st == HS_ERR_FORMAT)
+            hs_error("UCX connection to %s port %u refused: %s", host, port, last);
+        else
+            hs_error("cannot connect with UCX to %s port %u: %s; is the consumer running and "
+                     "reachable?",
+                     host, port, last);
         return st;
     }
     c->connected = true;
@@ -1542,6 +1847,7 @@ static void ucx_destroy(hs_tp_t *t)
     for (size_t i = 0; i < tp->n_lfds; i++)
         close(tp->lfds[i]);
     free(tp->lfds);
+    free(tp->lfd_resume_ns);
     ucp_worker_release_address(tp->worker, tp->my_addr);
     for (size_t i = 0; i < tp->n_regions; i++)
         ucp_mem_unmap(tp->ctx, tp->regions[i].memh);

@@ -22,11 +22,13 @@
 
 #include "hs_proto.h"
 #include "hs_transport.h"
+#include "hs_transport_int.h" /* bootstrap counters, the loopback-as-remote switch */
 
 #define PUMP_LIMIT_S 30.0 /* a guard against hanging, not a timing assertion */
 #define MAX_CONNS 8
 
 static hs_tp_kind_t g_kind = HS_TP_TCP;
+static uint32_t g_accept_max_frame; /* non-zero: cb_accept sets it on new connections */
 
 /* ---- one side: a transport and what its callbacks saw ---------------------- */
 
@@ -60,6 +62,8 @@ static hs_status_t cb_accept(void *arg, hs_tp_conn_t *conn)
     side_t *s = arg;
     if (s->accepts < MAX_CONNS) s->accepted[s->accepts] = conn;
     s->accepts++;
+    if (g_accept_max_frame)
+        ck_assert_int_eq(hs_tp_conn_set_max_frame(conn, g_accept_max_frame), HS_OK);
     return HS_OK;
 }
 
@@ -225,10 +229,12 @@ static void pair_close_and_check_fds(void)
 static void setup_tcp(void)
 {
     g_kind = HS_TP_TCP;
+    g_accept_max_frame = 0;
 }
 static void setup_ucx(void)
 {
     g_kind = HS_TP_UCX;
+    g_accept_max_frame = 0;
     /* UCX keeps some process-wide state (its async thread's fds) from the
      * first context on; create one first so fd counts compare like with like */
     side_t s;
@@ -856,6 +862,162 @@ START_TEST(a_wrong_protocol_version_closes_with_a_mismatch)
 }
 END_TEST
 
+START_TEST(a_per_connection_frame_limit_holds_until_raised)
+{
+    g_accept_max_frame = 1024; /* as a consumer does before it admits a peer */
+    pair_open("127.0.0.1");
+    hs_tp_conn_t *sc = S.accepted[0];
+    ck_assert_int_eq(hs_tp_conn_set_max_frame(sc, (64u << 10) + 1), HS_ERR_INVALID);
+    uint8_t *buf = malloc(HS_FRAME_HEADER_BYTES + 4096);
+    size_t n = make_frame(buf, HS_MSG_STATS, 0, 1024);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    PUMP_UNTIL(&S, &C, S.frames == 1);
+    /* raised to the transport's limit: a bigger frame passes */
+    ck_assert_int_eq(hs_tp_conn_set_max_frame(sc, 0), HS_OK);
+    n = make_frame(buf, HS_MSG_STATS, 1, 4096);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    PUMP_UNTIL(&S, &C, S.frames == 2);
+    /* lowered again: one byte over the limit closes the connection */
+    ck_assert_int_eq(hs_tp_conn_set_max_frame(sc, 1024), HS_OK);
+    n = make_frame(buf, HS_MSG_STATS, 2, 1025);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    PUMP_UNTIL(&S, &C, S.closes == 1);
+    ck_assert_int_eq(S.close_reason, HS_ERR_FORMAT);
+    ck_assert_int_eq(S.frames, 2);
+    free(buf);
+    g_accept_max_frame = 0;
+    pair_close_and_check_fds();
+}
+END_TEST
+
+/* ---- the UCX bootstrap: who may connect ------------------------------------- */
+
+static hs_auth_key_t g_key_a, g_key_b;
+
+static void keys_make(void)
+{
+    for (size_t i = 0; i < sizeof g_key_a.bytes; i++) {
+        g_key_a.bytes[i] = (uint8_t)(i * 13 + 1);
+        g_key_b.bytes[i] = (uint8_t)(i * 13 + 2);
+    }
+}
+
+static void side_create_auth(side_t *s, const hs_auth_key_t *key, bool allow_remote)
+{
+    memset(s, 0, sizeof *s);
+    s->next_cookie = 1000;
+    hs_tp_config_t cfg = {.kind = HS_TP_UCX,
+                          .max_frame_body = 64u << 10,
+                          .auth_key = key,
+                          .allow_remote = allow_remote};
+    ck_assert_int_eq(hs_tp_create(&cfg, &g_cb, s, &s->tp), HS_OK);
+}
+
+/* Connects a client with client_key to a server with server_key; returns
+ * what hs_tp_connect returned and leaves both sides open in S and C. */
+static hs_status_t boot_try(const hs_auth_key_t *server_key, bool allow_remote,
+                            bool loopback_is_remote, const hs_auth_key_t *client_key)
+{
+    g_fds0 = count_fds();
+    keys_make();
+    side_create_auth(&S, server_key, allow_remote);
+    side_create_auth(&C, client_key, false);
+    S.tp->loopback_is_remote = loopback_is_remote;
+    ck_assert_int_eq(hs_tp_listen(S.tp, "127.0.0.1", 0, &g_port), HS_OK);
+    g_cc = NULL;
+    hs_status_t st = connect_while_serving(&S, &C, "127.0.0.1", g_port, &g_cc);
+    if (st == HS_OK) PUMP_UNTIL(&S, &C, S.accepts == 1);
+    return st;
+}
+
+START_TEST(ucx_a_remote_peer_without_a_secret_is_refused_before_ucx_sees_its_address)
+{
+    ck_assert_int_eq(boot_try(NULL, false, true, NULL), HS_ERR_AUTH);
+    ck_assert_ptr_null(g_cc);
+    ck_assert_uint_eq(S.tp->boot_passed, 0);
+    ck_assert_uint_eq(S.tp->boot_refused, 1);
+    ck_assert_int_eq(S.accepts, 0);
+    pair_close_and_check_fds();
+    /* --insecure lets it in */
+    ck_assert_int_eq(boot_try(NULL, true, true, NULL), HS_OK);
+    ck_assert_uint_eq(S.tp->boot_passed, 1);
+    pair_close_and_check_fds();
+}
+END_TEST
+
+START_TEST(ucx_a_shared_secret_is_proved_both_ways_in_the_bootstrap)
+{
+    /* the right secret, even from a peer that looks remote */
+    ck_assert_int_eq(boot_try(&g_key_a, false, true, &g_key_a), HS_OK);
+    ck_assert_uint_eq(S.tp->boot_passed, 1);
+    uint8_t buf[HS_FRAME_HEADER_BYTES + 16];
+    size_t n = make_frame(buf, HS_MSG_STATS, 0, 16);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    PUMP_UNTIL(&S, &C, S.frames == 1);
+    pair_close_and_check_fds();
+    /* a wrong secret, no secret, a secret the server does not have */
+    const hs_auth_key_t *server[] = {&g_key_a, &g_key_a, NULL};
+    const hs_auth_key_t *client[] = {&g_key_b, NULL, &g_key_a};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(boot_try(server[i], false, false, client[i]), HS_ERR_AUTH);
+        ck_assert_uint_eq(S.tp->boot_passed, 0);
+        ck_assert_uint_eq(S.tp->boot_refused, 1);
+        ck_assert_int_eq(S.accepts, 0);
+        pair_close_and_check_fds();
+    }
+}
+END_TEST
+
+START_TEST(ucx_malformed_bootstrap_records_never_reach_ucx)
+{
+    ck_assert_int_eq(boot_try(&g_key_a, false, false, &g_key_a), HS_OK);
+    /* what each raw peer sends: a version-1 hello with a 13-byte address,
+     * a HELLO with a wrong proof and a 13-byte address right behind it,
+     * a body length of 2^32-1, and an AUTH before any HELLO */
+    uint8_t v1[12 + 13] = {'H', 'S', 'U', 'X', 1, 0, 0, 0, 13, 0, 0, 0};
+    uint8_t hello_auth[48 + 12 + 32 + 13] = {'H', 'S', 'U', 'X', 2, 0, 1, 0, 36, 0, 0, 0, 1};
+    memcpy(hello_auth + 48, (uint8_t[]){'H', 'S', 'U', 'X', 2, 0, 3, 0, 45, 0, 0, 0}, 12);
+    uint8_t huge[48 + 12] = {'H', 'S', 'U', 'X', 2, 0, 1, 0, 36, 0, 0, 0, 1};
+    memcpy(huge + 48, (uint8_t[]){'H', 'S', 'U', 'X', 2, 0, 3, 0, 0xff, 0xff, 0xff, 0xff}, 12);
+    uint8_t early[12 + 45] = {'H', 'S', 'U', 'X', 2, 0, 3, 0, 45, 0, 0, 0};
+    struct {
+        const uint8_t *b;
+        size_t n;
+    } raw[] = {{v1, sizeof v1},
+               {hello_auth, sizeof hello_auth},
+               {huge, sizeof huge},
+               {early, sizeof early}};
+    for (size_t i = 0; i < sizeof raw / sizeof raw[0]; i++) {
+        int fd = raw_connect(g_port);
+        raw_write(fd, raw[i].b, raw[i].n);
+        /* a REFUSE record comes back, then the end of the stream */
+        uint8_t got[512];
+        size_t len = 0;
+        double t0 = hs_now_s();
+        for (;;) {
+            pump2(&S, &C);
+            ck_assert_msg(hs_now_s() - t0 < PUMP_LIMIT_S, "raw peer %zu never closed", i);
+            ssize_t r = recv(fd, got + len, sizeof got - len, MSG_DONTWAIT);
+            if (r < 0 && errno == EAGAIN) continue;
+            if (r <= 0) break;
+            len += (size_t)r;
+        }
+        size_t off = len >= 48 && got[6] == 2 ? 48 : 0; /* after a CHALLENGE */
+        ck_assert_msg(len >= off + 16 && got[off + 6] == 5, "raw peer %zu: no REFUSE (%zu bytes)",
+                      i, len);
+        close(fd);
+    }
+    ck_assert_uint_eq(S.tp->boot_passed, 1); /* the real client only */
+    ck_assert_uint_eq(S.tp->boot_refused, 4);
+    uint8_t buf[HS_FRAME_HEADER_BYTES + 16];
+    size_t n = make_frame(buf, HS_MSG_STATS, 0, 16);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    PUMP_UNTIL(&S, &C, S.frames == 1);
+    ck_assert_int_eq(S.accepts, 1);
+    pair_close_and_check_fds();
+}
+END_TEST
+
 START_TEST(transport_kinds_parse_and_print)
 {
     hs_tp_kind_t k;
@@ -903,6 +1065,7 @@ static void add_api_tests(TCase *tc)
     ADD(tc, connect_to_a_port_nobody_listens_on_times_out);
     ADD(tc, require_rdma_refuses_a_path_without_rdma);
     ADD(tc, net_devices_limit_what_carries_a_connection);
+    ADD(tc, a_per_connection_frame_limit_holds_until_raised);
 }
 
 int main(void)
@@ -928,6 +1091,9 @@ int main(void)
         tcase_add_checked_fixture(tc, setup_ucx, NULL);
         tcase_set_timeout(tc, 60);
         add_api_tests(tc);
+        ADD(tc, ucx_a_remote_peer_without_a_secret_is_refused_before_ucx_sees_its_address);
+        ADD(tc, ucx_a_shared_secret_is_proved_both_ways_in_the_bootstrap);
+        ADD(tc, ucx_malformed_bootstrap_records_never_reach_ucx);
         suite_add_tcase(s, tc);
     } else {
         fprintf(stderr, "transport: UCX not built in, skipping the ucx cases\n");
