@@ -25,7 +25,7 @@ done
 wait_connecting p0 p1 p2
 # --train-ms keeps the run going for seconds after the producers are in.
 start consumer "$CONSUMER" --listen 127.0.0.1:$port "${tp[@]}" --cache-gb 0.25 --epochs 2 \
-    --verify-synthetic --train-ms 30 --status-interval 0.2 --summary-json "$SCRATCH/summary.json"
+    --verify-synthetic --train-ms 100 --status-interval 0.2 --summary-json "$SCRATCH/summary.json"
 for i in 0 1 2; do wait_log consumer "producer p$i .* ready" 30; done
 wait_delivered consumer 1 60
 
