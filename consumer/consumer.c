@@ -112,6 +112,8 @@ static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
     w.order = (uint32_t)c->cfg.order;
     w.start_epoch = resume_start_epoch(c);
     w.consumer_name = c->name;
+    double lease_ms = c->cfg.lease_timeout_s * 1000.0;
+    w.lease_timeout_ms = lease_ms >= (double)UINT32_MAX ? UINT32_MAX : (uint32_t)lease_ms;
     if (c->have_secret) {
         hs_auth_consumer_mac(&c->key, p->client_nonce, p->server_nonce, mac);
         w.server_mac.data = mac;
@@ -549,7 +551,7 @@ static void on_done(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t l
         uint8_t *dest = (uint8_t *)hs_cache_base(c->cache) + it.slot_offset;
         if (hs_tp_recv_payload(p->conn, dest, it.bytes, d->ticket_id) == HS_OK) {
             p->receiving++;
-            p->t_done_frame = hs_now_s();
+            p->t_done_frame = p->t_progress = hs_now_s();
         }
     }
     hs_msg_free(m);
@@ -563,25 +565,38 @@ static void on_stats(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t 
     p->stall_pct = s->stall_pct;
     p->tokens_per_s = s->tokens_per_s;
     p->has_stats = true;
+    if (s->progressing) p->t_progress = hs_now_s(); /* heartbeat: renews its leases */
     hs_msg_free(m);
 }
 
 /* Hands out tickets round-robin while the cache has room and a producer has
- * fewer than workers x prefetch tickets. */
+ * fewer than workers x prefetch tickets. The workers a producer claims are
+ * not verified, so its leases may also pin at most a fair share of the cache
+ * (capacity / ready producers; at least one batch): a peer claiming
+ * thousands of workers cannot take every slot, and what a stopped one holds
+ * comes back through the lease timeout (expire_leases). */
 static void issue_tickets(hs_consumer_t *c)
 {
     if (!c->sched || c->stop) return;
+    uint32_t n_ready = 0;
+    for (peer_t *p = c->peers; p; p = p->next)
+        if (p->state == PEER_READY && p->conn && !p->dropped) n_ready++;
+    if (!n_ready) return;
+    uint64_t share = hs_cache_capacity(c->cache) / n_ready;
+    double now = hs_now_s();
     bool progress = true;
     while (progress) {
         progress = false;
         for (peer_t *p = c->peers; p; p = p->next) {
-            if (p->state != PEER_READY || !p->conn) continue;
+            if (p->state != PEER_READY || !p->conn || p->dropped) continue;
             /* Tickets whose DONE arrived are no longer on the producer's plate:
              * it is already computing the next one. */
-            uint32_t held = hs_sched_leases_of(c->sched, p->id) - p->receiving - p->verifying;
+            uint32_t leases = hs_sched_leases_of(c->sched, p->id);
+            uint32_t held = leases - p->receiving - p->verifying;
             if (held >= p->workers * p->prefetch) continue;
             hs_sched_item_t it;
             if (!hs_sched_peek(c->sched, &it)) return;
+            if (leases && hs_sched_bytes_of(c->sched, p->id) + it.bytes > share) continue;
             uint64_t offset = it.slot_offset;
             if (!it.has_slot) {
                 hs_cache_slot_t slot;
@@ -590,6 +605,7 @@ static void issue_tickets(hs_consumer_t *c)
             }
             uint64_t tid;
             if (hs_sched_lease(c->sched, p->id, offset, &tid) != HS_OK) return;
+            if (!leases) p->t_progress = now; /* its lease clock starts */
             Hsflow__Ticket t = HSFLOW__TICKET__INIT;
             t.ticket_id = tid;
             t.epoch = it.epoch;
@@ -815,6 +831,7 @@ static void cb_payload(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_status
         peer_reap(c, p);
         return;
     }
+    p->t_progress = hs_now_s();
     hs_sched_item_t it;
     if (hs_sched_lookup(c->sched, p->id, cookie, &it) != HS_OK) return; /* cannot happen */
     verify_job_t *j = calloc(1, sizeof(*j));
@@ -880,6 +897,28 @@ static void drop_stalled_handshakes(hs_consumer_t *c, double now)
             now - p->t_accept > c->handshake_timeout_s)
             peer_drop(c, p, HS_ERR_TIMEOUT, "no complete handshake within %.0f s",
                       c->handshake_timeout_s);
+}
+
+/* A producer that holds tickets and shows no progress for --lease-timeout
+ * (no DONE, no landed payload, no heartbeat from a computing worker) is
+ * stopped or hung; the transport cannot tell, the kernel still ACKs. It is
+ * dropped: its tickets go back to the front of the queue once its payloads
+ * settle (peer_reap), and a late payload finds its connection closed. */
+static void expire_leases(hs_consumer_t *c, double now)
+{
+    double limit = c->cfg.lease_timeout_s;
+    if (!c->sched || limit <= 0) return;
+    for (peer_t *p = c->peers; p; p = p->next) {
+        if (p->state != PEER_READY || !p->conn || p->dropped) continue;
+        uint32_t n = hs_sched_leases_of(c->sched, p->id);
+        if (n && now - p->t_progress > limit)
+            peer_drop(c, p, HS_ERR_TIMEOUT,
+                      "no progress for %.1f s (no DONE, no heartbeat from a computing worker) "
+                      "while holding %u ticket(s); they go back to the queue. A stopped "
+                      "producer rejoins with --reconnect; a slow one needs a larger "
+                      "--lease-timeout",
+                      now - p->t_progress, n);
+    }
 }
 
 /* Registers the cache with the transport (UCX maps it for RDMA) one chunk
@@ -954,6 +993,7 @@ static void *net_main(void *arg)
         snapshot(c);
         double now = hs_now_s();
         drop_stalled_handshakes(c, now);
+        expire_leases(c, now);
         if (now - c->t_last_status >= c->status_interval && c->status_interval > 0) {
             c->t_last_status = now;
             char line[512];
@@ -986,6 +1026,7 @@ void hs_consumer_config_default(hs_consumer_config_t *cfg)
     cfg->transport = "auto";
     cfg->verify_threads = 1;
     cfg->peer_timeout_s = 10;
+    cfg->lease_timeout_s = 60;
 }
 
 /* The resume state of the config (checked against the run's epochs and
@@ -1036,6 +1077,11 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
         cfg->verify_threads == 0 || cfg->verify_threads > 64) {
         hs_error("consumer: epochs, prefetch and verify threads must be >= 1 and the cache at "
                  "least 1 MiB");
+        return HS_ERR_INVALID;
+    }
+    if (!(cfg->lease_timeout_s >= 0 && cfg->lease_timeout_s <= 1e6)) {
+        hs_error("consumer: lease timeout %g s: expected 0 (never) to 1000000 seconds",
+                 cfg->lease_timeout_s);
         return HS_ERR_INVALID;
     }
     hs_consumer_t *c = calloc(1, sizeof(*c));

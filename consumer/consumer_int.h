@@ -63,6 +63,7 @@ typedef struct peer {
     double stall_pct, tokens_per_s;
     double t_done_frame; /* when the last DONE arrived (trace timing) */
     double t_accept;     /* when the connection arrived */
+    double t_progress;   /* last sign of progress while it holds tickets (lease clock) */
     bool has_stats;
     bool bye_sent; /* told the run is over; its frames are ignored */
     bool dropped;  /* peer_drop() ran: told, logged and counted once */

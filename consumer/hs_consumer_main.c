@@ -32,7 +32,13 @@ static const char usage[] =
     "  --gpu none|K           deliver batches to GPU K, or keep them in host memory (default "
     "none)\n"
     "  --order arrival|plan   delivery order: as verified (default) or strict plan order\n"
-    "  --prefetch N           tickets queued per producer worker (default 2)\n"
+    "  --prefetch N           tickets queued per producer worker (default 2); a producer's\n"
+    "                         tickets pin at most a fair share of the cache (capacity / ready\n"
+    "                         producers, at least one batch), whatever workers it claims\n"
+    "  --lease-timeout S      a producer holding tickets that shows no progress for S seconds\n"
+    "                         (no finished batch, no heartbeat from a computing worker: it was\n"
+    "                         stopped or hangs) is dropped and its tickets go back to the queue\n"
+    "                         (default 60; 0 = never)\n"
     "  --verify-synthetic     check every hidden-state element against the synthetic source\n"
     "  --verify-threads N     checksum threads (default 1)\n"
     "  --secret-file FILE     shared secret: producers must prove they hold it (HMAC)\n"
@@ -113,6 +119,7 @@ enum {
     OPT_RESUME_STATE,
     OPT_SAVE_STATE,
     OPT_SAVE_STATE_INTERVAL,
+    OPT_LEASE_TIMEOUT,
 };
 
 static const struct option long_options[] = {
@@ -137,6 +144,7 @@ static const struct option long_options[] = {
     {"resume-state", required_argument, NULL, OPT_RESUME_STATE},
     {"save-state", required_argument, NULL, OPT_SAVE_STATE},
     {"save-state-interval", required_argument, NULL, OPT_SAVE_STATE_INTERVAL},
+    {"lease-timeout", required_argument, NULL, OPT_LEASE_TIMEOUT},
     {"nic", required_argument, NULL, OPT_NIC},
     {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
     {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
@@ -252,6 +260,11 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         if (hs_parse_double(arg, &d) != HS_OK || d < 0 || d > 1e6)
             return bad("save-state-interval", arg, from, "expected seconds >= 0");
         o->save_state_interval = d;
+        return 0;
+    case OPT_LEASE_TIMEOUT:
+        if (hs_parse_double(arg, &d) != HS_OK || d < 0 || d > 1e6)
+            return bad("lease-timeout", arg, from, "expected seconds >= 0 such as 60 (0 = never)");
+        o->cfg.lease_timeout_s = d;
         return 0;
     case OPT_STATUS:
         if (hs_parse_double(arg, &d) != HS_OK || d < 0)
@@ -489,12 +502,13 @@ int main(int argc, char **argv)
         if (!hs_env_for_flag("listen")) o.cfg.listen_port = 0;
     }
     hs_info("config: listen %s:%u, cache %.3f GiB, epochs %u, gpu %d, order %s, prefetch %u, "
-            "verify-synthetic %s, transport %s, net devices %s, require-rdma %s, loopback %d, "
+            "lease-timeout %g s, verify-synthetic %s, transport %s, net devices %s, require-rdma "
+            "%s, loopback %d, "
             "journal %s, resume-state %s, save-state %s every %.1f s",
             o.cfg.listen_host, o.cfg.listen_port, (double)o.cfg.cache_bytes / (1 << 30),
             o.cfg.epochs, o.cfg.gpu, o.cfg.order == HS_ORDER_PLAN ? "plan" : "arrival",
-            o.cfg.prefetch, o.cfg.verify_synthetic ? "on" : "off", o.cfg.transport,
-            o.cfg.net_devices ? o.cfg.net_devices : "ucx's choice",
+            o.cfg.prefetch, o.cfg.lease_timeout_s, o.cfg.verify_synthetic ? "on" : "off",
+            o.cfg.transport, o.cfg.net_devices ? o.cfg.net_devices : "ucx's choice",
             o.cfg.require_rdma ? "on" : "off", o.loopback, o.cfg.journal ? o.cfg.journal : "off",
             o.resume_state ? o.resume_state : "off", o.save_state ? o.save_state : "off",
             o.save_state_interval);

@@ -21,6 +21,7 @@ typedef struct {
 typedef struct {
     uint64_t conn;
     uint32_t leases;
+    uint64_t bytes; /* payload bytes of those leases */
 } sched_conn_t;
 
 /* a cursor over the plan: (epoch, pos) with the epoch's permutation */
@@ -242,10 +243,11 @@ static sched_conn_t *sched_conn_find(const hs_sched_t *s, uint64_t conn)
     return NULL;
 }
 
-static void sched_conn_dec(hs_sched_t *s, uint64_t conn)
+static void sched_conn_dec(hs_sched_t *s, uint64_t conn, uint64_t bytes)
 {
     sched_conn_t *c = sched_conn_find(s, conn);
-    assert(c && c->leases > 0);
+    assert(c && c->leases > 0 && c->bytes >= bytes);
+    c->bytes -= bytes;
     if (--c->leases == 0) *c = s->conns[--s->n_conns];
 }
 
@@ -253,6 +255,12 @@ uint32_t hs_sched_leases_of(const hs_sched_t *s, uint64_t conn)
 {
     const sched_conn_t *c = sched_conn_find(s, conn);
     return c ? c->leases : 0;
+}
+
+uint64_t hs_sched_bytes_of(const hs_sched_t *s, uint64_t conn)
+{
+    const sched_conn_t *c = sched_conn_find(s, conn);
+    return c ? c->bytes : 0;
 }
 
 /* ---- create / destroy ------------------------------------------------------ */
@@ -430,6 +438,7 @@ hs_status_t hs_sched_lease(hs_sched_t *s, uint64_t conn, uint64_t slot_offset, u
         *c = (sched_conn_t){.conn = conn, .leases = 0};
     }
     c->leases++;
+    c->bytes += s->bytes[r->batch];
     s->leased++;
     s->issued++;
     *ticket = r->ticket;
@@ -468,7 +477,7 @@ static void sched_unlease(hs_sched_t *s, uint32_t idx)
 {
     sched_rec_t *r = &s->recs[idx];
     sched_ht_del(s, r->ticket);
-    sched_conn_dec(s, r->conn);
+    sched_conn_dec(s, r->conn, s->bytes[r->batch]);
     r->ticket = 0;
     r->conn = 0;
     r->state = HS_SCHED_PENDING;
@@ -519,7 +528,7 @@ hs_status_t hs_sched_fill(hs_sched_t *s, uint64_t conn, uint64_t ticket)
     uint32_t idx = sched_leased_rec(s, conn, ticket);
     if (idx == NIL) return HS_ERR_NOT_FOUND;
     sched_rec_t *r = &s->recs[idx];
-    sched_conn_dec(s, conn);
+    sched_conn_dec(s, conn, s->bytes[r->batch]);
     r->state = HS_SCHED_FILLED;
     r->link = NIL;
     s->leased--;

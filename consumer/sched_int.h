@@ -131,6 +131,8 @@ hs_status_t hs_sched_requeue(hs_sched_t *s, uint64_t conn, uint64_t ticket);
  * front of the queue, in plan order, keeping their slots. Returns how many. */
 uint32_t hs_sched_return_leases(hs_sched_t *s, uint64_t conn);
 uint32_t hs_sched_leases_of(const hs_sched_t *s, uint64_t conn);
+/* Payload bytes of the leases `conn` holds now (the cache they pin). */
+uint64_t hs_sched_bytes_of(const hs_sched_t *s, uint64_t conn);
 
 /* The item to hand to the trainer next, without taking it: ARRIVAL = the
  * oldest verified; PLAN = the next item in plan order, only once it is

@@ -70,6 +70,10 @@ typedef struct {
      * checkpoint were never trained into the weights resumed; the journal
      * is rewritten to the state's batches once the plan is known. */
     const char *resume_state;
+    /* A producer holding tickets that shows no progress (no DONE, no heartbeat
+     * from a computing worker) for this long is dropped and its tickets go
+     * back to the queue. Default 60 s; 0 = never. */
+    double lease_timeout_s;
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */

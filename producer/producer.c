@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dataset_int.h"
@@ -52,7 +53,16 @@ typedef struct worker {
     /* figures, under pr->lock */
     uint64_t batches, tokens, bytes;
     double busy_s, stall_s;
-    double t_taken;                 /* external source: when the caller took its batch */
+    double t_taken; /* external source: when the caller took its batch */
+    /* progress, for the heartbeat (under pr->lock): when it last took,
+     * launched or finished a batch, and whether it holds one now */
+    double t_progress;
+    bool computing;
+    /* CPU workers: the thread's CPU clock, read by the network thread; a
+     * worker inside a long forward still computes when it advances */
+    clockid_t cpu_clock;
+    bool has_cpu_clock;
+    uint64_t cpu_ns_seen;
     hs_checksum_stream_t *checksum; /* scratch for sealing */
     hs__gpu_worker_t *gpu_w;        /* GPU model worker, or NULL */
 } worker_t;
@@ -100,6 +110,8 @@ struct hs_producer {
     bool net_started;
     pthread_t net_thread;
     double t_start;
+    double heartbeat_s; /* STATS interval: a quarter of the consumer's lease timeout */
+    double t_beat;      /* when the last STATS went */
 
     worker_t workers[HS_PRODUCER_MAX_WORKERS];
 };
@@ -152,6 +164,8 @@ static void *worker_main(void *arg)
         st->busy = true;
         double t0 = hs_now_s();
         if (pr->t_start > 0) w->stall_s += t0 - (t_wait > pr->t_start ? t_wait : pr->t_start);
+        w->computing = true;
+        w->t_progress = t0;
         pthread_mutex_unlock(&pr->lock);
 
         hs_status_t rc = fill_batch(pr, w, t, st->buf);
@@ -160,6 +174,8 @@ static void *worker_main(void *arg)
 
         pthread_mutex_lock(&pr->lock);
         w->busy_s += t1 - t0;
+        w->computing = false;
+        w->t_progress = t1;
         if (rc != HS_OK || !o) {
             hs_error("worker %u: batch %u/%u failed: %s", w->index, t->epoch, t->batch,
                      hs_status_str(rc != HS_OK ? rc : HS_ERR_NOMEM));
@@ -219,6 +235,7 @@ static hs_status_t gpu_finish(producer_t *pr, worker_t *w, inflight_t *f)
         return HS_ERR_CUDA;
     }
     w->busy_s += ms * 1e-3; /* GPU busy: forward time from CUDA events */
+    w->t_progress = hs_now_s();
     w->batches++;
     w->tokens += f->t->n_tokens;
     w->bytes += f->t->bytes;
@@ -264,6 +281,7 @@ static void *gpu_worker_main(void *arg)
                 hs_status_t rc = gpu_finish(pr, w, &pending);
                 pending.t = NULL;
                 pthread_mutex_lock(&pr->lock);
+                w->computing = false;
                 if (rc != HS_OK) break;
                 t_wait = hs_now_s();
                 continue;
@@ -289,6 +307,8 @@ static void *gpu_worker_main(void *arg)
         st->busy = true;
         if (pr->t_start > 0 && !pending.t)
             w->stall_s += hs_now_s() - (t_wait > pr->t_start ? t_wait : pr->t_start);
+        w->computing = true;
+        w->t_progress = hs_now_s();
         pthread_mutex_unlock(&pr->lock);
 
         hs_batch_view_t v = hs_batch_view(st->buf, t->n_seqs, t->n_tokens, layout);
@@ -445,6 +465,11 @@ static void on_welcome(producer_t *pr, const uint8_t *body, uint32_t len)
     hs_info("welcomed by consumer %s: %u epoch(s), %s order%s", w->consumer_name, w->epochs,
             w->order ? "plan" : "arrival", w->need_plan ? "; sending the plan" : "");
     bool need_plan = w->need_plan;
+    /* Heartbeats (STATS) four times per lease, so one late beat costs nothing. */
+    double lease_s = w->lease_timeout_ms / 1000.0;
+    pr->heartbeat_s = lease_s > 0 ? lease_s / 4 : 2.0;
+    if (pr->heartbeat_s > 2.0) pr->heartbeat_s = 2.0;
+    if (pr->heartbeat_s < 0.05) pr->heartbeat_s = 0.05;
     hs_msg_free(m);
     pr->welcomed = true;
     if (need_plan) send_plan(pr);
@@ -525,6 +550,15 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
     case HS_MSG_ERROR:
         if (hs_msg_unpack(HS_MSG_ERROR, body, body_len, &m, why, sizeof(why)) == HS_OK) {
             Hsflow__Error *e = (Hsflow__Error *)m;
+            if (e->code == HS_ERR_TIMEOUT && pr->cfg->reconnect) {
+                /* Too slow for the consumer (its lease or handshake timeout,
+                 * e.g. after this process was stopped): the tickets went back
+                 * to its queue; join again (cb_close). */
+                hs_warn("the consumer dropped us: %s", e->text);
+                hs_msg_free(m);
+                hs_tp_close(conn, HS_ERR_CLOSED);
+                break;
+            }
             hs_error("consumer refused us: %s", e->text);
             pr->result = e->code < 0 ? (hs_status_t)e->code : HS_ERR_PROTO;
             hs_msg_free(m);
@@ -620,15 +654,30 @@ static void send_stats(producer_t *pr)
     uint32_t n = pr->cfg->n_workers;
     double now = hs_now_s(), stall = 0;
     uint64_t tokens = 0, batches = 0;
+    bool progressing = false;
     pthread_mutex_lock(&pr->lock);
     double elapsed = pr->t_start > 0 ? now - pr->t_start : 0;
+    double since = now - pr->t_beat;
     for (uint32_t i = 0; i < n; i++) {
         worker_t *w = &pr->workers[i];
         stall += elapsed > 0 ? 100.0 * w->stall_s / elapsed : 0;
         tokens += w->tokens;
         batches += w->batches;
+        /* A worker that took or finished a batch since the last beat made
+         * progress; so did one inside a batch whose thread kept computing
+         * (a tenth of the time at least). A hung worker does neither. */
+        if (w->t_progress > pr->t_beat) progressing = true;
+        struct timespec ts;
+        if (w->has_cpu_clock && clock_gettime(w->cpu_clock, &ts) == 0) {
+            uint64_t cpu = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+            if (w->computing && (double)(cpu - w->cpu_ns_seen) >= 0.1 * since * 1e9)
+                progressing = true;
+            w->cpu_ns_seen = cpu;
+        }
     }
+    pr->t_beat = now;
     pthread_mutex_unlock(&pr->lock);
+    s.progressing = progressing;
     s.worker_count = n;
     s.tokens = tokens;
     s.batches = batches;
@@ -1032,7 +1081,7 @@ static void reconnect(producer_t *pr)
 static void *net_main(void *arg)
 {
     producer_t *pr = arg;
-    double t_stats = hs_now_s(), t_status = t_stats;
+    double t_status = hs_now_s();
     const char *si = getenv("HS_STATUS_INTERVAL");
     double status_interval = si ? atof(si) : 5.0;
     while (!pr->done) {
@@ -1048,10 +1097,7 @@ static void *net_main(void *arg)
             pr->done = true;
         }
         double now = hs_now_s();
-        if (pr->welcomed && now - t_stats >= 2.0) {
-            t_stats = now;
-            send_stats(pr);
-        }
+        if (pr->welcomed && now - pr->t_beat >= pr->heartbeat_s) send_stats(pr);
         if (pr->welcomed && status_interval > 0 && now - t_status >= status_interval) {
             t_status = now;
             print_status(pr);
@@ -1073,14 +1119,21 @@ hs_status_t hs_producer_run(const hs_producer_config_t *config)
     hs_status_t st = producer_open(config, &pr);
     if (st != HS_OK) return st;
     uint32_t started = 0;
-    for (; started < pr->cfg->n_workers; started++)
-        if (pthread_create(&pr->workers[started].thread, NULL,
-                           pr->workers[started].gpu_w ? gpu_worker_main : worker_main,
-                           &pr->workers[started]) != 0) {
+    for (; started < pr->cfg->n_workers; started++) {
+        worker_t *w = &pr->workers[started];
+        if (pthread_create(&w->thread, NULL, w->gpu_w ? gpu_worker_main : worker_main, w) != 0) {
             pr->result = HS_ERR_NOMEM;
             pr->done = true;
             break;
         }
+        /* A GPU worker's thread polls while its GPU computes (or hangs): its
+         * CPU time says nothing; its launches and finishes do. */
+        if (!w->gpu_w) {
+            pthread_mutex_lock(&pr->lock);
+            w->has_cpu_clock = pthread_getcpuclockid(w->thread, &w->cpu_clock) == 0;
+            pthread_mutex_unlock(&pr->lock);
+        }
+    }
     net_main(pr);
     st = pr->result;
     pthread_mutex_lock(&pr->lock);
@@ -1180,6 +1233,8 @@ hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout
     if (!pr->tickets) pr->tickets_tail = NULL;
     st->busy = true;
     st->gen = t->gen;
+    w->computing = true;
+    w->t_progress = hs_now_s();
     pthread_mutex_unlock(&pr->lock);
 
     const hs_layout_t *layout = &pr->cfg->layout;
@@ -1229,6 +1284,8 @@ hs_status_code_t hs_producer_submit(hs_producer_t *pr, const hs_work_t *work)
     double now = hs_now_s();
     o->compute_ns = (uint64_t)((now - w->t_taken) * 1e9);
     w->busy_s += now - w->t_taken;
+    w->computing = false;
+    w->t_progress = now;
     w->batches++;
     w->tokens += work->n_tokens;
     w->bytes += work->bytes;

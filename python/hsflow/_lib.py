@@ -43,6 +43,7 @@ class ConsumerConfig(ctypes.Structure):
         ("metrics", ctypes.c_char_p),
         ("journal", ctypes.c_char_p),
         ("resume_state", ctypes.c_char_p),
+        ("lease_timeout_s", ctypes.c_double),
     ]
 
 

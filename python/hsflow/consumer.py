@@ -159,12 +159,17 @@ class Consumer:
     `resume=state`; it then delivers exactly the batches not delivered before
     that state (the same plan, epochs and order are required). `journal=`
     covers a consumer that restarts while the trainer lives; with both, the
-    state wins."""
+    state wins.
+
+    lease_timeout_s: a producer holding tickets that shows no progress (no
+    finished batch, no heartbeat from a computing worker) for this many
+    seconds is dropped and its tickets go back to the queue (0 = never)."""
 
     def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
                  order="arrival", prefetch=2, verify_synthetic=False, secret_file=None,
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
-                 arrays="auto", metrics=None, journal=None, resume=None):
+                 arrays="auto", metrics=None, journal=None, resume=None,
+                 lease_timeout_s=60):
         self._c = None
         lib = load()
         host, port = _parse_listen(listen)
@@ -182,6 +187,10 @@ class Consumer:
                              "plan order)" % (order,))
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError("prefetch=%r: expected tickets per producer worker >= 1" % (prefetch,))
+        if (not isinstance(lease_timeout_s, (int, float)) or isinstance(lease_timeout_s, bool)
+                or not 0 <= lease_timeout_s <= 1e6):
+            raise ValueError("lease_timeout_s=%r: expected seconds >= 0, e.g. 60 (0 = never)"
+                             % (lease_timeout_s,))
         if transport not in ("auto", "tcp", "ucx"):
             raise ValueError("transport=%r: expected 'auto', 'tcp' or 'ucx'" % (transport,))
         self._mode = _arrays.resolve_arrays(arrays)
@@ -213,6 +222,7 @@ class Consumer:
         cfg.metrics = self._keep[3]
         cfg.journal = self._keep[4]
         cfg.resume_state = self._keep[5]
+        cfg.lease_timeout_s = float(lease_timeout_s)
         h = ctypes.c_void_p()
         st = lib.hs_consumer_create(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK and resume is not None:

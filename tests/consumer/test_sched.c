@@ -191,6 +191,35 @@ END_TEST
 
 /* ---- focused behaviours --------------------------------------------------------- */
 
+START_TEST(bytes_of_a_connection_follow_its_leases_through_fill_requeue_and_return)
+{
+    hs_sched_t *s = sched_new(10, 1, HS_SCHED_ARRIVAL, NULL); /* batch b is 1000 + b bytes */
+    hs_sched_item_t it[4];
+    uint64_t tk[4], sum = 0;
+    for (int i = 0; i < 4; i++) {
+        tk[i] = lease(s, 1, 100 * (uint64_t)i, &it[i]);
+        sum += it[i].bytes;
+        ck_assert_uint_eq(hs_sched_bytes_of(s, 1), sum);
+    }
+    ck_assert_uint_eq(hs_sched_bytes_of(s, 2), 0);
+    ck_assert_int_eq(hs_sched_fill(s, 1, tk[0]), HS_OK);
+    sum -= it[0].bytes;
+    ck_assert_uint_eq(hs_sched_bytes_of(s, 1), sum);
+    ck_assert_int_eq(hs_sched_requeue(s, 1, tk[1]), HS_OK);
+    sum -= it[1].bytes;
+    ck_assert_uint_eq(hs_sched_bytes_of(s, 1), sum);
+    /* the requeued item, leased again by another connection, counts there */
+    hs_sched_item_t again;
+    lease(s, 2, 0, &again);
+    ck_assert_uint_eq(again.batch, it[1].batch);
+    ck_assert_uint_eq(hs_sched_bytes_of(s, 2), it[1].bytes);
+    ck_assert_uint_eq(hs_sched_return_leases(s, 1), 2);
+    ck_assert_uint_eq(hs_sched_bytes_of(s, 1), 0);
+    ck_assert_uint_eq(hs_sched_leases_of(s, 1), 0);
+    hs_sched_destroy(s);
+}
+END_TEST
+
 START_TEST(returned_leases_go_to_the_front_in_plan_order_and_keep_their_slots)
 {
     hs_sched_t *s = sched_new(10, 1, HS_SCHED_ARRIVAL, NULL);
@@ -530,6 +559,7 @@ int main(void)
                    every_item_is_delivered_exactly_once_over_random_leases_fills_and_disconnects);
     tcase_add_test(tc, plan_order_stays_exactly_once_and_in_order_over_random_interleavings);
     tcase_add_test(tc, returned_leases_go_to_the_front_in_plan_order_and_keep_their_slots);
+    tcase_add_test(tc, bytes_of_a_connection_follow_its_leases_through_fill_requeue_and_return);
     tcase_add_test(tc, lookup_rejects_a_ticket_held_by_another_connection_and_stale_tickets);
     tcase_add_test(tc, plan_order_delivers_strictly_in_plan_order_when_fills_arrive_out_of_order);
     tcase_add_test(tc, arrival_order_delivers_in_fill_order);

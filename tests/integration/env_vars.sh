@@ -21,10 +21,11 @@ for i in 1 2; do
 done
 wait_connecting p1 p2
 start consumer env HS_LISTEN=127.0.0.1:$port HS_EPOCHS=2 HS_CACHE_GB=0.125 HS_ORDER=plan \
-    HS_VERIFY_SYNTHETIC=1 HS_TRANSPORT=tcp HS_SUMMARY_JSON="$SCRATCH/env.json" "$CONSUMER"
+    HS_VERIFY_SYNTHETIC=1 HS_TRANSPORT=tcp HS_LEASE_TIMEOUT=45 HS_SUMMARY_JSON="$SCRATCH/env.json" \
+    "$CONSUMER"
 expect_exit consumer 0 90
 for i in 1 2; do expect_exit p$i 0 30; done
-log_has consumer 'config: listen 127\.0\.0\.1:[0-9]+, cache 0\.125 GiB, epochs 2, .*order plan, .*verify-synthetic on, transport tcp'
+log_has consumer 'config: listen 127\.0\.0\.1:[0-9]+, cache 0\.125 GiB, epochs 2, .*order plan, .*lease-timeout 45 s, verify-synthetic on, transport tcp'
 log_has consumer 'run defined by envp[12] .*H=128 dtype=bf16 layers=\[1,5\].*budget 2048 tokens'
 log_has consumer 'producer envp1 .* ready: 2 worker\(s\)'
 expect_json "$SCRATCH/env.json" \

@@ -15,6 +15,9 @@
 #include <check.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
 #include <pthread.h>
@@ -37,6 +40,9 @@
 #define HIDDEN 32u
 #define N_SEQS 60u
 #define RECV_TIMEOUT_S 10 /* a guard against hanging, not a timing assertion */
+
+extern char **environ;
+static const char *g_producer_bin; /* the hs-producer binary (argv[1]) */
 
 /* ---- fixture: a small dataset and its plan, built once ---------------------- */
 
@@ -136,6 +142,7 @@ static void *trainer_main(void *arg)
 typedef struct {
     const char *journal;
     uint64_t cache_bytes;
+    double lease_timeout_s;
 } harness_opts_t;
 
 static void harness_start_ex(harness_t *h, hs_order_t order, const harness_opts_t *o)
@@ -147,6 +154,7 @@ static void harness_start_ex(harness_t *h, hs_order_t order, const harness_opts_
     cfg.listen_port = 0;
     cfg.cache_bytes = o && o->cache_bytes ? o->cache_bytes : 64ull << 20;
     cfg.journal = o ? o->journal : NULL;
+    if (o && o->lease_timeout_s > 0) cfg.lease_timeout_s = o->lease_timeout_s;
     cfg.epochs = EPOCHS;
     cfg.order = order;
     cfg.verify_synthetic = true;
@@ -1142,6 +1150,139 @@ START_TEST(test_unverified_hello_writes_nothing_to_the_journal)
 }
 END_TEST
 
+/* Starts the hs-producer binary for the fixture's run (2 CPU workers) with
+ * `extra` flags; its output goes to `log`. */
+static pid_t producer_spawn(uint16_t port, const char *name, const char *extra, const char *log)
+{
+    ck_assert_msg(g_producer_bin != NULL, "give the hs-producer binary as the first argument");
+    char to[64], budget[16], cmd[2048];
+    snprintf(to, sizeof to, "127.0.0.1:%u", port);
+    snprintf(budget, sizeof budget, "%u", BUDGET);
+    snprintf(cmd, sizeof cmd,
+             "exec '%s' --to %s --data '%s' --token-budget %s --seed 7 --hidden-size %u "
+             "--layers 1,3 --source synthetic --gpus cpu:2 --transport tcp --connect-timeout 20 "
+             "--name %s %s >'%s' 2>&1",
+             g_producer_bin, to, g_data, budget, HIDDEN, name, extra, log);
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    pid_t pid;
+    ck_assert_int_eq(posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ), 0);
+    return pid;
+}
+
+/* Waits up to `secs` for process `pid` to end; true when it did. */
+static bool process_reaped(pid_t pid, double secs)
+{
+    double t_end = hs_now_s() + secs;
+    int status;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (hs_now_s() > t_end) return false;
+        usleep(10000);
+    }
+    return true;
+}
+
+static bool file_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    char line[4096];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, needle) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* Reads the TICKETs the consumer sent until none comes for `quiet_ms`;
+ * returns how many and adds their bytes to *bytes. */
+static uint32_t tickets_drain(int fd, int quiet_ms, uint64_t *bytes)
+{
+    uint32_t n = 0;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    while (poll(&pf, 1, quiet_ms) == 1) {
+        Hsflow__Ticket t;
+        ticket_recv(fd, &t);
+        *bytes += t.bytes;
+        n++;
+    }
+    return n;
+}
+
+START_TEST(test_a_peer_claiming_4096_workers_gets_a_fair_share_of_the_cache)
+{
+    /* Two ready peers: the first holds its two tickets, the second claims
+     * 4096 workers. It may pin half the cache (plus the batch that crosses
+     * the line), not every free slot; the rest stays for the others. */
+    harness_opts_t o = {.cache_bytes = 1u << 20};
+    harness_t h;
+    harness_start_ex(&h, HS_ORDER_ARRIVAL, &o);
+    uint16_t port = hs_consumer_port(h.c);
+    int first = peer_ready(port, "raw-first");
+    Hsflow__Ticket t1, t2;
+    ticket_recv(first, &t1);
+    ticket_recv(first, &t2);
+    int hoarder = peer_ready_workers(port, "raw-hoarder", 4096);
+    uint64_t bytes = 0;
+    uint32_t n = tickets_drain(hoarder, 500, &bytes);
+    uint64_t max_batch = 0;
+    for (uint32_t i = 0; i < h.n_batches; i++) {
+        hs_plan_batch_t pb;
+        hs_plan_batch(g_plan, i, &pb);
+        uint64_t b = hs_batch_bytes(pb.n_seqs, pb.n_tokens, &g_layout);
+        if (b > max_batch) max_batch = b;
+    }
+    ck_assert_uint_ge(n, 1);
+    ck_assert_msg(bytes <= o.cache_bytes / 2,
+                  "a peer claiming 4096 workers holds %u tickets, %llu bytes of a %llu-byte cache "
+                  "shared by 2 peers",
+                  n, (unsigned long long)bytes, (unsigned long long)o.cache_bytes);
+    /* the other half is the first peer's to take: it is granted more once
+     * its batches are in */
+    ck_assert_uint_ge(o.cache_bytes - bytes - t1.bytes - t2.bytes, max_batch);
+    close(hoarder);
+    close(first);
+    hs_consumer_stats_t s;
+    harness_finish(&h, &s);
+}
+END_TEST
+
+START_TEST(test_tickets_of_a_hoarder_and_a_stopped_producer_expire_and_the_run_completes)
+{
+    /* A raw peer claims 4096 workers, takes tickets and never sends a DONE; a
+     * real hs-producer joins and is stopped (SIGSTOP: its kernel still ACKs,
+     * its connection looks alive). With a 2 s lease both lose their tickets,
+     * the stopped one rejoins (--reconnect) once it runs again, and the run
+     * completes with every batch exactly once. */
+    harness_opts_t o = {.cache_bytes = 1u << 20, .lease_timeout_s = 2};
+    harness_t h;
+    harness_start_ex(&h, HS_ORDER_ARRIVAL, &o);
+    uint16_t port = hs_consumer_port(h.c);
+    hs_consumer_stats_t s;
+    int hoarder = peer_ready_workers(port, "raw-hoarder", 4096);
+    WAIT_STATS(h.c, s, s.tickets_out > 0);
+    char log[320];
+    snprintf(log, sizeof log, "%s/stopped.log", g_dir);
+    pid_t pid = producer_spawn(port, "stopped", "--reconnect", log);
+    WAIT_STATS(h.c, s, s.producers_connected >= 2);
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    WAIT_STATS(h.c, s, s.producers_dropped >= 2); /* the hoarder, then the stopped one */
+    expect_refused(hoarder, "no progress", true);
+    ck_assert_int_eq(kill(pid, SIGCONT), 0);
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.leases_returned, 2);
+    bool ended = process_reaped(pid, 30);
+    if (!ended) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    ck_assert_msg(ended, "the resumed producer did not end after the run");
+    ck_assert_msg(file_has(log, "dropped us: no progress"),
+                  "the resumed producer was not told why it lost its tickets");
+    ck_assert_msg(file_has(log, "reconnected to"), "the resumed producer did not rejoin");
+    unlink(log);
+}
+END_TEST
+
 START_TEST(test_each_checksum_failure_is_logged_and_a_peer_is_dropped_once)
 {
     /* Peer a sends two corrupt batches at once: both can fail verification
@@ -1211,12 +1352,15 @@ static Suite *hostile_suite(void)
     tcase_add_test(tc, test_plan_left_half_way_is_discarded_whole_and_a_larger_plan_fits);
     tcase_add_test(tc, test_stalled_plan_sender_is_cut_off_and_a_waiting_producer_defines_the_run);
     tcase_add_test(tc, test_unverified_hello_writes_nothing_to_the_journal);
+    tcase_add_test(tc, test_a_peer_claiming_4096_workers_gets_a_fair_share_of_the_cache);
+    tcase_add_test(tc, test_tickets_of_a_hoarder_and_a_stopped_producer_expire_and_the_run_completes);
     suite_add_tcase(s, tc);
     return s;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    g_producer_bin = argc > 1 ? argv[1] : NULL;
     if (!getenv("HS_LOG_LEVEL")) hs_log_set_level(HS_LOG_WARN);
     SRunner *sr = srunner_create(hostile_suite());
     srunner_run_all(sr, CK_NORMAL);

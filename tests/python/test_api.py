@@ -80,6 +80,7 @@ def test_status_codes_have_the_library_text():
     (dict(prefetch=0), "prefetch=0"),
     (dict(transport="rdma"), "transport='rdma'"),
     (dict(arrays="jax"), "arrays='jax'"),
+    (dict(lease_timeout_s=-1), "lease_timeout_s=-1"),
 ])
 def test_consumer_refuses_bad_arguments_with_a_clear_message(kw, msg):
     with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace("*", r"\*")):

@@ -157,6 +157,43 @@ def test_consumer_delivers_plan_order_when_asked(producer_bin, dataset):
     assert len(got) == len(set(got)) > 2
 
 
+def test_tickets_of_a_stopped_producer_expire_after_lease_timeout_s(producer_bin, dataset):
+    """A producer stopped (SIGSTOP) while it is in the run keeps its
+    connection but makes no progress: after lease_timeout_s its tickets go to
+    the other producer and every batch still arrives exactly once."""
+    import signal
+    import time
+    data, _ = dataset
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.001, epochs=2, lease_timeout_s=2,
+                         verify_synthetic=True, arrays="numpy") as c:
+        stopped = start_producers(producer_bin, c.port, data, n=1, workers=1)
+        others = []
+        try:
+            t_end = time.monotonic() + 30
+            while c.stats()["producers_connected"] < 1:
+                assert time.monotonic() < t_end, "the first producer never joined"
+                time.sleep(0.01)
+            stopped[0].send_signal(signal.SIGSTOP)
+            others = start_producers(producer_bin, c.port, data, n=1)
+            got = []
+            while True:
+                try:
+                    b = c.next_batch(timeout=30)
+                except StopIteration:
+                    break
+                assert b is not None, "no batch for 30 s: the stopped producer kept its tickets"
+                got.append((b.epoch, b.batch))
+            s = c.stats()
+        finally:
+            stopped[0].kill()
+            stopped[0].wait()
+            stopped[0].log.close()
+            stop(others)
+    assert len(got) == len(set(got)) == s["batches_planned"] == s["batches_delivered"] > 4
+    assert s["producers_dropped"] >= 1 and s["leases_returned"] >= 1, s
+    assert s["duplicates"] == 0 and s["checksum_failures"] == 0
+
+
 @pytest.mark.skipif(not have_torch(), reason="torch is not installed")
 def test_torch_mode_gives_bf16_tensors_sharing_the_consumer_memory(producer_bin, dataset):
     import torch
