@@ -18,6 +18,14 @@
 #include <unistd.h>
 
 #define PEER_MAX_PREFETCH 64u
+/* Until a peer is admitted (HELLO, and AUTH with a secret) its frames may be
+ * at most PREAUTH_MAX_FRAME bytes, and at most PREAUTH_MAX_PEERS such peers
+ * (PREAUTH_MAX_PER_ADDR from one address) are kept: the oldest gives way. So
+ * unauthenticated connections cost a bounded amount of memory, whatever
+ * they send, and cannot shut real producers out by holding on. */
+#define PREAUTH_MAX_FRAME (64u << 10)
+#define PREAUTH_MAX_PEERS 128
+#define PREAUTH_MAX_PER_ADDR 16
 
 static void peer_drop(hs_consumer_t *c, peer_t *p, hs_status_t code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -203,6 +211,7 @@ static bool offer_matches_run(hs_consumer_t *c, peer_t *p)
  * before it is authenticated. */
 static void peer_admit(hs_consumer_t *c, peer_t *p)
 {
+    hs_tp_conn_set_max_frame(p->conn, 0); /* the protocol's full frame limit */
     if (c->have_run) {
         if (offer_matches_run(c, p)) send_welcome(c, p, false);
         return;
@@ -738,6 +747,46 @@ static void collect_verified(hs_consumer_t *c)
 
 /* ---- transport callbacks ---------------------------------------------------- */
 
+static bool peer_unadmitted(const peer_t *p)
+{
+    return p->conn && !p->dropped && !p->bye_sent &&
+           (p->state == PEER_NEW || p->state == PEER_AUTH);
+}
+
+/* "1.2.3.4:5678" and "1.2.3.4:9" come from the same address. */
+static bool peer_same_addr(const peer_t *a, const peer_t *b)
+{
+    const char *x = hs_tp_conn_peer(a->conn), *y = hs_tp_conn_peer(b->conn);
+    const char *xe = strrchr(x, ':'), *ye = strrchr(y, ':');
+    size_t xl = xe ? (size_t)(xe - x) : strlen(x), yl = ye ? (size_t)(ye - y) : strlen(y);
+    return xl == yl && memcmp(x, y, xl) == 0;
+}
+
+/* Before `p` (new, not admitted) is kept: the pre-auth limits (above). */
+static void preauth_make_room(hs_consumer_t *c, peer_t *p)
+{
+    uint32_t total = 0, same = 0;
+    peer_t *oldest = NULL, *oldest_same = NULL;
+    for (peer_t *q = c->peers; q; q = q->next) {
+        if (q == p || !peer_unadmitted(q)) continue;
+        total++;
+        if (!oldest || q->t_accept < oldest->t_accept) oldest = q;
+        if (!peer_same_addr(q, p)) continue;
+        same++;
+        if (!oldest_same || q->t_accept < oldest_same->t_accept) oldest_same = q;
+    }
+    if (same >= PREAUTH_MAX_PER_ADDR)
+        peer_drop(c, oldest_same, HS_ERR_BUSY,
+                  "%u connections from its address are in their handshake (at most %u per "
+                  "address): the oldest gives way to a new one",
+                  same, PREAUTH_MAX_PER_ADDR);
+    else if (total >= PREAUTH_MAX_PEERS)
+        peer_drop(c, oldest, HS_ERR_BUSY,
+                  "%u connections are in their handshake (at most %u): the oldest gives way to "
+                  "a new one",
+                  total, PREAUTH_MAX_PEERS);
+}
+
 static hs_status_t cb_accept(void *arg, hs_tp_conn_t *conn)
 {
     hs_consumer_t *c = arg;
@@ -768,6 +817,8 @@ static hs_status_t cb_accept(void *arg, hs_tp_conn_t *conn)
         p->bye_sent = true;
         return HS_OK;
     }
+    hs_tp_conn_set_max_frame(conn, PREAUTH_MAX_FRAME); /* raised in peer_admit */
+    preauth_make_room(c, p);
     hs_debug("connection from %s", hs_tp_conn_peer(conn));
     return HS_OK;
 }
