@@ -67,7 +67,8 @@ static const char usage[] =
     "  --save-state-interval S  seconds between --save-state writes (default 10; 0 = at exit\n"
     "                         only)\n"
     "  --loopback N           run N local hs-producer processes against 127.0.0.1; the\n"
-    "                         arguments after -- go to each of them\n"
+    "                         arguments after -- (at least --data and the layout) go to each\n"
+    "                         of them; --loopback sets their --to and --name\n"
     "  -h, --help             this text\n"
     "\n"
     "examples:\n"
@@ -416,6 +417,7 @@ static pid_t spawn_producer(const char *bin, uint16_t port, int index, int nargs
     snprintf(to, sizeof(to), "127.0.0.1:%u", port);
     snprintf(name, sizeof(name), "loopback-%d", index);
     char **argv = calloc((size_t)nargs + 6, sizeof(char *));
+    if (!argv) return -1;
     int k = 0;
     argv[k++] = (char *)bin;
     argv[k++] = "--to";
@@ -467,6 +469,26 @@ int main(int argc, char **argv)
         fprintf(stderr, "hs-consumer: arguments after -- are for --loopback producers; add "
                         "--loopback N\n");
         return 2;
+    }
+    int n_producer_args = split < argc ? argc - split - 1 : 0;
+    if (o.loopback && n_producer_args == 0) {
+        fprintf(stderr,
+                "hs-consumer: --loopback %d starts hs-producer processes, which need their "
+                "options after --, e.g.\n  hs-consumer --loopback %d --cache-gb 1 -- --data "
+                "data.jsonl --token-budget 8192 --hidden-size 1024 --layers 2,16,29 --source "
+                "synthetic\n",
+                o.loopback, o.loopback);
+        return 2;
+    }
+    for (int i = split + 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--to") || !strncmp(argv[i], "--to=", 5) ||
+            !strcmp(argv[i], "--name") || !strncmp(argv[i], "--name=", 7)) {
+            fprintf(stderr,
+                    "hs-consumer: '%s' after --: --loopback sets each local producer's --to and "
+                    "--name itself; drop it\n",
+                    argv[i]);
+            return 2;
+        }
     }
     if (o.summary_json && strcmp(o.summary_json, "-")) {
         const char *inputs[] = {o.cfg.journal, o.cfg.secret_file};
@@ -543,7 +565,7 @@ int main(int argc, char **argv)
         producer_path(bin, sizeof(bin));
         for (int i = 0; i < o.loopback; i++) {
             pids[i] =
-                spawn_producer(bin, hs_consumer_port(c), i, argc - split - 1, argv + split + 1);
+                spawn_producer(bin, hs_consumer_port(c), i, n_producer_args, argv + split + 1);
             if (pids[i] > 0) alive++;
         }
         hs_info("started %d local producer(s): %s --to 127.0.0.1:%u ...", alive, bin,

@@ -89,6 +89,12 @@ case_ 2 "loopback '0'" "${C[@]}" --loopback 0
 case_ 2 'frobnicate' "${C[@]}" --frobnicate
 case_ 2 "unexpected argument 'extra'" "${C[@]}" extra
 case_ 2 'add --loopback' "${C[@]}" -- --data x
+case_ 2 'loopback 2 starts hs-producer processes.*options after --' "${C[@]}" --loopback 2 --cache-gb 0.5
+case_ 2 'loopback 2 starts hs-producer processes.*options after --' "${C[@]}" --loopback 2 --
+case_ 2 'loopback 3 starts hs-producer processes' env HS_LOOPBACK=3 "${C[@]}" --cache-gb 0.5
+case_ 2 "'--to' after --: --loopback sets" "${C[@]}" --loopback 1 -- --data x --to 127.0.0.1:5
+case_ 2 "'--name=p' after --: --loopback sets" "${C[@]}" --loopback 1 -- --data x --name=p
+case_ 2 "loopback '65'" "${C[@]}" --loopback 65 -- --data x
 case_ 0 'usage: hs-consumer' "$CONSUMER" --help
 # ---- hs-data
 case_ 2 "unknown command 'frob'" "$DATA" frob
