@@ -142,6 +142,28 @@ FILE *hs_outfile_stream(hs_outfile_t *f);
 hs_status_t hs_outfile_commit(hs_outfile_t *f);
 void hs_outfile_abort(hs_outfile_t *f);
 
+/* ---- memory this process may take --------------------------------------- */
+
+/* MemAvailable, and the tightest memory limit among this process's cgroup and
+ * its parents (cgroup v2 memory.max, else v1 memory.limit_in_bytes) with that
+ * cgroup's usage less its inactive page cache. Nothing here fails: a figure
+ * that cannot be read is 0 (unknown / no limit). */
+typedef struct {
+    uint64_t mem_available; /* bytes, /proc/meminfo MemAvailable; 0 = unknown */
+    uint64_t cgroup_limit;  /* bytes; 0 = no cgroup limit found */
+    uint64_t cgroup_used;   /* bytes in use in that cgroup, less inactive page cache */
+    char cgroup_file[512];  /* the file the limit was read from */
+} hs_mem_limits_t;
+
+/* Reads /proc and /sys/fs/cgroup, or the same paths under $HS_SYSTEM_ROOT
+ * when that is set (tests stand in a fake system there). */
+void hs_mem_limits(hs_mem_limits_t *out);
+/* The same under `root` ("" = the real system). */
+void hs_mem_limits_at(const char *root, hs_mem_limits_t *out);
+/* What may still be allocated: the smaller of MemAvailable and the cgroup's
+ * limit minus its usage; UINT64_MAX when neither is known. */
+uint64_t hs_mem_room(const hs_mem_limits_t *m);
+
 /* ---- parsing (CLI, env) ------------------------------------------------- */
 
 /* Parse an unsigned integer with an optional K, M, G or T suffix (powers of

@@ -218,6 +218,39 @@ hs_status_t hs_cache_create(uint64_t capacity, uint32_t flags, hs_cache_t **out)
     return hs_cache_create_ex(&cfg, out);
 }
 
+hs_status_t hs_cache_check_room(uint64_t bytes, bool force)
+{
+    hs_mem_limits_t m;
+    hs_mem_limits(&m);
+    uint64_t room = hs_mem_room(&m);
+    if (bytes <= room) return HS_OK;
+    const double GiB = (double)(1ull << 30);
+    char avail[64], cgroup[700];
+    if (m.mem_available)
+        snprintf(avail, sizeof avail, "%.2f GiB", (double)m.mem_available / GiB);
+    else
+        snprintf(avail, sizeof avail, "unknown");
+    if (m.cgroup_limit)
+        snprintf(cgroup, sizeof cgroup, "%.2f GiB with %.2f GiB in use (%s)",
+                 (double)m.cgroup_limit / GiB, (double)m.cgroup_used / GiB, m.cgroup_file);
+    else
+        snprintf(cgroup, sizeof cgroup, "none");
+    double fit = (double)room * 0.9 / GiB; /* leave the process some room of its own */
+    if (force) {
+        hs_warn("cache: %.2f GiB is more than this machine can give (%.2f GiB): MemAvailable %s, "
+                "cgroup limit %s; going on because of --force: expect the OOM killer once the "
+                "cache fills",
+                (double)bytes / GiB, (double)room / GiB, avail, cgroup);
+        return HS_OK;
+    }
+    hs_error("cache: --cache-gb %.2f is more than this machine can give (%.2f GiB): MemAvailable "
+             "%s, cgroup limit %s; the cache would start and be OOM-killed once it fills. Give "
+             "--cache-gb (cache_gb) %.1f or less (free memory or raise the limit for more), or "
+             "add --force (force=True from Python) to start anyway",
+             (double)bytes / GiB, (double)room / GiB, avail, cgroup, fit);
+    return HS_ERR_NOSPACE;
+}
+
 hs_status_t hs_cache_create_ex(const hs_cache_config_t *cfg, hs_cache_t **out)
 {
     hs_status_t st = HS_ERR_INVALID;

@@ -85,6 +85,13 @@ hs_status_t hs_cache_create_ex(const hs_cache_config_t *cfg, hs_cache_t **out);
 /* Stops preparation, unregisters and unmaps. Accepts NULL. */
 void hs_cache_destroy(hs_cache_t *c);
 
+/* Before mapping a cache of `bytes`: is there that much memory to give
+ * (hs_mem_room: MemAvailable and the cgroup limit)? The region is mapped
+ * without reserving, so an oversized cache would start and be OOM-killed
+ * only once it fills. HS_ERR_NOSPACE, logged with both figures and what to
+ * do, when it does not fit; with `force`, a warning and HS_OK. */
+hs_status_t hs_cache_check_room(uint64_t bytes, bool force);
+
 /* Carve a slot of at least `bytes` (rounded up to 4096) out of the prepared
  * region. HS_ERR_NOSPACE when no free extent fits now (free a slot, or wait
  * for preparation, then retry); HS_ERR_INVALID when `bytes` is 0 or larger

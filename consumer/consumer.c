@@ -1135,6 +1135,8 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
                  cfg->lease_timeout_s);
         return HS_ERR_INVALID;
     }
+    st = hs_cache_check_room(cfg->cache_bytes, cfg->force);
+    if (st != HS_OK) return st;
     hs_consumer_t *c = calloc(1, sizeof(*c));
     if (!c) return HS_ERR_NOMEM;
     c->cfg = *cfg;

@@ -27,7 +27,11 @@ static const char usage[] =
     "\n"
     "options (each also settable as HS_<NAME>, e.g. HS_CACHE_GB=64):\n"
     "  --listen HOST:PORT     address to listen on (default 0.0.0.0:7000)\n"
-    "  --cache-gb N           host-RAM cache in GiB, fractions allowed (default 4)\n"
+    "  --cache-gb N           host-RAM cache in GiB, fractions allowed (default 4); more than\n"
+    "                         the memory this process can get (MemAvailable, or the cgroup's\n"
+    "                         limit less its usage) is refused, since it would be OOM-killed\n"
+    "                         once it fills\n"
+    "  --force                start with such a --cache-gb anyway (a warning instead)\n"
     "  --epochs E             epochs to deliver (default 1)\n"
     "  --gpu none|K           deliver batches to GPU K, or keep them in host memory (default "
     "none)\n"
@@ -52,7 +56,9 @@ static const char usage[] =
     "                         nearest each GPU, then exit\n"
     "  --train-ms MS          hold each batch MS milliseconds before releasing it (a stand-in\n"
     "                         for trainer time; default 0)\n"
-    "  --summary-json FILE    write the end-of-run summary as JSON (\"-\" = stdout)\n"
+    "  --summary-json FILE    write the end-of-run summary as JSON (\"-\" = stdout), also when\n"
+    "                         stopped by SIGTERM/SIGINT (the first signal stops cleanly, keeping\n"
+    "                         summary and journal consistent; a second one exits at once)\n"
     "  --status-interval S    seconds between status lines (default 5; 0 = off)\n"
     "  --metrics HOST:PORT    serve Prometheus metrics at http://HOST:PORT/metrics\n"
     "  --stats-jsonl FILE     append the figures as one JSON line per second (for plots)\n"
@@ -121,6 +127,7 @@ enum {
     OPT_SAVE_STATE,
     OPT_SAVE_STATE_INTERVAL,
     OPT_LEASE_TIMEOUT,
+    OPT_FORCE,
 };
 
 static const struct option long_options[] = {
@@ -146,6 +153,7 @@ static const struct option long_options[] = {
     {"save-state", required_argument, NULL, OPT_SAVE_STATE},
     {"save-state-interval", required_argument, NULL, OPT_SAVE_STATE_INTERVAL},
     {"lease-timeout", required_argument, NULL, OPT_LEASE_TIMEOUT},
+    {"force", no_argument, NULL, OPT_FORCE},
     {"nic", required_argument, NULL, OPT_NIC},
     {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
     {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
@@ -267,6 +275,9 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
             return bad("lease-timeout", arg, from, "expected seconds >= 0 such as 60 (0 = never)");
         o->cfg.lease_timeout_s = d;
         return 0;
+    case OPT_FORCE:
+        o->cfg.force = true;
+        return 0;
     case OPT_STATUS:
         if (hs_parse_double(arg, &d) != HS_OK || d < 0)
             return bad("status-interval", arg, from, "expected seconds >= 0");
@@ -382,11 +393,18 @@ static hs_status_code_t save_state(hs_consumer_t *c, const char *path, char **bu
     return HS_OK;
 }
 
+/* The first SIGINT/SIGTERM stops the run cleanly (summary, journal); a
+ * second one exits at once. */
 static volatile sig_atomic_t g_interrupted;
 static void on_signal(int sig)
 {
-    (void)sig;
-    g_interrupted = 1;
+    if (g_interrupted) {
+        static const char msg[] = "hs-consumer: second signal: exiting at once\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        _exit(128 + sig);
+    }
+    g_interrupted = sig;
 }
 
 /* The hs-producer next to this binary, else the one on PATH. */
@@ -553,7 +571,9 @@ int main(int argc, char **argv)
     hs_consumer_t *c;
     hs_status_code_t cst = hs_consumer_create(&o.cfg, &c);
     free(resume_text); /* copied by create */
-    if (cst != HS_OK) return cst == HS_ERR_FORMAT || cst == HS_ERR_MISMATCH ? 2 : 1;
+    /* 2: a bad state file, or a --cache-gb the machine cannot give */
+    if (cst != HS_OK)
+        return cst == HS_ERR_FORMAT || cst == HS_ERR_MISMATCH || cst == HS_ERR_NOSPACE ? 2 : 1;
     char *state_buf = NULL;
     size_t state_cap = 0;
     double t_state = hs_now_s();

@@ -74,6 +74,10 @@ typedef struct {
      * from a computing worker) for this long is dropped and its tickets go
      * back to the queue. Default 60 s; 0 = never. */
     double lease_timeout_s;
+    /* Start even when cache_bytes is more than the memory this process can
+     * get (MemAvailable, the cgroup limit less its usage): warn instead of
+     * failing with HS_ERR_NOSPACE. Default false. */
+    bool force;
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */

@@ -44,6 +44,7 @@ class ConsumerConfig(ctypes.Structure):
         ("journal", ctypes.c_char_p),
         ("resume_state", ctypes.c_char_p),
         ("lease_timeout_s", ctypes.c_double),
+        ("force", ctypes.c_bool),
     ]
 
 

@@ -163,13 +163,17 @@ class Consumer:
 
     lease_timeout_s: a producer holding tickets that shows no progress (no
     finished batch, no heartbeat from a computing worker) for this many
-    seconds is dropped and its tickets go back to the queue (0 = never)."""
+    seconds is dropped and its tickets go back to the queue (0 = never).
+
+    A cache_gb larger than the memory this process can get (MemAvailable, or
+    its cgroup's limit less its usage) is refused, since it would be
+    OOM-killed once it fills; force=True starts anyway with a warning."""
 
     def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
                  order="arrival", prefetch=2, verify_synthetic=False, secret_file=None,
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
                  arrays="auto", metrics=None, journal=None, resume=None,
-                 lease_timeout_s=60):
+                 lease_timeout_s=60, force=False):
         self._c = None
         lib = load()
         host, port = _parse_listen(listen)
@@ -223,6 +227,7 @@ class Consumer:
         cfg.journal = self._keep[4]
         cfg.resume_state = self._keep[5]
         cfg.lease_timeout_s = float(lease_timeout_s)
+        cfg.force = bool(force)
         h = ctypes.c_void_p()
         st = lib.hs_consumer_create(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK and resume is not None:

@@ -239,6 +239,77 @@ START_TEST(outfile_appears_only_when_committed)
 }
 END_TEST
 
+/* Writes `text` to root/rel, creating the folders on the way. */
+static void put(const char *root, const char *rel, const char *text)
+{
+    char path[512], cmd[600];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", path);
+    ck_assert_int_eq(system(cmd), 0);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void remove_tree(const char *root)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(mem_limits_take_the_tightest_cgroup_level_less_page_cache)
+{
+    char root[] = "/tmp/hs-sysmem-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    hs_mem_limits_t m;
+    const uint64_t GiB = 1ull << 30;
+
+    /* no cgroup limit: MemAvailable alone */
+    put(root, "proc/meminfo", "MemTotal:       33554432 kB\nMemAvailable:    8388608 kB\n");
+    put(root, "proc/self/cgroup", "0::/\n");
+    hs_mem_limits_at(root, &m);
+    ck_assert_uint_eq(m.mem_available, 8 * GiB);
+    ck_assert_uint_eq(m.cgroup_limit, 0);
+    ck_assert_uint_eq(hs_mem_room(&m), 8 * GiB);
+
+    /* v2: the job's own limit is loose, its parent's is the one that binds;
+     * inactive page cache does not count as used */
+    put(root, "proc/self/cgroup", "0::/jobs/job1\n");
+    put(root, "sys/fs/cgroup/jobs/job1/memory.max", "17179869184\n"); /* 16 GiB */
+    put(root, "sys/fs/cgroup/jobs/job1/memory.current", "1073741824\n");
+    put(root, "sys/fs/cgroup/jobs/memory.max", "4294967296\n");     /* 4 GiB */
+    put(root, "sys/fs/cgroup/jobs/memory.current", "3221225472\n"); /* 3 GiB */
+    put(root, "sys/fs/cgroup/jobs/memory.stat", "anon 1073741824\ninactive_file 2147483648\n");
+    put(root, "sys/fs/cgroup/memory.max", "max\n");
+    hs_mem_limits_at(root, &m);
+    ck_assert_uint_eq(m.cgroup_limit, 4 * GiB);
+    ck_assert_uint_eq(m.cgroup_used, 1 * GiB);
+    ck_assert_ptr_nonnull(strstr(m.cgroup_file, "sys/fs/cgroup/jobs/memory.max"));
+    ck_assert_uint_eq(hs_mem_room(&m), 3 * GiB);
+
+    /* v1: the memory hierarchy's line, and its "no limit" value skipped */
+    remove_tree(root);
+    ck_assert_ptr_nonnull(mkdtemp(strcpy(root, "/tmp/hs-sysmem-XXXXXX")));
+    put(root, "proc/meminfo", "MemAvailable:    1048576 kB\n");
+    put(root, "proc/self/cgroup", "5:cpu,cpuacct:/x\n4:memory:/slurm/job7\n0::/\n");
+    put(root, "sys/fs/cgroup/memory/slurm/job7/memory.limit_in_bytes", "2147483648\n");
+    put(root, "sys/fs/cgroup/memory/slurm/job7/memory.usage_in_bytes", "536870912\n");
+    put(root, "sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n");
+    hs_mem_limits_at(root, &m);
+    ck_assert_uint_eq(m.cgroup_limit, 2 * GiB);
+    ck_assert_uint_eq(m.cgroup_used, GiB / 2);
+    ck_assert_uint_eq(hs_mem_room(&m), 1 * GiB); /* MemAvailable is smaller here */
+
+    /* nothing readable: unknown, no limit */
+    remove_tree(root);
+    hs_mem_limits_at(root, &m);
+    ck_assert_uint_eq(m.mem_available, 0);
+    ck_assert_uint_eq(hs_mem_room(&m), UINT64_MAX);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("common");
@@ -251,6 +322,7 @@ int main(void)
     tcase_add_test(tc, flags_map_to_hs_environment_variables);
     tcase_add_test(tc, outfile_refuses_an_input_by_name_symlink_or_hard_link);
     tcase_add_test(tc, outfile_appears_only_when_committed);
+    tcase_add_test(tc, mem_limits_take_the_tightest_cgroup_level_less_page_cache);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

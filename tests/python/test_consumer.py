@@ -221,3 +221,21 @@ def test_torch_mode_gives_bf16_tensors_sharing_the_consumer_memory(producer_bin,
         finally:
             stop(procs)
     assert n > 0
+
+
+def test_consumer_refuses_a_cache_larger_than_memory_unless_forced(tmp_path, monkeypatch):
+    # A stand-in system: 16 MiB available, a cgroup limit of 12 MiB with 2 in use.
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "meminfo").write_text("MemAvailable:      16384 kB\n")
+    (tmp_path / "proc" / "self" / "cgroup").write_text("0::/job\n")
+    cg = tmp_path / "sys" / "fs" / "cgroup" / "job"
+    cg.mkdir(parents=True)
+    (cg / "memory.max").write_text("%d\n" % (12 << 20))
+    (cg / "memory.current").write_text("%d\n" % (2 << 20))
+    monkeypatch.setenv("HS_SYSTEM_ROOT", str(tmp_path))
+    with pytest.raises(hsflow.HsflowError, match="hs_consumer_create"):
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02)
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, force=True) as c:
+        assert c.port > 0
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.005) as c:  # 5 MiB fits
+        assert c.port > 0
