@@ -1012,6 +1012,7 @@ static void snapshot(hs_consumer_t *c)
     s.leases_returned = c->leases_returned;
     pthread_mutex_lock(&c->lock);
     c->snap = s;
+    if (s.producers_connected) c->t_producer_seen = hs_now_s();
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -1145,6 +1146,9 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     if (si) c->status_interval = atof(si);
     const char *ht = getenv("HS_HANDSHAKE_TIMEOUT_S");
     c->handshake_timeout_s = ht && atof(ht) > 0 ? atof(ht) : 15.0;
+    const char *nw = getenv("HS_NO_PRODUCER_WARN_S");
+    c->no_producer_warn_s = nw && atof(nw) > 0 ? atof(nw) : 30.0;
+    c->t_producer_seen = hs_now_s();
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
     pthread_mutex_init(&c->vlock, NULL);
@@ -1510,6 +1514,15 @@ void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap)
              s.cache_capacity ? 100.0 * (double)s.cache_used / (double)s.cache_capacity : 0,
              (unsigned long long)s.tickets_out, (unsigned long long)s.producers_connected,
              s.producer_stall_pct, s.starve_pct);
+    pthread_mutex_lock(&c->lock);
+    double alone = hs_now_s() - c->t_producer_seen;
+    pthread_mutex_unlock(&c->lock);
+    size_t len = strlen(buf);
+    if (!s.finished && !s.producers_connected && alone >= c->no_producer_warn_s && len < cap)
+        snprintf(buf + len, cap - len,
+                 " | no producer connected for %.0f s: waiting; start producers or stop with "
+                 "Ctrl-C",
+                 alone);
 }
 
 int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)

@@ -92,9 +92,14 @@ static hs_status_t read_tokens(const char *path, seqs_t *out)
         memcpy(s.ids + s.cu[i], hs_dataset_ids(ds, i), (size_t)len * sizeof *s.ids);
         s.cu[i + 1] = s.cu[i] + (int32_t)len;
     }
+    rc = hs_dataset_check(ds);
     s.n = (int)n;
     s.T = (int64_t)T;
     hs_dataset_close(ds);
+    if (rc != HS_OK) {
+        seqs_free(&s);
+        return rc;
+    }
     *out = s;
     return HS_OK;
 }

@@ -30,6 +30,9 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,9 +59,15 @@ struct hs_dataset {
     const int32_t *ids;      /* total entries */
     const uint8_t *mask;     /* total entries */
     uint64_t fingerprint;
-    /* .hst: the read-only mapping the arrays point into */
+    /* .hst: the read-only mapping the arrays point into, and the file
+     * behind it (see hs_dataset_check) */
     void *map;
     size_t map_len;
+    int map_slot; /* index in hst_maps, -1 = none */
+    int fd;
+    struct stat opened; /* size and mtime when validated */
+    char *path;
+    atomic_bool reported;
     /* JSONL / arrays: heap storage the arrays point into */
     uint64_t *own_offsets;
     int32_t *own_ids;
@@ -118,8 +127,93 @@ static uint64_t body_fingerprint(const uint64_t *offsets, uint64_t n, const int3
 static hs_dataset_t *dataset_alloc(hs_dataset_format_t format)
 {
     hs_dataset_t *ds = calloc(1, sizeof(*ds));
-    if (ds) ds->format = format;
+    if (ds) {
+        ds->format = format;
+        ds->map_slot = -1;
+        ds->fd = -1;
+    }
     return ds;
+}
+
+/* ---- a .hst file that shrinks under its mapping ----------------------------
+ *
+ * Reading a page of a mapping past the end of its file raises SIGBUS, which
+ * would kill the whole process when someone truncates or rewrites the .hst in
+ * place while it runs. The handler below catches faults inside registered
+ * .hst mappings, backs the rest of that mapping with zero pages so the read
+ * completes, and flags the mapping; hs_dataset_check() then fails every batch
+ * read since, naming the file. Faults elsewhere go to the handler that was
+ * installed before. */
+
+#define HST_MAX_MAPS 64
+
+static struct {
+    atomic_uintptr_t start;
+    size_t len;
+    atomic_bool shrunk;
+} hst_maps[HST_MAX_MAPS];
+static struct sigaction hst_old_bus;
+static uintptr_t hst_page;
+static pthread_once_t hst_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t hst_lock = PTHREAD_MUTEX_INITIALIZER; /* registration only */
+
+static void hst_on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    uintptr_t a = (uintptr_t)si->si_addr;
+    for (int i = 0; i < HST_MAX_MAPS; i++) {
+        uintptr_t s = atomic_load(&hst_maps[i].start);
+        if (!s || a < s || a >= s + hst_maps[i].len) continue;
+        uintptr_t pg = a & ~(hst_page - 1);
+        if (mmap((void *)pg, s + hst_maps[i].len - pg, PROT_READ,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+            break; /* cannot patch it: die as if unhandled */
+        atomic_store(&hst_maps[i].shrunk, true);
+        return; /* the faulting read now sees zeros */
+    }
+    /* Not ours: restore the previous disposition; the access faults again
+     * and gets it. */
+    (void)sig;
+    sigaction(SIGBUS, &hst_old_bus, NULL);
+}
+
+static void hst_install_handler(void)
+{
+    hst_page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = hst_on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, &hst_old_bus) != 0)
+        hs_warn("cannot install the SIGBUS handler that guards .hst mappings: %m");
+}
+
+/* Registers a mapping with the handler; -1 when every slot is taken (the
+ * dataset still works, unguarded). */
+static int hst_register(void *map, size_t len)
+{
+    pthread_once(&hst_once, hst_install_handler);
+    int slot = -1;
+    pthread_mutex_lock(&hst_lock);
+    for (int i = 0; i < HST_MAX_MAPS && slot < 0; i++) {
+        if (atomic_load(&hst_maps[i].start)) continue;
+        hst_maps[i].len = len;
+        atomic_store(&hst_maps[i].shrunk, false);
+        atomic_store(&hst_maps[i].start, (uintptr_t)map);
+        slot = i;
+    }
+    pthread_mutex_unlock(&hst_lock);
+    if (slot < 0) hs_warn("more than %d .hst files open: this one is not guarded", HST_MAX_MAPS);
+    return slot;
+}
+
+static void hst_unregister(int slot)
+{
+    if (slot < 0) return;
+    pthread_mutex_lock(&hst_lock);
+    atomic_store(&hst_maps[slot].start, (uintptr_t)0);
+    pthread_mutex_unlock(&hst_lock);
 }
 
 /* ---- JSONL ---------------------------------------------------------------- */
@@ -356,6 +450,7 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
     }
     const uint8_t *p = map;
     hs_status_t st = HS_ERR_FORMAT;
+    int slot = hst_register(map, (size_t)size); /* reading it may already fault */
 
     uint16_t version = load_u16(p + 4), hbytes = load_u16(p + 6);
     if (version != HST_VERSION) {
@@ -442,10 +537,24 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
     ds->fingerprint = fp;
     ds->map = map;
     ds->map_len = (size_t)size;
+    ds->map_slot = slot;
+    ds->opened = sb;
+    ds->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* kept to notice changes; -1 only skips that */
+    ds->path = strdup(path);
+    if (!ds->path) {
+        hs_dataset_close(ds);
+        return HS_ERR_NOMEM;
+    }
+    if (slot >= 0 && atomic_load(&hst_maps[slot].shrunk)) {
+        hs_error("%s: the file shrank while it was being validated; " HST_HINT, path);
+        hs_dataset_close(ds);
+        return HS_ERR_IO;
+    }
     *out = ds;
     return HS_OK;
 
 err_unmap:
+    hst_unregister(slot);
     munmap(map, (size_t)size);
     return st;
 }
@@ -497,7 +606,10 @@ hs_status_t hs_dataset_open(const char *path, hs_dataset_t **out)
 void hs_dataset_close(hs_dataset_t *ds)
 {
     if (!ds) return;
+    hst_unregister(ds->map_slot);
     if (ds->map) munmap(ds->map, ds->map_len);
+    if (ds->fd >= 0) close(ds->fd);
+    free(ds->path);
     free(ds->own_offsets);
     free(ds->own_ids);
     free(ds->own_mask);
@@ -519,6 +631,28 @@ uint64_t hs_dataset_total_tokens(const hs_dataset_t *ds)
 uint64_t hs_dataset_fingerprint(const hs_dataset_t *ds)
 {
     return ds->fingerprint;
+}
+
+hs_status_t hs_dataset_check(const hs_dataset_t *ds)
+{
+    if (!ds || ds->format != HS_DATASET_HST) return HS_OK;
+    bool shrunk = ds->map_slot >= 0 && atomic_load(&hst_maps[ds->map_slot].shrunk);
+    struct stat now;
+    bool changed =
+        ds->fd >= 0 && fstat(ds->fd, &now) == 0 &&
+        (now.st_size != ds->opened.st_size || now.st_mtim.tv_sec != ds->opened.st_mtim.tv_sec ||
+         now.st_mtim.tv_nsec != ds->opened.st_mtim.tv_nsec);
+    if (!shrunk && !changed) return HS_OK;
+    if (!atomic_exchange(&((hs_dataset_t *)ds)->reported, true)) {
+        long long size_now = changed ? (long long)now.st_size : -1;
+        hs_error("%s: the file was %s while in use (%lld bytes when opened%s%lld); what is read "
+                 "from it can no longer be trusted. Restore it and restart; to replace a .hst "
+                 "file, write a new one and rename it over the old (hs-data import does), never "
+                 "truncate or rewrite it in place",
+                 ds->path, shrunk ? "truncated" : "modified", (long long)ds->opened.st_size,
+                 size_now >= 0 ? ", now " : "", size_now >= 0 ? size_now : 0);
+    }
+    return HS_ERR_IO;
 }
 
 uint32_t hs_dataset_seq_len(const hs_dataset_t *ds, uint64_t i)

@@ -5,7 +5,8 @@
  * their first bytes, not by their name:
  *   - JSONL: one object per line, {"input_ids": [...], "loss_mask": [...]}
  *     (loss_mask optional, all ones by default; blank lines skipped);
- *   - .hst: hsflow's binary token file (docs/hst-format.md), mapped read-only.
+ *   - .hst: hsflow's binary token file (docs/hst-format.md), mapped read-only
+ *     (guarded against the file shrinking under the mapping: hs_dataset_check).
  *
  * Ownership: hs_dataset_open() returns a dataset the caller releases with
  * hs_dataset_close(). Pointers returned by hs_dataset_ids()/hs_dataset_mask()
@@ -38,6 +39,15 @@ uint64_t hs_dataset_total_tokens(const hs_dataset_t *ds);
 uint32_t hs_dataset_seq_len(const hs_dataset_t *ds, uint64_t i);
 const int32_t *hs_dataset_ids(const hs_dataset_t *ds, uint64_t i);
 const uint8_t *hs_dataset_mask(const hs_dataset_t *ds, uint64_t i);
+
+/* HS_OK while the dataset's file still holds what was validated at open.
+ * A .hst file is read in place through its mapping; if it is truncated or
+ * rewritten in place meanwhile, reads of the lost pages see zeros instead of
+ * killing the process with SIGBUS, and from then on this returns HS_ERR_IO
+ * (logged once, naming the file). Call it after reading a batch's tokens and
+ * before trusting them. JSONL and in-memory datasets always pass. Costs one
+ * fstat. */
+hs_status_t hs_dataset_check(const hs_dataset_t *ds);
 
 /* XXH3-64 of the dataset's canonical body: the offsets (u64 x n+1), then
  * every input_id (i32), then every loss_mask byte, all little-endian; the

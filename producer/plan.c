@@ -325,5 +325,5 @@ hs_status_t hs_plan_fill_batch(const hs_plan_t *plan, const hs_dataset_t *ds, ui
         t += len;
         view->cu_seqlens[j + 1] = (int32_t)t;
     }
-    return HS_OK;
+    return hs_dataset_check(ds); /* the file did not change under us while we read */
 }

@@ -82,7 +82,8 @@ void hs_plan_epoch_order(const hs_plan_t *plan, uint32_t epoch, uint32_t *out);
  * of batch `batch_id` into `view`, a view made by hs_batch_view() for this
  * batch's n_seqs and n_tokens. Header and hidden states are left alone.
  * HS_ERR_INVALID for a bad id; HS_ERR_MISMATCH if `ds` is not the dataset
- * the plan was built from (fingerprints differ). */
+ * the plan was built from (fingerprints differ); HS_ERR_IO when the
+ * dataset's file changed while it was read (hs_dataset_check). */
 hs_status_t hs_plan_fill_batch(const hs_plan_t *plan, const hs_dataset_t *ds, uint32_t batch_id,
                                hs_batch_view_t *view);
 

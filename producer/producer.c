@@ -1241,7 +1241,18 @@ hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout
     hs_batch_view_t v = hs_batch_view(st->buf, t->n_seqs, t->n_tokens, layout);
     hs_batch_header_init(v.header, t->epoch, t->batch, t->n_seqs, t->n_tokens, layout,
                          hs_plan_hash(pr->plan));
-    hs_plan_fill_batch(pr->plan, pr->ds, t->batch, &v);
+    hs_status_t fst = hs_plan_fill_batch(pr->plan, pr->ds, t->batch, &v);
+    if (fst != HS_OK) { /* the dataset changed under us: logged, the run cannot go on */
+        free(t);
+        pthread_mutex_lock(&pr->lock);
+        st->busy = false;
+        pr->result = fst;
+        pr->stop = true;
+        pthread_cond_broadcast(&pr->cond);
+        pthread_mutex_unlock(&pr->lock);
+        hs_tp_wakeup(pr->tp);
+        return fst;
+    }
     memset(out, 0, sizeof(*out));
     out->ticket = t->id;
     out->epoch = t->epoch;
