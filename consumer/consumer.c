@@ -853,10 +853,19 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
     case HS_MSG_STATS:
         on_stats(c, p, body, body_len);
         break;
-    case HS_MSG_BYE:
-        hs_info("producer %s says goodbye", p->name);
+    case HS_MSG_BYE: {
+        char why[256];
+        ProtobufCMessage *m;
+        const char *reason = "";
+        if (hs_msg_unpack(HS_MSG_BYE, body, body_len, &m, why, sizeof(why)) == HS_OK)
+            reason = ((Hsflow__Bye *)m)->reason;
+        else
+            m = NULL;
+        hs_info("producer %s says goodbye%s%s", p->name, *reason ? ": " : "", reason);
+        hs_msg_free(m);
         hs_tp_close(conn, HS_ERR_CLOSED);
         break;
+    }
     case HS_MSG_ERROR: {
         char why[256];
         ProtobufCMessage *m;

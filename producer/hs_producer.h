@@ -8,6 +8,8 @@
 #ifndef HS_PRODUCER_H
 #define HS_PRODUCER_H
 
+#include <signal.h>
+
 #include "hs_common.h"
 #include "hs_proto.h"
 
@@ -45,12 +47,18 @@ typedef struct {
                                * connect_timeout_s) instead of exiting */
     const char *summary_json; /* NULL = none */
     const char *name;         /* identity in logs; NULL = host:pid */
+    /* Non-NULL: once *stop_requested is non-zero (a signal handler sets it),
+     * hs_producer_run() stops: queued tickets are dropped (the consumer gives
+     * them to other producers), batches being computed are finished and
+     * sent, then BYE; it returns HS_OK. */
+    volatile sig_atomic_t *stop_requested;
 } hs_producer_config_t;
 
 void hs_producer_config_default(hs_producer_config_t *cfg);
 
-/* Runs until the consumer says BYE (HS_OK), or fails: HS_ERR_CLOSED when the
- * consumer vanished, HS_ERR_MISMATCH/HS_ERR_AUTH when it refused us, others
+/* Runs until the consumer says BYE (HS_OK), or a requested stop is done
+ * (HS_OK, see stop_requested), or fails: HS_ERR_CLOSED when the consumer
+ * vanished, HS_ERR_MISMATCH/HS_ERR_AUTH when it refused us, others
  * for local problems. Every error is logged once with what to do. */
 hs_status_t hs_producer_run(const hs_producer_config_t *cfg);
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hs_producer.h"
 #include "hs_devices.h"
@@ -57,6 +58,11 @@ static const char usage[] =
     "  --summary-json FILE    write this producer's summary as JSON\n"
     "  --name NAME            identity in the consumer's logs (default host:pid)\n"
     "  -h, --help             this text\n"
+    "\n"
+    "SIGTERM or SIGINT (Ctrl-C) stops cleanly: the batches being computed are finished and\n"
+    "sent, the queued tickets go back to the consumer for the other producers, BYE, exit 0.\n"
+    "A second signal exits at once. A producer whose .hst file is truncated or rewritten in\n"
+    "place while it runs stops with an error naming the file (exit 2).\n"
     "\n"
     "examples:\n"
     "  hs-producer --to drafter:7000 --data train.hst --token-budget 65536 \\\n"
@@ -317,6 +323,25 @@ static int check(options_t *o)
     return 0;
 }
 
+/* The first SIGTERM/SIGINT asks the engine to stop cleanly (finish the
+ * batches in progress, leave the queued tickets to the other producers, say
+ * BYE, exit 0); a second one exits at once. */
+static volatile sig_atomic_t g_stop;
+static void on_stop_signal(int sig)
+{
+    if (g_stop) {
+        static const char msg[] = "hs-producer: second signal: exiting at once\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        _exit(128 + sig);
+    }
+    g_stop = sig;
+    static const char msg[] = "hs-producer: stopping: finishing the batches in progress, then "
+                              "BYE (signal again to exit at once)\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+}
+
 int main(int argc, char **argv)
 {
     options_t o = {0};
@@ -363,6 +388,9 @@ int main(int argc, char **argv)
         o.cfg.net_devices = net_devices;
     }
     signal(SIGPIPE, SIG_IGN);
+    o.cfg.stop_requested = &g_stop;
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGINT, on_stop_signal);
     hs_status_t st;
     if (o.preflight || o.budget_auto) {
         uint32_t budget = o.cfg.token_budget;

@@ -107,6 +107,9 @@ struct hs_producer {
     uint32_t gen;                 /* connection generation, see ticket_t */
     char host[256];               /* consumer host */
     _Atomic bool close_requested; /* hs_producer_close() before the end */
+    bool stopping;                /* cfg->stop_requested seen: draining, see begin_stop */
+    double t_stop;
+    uint32_t tickets_returned; /* dropped while stopping: the consumer reissues them */
     bool net_started;
     pthread_t net_thread;
     double t_start;
@@ -498,6 +501,8 @@ static void on_ticket(producer_t *pr, const uint8_t *body, uint32_t len)
              "%llu",
              t->batch, t->n_seqs, t->n_tokens, (unsigned long long)t->bytes, b.n_seqs, b.n_tokens,
              (unsigned long long)hs_batch_bytes(b.n_seqs, b.n_tokens, &pr->cfg->layout));
+    } else if (pr->stopping) {
+        pr->tickets_returned++; /* left to the consumer, which reissues it when we leave */
     } else {
         ticket_t *q = calloc(1, sizeof(*q));
         if (!q) {
@@ -578,7 +583,10 @@ static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const ch
     producer_t *pr = arg;
     (void)conn;
     pr->conn = NULL;
-    if (!pr->done && pr->cfg->reconnect) {
+    if (!pr->done && pr->stopping) {
+        hs_info("the consumer closed the connection while this producer was stopping");
+        pr->done = true;
+    } else if (!pr->done && pr->cfg->reconnect) {
         hs_warn("lost the consumer (%s); reconnecting for up to %u s",
                 why && *why ? why : hs_status_str(reason), pr->cfg->connect_timeout_s);
         pr->lost = true;
@@ -1076,6 +1084,63 @@ static void reconnect(producer_t *pr)
     hs_info("reconnected to %s:%u", pr->host, pr->cfg->to_port);
 }
 
+/* A stop was requested (SIGTERM/SIGINT in hs-producer): take no new work,
+ * drop the tickets not started (the consumer hands them to the others once
+ * this connection closes), let the batches being computed finish. */
+static void begin_stop(producer_t *pr)
+{
+    pr->stopping = true;
+    pr->t_stop = hs_now_s();
+    uint32_t dropped = 0, busy = 0;
+    pthread_mutex_lock(&pr->lock);
+    while (pr->tickets) {
+        ticket_t *t = pr->tickets;
+        pr->tickets = t->next;
+        free(t);
+        dropped++;
+    }
+    pr->tickets_tail = NULL;
+    for (uint32_t i = 0; i < pr->cfg->n_workers; i++)
+        for (int k = 0; k < STAGING_PER_WORKER; k++)
+            busy += pr->workers[i].staging[k].busy;
+    pthread_mutex_unlock(&pr->lock);
+    pr->tickets_returned += dropped;
+    hs_info("stop requested: finishing %u batch(es) in progress, leaving %u queued ticket(s) to "
+            "the other producers",
+            busy, dropped);
+}
+
+/* Stopping: once nothing is computed or on the wire (or after the drain
+ * limit), say BYE and end the run successfully. */
+static void drain_step(producer_t *pr)
+{
+    const double limit_s = 60.0;
+    bool idle = true;
+    pthread_mutex_lock(&pr->lock);
+    for (uint32_t i = 0; i < pr->cfg->n_workers && idle; i++)
+        for (int k = 0; k < STAGING_PER_WORKER; k++)
+            if (pr->workers[i].staging[k].busy) idle = false;
+    if (pr->outbox) idle = false;
+    pthread_mutex_unlock(&pr->lock);
+    bool late = hs_now_s() - pr->t_stop > limit_s;
+    if (!idle && !late && pr->conn) return;
+    if (late && !idle)
+        hs_warn("stop: batches still in progress after %.0f s; leaving them to the consumer",
+                limit_s);
+    if (pr->conn) {
+        char reason[160];
+        snprintf(reason, sizeof reason, "producer stopped on request; %u ticket(s) returned",
+                 pr->tickets_returned);
+        Hsflow__Bye b = HSFLOW__BYE__INIT;
+        b.reason = reason;
+        send_msg(pr, HS_MSG_BYE, &b.base);
+        hs_tp_close(pr->conn, HS_ERR_CLOSED);
+        hs_info("stopped on request: told the consumer BYE (%u ticket(s) returned)",
+                pr->tickets_returned);
+    }
+    pr->done = true;
+}
+
 /* The network loop: until the consumer says BYE, the connection is lost, or
  * a local failure. Wakes everyone waiting on pr->cond when it ends. */
 static void *net_main(void *arg)
@@ -1085,9 +1150,16 @@ static void *net_main(void *arg)
     const char *si = getenv("HS_STATUS_INTERVAL");
     double status_interval = si ? atof(si) : 5.0;
     while (!pr->done) {
-        hs_tp_progress(pr->tp, 200);
+        hs_tp_progress(pr->tp, pr->stopping ? 20 : 200);
+        if (!pr->stopping && pr->cfg->stop_requested && *pr->cfg->stop_requested) begin_stop(pr);
+        if (pr->lost && pr->stopping) { /* nobody to finish for: done */
+            pr->lost = false;
+            pr->done = true;
+            break;
+        }
         if (pr->lost) reconnect(pr);
         flush_outbox(pr);
+        if (pr->stopping && !pr->done) drain_step(pr);
         if (pr->stop && pr->result != HS_OK && pr->conn) fail(pr, pr->result, "worker failed");
         if (pr->close_requested && pr->conn) {
             Hsflow__Bye b = HSFLOW__BYE__INIT;
