@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hs_proto.h"
+
 #define B64 sodium_base64_VARIANT_ORIGINAL
 
 typedef struct {
@@ -150,7 +152,8 @@ static hs_status_t decode_plan_fields(const cJSON *root, hs_state_t *s, char *wh
 {
     const char *top = "resume state";
     uint64_t u;
-    hs_status_t st = get_uint(root, top, "batches_per_epoch", 1, UINT32_MAX, &u, why, whycap);
+    hs_status_t st =
+        get_uint(root, top, "batches_per_epoch", 1, HS_PLAN_MAX_BATCHES, &u, why, whycap);
     if (st) return st;
     s->n = (uint32_t)u;
     s->stride = ((size_t)s->n + 7) / 8;

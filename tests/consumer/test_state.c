@@ -177,6 +177,7 @@ static const struct {
     {"{\"hsflow_state\":1,\"plan\":7,\"epochs\":1,\"order\":\"arrival\"}", "16 hex"},
     {HEAD "\"epochs\":2,\"batches_per_epoch\":0}", "\"batches_per_epoch\" must"},
     {HEAD "\"epochs\":2,\"batches_per_epoch\":4294967296}", "\"batches_per_epoch\" must"},
+    {HEAD "\"epochs\":2,\"batches_per_epoch\":16777217}", "in 1..16777216"},
     {HEAD "\"epochs\":2,\"batches_per_epoch\":-1}", "\"batches_per_epoch\" must"},
     {HEAD "\"epochs\":2,\"batches_per_epoch\":37,\"epochs_done\":3}", "\"epochs_done\" must"},
     {HEAD "\"epochs\":2,\"batches_per_epoch\":37,\"epochs_done\":0,\"delivered\":75}",
