@@ -1467,6 +1467,10 @@ hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
 
 hs_status_code_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap, size_t *len)
 {
+    if (!c || !len) {
+        hs_error("hs_consumer_state_save: needs a consumer and somewhere to put the length");
+        return HS_ERR_INVALID;
+    }
     pthread_mutex_lock(&c->lock);
     hs_status_t st = hs_state_encode(c->position ? c->position : c->resume, buf, cap, len);
     pthread_mutex_unlock(&c->lock);

@@ -365,13 +365,13 @@ static char *read_state_file(const char *path)
     return buf;
 }
 
-/* Writes the consumer's position to `path` through PATH.tmp, synced and
- * renamed, so a crash leaves the previous state or the new one, never half
- * of one. *buf / *cap: a buffer kept between calls. */
-static hs_status_code_t save_state(hs_consumer_t *c, const char *path, char **buf, size_t *cap)
+/* Writes the consumer's position to `path` whole (hs_outfile: a temporary
+ * file synced and renamed over it), so a crash leaves the previous state or
+ * the new one, never half of one. *buf / *cap: a buffer kept between calls. */
+static hs_status_t save_state(hs_consumer_t *c, const char *path, char **buf, size_t *cap)
 {
     size_t len;
-    hs_status_code_t st;
+    hs_status_t st;
     while ((st = hs_consumer_state_save(c, *buf, *cap, &len)) == HS_ERR_NOSPACE) {
         char *n = realloc(*buf, len + 1);
         if (!n) return HS_ERR_NOMEM;
@@ -379,18 +379,16 @@ static hs_status_code_t save_state(hs_consumer_t *c, const char *path, char **bu
         *cap = len + 1;
     }
     if (st != HS_OK) return st;
-    char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp)) return HS_ERR_INVALID;
-    FILE *f = fopen(tmp, "w");
-    bool ok = f && fwrite(*buf, 1, len, f) == len && fputc('\n', f) != EOF && fflush(f) == 0 &&
-              fsync(fileno(f)) == 0;
-    if (f && fclose(f) != 0) ok = false;
-    if (!ok || rename(tmp, path) != 0) {
-        hs_error("--save-state %s: cannot write it: %m", path);
-        unlink(tmp);
+    hs_outfile_t *f;
+    st = hs_outfile_open(path, NULL, 0, &f);
+    if (st != HS_OK) return st;
+    if (fwrite(*buf, 1, len, hs_outfile_stream(f)) != len ||
+        fputc('\n', hs_outfile_stream(f)) == EOF) {
+        hs_error("--save-state %s: write failed: %m", path);
+        hs_outfile_abort(f);
         return HS_ERR_IO;
     }
-    return HS_OK;
+    return hs_outfile_commit(f);
 }
 
 /* The first SIGINT/SIGTERM stops the run cleanly (summary, journal); a
@@ -562,6 +560,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "hs-consumer: --stats-jsonl %s: cannot open it for appending: %m\n",
                 o.stats_jsonl);
         return 2;
+    }
+    if (o.save_state) {
+        /* The --resume-state file may be the same: it is read whole first. */
+        const char *inputs[] = {o.cfg.journal, o.cfg.secret_file, o.summary_json};
+        if (hs_outfile_check(o.save_state, inputs, 3) != HS_OK) {
+            fprintf(stderr, "hs-consumer: --save-state %s: give the state a file of its own\n",
+                    o.save_state);
+            return 2;
+        }
     }
     char *resume_text = NULL;
     if (o.resume_state) {

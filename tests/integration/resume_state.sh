@@ -6,8 +6,9 @@
 # journal, the state wins: the journal is rewritten to the state's batches and
 # the run delivers exactly the others, so the journal ends holding every
 # batch of every epoch once. The final state of a complete run resumes to
-# nothing; a malformed state, one of another --epochs, and producers of
-# another plan are refused, naming what is wrong.
+# nothing; a malformed state, one of another --epochs, producers of
+# another plan, and a --save-state onto the journal are refused, naming
+# what is wrong.
 . "$(dirname "$0")/lib.sh"
 
 data=$SCRATCH/d.jsonl
@@ -43,7 +44,6 @@ wait_exit c1 10
 for p in $producers; do kill -9 "$p" 2>/dev/null || true; done
 journaled=$(($(wc -l <"$journal") - 1))
 [ "$journaled" -gt "$saved" ] || fail "the journal ($journaled) is not ahead of the state ($saved)"
-[ ! -e "$state.tmp" ] || [ -s "$state" ] || fail "no state file besides its temporary"
 
 # run 2: resumes from the checkpoint's state; the state wins over the journal
 start c2 "$CONSUMER" --loopback 2 --cache-gb 0.25 --epochs 2 --journal "$journal" \
@@ -76,13 +76,15 @@ PY
 expect_json "$state" "d['epochs_done'] == 2" "d['delivered'] == 2 * $per_epoch" \
     "d['partial'] == []" "d['plan'] == '$(head -c 38 "$journal" | sed 's/.*plan=//')'"
 
-# run 3: the final state of a complete run leaves nothing to do
+# run 3: the final state of a complete run leaves nothing to do (and one file
+# can be both the state resumed from and the state saved)
 start c3 "$CONSUMER" --loopback 1 --cache-gb 0.25 --epochs 2 --resume-state "$state" \
-    --summary-json "$SCRATCH/s3.json" -- "${popts[@]}"
+    --save-state "$state" --summary-json "$SCRATCH/s3.json" -- "${popts[@]}"
 expect_exit c3 0 60
 log_has c3 "nothing left to do"
 expect_json "$SCRATCH/s3.json" "d['complete']" "d['batches_planned'] == 0" \
     "d['batches_resumed'] == 2 * $per_epoch"
+expect_json "$state" "d['epochs_done'] == 2" "d['delivered'] == 2 * $per_epoch"
 
 # refusals, each naming what is wrong
 echo '{"hsflow_state": 1, "plan": "abc' >"$SCRATCH/bad.json"
@@ -103,4 +105,8 @@ start c7 "$CONSUMER" --loopback 1 --cache-gb 0.25 --epochs 2 \
 wait_exit c7 60
 [ "${RC_OF[c7]}" -ne 0 ] || fail "a run with producers of another plan succeeded"
 log_has c7 "resume state was saved for plan [0-9a-f]{16} \([0-9]+ batches/epoch\), the producer offers plan"
+start c8 "$CONSUMER" --loopback 1 --cache-gb 0.25 --epochs 2 --journal "$journal" \
+    --save-state "$journal" -- "${popts[@]}"
+expect_exit c8 2 30
+log_has c8 "--save-state .*: give the state a file of its own"
 pass "resume from a saved state"
