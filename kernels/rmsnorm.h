@@ -1,5 +1,6 @@
 /* rmsnorm.h - RMSNorm as in Hugging Face Llama/Qwen/Mistral:
  *   y[r, i] = x[r, i] / sqrt(mean_i(x[r, :]^2) + eps) * w[i]
+ * and its zero-centred form (Qwen3.5), whose weight multiplies as (1 + w).
  *
  * Shapes: x, y [rows, dim] (y may equal x), w [dim] bf16. Also used per head
  * for Qwen3's q/k norm: rows = T * n_heads, dim = head_dim.
@@ -17,6 +18,14 @@ extern "C" {
 /* C twin. In place (y == x) is allowed. */
 void hs_kn_rmsnorm_ref(const float *x, const uint16_t *w, float *y, int rows, int dim, float eps);
 
+/* C twin of the zero-centred form (Qwen3.5's layer, final and q/k norms,
+ * whose stored weight is an offset from 1):
+ *   y[r, i] = x[r, i] / sqrt(mean_i(x[r, :]^2) + eps) * (1 + w[i])
+ * with 1 + w[i] rounded to fp32 first, as transformers does. In place
+ * (y == x) is allowed. */
+void hs_kn_rmsnorm_zc_ref(const float *x, const uint16_t *w, float *y, int rows, int dim,
+                          float eps);
+
 /* ---- CUDA launchers (kernels/rmsnorm.cu) ---- */
 /* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory;
  * stream is a cudaStream_t. They return 0 or a negative hs_status_t
@@ -26,9 +35,9 @@ struct CUstream_st;
  * (stride x_stride) into y (stride y_stride; y may equal x). When copy is
  * not NULL, each input row is also copied to copy + r * copy_stride (how a
  * captured layer's residual lands in its slice of the pack buffer). */
-int hs_kn_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y,
-                  int64_t y_stride, int rows, int dim, float eps, void *copy,
-                  int64_t copy_stride, struct CUstream_st *stream);
+int hs_kn_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y, int64_t y_stride,
+                  int rows, int dim, float eps, void *copy, int64_t copy_stride,
+                  struct CUstream_st *stream);
 /* In place over n_heads heads of head_dim at the start of each of T rows of
  * stride row_stride (Qwen3's q/k norm on the fused qkv rows). */
 int hs_kn_rmsnorm_heads(void *x, int64_t row_stride, int T, int n_heads, int head_dim,

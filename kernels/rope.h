@@ -43,6 +43,13 @@ void hs_kn_rope_inv_freq(int head_dim, float theta, const hs_rope_scaling_t *sca
  * rotated in place; cu_seqlens: n_seqs + 1 non-decreasing entries from 0. */
 void hs_kn_rope_ref(float *x, const int32_t *cu_seqlens, int n_seqs, int n_heads, int head_dim,
                     const float *inv_freq);
+/* Partial rotary (Qwen3.5's partial_rotary_factor): rotate-half over only
+ * the first rot_dim dims of each head (half = rot_dim / 2, inv_freq
+ * [rot_dim / 2] from hs_kn_rope_inv_freq(rot_dim, ...)); dims rot_dim ..
+ * head_dim - 1 pass through. rot_dim even, 2 <= rot_dim <= head_dim;
+ * rot_dim == head_dim is hs_kn_rope_ref. */
+void hs_kn_rope_partial_ref(float *x, const int32_t *cu_seqlens, int n_seqs, int n_heads,
+                            int head_dim, int rot_dim, const float *inv_freq);
 
 /* ---- CUDA launchers (kernels/rope.cu) ---- */
 /* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory;
@@ -55,8 +62,8 @@ int hs_kn_rope_positions(const int32_t *cu_seqlens, int n_seqs, int32_t *pos,
 /* In place on the first n_heads heads of each of T bf16 rows (stride
  * row_stride): q and k of the fused qkv rows in one launch. pos [T] and
  * inv_freq [head_dim / 2] are device memory. */
-int hs_kn_rope(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
-               const int32_t *pos, const float *inv_freq, struct CUstream_st *stream);
+int hs_kn_rope(void *x, int64_t row_stride, int T, int n_heads, int head_dim, const int32_t *pos,
+               const float *inv_freq, struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /* rope_ref.c - rotary embedding tables and the C twin of RoPE (see rope.h):
  * rotate-half RoPE in place on [T, n_heads * d], positions restarting at 0 at
- * each cu_seqlens boundary; fp32 angles and arithmetic. */
+ * each cu_seqlens boundary, over the whole head or its first rot_dim dims;
+ * fp32 angles and arithmetic. */
 #include "rope.h"
 
 #include <math.h>
@@ -41,7 +42,13 @@ void hs_kn_rope_inv_freq(int head_dim, float theta, const hs_rope_scaling_t *sca
 void hs_kn_rope_ref(float *x, const int32_t *cu_seqlens, int n_seqs, int n_heads, int head_dim,
                     const float *inv_freq)
 {
-    int half = head_dim / 2;
+    hs_kn_rope_partial_ref(x, cu_seqlens, n_seqs, n_heads, head_dim, head_dim, inv_freq);
+}
+
+void hs_kn_rope_partial_ref(float *x, const int32_t *cu_seqlens, int n_seqs, int n_heads,
+                            int head_dim, int rot_dim, const float *inv_freq)
+{
+    int half = rot_dim / 2;
     size_t row = (size_t)n_heads * (size_t)head_dim;
     for (int s = 0; s < n_seqs; s++) {
         for (int32_t t = cu_seqlens[s]; t < cu_seqlens[s + 1]; t++) {

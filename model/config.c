@@ -1,6 +1,8 @@
 /* config.c - parses a Hugging Face config.json into hs_model_config_t.
  * Defaults follow transformers' config classes for each family; a missing
- * required field or an unsupported value is an error naming the field. */
+ * required field or an unsupported value is an error naming the field (and
+ * the value). A Qwen3.5 vision-language wrapper is read through its
+ * text_config: the vision tower's config is not looked at. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,10 +16,9 @@ static const struct {
     const char *name;
     hs_model_arch_t arch;
 } archs[] = {
-    {"LlamaForCausalLM", HS_MODEL_LLAMA},
-    {"Qwen2ForCausalLM", HS_MODEL_QWEN2},
-    {"Qwen3ForCausalLM", HS_MODEL_QWEN3},
-    {"MistralForCausalLM", HS_MODEL_MISTRAL},
+    {"LlamaForCausalLM", HS_MODEL_LLAMA},     {"Qwen2ForCausalLM", HS_MODEL_QWEN2},
+    {"Qwen3ForCausalLM", HS_MODEL_QWEN3},     {"MistralForCausalLM", HS_MODEL_MISTRAL},
+    {"Qwen3_5ForCausalLM", HS_MODEL_QWEN3_5}, {"Qwen3_5ForConditionalGeneration", HS_MODEL_QWEN3_5},
 };
 
 static const cJSON *item(const cJSON *o, const char *key)
@@ -133,6 +134,163 @@ static hs_status_t parse_rope(const cJSON *root, const char *path, hs_model_conf
     return HS_ERR_UNSUPPORTED;
 }
 
+/* A string-valued list of num_layers entries, each "linear_attention" or
+ * "full_attention", into c->layer_type; or, without layer_types, every
+ * full_attention_interval-th layer full (default 4), as Qwen3_5TextConfig. */
+static hs_status_t parse_layer_types(const cJSON *r, const char *path, hs_model_config_t *c)
+{
+    const cJSON *lt = item(r, "layer_types");
+    int interval = 0;
+    hs_status_t rc = get_int(r, path, "full_attention_interval", 4, &interval);
+    if (rc != HS_OK) return rc;
+    if (!lt) {
+        for (int l = 0; l < c->num_layers; l++)
+            c->layer_type[l] =
+                (l + 1) % interval ? HS_LAYER_LINEAR_ATTENTION : HS_LAYER_FULL_ATTENTION;
+        return HS_OK;
+    }
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->num_layers) {
+        hs_error("%s: field 'layer_types' must be a list of num_hidden_layers = %d entries", path,
+                 c->num_layers);
+        return HS_ERR_FORMAT;
+    }
+    int l = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, lt)
+    {
+        const char *v = cJSON_IsString(e) ? e->valuestring : "(not a string)";
+        if (strcmp(v, "linear_attention") == 0) {
+            c->layer_type[l] = HS_LAYER_LINEAR_ATTENTION;
+        } else if (strcmp(v, "full_attention") == 0) {
+            c->layer_type[l] = HS_LAYER_FULL_ATTENTION;
+        } else {
+            hs_error("%s: layer_types[%d] is '%s'; Qwen3.5 layers are \"linear_attention\" or "
+                     "\"full_attention\"",
+                     path, l, v);
+            return HS_ERR_UNSUPPORTED;
+        }
+        l++;
+    }
+    return HS_OK;
+}
+
+/* Qwen3.5's rope: default rope type only, partial_rotary_factor (in
+ * rope_parameters, else top level, default 0.25) and the mrope fields. For
+ * text tokens the three mrope position streams are equal, so mrope_section
+ * and mrope_interleaved do not change the math; they are checked for form. */
+static hs_status_t parse_qwen3_5_rope(const cJSON *r, const char *path, hs_model_config_t *c)
+{
+    if (c->rope_type != HS_ROPE_DEFAULT) {
+        hs_error("%s: rope_type %s is not supported for Qwen3.5 (only \"default\", with "
+                 "partial_rotary_factor and mrope)",
+                 path, c->rope_type == HS_ROPE_LINEAR ? "linear" : "llama3");
+        return HS_ERR_UNSUPPORTED;
+    }
+    const cJSON *rp = item(r, "rope_parameters");
+    if (!rp) rp = item(r, "rope_scaling");
+    const cJSON *prf = rp ? item(rp, "partial_rotary_factor") : NULL;
+    if (!prf) prf = item(r, "partial_rotary_factor");
+    double f = 0.25;
+    if (prf) {
+        if (!cJSON_IsNumber(prf) || !(prf->valuedouble > 0 && prf->valuedouble <= 1)) {
+            hs_error("%s: partial_rotary_factor must be a number in (0, 1]", path);
+            return HS_ERR_FORMAT;
+        }
+        f = prf->valuedouble;
+    }
+    int rot = (int)(c->head_dim * f); /* int() as transformers */
+    if (rot < 2 || rot % 2) {
+        hs_error("%s: partial_rotary_factor %g of head_dim %d gives %d rotary dims; it must be an "
+                 "even number >= 2",
+                 path, f, c->head_dim, rot);
+        return HS_ERR_UNSUPPORTED;
+    }
+    c->rotary_dim = rot;
+    const cJSON *ms = rp ? item(rp, "mrope_section") : NULL;
+    if (ms) {
+        int sum = 0, n = cJSON_IsArray(ms) ? cJSON_GetArraySize(ms) : -1, ok = n == 3;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, ms)
+        {
+            ok = ok && cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble <= 1024 &&
+                 e->valuedouble == floor(e->valuedouble);
+            if (ok) sum += (int)e->valuedouble;
+        }
+        if (!ok || sum != rot / 2) {
+            char *txt = cJSON_PrintUnformatted(ms);
+            hs_error("%s: mrope_section %s must be 3 integers adding up to rotary_dim / 2 = %d "
+                     "(head_dim %d x partial_rotary_factor %g / 2)",
+                     path, txt ? txt : "?", rot / 2, c->head_dim, f);
+            cJSON_free(txt);
+            return HS_ERR_UNSUPPORTED;
+        }
+    }
+    const cJSON *mi = rp ? item(rp, "mrope_interleaved") : NULL;
+    if (mi && !cJSON_IsBool(mi)) {
+        hs_error("%s: mrope_interleaved must be true or false", path);
+        return HS_ERR_FORMAT;
+    }
+    return HS_OK;
+}
+
+/* Qwen3_5TextConfig: hybrid layer schedule, Gated DeltaNet shapes, gated
+ * attention with q/k norm, zero-centred norms. Defaults as transformers. */
+static hs_status_t parse_qwen3_5(const cJSON *r, const char *path, hs_model_config_t *c)
+{
+    hs_status_t rc;
+    const cJSON *mt = item(r, "model_type");
+    if (mt && (!cJSON_IsString(mt) || strcmp(mt->valuestring, "qwen3_5_text") != 0)) {
+        hs_error("%s: model_type '%s' with a Qwen3.5 architecture; the built-in forward reads "
+                 "qwen3_5_text (text_config of a qwen3_5 wrapper)",
+                 path, cJSON_IsString(mt) ? mt->valuestring : "(not a string)");
+        return HS_ERR_UNSUPPORTED;
+    }
+    if (c->num_layers > HS_MODEL_MAX_HYBRID_LAYERS) {
+        hs_error("%s: num_hidden_layers %d: a hybrid model may have at most %d layers", path,
+                 c->num_layers, HS_MODEL_MAX_HYBRID_LAYERS);
+        return HS_ERR_UNSUPPORTED;
+    }
+    int bias = 0, gate = 1;
+    if ((rc = get_bool(r, path, "attention_bias", 0, &bias)) != HS_OK ||
+        (rc = get_bool(r, path, "attn_output_gate", 1, &gate)) != HS_OK)
+        return rc;
+    if (bias) {
+        hs_error("%s: attention_bias is true; Qwen3.5 models without attention biases only", path);
+        return HS_ERR_UNSUPPORTED;
+    }
+    if (!gate) {
+        hs_error("%s: attn_output_gate is false; Qwen3.5's attention is always gated (q_proj "
+                 "holds a query and a gate per head)",
+                 path);
+        return HS_ERR_UNSUPPORTED;
+    }
+    if ((rc = get_int(r, path, "linear_num_key_heads", 16, &c->lin_num_k_heads)) != HS_OK ||
+        (rc = get_int(r, path, "linear_num_value_heads", 32, &c->lin_num_v_heads)) != HS_OK ||
+        (rc = get_int(r, path, "linear_key_head_dim", 128, &c->lin_k_head_dim)) != HS_OK ||
+        (rc = get_int(r, path, "linear_value_head_dim", 128, &c->lin_v_head_dim)) != HS_OK ||
+        (rc = get_int(r, path, "linear_conv_kernel_dim", 4, &c->lin_conv_kernel)) != HS_OK)
+        return rc;
+    if (c->lin_num_v_heads % c->lin_num_k_heads) {
+        hs_error("%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d", path,
+                 c->lin_num_v_heads, c->lin_num_k_heads);
+        return HS_ERR_FORMAT;
+    }
+    if (c->lin_k_head_dim > 1024 || c->lin_v_head_dim > 1024 || c->lin_num_v_heads > 4096 ||
+        c->lin_conv_kernel > 64) {
+        hs_error("%s: linear heads of %d (key) / %d (value) dims, %d value heads, conv kernel %d: "
+                 "at most 1024 dims, 4096 heads and a kernel of 64 are supported",
+                 path, c->lin_k_head_dim, c->lin_v_head_dim, c->lin_num_v_heads,
+                 c->lin_conv_kernel);
+        return HS_ERR_UNSUPPORTED;
+    }
+    if ((rc = parse_layer_types(r, path, c)) != HS_OK) return rc;
+    if ((rc = parse_qwen3_5_rope(r, path, c)) != HS_OK) return rc;
+    c->qk_norm = 1;
+    c->zero_centered_norm = 1;
+    c->attn_output_gate = 1;
+    return HS_OK;
+}
+
 hs_status_t hs__model_config_parse(const char *json, size_t len, const char *path,
                                    hs_model_config_t *out)
 {
@@ -156,33 +314,50 @@ hs_status_t hs__model_config_parse(const char *json, size_t len, const char *pat
         if (strcmp(a0->valuestring, archs[i].name) == 0) c.arch = archs[i].arch;
     if (!c.arch) {
         hs_error("%s: architecture '%s' is not supported; the built-in forward runs "
-                 "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and MistralForCausalLM",
+                 "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, "
+                 "Qwen3_5ForCausalLM and Qwen3_5ForConditionalGeneration (its text decoder)",
                  path, a0->valuestring);
         rc = HS_ERR_UNSUPPORTED;
         goto out;
     }
     snprintf(c.architecture, sizeof c.architecture, "%s", a0->valuestring);
-    const cJSON *dt = item(root, "torch_dtype");
+    /* r: the decoder's own config (a VL wrapper's text_config) */
+    const cJSON *r = root;
+    if (strcmp(a0->valuestring, "Qwen3_5ForConditionalGeneration") == 0) {
+        c.vl_wrapper = 1;
+        r = item(root, "text_config");
+        if (!cJSON_IsObject(r)) {
+            hs_error("%s: %s needs a 'text_config' object (the decoder's config)", path,
+                     a0->valuestring);
+            rc = HS_ERR_FORMAT;
+            goto out;
+        }
+    }
+    const cJSON *dt = item(r, "torch_dtype");
+    if (!dt) dt = item(r, "dtype");
+    if (!dt) dt = item(root, "torch_dtype");
     if (!dt) dt = item(root, "dtype");
     if (cJSON_IsString(dt)) snprintf(c.torch_dtype, sizeof c.torch_dtype, "%s", dt->valuestring);
 
-    const cJSON *act = item(root, "hidden_act");
+    const cJSON *act = item(r, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0)) {
         hs_error("%s: hidden_act must be \"silu\" (SwiGLU MLP)", path);
         rc = HS_ERR_UNSUPPORTED;
         goto out;
     }
 
-    if ((rc = get_int(root, path, "hidden_size", 0, &c.hidden_size)) != HS_OK ||
-        (rc = get_int(root, path, "intermediate_size", 0, &c.intermediate_size)) != HS_OK ||
-        (rc = get_int(root, path, "num_hidden_layers", 0, &c.num_layers)) != HS_OK ||
-        (rc = get_int(root, path, "num_attention_heads", 0, &c.num_heads)) != HS_OK ||
-        (rc = get_int(root, path, "vocab_size", 0, &c.vocab_size)) != HS_OK ||
-        (rc = get_int(root, path, "num_key_value_heads", c.num_heads, &c.num_kv_heads)) != HS_OK ||
-        (rc = get_num(root, path, "rms_norm_eps", 0, 0, &c.rms_norm_eps)) != HS_OK)
+    if ((rc = get_int(r, path, "hidden_size", 0, &c.hidden_size)) != HS_OK ||
+        (rc = get_int(r, path, "intermediate_size", 0, &c.intermediate_size)) != HS_OK ||
+        (rc = get_int(r, path, "num_hidden_layers", 0, &c.num_layers)) != HS_OK ||
+        (rc = get_int(r, path, "num_attention_heads", 0, &c.num_heads)) != HS_OK ||
+        (rc = get_int(r, path, "vocab_size", 0, &c.vocab_size)) != HS_OK ||
+        (rc = get_int(r, path, "num_key_value_heads", c.arch == HS_MODEL_QWEN3_5 ? 4 : c.num_heads,
+                      &c.num_kv_heads)) != HS_OK ||
+        (rc = get_num(r, path, "rms_norm_eps", 0, 0, &c.rms_norm_eps)) != HS_OK)
         goto out;
-    if (item(root, "head_dim")) {
-        if ((rc = get_int(root, path, "head_dim", 0, &c.head_dim)) != HS_OK) goto out;
+    if (item(r, "head_dim") || c.arch == HS_MODEL_QWEN3_5) {
+        /* Qwen3_5TextConfig's default head_dim is 256, not H / heads */
+        if ((rc = get_int(r, path, "head_dim", 256, &c.head_dim)) != HS_OK) goto out;
     } else {
         if (c.hidden_size % c.num_heads) {
             hs_error("%s: no 'head_dim' and hidden_size %d is not a multiple of "
@@ -205,31 +380,35 @@ hs_status_t hs__model_config_parse(const char *json, size_t len, const char *pat
         rc = HS_ERR_UNSUPPORTED;
         goto out;
     }
-    if ((rc = parse_rope(root, path, &c)) != HS_OK) goto out;
-    if ((rc = get_bool(root, path, "tie_word_embeddings", 0, &c.tie_word_embeddings)) != HS_OK)
+    c.rotary_dim = c.head_dim;
+    if ((rc = parse_rope(r, path, &c)) != HS_OK) goto out;
+    if ((rc = get_bool(r, path, "tie_word_embeddings", 0, &c.tie_word_embeddings)) != HS_OK)
         goto out;
 
     int attention_bias = 0, use_sw = 0;
     switch (c.arch) {
     case HS_MODEL_LLAMA:
-        if ((rc = get_bool(root, path, "attention_bias", 0, &attention_bias)) != HS_OK ||
-            (rc = get_bool(root, path, "mlp_bias", 0, &c.mlp_bias)) != HS_OK)
+        if ((rc = get_bool(r, path, "attention_bias", 0, &attention_bias)) != HS_OK ||
+            (rc = get_bool(r, path, "mlp_bias", 0, &c.mlp_bias)) != HS_OK)
             goto out;
         c.qkv_bias = c.o_bias = attention_bias;
         break;
     case HS_MODEL_QWEN2:
         c.qkv_bias = 1; /* always, o_proj never */
-        if ((rc = get_bool(root, path, "use_sliding_window", 0, &use_sw)) != HS_OK) goto out;
+        if ((rc = get_bool(r, path, "use_sliding_window", 0, &use_sw)) != HS_OK) goto out;
         break;
     case HS_MODEL_QWEN3:
         c.qk_norm = 1;
-        if ((rc = get_bool(root, path, "attention_bias", 0, &attention_bias)) != HS_OK ||
-            (rc = get_bool(root, path, "use_sliding_window", 0, &use_sw)) != HS_OK)
+        if ((rc = get_bool(r, path, "attention_bias", 0, &attention_bias)) != HS_OK ||
+            (rc = get_bool(r, path, "use_sliding_window", 0, &use_sw)) != HS_OK)
             goto out;
         c.qkv_bias = c.o_bias = attention_bias;
         break;
     case HS_MODEL_MISTRAL:
         use_sw = 1;
+        break;
+    case HS_MODEL_QWEN3_5:
+        if ((rc = parse_qwen3_5(r, path, &c)) != HS_OK) goto out;
         break;
     }
     if (use_sw) {
@@ -241,11 +420,11 @@ hs_status_t hs__model_config_parse(const char *json, size_t len, const char *pat
             rc = HS_ERR_UNSUPPORTED;
             goto out;
         }
-        const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+        const cJSON *sw = cJSON_GetObjectItemCaseSensitive(r, "sliding_window");
         if (!sw) {
             c.sliding_window = 4096; /* MistralConfig's default */
         } else if (!cJSON_IsNull(sw) &&
-                   (rc = get_int(root, path, "sliding_window", 0, &c.sliding_window)) != HS_OK) {
+                   (rc = get_int(r, path, "sliding_window", 0, &c.sliding_window)) != HS_OK) {
             goto out;
         }
     }

@@ -1,26 +1,41 @@
-/* forward_cpu.c - the CPU reference forward of the Llama-family decoder,
- * built from the kernels' C twins. fp32 activations, bf16 weights, fp32
- * accumulation. Per decoder layer, exactly as Hugging Face:
+/* forward_cpu.c - the CPU reference forward of the Llama-family and
+ * Qwen3.5 decoders, built from the kernels' C twins. fp32 activations, bf16
+ * weights, fp32 accumulation. Per decoder layer, exactly as Hugging Face:
  *   x  = rmsnorm(h, input_layernorm)
- *   q,k,v = x Wq^T (+bq), x Wk^T (+bk), x Wv^T (+bv)
- *   q,k = rmsnorm per head (Qwen3 only), then rope (positions per sequence)
- *   h += attention(q, k, v) Wo^T (+bo)
+ *   h += mixer(x)
  *   x  = rmsnorm(h, post_attention_layernorm)
  *   h += (silu(x Wg^T) * (x Wu^T)) Wd^T
- * Captured index 0 is the embedding output, i the output of layer i-1, and
- * N the final rmsnorm of the last layer's output. */
+ * with mixer, for attention layers:
+ *   q,k,v = x Wq^T (+bq), x Wk^T (+bk), x Wv^T (+bv)
+ *     (Qwen3.5: Wq yields per head a query and a gate)
+ *   q,k = rmsnorm per head (Qwen3, Qwen3.5), then rope (positions per
+ *     sequence; Qwen3.5 on the first rotary_dim dims of each head)
+ *   o = attention(q, k, v) (Qwen3.5: o * sigmoid(gate)), then o Wo^T (+bo)
+ * and for Qwen3.5's Gated DeltaNet layers:
+ *   qkv = silu(causal_conv1d(x Wqkv^T)), conv window restarting per sequence
+ *   z, b, a = x Wz^T, x Wb^T, x Wa^T;  beta, g = gates(b, a, A_log, dt_bias)
+ *   o = delta_rule(q, k, v, g, beta), state restarting per sequence
+ *   o = rmsnorm_gated(o, z) per value head, then o Wout^T
+ * Qwen3.5's layer, final and q/k norms are zero-centred: they scale by
+ * (1 + w). Captured index 0 is the embedding output, i the output of layer
+ * i-1, and N the final rmsnorm of the last layer's output. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
 #include "bf16.h"
+#include "conv1d.h"
+#include "delta_rule.h"
 #include "embedding.h"
+#include "gdn_gates.h"
 #include "matmul.h"
 #include "model_int.h"
 #include "residual.h"
 #include "rmsnorm.h"
+#include "rmsnorm_gated.h"
 #include "rope.h"
+#include "sigmoid_gate.h"
 #include "swiglu.h"
 
 /* Copies src [T, H] into the column slice of every captured entry equal to
@@ -88,6 +103,123 @@ static hs_status_t check_inputs(const hs_model_t *m, const int32_t *input_ids,
     return HS_OK;
 }
 
+/* The model's RMSNorm: plain, or zero-centred (Qwen3.5). */
+static void norm(const hs_model_config_t *c, const float *x, const uint16_t *w, float *y, int rows,
+                 int dim)
+{
+    if (c->zero_centered_norm)
+        hs_kn_rmsnorm_zc_ref(x, w, y, rows, dim, c->rms_norm_eps);
+    else
+        hs_kn_rmsnorm_ref(x, w, y, rows, dim, c->rms_norm_eps);
+}
+
+/* fp32 work buffers of one forward over T tokens (sized for every layer
+ * type the model has). */
+typedef struct {
+    float *h, *x, *tmp; /* [T, H] */
+    float *q, *att;     /* [T, nq] */
+    float *qg, *ogate;  /* [T, 2 nq], [T, nq] (gated attention) or NULL */
+    float *k, *v;       /* [T, nkv] */
+    float *gate, *up;   /* [T, I] */
+    float *mix, *conv;  /* [T, C] (Gated DeltaNet q | k | v) or NULL */
+    float *z, *core;    /* [T, nv dv] or NULL */
+    float *a, *b;       /* [T, nv] or NULL */
+} work_t;
+
+static void work_free(work_t *w)
+{
+    float *all[] = {w->h,    w->x,  w->tmp, w->q,    w->att, w->qg,   w->ogate, w->k, w->v,
+                    w->gate, w->up, w->mix, w->conv, w->z,   w->core, w->a,     w->b};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+}
+
+static hs_status_t work_alloc(const hs_model_config_t *c, int T, work_t *w)
+{
+    size_t t = (size_t)T, H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    size_t nq = (size_t)c->num_heads * c->head_dim, nkv = (size_t)c->num_kv_heads * c->head_dim;
+    memset(w, 0, sizeof *w);
+    int ok = (w->h = malloc(t * H * sizeof(float))) && (w->x = malloc(t * H * sizeof(float))) &&
+             (w->tmp = malloc(t * H * sizeof(float))) && (w->q = malloc(t * nq * sizeof(float))) &&
+             (w->att = malloc(t * nq * sizeof(float))) &&
+             (w->k = malloc(t * nkv * sizeof(float))) && (w->v = malloc(t * nkv * sizeof(float))) &&
+             (w->gate = malloc(t * I * sizeof(float))) && (w->up = malloc(t * I * sizeof(float)));
+    if (ok && c->attn_output_gate)
+        ok = (w->qg = malloc(t * 2 * nq * sizeof(float))) &&
+             (w->ogate = malloc(t * nq * sizeof(float)));
+    if (ok && c->arch == HS_MODEL_QWEN3_5) {
+        size_t nv = (size_t)c->lin_num_v_heads, vd = nv * c->lin_v_head_dim;
+        size_t C = 2 * (size_t)c->lin_num_k_heads * c->lin_k_head_dim + vd;
+        ok = (w->mix = malloc(t * C * sizeof(float))) &&
+             (w->conv = malloc(t * C * sizeof(float))) && (w->z = malloc(t * vd * sizeof(float))) &&
+             (w->core = malloc(t * vd * sizeof(float))) &&
+             (w->a = malloc(t * nv * sizeof(float))) && (w->b = malloc(t * nv * sizeof(float)));
+    }
+    if (!ok) {
+        work_free(w);
+        hs_error("forward: out of memory for %d tokens of work buffers", T);
+        return HS_ERR_NOMEM;
+    }
+    return HS_OK;
+}
+
+/* Softmax attention of layer w on w->x into w->tmp [T, H]. */
+static void attention_mixer(const hs_model_t *m, const hs__layer_weights_t *lw, work_t *w,
+                            const int32_t *cu_seqlens, int n_seqs, int T)
+{
+    const hs_model_config_t *c = &m->cfg;
+    const int H = c->hidden_size, d = c->head_dim, nh = c->num_heads;
+    const int nq = nh * d, nkv = c->num_kv_heads * d;
+    if (c->attn_output_gate) {
+        /* q_proj rows: per head d query rows, then d gate rows */
+        hs_kn_matmul_ref(w->x, lw->q_proj, lw->q_bias, w->qg, T, H, 2 * nq);
+        for (size_t r = 0; r < (size_t)T * nh; r++) {
+            memcpy(w->q + r * d, w->qg + r * 2 * d, (size_t)d * sizeof(float));
+            memcpy(w->ogate + r * d, w->qg + r * 2 * d + d, (size_t)d * sizeof(float));
+        }
+    } else {
+        hs_kn_matmul_ref(w->x, lw->q_proj, lw->q_bias, w->q, T, H, nq);
+    }
+    hs_kn_matmul_ref(w->x, lw->k_proj, lw->k_bias, w->k, T, H, nkv);
+    hs_kn_matmul_ref(w->x, lw->v_proj, lw->v_bias, w->v, T, H, nkv);
+    if (lw->q_norm) {
+        norm(c, w->q, lw->q_norm, w->q, T * nh, d);
+        norm(c, w->k, lw->k_norm, w->k, T * c->num_kv_heads, d);
+    }
+    hs_kn_rope_partial_ref(w->q, cu_seqlens, n_seqs, nh, d, c->rotary_dim, m->inv_freq);
+    hs_kn_rope_partial_ref(w->k, cu_seqlens, n_seqs, c->num_kv_heads, d, c->rotary_dim,
+                           m->inv_freq);
+    hs_kn_attention_ref(w->q, w->k, w->v, w->att, cu_seqlens, n_seqs, nh, c->num_kv_heads, d,
+                        1.0f / sqrtf((float)d), c->sliding_window);
+    if (c->attn_output_gate) hs_kn_sigmoid_gate_ref(w->att, w->ogate, (size_t)T * nq);
+    hs_kn_matmul_ref(w->att, lw->o_proj, lw->o_bias, w->tmp, T, nq, H);
+}
+
+/* Gated DeltaNet of layer w on w->x into w->tmp [T, H]. */
+static hs_status_t linear_mixer(const hs_model_t *m, const hs__layer_weights_t *lw, work_t *w,
+                                const int32_t *cu_seqlens, int n_seqs, int T)
+{
+    const hs_model_config_t *c = &m->cfg;
+    const int H = c->hidden_size, nk = c->lin_num_k_heads, nv = c->lin_num_v_heads;
+    const int dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
+    const int kd = nk * dk, vd = nv * dv, C = 2 * kd + vd;
+    hs_kn_matmul_ref(w->x, lw->in_proj_qkv, NULL, w->mix, T, H, C);
+    hs_kn_causal_conv1d_ref(w->mix, lw->conv1d, w->conv, cu_seqlens, n_seqs, C, c->lin_conv_kernel,
+                            1);
+    hs_kn_matmul_ref(w->x, lw->in_proj_z, NULL, w->z, T, H, vd);
+    hs_kn_matmul_ref(w->x, lw->in_proj_b, NULL, w->b, T, H, nv);
+    hs_kn_matmul_ref(w->x, lw->in_proj_a, NULL, w->a, T, H, nv);
+    hs_kn_gdn_gates_ref(w->a, w->b, lw->A_log, lw->dt_bias, w->a, w->b, T, nv);
+    if (hs_kn_delta_rule_ref(w->conv, w->conv + kd, w->conv + 2 * kd, (size_t)C, w->a, w->b,
+                             w->core, cu_seqlens, n_seqs, nk, nv, dk, dv) != 0) {
+        hs_error("forward: no memory for a %d x %d delta-rule state", dk, dv);
+        return HS_ERR_NOMEM;
+    }
+    hs_kn_rmsnorm_gated_ref(w->core, w->z, lw->lin_norm, w->core, T * nv, dv, c->rms_norm_eps);
+    hs_kn_matmul_ref(w->core, lw->out_proj, NULL, w->tmp, T, vd, H);
+    return HS_OK;
+}
+
 hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids, const int32_t *cu_seqlens,
                                  int n_seqs, const int32_t *layers, int n_layers, void *out,
                                  int out_dtype, size_t row_stride_elems)
@@ -99,73 +231,44 @@ hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids, const 
     const hs_model_config_t *c = &m->cfg;
     const int T = cu_seqlens[n_seqs];
     if (T == 0) return HS_OK;
-    const int H = c->hidden_size, I = c->intermediate_size, d = c->head_dim;
-    const int nq = c->num_heads * d, nkv = c->num_kv_heads * d;
+    const int H = c->hidden_size, I = c->intermediate_size;
     int top = 0;
     for (int j = 0; j < n_layers; j++)
         if (layers[j] > top) top = layers[j];
 
     size_t t = (size_t)T;
-    float *h = malloc(t * H * sizeof(float));
-    float *x = malloc(t * H * sizeof(float));
-    float *tmp = malloc(t * H * sizeof(float));
-    float *q = malloc(t * nq * sizeof(float));
-    float *att = malloc(t * nq * sizeof(float));
-    float *k = malloc(t * nkv * sizeof(float));
-    float *v = malloc(t * nkv * sizeof(float));
-    float *gate = malloc(t * I * sizeof(float));
-    float *up = malloc(t * I * sizeof(float));
-    if (!h || !x || !tmp || !q || !att || !k || !v || !gate || !up) {
-        hs_error("forward: out of memory for %d tokens of work buffers", T);
-        rc = HS_ERR_NOMEM;
-        goto out;
-    }
+    work_t w;
+    if ((rc = work_alloc(c, T, &w)) != HS_OK) return rc;
 
-    hs_kn_embedding_ref(m->embed, c->vocab_size, H, input_ids, T, h);
-    capture(h, 0, T, H, layers, n_layers, out, out_dtype, row_stride_elems);
-    const float scale = 1.0f / sqrtf((float)d);
+    hs_kn_embedding_ref(m->embed, c->vocab_size, H, input_ids, T, w.h);
+    capture(w.h, 0, T, H, layers, n_layers, out, out_dtype, row_stride_elems);
     /* layer l's output is index l + 1; index N is normed, handled below */
     int run = top < c->num_layers ? top : c->num_layers;
     for (int l = 0; l < run; l++) {
-        const hs__layer_weights_t *w = &m->layers[l];
-        hs_kn_rmsnorm_ref(h, w->input_norm, x, T, H, c->rms_norm_eps);
-        hs_kn_matmul_ref(x, w->q_proj, w->q_bias, q, T, H, nq);
-        hs_kn_matmul_ref(x, w->k_proj, w->k_bias, k, T, H, nkv);
-        hs_kn_matmul_ref(x, w->v_proj, w->v_bias, v, T, H, nkv);
-        if (w->q_norm) {
-            hs_kn_rmsnorm_ref(q, w->q_norm, q, T * c->num_heads, d, c->rms_norm_eps);
-            hs_kn_rmsnorm_ref(k, w->k_norm, k, T * c->num_kv_heads, d, c->rms_norm_eps);
+        const hs__layer_weights_t *lw = &m->layers[l];
+        norm(c, w.h, lw->input_norm, w.x, T, H);
+        if (hs_model_layer_is_linear(c, l)) {
+            if ((rc = linear_mixer(m, lw, &w, cu_seqlens, n_seqs, T)) != HS_OK) goto out;
+        } else {
+            attention_mixer(m, lw, &w, cu_seqlens, n_seqs, T);
         }
-        hs_kn_rope_ref(q, cu_seqlens, n_seqs, c->num_heads, d, m->inv_freq);
-        hs_kn_rope_ref(k, cu_seqlens, n_seqs, c->num_kv_heads, d, m->inv_freq);
-        hs_kn_attention_ref(q, k, v, att, cu_seqlens, n_seqs, c->num_heads, c->num_kv_heads, d,
-                            scale, c->sliding_window);
-        hs_kn_matmul_ref(att, w->o_proj, w->o_bias, tmp, T, nq, H);
-        hs_kn_residual_add_ref(h, tmp, h, t * H);
+        hs_kn_residual_add_ref(w.h, w.tmp, w.h, t * H);
 
-        hs_kn_rmsnorm_ref(h, w->post_norm, x, T, H, c->rms_norm_eps);
-        hs_kn_matmul_ref(x, w->gate_proj, w->gate_bias, gate, T, H, I);
-        hs_kn_matmul_ref(x, w->up_proj, w->up_bias, up, T, H, I);
-        hs_kn_swiglu_ref(gate, up, gate, t * I);
-        hs_kn_matmul_ref(gate, w->down_proj, w->down_bias, tmp, T, I, H);
-        hs_kn_residual_add_ref(h, tmp, h, t * H);
+        norm(c, w.h, lw->post_norm, w.x, T, H);
+        hs_kn_matmul_ref(w.x, lw->gate_proj, lw->gate_bias, w.gate, T, H, I);
+        hs_kn_matmul_ref(w.x, lw->up_proj, lw->up_bias, w.up, T, H, I);
+        hs_kn_swiglu_ref(w.gate, w.up, w.gate, t * I);
+        hs_kn_matmul_ref(w.gate, lw->down_proj, lw->down_bias, w.tmp, T, I, H);
+        hs_kn_residual_add_ref(w.h, w.tmp, w.h, t * H);
         if (l + 1 < c->num_layers)
-            capture(h, l + 1, T, H, layers, n_layers, out, out_dtype, row_stride_elems);
+            capture(w.h, l + 1, T, H, layers, n_layers, out, out_dtype, row_stride_elems);
     }
     if (top == c->num_layers) {
-        hs_kn_rmsnorm_ref(h, m->final_norm, x, T, H, c->rms_norm_eps);
-        capture(x, c->num_layers, T, H, layers, n_layers, out, out_dtype, row_stride_elems);
+        norm(c, w.h, m->final_norm, w.x, T, H);
+        capture(w.x, c->num_layers, T, H, layers, n_layers, out, out_dtype, row_stride_elems);
     }
     rc = HS_OK;
 out:
-    free(h);
-    free(x);
-    free(tmp);
-    free(q);
-    free(att);
-    free(k);
-    free(v);
-    free(gate);
-    free(up);
+    work_free(&w);
     return rc;
 }

@@ -187,6 +187,12 @@ static hs_status_t check_create(const hs_model_t *m, uint32_t token_budget, uint
         return HS_ERR_INVALID;
     }
     const hs_model_config_t *c = &m->cfg;
+    if (c->arch == HS_MODEL_QWEN3_5) {
+        hs_error("cuda forward: the CUDA forward does not support qwen3_5 (%s) yet; use --gpus "
+                 "cpu:N (hs-forward: --device cpu), or hsflow.Producer with your own stack",
+                 c->architecture);
+        return HS_ERR_UNSUPPORTED;
+    }
     if (c->head_dim > 256 || c->head_dim % 2) {
         hs_error("cuda forward: head_dim %d is not supported by the CUDA attention (even, at most "
                  "256); use --device cpu",

@@ -1,6 +1,8 @@
 /* hs_model.h - the built-in target forward: a Llama-family decoder (Llama
  * 2/3 incl. llama3 rope scaling, Qwen2/2.5 with qkv bias, Qwen3 with q/k
- * norm, Mistral) loaded from a Hugging Face folder (config.json and
+ * norm, Mistral) or the Qwen3.5 / Qwen3.6 hybrid (Gated DeltaNet layers and
+ * gated full attention; text decoder only, also out of the vision-language
+ * wrapper) loaded from a Hugging Face folder (config.json and
  * *.safetensors, single file or sharded), run up to the highest captured
  * layer, with each captured layer's hidden states written into its column
  * slice of a [T, k*H] buffer. No LM head.
@@ -35,7 +37,17 @@ typedef enum {
     HS_MODEL_QWEN2 = 2,   /* Qwen2ForCausalLM */
     HS_MODEL_QWEN3 = 3,   /* Qwen3ForCausalLM */
     HS_MODEL_MISTRAL = 4, /* MistralForCausalLM */
+    HS_MODEL_QWEN3_5 = 5, /* Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration */
 } hs_model_arch_t;
+
+/* A Qwen3.5 decoder layer's token mixer (layer_types in config.json). */
+typedef enum {
+    HS_LAYER_FULL_ATTENTION = 0,   /* "full_attention": gated softmax attention */
+    HS_LAYER_LINEAR_ATTENTION = 1, /* "linear_attention": Gated DeltaNet */
+} hs_model_layer_type_t;
+
+/* Most decoder layers a hybrid (Qwen3.5) config may have. */
+#define HS_MODEL_MAX_HYBRID_LAYERS 256
 
 /* Output element type of the forward. */
 typedef enum { HS_MODEL_OUT_F32 = 0, HS_MODEL_OUT_BF16 = 1 } hs_model_dtype_t;
@@ -58,15 +70,41 @@ typedef struct {
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions;
     int sliding_window; /* Mistral, or Qwen with use_sliding_window; 0 = none */
     int tie_word_embeddings;
-    int qkv_bias; /* q/k/v projections have a bias (Qwen2, attention_bias) */
-    int o_bias;   /* o_proj has a bias (attention_bias) */
-    int mlp_bias; /* gate/up/down have a bias (Llama mlp_bias) */
-    int qk_norm;  /* per-head RMSNorm on q and k before rope (Qwen3) */
+    int qkv_bias;   /* q/k/v projections have a bias (Qwen2, attention_bias) */
+    int o_bias;     /* o_proj has a bias (attention_bias) */
+    int mlp_bias;   /* gate/up/down have a bias (Llama mlp_bias) */
+    int qk_norm;    /* per-head RMSNorm on q and k before rope (Qwen3) */
+    int rotary_dim; /* dims of each head RoPE rotates: head_dim, or head_dim *
+                       partial_rotary_factor (Qwen3.5) */
+
+    /* Qwen3.5 hybrid only (arch HS_MODEL_QWEN3_5); zero for the others */
+    int vl_wrapper;         /* Qwen3_5ForConditionalGeneration: the decoder's config is
+                               text_config, its weights model.language_model.* */
+    int zero_centered_norm; /* RMSNorm weights scale as (1 + w) (layer, final, q/k) */
+    int attn_output_gate;   /* q_proj yields a query and a gate per head; attention
+                               output * sigmoid(gate) before o_proj */
+    int lin_num_k_heads;    /* linear_num_key_heads */
+    int lin_num_v_heads;    /* linear_num_value_heads (a multiple of the key heads) */
+    int lin_k_head_dim;     /* linear_key_head_dim */
+    int lin_v_head_dim;     /* linear_value_head_dim */
+    int lin_conv_kernel;    /* linear_conv_kernel_dim */
+    uint8_t layer_type[HS_MODEL_MAX_HYBRID_LAYERS]; /* hs_model_layer_type_t per layer
+                                                       (layer_types, or every
+                                                       full_attention_interval-th full) */
 } hs_model_config_t;
+
+/* Whether decoder layer l (0-based) is a Gated DeltaNet layer. */
+static inline int hs_model_layer_is_linear(const hs_model_config_t *c, int l)
+{
+    return c->arch == HS_MODEL_QWEN3_5 && l >= 0 && l < HS_MODEL_MAX_HYBRID_LAYERS &&
+           c->layer_type[l] == HS_LAYER_LINEAR_ATTENTION;
+}
 
 /* Loads the model in folder `dir` (config.json plus model.safetensors, or
  * model.safetensors.index.json and its shards). Weights stored as BF16 are
- * used in place from the mapped files; F16/F32 are converted to bf16.
+ * used in place from the mapped files; F16/F32 are converted to bf16
+ * (Qwen3.5's A_log and dt_bias are read as fp32). Tensors the decoder does
+ * not use (a VL wrapper's vision tower, mtp.*, lm_head) are never read.
  * Unknown architecture, missing or malformed field, missing tensor, wrong
  * shape, unsupported dtype or truncated file: an error naming the field or
  * tensor is logged and HS_ERR_FORMAT (or HS_ERR_IO / HS_ERR_UNSUPPORTED)
@@ -112,7 +150,10 @@ hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids, const 
  * n_run decoder layers: per layer 2 * (linear parameters of a layer) * T plus
  * 4 * Hq * d per causal (query, key) pair of each sequence (QK^T and PV):
  * L (L + 1) / 2 pairs for a sequence of length L, fewer under a sliding
- * window. Embedding lookups and norms are not counted. Plain arithmetic:
+ * window. A Gated DeltaNet layer counts its projections, the conv
+ * (2 * K * channels per token) and the delta rule (6 * dk * dv per token
+ * and value head: the state read, its rank-1 update and the output read).
+ * Embedding lookups, gates and norms are not counted. Plain arithmetic:
  * available in every build. */
 double hs_model_forward_flops(const hs_model_config_t *cfg, int n_run, const int32_t *cu_seqlens,
                               int n_seqs);

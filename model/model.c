@@ -1,7 +1,7 @@
-/* model.c - loads a Hugging Face Llama-family folder into an hs_model_t
- * (config.json + safetensors, every tensor's shape checked against the
- * config), and the layer-index helpers (captured layer checks, DFlash's
- * default set). */
+/* model.c - loads a Hugging Face Llama-family or Qwen3.5 folder into an
+ * hs_model_t (config.json + safetensors, every tensor's shape checked
+ * against the config; only the decoder's tensors are touched), and the
+ * layer-index helpers (captured layer checks, DFlash's default set). */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -32,14 +32,52 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
-/* Fetches "model.<name>" as bf16 of the given 1-D or 2-D shape. */
+/* Where the decoder's tensors live: model.* or, in a Qwen3.5 VL wrapper,
+ * model.language_model.* (the vision tower's model.visual.* and mtp.* are
+ * never looked up). */
+static const char *prefix(const hs_model_t *m)
+{
+    return m->cfg.vl_wrapper ? "model.language_model." : "model.";
+}
+
+/* Fetches "<prefix><name>" as bf16 of the given 1-D or 2-D shape. */
 static hs_status_t get_w(hs_model_t *m, const char *name, int64_t d0, int64_t d1,
                          const uint16_t **out)
 {
     char full[256];
-    snprintf(full, sizeof full, "model.%s", name);
+    snprintf(full, sizeof full, "%s%s", prefix(m), name);
     int64_t shape[2] = {d0, d1};
     return hs__st_get_bf16(m->st, full, d1 ? 2 : 1, shape, out);
+}
+
+/* The Gated DeltaNet tensors of linear-attention layer i. */
+static hs_status_t load_linear_attn(hs_model_t *m, int i)
+{
+    const hs_model_config_t *c = &m->cfg;
+    hs__layer_weights_t *w = &m->layers[i];
+    int64_t H = c->hidden_size, nv = c->lin_num_v_heads, dv = c->lin_v_head_dim;
+    int64_t C = 2 * (int64_t)c->lin_num_k_heads * c->lin_k_head_dim + nv * dv;
+    char n[160];
+    hs_status_t rc;
+#define LW(field, fmt, d0, d1)                                                                     \
+    do {                                                                                           \
+        snprintf(n, sizeof n, "layers.%d.linear_attn." fmt, i);                                    \
+        if ((rc = get_w(m, n, (d0), (d1), &w->field)) != HS_OK) return rc;                         \
+    } while (0)
+    LW(in_proj_qkv, "in_proj_qkv.weight", C, H);
+    LW(in_proj_z, "in_proj_z.weight", nv * dv, H);
+    LW(in_proj_b, "in_proj_b.weight", nv, H);
+    LW(in_proj_a, "in_proj_a.weight", nv, H);
+    LW(lin_norm, "norm.weight", dv, 0);
+    LW(out_proj, "out_proj.weight", H, nv * dv);
+#undef LW
+    int64_t conv_shape[3] = {C, 1, c->lin_conv_kernel};
+    snprintf(n, sizeof n, "%slayers.%d.linear_attn.conv1d.weight", prefix(m), i);
+    if ((rc = hs__st_get_bf16(m->st, n, 3, conv_shape, &w->conv1d)) != HS_OK) return rc;
+    snprintf(n, sizeof n, "%slayers.%d.linear_attn.A_log", prefix(m), i);
+    if ((rc = hs__st_get_f32(m->st, n, 1, &nv, &w->A_log)) != HS_OK) return rc;
+    snprintf(n, sizeof n, "%slayers.%d.linear_attn.dt_bias", prefix(m), i);
+    return hs__st_get_f32(m->st, n, 1, &nv, &w->dt_bias);
 }
 
 static hs_status_t load_layer(hs_model_t *m, int i)
@@ -55,7 +93,11 @@ static hs_status_t load_layer(hs_model_t *m, int i)
         snprintf(n, sizeof n, "layers.%d." fmt, i);                                                \
         if ((rc = get_w(m, n, (d0), (d1), &w->field)) != HS_OK) return rc;                         \
     } while (0)
-    W(q_proj, "self_attn.q_proj.weight", nq, H);
+    if (hs_model_layer_is_linear(c, i)) {
+        if ((rc = load_linear_attn(m, i)) != HS_OK) return rc;
+        goto mlp;
+    }
+    W(q_proj, "self_attn.q_proj.weight", c->attn_output_gate ? 2 * nq : nq, H);
     W(k_proj, "self_attn.k_proj.weight", nkv, H);
     W(v_proj, "self_attn.v_proj.weight", nkv, H);
     W(o_proj, "self_attn.o_proj.weight", H, nq);
@@ -69,6 +111,7 @@ static hs_status_t load_layer(hs_model_t *m, int i)
         W(q_norm, "self_attn.q_norm.weight", d, 0);
         W(k_norm, "self_attn.k_norm.weight", d, 0);
     }
+mlp:
     W(gate_proj, "mlp.gate_proj.weight", I, H);
     W(up_proj, "mlp.up_proj.weight", I, H);
     W(down_proj, "mlp.down_proj.weight", H, I);
@@ -104,7 +147,7 @@ hs_status_t hs_model_load(const char *dir, hs_model_t **out)
     if (rc != HS_OK) goto err_model;
     rc = HS_ERR_NOMEM;
     m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
-    m->inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(float));
+    m->inv_freq = malloc((size_t)(c->rotary_dim / 2) * sizeof(float));
     if (!m->layers || !m->inv_freq) goto err_model;
 
     rc = get_w(m, "embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed);
@@ -122,7 +165,18 @@ hs_status_t hs_model_load(const char *dir, hs_model_t **out)
         .high_freq_factor = c->rope_high_freq_factor,
         .original_max_positions = c->rope_original_max_positions,
     };
-    hs_kn_rope_inv_freq(c->head_dim, c->rope_theta, &sc, m->inv_freq);
+    hs_kn_rope_inv_freq(c->rotary_dim, c->rope_theta, &sc, m->inv_freq);
+
+    if (c->arch == HS_MODEL_QWEN3_5) {
+        int n_lin = 0;
+        for (int l = 0; l < c->num_layers; l++)
+            n_lin += hs_model_layer_is_linear(c, l);
+        hs_info("model %s: %s%s, %d Gated DeltaNet layers (%d key / %d value heads of %d / %d, "
+                "conv %d) and %d gated attention layers (rope on %d of %d dims)",
+                dir, c->architecture, c->vl_wrapper ? " (text decoder; vision tower skipped)" : "",
+                n_lin, c->lin_num_k_heads, c->lin_num_v_heads, c->lin_k_head_dim, c->lin_v_head_dim,
+                c->lin_conv_kernel, c->num_layers - n_lin, c->rotary_dim, c->head_dim);
+    }
 
     hs_info("model %s: %s, H=%d I=%d layers=%d heads=%d/%d head_dim=%d vocab=%d%s%s%s rope "
             "theta=%g%s",
@@ -216,7 +270,8 @@ double hs_model_forward_flops(const hs_model_config_t *c, int n_run, const int32
 {
     double H = c->hidden_size, I = c->intermediate_size, d = c->head_dim;
     double q = c->num_heads * d, kv = c->num_kv_heads * d;
-    double params = H * (q + 2 * kv) + q * H + 3 * H * I;
+    double qp = c->attn_output_gate ? 2 * q : q; /* q_proj rows */
+    double params = H * (qp + 2 * kv) + q * H + 3 * H * I;
     double T = cu_seqlens[n_seqs];
     double attn = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -226,5 +281,14 @@ double hs_model_forward_flops(const hs_model_config_t *c, int n_run, const int32
         double pairs = w > 0 ? w * (w + 1) / 2 + (L - w) * w : L * (L + 1) / 2;
         attn += 4.0 * c->num_heads * d * pairs;
     }
-    return n_run * (2.0 * params * T + attn);
+    double full = 2.0 * params * T + attn;
+    if (c->arch != HS_MODEL_QWEN3_5) return n_run * full;
+    double nv = c->lin_num_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
+    double ch = 2 * c->lin_num_k_heads * dk + nv * dv; /* conv channels */
+    double lin_params = H * (ch + nv * dv + 2 * nv) + nv * dv * H + 3 * H * I;
+    double linear = 2.0 * lin_params * T + (2.0 * c->lin_conv_kernel * ch + 6.0 * nv * dk * dv) * T;
+    double total = 0;
+    for (int l = 0; l < n_run && l < c->num_layers; l++)
+        total += hs_model_layer_is_linear(c, l) ? linear : full;
+    return total;
 }

@@ -16,22 +16,36 @@ extern "C" {
 #endif
 
 typedef struct {
-    const uint16_t *q_proj;                          /* [num_heads * head_dim, H] */
-    const uint16_t *k_proj;                          /* [num_kv_heads * head_dim, H] */
-    const uint16_t *v_proj;                          /* [num_kv_heads * head_dim, H] */
-    const uint16_t *o_proj;                          /* [H, num_heads * head_dim] */
-    const uint16_t *q_bias;                          /* [num_heads * head_dim] or NULL */
-    const uint16_t *k_bias;                          /* [num_kv_heads * head_dim] or NULL */
-    const uint16_t *v_bias;                          /* [num_kv_heads * head_dim] or NULL */
-    const uint16_t *o_bias;                          /* [H] or NULL */
-    const uint16_t *q_norm;                          /* [head_dim] or NULL (Qwen3) */
-    const uint16_t *k_norm;                          /* [head_dim] or NULL (Qwen3) */
-    const uint16_t *gate_proj;                       /* [I, H] */
-    const uint16_t *up_proj;                         /* [I, H] */
-    const uint16_t *down_proj;                       /* [H, I] */
+    const uint16_t *q_proj;    /* [num_heads * head_dim, H]; gated attention (Qwen3.5):
+                                  [num_heads * 2 * head_dim, H], per head its query rows
+                                  then its gate rows */
+    const uint16_t *k_proj;    /* [num_kv_heads * head_dim, H] */
+    const uint16_t *v_proj;    /* [num_kv_heads * head_dim, H] */
+    const uint16_t *o_proj;    /* [H, num_heads * head_dim] */
+    const uint16_t *q_bias;    /* [num_heads * head_dim] or NULL */
+    const uint16_t *k_bias;    /* [num_kv_heads * head_dim] or NULL */
+    const uint16_t *v_bias;    /* [num_kv_heads * head_dim] or NULL */
+    const uint16_t *o_bias;    /* [H] or NULL */
+    const uint16_t *q_norm;    /* [head_dim] or NULL (Qwen3) */
+    const uint16_t *k_norm;    /* [head_dim] or NULL (Qwen3) */
+    const uint16_t *gate_proj; /* [I, H] */
+    const uint16_t *up_proj;   /* [I, H] */
+    const uint16_t *down_proj; /* [H, I] */
     const uint16_t *gate_bias, *up_bias, *down_bias; /* [I], [I], [H] or NULL */
     const uint16_t *input_norm;                      /* input_layernorm [H] */
     const uint16_t *post_norm;                       /* post_attention_layernorm [H] */
+    /* Gated DeltaNet (linear_attention layers; all NULL in the others).
+     * nk, nv, dk, dv: linear key / value heads and head dims, K the conv
+     * kernel, C = 2 * nk * dk + nv * dv the conv channels (q | k | v). */
+    const uint16_t *in_proj_qkv; /* [C, H] */
+    const uint16_t *in_proj_z;   /* [nv * dv, H] */
+    const uint16_t *in_proj_b;   /* [nv, H] */
+    const uint16_t *in_proj_a;   /* [nv, H] */
+    const uint16_t *conv1d;      /* [C, K] (stored [C, 1, K]) */
+    const float *A_log;          /* [nv], fp32 */
+    const float *dt_bias;        /* [nv], fp32 */
+    const uint16_t *lin_norm;    /* linear_attn.norm [dv] (gated RMSNorm) */
+    const uint16_t *out_proj;    /* [H, nv * dv] */
 } hs__layer_weights_t;
 
 struct hs_model {
@@ -39,7 +53,7 @@ struct hs_model {
     const uint16_t *embed;       /* embed_tokens [vocab, H] */
     const uint16_t *final_norm;  /* norm [H] */
     hs__layer_weights_t *layers; /* [num_layers] */
-    float *inv_freq;             /* rope [head_dim / 2], rope scaling applied */
+    float *inv_freq;             /* rope [rotary_dim / 2], rope scaling applied */
     hs__st_set_t *st;            /* the mapped safetensors files */
 };
 

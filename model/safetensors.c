@@ -471,8 +471,9 @@ static void shape_str(const int64_t *shape, int ndim, char *buf, size_t cap)
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
-hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim, const int64_t *shape,
-                            const uint16_t **out)
+/* The tensor `name` if it exists with exactly this shape (else logged). */
+static hs_status_t find_shaped(const hs__st_set_t *st, const char *name, int ndim,
+                               const int64_t *shape, const hs__st_tensor_t **out)
 {
     const hs__st_tensor_t *t = hs__st_find(st, name);
     if (!t) {
@@ -489,6 +490,59 @@ hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim, const 
         hs_error("tensor '%s' has shape %s, config.json implies %s", name, got, want);
         return HS_ERR_FORMAT;
     }
+    *out = t;
+    return HS_OK;
+}
+
+/* Room for one more owned buffer. */
+static hs_status_t owned_reserve(hs__st_set_t *st)
+{
+    if (st->n_owned < st->cap_owned) return HS_OK;
+    size_t cap = st->cap_owned ? st->cap_owned * 2 : 64;
+    void **o = realloc(st->owned, cap * sizeof *o);
+    if (!o) return HS_ERR_NOMEM;
+    st->owned = o;
+    st->cap_owned = cap;
+    return HS_OK;
+}
+
+hs_status_t hs__st_get_f32(hs__st_set_t *st, const char *name, int ndim, const int64_t *shape,
+                           const float **out)
+{
+    const hs__st_tensor_t *t;
+    hs_status_t rc = find_shaped(st, name, ndim, shape, &t);
+    if (rc != HS_OK) return rc;
+    size_t esize = t->dtype == HS_ST_F32 ? 4 : 2;
+    if (t->dtype != HS_ST_BF16 && t->dtype != HS_ST_F16 && t->dtype != HS_ST_F32) {
+        hs_error("tensor '%s' has dtype %s; only BF16, F16 and F32 weights are supported", name,
+                 t->dtype_name);
+        return HS_ERR_UNSUPPORTED;
+    }
+    size_t count = t->nbytes / esize;
+    if ((rc = owned_reserve(st)) != HS_OK) return rc;
+    float *buf = malloc(count ? count * sizeof *buf : 1);
+    if (!buf) return HS_ERR_NOMEM;
+    const uint8_t *src = t->data;
+    for (size_t i = 0; i < count; i++) {
+        uint16_t h = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
+        if (t->dtype == HS_ST_BF16)
+            buf[i] = hs_bf16_to_f32(h);
+        else if (t->dtype == HS_ST_F16)
+            buf[i] = f16_to_f32(h);
+        else
+            memcpy(&buf[i], src + 4 * i, 4);
+    }
+    st->owned[st->n_owned++] = buf;
+    *out = buf;
+    return HS_OK;
+}
+
+hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim, const int64_t *shape,
+                            const uint16_t **out)
+{
+    const hs__st_tensor_t *t;
+    hs_status_t rc = find_shaped(st, name, ndim, shape, &t);
+    if (rc != HS_OK) return rc;
     size_t count = t->nbytes;
     if (t->dtype == HS_ST_BF16) {
         count /= 2;
@@ -505,13 +559,7 @@ hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim, const 
                  t->dtype_name);
         return HS_ERR_UNSUPPORTED;
     }
-    if (st->n_owned == st->cap_owned) {
-        size_t cap = st->cap_owned ? st->cap_owned * 2 : 64;
-        void **o = realloc(st->owned, cap * sizeof *o);
-        if (!o) return HS_ERR_NOMEM;
-        st->owned = o;
-        st->cap_owned = cap;
-    }
+    if ((rc = owned_reserve(st)) != HS_OK) return rc;
     uint16_t *buf = malloc(count ? count * 2 : 1);
     if (!buf) return HS_ERR_NOMEM;
     const uint8_t *src = t->data;

@@ -66,6 +66,12 @@ const char *hs__st_metadata(const hs__st_set_t *st, const char *key);
 hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim, const int64_t *shape,
                             const uint16_t **out);
 
+/* Tensor `name` as fp32 with exactly the given shape, always converted
+ * (from BF16, F16 or F32) into a buffer the set owns: for the few small
+ * tensors kept in full precision. Errors as hs__st_get_bf16. */
+hs_status_t hs__st_get_f32(hs__st_set_t *st, const char *name, int ndim, const int64_t *shape,
+                           const float **out);
+
 /* Tensor description for hs__st_write(). Data is `rows` rows of row_bytes,
  * row r at data + r * src_stride (src_stride = row_bytes, or 0, for
  * contiguous data); nbytes written = rows * row_bytes, which must equal the

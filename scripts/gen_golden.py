@@ -29,6 +29,13 @@ import transformers
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
+try:  # the Qwen3.5 hybrid (transformers >= 5.17)
+    from transformers import (Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
+                              Qwen3_5TextConfig)
+except ImportError:
+    Qwen3_5Config = Qwen3_5TextConfig = Qwen3_5ForCausalLM = None
+    Qwen3_5ForConditionalGeneration = None
+
 SEED = 1234
 
 # Each family: config kwargs, sequence lengths, storage dtype, shard size.
@@ -72,6 +79,57 @@ FAMILIES = {
                  sliding_window=6, rope_parameters=dict(rope_type="default",
                                                         rope_theta=10000.0)),
         seqs=[11, 4, 9], dtype=torch.float16, shard=None),
+    # Qwen3.5 hybrid, every 4th layer gated full attention (head_dim 64, RoPE
+    # on its first 16 dims), Gated DeltaNet with as many value as key heads
+    # and dk != dv; sequences of 1, < 64, exactly 64, > 64 tokens and one of
+    # several hundred; BF16 weights with A_log and dt_bias kept in F32
+    "qwen3_5_i4": dict(
+        cls=(Qwen3_5TextConfig, Qwen3_5ForCausalLM),
+        cfg=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=96,
+                 rms_norm_eps=1e-6, max_position_embeddings=1024, tie_word_embeddings=False,
+                 full_attention_interval=4, linear_num_key_heads=2, linear_num_value_heads=2,
+                 linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4,
+                 rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                                      partial_rotary_factor=0.25, mrope_section=[3, 3, 2],
+                                      mrope_interleaved=True)),
+        seqs=[1, 23, 64, 65, 290], dtype=torch.bfloat16, shard=None, fp32_params=True),
+    # Qwen3.5 hybrid alternating linear / full (full_attention_interval 2),
+    # full attention of head_dim 256 (RoPE on 64 dims, the real model's
+    # shape), three value heads per key head, conv kernel 3, untouched
+    # default mrope section
+    "qwen3_5_i2": dict(
+        cls=(Qwen3_5TextConfig, Qwen3_5ForCausalLM),
+        cfg=dict(hidden_size=32, intermediate_size=40, num_hidden_layers=4,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=256, vocab_size=64,
+                 rms_norm_eps=1e-6, max_position_embeddings=1024, tie_word_embeddings=False,
+                 full_attention_interval=2, linear_num_key_heads=1, linear_num_value_heads=3,
+                 linear_key_head_dim=16, linear_value_head_dim=12, linear_conv_kernel_dim=3,
+                 rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                                      partial_rotary_factor=0.25, mrope_section=[11, 11, 10],
+                                      mrope_interleaved=True)),
+        seqs=[64, 1, 70, 9], dtype=torch.bfloat16, shard=None),
+    # the vision-language wrapper (Qwen3_5ForConditionalGeneration): decoder
+    # under text_config and model.language_model.*, a tiny vision tower
+    # (model.visual.*) and mtp.* tensors the loader must leave unread
+    "qwen3_5_vl": dict(
+        cls=(Qwen3_5Config, Qwen3_5ForConditionalGeneration),
+        cfg=dict(
+            text_config=dict(hidden_size=24, intermediate_size=40, num_hidden_layers=3,
+                             num_attention_heads=2, num_key_value_heads=2, head_dim=64,
+                             vocab_size=80, rms_norm_eps=1e-6, max_position_embeddings=512,
+                             full_attention_interval=2, linear_num_key_heads=1,
+                             linear_num_value_heads=3, linear_key_head_dim=16,
+                             linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                             rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                                                  partial_rotary_factor=0.25,
+                                                  mrope_section=[3, 3, 2],
+                                                  mrope_interleaved=True)),
+            vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
+                               patch_size=4, spatial_merge_size=2, temporal_patch_size=2,
+                               out_hidden_size=24, num_position_embeddings=16),
+            tie_word_embeddings=False),
+        seqs=[3, 17, 1], dtype=torch.bfloat16, shard=None, mtp=True),
 }
 
 
@@ -95,19 +153,37 @@ def save_safetensors(path, tensors, metadata):
             f.write(b)
 
 
-def randomise(model, gen, storage_dtype):
+def randomise(model, gen, storage_dtype, fp32_params=False):
     """Every parameter random (norm weights around 1, biases nonzero), then
-    rounded to bf16 - and, for F16 storage, to values exact in both."""
+    rounded to bf16 - and, for F16 storage, to values exact in both.
+    Qwen3.5: zero-centred norms (whose scale is 1 + w) around 0, the gated
+    DeltaNet norm around 1, A_log for decays per token of 0.99 to 0.7; with
+    fp32_params A_log and dt_bias keep their fp32 values."""
+    qwen3_5 = model.config.model_type.startswith("qwen3_5")
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            keep_fp32 = False
+            if qwen3_5 and name.endswith("A_log"):
+                v = torch.log(0.01 + 0.5 * torch.rand(p.shape, generator=gen))
+                keep_fp32 = fp32_params
+            elif qwen3_5 and name.endswith("dt_bias"):
+                v = 0.5 * torch.randn(p.shape, generator=gen)
+                keep_fp32 = fp32_params
+            elif qwen3_5 and "norm" in name and "linear_attn.norm" not in name:
+                v = 0.2 * torch.randn(p.shape, generator=gen)
+            elif "norm" in name:
                 v = 1.0 + 0.2 * torch.randn(p.shape, generator=gen)
             elif name.endswith("bias"):
                 v = 0.2 * torch.randn(p.shape, generator=gen)
             elif "embed_tokens" in name:
                 v = torch.randn(p.shape, generator=gen)
-            else:  # nn.Linear [out, in]: keep activations O(1)
+            else:  # nn.Linear [out, in] (or conv [C, 1, K]): keep activations O(1)
                 v = torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5)
+                if qwen3_5 and "in_proj_qkv" in name:
+                    v = 2.0 * v  # delta-rule outputs well above the gated norm's eps
+            if keep_fp32:
+                p.copy_(v)
+                continue
             v = v.to(torch.bfloat16)
             if storage_dtype == torch.float16:
                 v = v.to(torch.float16).to(torch.bfloat16)
@@ -120,7 +196,7 @@ TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 def config_kwargs(kw):
     """transformers < 5 takes rope_theta + rope_scaling, not rope_parameters."""
     kw = dict(kw)
-    if TRANSFORMERS_MAJOR < 5:
+    if TRANSFORMERS_MAJOR < 5 and "rope_parameters" in kw:
         rp = dict(kw.pop("rope_parameters"))
         kw["rope_theta"] = rp.pop("rope_theta")
         if rp["rope_type"] != "default":
@@ -142,26 +218,42 @@ def write_both_rope_styles(path, kw):
         f.write("\n")
 
 
+def add_mtp_tensors(path, gen):
+    """Adds mtp.* tensors (the multi-token-prediction head real Qwen3.5
+    checkpoints carry) to a safetensors file, in F8_E4M3, a dtype the
+    loader cannot read: loading proves they are never touched."""
+    from safetensors.torch import load_file, save_file
+    t = load_file(path)
+    t["mtp.fc.weight"] = torch.randn((8, 8), generator=gen).to(torch.float8_e4m3fn)
+    t["mtp.layers.0.mlp.up_proj.weight"] = torch.randn((4, 8), generator=gen).to(
+        torch.float8_e4m3fn)
+    save_file(t, path, metadata={"format": "pt"})
+
+
 def build(name, spec, out_dir):
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED + sum(map(ord, name)))
     cfg_cls, model_cls = spec["cls"]
     cfg = cfg_cls(**config_kwargs(spec["cfg"]))
     cfg._attn_implementation = "eager"
+    text_cfg = getattr(cfg, "text_config", cfg)
+    text_cfg._attn_implementation = "eager"
     model = model_cls(cfg).eval()
-    randomise(model, gen, spec["dtype"])
+    randomise(model, gen, spec["dtype"], spec.get("fp32_params", False))
+    # the decoder: model.model, or model.model.language_model in a VL wrapper
+    decoder = getattr(model.model, "language_model", model.model)
     if cfg.tie_word_embeddings:
-        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        assert model.lm_head.weight.data_ptr() == decoder.embed_tokens.weight.data_ptr()
 
-    n = cfg.num_hidden_layers
+    n = text_cfg.num_hidden_layers
     lens = spec["seqs"]
-    ids = torch.randint(0, cfg.vocab_size, (sum(lens),), generator=gen, dtype=torch.int64)
+    ids = torch.randint(0, text_cfg.vocab_size, (sum(lens),), generator=gen, dtype=torch.int64)
     cu = [0]
     for L in lens:
         cu.append(cu[-1] + L)
     per_layer = [[] for _ in range(n + 1)]
     last_layer_out = []
-    hook = model.model.layers[-1].register_forward_hook(
+    hook = decoder.layers[-1].register_forward_hook(
         lambda mod, inp, out: last_layer_out.append(out[0] if isinstance(out, tuple) else out))
     with torch.no_grad():
         for s in range(len(lens)):
@@ -170,9 +262,9 @@ def build(name, spec, out_dir):
             hs = o.hidden_states
             assert len(hs) == n + 1, f"{name}: {len(hs)} hidden states for {n} layers"
             # the indexing hsflow documents: 0 = embeddings, N = final norm
-            emb = model.model.embed_tokens(x)
+            emb = decoder.embed_tokens(x)
             assert torch.equal(hs[0], emb), f"{name}: hidden_states[0] is not the embedding"
-            normed = model.model.norm(last_layer_out[-1])
+            normed = decoder.norm(last_layer_out[-1])
             assert torch.allclose(hs[n], normed), f"{name}: hidden_states[N] is not normed"
             for i in range(n + 1):
                 per_layer[i].append(hs[i][0].float())
@@ -181,14 +273,22 @@ def build(name, spec, out_dir):
     d = os.path.join(out_dir, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
+    keep = {k: p.detach().clone() for k, p in model.named_parameters()
+            if spec.get("fp32_params") and k.endswith(("A_log", "dt_bias"))}
     save_model = model.to(spec["dtype"])
+    with torch.no_grad():  # F32 in the file, as they were computed
+        for k, v in keep.items():
+            save_model.get_parameter(k).data = v
     kw = {"max_shard_size": spec["shard"]} if spec["shard"] else {}
     save_model.save_pretrained(d, safe_serialization=True, **kw)
     # keep the folder minimal: config + weights
     for f in os.listdir(d):
         if f == "generation_config.json":
             os.remove(os.path.join(d, f))
-    write_both_rope_styles(os.path.join(d, "config.json"), spec["cfg"])
+    if spec.get("mtp"):
+        add_mtp_tensors(os.path.join(d, "model.safetensors"), gen)
+    if "rope_parameters" in spec["cfg"] and not name.startswith("qwen3_5"):
+        write_both_rope_styles(os.path.join(d, "config.json"), spec["cfg"])
 
     tensors = {f"hidden_states.{i}": torch.cat(per_layer[i]).contiguous() for i in range(n + 1)}
     tensors["input_ids"] = ids.to(torch.int32)
@@ -198,7 +298,8 @@ def build(name, spec, out_dir):
             "transformers": transformers.__version__, "torch": torch.__version__}
     save_safetensors(os.path.join(d, "golden.safetensors"), tensors, meta)
     size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
-    print(f"{name}: {n} layers, H={cfg.hidden_size}, T={cu[-1]}, {size / 1024:.0f} KiB in {d}")
+    print(f"{name}: {n} layers, H={text_cfg.hidden_size}, T={cu[-1]}, {size / 1024:.0f} KiB "
+          f"in {d}")
 
 
 def main():
@@ -211,6 +312,9 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)  # same summation order on every machine
     for name in a.family or FAMILIES:
+        if name.startswith("qwen3_5") and Qwen3_5ForCausalLM is None:
+            raise SystemExit(f"{name} needs a transformers with Qwen3.5 (5.17 or newer); "
+                             f"this one is {transformers.__version__}")
         build(name, FAMILIES[name], os.path.abspath(a.out))
 
 

@@ -1,7 +1,8 @@
 /* test_model.c - the built-in forward's CPU side: golden hidden states from
- * transformers for every family (layer by layer), config.json and
- * safetensors error handling, closed-form checks of each kernel's C twin,
- * DFlash's default layers, and hs-forward end to end. */
+ * transformers for every family (layer by layer; the Qwen3.5 hybrid and its
+ * VL wrapper too), config.json and safetensors error handling, closed-form
+ * checks of each kernel's C twin, DFlash's default layers, and hs-forward
+ * end to end. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,14 +14,19 @@
 
 #include "attention.h"
 #include "bf16.h"
+#include "conv1d.h"
+#include "delta_rule.h"
 #include "embedding.h"
+#include "gdn_gates.h"
 #include "hs_model.h"
 #include "matmul.h"
 #include "model_int.h"
 #include "residual.h"
 #include "rmsnorm.h"
+#include "rmsnorm_gated.h"
 #include "rope.h"
 #include "safetensors_int.h"
+#include "sigmoid_gate.h"
 #include "swiglu.h"
 
 #ifndef HS_TEST_DATA_DIR
@@ -34,7 +40,13 @@
 #define GOLD_ATOL 2e-5
 #define GOLD_RTOL 2e-5
 
-static const char *families[] = {"llama3", "qwen2", "qwen3", "mistral"};
+/* qwen3_5_i4: hybrid, full attention every 4th layer, head_dim 64, as many
+ * value as key heads, sequences of 1, 23, 64, 65 and 290 tokens, A_log and
+ * dt_bias in F32; qwen3_5_i2: every 2nd layer, head_dim 256, 3 value heads
+ * per key head, 64 / 1 / 70 / 9 tokens; qwen3_5_vl: the vision-language
+ * wrapper with a vision tower and mtp.* tensors the loader skips. */
+static const char *families[] = {"llama3",     "qwen2",      "qwen3",     "mistral",
+                                 "qwen3_5_i4", "qwen3_5_i2", "qwen3_5_vl"};
 #define N_FAMILIES ((int)(sizeof families / sizeof families[0]))
 
 static char tmpdir[256];
@@ -379,17 +391,18 @@ static void copy_file(const char *from, const char *to)
     ck_assert_int_eq(system(cmd), 0);
 }
 
-/* tmpdir/bad: mistral's config and its tensors rewritten, with tensor
+/* tmpdir/bad: a family's config and its tensors rewritten, with tensor
  * `drop` left out or `shrink` written with its first dimension minus one. */
-static void write_modified_model(const char *drop, const char *shrink, char *dir, size_t cap)
+static void write_family_modified(const char *fam, const char *drop, const char *shrink, char *dir,
+                                  size_t cap)
 {
     char src[512], p[512];
     snprintf(dir, cap, "%s/bad", tmpdir);
     mkdir(dir, 0755);
-    snprintf(src, sizeof src, "%s/mistral/config.json", HS_TEST_DATA_DIR);
+    snprintf(src, sizeof src, "%s/%s/config.json", HS_TEST_DATA_DIR, fam);
     snprintf(p, sizeof p, "%s/config.json", dir);
     copy_file(src, p);
-    snprintf(src, sizeof src, "%s/mistral/model.safetensors", HS_TEST_DATA_DIR);
+    snprintf(src, sizeof src, "%s/%s/model.safetensors", HS_TEST_DATA_DIR, fam);
     hs__st_set_t *st;
     ck_assert_int_eq(hs__st_open_file(src, &st), HS_OK);
     size_t n = hs__st_count(st);
@@ -415,6 +428,11 @@ static void write_modified_model(const char *drop, const char *shrink, char *dir
     ck_assert_int_eq(hs__st_write(p, w, k, NULL, NULL, 0), HS_OK);
     free(w);
     hs__st_close(st);
+}
+
+static void write_modified_model(const char *drop, const char *shrink, char *dir, size_t cap)
+{
+    write_family_modified("mistral", drop, shrink, dir, cap);
 }
 
 START_TEST(load_rejects_missing_tensor_and_wrong_shape)
@@ -945,6 +963,47 @@ START_TEST(hs_forward_writes_the_golden_hidden_states)
     }
     hs__st_close(st);
 
+    /* the Qwen3.5 VL wrapper's text decoder through the same binary */
+    golden_t gv;
+    golden_open("qwen3_5_vl", &gv);
+    fp = fopen(data, "w");
+    for (int s = 0; s < gv.n_seqs; s++) {
+        fprintf(fp, "{\"input_ids\": [");
+        for (int t = gv.cu[s]; t < gv.cu[s + 1]; t++)
+            fprintf(fp, "%s%d", t > gv.cu[s] ? ", " : "", gv.ids[t]);
+        fprintf(fp, "]}\n");
+    }
+    fclose(fp);
+    snprintf(args, sizeof args,
+             "--model '%s/qwen3_5_vl' --data '%s' --layers 3,1 --device cpu --token-budget 18 "
+             "--out '%s'",
+             HS_TEST_DATA_DIR, data, out);
+    ck_assert_int_eq(run(args), 0);
+    ck_assert_int_eq(hs__st_open_file(out, &st), HS_OK);
+    for (int j = 0; j < 2; j++) {
+        char name[64];
+        snprintf(name, sizeof name, "hidden_states.%d", j ? 1 : 3);
+        const hs__st_tensor_t *t = hs__st_find(st, name);
+        ck_assert_ptr_nonnull(t);
+        compare_layer("qwen3_5_vl via hs-forward", &gv, j ? 1 : 3, t->data, (size_t)t->shape[1],
+                      (int)t->shape[1]);
+    }
+    hs__st_close(st);
+    /* its CUDA path refuses the family (or, without CUDA, the build says so) */
+    snprintf(args, sizeof args,
+             "--model '%s/qwen3_5_vl' --data '%s' --layers 1 --device cuda:0 --out '%s'",
+             HS_TEST_DATA_DIR, data, out);
+    ck_assert_int_eq(run(args), 1);
+    hs__st_close(gv.st);
+    fp = fopen(data, "w");
+    for (int s = 0; s < g.n_seqs; s++) {
+        fprintf(fp, "{\"input_ids\": [");
+        for (int t = g.cu[s]; t < g.cu[s + 1]; t++)
+            fprintf(fp, "%s%d", t > g.cu[s] ? ", " : "", g.ids[t]);
+        fprintf(fp, "]}\n");
+    }
+    fclose(fp);
+
     /* --dflash-layers on a 3-layer model: too shallow for more than one */
     snprintf(args, sizeof args, "--model '%s/qwen2' --data '%s' --dflash-layers 1 --out '%s'",
              HS_TEST_DATA_DIR, data, out);
@@ -981,6 +1040,478 @@ START_TEST(hs_forward_writes_the_golden_hidden_states)
 }
 END_TEST
 
+/* ---- Qwen3.5 hybrid ------------------------------------------------------ */
+
+/* A sequence's hidden states, every layer, are the same bits whichever
+ * sequences are packed before it: the conv window (K - 1 tokens back) and
+ * the delta-rule state restart at its first token. Neighbours of 1, 2, 3
+ * and 70 tokens end in different tokens, so a window or state carried over
+ * a boundary changes the result. */
+START_TEST(qwen3_5_sequence_does_not_depend_on_its_packed_neighbours)
+{
+    const char *fam = _i ? "qwen3_5_i2" : "qwen3_5_i4";
+    char dir[512];
+    family_dir(fam, dir, sizeof dir);
+    hs_model_t *m = NULL;
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_OK);
+    const int N = hs_model_num_layers(m), H = hs_model_hidden_size(m), k = N + 1, L = 37;
+    const int V = hs_model_vocab_size(m);
+    int32_t layers[8];
+    for (int i = 0; i < k; i++)
+        layers[i] = i;
+    int32_t ids[80 + 37];
+    float *alone = malloc((size_t)L * k * H * sizeof(float));
+    float *packed = malloc((size_t)(80 + L) * k * H * sizeof(float));
+    for (int t = 0; t < L; t++)
+        ids[t] = (t * 7 + 3) % V;
+    int32_t cu1[2] = {0, L};
+    ck_assert_int_eq(
+        hs_model_forward_cpu(m, ids, cu1, 1, layers, k, alone, HS_MODEL_OUT_F32, (size_t)k * H),
+        HS_OK);
+    const int before[] = {1, 2, 3, 70};
+    for (size_t b = 0; b < sizeof before / sizeof before[0]; b++) {
+        int P = before[b];
+        for (int t = 0; t < P; t++)
+            ids[t] = (t * 13 + 5 + (int)b) % V;
+        for (int t = 0; t < L; t++)
+            ids[P + t] = (t * 7 + 3) % V;
+        int32_t cu[3] = {0, P, P + L};
+        ck_assert_int_eq(
+            hs_model_forward_cpu(m, ids, cu, 2, layers, k, packed, HS_MODEL_OUT_F32, (size_t)k * H),
+            HS_OK);
+        ck_assert_msg(memcmp(packed + (size_t)P * k * H, alone, (size_t)L * k * H * 4) == 0,
+                      "%s: the sequence after a %d-token neighbour differs from it alone", fam, P);
+    }
+    free(alone);
+    free(packed);
+    hs_model_destroy(m);
+}
+END_TEST
+
+/* The VL wrapper's file holds a vision tower and mtp.* tensors in a dtype
+ * the loader cannot read; the load takes only model.language_model.*. */
+START_TEST(qwen3_5_wrapper_loads_the_text_decoder_and_skips_vision_and_mtp)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/qwen3_5_vl/model.safetensors", HS_TEST_DATA_DIR);
+    hs__st_set_t *st;
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_OK);
+    int visual = 0, mtp = 0, unreadable = 0;
+    for (size_t i = 0; i < hs__st_count(st); i++) {
+        const hs__st_tensor_t *t = hs__st_at(st, i);
+        visual += strncmp(t->name, "model.visual.", 13) == 0;
+        if (strncmp(t->name, "mtp.", 4) == 0) {
+            mtp++;
+            unreadable += t->dtype == HS_ST_OTHER;
+        }
+    }
+    ck_assert_int_gt(visual, 0);
+    ck_assert_int_eq(mtp, 2);
+    ck_assert_int_eq(unreadable, 2);
+    hs__st_close(st);
+    snprintf(p, sizeof p, "%s/qwen3_5_vl", HS_TEST_DATA_DIR);
+    hs_model_t *m = NULL;
+    ck_assert_int_eq(hs_model_load(p, &m), HS_OK);
+    const hs_model_config_t *c = hs_model_config(m);
+    ck_assert_int_eq(c->arch, HS_MODEL_QWEN3_5);
+    ck_assert_int_eq(c->vl_wrapper, 1);
+    ck_assert_int_eq(c->hidden_size, 24); /* text_config's, not the vision tower's 16 */
+    ck_assert_int_eq(c->num_layers, 3);
+    hs_model_destroy(m);
+}
+END_TEST
+
+START_TEST(qwen3_5_load_rejects_a_missing_or_misshapen_deltanet_tensor)
+{
+    make_tmpdir();
+    char dir[512];
+    hs_model_t *m = (hs_model_t *)0x1;
+    write_family_modified("qwen3_5_i2", "model.layers.2.linear_attn.A_log", NULL, dir, sizeof dir);
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_ERR_NOT_FOUND);
+    write_family_modified("qwen3_5_i2", NULL, "model.layers.0.linear_attn.conv1d.weight", dir,
+                          sizeof dir);
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_ERR_FORMAT);
+    /* q_proj without its gate half */
+    write_family_modified("qwen3_5_i2", NULL, "model.layers.1.self_attn.q_proj.weight", dir,
+                          sizeof dir);
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_ERR_FORMAT);
+    ck_assert_ptr_eq(m, (hs_model_t *)0x1);
+    write_family_modified("qwen3_5_i2", NULL, NULL, dir, sizeof dir);
+    m = NULL;
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_OK);
+    hs_model_destroy(m);
+    remove_tmpdir();
+}
+END_TEST
+
+static const char *q35_cfg =
+    "{\"architectures\": [\"Qwen3_5ForCausalLM\"], \"model_type\": \"qwen3_5_text\","
+    " \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 8,"
+    " \"num_attention_heads\": 4, \"vocab_size\": 32, \"rms_norm_eps\": 1e-6 %s}";
+
+static hs_status_t parse_q35(const char *tail, hs_model_config_t *c)
+{
+    char json[4096];
+    snprintf(json, sizeof json, q35_cfg, tail);
+    return hs__model_config_parse(json, strlen(json), "test/config.json", c);
+}
+
+START_TEST(qwen3_5_config_defaults_follow_transformers)
+{
+    hs_model_config_t c;
+    ck_assert_int_eq(parse_q35("", &c), HS_OK);
+    ck_assert_int_eq(c.arch, HS_MODEL_QWEN3_5);
+    ck_assert_int_eq(c.head_dim, 256); /* Qwen3_5TextConfig's default, not 64 / 4 */
+    ck_assert_int_eq(c.num_kv_heads, 4);
+    ck_assert_int_eq(c.rotary_dim, 64); /* partial_rotary_factor 0.25 */
+    ck_assert_int_eq(c.lin_num_k_heads, 16);
+    ck_assert_int_eq(c.lin_num_v_heads, 32);
+    ck_assert_int_eq(c.lin_k_head_dim, 128);
+    ck_assert_int_eq(c.lin_v_head_dim, 128);
+    ck_assert_int_eq(c.lin_conv_kernel, 4);
+    ck_assert(c.zero_centered_norm && c.attn_output_gate && c.qk_norm);
+    for (int l = 0; l < 8; l++) /* full_attention_interval 4: layers 3 and 7 */
+        ck_assert_int_eq(hs_model_layer_is_linear(&c, l), l % 4 != 3);
+    ck_assert_int_eq(parse_q35(", \"full_attention_interval\": 2, \"head_dim\": 64, "
+                               "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": "
+                               "1e7, \"partial_rotary_factor\": 0.5, \"mrope_section\": [5, 5, 6], "
+                               "\"mrope_interleaved\": true}",
+                               &c),
+                     HS_OK);
+    for (int l = 0; l < 8; l++)
+        ck_assert_int_eq(hs_model_layer_is_linear(&c, l), l % 2 == 0);
+    ck_assert_int_eq(c.rotary_dim, 32);
+    ck_assert_float_eq(c.rope_theta, 1e7f);
+    /* layer_types wins over the interval, as in transformers */
+    ck_assert_int_eq(parse_q35(", \"full_attention_interval\": 2, \"layer_types\": "
+                               "[\"full_attention\", \"linear_attention\", \"linear_attention\", "
+                               "\"linear_attention\", \"linear_attention\", \"linear_attention\", "
+                               "\"linear_attention\", \"full_attention\"], "
+                               "\"partial_rotary_factor\": 0.125",
+                               &c),
+                     HS_OK);
+    ck_assert_int_eq(hs_model_layer_is_linear(&c, 0), 0);
+    ck_assert_int_eq(hs_model_layer_is_linear(&c, 1), 1);
+    ck_assert_int_eq(hs_model_layer_is_linear(&c, 7), 0);
+    ck_assert_int_eq(c.rotary_dim, 32); /* top-level partial_rotary_factor 1/8 of 256 */
+    /* the wrapper: the decoder's config under text_config */
+    const char *vl = "{\"architectures\": [\"Qwen3_5ForConditionalGeneration\"], \"model_type\":"
+                     " \"qwen3_5\", \"vision_config\": {\"hidden_size\": 1152, \"depth\": 27},"
+                     " \"text_config\": {\"model_type\": \"qwen3_5_text\", \"hidden_size\": 48,"
+                     " \"intermediate_size\": 96, \"num_hidden_layers\": 4,"
+                     " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 32,"
+                     " \"vocab_size\": 40, \"rms_norm_eps\": 1e-6, \"linear_num_key_heads\": 2,"
+                     " \"linear_num_value_heads\": 6, \"linear_key_head_dim\": 8,"
+                     " \"linear_value_head_dim\": 16, \"dtype\": \"bfloat16\"}}";
+    ck_assert_int_eq(hs__model_config_parse(vl, strlen(vl), "vl/config.json", &c), HS_OK);
+    ck_assert_int_eq(c.vl_wrapper, 1);
+    ck_assert_int_eq(c.hidden_size, 48);
+    ck_assert_int_eq(c.rotary_dim, 8);
+    ck_assert_int_eq(c.lin_num_v_heads, 6);
+    ck_assert_str_eq(c.torch_dtype, "bfloat16");
+}
+END_TEST
+
+START_TEST(qwen3_5_config_refuses_unsupported_values_naming_the_field)
+{
+    hs_model_config_t c;
+    /* a layer type that is neither, the wrong number of them */
+    ck_assert_int_eq(parse_q35(", \"layer_types\": [\"sliding_attention\", \"full_attention\", "
+                               "\"full_attention\", \"full_attention\", \"full_attention\", "
+                               "\"full_attention\", \"full_attention\", \"full_attention\"]",
+                               &c),
+                     HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse_q35(", \"layer_types\": [\"full_attention\"]", &c), HS_ERR_FORMAT);
+    ck_assert_int_eq(parse_q35(", \"full_attention_interval\": 0", &c), HS_ERR_FORMAT);
+    ck_assert_int_eq(parse_q35(", \"attn_output_gate\": false", &c), HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse_q35(", \"attention_bias\": true", &c), HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse_q35(", \"linear_num_key_heads\": 3, \"linear_num_value_heads\": 8", &c),
+                     HS_ERR_FORMAT);
+    ck_assert_int_eq(parse_q35(", \"linear_conv_kernel_dim\": 0", &c), HS_ERR_FORMAT);
+    ck_assert_int_eq(parse_q35(", \"linear_key_head_dim\": 4096", &c), HS_ERR_UNSUPPORTED);
+    /* 256 * 0.3 = 76.8 -> 76 is even: fine; 0.07 -> 17 is odd */
+    ck_assert_int_eq(parse_q35(", \"partial_rotary_factor\": 0.3", &c), HS_OK);
+    ck_assert_int_eq(c.rotary_dim, 76);
+    ck_assert_int_eq(parse_q35(", \"partial_rotary_factor\": 0.07", &c), HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse_q35(", \"partial_rotary_factor\": 1.5", &c), HS_ERR_FORMAT);
+    ck_assert_int_eq(parse_q35(", \"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 2,"
+                               " \"rope_theta\": 1e7}",
+                               &c),
+                     HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse_q35(", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\":"
+                               " 1e7, \"mrope_section\": [11, 11, 11]}",
+                               &c),
+                     HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse_q35(", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\":"
+                               " 1e7, \"mrope_section\": [16, 16]}",
+                               &c),
+                     HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse_q35(", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\":"
+                               " 1e7, \"mrope_interleaved\": 1}",
+                               &c),
+                     HS_ERR_FORMAT);
+    const char *moe_text = "{\"architectures\": [\"Qwen3_5ForCausalLM\"], \"model_type\":"
+                           " \"qwen3_5_moe_text\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                           " \"num_hidden_layers\": 8, \"num_attention_heads\": 4,"
+                           " \"vocab_size\": 32, \"rms_norm_eps\": 1e-6}";
+    ck_assert_int_eq(hs__model_config_parse(moe_text, strlen(moe_text), "x", &c),
+                     HS_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse_q35(", \"hidden_act\": \"gelu\"", &c), HS_ERR_UNSUPPORTED);
+    const char *deep = "{\"architectures\": [\"Qwen3_5ForCausalLM\"], \"hidden_size\": 64,"
+                       " \"intermediate_size\": 96, \"num_hidden_layers\": 300,"
+                       " \"num_attention_heads\": 4, \"vocab_size\": 32, \"rms_norm_eps\": 1e-6}";
+    ck_assert_int_eq(hs__model_config_parse(deep, strlen(deep), "x", &c), HS_ERR_UNSUPPORTED);
+    const char *no_text = "{\"architectures\": [\"Qwen3_5ForConditionalGeneration\"],"
+                          " \"hidden_size\": 64}";
+    ck_assert_int_eq(hs__model_config_parse(no_text, strlen(no_text), "x", &c), HS_ERR_FORMAT);
+    const char *moe = "{\"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"]}";
+    ck_assert_int_eq(hs__model_config_parse(moe, strlen(moe), "x", &c), HS_ERR_UNSUPPORTED);
+}
+END_TEST
+
+/* The Qwen3.6-27B text decoder as its config.json gives it (in the VL
+ * wrapper): 64 layers, every 4th full attention, DFlash's five layers. */
+static const char *q36_27b =
+    "{\"architectures\": [\"Qwen3_5ForConditionalGeneration\"], \"model_type\": \"qwen3_5\","
+    " \"text_config\": {\"model_type\": \"qwen3_5_text\", \"attn_output_gate\": true,"
+    " \"full_attention_interval\": 4, \"head_dim\": 256, \"hidden_act\": \"silu\","
+    " \"hidden_size\": 5120, \"intermediate_size\": 17408, \"linear_conv_kernel_dim\": 4,"
+    " \"linear_key_head_dim\": 128, \"linear_num_key_heads\": 16, \"linear_num_value_heads\": 48,"
+    " \"linear_value_head_dim\": 128, \"num_attention_heads\": 24, \"num_hidden_layers\": 64,"
+    " \"num_key_value_heads\": 4, \"rms_norm_eps\": 1e-06, \"vocab_size\": 248320,"
+    " \"tie_word_embeddings\": false, \"rope_parameters\": {\"mrope_interleaved\": true,"
+    " \"mrope_section\": [11, 11, 10], \"rope_type\": \"default\", \"rope_theta\": 10000000,"
+    " \"partial_rotary_factor\": 0.25}}, \"vision_config\": {\"depth\": 27}}";
+
+START_TEST(qwen3_6_27b_config_layers_and_dflash_set)
+{
+    hs_model_config_t c;
+    ck_assert_int_eq(hs__model_config_parse(q36_27b, strlen(q36_27b), "27b/config.json", &c),
+                     HS_OK);
+    ck_assert_int_eq(c.num_layers, 64);
+    ck_assert_int_eq(c.rotary_dim, 64);
+    int full = 0;
+    for (int l = 0; l < 64; l++) {
+        ck_assert_int_eq(hs_model_layer_is_linear(&c, l), l % 4 != 3); /* 3, 7, ..., 63 full */
+        full += !hs_model_layer_is_linear(&c, l);
+    }
+    ck_assert_int_eq(full, 16);
+    int32_t l[8];
+    ck_assert_int_eq(hs_model_dflash_layers(c.num_layers, 5, l, 8), HS_OK);
+    int32_t want[5] = {2, 17, 32, 47, 62}; /* DFlash's target_layer_ids 1, 16, 31, 46, 61 */
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(l[i], want[i]);
+    /* FLOPs: a Gated DeltaNet layer counts its own projections, not q/k/v/o */
+    const int32_t cu[2] = {0, 1024};
+    double H = 5120, I = 17408, ch = 2 * 16 * 128 + 48 * 128, vd = 48 * 128;
+    double lin = 2 * (H * (ch + vd + 2 * 48) + vd * H + 3 * H * I) * 1024 +
+                 (2 * 4 * ch + 6 * 48 * 128 * 128) * 1024.0;
+    double q = 24 * 256, kv = 4 * 256;
+    double att = 2 * (H * (2 * q + 2 * kv) + q * H + 3 * H * I) * 1024 +
+                 4.0 * 24 * 256 * (1024.0 * 1025 / 2);
+    ck_assert_double_eq_tol(hs_model_forward_flops(&c, 4, cu, 1), 3 * lin + att, 1.0);
+    ck_assert_double_eq_tol(hs_model_forward_flops(&c, 64, cu, 1), 48 * lin + 16 * att, 16.0);
+}
+END_TEST
+
+/* ---- Qwen3.5 kernels' C twins -------------------------------------------- */
+
+START_TEST(zero_centred_rmsnorm_scales_by_one_plus_the_weight)
+{
+    float x[2 * 4] = {3, 3, 3, 3, -2, -2, -2, -2}, y[8];
+    uint16_t w[4];
+    for (int i = 0; i < 4; i++)
+        w[i] = hs_f32_to_bf16(0.25f * (float)i - 0.5f);
+    hs_kn_rmsnorm_zc_ref(x, w, y, 2, 4, 0.0f);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_float_eq_tol(y[i], 1.0f + (0.25f * (float)i - 0.5f), 1e-6);
+        ck_assert_float_eq_tol(y[4 + i], -(1.0f + (0.25f * (float)i - 0.5f)), 1e-6);
+    }
+}
+END_TEST
+
+START_TEST(partial_rope_rotates_the_first_dims_and_passes_the_rest)
+{
+    /* 2 heads of 10 dims, rotary 4; the rotated part equals full rope on a
+     * 4-dim head, dims 4..9 unchanged */
+    int d = 10, rd = 4, nh = 2, T = 5;
+    float x[5 * 20], sub[5 * 8], inv[2];
+    for (int i = 0; i < T * nh * d; i++)
+        x[i] = sinf(0.37f * (float)i) + 0.1f;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < rd; i++)
+                sub[(t * nh + h) * rd + i] = x[(t * nh + h) * d + i];
+    float orig[5 * 20];
+    memcpy(orig, x, sizeof x);
+    hs_kn_rope_inv_freq(rd, 1e7f, NULL, inv);
+    int32_t cu[3] = {0, 2, 5};
+    hs_kn_rope_partial_ref(x, cu, 2, nh, d, rd, inv);
+    hs_kn_rope_ref(sub, cu, 2, nh, rd, inv);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < d; i++) {
+                float want = i < rd ? sub[(t * nh + h) * rd + i] : orig[(t * nh + h) * d + i];
+                ck_assert_float_eq(x[(t * nh + h) * d + i], want);
+            }
+    /* position 0 of each sequence is untouched */
+    for (int i = 0; i < nh * d; i++) {
+        ck_assert_float_eq(x[i], orig[i]);
+        ck_assert_float_eq(x[2 * nh * d + i], orig[2 * nh * d + i]);
+    }
+}
+END_TEST
+
+START_TEST(causal_conv1d_restarts_its_window_at_each_sequence)
+{
+    /* 3 channels, kernel 3, sequences of 4, 1 and 3 tokens */
+    int C = 3, K = 3, T = 8;
+    int32_t cu[4] = {0, 4, 5, 8};
+    float x[8 * 3], y[8 * 3], ys[8 * 3];
+    uint16_t w[3 * 3];
+    for (int i = 0; i < T * C; i++)
+        x[i] = cosf(0.9f * (float)i);
+    for (int i = 0; i < C * K; i++)
+        w[i] = hs_f32_to_bf16(0.5f - 0.125f * (float)i);
+    hs_kn_causal_conv1d_ref(x, w, y, cu, 3, C, K, 0);
+    hs_kn_causal_conv1d_ref(x, w, ys, cu, 3, C, K, 1);
+    for (int s = 0; s < 3; s++)
+        for (int t = cu[s]; t < cu[s + 1]; t++)
+            for (int c = 0; c < C; c++) {
+                double acc = 0;
+                for (int j = 0; j < K; j++) {
+                    int src = t - (K - 1) + j;
+                    if (src >= cu[s]) acc += (double)hs_bf16_to_f32(w[c * K + j]) * x[src * C + c];
+                }
+                ck_assert_double_eq_tol(y[t * C + c], acc, 1e-6);
+                ck_assert_double_eq_tol(ys[t * C + c], acc / (1 + exp(-acc)), 1e-6);
+            }
+    /* the one-token sequence sees only itself: the last tap */
+    for (int c = 0; c < C; c++)
+        ck_assert_float_eq_tol(y[4 * C + c], hs_bf16_to_f32(w[c * K + 2]) * x[4 * C + c], 1e-7);
+}
+END_TEST
+
+START_TEST(gdn_gates_are_sigmoid_and_scaled_softplus)
+{
+    float A_log[3] = {0.0f, logf(2.0f), -1.0f}, dt[3] = {0.5f, -0.5f, 0.0f};
+    float a[2 * 3] = {-0.5f, 0.5f, 25.0f, 1.0f, -3.0f, 0.0f};
+    float b[2 * 3] = {0.0f, 40.0f, -40.0f, 1.0f, -1.0f, 2.0f}, g[6], beta[6];
+    hs_kn_gdn_gates_ref(a, b, A_log, dt, g, beta, 2, 3);
+    ck_assert_float_eq_tol(g[0], -logf(2.0f), 1e-6);          /* softplus(0) = ln 2 */
+    ck_assert_float_eq_tol(g[1], -2.0f * logf(2.0f), 1e-6);   /* A = 2 */
+    ck_assert_float_eq_tol(g[2], -expf(-1.0f) * 25.0f, 1e-5); /* above 20: x itself */
+    ck_assert_float_eq_tol(g[3], -log1pf(expf(1.5f)), 1e-6);
+    ck_assert_float_eq_tol(g[4], -2.0f * log1pf(expf(-3.5f)), 1e-6);
+    ck_assert_float_eq_tol(beta[0], 0.5f, 1e-7);
+    ck_assert_float_eq_tol(beta[1], 1.0f, 1e-7);
+    ck_assert_float_eq_tol(beta[2], 0.0f, 1e-7);
+    ck_assert_float_eq_tol(beta[5], 1.0f / (1.0f + expf(-2.0f)), 1e-7);
+}
+END_TEST
+
+/* The delta rule in double precision, straight from its definition. */
+static void delta_rule_double(const float *q, const float *k, const float *v, int stride,
+                              const float *g, const float *beta, double *out, const int32_t *cu,
+                              int n_seqs, int nk, int nv, int dk, int dv)
+{
+    double S[8][8], qn[8], kn[8];
+    for (int s = 0; s < n_seqs; s++)
+        for (int h = 0; h < nv; h++) {
+            int hk = h / (nv / nk);
+            memset(S, 0, sizeof S);
+            for (int t = cu[s]; t < cu[s + 1]; t++) {
+                double sq = 0, sk = 0;
+                for (int i = 0; i < dk; i++) {
+                    sq += (double)q[t * stride + hk * dk + i] * q[t * stride + hk * dk + i];
+                    sk += (double)k[t * stride + hk * dk + i] * k[t * stride + hk * dk + i];
+                }
+                for (int i = 0; i < dk; i++) {
+                    qn[i] = q[t * stride + hk * dk + i] / sqrt(sq + 1e-6) / sqrt((double)dk);
+                    kn[i] = k[t * stride + hk * dk + i] / sqrt(sk + 1e-6);
+                }
+                double dec = exp(g[t * nv + h]);
+                for (int i = 0; i < dk; i++)
+                    for (int j = 0; j < dv; j++)
+                        S[i][j] *= dec;
+                for (int j = 0; j < dv; j++) {
+                    double pred = 0;
+                    for (int i = 0; i < dk; i++)
+                        pred += S[i][j] * kn[i];
+                    double u = beta[t * nv + h] * (v[t * stride + h * dv + j] - pred);
+                    for (int i = 0; i < dk; i++)
+                        S[i][j] += kn[i] * u;
+                }
+                for (int j = 0; j < dv; j++) {
+                    double o = 0;
+                    for (int i = 0; i < dk; i++)
+                        o += S[i][j] * qn[i];
+                    out[t * nv * dv + h * dv + j] = o;
+                }
+            }
+        }
+}
+
+START_TEST(delta_rule_matches_its_definition_per_sequence_and_value_head)
+{
+    /* 1 key head of 5 dims shared by 3 value heads of 7; sequences of 9, 1
+     * and 4 tokens; q, k, v interleaved in rows of stride 5 + 5 + 21 */
+    enum { NK = 1, NV = 3, DK = 5, DV = 7, T = 14, STRIDE = 2 * NK * DK + NV * DV };
+    int32_t cu[4] = {0, 9, 10, 14};
+    float rows[T * STRIDE], g[T * NV], beta[T * NV], out[T * NV * DV];
+    double want[T * NV * DV];
+    uint64_t seed = 11;
+    for (int i = 0; i < T * STRIDE; i++)
+        rows[i] = (float)(hs_splitmix64(&seed) % 2001) / 1000.0f - 1;
+    for (int i = 0; i < T * NV; i++) {
+        g[i] = -(float)(hs_splitmix64(&seed) % 1001) / 1000.0f;
+        beta[i] = (float)(hs_splitmix64(&seed) % 1001) / 1000.0f;
+    }
+    ck_assert_int_eq(hs_kn_delta_rule_ref(rows, rows + NK * DK, rows + 2 * NK * DK, STRIDE, g, beta,
+                                          out, cu, 3, NK, NV, DK, DV),
+                     0);
+    delta_rule_double(rows, rows + NK * DK, rows + 2 * NK * DK, STRIDE, g, beta, want, cu, 3, NK,
+                      NV, DK, DV);
+    for (int i = 0; i < T * NV * DV; i++)
+        ck_assert_double_eq_tol(out[i], want[i], 1e-5);
+    /* a one-token sequence: o = beta (k~ . q~) v */
+    int t = 9;
+    for (int h = 0; h < NV; h++) {
+        double sq = 0, sk = 0, dot = 0;
+        for (int i = 0; i < DK; i++) {
+            sq += (double)rows[t * STRIDE + i] * rows[t * STRIDE + i];
+            sk += (double)rows[t * STRIDE + DK + i] * rows[t * STRIDE + DK + i];
+            dot += (double)rows[t * STRIDE + i] * rows[t * STRIDE + DK + i];
+        }
+        dot /= sqrt(sq + 1e-6) * sqrt(sk + 1e-6) * sqrt((double)DK);
+        for (int j = 0; j < DV; j++)
+            ck_assert_double_eq_tol(out[t * NV * DV + h * DV + j],
+                                    beta[t * NV + h] * dot * rows[t * STRIDE + 2 * DK + h * DV + j],
+                                    1e-6);
+    }
+}
+END_TEST
+
+START_TEST(gated_rmsnorm_and_sigmoid_gate_closed_forms)
+{
+    float x[2 * 3] = {2, 2, 2, -4, -4, -4}, z[6] = {0, 1, -1, 30, 2, -30}, y[6];
+    uint16_t w[3] = {hs_f32_to_bf16(1.0f), hs_f32_to_bf16(0.5f), hs_f32_to_bf16(2.0f)};
+    hs_kn_rmsnorm_gated_ref(x, z, w, y, 2, 3, 0.0f);
+    const float wf[3] = {1.0f, 0.5f, 2.0f};
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 3; i++) {
+            float zi = z[r * 3 + i], sign = r ? -1.0f : 1.0f;
+            ck_assert_float_eq_tol(y[r * 3 + i], sign * wf[i] * zi / (1.0f + expf(-zi)), 1e-5);
+        }
+    float a[4] = {3.0f, -2.0f, 5.0f, 1.0f}, gate[4] = {0.0f, 40.0f, -40.0f, 1.0f};
+    hs_kn_sigmoid_gate_ref(a, gate, 4);
+    ck_assert_float_eq_tol(a[0], 1.5f, 1e-7);
+    ck_assert_float_eq_tol(a[1], -2.0f, 1e-7);
+    ck_assert_float_eq_tol(a[2], 0.0f, 1e-7);
+    ck_assert_float_eq_tol(a[3], 1.0f / (1.0f + expf(-1.0f)), 1e-7);
+}
+END_TEST
+
 static Suite *model_suite(void)
 {
     Suite *s = suite_create("model");
@@ -991,6 +1522,21 @@ static Suite *model_suite(void)
                         N_FAMILIES);
     tcase_add_loop_test(tc, packed_sequences_equal_each_sequence_run_alone, 0, N_FAMILIES);
     tcase_add_test(tc, forward_rejects_bad_ids_layers_and_cu_seqlens);
+    tcase_add_loop_test(tc, qwen3_5_sequence_does_not_depend_on_its_packed_neighbours, 0, 2);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("qwen3_5");
+    tcase_add_test(tc, qwen3_5_wrapper_loads_the_text_decoder_and_skips_vision_and_mtp);
+    tcase_add_test(tc, qwen3_5_load_rejects_a_missing_or_misshapen_deltanet_tensor);
+    tcase_add_test(tc, qwen3_5_config_defaults_follow_transformers);
+    tcase_add_test(tc, qwen3_5_config_refuses_unsupported_values_naming_the_field);
+    tcase_add_test(tc, qwen3_6_27b_config_layers_and_dflash_set);
+    tcase_add_test(tc, zero_centred_rmsnorm_scales_by_one_plus_the_weight);
+    tcase_add_test(tc, partial_rope_rotates_the_first_dims_and_passes_the_rest);
+    tcase_add_test(tc, causal_conv1d_restarts_its_window_at_each_sequence);
+    tcase_add_test(tc, gdn_gates_are_sigmoid_and_scaled_softplus);
+    tcase_add_test(tc, delta_rule_matches_its_definition_per_sequence_and_value_head);
+    tcase_add_test(tc, gated_rmsnorm_and_sigmoid_gate_closed_forms);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("loading");

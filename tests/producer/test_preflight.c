@@ -284,6 +284,25 @@ START_TEST(plan_grows_with_the_budget_and_shrinks_with_fewer_layers)
 }
 END_TEST
 
+/* A Qwen3.5 hybrid is refused by the CUDA plan and create (no device
+ * touched): the preflight and GPU workers then say to use the CPU path. */
+START_TEST(cuda_plan_and_create_refuse_a_qwen3_5_hybrid)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/qwen3_5_i2", HS_TEST_DATA_DIR);
+    if (access(dir, R_OK) != 0) snprintf(dir, sizeof dir, "tests/data/qwen3_5_i2");
+    hs_model_t *m = NULL;
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_OK);
+    uint64_t bytes = 7;
+    ck_assert_int_eq(hs_model_cuda_plan_bytes(m, 4096, 4096, -1, &bytes), HS_ERR_UNSUPPORTED);
+    ck_assert_uint_eq(bytes, 7);
+    hs_model_cuda_t *mc = (hs_model_cuda_t *)0x1;
+    ck_assert_int_eq(hs_model_cuda_create_ex(m, 0, 4096, 16, -1, &mc), HS_ERR_UNSUPPORTED);
+    ck_assert_ptr_eq(mc, (hs_model_cuda_t *)0x1);
+    hs_model_destroy(m);
+}
+END_TEST
+
 /* ---- on a GPU ------------------------------------------------------------------- */
 
 static uint32_t gpu_budget(void)
@@ -402,6 +421,7 @@ int main(int argc, char **argv)
         tcase_add_test(tc, forward_flops_match_a_hand_count);
         tcase_add_test(tc, preflight_without_a_gpu_is_unsupported);
         tcase_add_test(tc, plan_grows_with_the_budget_and_shrinks_with_fewer_layers);
+        tcase_add_test(tc, cuda_plan_and_create_refuse_a_qwen3_5_hybrid);
     }
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -1,0 +1,41 @@
+/* delta_rule.h - the gated delta rule (Gated DeltaNet's token mixer) over
+ * packed variable-length sequences, in its recurrent form. Per sequence and
+ * value head h (key head hk = h / (n_v_heads / n_k_heads): consecutive value
+ * heads share a key head), with a state S [dk, dv] that starts at zero at
+ * the first token of every sequence:
+ *   q~ = q / sqrt(|q|^2 + 1e-6) / sqrt(dk),  k~ = k / sqrt(|k|^2 + 1e-6)
+ *   S    = exp(g_t) * S                               (decay)
+ *   u    = beta_t * (v_t - S^T k~)                    (delta: the correction)
+ *   S    = S + k~ u^T                                 (rank-1 update)
+ *   o_t  = S^T q~
+ * This is transformers' torch_recurrent_gated_delta_rule with
+ * use_qk_l2norm_in_kernel (the chunked form computes the same in exact
+ * arithmetic).
+ *
+ * Shapes: q, k rows [T, n_k_heads * dk] and v rows [T, n_v_heads * dv],
+ * each at its own pointer with a common row stride `stride` (elements), so
+ * the conv output [T, 2 * nk * dk + nv * dv] is read in place; g, beta
+ * [T, n_v_heads]; out [T, n_v_heads * dv] (row stride n_v_heads * dv), not
+ * overlapping the inputs. n_v_heads a multiple of n_k_heads.
+ * Precision: fp32 state and arithmetic. */
+#ifndef HS_KN_DELTA_RULE_H
+#define HS_KN_DELTA_RULE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* C twin. Work is shared over OpenMP threads by (sequence, value head);
+ * each thread allocates its own dk * dv state. Returns 0, or -1 (nothing
+ * logged) if a state cannot be allocated; out is then incomplete. */
+int hs_kn_delta_rule_ref(const float *q, const float *k, const float *v, size_t stride,
+                         const float *g, const float *beta, float *out, const int32_t *cu_seqlens,
+                         int n_seqs, int n_k_heads, int n_v_heads, int dk, int dv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_KN_DELTA_RULE_H */
