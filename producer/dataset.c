@@ -218,16 +218,6 @@ static void hst_unregister(int slot)
 
 /* ---- JSONL ---------------------------------------------------------------- */
 
-typedef struct {
-    uint64_t *offsets;
-    size_t offsets_cap;
-    int32_t *ids;
-    size_t ids_cap;
-    uint8_t *mask;
-    size_t mask_cap;
-    uint64_t n, total;
-} jsonl_build_t;
-
 #define JSONL_HINT                                                                                 \
     "fix or remove this line (each line must be a JSON object such as "                            \
     "{\"input_ids\": [1, 2, 3], \"loss_mask\": [0, 1, 1]}, loss_mask optional)"
@@ -235,6 +225,39 @@ typedef struct {
 static void jsonl_fail(const char *path, uint64_t lineno, const char *what)
 {
     hs_error("%s:%" PRIu64 ": %s; " JSONL_HINT, path, lineno, what);
+}
+
+/* The tokens of one parsed line, reused from line to line: the capacity
+ * grows to the longest line, never with the number of lines. */
+typedef struct {
+    int32_t *ids;
+    uint8_t *mask;
+    size_t cap;
+    size_t len;
+} jsonl_line_t;
+
+static bool line_reserve(jsonl_line_t *l, size_t n)
+{
+    if (n <= l->cap) return true;
+    size_t cap = l->cap ? l->cap : 4096;
+    while (cap < n) {
+        if (cap > SIZE_MAX / 8) return false;
+        cap *= 2;
+    }
+    int32_t *ids = realloc(l->ids, cap * sizeof(int32_t));
+    if (!ids) return false;
+    l->ids = ids;
+    uint8_t *mask = realloc(l->mask, cap);
+    if (!mask) return false;
+    l->mask = mask;
+    l->cap = cap;
+    return true;
+}
+
+static void line_free(jsonl_line_t *l)
+{
+    free(l->ids);
+    free(l->mask);
 }
 
 /* Short printable form of a JSON value for error messages. */
@@ -254,9 +277,11 @@ static void json_brief(const cJSON *item, char *buf, size_t cap)
     cJSON_free(s);
 }
 
-/* One non-blank line: appends its sequence to b, or logs what is wrong. */
-static hs_status_t jsonl_parse_line(const char *path, uint64_t lineno, const char *line,
-                                    jsonl_build_t *b)
+/* The full parser of one non-blank, NUL-terminated line (cJSON): fills l or
+ * logs what is wrong. Every line the fast parser below does not take comes
+ * here, so this decides what is accepted and what each error says. */
+static hs_status_t jsonl_parse_line_full(const char *path, uint64_t lineno, const char *line,
+                                         jsonl_line_t *l)
 {
     char what[256], brief[48];
     hs_status_t st = HS_ERR_FORMAT;
@@ -299,16 +324,11 @@ static hs_status_t jsonl_parse_line(const char *path, uint64_t lineno, const cha
         jsonl_fail(path, lineno, what);
         goto out;
     }
-
-    if (grow((void **)&b->ids, &b->ids_cap, b->total + len, sizeof(int32_t)) ||
-        grow((void **)&b->mask, &b->mask_cap, b->total + len, 1) ||
-        grow((void **)&b->offsets, &b->offsets_cap, b->n + 2, sizeof(uint64_t))) {
-        hs_error("%s:%" PRIu64 ": out of memory after %" PRIu64 " tokens", path, lineno, b->total);
+    if (!line_reserve(l, len)) {
+        hs_error("%s:%" PRIu64 ": out of memory for a line of %zu tokens", path, lineno, len);
         st = HS_ERR_NOMEM;
         goto out;
     }
-    int32_t *dst_ids = b->ids + b->total;
-    uint8_t *dst_mask = b->mask + b->total;
     size_t k = 0;
     for (const cJSON *it = ids->child; it; it = it->next, k++) {
         double d = cJSON_IsNumber(it) ? it->valuedouble : -1.0;
@@ -319,7 +339,7 @@ static hs_status_t jsonl_parse_line(const char *path, uint64_t lineno, const cha
             jsonl_fail(path, lineno, what);
             goto out;
         }
-        dst_ids[k] = (int32_t)d;
+        l->ids[k] = (int32_t)d;
     }
     k = 0;
     if (mask) {
@@ -335,19 +355,213 @@ static hs_status_t jsonl_parse_line(const char *path, uint64_t lineno, const cha
                 jsonl_fail(path, lineno, what);
                 goto out;
             }
-            dst_mask[k] = (uint8_t)v;
+            l->mask[k] = (uint8_t)v;
         }
     } else {
-        memset(dst_mask, 1, len);
+        memset(l->mask, 1, len);
     }
-    if (b->n == 0) b->offsets[0] = 0;
-    b->total += len;
-    b->n++;
-    b->offsets[b->n] = b->total;
+    l->len = len;
     st = HS_OK;
 out:
     cJSON_Delete(root);
     return st;
+}
+
+static const char *skip_ws(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
+        p++;
+    return p;
+}
+
+static bool is_digit(char c)
+{
+    return (unsigned)(c - '0') <= 9u;
+}
+
+/* Parses one array of input_ids (what = 1) or loss_mask (what = 2) at p
+ * (its '['), in the plain form writers produce: non-negative integers
+ * without fraction or exponent, 0/1/true/false. Returns the end or NULL. */
+static const char *fast_array(const char *p, const char *end, int what, int32_t *ids, uint8_t *mask,
+                              size_t *n_out)
+{
+    size_t n = 0;
+    if (p >= end || *p != '[') return NULL;
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == ']') {
+        *n_out = 0;
+        return p + 1;
+    }
+    for (;;) {
+        if (p >= end) return NULL;
+        if (what == 1) {
+            if (!is_digit(*p)) return NULL;
+            uint32_t v = (uint32_t)(*p++ - '0');
+            if (v == 0 && p < end && is_digit(*p)) return NULL; /* leading zero */
+            while (p < end && is_digit(*p)) {
+                v = v * 10u + (uint32_t)(*p++ - '0');
+                if (v > INT32_MAX) return NULL;
+            }
+            if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return NULL;
+            ids[n++] = (int32_t)v;
+        } else {
+            if (*p == '0' || *p == '1') {
+                mask[n++] = (uint8_t)(*p++ - '0');
+                if (p < end && (is_digit(*p) || *p == '.' || *p == 'e' || *p == 'E')) return NULL;
+            } else if (end - p >= 4 && memcmp(p, "true", 4) == 0) {
+                mask[n++] = 1;
+                p += 4;
+            } else if (end - p >= 5 && memcmp(p, "false", 5) == 0) {
+                mask[n++] = 0;
+                p += 5;
+            } else {
+                return NULL;
+            }
+        }
+        p = skip_ws(p, end);
+        if (p < end && *p == ',') {
+            p = skip_ws(p + 1, end);
+            continue;
+        }
+        if (p < end && *p == ']') break;
+        return NULL;
+    }
+    *n_out = n;
+    return p + 1;
+}
+
+/* The fast parser: takes a line only when it is exactly an object of
+ * "input_ids" and optionally "loss_mask" (or null), each once, in the plain
+ * form of fast_array, and valid; it then means what the full parser would
+ * make of it. Anything else (other keys, escapes, exponents, errors) returns
+ * false and goes to the full parser. */
+static bool jsonl_parse_line_fast(const char *p, const char *end, jsonl_line_t *l)
+{
+    /* an array of a line of B bytes has at most B/2 + 1 elements */
+    if (!line_reserve(l, (size_t)(end - p) / 2 + 1)) return false;
+    size_t n_ids = 0, n_mask = 0;
+    bool have_ids = false, have_mask = false, mask_null = false;
+    p = skip_ws(p, end);
+    if (p >= end || *p != '{') return false;
+    p++;
+    for (;;) {
+        p = skip_ws(p, end);
+        if (p >= end || *p != '"') return false;
+        const char *key = ++p;
+        while (p < end && *p != '"' && *p != '\\')
+            p++;
+        if (p >= end || *p != '"' || p - key != 9) return false;
+        int what = memcmp(key, "input_ids", 9) == 0 ? 1 : memcmp(key, "loss_mask", 9) == 0 ? 2 : 0;
+        if (what == 0 || (what == 1 && have_ids) || (what == 2 && have_mask)) return false;
+        p = skip_ws(p + 1, end);
+        if (p >= end || *p != ':') return false;
+        p = skip_ws(p + 1, end);
+        if (what == 2 && end - p >= 4 && memcmp(p, "null", 4) == 0) {
+            p += 4;
+            mask_null = true;
+        } else {
+            p = fast_array(p, end, what, l->ids, l->mask, what == 1 ? &n_ids : &n_mask);
+            if (!p) return false;
+        }
+        if (what == 1) have_ids = true;
+        if (what == 2) have_mask = true;
+        p = skip_ws(p, end);
+        if (p < end && *p == ',') {
+            p++;
+            continue;
+        }
+        if (p < end && *p == '}') break;
+        return false;
+    }
+    if (skip_ws(p + 1, end) != end || !have_ids || n_ids == 0) return false;
+    if (have_mask && !mask_null) {
+        if (n_mask != n_ids) return false;
+    } else {
+        memset(l->mask, 1, n_ids);
+    }
+    l->len = n_ids;
+    return true;
+}
+
+/* Reads a file line by line through one buffer (grown to the longest line
+ * only). Each line is handed out without its '\n' and NUL-terminated in
+ * place. */
+typedef struct {
+    const char *path;
+    int fd;
+    char *buf;
+    size_t cap, start, end;
+    bool eof;
+    uint64_t lineno;
+    uint64_t consumed; /* bytes of the file handed out as lines so far */
+} line_reader_t;
+
+#define LINE_READER_CHUNK (4u << 20)
+
+static hs_status_t reader_init(line_reader_t *r, const char *path, int fd)
+{
+    memset(r, 0, sizeof(*r));
+    r->path = path;
+    r->fd = fd;
+    r->cap = LINE_READER_CHUNK;
+    r->buf = malloc(r->cap + 1);
+    if (!r->buf) return HS_ERR_NOMEM;
+    if (lseek(fd, 0, SEEK_SET) < 0) {
+        hs_error("%s: cannot seek to the start: %m", path);
+        return HS_ERR_IO;
+    }
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    return HS_OK;
+}
+
+static void reader_free(line_reader_t *r)
+{
+    free(r->buf);
+    r->buf = NULL;
+}
+
+/* 1: a line in [*s, *s + *len); 0: end of file; < 0: an hs_status_t. */
+static int reader_next(line_reader_t *r, char **s, size_t *len)
+{
+    for (;;) {
+        char *nl = r->end > r->start ? memchr(r->buf + r->start, '\n', r->end - r->start) : NULL;
+        if (nl || (r->eof && r->end > r->start)) {
+            char *line = r->buf + r->start;
+            size_t n = nl ? (size_t)(nl - line) : r->end - r->start;
+            line[n] = '\0'; /* the '\n', or the spare byte after the buffer */
+            r->start += n + (nl ? 1 : 0);
+            r->consumed += n + (nl ? 1 : 0);
+            r->lineno++;
+            *s = line;
+            *len = n;
+            return 1;
+        }
+        if (r->eof) return 0;
+        if (r->start > 0) { /* move the partial line to the front */
+            memmove(r->buf, r->buf + r->start, r->end - r->start);
+            r->end -= r->start;
+            r->start = 0;
+        }
+        if (r->end == r->cap) { /* a line longer than the buffer */
+            if (r->cap > SIZE_MAX / 4) return HS_ERR_NOMEM;
+            char *nb = realloc(r->buf, r->cap * 2 + 1);
+            if (!nb) {
+                hs_error("%s:%" PRIu64 ": out of memory for a line of more than %zu bytes", r->path,
+                         r->lineno + 1, r->cap);
+                return HS_ERR_NOMEM;
+            }
+            r->buf = nb;
+            r->cap *= 2;
+        }
+        ssize_t got = read(r->fd, r->buf + r->end, r->cap - r->end);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            hs_error("%s: read failed after line %" PRIu64 ": %m", r->path, r->lineno);
+            return HS_ERR_IO;
+        }
+        if (got == 0) r->eof = true;
+        r->end += (size_t)got;
+    }
 }
 
 static bool line_is_blank(const char *s, size_t len)
@@ -357,49 +571,114 @@ static bool line_is_blank(const char *s, size_t len)
     return true;
 }
 
-static hs_status_t dataset_load_jsonl(const char *path, FILE *f, hs_dataset_t **out)
+/* The next sequence of the file: 1 with *l filled, 0 at the end, < 0 an
+ * hs_status_t (logged). Blank lines are skipped, a BOM on line 1 too. */
+static int jsonl_next(line_reader_t *r, jsonl_line_t *l)
 {
-    jsonl_build_t b = {0};
-    char *line = NULL;
-    size_t linecap = 0;
-    ssize_t len;
-    uint64_t lineno = 0;
-    hs_status_t st = HS_OK;
-
-    while ((len = getline(&line, &linecap, f)) >= 0) {
-        lineno++;
-        char *s = line;
-        if (lineno == 1 && len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) { /* UTF-8 BOM */
+    char *s;
+    size_t len;
+    int got;
+    while ((got = reader_next(r, &s, &len)) == 1) {
+        if (r->lineno == 1 && len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) { /* UTF-8 BOM */
             s += 3;
             len -= 3;
         }
-        if (line_is_blank(s, (size_t)len)) continue;
-        if (strlen(s) != (size_t)len) {
-            jsonl_fail(path, lineno, "the line contains a NUL byte (is this a binary file?)");
+        if (line_is_blank(s, len)) continue;
+        if (memchr(s, '\0', len)) {
+            jsonl_fail(r->path, r->lineno, "the line contains a NUL byte (is this a binary file?)");
+            return HS_ERR_FORMAT;
+        }
+        if (jsonl_parse_line_fast(s, s + len, l)) return 1;
+        hs_status_t st = jsonl_parse_line_full(r->path, r->lineno, s, l);
+        return st == HS_OK ? 1 : st;
+    }
+    return got;
+}
+
+/* The non-blank lines of the file (what jsonl_next will hand out, if every
+ * line parses). */
+static int jsonl_count_lines(line_reader_t *r, uint64_t *n, hs_dataset_progress_cb cb, void *arg,
+                             uint64_t size)
+{
+    char *s;
+    size_t len;
+    int got;
+    uint64_t count = 0, next_report = 0;
+    while ((got = reader_next(r, &s, &len)) == 1) {
+        if (r->lineno == 1 && len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) {
+            s += 3;
+            len -= 3;
+        }
+        if (!line_is_blank(s, len)) count++;
+        if (cb && r->consumed >= next_report) {
+            cb(arg, "scan", r->consumed, size, count);
+            next_report = r->consumed + (64u << 20);
+        }
+    }
+    *n = count;
+    return got;
+}
+
+typedef struct {
+    uint64_t *offsets;
+    size_t offsets_cap;
+    int32_t *ids;
+    size_t ids_cap;
+    uint8_t *mask;
+    size_t mask_cap;
+    uint64_t n, total;
+} jsonl_build_t;
+
+static hs_status_t jsonl_append(const char *path, uint64_t lineno, const jsonl_line_t *l,
+                                jsonl_build_t *b)
+{
+    if (grow((void **)&b->ids, &b->ids_cap, b->total + l->len, sizeof(int32_t)) ||
+        grow((void **)&b->mask, &b->mask_cap, b->total + l->len, 1) ||
+        grow((void **)&b->offsets, &b->offsets_cap, b->n + 2, sizeof(uint64_t))) {
+        hs_error("%s:%" PRIu64 ": out of memory after %" PRIu64 " tokens", path, lineno, b->total);
+        return HS_ERR_NOMEM;
+    }
+    memcpy(b->ids + b->total, l->ids, l->len * sizeof(int32_t));
+    memcpy(b->mask + b->total, l->mask, l->len);
+    if (b->n == 0) b->offsets[0] = 0;
+    b->total += l->len;
+    b->n++;
+    b->offsets[b->n] = b->total;
+    return HS_OK;
+}
+
+static void jsonl_no_sequences(const char *path)
+{
+    hs_error("%s: no sequences (the file is empty or only blank lines); give it one JSON "
+             "object per line such as {\"input_ids\": [1, 2, 3]}",
+             path);
+}
+
+static hs_status_t dataset_load_jsonl(const char *path, int fd, hs_dataset_t **out)
+{
+    jsonl_build_t b = {0};
+    jsonl_line_t l = {0};
+    line_reader_t r;
+    hs_status_t st = reader_init(&r, path, fd);
+    int got;
+    if (st != HS_OK) goto err_free;
+    while ((got = jsonl_next(&r, &l)) == 1) {
+        if (l.len > UINT32_MAX) {
+            hs_error("%s:%" PRIu64 ": the sequence has more than 2^32-1 tokens", path, r.lineno);
             st = HS_ERR_FORMAT;
             goto err_free;
         }
-        st = jsonl_parse_line(path, lineno, s, &b);
+        st = jsonl_append(path, r.lineno, &l, &b);
         if (st != HS_OK) goto err_free;
     }
-    if (ferror(f)) {
-        hs_error("%s: read failed after line %" PRIu64 ": %m", path, lineno);
-        st = HS_ERR_IO;
+    if (got < 0) {
+        st = (hs_status_t)got;
         goto err_free;
     }
     if (b.n == 0) {
-        hs_error("%s: no sequences (the file is empty or only blank lines); give it one JSON "
-                 "object per line such as {\"input_ids\": [1, 2, 3]}",
-                 path);
+        jsonl_no_sequences(path);
         st = HS_ERR_FORMAT;
         goto err_free;
-    }
-    for (uint64_t i = 0; i < b.n; i++) {
-        if (b.offsets[i + 1] - b.offsets[i] > UINT32_MAX) {
-            hs_error("%s: sequence %" PRIu64 " has more than 2^32-1 tokens", path, i);
-            st = HS_ERR_FORMAT;
-            goto err_free;
-        }
     }
 
     hs_dataset_t *ds = dataset_alloc(HS_DATASET_JSONL);
@@ -413,12 +692,14 @@ static hs_status_t dataset_load_jsonl(const char *path, FILE *f, hs_dataset_t **
     ds->ids = ds->own_ids = b.ids;
     ds->mask = ds->own_mask = b.mask;
     ds->fingerprint = body_fingerprint(ds->offsets, ds->n, ds->ids, ds->mask, ds->total);
-    free(line);
+    reader_free(&r);
+    line_free(&l);
     *out = ds;
     return HS_OK;
 
 err_free:
-    free(line);
+    reader_free(&r);
+    line_free(&l);
     free(b.offsets);
     free(b.ids);
     free(b.mask);
@@ -585,14 +866,8 @@ hs_status_t hs_dataset_open(const char *path, hs_dataset_t **out)
         st = dataset_load_hst(path, fd, &ds);
         close(fd);
     } else {
-        FILE *f = fdopen(fd, "r");
-        if (!f) {
-            hs_error("%s: fdopen failed: %m", path);
-            close(fd);
-            return HS_ERR_IO;
-        }
-        st = dataset_load_jsonl(path, f, &ds);
-        fclose(f);
+        st = dataset_load_jsonl(path, fd, &ds);
+        close(fd);
     }
     if (st != HS_OK) return st;
     hs_debug("dataset %s: %s, %" PRIu64 " sequences, %" PRIu64 " tokens, fingerprint %016" PRIx64
@@ -716,6 +991,20 @@ hs_status_t hs_dataset_from_arrays(uint64_t n, const uint32_t *lens, const int32
     return HS_OK;
 }
 
+static void hst_header(uint8_t h[HST_HEADER_BYTES], uint64_t n, uint64_t total, uint64_t fp)
+{
+    uint16_t version = HST_VERSION, hbytes = HST_HEADER_BYTES;
+    memset(h, 0, HST_HEADER_BYTES);
+    memcpy(h, HST_MAGIC, 4);
+    memcpy(h + 4, &version, 2);
+    memcpy(h + 6, &hbytes, 2);
+    memcpy(h + 8, &n, 8);
+    memcpy(h + 16, &total, 8);
+    memcpy(h + 24, &fp, 8);
+    uint32_t crc = hs_crc32c(0, h, HST_CRC_OFFSET);
+    memcpy(h + HST_CRC_OFFSET, &crc, 4);
+}
+
 static hs_status_t write_all(int fd, const void *buf, size_t len)
 {
     const uint8_t *p = buf;
@@ -735,16 +1024,8 @@ static hs_status_t write_all(int fd, const void *buf, size_t len)
 hs_status_t hs_dataset_write_hst(const hs_dataset_t *ds, const char *path)
 {
     if (!ds || !path) return HS_ERR_INVALID;
-    uint8_t h[HST_HEADER_BYTES] = {0};
-    uint16_t version = HST_VERSION, hbytes = HST_HEADER_BYTES;
-    memcpy(h, HST_MAGIC, 4);
-    memcpy(h + 4, &version, 2);
-    memcpy(h + 6, &hbytes, 2);
-    memcpy(h + 8, &ds->n, 8);
-    memcpy(h + 16, &ds->total, 8);
-    memcpy(h + 24, &ds->fingerprint, 8);
-    uint32_t crc = hs_crc32c(0, h, HST_CRC_OFFSET);
-    memcpy(h + HST_CRC_OFFSET, &crc, 4);
+    uint8_t h[HST_HEADER_BYTES];
+    hst_header(h, ds->n, ds->total, ds->fingerprint);
 
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 16);
@@ -786,5 +1067,383 @@ err_unlink:
     if (fd >= 0) close(fd);
     unlink(tmp);
     free(tmp);
+    return st;
+}
+
+/* ---- streaming import and summary ------------------------------------------ */
+
+#define STREAM_BUF_BYTES (1u << 20)
+#define COPY_BUF_BYTES (4u << 20)
+
+/* Buffered writes at an advancing position of a file (pwrite), so several
+ * regions of one file can be written side by side. */
+typedef struct {
+    int fd;
+    const char *name; /* for messages */
+    uint64_t pos;     /* file position of buf[0] */
+    uint8_t *buf;
+    size_t len;
+} pos_writer_t;
+
+static hs_status_t pwrite_all(int fd, const void *buf, size_t len, uint64_t pos)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t w = pwrite(fd, p, len, (off_t)pos);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return HS_ERR_IO;
+        }
+        p += w;
+        pos += (uint64_t)w;
+        len -= (size_t)w;
+    }
+    return HS_OK;
+}
+
+static hs_status_t pw_flush(pos_writer_t *w)
+{
+    if (pwrite_all(w->fd, w->buf, w->len, w->pos) != HS_OK) {
+        hs_error("%s: write failed: %m; check free disk space", w->name);
+        return HS_ERR_IO;
+    }
+    w->pos += w->len;
+    w->len = 0;
+    return HS_OK;
+}
+
+static hs_status_t pw_put(pos_writer_t *w, const void *data, size_t n)
+{
+    const uint8_t *s = data;
+    while (n > 0) {
+        size_t k = STREAM_BUF_BYTES - w->len < n ? STREAM_BUF_BYTES - w->len : n;
+        memcpy(w->buf + w->len, s, k);
+        w->len += k;
+        s += k;
+        n -= k;
+        if (w->len == STREAM_BUF_BYTES && pw_flush(w) != HS_OK) return HS_ERR_IO;
+    }
+    return HS_OK;
+}
+
+/* Reads [pos, pos + len) of fd in chunks into the hash; with to_fd >= 0 also
+ * writes each chunk there at to_pos onwards. */
+static hs_status_t hash_copy(int fd, const char *name, uint64_t pos, uint64_t len, XXH3_state_t *h,
+                             int to_fd, const char *to_name, uint64_t to_pos, uint8_t *buf,
+                             hs_dataset_progress_cb cb, void *arg, uint64_t *done,
+                             uint64_t total_bytes)
+{
+    while (len > 0) {
+        size_t want = len < COPY_BUF_BYTES ? (size_t)len : COPY_BUF_BYTES;
+        ssize_t got = pread(fd, buf, want, (off_t)pos);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            hs_error("%s: read back failed at byte %" PRIu64 ": %s", name, pos,
+                     got < 0 ? strerror(errno) : "the file is shorter than written");
+            return HS_ERR_IO;
+        }
+        XXH3_64bits_update(h, buf, (size_t)got);
+        if (to_fd >= 0 && pwrite_all(to_fd, buf, (size_t)got, to_pos) != HS_OK) {
+            hs_error("%s: write failed: %m; check free disk space", to_name);
+            return HS_ERR_IO;
+        }
+        pos += (uint64_t)got;
+        to_pos += (uint64_t)got;
+        len -= (uint64_t)got;
+        *done += (uint64_t)got;
+        if (cb) cb(arg, "hash", *done, total_bytes, 0);
+    }
+    return HS_OK;
+}
+
+static void summary_start(hs_dataset_summary_t *s, hs_dataset_format_t format)
+{
+    memset(s, 0, sizeof(*s));
+    s->format = format;
+    s->min_len = UINT32_MAX;
+}
+
+static void summary_add(hs_dataset_summary_t *s, const uint8_t *mask, uint32_t len)
+{
+    uint64_t loss = 0;
+    for (uint32_t t = 0; t < len; t++)
+        loss += mask[t];
+    s->n++;
+    s->total += len;
+    s->loss += loss;
+    if (len < s->min_len) s->min_len = len;
+    if (len > s->max_len) s->max_len = len;
+    s->hist[31 - __builtin_clz(len)]++;
+}
+
+static void summary_of_dataset(const hs_dataset_t *ds, hs_dataset_summary_t *s)
+{
+    summary_start(s, ds->format);
+    for (uint64_t i = 0; i < ds->n; i++)
+        summary_add(s, hs_dataset_mask(ds, i), hs_dataset_seq_len(ds, i));
+    s->fingerprint = ds->fingerprint;
+}
+
+/* Streams the JSONL file `path` (open as in_fd, in_size bytes) into an .hst
+ * written at offset 0 of out_fd (an empty file called out_name): a first
+ * pass counts the sequences, which places the arrays; the second parses each
+ * line once, writing offsets and ids in place and the mask to spool_fd; the
+ * mask is then copied after the ids while the body is hashed, and the header
+ * goes in last. Memory: a few fixed buffers and the longest line. */
+static hs_status_t jsonl_stream_hst(const char *path, int in_fd, uint64_t in_size, int out_fd,
+                                    const char *out_name, int spool_fd, hs_dataset_progress_cb cb,
+                                    void *arg, hs_dataset_summary_t *sum)
+{
+    line_reader_t r = {0};
+    jsonl_line_t l = {0};
+    uint8_t *bufs = malloc(3 * (size_t)STREAM_BUF_BYTES + COPY_BUF_BYTES);
+    pos_writer_t w_off = {out_fd, out_name, HST_HEADER_BYTES, NULL, 0};
+    pos_writer_t w_ids = {out_fd, out_name, 0, NULL, 0};
+    pos_writer_t w_mask = {spool_fd, "the mask spool file", 0, NULL, 0};
+    uint64_t n = 0;
+    int got = 0;
+    hs_status_t st = bufs ? reader_init(&r, path, in_fd) : HS_ERR_NOMEM;
+    if (st != HS_OK) goto out;
+    w_off.buf = bufs;
+    w_ids.buf = bufs + STREAM_BUF_BYTES;
+    w_mask.buf = bufs + 2 * (size_t)STREAM_BUF_BYTES;
+    uint8_t *copy_buf = bufs + 3 * (size_t)STREAM_BUF_BYTES;
+
+    got = jsonl_count_lines(&r, &n, cb, arg, in_size);
+    if (got < 0) {
+        st = (hs_status_t)got;
+        goto out;
+    }
+    if (n == 0) {
+        jsonl_no_sequences(path);
+        st = HS_ERR_FORMAT;
+        goto out;
+    }
+    reader_free(&r);
+    st = reader_init(&r, path, in_fd);
+    if (st != HS_OK) goto out;
+
+    summary_start(sum, HS_DATASET_JSONL);
+    uint64_t zero = 0, next_report = 0;
+    w_ids.pos = HST_HEADER_BYTES + (n + 1) * sizeof(uint64_t);
+    st = pw_put(&w_off, &zero, sizeof(zero));
+    while (st == HS_OK && (got = jsonl_next(&r, &l)) == 1) {
+        if (l.len > UINT32_MAX) {
+            hs_error("%s:%" PRIu64 ": the sequence has more than 2^32-1 tokens", path, r.lineno);
+            st = HS_ERR_FORMAT;
+            break;
+        }
+        if (sum->n == n) break; /* more lines than counted: reported below */
+        summary_add(sum, l.mask, (uint32_t)l.len);
+        st = pw_put(&w_off, &sum->total, sizeof(sum->total));
+        if (st == HS_OK) st = pw_put(&w_ids, l.ids, l.len * sizeof(int32_t));
+        if (st == HS_OK) st = pw_put(&w_mask, l.mask, l.len);
+        if (cb && r.consumed >= next_report) {
+            cb(arg, "parse", r.consumed, in_size, sum->n);
+            next_report = r.consumed + (16u << 20);
+        }
+    }
+    if (st != HS_OK) goto out;
+    if (got < 0) {
+        st = (hs_status_t)got;
+        goto out;
+    }
+    if (got == 1 || sum->n != n) {
+        hs_error("%s: the file changed while it was read (%" PRIu64 " sequences counted, then "
+                 "%s%" PRIu64 "); import it again once nothing writes to it",
+                 path, n, got == 1 ? "more than " : "", sum->n);
+        st = HS_ERR_IO;
+        goto out;
+    }
+    if ((st = pw_flush(&w_off)) != HS_OK || (st = pw_flush(&w_ids)) != HS_OK ||
+        (st = pw_flush(&w_mask)) != HS_OK)
+        goto out;
+    if (cb) cb(arg, "parse", in_size, in_size, sum->n);
+
+    XXH3_state_t h;
+    XXH3_64bits_reset(&h);
+    uint64_t ids_end = w_ids.pos, body = ids_end - HST_HEADER_BYTES + sum->total, done = 0;
+    st = hash_copy(out_fd, out_name, HST_HEADER_BYTES, ids_end - HST_HEADER_BYTES, &h, -1, NULL, 0,
+                   copy_buf, cb, arg, &done, body);
+    if (st == HS_OK)
+        st = hash_copy(spool_fd, "the mask spool file", 0, sum->total, &h, out_fd, out_name,
+                       ids_end, copy_buf, cb, arg, &done, body);
+    if (st != HS_OK) goto out;
+    sum->fingerprint = XXH3_64bits_digest(&h);
+    uint8_t head[HST_HEADER_BYTES];
+    hst_header(head, n, sum->total, sum->fingerprint);
+    if (pwrite_all(out_fd, head, sizeof(head), 0) != HS_OK) {
+        hs_error("%s: write failed: %m; check free disk space", out_name);
+        st = HS_ERR_IO;
+    }
+out:
+    reader_free(&r);
+    line_free(&l);
+    free(bufs);
+    return st;
+}
+
+/* A file nobody else can open, removed when closed: in `dir`. */
+static int open_unlinked(const char *dir)
+{
+#ifdef O_TMPFILE
+    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0) return fd;
+#endif
+    size_t cap = strlen(dir) + 32;
+    char *t = malloc(cap);
+    if (!t) return -1;
+    snprintf(t, cap, "%s/.hs-spool.XXXXXX", dir);
+    int fd2 = mkstemp(t);
+    if (fd2 >= 0) unlink(t);
+    free(t);
+    return fd2;
+}
+
+/* Opens `path` for reading a dataset; *is_hst says which format it holds.
+ * Returns the fd or -1 (logged, *st set). */
+static int dataset_open_fd(const char *path, bool *is_hst, uint64_t *size, hs_status_t *st)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        hs_error("%s: cannot open dataset: %s; give a JSONL or .hst file", path, strerror(e));
+        *st = e == ENOENT ? HS_ERR_NOT_FOUND : HS_ERR_IO;
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        hs_error("%s: not a regular file; give a JSONL or .hst file", path);
+        close(fd);
+        *st = HS_ERR_INVALID;
+        return -1;
+    }
+    char magic[4] = {0};
+    *is_hst = pread(fd, magic, sizeof(magic), 0) == (ssize_t)sizeof(magic) &&
+              memcmp(magic, HST_MAGIC, 4) == 0;
+    *size = (uint64_t)sb.st_size;
+    return fd;
+}
+
+static char *dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    if (slash == path) return strdup("/");
+    return strndup(path, (size_t)(slash - path));
+}
+
+hs_status_t hs_dataset_import(const char *in, const char *out, hs_dataset_progress_cb cb,
+                              void *cb_arg, hs_dataset_summary_t *sum)
+{
+    if (!in || !out) return HS_ERR_INVALID;
+    const char *inputs[] = {in};
+    if (hs_outfile_check(out, inputs, 1) != HS_OK) return HS_ERR_INVALID; /* logged */
+    bool is_hst = false;
+    uint64_t size = 0;
+    hs_status_t st = HS_OK;
+    hs_dataset_summary_t s;
+    int in_fd = dataset_open_fd(in, &is_hst, &size, &st);
+    if (in_fd < 0) return st;
+    if (is_hst) {
+        close(in_fd);
+        hs_dataset_t *ds = NULL;
+        if ((st = hs_dataset_open(in, &ds)) != HS_OK) return st;
+        st = hs_dataset_write_hst(ds, out);
+        if (st == HS_OK) summary_of_dataset(ds, &s);
+        hs_dataset_close(ds);
+        if (st == HS_OK && sum) *sum = s;
+        return st;
+    }
+
+    char *dir = dir_of(out);
+    size_t plen = strlen(out);
+    char *tmp = malloc(plen + 16);
+    int out_fd = -1, spool_fd = -1;
+    if (!dir || !tmp) {
+        st = HS_ERR_NOMEM;
+        goto out;
+    }
+    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", out);
+    out_fd = mkstemp(tmp);
+    if (out_fd < 0) {
+        hs_error("%s: cannot create temporary file %s: %m; check the folder exists and is writable",
+                 out, tmp);
+        st = HS_ERR_IO;
+        goto out;
+    }
+    (void)fchmod(out_fd, 0644); /* mkstemp makes 0600; a dataset is meant to be shared */
+    spool_fd = open_unlinked(dir);
+    if (spool_fd < 0) {
+        hs_error("%s: cannot create a temporary file in %s: %m", out, dir);
+        st = HS_ERR_IO;
+        goto err_unlink;
+    }
+    st = jsonl_stream_hst(in, in_fd, size, out_fd, tmp, spool_fd, cb, cb_arg, &s);
+    if (st != HS_OK) goto err_unlink;
+    if (fsync(out_fd) != 0) {
+        hs_error("%s: fsync failed: %m", tmp);
+        st = HS_ERR_IO;
+        goto err_unlink;
+    }
+    int rc = close(out_fd);
+    out_fd = -1;
+    if (rc != 0) {
+        hs_error("%s: close failed: %m", tmp);
+        st = HS_ERR_IO;
+        goto err_unlink;
+    }
+    if (rename(tmp, out) != 0) {
+        hs_error("cannot rename %s to %s: %m", tmp, out);
+        st = HS_ERR_IO;
+        goto err_unlink;
+    }
+    if (sum) *sum = s;
+    goto out;
+
+err_unlink:
+    unlink(tmp);
+out:
+    if (out_fd >= 0) close(out_fd);
+    if (spool_fd >= 0) close(spool_fd);
+    close(in_fd);
+    free(tmp);
+    free(dir);
+    return st;
+}
+
+hs_status_t hs_dataset_summarize(const char *path, hs_dataset_progress_cb cb, void *cb_arg,
+                                 hs_dataset_summary_t *sum)
+{
+    if (!path || !sum) return HS_ERR_INVALID;
+    bool is_hst = false;
+    uint64_t size = 0;
+    hs_status_t st = HS_OK;
+    hs_dataset_summary_t s;
+    int in_fd = dataset_open_fd(path, &is_hst, &size, &st);
+    if (in_fd < 0) return st;
+    if (is_hst) {
+        close(in_fd);
+        hs_dataset_t *ds = NULL;
+        if ((st = hs_dataset_open(path, &ds)) != HS_OK) return st;
+        summary_of_dataset(ds, sum);
+        hs_dataset_close(ds);
+        return HS_OK;
+    }
+    const char *dir = getenv("TMPDIR");
+    if (!dir || !*dir) dir = "/var/tmp";
+    int out_fd = open_unlinked(dir), spool_fd = out_fd >= 0 ? open_unlinked(dir) : -1;
+    if (spool_fd < 0) {
+        hs_error("%s: cannot create a temporary file in %s: %m; set TMPDIR to a writable folder "
+                 "with room for 5 bytes per token",
+                 path, dir);
+        st = HS_ERR_IO;
+    } else {
+        st = jsonl_stream_hst(path, in_fd, size, out_fd, dir, spool_fd, cb, cb_arg, &s);
+        if (st == HS_OK) *sum = s;
+    }
+    if (out_fd >= 0) close(out_fd);
+    if (spool_fd >= 0) close(spool_fd);
+    close(in_fd);
     return st;
 }

@@ -58,6 +58,41 @@ uint64_t hs_dataset_fingerprint(const hs_dataset_t *ds);
  * flushed, then renamed over `path`, so a reader never sees half a file. */
 hs_status_t hs_dataset_write_hst(const hs_dataset_t *ds, const char *path);
 
+/* What a pass over a dataset found (hs_dataset_import, hs_dataset_summarize). */
+typedef struct {
+    hs_dataset_format_t format; /* of the input */
+    uint64_t n;                 /* sequences */
+    uint64_t total;             /* tokens */
+    uint64_t loss;              /* tokens with loss_mask 1 */
+    uint32_t min_len, max_len;
+    uint64_t hist[33]; /* sequences by floor(log2(length)) */
+    uint64_t fingerprint;
+} hs_dataset_summary_t;
+
+/* Progress of a long pass: `done` of `total` bytes of the input read (the
+ * pass has a "scan", a "parse" and a "hash" stage), `seqs` sequences so far.
+ * Called every few MiB, from the calling thread; may be NULL. */
+typedef void (*hs_dataset_progress_cb)(void *arg, const char *stage, uint64_t done, uint64_t total,
+                                       uint64_t seqs);
+
+/* Converts the dataset at `in` (JSONL or .hst) to an .hst file at `out`,
+ * streaming: memory stays bounded by a constant plus the longest line, not
+ * by the dataset. The file is written to a temporary file in out's folder
+ * (with the mask spooled beside it), flushed and renamed over `out` at the
+ * end; on any failure `out` is left as it was. An `out` that is `in` (the
+ * same file, also through a link) is refused with HS_ERR_INVALID before
+ * anything is written. Errors are logged as hs_dataset_open logs them.
+ * *sum (may be NULL) is set on success. */
+hs_status_t hs_dataset_import(const char *in, const char *out, hs_dataset_progress_cb cb,
+                              void *cb_arg, hs_dataset_summary_t *sum);
+
+/* The summary of the dataset at `path` without keeping it in memory: a JSONL
+ * file is streamed into an unlinked temporary .hst in $TMPDIR (default
+ * /var/tmp; 5 bytes per token) to compute its fingerprint; a .hst file is
+ * opened and checked as hs_dataset_open does. */
+hs_status_t hs_dataset_summarize(const char *path, hs_dataset_progress_cb cb, void *cb_arg,
+                                 hs_dataset_summary_t *sum);
+
 /* Builds a dataset from memory (copies everything): n sequences, lens[i]
  * tokens each, ids/mask concatenated; mask may be NULL (all ones). For
  * tests and the synthetic source. */

@@ -7,6 +7,7 @@
  *
  * Exit status: 0 ok, 1 the operation failed, 2 bad command line. */
 #include <getopt.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,7 +84,14 @@ static void usage(FILE *f)
         "\n"
         "A JSONL dataset has one JSON object per line: {\"input_ids\": [1, 2, 3]} with an\n"
         "optional \"loss_mask\": [0, 1, 1] (default all ones). The format of a file is\n"
-        "recognised by its content, not its name.\n"
+        "recognised by its content, not its name. Conversations and text become such a\n"
+        "file with `python -m hsflow.data prepare` (docs/data.md).\n"
+        "\n"
+        "import and info stream the file: their memory does not grow with it (info on a\n"
+        "JSONL file writes a temporary .hst, 5 bytes per token, to $TMPDIR, default\n"
+        "/var/tmp, for the fingerprint). On a terminal they show their progress on\n"
+        "stderr; both end with the elapsed time. import refuses an OUT that is IN (also\n"
+        "through a link) and writes through a temporary file renamed at the end.\n"
         "\n"
         "plan options:\n"
         "  --token-budget N     tokens per batch (required; K/M suffixes, e.g. 64K)\n"
@@ -179,55 +187,93 @@ static int opt_apply(opts_t *o, int id, const char *val, const char *src)
 
 /* ---- commands --------------------------------------------------------------- */
 
+/* Progress of import and info on stderr, when it is a terminal: one line
+ * redrawn at most 4 times a second, erased before the result is printed. */
+typedef struct {
+    bool tty;
+    double t0, stage_t0, last;
+    const char *cmd, *stage;
+} progress_t;
+
+static void progress_cb(void *arg, const char *stage, uint64_t done, uint64_t total, uint64_t seqs)
+{
+    progress_t *p = arg;
+    if (!p->tty) return;
+    double now = hs_now_s();
+    if (!p->stage || strcmp(p->stage, stage) != 0) {
+        p->stage = stage;
+        p->stage_t0 = now;
+    } else if (now - p->last < 0.25) {
+        return;
+    }
+    p->last = now;
+    double in_stage = now - p->stage_t0, rate = in_stage > 0 ? (double)done / in_stage : 0;
+    char eta[32] = "";
+    if (rate > 0 && done < total)
+        snprintf(eta, sizeof(eta), ", %.0f s left", (double)(total - done) / rate);
+    char seqs_text[48] = "";
+    if (seqs) snprintf(seqs_text, sizeof(seqs_text), ", %" PRIu64 " sequences", seqs);
+    fprintf(stderr, "\r\033[K%s: %s %.2f/%.2f GB (%.0f%%), %.0f MB/s%s%s, %.0f s", p->cmd, stage,
+            (double)done / 1e9, (double)total / 1e9,
+            total ? 100.0 * (double)done / (double)total : 100.0, rate / 1e6, seqs_text, eta,
+            now - p->t0);
+    fflush(stderr);
+}
+
+static void progress_end(progress_t *p)
+{
+    if (p->tty && p->stage) fprintf(stderr, "\r\033[K");
+}
+
+static double file_gb(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (double)sb.st_size / 1e9 : 0.0;
+}
+
 static int cmd_import(const char *in, const char *out)
 {
-    hs_dataset_t *ds = NULL;
-    if (hs_dataset_open(in, &ds) != HS_OK) return 1;
-    double t0 = hs_now_s();
-    hs_status_t st = hs_dataset_write_hst(ds, out);
-    if (st == HS_OK) {
-        printf("wrote %s: %" PRIu64 " sequences, %" PRIu64 " tokens, fingerprint %016" PRIx64
-               " (%.2f s)\n",
-               out, hs_dataset_count(ds), hs_dataset_total_tokens(ds), hs_dataset_fingerprint(ds),
-               hs_now_s() - t0);
-    }
-    hs_dataset_close(ds);
-    return st == HS_OK ? 0 : 1;
+    progress_t p = {.tty = isatty(STDERR_FILENO), .t0 = hs_now_s(), .cmd = "hs-data import"};
+    hs_dataset_summary_t s;
+    double gb = file_gb(in);
+    hs_status_t st = hs_dataset_import(in, out, progress_cb, &p, &s);
+    progress_end(&p);
+    if (st != HS_OK) return 1;
+    double took = hs_now_s() - p.t0;
+    printf("wrote %s: %" PRIu64 " sequences, %" PRIu64 " tokens, fingerprint %016" PRIx64
+           " in %.2f s (%.2f GB read, %.0f MB/s)\n",
+           out, s.n, s.total, s.fingerprint, took, gb, took > 0 ? gb * 1e3 / took : 0.0);
+    return 0;
 }
 
 static int cmd_info(const char *path)
 {
-    hs_dataset_t *ds = NULL;
-    if (hs_dataset_open(path, &ds) != HS_OK) return 1;
-    uint64_t n = hs_dataset_count(ds), total = hs_dataset_total_tokens(ds), loss = 0;
-    uint32_t mn = UINT32_MAX, mx = 0;
-    uint64_t hist[33] = {0}; /* by floor(log2(len)) */
-    for (uint64_t i = 0; i < n; i++) {
-        uint32_t len = hs_dataset_seq_len(ds, i);
-        const uint8_t *m = hs_dataset_mask(ds, i);
-        for (uint32_t t = 0; t < len; t++)
-            loss += m[t];
-        if (len < mn) mn = len;
-        if (len > mx) mx = len;
-        hist[31 - __builtin_clz(len)]++;
-    }
+    progress_t p = {.tty = isatty(STDERR_FILENO), .t0 = hs_now_s(), .cmd = "hs-data info"};
+    hs_dataset_summary_t s;
+    double gb = file_gb(path);
+    hs_status_t st = hs_dataset_summarize(path, progress_cb, &p, &s);
+    progress_end(&p);
+    if (st != HS_OK) return 1;
+    double took = hs_now_s() - p.t0;
+    uint64_t n = s.n, total = s.total;
     printf("file          %s\n", path);
-    printf("format        %s\n", hs_dataset_format(ds) == HS_DATASET_HST ? "hst" : "jsonl");
+    printf("format        %s\n", s.format == HS_DATASET_HST ? "hst" : "jsonl");
     printf("sequences     %" PRIu64 "\n", n);
     printf("tokens        %" PRIu64 "\n", total);
-    printf("length        min %" PRIu32 ", mean %.1f, max %" PRIu32 "\n", mn,
-           (double)total / (double)n, mx);
-    printf("loss tokens   %" PRIu64 " (%.1f%% of tokens have loss_mask 1)\n", loss,
-           100.0 * (double)loss / (double)total);
-    printf("fingerprint   %016" PRIx64 "\n", hs_dataset_fingerprint(ds));
+    printf("length        min %" PRIu32 ", mean %.1f, max %" PRIu32 "\n", s.min_len,
+           (double)total / (double)n, s.max_len);
+    printf("loss tokens   %" PRIu64 " (%.1f%% of tokens have loss_mask 1)\n", s.loss,
+           100.0 * (double)s.loss / (double)total);
+    printf("fingerprint   %016" PRIx64 "\n", s.fingerprint);
+    printf("read in       %.2f s (%.2f GB, %.0f MB/s)\n", took, gb,
+           took > 0 ? gb * 1e3 / took : 0.0);
     printf("lengths:\n");
     for (int b = 0; b < 33; b++) {
-        if (!hist[b]) continue;
+        if (!s.hist[b]) continue;
         uint64_t lo = 1ull << b, hi = (2ull << b) - 1;
-        printf("  %8" PRIu64 "..%-8" PRIu64 " %10" PRIu64 " sequences (%5.1f%%)\n", lo, hi, hist[b],
-               100.0 * (double)hist[b] / (double)n);
+        printf("  %8" PRIu64 "..%-8" PRIu64 " %10" PRIu64 " sequences (%5.1f%%)\n", lo, hi,
+               s.hist[b], 100.0 * (double)s.hist[b] / (double)n);
     }
-    hs_dataset_close(ds);
     return 0;
 }
 

@@ -108,6 +108,11 @@ case_ 1 'nonexistent\.jsonl.*(No such file|cannot open)' "$DATA" info "$d/nonexi
 case_ 1 'nonint\.jsonl:2:' "$DATA" info "$d/nonint.jsonl"
 case_ 1 'noids\.jsonl:3:' "$DATA" import "$d/noids.jsonl" "$d/out.hst"
 [ ! -e "$d/out.hst" ] || failures+=("[hs-data import of a bad file] left $d/out.hst behind")
+cp "$d/ok.jsonl" "$d/keep.jsonl"
+ln "$d/ok.jsonl" "$d/alias.jsonl"
+case_ 1 'the output is the input' "$DATA" import "$d/ok.jsonl" "$d/ok.jsonl"
+case_ 1 'the same file by another name or link' "$DATA" import "$d/ok.jsonl" "$d/alias.jsonl"
+cmp -s "$d/ok.jsonl" "$d/keep.jsonl" || failures+=("[hs-data import X X] changed its input")
 case_ 0 'usage: hs-data' "$DATA" --help
 
 if [ ${#failures[@]} -gt 0 ]; then

@@ -3,6 +3,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <check.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,6 +170,13 @@ static const struct {
     {"{\"input_ids\": [1, 2]", "not valid JSON"},
     {"{\"input_ids\": [1]} {\"input_ids\": [2]}", "not valid JSON"},
     {"input_ids = [1, 2]", "not valid JSON"},
+    /* near misses of the plain form the fast parser takes */
+    {"{\"input_ids\": [1, 2,]}", "not valid JSON"},
+    {"{\"input_ids\": [1 2]}", "not valid JSON"},
+    {"{\"input_ids\": [1]}}", "not valid JSON"},
+    {"{\"input_ids\": [1], }", "not valid JSON"},
+    {"{\"input_ids\": [1], \"loss_mask\": [1,]}", "not valid JSON"},
+    {"{\"input_ids\": [1], \"loss_mask\": [tru]}", "not valid JSON"},
 };
 
 START_TEST(jsonl_malformed_line_fails_the_load_naming_file_line_and_problem)
@@ -749,6 +757,222 @@ START_TEST(fill_batch_writes_cu_seqlens_ids_and_masks_of_the_plan)
 }
 END_TEST
 
+/* ---- streaming import and summary ---------------------------------------- */
+
+static int g_saved_stderr = -1;
+
+static void capture_begin(void)
+{
+    char cap_path[512];
+    snprintf(cap_path, sizeof(cap_path), "%s/stderr.txt", g_dir);
+    fflush(stderr);
+    g_saved_stderr = dup(2);
+    int fd = open(cap_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert_int_ge(fd, 0);
+    dup2(fd, 2);
+    close(fd);
+}
+
+static void capture_end(char *log, size_t cap)
+{
+    char cap_path[512];
+    snprintf(cap_path, sizeof(cap_path), "%s/stderr.txt", g_dir);
+    fflush(stderr);
+    dup2(g_saved_stderr, 2);
+    close(g_saved_stderr);
+    uint8_t *text;
+    size_t len = read_file(cap_path, &text);
+    snprintf(log, cap, "%.*s", (int)len, (const char *)text);
+    free(text);
+    unlink(cap_path);
+}
+
+/* Lines in every form the JSONL reader accepts: the plain form of writers
+ * (fast path) and others only the full parser takes (other keys, exponents,
+ * spaces, escapes, booleans, a null mask, CRLF, blank lines, a BOM). */
+static void write_varied_jsonl(const hs_dataset_t *ds, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("\xEF\xBB\xBF", f);
+    for (uint64_t i = 0; i < hs_dataset_count(ds); i++) {
+        uint32_t len = hs_dataset_seq_len(ds, i);
+        const int32_t *ids = hs_dataset_ids(ds, i);
+        const uint8_t *m = hs_dataset_mask(ds, i);
+        bool ones = true;
+        for (uint32_t t = 0; t < len; t++)
+            ones &= m[t] == 1;
+        int form = (int)(i % 6);
+        if (form == 1) fputs("  \t\r\n\n", f); /* blank lines */
+        fputs(form == 2 ? "{\"meta\": {\"src\": \"a\\\"b\"}, \"input_ids\": [" : "{\"input_ids\":[",
+              f);
+        for (uint32_t t = 0; t < len; t++) {
+            if (form == 3 && ids[t] % 10 == 0 && ids[t] > 0)
+                fprintf(f, t ? ", %de1" : "%de1", ids[t] / 10);
+            else
+                fprintf(f, t ? (form == 4 ? " , %d" : ",%d") : "%d", ids[t]);
+        }
+        if (form == 5 && ones) {
+            fputs("], \"loss_mask\": null}\r\n", f);
+            continue;
+        }
+        fputs("],\"loss_mask\":[", f);
+        for (uint32_t t = 0; t < len; t++)
+            fprintf(f, "%s%s", t ? "," : "",
+                    form == 4 ? (m[t] ? "true" : "false") : (m[t] ? "1" : "0"));
+        fputs(form == 5 ? "]}\r\n" : "]}\n", f);
+    }
+    fclose(f);
+}
+
+static void assert_same_summary(const hs_dataset_summary_t *a, const hs_dataset_summary_t *b)
+{
+    ck_assert_uint_eq(a->n, b->n);
+    ck_assert_uint_eq(a->total, b->total);
+    ck_assert_uint_eq(a->loss, b->loss);
+    ck_assert_uint_eq(a->min_len, b->min_len);
+    ck_assert_uint_eq(a->max_len, b->max_len);
+    ck_assert_mem_eq(a->hist, b->hist, sizeof(a->hist));
+    ck_assert_uint_eq(a->fingerprint, b->fingerprint);
+}
+
+START_TEST(streaming_import_writes_the_same_hst_as_loading_whole)
+{
+    hs_dataset_t *src = random_dataset(11, 500, 1, 900);
+    const char *jp = path_in_dir("v.jsonl"), *whole = path_in_dir("whole.hst"),
+               *streamed = path_in_dir("streamed.hst");
+    write_varied_jsonl(src, jp);
+    hs_dataset_t *js = NULL;
+    ck_assert_int_eq(hs_dataset_open(jp, &js), HS_OK);
+    assert_same_dataset(src, js);
+    ck_assert_int_eq(hs_dataset_write_hst(js, whole), HS_OK);
+    hs_dataset_summary_t s, info;
+    ck_assert_int_eq(hs_dataset_import(jp, streamed, NULL, NULL, &s), HS_OK);
+    ck_assert_int_eq(count_dir_entries(), 3); /* no temporary file left */
+    uint8_t *a, *b;
+    size_t la = read_file(whole, &a), lb = read_file(streamed, &b);
+    ck_assert_uint_eq(la, lb);
+    ck_assert_mem_eq(a, b, la);
+    free(a);
+    free(b);
+    uint64_t loss = 0;
+    uint32_t mn = UINT32_MAX, mx = 0;
+    for (uint64_t i = 0; i < hs_dataset_count(js); i++) {
+        uint32_t len = hs_dataset_seq_len(js, i);
+        for (uint32_t t = 0; t < len; t++)
+            loss += hs_dataset_mask(js, i)[t];
+        mn = len < mn ? len : mn;
+        mx = len > mx ? len : mx;
+    }
+    ck_assert_int_eq(s.format, HS_DATASET_JSONL);
+    ck_assert_uint_eq(s.n, hs_dataset_count(js));
+    ck_assert_uint_eq(s.total, hs_dataset_total_tokens(js));
+    ck_assert_uint_eq(s.loss, loss);
+    ck_assert_uint_eq(s.min_len, mn);
+    ck_assert_uint_eq(s.max_len, mx);
+    ck_assert_uint_eq(s.fingerprint, hs_dataset_fingerprint(js));
+    /* the summary of the JSONL (streamed) and of the .hst agree */
+    setenv("TMPDIR", g_dir, 1);
+    ck_assert_int_eq(hs_dataset_summarize(jp, NULL, NULL, &info), HS_OK);
+    ck_assert_int_eq(info.format, HS_DATASET_JSONL);
+    assert_same_summary(&info, &s);
+    ck_assert_int_eq(count_dir_entries(), 3);
+    ck_assert_int_eq(hs_dataset_summarize(streamed, NULL, NULL, &info), HS_OK);
+    ck_assert_int_eq(info.format, HS_DATASET_HST);
+    assert_same_summary(&info, &s);
+    /* and .hst -> .hst through import is the same file */
+    const char *again = path_in_dir("again.hst");
+    ck_assert_int_eq(hs_dataset_import(streamed, again, NULL, NULL, &info), HS_OK);
+    la = read_file(streamed, &a);
+    lb = read_file(again, &b);
+    ck_assert_uint_eq(la, lb);
+    ck_assert_mem_eq(a, b, la);
+    free(a);
+    free(b);
+    hs_dataset_close(js);
+    hs_dataset_close(src);
+}
+END_TEST
+
+START_TEST(streaming_import_of_a_malformed_line_names_it_and_leaves_no_file)
+{
+    const char *p = path_in_dir("bad.jsonl"), *out = path_in_dir("out.hst");
+    char text[512], log[4096], want[600];
+    snprintf(text, sizeof(text),
+             "{\"input_ids\": [1]}\n\n{\"input_ids\": [2, 3]}\n%s\n"
+             "{\"input_ids\": [4]}\n",
+             BAD_LINES[_i].line);
+    write_file(p, text, strlen(text));
+    hs_dataset_summary_t s = {.n = 77};
+    capture_begin();
+    hs_status_t st = hs_dataset_import(p, out, NULL, NULL, &s);
+    capture_end(log, sizeof(log));
+    ck_assert_int_eq(st, HS_ERR_FORMAT);
+    ck_assert_uint_eq(s.n, 77); /* untouched on failure */
+    snprintf(want, sizeof(want), "%s:4: ", p);
+    ck_assert_msg(strstr(log, want), "case %d: no '%s' in log: %s", _i, want, log);
+    ck_assert_msg(strstr(log, BAD_LINES[_i].expect), "case %d: no '%s' in log: %s", _i,
+                  BAD_LINES[_i].expect, log);
+    ck_assert_int_eq(count_dir_entries(), 1); /* only bad.jsonl: no output, no temporary */
+}
+END_TEST
+
+START_TEST(import_refuses_to_write_onto_its_input)
+{
+    const char *p = path_in_dir("in.jsonl"), *link_path = path_in_dir("link.jsonl"),
+               *sym = path_in_dir("sym.jsonl");
+    write_file(p, GOOD_JSONL, strlen(GOOD_JSONL));
+    ck_assert_int_eq(link(p, link_path), 0);
+    ck_assert_int_eq(symlink(p, sym), 0);
+    const char *outs[] = {p, link_path, sym};
+    for (int k = 0; k < 3; k++) {
+        char log[2048];
+        capture_begin();
+        hs_status_t st = hs_dataset_import(p, outs[k], NULL, NULL, NULL);
+        capture_end(log, sizeof(log));
+        ck_assert_int_eq(st, HS_ERR_INVALID);
+        ck_assert_msg(strstr(log, "the output is the input"), "no reason in: %s", log);
+    }
+    /* an .hst input too */
+    const char *h = path_in_dir("in.hst");
+    ck_assert_int_eq(hs_dataset_import(p, h, NULL, NULL, NULL), HS_OK);
+    capture_begin();
+    hs_status_t st = hs_dataset_import(h, h, NULL, NULL, NULL);
+    char log[2048];
+    capture_end(log, sizeof(log));
+    ck_assert_int_eq(st, HS_ERR_INVALID);
+    uint8_t *text;
+    size_t len = read_file(p, &text);
+    ck_assert_uint_eq(len, strlen(GOOD_JSONL));
+    ck_assert_mem_eq(text, GOOD_JSONL, len);
+    free(text);
+    ck_assert_int_eq(count_dir_entries(), 4);
+}
+END_TEST
+
+static void count_progress(void *arg, const char *stage, uint64_t done, uint64_t total,
+                           uint64_t seqs)
+{
+    (void)stage;
+    (void)seqs;
+    ck_assert_uint_le(done, total);
+    (*(int *)arg)++;
+}
+
+START_TEST(import_reports_progress_until_the_whole_file_is_read)
+{
+    hs_dataset_t *src = random_dataset(5, 200, 1, 400);
+    const char *jp = path_in_dir("p.jsonl");
+    write_jsonl(src, jp);
+    int calls = 0;
+    hs_dataset_summary_t s;
+    ck_assert_int_eq(hs_dataset_import(jp, path_in_dir("p.hst"), count_progress, &calls, &s),
+                     HS_OK);
+    ck_assert_int_ge(calls, 3); /* scan, parse, hash */
+    hs_dataset_close(src);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("producer");
@@ -761,6 +985,11 @@ int main(void)
     tcase_add_test(tc, hst_round_trip_equals_the_jsonl_it_came_from);
     tcase_add_test(tc, write_hst_into_a_missing_folder_fails_cleanly);
     tcase_add_test(tc, corrupt_or_truncated_hst_is_rejected_with_a_reason);
+    tcase_add_test(tc, streaming_import_writes_the_same_hst_as_loading_whole);
+    tcase_add_loop_test(tc, streaming_import_of_a_malformed_line_names_it_and_leaves_no_file, 0,
+                        (int)(sizeof(BAD_LINES) / sizeof(BAD_LINES[0])));
+    tcase_add_test(tc, import_refuses_to_write_onto_its_input);
+    tcase_add_test(tc, import_reports_progress_until_the_whole_file_is_read);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("plan");
