@@ -26,13 +26,8 @@ pytest.importorskip("xxhash", reason="xxhash is not installed (python/requiremen
 from hsflow.data import read_hst  # noqa: E402
 from hsflow.data.prepare import PrepareOptions, UsageError, prepare, sidecar_path  # noqa: E402
 
-SPECIALS = ["<unk>", "<s>", "<|im_start|>", "<|im_end|>", "<|start|>", "<|sep|>", "<|eot|>"]
+from tiny_tokenizer import CHATML, save_tokenizer, train_bpe  # noqa: E402
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>\n"
-    "{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 # a BOS, headers with their own separator token, contents trimmed, no newlines
 HEADERS = (
     "{{ bos_token }}{% for m in messages %}<|start|>{{ m['role'] }}<|sep|>"
@@ -47,13 +42,6 @@ REWRITES = (
     "{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-CORPUS = [
-    "hello world how are you today", "I am fine thank you very much",
-    "the weather is nice and the sun is out", "call the tool get_weather for Paris",
-    "result: sunny, 21 degrees", "you are a helpful assistant", "multi turn chat works",
-    "héllo ✓ naïve café",
-]
-
 
 def strip_generation(template):
     return re.sub(r"\{%-?\s*(end)?generation\s*-?%\}", "", template)
@@ -62,25 +50,13 @@ def strip_generation(template):
 @pytest.fixture(scope="session")
 def tokenizer_dirs(tmp_path_factory):
     """{name: folder}: the BPE with each template, with and without generation blocks."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS * 10, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = train_bpe()
     root = tmp_path_factory.mktemp("tokenizers")
     dirs = {}
     for name, template in (("chatml", CHATML), ("chatml_plain", strip_generation(CHATML)),
                            ("headers", HEADERS), ("headers_plain", strip_generation(HEADERS)),
                            ("rewrites", REWRITES)):
-        fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                       eos_token="<|im_end|>")
-        fast.chat_template = template
-        d = root / name
-        fast.save_pretrained(str(d))
-        dirs[name] = str(d)
+        dirs[name] = save_tokenizer(tok, root / name, template)
     return dirs
 
 
