@@ -60,7 +60,8 @@ int hs_kn_delta_rule_ref(const float *q, const float *k, const float *v, size_t 
                          int n_seqs, int n_k_heads, int n_v_heads, int dk, int dv)
 {
     int ratio = n_v_heads / n_k_heads, failed = 0;
-#pragma omp parallel
+    size_t work = (size_t)cu_seqlens[n_seqs] * (size_t)n_v_heads * (size_t)dk * (size_t)dv;
+#pragma omp parallel if (work > (1u << 18))
     {
         size_t n = (size_t)dk * dv + 2 * (size_t)dk + (size_t)dv;
         float *S = malloc(n * sizeof *S);

@@ -36,7 +36,8 @@ void hs_kn_matmul_ref(const float *x, const uint16_t *w, const uint16_t *bias, f
                       int K, int N)
 {
     int nblocks = (N + HS_MM_NB - 1) / HS_MM_NB;
-#pragma omp parallel
+    /* threads only for work worth a fork and join */
+#pragma omp parallel if ((size_t)T * (size_t)K * (size_t)N > (1u << 18))
     {
         /* one tile per thread; if it cannot be had, fall back to widening
          * on the fly through a one-row tile on the stack */
