@@ -665,7 +665,6 @@ static void send_stats(producer_t *pr)
     bool progressing = false;
     pthread_mutex_lock(&pr->lock);
     double elapsed = pr->t_start > 0 ? now - pr->t_start : 0;
-    double since = now - pr->t_beat;
     for (uint32_t i = 0; i < n; i++) {
         worker_t *w = &pr->workers[i];
         stall += elapsed > 0 ? 100.0 * w->stall_s / elapsed : 0;
@@ -673,12 +672,14 @@ static void send_stats(producer_t *pr)
         batches += w->batches;
         /* A worker that took or finished a batch since the last beat made
          * progress; so did one inside a batch whose thread kept computing
-         * (a tenth of the time at least). A hung worker does neither. */
+         * (1 ms of CPU at least: a thread blocked in a wait gets none, one
+         * computing on a loaded machine still gets that much). A hung
+         * worker does neither. */
         if (w->t_progress > pr->t_beat) progressing = true;
         struct timespec ts;
         if (w->has_cpu_clock && clock_gettime(w->cpu_clock, &ts) == 0) {
             uint64_t cpu = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-            if (w->computing && (double)(cpu - w->cpu_ns_seen) >= 0.1 * since * 1e9)
+            if (w->computing && cpu - w->cpu_ns_seen >= 1000000u)
                 progressing = true;
             w->cpu_ns_seen = cpu;
         }

@@ -1283,6 +1283,48 @@ START_TEST(test_tickets_of_a_hoarder_and_a_stopped_producer_expire_and_the_run_c
 }
 END_TEST
 
+static void stats_send(int fd, bool progressing)
+{
+    Hsflow__Stats st = HSFLOW__STATS__INIT;
+    st.worker_count = 1;
+    st.progressing = progressing;
+    raw_send_msg(fd, HS_MSG_STATS, &st.base, 0); /* may fail once we are cut off */
+}
+
+START_TEST(test_heartbeats_with_progress_keep_a_peers_tickets_and_beats_without_do_not)
+{
+    /* With a 1 s lease, two peers hold tickets and send no DONE for 3 s. One
+     * beats "progressing" (a worker computing a long batch), the other beats
+     * without progress (its workers hang): only the second loses its
+     * tickets. Once the first stops beating, it loses them too. */
+    harness_opts_t o = {.lease_timeout_s = 1};
+    harness_t h;
+    harness_start_ex(&h, HS_ORDER_ARRIVAL, &o);
+    uint16_t port = hs_consumer_port(h.c);
+    int busy = peer_ready(port, "raw-computing");
+    Hsflow__Ticket t;
+    ticket_recv(busy, &t);
+    int hung = peer_ready(port, "raw-hung");
+    ticket_recv(hung, &t);
+    double t_end = hs_now_s() + 3.0;
+    while (hs_now_s() < t_end) {
+        stats_send(busy, true);
+        stats_send(hung, false);
+        usleep(150000);
+    }
+    hs_consumer_stats_t s;
+    hs_consumer_stats(h.c, &s);
+    ck_assert_msg(s.producers_dropped == 1,
+                  "%llu peers dropped after 3 s: the one beating with progress must keep its "
+                  "tickets, the other must not",
+                  (unsigned long long)s.producers_dropped);
+    expect_refused(hung, "no progress", true);
+    expect_refused(busy, "no progress", true); /* no beat any more */
+    harness_finish(&h, &s);
+    ck_assert_uint_eq(s.producers_dropped, 2);
+}
+END_TEST
+
 START_TEST(test_each_checksum_failure_is_logged_and_a_peer_is_dropped_once)
 {
     /* Peer a sends two corrupt batches at once: both can fail verification
@@ -1354,6 +1396,7 @@ static Suite *hostile_suite(void)
     tcase_add_test(tc, test_unverified_hello_writes_nothing_to_the_journal);
     tcase_add_test(tc, test_a_peer_claiming_4096_workers_gets_a_fair_share_of_the_cache);
     tcase_add_test(tc, test_tickets_of_a_hoarder_and_a_stopped_producer_expire_and_the_run_completes);
+    tcase_add_test(tc, test_heartbeats_with_progress_keep_a_peers_tickets_and_beats_without_do_not);
     suite_add_tcase(s, tc);
     return s;
 }
