@@ -114,7 +114,7 @@ struct ucx_tp {
     int *lfds;               /* bootstrap listening sockets */
     uint64_t *lfd_resume_ns; /* per listener: paused until then after a failed accept */
     size_t n_lfds;
-    ucx_pending_t *pending; /* accepted sockets in their hello */
+    ucx_pending_t *pending; /* accepted sockets in their bootstrap, newest first */
     size_t n_pending;
     ucp_address_t *my_addr;
     size_t my_addr_len;
@@ -796,8 +796,10 @@ static void ucx_close(hs_tp_conn_t *conn, hs_status_t reason)
  * has proved itself: the server applies the loopback rule to the HELLO (no
  * secret and not allow_remote: loopback peers only) and, with a secret,
  * checks the client's proof before it looks at the address in AUTH; the
- * client checks the server's proof before it uses the address in ACCEPT. A
- * refused peer gets a REFUSE record saying why. Every length is checked
+ * client checks the server's proof before it uses the address in ACCEPT.
+ * (Without a secret a loopback peer is trusted: its address goes to UCX as
+ * it came, so on a shared host use a secret.) A refused peer gets a REFUSE
+ * record saying why. Every length is checked
  * before anything is allocated (hs__ucx_boot_head_parse); a connection that
  * has not finished within UCX_BOOT_TIMEOUT_MS is cut off; at most
  * UCX_PENDING_MAX are in the bootstrap at once (the oldest gives way).
