@@ -56,6 +56,20 @@ static hs_status_t check_string(const char *field, const char *s, size_t max, bo
     return HS_OK;
 }
 
+/* protobuf-c keeps the fields it does not know (a newer peer's), but it also
+ * takes a key of field number 0 when that key is written in more bytes than
+ * needed. No encoder writes one, and once re-encoded the message no longer
+ * decodes: refuse it. */
+static hs_status_t check_unknown(const char *what, const ProtobufCMessage *m, char *why,
+                                 size_t whycap)
+{
+    for (unsigned i = 0; i < m->n_unknown_fields; i++)
+        if (m->unknown_fields[i].tag == 0)
+            return bad(why, whycap, "%s has a field numbered 0, which protobuf does not allow",
+                       what);
+    return HS_OK;
+}
+
 static hs_status_t check_bytes(const char *field, ProtobufCBinaryData b, size_t want, bool optional,
                                char *why, size_t whycap)
 {
@@ -76,6 +90,8 @@ static hs_status_t check_layout_msg(const char *field, const Hsflow__Layout *l, 
                                     size_t whycap)
 {
     if (!l) return bad(why, whycap, "%s is missing", field);
+    hs_status_t st = check_unknown(field, &l->base, why, whycap);
+    if (st != HS_OK) return st;
     if (l->n_layers < 1 || l->n_layers > HS_MAX_LAYERS)
         return bad(why, whycap, "%s.layers has %zu entries, expected 1..%u", field, l->n_layers,
                    HS_MAX_LAYERS);
@@ -188,6 +204,8 @@ static hs_status_t check_stats(const Hsflow__Stats *m, char *why, size_t whycap)
     for (size_t i = 0; i < m->n_workers; i++) {
         const Hsflow__WorkerStats *w = m->workers[i];
         char f[64];
+        snprintf(f, sizeof f, "stats.workers[%zu]", i);
+        if ((st = check_unknown(f, &w->base, why, whycap))) return st;
         if (w->worker >= m->worker_count)
             return bad(why, whycap, "stats.workers[%zu].worker is %u, expected < %u", i, w->worker,
                        m->worker_count);
@@ -206,6 +224,8 @@ hs_status_t hs_msg_validate(uint16_t type, const ProtobufCMessage *msg, char *wh
     if (!msg || msg->descriptor != d)
         return bad(why, whycap, "message is not a %s (%s)", hs_msg_type_str(type),
                    msg ? msg->descriptor->name : "null");
+    hs_status_t st = check_unknown(hs_msg_type_str(type), msg, why, whycap);
+    if (st != HS_OK) return st;
     switch ((hs_msg_type_t)type) {
     case HS_MSG_HELLO:
         return check_hello((const Hsflow__Hello *)msg, why, whycap);

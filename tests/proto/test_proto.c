@@ -358,6 +358,24 @@ START_TEST(flipped_body_byte_fails_the_crc)
 }
 END_TEST
 
+/* protobuf-c takes a key of field number 0 written in three bytes (found by
+ * fuzz_msg); the message would not decode again once re-encoded. */
+START_TEST(field_number_zero_is_rejected)
+{
+    static const uint8_t stats[] = {0x81, 0x80, 0x00, 0x00, 0x60, 0x70,
+                                    0x00, 0x02, 0x45, 0xd2, 0x28};
+    ProtobufCMessage *m = NULL;
+    ck_assert_int_eq(hs_msg_unpack(HS_MSG_STATS, stats, sizeof stats, &m, why, sizeof why),
+                     HS_ERR_FORMAT);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(why, "field numbered 0"), "why: %s", why);
+    /* a field this release does not know (number 99) is still fine */
+    static const uint8_t future[] = {0x98, 0x06, 0x01};
+    ck_assert_int_eq(hs_msg_unpack(HS_MSG_BYE, future, sizeof future, &m, why, sizeof why), HS_OK);
+    hs_msg_free(m);
+}
+END_TEST
+
 START_TEST(truncated_body_fails_to_unpack)
 {
     Hsflow__Layout lm;
@@ -1115,6 +1133,7 @@ int main(void)
     tcase_add_test(frames, oversized_body_len_is_rejected_from_the_header_alone);
     tcase_add_test(frames, flipped_body_byte_fails_the_crc);
     tcase_add_test(frames, truncated_body_fails_to_unpack);
+    tcase_add_test(frames, field_number_zero_is_rejected);
     tcase_add_test(frames, pack_refuses_small_buffers_and_mistyped_messages);
     tcase_add_test(frames, error_frame_carries_code_and_bounded_text);
     suite_add_tcase(s, frames);
