@@ -4,6 +4,7 @@
  * the value). A Qwen3.5 vision-language wrapper is read through its
  * text_config: the vision tower's config is not looked at. */
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -61,11 +62,15 @@ static hs_status_t get_num(const cJSON *obj, const char *path, const char *key, 
         hs_error("%s: required field '%s' is missing", path, key);
         return HS_ERR_FORMAT;
     }
-    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite(v->valuedouble)) {
-        hs_error("%s: field '%s' must be a positive number", path, key);
+    /* Kept as float: a value outside float's normal range would become 0 or
+     * infinity there (an rms_norm_eps of 1e-61 would be 0). */
+    double d = cJSON_IsNumber(v) ? v->valuedouble : 0.0;
+    if (!(d >= FLT_MIN && d <= FLT_MAX)) {
+        hs_error("%s: field '%s' must be a positive number between %g and %g", path, key,
+                 (double)FLT_MIN, (double)FLT_MAX);
         return HS_ERR_FORMAT;
     }
-    *out = (float)v->valuedouble;
+    *out = (float)d;
     return HS_OK;
 }
 

@@ -354,6 +354,25 @@ START_TEST(config_reads_legacy_and_new_rope_fields)
 }
 END_TEST
 
+/* Found by fuzz_config: 1e-61 is positive as a double and 0 as a float. */
+START_TEST(config_float_fields_must_fit_a_float)
+{
+    hs_model_config_t c;
+    const char *tiny_eps = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+                           " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                           " \"num_attention_heads\": 4, \"vocab_size\": 32,"
+                           " \"rms_norm_eps\": 1e-61}";
+    ck_assert_int_eq(hs__model_config_parse(tiny_eps, strlen(tiny_eps), "x", &c), HS_ERR_FORMAT);
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "", ", \"rope_theta\": 1e39", &c),
+                     HS_ERR_FORMAT);
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "",
+                               ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 1e-45}", &c),
+                     HS_ERR_FORMAT);
+    ck_assert_int_eq(parse_cfg("LlamaForCausalLM", "", ", \"rope_theta\": 3e38", &c), HS_OK);
+    ck_assert_float_eq(c.rope_theta, 3e38f);
+}
+END_TEST
+
 START_TEST(config_rejects_unknown_architecture_and_missing_fields)
 {
     hs_model_config_t c;
@@ -1543,6 +1562,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, config_defaults_follow_transformers);
     tcase_add_test(tc, config_reads_legacy_and_new_rope_fields);
     tcase_add_test(tc, config_rejects_unknown_architecture_and_missing_fields);
+    tcase_add_test(tc, config_float_fields_must_fit_a_float);
     tcase_add_test(tc, load_rejects_missing_tensor_and_wrong_shape);
     tcase_add_test(tc, load_rejects_truncated_file_and_unknown_architecture);
     tcase_add_test(tc, safetensors_bounds_checks_every_header_field);
