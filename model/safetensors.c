@@ -21,8 +21,9 @@
 
 typedef struct {
     char *path;
-    void *map;
+    void *map; /* the file's read-only mapping, or the caller's image */
     size_t size;
+    bool mapped; /* close() unmaps it */
 } st_file_t;
 
 struct hs__st_set {
@@ -162,52 +163,36 @@ static hs_status_t parse_entry(const cJSON *e, const char *name, const char *pat
     return HS_OK;
 }
 
-/* Maps `path` and appends its tensors to st. */
-static hs_status_t add_file(hs__st_set_t *st, const char *path)
+/* Takes ownership of image[size] as the set's next file (unmapped by close()
+ * when `mapped`), then parses its header and appends its tensors to st. */
+static hs_status_t add_image(hs__st_set_t *st, const char *path, void *image, size_t size,
+                             bool mapped)
 {
     hs_status_t rc = HS_ERR_FORMAT;
     cJSON *root = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        hs_error("cannot open safetensors file %s: %m", path);
-        return HS_ERR_IO;
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        hs_error("cannot stat %s: %m", path);
-        close(fd);
-        return HS_ERR_IO;
-    }
-    size_t size = (size_t)sb.st_size;
-    if (size < 8) {
-        hs_error("%s: %zu bytes, shorter than the 8-byte header length (truncated file?)", path,
-                 size);
-        close(fd);
-        return HS_ERR_FORMAT;
-    }
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) {
-        hs_error("cannot map %s: %m", path);
-        return HS_ERR_IO;
-    }
     st_file_t *nf = realloc(st->files, (size_t)(st->n_files + 1) * sizeof *nf);
     if (!nf) {
-        munmap(map, size);
+        if (mapped) munmap(image, size);
         return HS_ERR_NOMEM;
     }
     st->files = nf;
     st_file_t *f = &st->files[st->n_files];
     f->path = dup_str(path);
     if (!f->path) {
-        munmap(map, size);
+        if (mapped) munmap(image, size);
         return HS_ERR_NOMEM;
     }
-    f->map = map;
+    f->map = image;
     f->size = size;
-    st->n_files++; /* owned by the set from here: close() unmaps it */
+    f->mapped = mapped;
+    st->n_files++; /* owned by the set from here */
 
-    const uint8_t *p = map;
+    if (size < 8) {
+        hs_error("%s: %zu bytes, shorter than the 8-byte header length (truncated file?)", path,
+                 size);
+        return HS_ERR_FORMAT;
+    }
+    const uint8_t *p = image;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | p[i];
@@ -271,12 +256,54 @@ err:
     return rc;
 }
 
+/* Maps `path` and appends its tensors to st. */
+static hs_status_t add_file(hs__st_set_t *st, const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        hs_error("cannot open safetensors file %s: %m", path);
+        return HS_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        hs_error("cannot stat %s: %m", path);
+        close(fd);
+        return HS_ERR_IO;
+    }
+    size_t size = (size_t)sb.st_size;
+    if (size < 8) { /* nothing to map; add_image says what is wrong */
+        close(fd);
+        return add_image(st, path, NULL, size, false);
+    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        hs_error("cannot map %s: %m", path);
+        return HS_ERR_IO;
+    }
+    return add_image(st, path, map, size, true);
+}
+
 hs_status_t hs__st_open_file(const char *path, hs__st_set_t **out)
 {
     hs__st_set_t *st;
     hs_status_t rc = set_alloc(&st);
     if (rc != HS_OK) return rc;
     rc = add_file(st, path);
+    if (rc != HS_OK) {
+        hs__st_close(st);
+        return rc;
+    }
+    *out = st;
+    return HS_OK;
+}
+
+hs_status_t hs__st_open_memory(const void *image, size_t size, const char *name, hs__st_set_t **out)
+{
+    hs__st_set_t *st;
+    hs_status_t rc = set_alloc(&st);
+    if (rc != HS_OK) return rc;
+    rc = add_image(st, name, (void *)image, size, false);
     if (rc != HS_OK) {
         hs__st_close(st);
         return rc;
@@ -395,7 +422,7 @@ void hs__st_close(hs__st_set_t *st)
 {
     if (!st) return;
     for (int i = 0; i < st->n_files; i++) {
-        munmap(st->files[i].map, st->files[i].size);
+        if (st->files[i].mapped) munmap(st->files[i].map, st->files[i].size);
         free(st->files[i].path);
     }
     for (size_t i = 0; i < st->n_tensors; i++)

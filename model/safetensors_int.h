@@ -48,6 +48,11 @@ typedef struct hs__st_set hs__st_set_t;
 
 /* One safetensors file. */
 hs_status_t hs__st_open_file(const char *path, hs__st_set_t **out);
+/* A safetensors file image in memory, image[size], which the caller owns and
+ * keeps alive (unchanged) until hs__st_close(); `name` stands for the file in
+ * messages. Parsed and bounds-checked exactly as hs__st_open_file() does. */
+hs_status_t hs__st_open_memory(const void *image, size_t size, const char *name,
+                               hs__st_set_t **out);
 /* A model folder: model.safetensors.index.json (sharded) if present, else
  * model.safetensors. */
 hs_status_t hs__st_open_dir(const char *dir, hs__st_set_t **out);

@@ -68,7 +68,9 @@ struct hs_dataset {
     struct stat opened; /* size and mtime when validated */
     char *path;
     atomic_bool reported;
-    /* JSONL / arrays: heap storage the arrays point into */
+    /* JSONL / arrays / an .hst image from memory: heap storage the arrays
+     * point into */
+    uint8_t *own_image;
     uint64_t *own_offsets;
     int32_t *own_ids;
     uint8_t *own_mask;
@@ -710,46 +712,32 @@ err_free:
 
 #define HST_HINT "re-create it with `hs-data import IN.jsonl OUT.hst`"
 
-static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out)
+/* Checks an .hst image p[size] field by field; when it is sound, *out is a
+ * dataset whose arrays point into the image (the caller gives the dataset
+ * the image to keep). */
+static hs_status_t hst_parse(const char *path, const uint8_t *p, uint64_t size, hs_dataset_t **out)
 {
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        hs_error("%s: stat failed: %m", path);
-        return HS_ERR_IO;
-    }
-    uint64_t size = (uint64_t)sb.st_size;
     if (size < HST_HEADER_BYTES) {
         hs_error("%s: truncated .hst file: %" PRIu64 " bytes, the header alone is %u; " HST_HINT,
                  path, size, HST_HEADER_BYTES);
         return HS_ERR_FORMAT;
     }
-    if (size > SIZE_MAX) return HS_ERR_NOMEM;
-    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-        hs_error("%s: mmap of %" PRIu64 " bytes failed: %m", path, size);
-        return HS_ERR_IO;
-    }
-    const uint8_t *p = map;
-    hs_status_t st = HS_ERR_FORMAT;
-    int slot = hst_register(map, (size_t)size); /* reading it may already fault */
-
     uint16_t version = load_u16(p + 4), hbytes = load_u16(p + 6);
     if (version != HST_VERSION) {
         hs_error("%s: .hst version %u, this build reads version %u; " HST_HINT, path, version,
                  HST_VERSION);
-        goto err_unmap;
+        return HS_ERR_FORMAT;
     }
     if (hbytes != HST_HEADER_BYTES) {
         hs_error("%s: corrupt .hst header (header size %u, expected %u); " HST_HINT, path, hbytes,
                  HST_HEADER_BYTES);
-        goto err_unmap;
+        return HS_ERR_FORMAT;
     }
     uint32_t crc = hs_crc32c(0, p, HST_CRC_OFFSET);
     if (crc != load_u32(p + HST_CRC_OFFSET)) {
         hs_error("%s: corrupt .hst header (CRC-32C 0x%08x, stored 0x%08x); " HST_HINT, path, crc,
                  load_u32(p + HST_CRC_OFFSET));
-        st = HS_ERR_CHECKSUM;
-        goto err_unmap;
+        return HS_ERR_CHECKSUM;
     }
     uint64_t n = load_u64(p + 8), total = load_u64(p + 16), fp = load_u64(p + 24);
     /* expected = 64 + 8(n+1) + 5T, computed without overflow */
@@ -766,7 +754,7 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
                  n == 0                           ? "no sequences"
                  : (!overflow && expected < size) ? "trailing bytes"
                                                   : "that needs more bytes than the file has");
-        goto err_unmap;
+        return HS_ERR_FORMAT;
     }
     const uint64_t *offsets = (const uint64_t *)(p + HST_HEADER_BYTES);
     const int32_t *ids = (const int32_t *)(offsets + n + 1);
@@ -775,7 +763,7 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
         hs_error("%s: corrupt .hst offsets (first %" PRIu64 ", last %" PRIu64
                  ", expected 0 and %" PRIu64 "); " HST_HINT,
                  path, offsets[0], offsets[n], total);
-        goto err_unmap;
+        return HS_ERR_FORMAT;
     }
     for (uint64_t i = 0; i < n; i++) {
         if (offsets[i + 1] <= offsets[i] || offsets[i + 1] > total ||
@@ -784,7 +772,7 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
                      ") of %" PRIu64 " tokens (offsets must increase, each sequence 1..2^32-1 "
                      "tokens); " HST_HINT,
                      path, i, offsets[i], offsets[i + 1], total);
-            goto err_unmap;
+            return HS_ERR_FORMAT;
         }
     }
     uint64_t fp_now = body_fingerprint(offsets, n, ids, mask, total);
@@ -792,8 +780,7 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
         hs_error("%s: .hst content checksum mismatch (XXH3 0x%016" PRIx64
                  ", header says 0x%016" PRIx64 "): the file is corrupt; " HST_HINT,
                  path, fp_now, fp);
-        st = HS_ERR_CHECKSUM;
-        goto err_unmap;
+        return HS_ERR_CHECKSUM;
     }
     /* values: a file with a valid checksum but written by a faulty tool */
     for (uint64_t t = 0; t < total; t++) {
@@ -801,21 +788,45 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
             hs_error("%s: token %" PRIu64 " has input_id %d / loss_mask %u (ids must be >= 0, "
                      "mask 0 or 1); " HST_HINT,
                      path, t, ids[t], mask[t]);
-            goto err_unmap;
+            return HS_ERR_FORMAT;
         }
     }
 
     hs_dataset_t *ds = dataset_alloc(HS_DATASET_HST);
-    if (!ds) {
-        st = HS_ERR_NOMEM;
-        goto err_unmap;
-    }
+    if (!ds) return HS_ERR_NOMEM;
     ds->n = n;
     ds->total = total;
     ds->offsets = offsets;
     ds->ids = ids;
     ds->mask = mask;
     ds->fingerprint = fp;
+    *out = ds;
+    return HS_OK;
+}
+
+static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        hs_error("%s: stat failed: %m", path);
+        return HS_ERR_IO;
+    }
+    uint64_t size = (uint64_t)sb.st_size;
+    if (size < HST_HEADER_BYTES) return hst_parse(path, NULL, size, out); /* says so */
+    if (size > SIZE_MAX) return HS_ERR_NOMEM;
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+        hs_error("%s: mmap of %" PRIu64 " bytes failed: %m", path, size);
+        return HS_ERR_IO;
+    }
+    int slot = hst_register(map, (size_t)size); /* reading it may already fault */
+    hs_dataset_t *ds;
+    hs_status_t st = hst_parse(path, map, size, &ds);
+    if (st != HS_OK) {
+        hst_unregister(slot);
+        munmap(map, (size_t)size);
+        return st;
+    }
     ds->map = map;
     ds->map_len = (size_t)size;
     ds->map_slot = slot;
@@ -833,11 +844,6 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
     }
     *out = ds;
     return HS_OK;
-
-err_unmap:
-    hst_unregister(slot);
-    munmap(map, (size_t)size);
-    return st;
 }
 
 /* ---- public API ------------------------------------------------------------ */
@@ -878,6 +884,45 @@ hs_status_t hs_dataset_open(const char *path, hs_dataset_t **out)
     return HS_OK;
 }
 
+static hs_status_t write_all(int fd, const void *buf, size_t len);
+
+hs_status_t hs_dataset_open_memory(const void *buf, size_t len, const char *name,
+                                   hs_dataset_t **out)
+{
+    if ((!buf && len) || !name || !out) return HS_ERR_INVALID;
+    hs_status_t st;
+    hs_dataset_t *ds = NULL;
+    if (len >= 4 && memcmp(buf, HST_MAGIC, 4) == 0) {
+        uint8_t *image = malloc(len);
+        if (!image) return HS_ERR_NOMEM;
+        memcpy(image, buf, len);
+        st = hst_parse(name, image, len, &ds);
+        if (st != HS_OK) {
+            free(image);
+            return st;
+        }
+        ds->own_image = image;
+    } else {
+        /* The JSONL reader reads a descriptor: hand it one over the bytes. */
+        int fd = memfd_create("hs-dataset", MFD_CLOEXEC);
+        if (fd < 0) {
+            hs_error("%s: memfd_create failed: %m", name);
+            return HS_ERR_IO;
+        }
+        st = write_all(fd, buf, len);
+        if (st != HS_OK || lseek(fd, 0, SEEK_SET) != 0) {
+            hs_error("%s: cannot copy %zu bytes into a memory file: %m", name, len);
+            close(fd);
+            return HS_ERR_IO;
+        }
+        st = dataset_load_jsonl(name, fd, &ds);
+        close(fd);
+        if (st != HS_OK) return st;
+    }
+    *out = ds;
+    return HS_OK;
+}
+
 void hs_dataset_close(hs_dataset_t *ds)
 {
     if (!ds) return;
@@ -885,6 +930,7 @@ void hs_dataset_close(hs_dataset_t *ds)
     if (ds->map) munmap(ds->map, ds->map_len);
     if (ds->fd >= 0) close(ds->fd);
     free(ds->path);
+    free(ds->own_image);
     free(ds->own_offsets);
     free(ds->own_ids);
     free(ds->own_mask);

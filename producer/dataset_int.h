@@ -30,6 +30,11 @@ typedef enum { HS_DATASET_JSONL = 1, HS_DATASET_HST = 2 } hs_dataset_format_t;
  * "file:line: what is wrong" (nothing is skipped silently). A dataset with
  * no sequences is rejected. *out is set only on success. */
 hs_status_t hs_dataset_open(const char *path, hs_dataset_t **out);
+/* Same as hs_dataset_open() for a file's bytes in memory, buf[len] (copied
+ * where the dataset needs them: buf may go once this returns); `name`
+ * stands for the file in messages. */
+hs_status_t hs_dataset_open_memory(const void *buf, size_t len, const char *name,
+                                   hs_dataset_t **out);
 void hs_dataset_close(hs_dataset_t *ds); /* NULL is fine */
 
 hs_dataset_format_t hs_dataset_format(const hs_dataset_t *ds);
