@@ -7,7 +7,14 @@ hs-producer) and PYTHONPATH (python/). Run by hand from the repository root:
         python3 -m pytest tests/python
 
 A session in which every test was skipped exits 77, which CTest reports as
-skipped (SKIP_RETURN_CODE)."""
+skipped (SKIP_RETURN_CODE).
+
+A library built with -DHS_SANITIZE=address needs the ASan runtime loaded
+before the (uninstrumented) interpreter starts; CTest does that. By hand:
+
+    LD_PRELOAD=$(cc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
+        HSFLOW_LIB=build-asan/libhsflow.so HSFLOW_BIN_DIR=build-asan/bin \
+        PYTHONPATH=python python3 -m pytest tests/python"""
 import json
 import os
 import random
@@ -20,6 +27,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if os.path.join(ROOT, "python") not in sys.path:
     sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("HS_LOG_LEVEL", "warn")
+
+
+def asan_runtime_loaded():
+    """True when an AddressSanitizer runtime is mapped into this process."""
+    with open("/proc/self/maps") as f:
+        return any("libasan" in line or "libclang_rt.asan" in line for line in f)
+
+
+def library_needs_asan(path):
+    """True when the shared library at `path` links the ASan runtime."""
+    import subprocess
+    try:
+        out = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "libasan" in out or "libclang_rt.asan" in out
+
+
+_lib = os.environ.get("HSFLOW_LIB")
+if _lib and os.path.exists(_lib) and library_needs_asan(_lib) and not asan_runtime_loaded():
+    # Loading it would abort the interpreter with a terse ASan message.
+    pytest.exit("%s is built with AddressSanitizer, but its runtime is not loaded: run these "
+                "tests through ctest, or set LD_PRELOAD=$(cc -print-file-name=libasan.so) "
+                "ASAN_OPTIONS=detect_leaks=0" % _lib, returncode=2)
 
 import hsflow  # noqa: E402
 

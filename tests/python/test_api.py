@@ -62,6 +62,27 @@ def test_missing_library_names_what_was_tried_and_how_to_build_it(tmp_path):
     assert "cmake" in r.stdout and "HSFLOW_LIB" in r.stdout
 
 
+def test_a_sanitized_library_runs_with_its_sanitizer_live(lib_path):
+    """A -DHS_SANITIZE=address build: CTest preloads the ASan runtime, so the
+    allocator these tests use is ASan's (a freed block is poisoned) and the
+    library's checks are live; leaks are left to the C tests."""
+    from conftest import asan_runtime_loaded, library_needs_asan
+    if not library_needs_asan(lib_path):
+        pytest.skip("the library is not built with AddressSanitizer")
+    assert asan_runtime_loaded()
+    assert "detect_leaks=0" in os.environ.get("ASAN_OPTIONS", "")
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    poisoned = libc.__asan_address_is_poisoned
+    poisoned.argtypes, poisoned.restype = [ctypes.c_void_p], ctypes.c_int
+    p = libc.malloc(64)
+    assert poisoned(p) == 0
+    libc.free(p)
+    assert poisoned(p) == 1
+
+
 def test_status_codes_have_the_library_text():
     assert hsflow.status_str(0) != hsflow.status_str(-9)
     e = hsflow.HsflowError("hs_consumer_next", -11)
