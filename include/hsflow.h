@@ -193,6 +193,7 @@ typedef struct {
     const char *transport;      /* NULL = "auto" */
     const char *name;           /* NULL = host:pid */
     uint32_t connect_timeout_s; /* 0 = 30 */
+    bool reconnect; /* lost consumer: connect again for up to connect_timeout_s and carry on */
 } hs_producer_client_config_t;
 
 typedef struct {
@@ -218,6 +219,21 @@ hs_status_code_t hs_producer_next(hs_producer_t *p, hs_work_t *out, int timeout_
 hs_status_code_t hs_producer_submit(hs_producer_t *p, const hs_work_t *work);
 /* Says BYE if the run is not over, stops, frees. NULL ok. */
 void hs_producer_close(hs_producer_t *p);
+
+/* What hs_producer_open() planned: the plan hash (the one every producer of
+ * the run must share), batches per epoch, and the two staging buffers every
+ * hs_work_t points into (each `staging_bytes` long, owned by the producer
+ * until hs_producer_close()), so a caller can page-lock them once for
+ * device-to-host copies straight into them. */
+typedef struct {
+    uint64_t plan_hash;
+    uint32_t n_batches;
+    uint32_t max_batch_tokens;
+    void *staging[2];
+    uint64_t staging_bytes;
+} hs_producer_info_t;
+
+hs_status_code_t hs_producer_info(const hs_producer_t *p, hs_producer_info_t *out);
 
 #ifdef __cplusplus
 }

@@ -1255,6 +1255,7 @@ hs_status_code_t hs_producer_open(const hs_producer_client_config_t *cc, hs_prod
     if (cc->transport) cfg.transport = cc->transport;
     if (cc->connect_timeout_s) cfg.connect_timeout_s = cc->connect_timeout_s;
     cfg.name = cc->name;
+    cfg.reconnect = cc->reconnect;
 
     producer_t *pr;
     hs_status_t st = producer_open(&cfg, &pr);
@@ -1377,6 +1378,24 @@ hs_status_code_t hs_producer_submit(hs_producer_t *pr, const hs_work_t *work)
     pr->outbox = o;
     pthread_mutex_unlock(&pr->lock);
     hs_tp_wakeup(pr->tp);
+    return HS_OK;
+}
+
+hs_status_code_t hs_producer_info(const hs_producer_t *pr, hs_producer_info_t *out)
+{
+    if (!pr || !out) return HS_ERR_INVALID;
+    hs_producer_info_t info = {0};
+    info.plan_hash = hs_plan_hash(pr->plan);
+    info.n_batches = hs_plan_n_batches(pr->plan);
+    for (uint32_t b = 0; b < info.n_batches; b++) {
+        hs_plan_batch_t pb;
+        hs_plan_batch(pr->plan, b, &pb);
+        if (pb.n_tokens > info.max_batch_tokens) info.max_batch_tokens = pb.n_tokens;
+    }
+    for (int i = 0; i < STAGING_PER_WORKER && i < 2; i++)
+        info.staging[i] = pr->workers[0].staging[i].buf;
+    info.staging_bytes = pr->max_batch_bytes;
+    *out = info;
     return HS_OK;
 }
 

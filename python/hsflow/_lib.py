@@ -105,6 +105,18 @@ class ProducerClientConfig(ctypes.Structure):
         ("transport", ctypes.c_char_p),
         ("name", ctypes.c_char_p),
         ("connect_timeout_s", _c_u32),
+        ("reconnect", ctypes.c_bool),
+    ]
+
+
+class ProducerInfo(ctypes.Structure):
+    """hs_producer_info_t."""
+    _fields_ = [
+        ("plan_hash", _c_u64),
+        ("n_batches", _c_u32),
+        ("max_batch_tokens", _c_u32),
+        ("staging", ctypes.c_void_p * 2),
+        ("staging_bytes", _c_u64),
     ]
 
 
@@ -211,6 +223,7 @@ def _declare(lib):
         "hs_producer_next": (i, [vp, P(CWork), i]),
         "hs_producer_submit": (i, [vp, P(CWork)]),
         "hs_producer_close": (v, [vp]),
+        "hs_producer_info": (i, [vp, P(ProducerInfo)]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _arrays
 from ._lib import (HS_ERR_CLOSED, HS_ERR_TIMEOUT, HS_OK, CWork, HsflowError,
-                   ProducerClientConfig, load)
+                   ProducerClientConfig, ProducerInfo, load)
 
 _POLL_MS = 100
 _MAX_OUT = 2  # staging buffers per producer (hsflow.h: at most two batches out)
@@ -155,11 +155,19 @@ class Producer:
     Every producer of a run needs the same data, token_budget, max_seq_len,
     overflow, seed, hidden_size and layers (the consumer checks the plan hash
     and the layout). The constructor loads the data, builds the plan and
-    connects (retrying for connect_timeout_s seconds)."""
+    connects (retrying for connect_timeout_s seconds). With reconnect=True a
+    lost consumer is reached again (for up to connect_timeout_s) and the run
+    carries on with the restarted one; tickets of the lost connection are
+    dropped, and sending one of them is a no-op.
+
+    After construction: plan_hash (the same as hs-producer's for the same
+    data and plan settings), n_batches (per epoch), max_batch_tokens, and
+    staging(): the (address, bytes) of the two staging buffers every
+    ticket's arrays live in, e.g. to page-lock them for device copies."""
 
     def __init__(self, to, data, token_budget, hidden_size, layers, seed=0, max_seq_len=0,
                  overflow="truncate", prefetch=2, secret_file=None, transport="auto", name=None,
-                 connect_timeout_s=0, arrays="auto"):
+                 connect_timeout_s=0, arrays="auto", reconnect=False):
         self._p = None
         lib = load()
         if not isinstance(to, str) or ":" not in to:
@@ -202,6 +210,7 @@ class Producer:
         cfg.n_layers = len(layers)
         cfg.prefetch = int(prefetch)
         cfg.connect_timeout_s = int(connect_timeout_s)
+        cfg.reconnect = bool(reconnect)
         h = ctypes.c_void_p()
         st = lib.hs_producer_open(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK:
@@ -209,11 +218,21 @@ class Producer:
                               % (to, data), st)
         self._lib = lib
         self._p = h
+        info = ProducerInfo()
+        lib.hs_producer_info(h, ctypes.byref(info))
+        self.plan_hash = int(info.plan_hash)
+        self.n_batches = int(info.n_batches)
+        self.max_batch_tokens = int(info.max_batch_tokens)
+        self._staging = [(int(a), int(info.staging_bytes)) for a in info.staging if a]
         self._out = []     # tickets taken and not yet sent
         self._done = False
         self._closing = False
         self.batches_sent = 0
         self.tokens_sent = 0
+
+    def staging(self):
+        """[(address, bytes)] of the staging buffers (valid until close())."""
+        return list(self._staging)
 
     def close(self):
         """Says BYE if the run is not over, stops and frees. Tickets not sent

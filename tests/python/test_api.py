@@ -19,7 +19,8 @@ from conftest import ROOT, have_torch
 
 STRUCTS = {"hs_consumer_config_t": _lib.ConsumerConfig, "hs_batch_t": _lib.CBatch,
            "hs_consumer_stats_t": _lib.ConsumerStats,
-           "hs_producer_client_config_t": _lib.ProducerClientConfig, "hs_work_t": _lib.CWork}
+           "hs_producer_client_config_t": _lib.ProducerClientConfig, "hs_work_t": _lib.CWork,
+           "hs_producer_info_t": _lib.ProducerInfo}
 
 
 def test_ctypes_structs_match_the_c_header_field_by_field(tmp_path):

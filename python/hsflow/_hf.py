@@ -1,0 +1,320 @@
+"""The transformers side of hsflow-produce: checking a model folder, loading
+only the decoder layers a run needs, and computing one ticket's hidden
+states into their column slices of the wire layout.
+
+Layer indices are Hugging Face output_hidden_states indices (docs/model.md):
+0 is the input of decoder layer 0 (the embeddings), i (1 <= i < N) the
+output of decoder layer i-1, N the last layer's output after the final norm.
+A forward pre-hook on layer 0 catches index 0, a forward hook on layer i-1
+catches index i, and a hook on the final norm catches index N. Each hook
+copies the real tokens of its layer into columns [j*H, (j+1)*H) of the
+batch's [T, k*H] output, so no full set of hidden states is ever kept.
+
+Batches run packed (one row of T tokens, position ids restarting at each
+sequence) with variable-length attention (flash_attention_*, kernels-hub,
+flex), otherwise padded: the sequences longest first, right-padded in
+[n, Lmax] calls of at most the token budget. Under the causal mask a real
+token never sees the padding after it, so no attention mask is passed and
+sdpa keeps its fastest (flash) kernel; the pads' states are dropped.
+"""
+import glob
+import json
+import os
+
+import numpy as np
+
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "half": "float16", "fp32": "float32", "float32": "float32", "float": "float32"}
+
+
+class ModelError(ValueError):
+    """A model folder that cannot serve the run; the text says what to do."""
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as e:
+        raise ModelError("hsflow-produce needs transformers and torch (%s): pip install -r "
+                         "python/requirements-dev.txt, or pip install 'hsflow[produce]'" % e)
+    return transformers
+
+
+def inspect_model(model_dir):
+    """Reads a model folder's config.json without transformers or weights (a
+    quick check before any process starts). Returns a dict: n_layers,
+    hidden_size, model_type, architecture, vlm (bool). Raises ModelError
+    naming what is wrong. Whether transformers can build the model is found
+    by the workers, before any of them connects."""
+    if not os.path.isdir(model_dir):
+        raise ModelError("--model %s: not a directory; give a local Hugging Face model folder "
+                         "(config.json and the weights)" % model_dir)
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise ModelError("--model %s: no config.json there; give the folder that holds the "
+                         "checkpoint's config.json and weights" % model_dir)
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ModelError("--model %s: config.json cannot be read as JSON (%s)" % (model_dir, e))
+    if not isinstance(raw, dict):
+        raise ModelError("--model %s: config.json is not a JSON object" % model_dir)
+    weights = (glob.glob(os.path.join(model_dir, "*.safetensors")) +
+               glob.glob(os.path.join(model_dir, "*.bin")) +
+               glob.glob(os.path.join(model_dir, "*.pt")))
+    if not weights:
+        raise ModelError("--model %s: no weights (*.safetensors or pytorch_model*.bin) next to "
+                         "config.json" % model_dir)
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    n, h = text.get("num_hidden_layers"), text.get("hidden_size")
+    if not isinstance(n, int) or not isinstance(h, int):  # other field names: ask transformers
+        cfg = load_config(model_dir, raw)
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        n = getattr(text_cfg, "num_hidden_layers", None)
+        h = getattr(text_cfg, "hidden_size", None)
+    if not isinstance(n, int) or n <= 0 or not isinstance(h, int) or h <= 0:
+        raise ModelError("--model %s: the config gives no decoder layer count and hidden size "
+                         "(num_hidden_layers=%r, hidden_size=%r)" % (model_dir, n, h))
+    archs = raw.get("architectures") or ["?"]
+    return {"n_layers": n, "hidden_size": h, "model_type": raw.get("model_type", "?"),
+            "architecture": archs[0], "vlm": text is not raw}
+
+
+def load_config(model_dir, raw=None):
+    """transformers' config of the folder; ModelError when it cannot load it."""
+    transformers = _transformers()
+    try:
+        return transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    except Exception as e:  # transformers raises ValueError, KeyError, OSError...
+        if raw is None:
+            try:
+                with open(os.path.join(model_dir, "config.json")) as f:
+                    raw = json.load(f)
+            except (OSError, ValueError):
+                raw = {}
+        raise ModelError("--model %s: transformers %s cannot load this config (model_type %r): "
+                         "%s. A newer transformers may know it (pip install -U transformers)"
+                         % (model_dir, transformers.__version__, raw.get("model_type"),
+                            str(e).splitlines()[0] if str(e) else type(e).__name__))
+
+
+def dflash_layers(n_target, n_draft):
+    """DFlash's default target layers for an n_draft-layer drafter on an
+    n_target-layer target, as hsflow indices (DFlash's id + 1)."""
+    if n_draft == 1:
+        ids = [n_target // 2]
+    else:
+        ids = [round(1 + i * (n_target - 4) / (n_draft - 1)) for i in range(n_draft)]
+    return [i + 1 for i in ids]
+
+
+def check_layers(layers, n_layers, model_dir):
+    """Raises ModelError when an index is outside 0..n_layers."""
+    bad = [i for i in layers if i < 0 or i > n_layers]
+    if bad:
+        raise ModelError("--layers asks for hidden state %d but the model at %s has %d layers "
+                         "(valid: 0..%d; 0 = embeddings, i = output of decoder layer i-1, %d = "
+                         "final normed output)" % (bad[0], model_dir, n_layers, n_layers,
+                                                   n_layers))
+
+
+def layers_to_run(layers, n_layers):
+    """Decoder layers the forward needs: up to the highest captured index
+    (index N needs all N and the final norm; index 0 needs layer 0's input)."""
+    return max(1, min(max(layers), n_layers))
+
+
+def packing_is_varlen(attn_implementation):
+    """True when the attention implementation runs packed sequences as
+    variable-length attention (flash_attention_2/3, kernels-hub kernels,
+    flex's block masks): padding-free costs nothing extra there."""
+    impl = attn_implementation or "sdpa"
+    return "flash" in impl or "/" in impl or impl == "flex_attention"
+
+
+def packing_masks_supported():
+    """True when this transformers keeps packed sequences apart by their
+    position ids for sdpa and eager attention (a [T, T] block mask)."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return False
+    return hasattr(masking_utils, "find_packed_sequence_indices")
+
+
+def _find_decoder(model):
+    """The module holding the decoder layers (.layers, .embed_tokens, .norm):
+    model.model for causal LMs, the language model of a vision-language one."""
+    import torch
+    best = None
+    for name, m in model.named_modules():
+        layers = getattr(m, "layers", None)
+        if isinstance(layers, torch.nn.ModuleList) and hasattr(m, "embed_tokens"):
+            if best is None or len(layers) > len(best[1].layers):
+                best = (name, m)
+    if best is None:
+        raise ModelError("the loaded %s has no decoder module with .layers and .embed_tokens; "
+                         "hsflow-produce runs decoder-only transformers models"
+                         % type(model).__name__)
+    return best[1]
+
+
+def load_decoder(model_dir, n_run, dtype, attn_implementation, device):
+    """Loads the checkpoint with only its first n_run decoder layers (the
+    others' weights are skipped) on `device` and returns the decoder module
+    (no LM head, no vision tower), in eval mode without gradients."""
+    import torch
+    transformers = _transformers()
+    transformers.logging.set_verbosity_error()  # skipped layers' weights are expected
+    transformers.logging.disable_progress_bar()
+    cfg = load_config(model_dir)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    n_all = text.num_hidden_layers
+    if n_run < n_all:
+        text.num_hidden_layers = n_run
+        if isinstance(getattr(text, "layer_types", None), list):
+            text.layer_types = text.layer_types[:n_run]
+    kw = {"config": cfg, "local_files_only": True, "attn_implementation": attn_implementation}
+    major = int(transformers.__version__.split(".")[0])
+    kw["dtype" if major >= 5 else "torch_dtype"] = getattr(torch, DTYPES[dtype])
+    if device != "cpu":
+        kw["device_map"] = {"": device}
+    errors = []
+    model = None
+    for cls_name in ("AutoModelForCausalLM", "AutoModelForImageTextToText", "AutoModel"):
+        cls = getattr(transformers, cls_name, None)
+        if cls is None:
+            continue
+        try:
+            model = cls.from_pretrained(model_dir, **kw)
+            break
+        except ValueError as e:  # "Unrecognized configuration class ..." for this auto class
+            errors.append("%s: %s" % (cls_name, str(e).splitlines()[0]))
+            if "attn_implementation" in str(e) or "attention" in str(e).lower():
+                raise ModelError("--attn-implementation %s: %s" % (attn_implementation,
+                                                                   str(e).splitlines()[0]))
+    if model is None:
+        raise ModelError("--model %s: transformers cannot build a decoder from it (%s)"
+                         % (model_dir, "; ".join(errors)))
+    decoder = _find_decoder(model)
+    if len(decoder.layers) > n_run:  # a model that builds layers from another field
+        decoder.layers = decoder.layers[:n_run]
+    if len(decoder.layers) != n_run:
+        raise ModelError("--model %s: expected %d decoder layers after loading, found %d"
+                         % (model_dir, n_run, len(decoder.layers)))
+    del model
+    decoder.eval().requires_grad_(False)
+    if device == "cpu":
+        decoder.to("cpu")
+    return decoder, n_all
+
+
+class Capture:
+    """Forward hooks writing captured layers into `out` [T, k*H] (set per
+    forward call with begin()): column slice j gets layers[j]'s real tokens,
+    at the chunk's dest rows."""
+
+    def __init__(self, decoder, layers, n_layers, hidden_size):
+        self.hidden_size = hidden_size
+        self.out = None
+        self.chunk = None
+        self.seen = 0
+        self._handles = []
+        for j, layer in enumerate(layers):
+            if layer == 0:
+                h = decoder.layers[0].register_forward_pre_hook(self._pre_hook(j), with_kwargs=True)
+            elif layer < n_layers:
+                h = decoder.layers[layer - 1].register_forward_hook(self._hook(j))
+            else:
+                h = decoder.norm.register_forward_hook(self._hook(j))
+            self._handles.append(h)
+
+    def begin(self, out, chunk):
+        self.out, self.chunk, self.seen = out, chunk, 0
+
+    def _write(self, j, x):
+        H = self.hidden_size
+        flat = x.reshape(-1, H)
+        dst = self.out[:, j * H:(j + 1) * H]
+        if self.chunk.index is None:
+            dst.copy_(flat)
+        else:
+            dst.index_copy_(0, self.chunk.dest, flat.index_select(0, self.chunk.index).to(dst.dtype))
+        self.seen += 1
+
+    def _pre_hook(self, j):
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            self._write(j, x)
+        return hook
+
+    def _hook(self, j):
+        def hook(module, args, output):
+            x = output[0] if isinstance(output, (tuple, list)) else output
+            self._write(j, x)
+        return hook
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class Chunk:
+    """One forward call of a batch: model inputs, and where its real tokens
+    go in the batch's [T, k*H] output (dest rows; None = all, in order)."""
+
+    def __init__(self, input_ids, attention_mask, position_ids, index, dest, padded_tokens):
+        self.input_ids, self.attention_mask, self.position_ids = input_ids, attention_mask, position_ids
+        self.index, self.dest, self.padded_tokens = index, dest, padded_tokens
+
+    def run(self, decoder):
+        decoder(input_ids=self.input_ids, attention_mask=self.attention_mask,
+                position_ids=self.position_ids, use_cache=False)
+
+
+def _to(a, device):
+    """A numpy array on `device`; to a GPU through page-locked memory without
+    blocking, so the next batch's inputs never wait for the running forward."""
+    import torch
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if getattr(device, "type", device) == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def batch_chunks(input_ids, cu_seqlens, packed, token_budget, device):
+    """The forward calls for one batch of the plan. Packed: one call over
+    all T tokens with position ids restarting per sequence. Padded: the
+    sequences longest first, right-padded and grouped so that each call's
+    [n, Lmax] holds at most max(token_budget, Lmax) tokens."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    lens = np.diff(cu)
+    T = int(cu[-1])
+    ids = np.asarray(input_ids, dtype=np.int64)
+    if packed:
+        pos = np.arange(T, dtype=np.int64) - np.repeat(cu[:-1], lens)
+        return [Chunk(_to(ids, device).view(1, T), None, _to(pos, device).view(1, T), None, None,
+                      T)]
+    order = np.argsort(-lens, kind="stable")
+    chunks, i = [], 0
+    while i < len(order):
+        L = int(lens[order[i]])
+        n = max(1, min(len(order) - i, max(token_budget, L) // max(L, 1)))
+        seqs = order[i:i + n]
+        i += n
+        sl = lens[seqs]
+        rows = np.repeat(np.arange(n, dtype=np.int64), sl)
+        starts = cu[seqs]
+        cols = np.arange(int(sl.sum()), dtype=np.int64) - np.repeat(np.cumsum(sl) - sl, sl)
+        src = np.repeat(starts, sl) + cols
+        grid = np.zeros((n, L), np.int64)
+        grid[rows, cols] = ids[src]
+        # Right padding under a causal mask: a real token never attends to a
+        # pad, so no attention mask is passed (sdpa keeps its flash kernel);
+        # the pads' own states are computed and dropped.
+        # Position ids are each row's 0..L-1, transformers' default: passing
+        # none also spares its packed-sequence check, a host sync per call.
+        chunks.append(Chunk(_to(grid, device), None, None, _to(rows * L + cols, device),
+                            _to(src, device), n * L))
+    return chunks

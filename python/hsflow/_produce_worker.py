@@ -1,0 +1,328 @@
+"""One hsflow-produce worker process: a model replica on one device (a GPU,
+or the CPU), its own connection to the consumer (an hsflow.Producer), and
+the loop that turns tickets into hidden states.
+
+On a GPU, batch k's forward runs on the compute stream into one of two
+device output buffers; a side stream then copies the [T, k*H] bf16 result
+straight into the ticket's staging buffer (page-locked once with
+cudaHostRegister) while batch k+1's forward is queued. Batch k is sealed
+and sent once its copy is done. On the CPU the hooks write into the staging
+buffer directly and the same loop runs with the copies done in place.
+
+Messages to the parent (a multiprocessing queue): ("ready", i, info),
+("error", i, code, text), ("stats", i, figures), ("exit", i, code, figures).
+Exit codes: 0 run over, 1 failure, 2 bad model/flags or refused by the
+consumer, 3 out of memory (the ticket went back; lower the token budget).
+"""
+import os
+import signal
+import time
+
+EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_OOM = 0, 1, 2, 3
+
+
+class _Stop(Exception):
+    pass
+
+
+def _fault(spec_text, worker):
+    """HS_PRODUCE_FAULT for tests: 'oom:W:N' raises an out-of-memory error at
+    worker W's N-th batch; 'hang:W:N' makes worker W stop there (holding the
+    ticket) until it is killed. Several separated by commas."""
+    out = {}
+    for part in filter(None, (spec_text or "").split(",")):
+        kind, w, n = part.split(":")
+        if int(w) == worker:
+            out[int(n)] = kind
+    return out
+
+
+def _is_oom(e):
+    import torch
+    if isinstance(e, torch.OutOfMemoryError):
+        return True
+    return isinstance(e, RuntimeError) and ("out of memory" in str(e).lower() or
+                                            "can't allocate memory" in str(e).lower())
+
+
+class Worker:
+    def __init__(self, index, spec, queue):
+        self.index, self.spec, self.q = index, spec, queue
+        self.gpu = spec["gpus"][index]  # -1 = CPU
+        self.label = "cpu %d" % index if self.gpu < 0 else "gpu %d" % self.gpu
+        self.fig = {"worker": index, "gpu": self.gpu, "batches": 0, "tokens": 0, "bytes": 0,
+                    "busy_s": 0.0, "stall_s": 0.0, "padded_tokens": 0, "seconds": 0.0,
+                    "plan_hash": None, "pid": os.getpid()}
+        self.faults = _fault(os.environ.get("HS_PRODUCE_FAULT"), index)
+        self.producer = None
+        self.pinned = []
+
+    # ---- setup ---------------------------------------------------------------
+
+    def load(self):
+        import torch
+        from . import _hf
+        s = self.spec
+        if self.gpu >= 0:
+            if not torch.cuda.is_available():
+                raise _hf.ModelError("--gpus %d: torch sees no CUDA device here (torch %s); use "
+                                     "--gpus cpu:N or install a CUDA build of torch"
+                                     % (self.gpu, torch.__version__))
+            if self.gpu >= torch.cuda.device_count():
+                raise _hf.ModelError("--gpus %d: this machine has %d CUDA device(s)"
+                                     % (self.gpu, torch.cuda.device_count()))
+            torch.cuda.set_device(self.gpu)
+            self.device = torch.device("cuda", self.gpu)
+        else:
+            self.device = torch.device("cpu")
+            n_cpu = sum(1 for g in s["gpus"] if g < 0)
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // n_cpu))
+        t0 = time.monotonic()
+        self.decoder, _ = _hf.load_decoder(s["model"], s["n_run"], s["dtype"],
+                                           s["attn_implementation"],
+                                           "cpu" if self.gpu < 0 else "cuda:%d" % self.gpu)
+        self.capture = _hf.Capture(self.decoder, s["layers"], s["n_layers"], s["hidden_size"])
+        kH = len(s["layers"]) * s["hidden_size"]
+        self.out = None
+        if self.gpu >= 0:
+            self.compute = torch.cuda.Stream(self.device)
+            self.copy = torch.cuda.Stream(self.device)
+            self.out = [torch.empty((s["token_budget"], kH), dtype=torch.bfloat16,
+                                    device=self.device) for _ in range(2)]
+        return {"pid": os.getpid(), "load_s": time.monotonic() - t0,
+                "params": sum(p.numel() for p in self.decoder.parameters())}
+
+    def _pin_staging(self):
+        """Page-locks the producer's two staging buffers once, so the
+        device-to-host copies are asynchronous and straight into them."""
+        import torch
+        cudart = torch.cuda.cudart()
+        for addr, size in self.producer.staging():
+            rc = cudart.cudaHostRegister(addr, size, 0)
+            if int(rc) != 0:
+                self.log.warning("worker %d (%s): cannot page-lock %.1f MiB of staging "
+                                 "(cudaHostRegister error %s); copies to it are synchronous",
+                                 self.index, self.label, size / 2**20, int(rc))
+            else:
+                self.pinned.append(addr)
+
+    def _unpin_staging(self):
+        import torch
+        if self.pinned:
+            torch.cuda.synchronize(self.device)
+            cudart = torch.cuda.cudart()
+            for addr in self.pinned:
+                cudart.cudaHostUnregister(addr)
+            self.pinned = []
+
+    # ---- one batch -------------------------------------------------------------
+
+    def launch(self, t, slot):
+        """Queues (GPU) or runs (CPU) the forward of ticket t and the copy of
+        its hidden states into t.hidden. Returns the in-flight record."""
+        import torch
+        rec = {"t": t, "slot": slot}
+        t0 = time.monotonic()
+        if self.gpu < 0:
+            self._forward(t, t.hidden, rec)
+            rec["busy"] = time.monotonic() - t0
+            return rec
+        with torch.cuda.stream(self.compute):
+            out = self.out[slot][:t.n_tokens]
+            rec["ev0"] = torch.cuda.Event(enable_timing=True)
+            rec["ev1"] = torch.cuda.Event(enable_timing=True)
+            rec["ev0"].record(self.compute)
+            self._forward(t, out, rec)
+            rec["ev1"].record(self.compute)
+        self.copy.wait_event(rec["ev1"])
+        with torch.cuda.stream(self.copy):
+            t.hidden.copy_(out, non_blocking=bool(self.pinned))
+        rec["copied"] = torch.cuda.Event()
+        rec["copied"].record(self.copy)
+        return rec
+
+    def _forward(self, t, out, rec):
+        """The forward calls of ticket t, the hooks writing into out."""
+        import torch
+        from . import _hf
+        s = self.spec
+        chunks = _hf.batch_chunks(t.input_ids, t.cu_seqlens, s["packed"], s["token_budget"],
+                                  self.device)
+        rec["padded"] = sum(c.padded_tokens for c in chunks)
+        with torch.inference_mode():
+            for c in chunks:
+                self.capture.begin(out, c)
+                c.run(self.decoder)
+                if self.capture.seen != len(s["layers"]):
+                    raise RuntimeError("%d of %d capture hooks ran; the model's forward does not "
+                                       "call its decoder layers as modules"
+                                       % (self.capture.seen, len(s["layers"])))
+
+    def finish(self, rec):
+        """Waits for rec's copy, then seals and sends its batch."""
+        t = rec["t"]
+        if self.gpu >= 0:
+            rec["copied"].synchronize()
+            busy = rec["ev0"].elapsed_time(rec["ev1"]) / 1e3
+        else:
+            busy = rec["busy"]
+        t.send()
+        f = self.fig
+        f["busy_s"] += busy
+        f["batches"] += 1
+        f["tokens"] += t.n_tokens
+        f["bytes"] += t.nbytes
+        f["padded_tokens"] += rec["padded"]
+
+    # ---- the loop --------------------------------------------------------------
+
+    def run(self):
+        import hsflow
+        s = self.spec
+        name = s["name"]
+        if name and len(s["gpus"]) > 1:
+            name = "%s/%d" % (name, self.index)
+        self.producer = hsflow.Producer(
+            to=s["to"], data=s["data"], token_budget=s["token_budget"],
+            hidden_size=s["hidden_size"], layers=s["layers"], seed=s["seed"],
+            max_seq_len=s["max_seq_len"], overflow=s["overflow"], prefetch=s["prefetch"],
+            secret_file=s["secret_file"], transport=s["transport"], name=name,
+            connect_timeout_s=s["connect_timeout"], arrays="torch", reconnect=s["reconnect"])
+        p = self.producer
+        self.fig["plan_hash"] = "%016x" % p.plan_hash
+        if p.max_batch_tokens > s["token_budget"]:
+            raise RuntimeError("the plan has a batch of %d tokens, over the budget %d"
+                               % (p.max_batch_tokens, s["token_budget"]))
+        if self.gpu >= 0:
+            self._pin_staging()
+        t_start = time.monotonic()
+        t_report = t_start
+        pending, slot, n = None, 0, 0
+        try:
+            while True:
+                t_wait = time.monotonic()
+                try:
+                    t = p.next_ticket(timeout=0.002 if pending else None)
+                except StopIteration:
+                    break
+                if t is None:  # nothing queued: get the batch on the GPU out first
+                    self.finish(pending)
+                    pending = None
+                    continue
+                if pending is None:
+                    self.fig["stall_s"] += time.monotonic() - t_wait
+                n += 1
+                kind = self.faults.get(n)
+                try:
+                    if kind == "hang":
+                        self.log.warning("worker %d (%s): HS_PRODUCE_FAULT hangs on batch %d/%d "
+                                         "(pid %d)", self.index, self.label, t.epoch, t.batch,
+                                         os.getpid())
+                        while True:
+                            time.sleep(1)
+                    if kind == "oom":
+                        import torch
+                        raise torch.OutOfMemoryError("CUDA out of memory (HS_PRODUCE_FAULT)")
+                    rec = self.launch(t, slot)
+                except Exception as e:
+                    if not _is_oom(e):
+                        raise
+                    self._on_oom(e, t, pending)
+                    return EXIT_OOM
+                if pending is not None:
+                    self.finish(pending)
+                pending, slot = rec, slot ^ 1
+                now = time.monotonic()
+                if now - t_report >= 1.0:
+                    t_report = now
+                    self.fig["seconds"] = now - t_start
+                    self.q.put(("stats", self.index, dict(self.fig)))
+            if pending is not None:
+                self.finish(pending)
+        finally:
+            self.fig["seconds"] = time.monotonic() - t_start
+        return EXIT_OK
+
+    def _on_oom(self, e, t, pending):
+        import torch
+        s = self.spec
+        peak = ""
+        if self.gpu >= 0:
+            peak = "; peak %.1f GiB of %.1f GiB" % (
+                torch.cuda.max_memory_allocated(self.device) / 2**30,
+                torch.cuda.get_device_properties(self.device).total_memory / 2**30)
+            torch.cuda.empty_cache()
+        if pending is not None:
+            self.finish(pending)  # computed before the failure: it still goes out
+        self.log.error("worker %d (%s): out of memory on batch %d/%d (%d sequences, %d tokens%s): "
+                       "%s. Its ticket goes back to the consumer and this worker stops. Lower "
+                       "--token-budget (now %d; e.g. %d) for every producer of the run, or give "
+                       "this target more memory (fewer captured layers, --dtype bf16)",
+                       self.index, self.label, t.epoch, t.batch, t.n_seqs, t.n_tokens, peak,
+                       str(e).splitlines()[0], s["token_budget"], max(1, s["token_budget"] // 2))
+
+    def close(self):
+        if self.producer is not None:
+            try:
+                if self.gpu >= 0:
+                    self._unpin_staging()
+            finally:
+                self.producer.close()
+                self.producer = None
+
+
+def worker_main(index, spec, queue, go, abort):
+    """Entry point of a spawned worker process."""
+    from . import _log
+    log = _log.setup("producer w%d" % index)
+
+    def on_term(signum, frame):
+        raise _Stop()
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us with SIGTERM
+    w = Worker(index, spec, queue)
+    w.log = log
+    code = EXIT_FAIL
+    try:
+        try:
+            info = w.load()
+        except Exception as e:
+            code = EXIT_INPUT  # a folder transformers cannot load, or too big for the device
+            queue.put(("error", index, code,
+                       "worker %d (%s): cannot load %s: %s" % (
+                           index, w.label, spec["model"],
+                           str(e).splitlines()[0] if str(e) else type(e).__name__)))
+            return
+        queue.put(("ready", index, info))
+        ppid = os.getppid()
+        code = EXIT_OK
+        while not go.wait(0.5):
+            if abort.is_set() or os.getppid() != ppid:
+                return
+        if abort.is_set():
+            return
+        code = w.run()
+    except _Stop:
+        code = EXIT_OK
+    except Exception as e:
+        import hsflow
+        if isinstance(e, hsflow.HsflowError) and w.fig["batches"] == 0:
+            code = EXIT_INPUT
+            queue.put(("error", index, code,
+                       "worker %d (%s): %s. The consumer refused this producer or is not there: "
+                       "every producer of a run needs the same --data, --token-budget, "
+                       "--max-seq-len, --overflow, --seed and --layers, and the model's hidden "
+                       "size (%d) must be the run's" % (index, w.label, e, spec["hidden_size"])))
+        else:
+            code = EXIT_FAIL
+            log.exception("worker %d (%s) failed", index, w.label)
+            queue.put(("error", index, code, "worker %d (%s) failed: %s" % (index, w.label, e)))
+    finally:
+        try:
+            w.close()
+        except _Stop:
+            pass
+        queue.put(("exit", index, code, dict(w.fig)))
+        queue.close()
+        queue.join_thread()
+        os._exit(code)  # skips torch's and CUDA's slow teardown; everything is closed

@@ -1,0 +1,445 @@
+"""hsflow-produce (python -m hsflow.produce): a producer for any causal LM
+that transformers can load. It takes hs-producer's flags, computes the same
+plan (the same plan hash, so it can serve a run beside hs-producer
+processes) and runs one worker process per GPU, each with its own model
+replica and connection; see _produce_worker.py for the loop and _hf.py for
+the model side."""
+import argparse
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+
+from . import _hf, _log
+from ._produce_worker import EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, worker_main
+
+PROG = "hsflow-produce"
+
+DESCRIPTION = """\
+Computes the hidden states a consumer tickets with a transformers model (any
+causal LM, mixture-of-experts models, the decoder of a vision-language
+checkpoint) and streams them to it. Flags have hs-producer's spellings and
+meanings; every producer of a run (this one and hs-producer alike) must use
+the same --data, --token-budget, --max-seq-len, --overflow, --seed and --layers:
+the consumer checks the plan hash and layout. Each flag is also settable as
+HS_<NAME>, e.g. HS_TOKEN_BUDGET=65536.
+
+One worker process per GPU (--gpus 0,1,2) or N CPU workers (--gpus cpu:N),
+each with its own model replica holding only the decoder layers up to the
+highest captured one (no LM head). Exit status: 0 the run is over, 1 a
+worker failed or died, 2 bad flags, model or data, or refused by the
+consumer, 3 out of memory (lower --token-budget)."""
+
+EPILOG = """\
+examples:
+  hsflow-produce --to drafter:7000 --data train.hst --token-budget 32768 \\
+      --model /models/Qwen3-30B-A3B --layers 2,24,45 --gpus 0,1,2,3
+  hsflow-produce --to 127.0.0.1:7000 --data data.jsonl --token-budget 4096 \\
+      --model ./tiny-llama --dflash-layers 3 --gpus cpu:2 --dtype float32
+"""
+
+
+def _env(name, default=None):
+    return os.environ.get("HS_" + name.upper().replace("-", "_"), default)
+
+
+def _env_flag(name):
+    v = _env(name)
+    return v is not None and v.lower() in ("1", "true", "yes")
+
+
+def _hostport(s):
+    host, sep, port = s.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError("'%s': expected HOST:PORT, e.g. drafter:7000" % s)
+    return s
+
+
+def _size(s):
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = s.strip().lower()
+    try:
+        v = int(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else int(t)
+    except ValueError:
+        v = -1
+    return v
+
+
+def _budget(s):
+    if s == "auto":
+        raise argparse.ArgumentTypeError("'auto' measures hs-producer's built-in forward; "
+                                         "give tokens per batch, e.g. 32768 or 32K")
+    v = _size(s)
+    if not 0 < v <= 1 << 30:
+        raise argparse.ArgumentTypeError("'%s': expected tokens per batch, e.g. 65536 or 64K" % s)
+    return v
+
+
+def _maxlen(s):
+    v = _size(s)
+    if not 0 < v <= 1 << 30:
+        raise argparse.ArgumentTypeError("'%s': expected a length in tokens" % s)
+    return v
+
+
+def _uint(lo, hi, what):
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            v = lo - 1
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError("'%s': expected %s" % (s, what))
+        return v
+    return parse
+
+
+def _layers(s):
+    try:
+        v = [int(x) for x in s.split(",")]
+    except ValueError:
+        v = None
+    if not v or len(v) > 32:
+        raise argparse.ArgumentTypeError("'%s': expected up to 32 comma-separated indices such "
+                                         "as 2,16,29" % s)
+    if v[0] < 0 or any(b <= a for a, b in zip(v, v[1:])):
+        raise argparse.ArgumentTypeError("'%s': indices must be >= 0 and strictly increasing" % s)
+    return v
+
+
+def _gpus(s):
+    bad = argparse.ArgumentTypeError("'%s': expected cpu:N (N CPU workers) or distinct GPU ids "
+                                     "such as 0,1,2" % s)
+    if s.startswith("cpu:"):
+        n = s[4:]
+        if not n.isdigit() or not 0 < int(n) <= 64:
+            raise bad
+        return [-1] * int(n)
+    try:
+        ids = [int(x) for x in s.split(",")]
+    except ValueError:
+        raise bad
+    if not ids or len(ids) > 64 or min(ids) < 0 or len(set(ids)) != len(ids):
+        raise bad
+    return ids
+
+
+def _dtype(s):
+    if s.lower() not in _hf.DTYPES:
+        raise argparse.ArgumentTypeError("'%s': expected bf16, fp16 or fp32" % s)
+    return _hf.DTYPES[s.lower()]
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--to", type=_hostport, default=_env("to"),
+      help="the consumer (hs-consumer --listen), HOST:PORT")
+    a("--data", default=_env("data"),
+      help="dataset: JSONL lines {\"input_ids\": [...], \"loss_mask\": [...]} or a .hst file")
+    a("--token-budget", type=_budget, default=_env("token-budget", "65536"),
+      help="tokens per batch (default 65536); also the most tokens one forward call holds")
+    a("--max-seq-len", type=_maxlen, default=_env("max-seq-len"),
+      help="longer sequences are truncated or dropped (default: the budget)")
+    a("--overflow", choices=("truncate", "drop"), default=_env("overflow", "truncate"),
+      help="what to do with sequences longer than --max-seq-len")
+    a("--seed", type=_uint(0, 2**64 - 1, "an integer"), default=_env("seed", "0"),
+      help="epoch shuffle seed (default 0)")
+    a("--layers", type=_layers, default=_env("layers"),
+      help="captured layers as Hugging Face output_hidden_states indices (0 = embeddings, "
+           "i = output of decoder layer i-1, N = final normed output)")
+    a("--dflash-layers", type=_uint(1, 32, "1..32 draft layers"), default=_env("dflash-layers"),
+      help="DFlash's default layer set for an N-layer drafter")
+    a("--hidden-size", type=_uint(1, 65536, "1..65536"), default=_env("hidden-size"),
+      help="hidden size; must be the model's (default: taken from the model)")
+    a("--model", default=_env("model"),
+      help="local Hugging Face model folder (config.json + weights)")
+    a("--dtype", type=_dtype, default=_env("dtype", "bf16"),
+      help="weights and activations: bf16 (default), fp16 or fp32; states travel as bf16")
+    a("--attn-implementation", default=_env("attn-implementation", "sdpa"),
+      help="transformers attention: sdpa (default), eager, flash_attention_2, "
+           "flash_attention_3, flex_attention or a kernels-hub name")
+    a("--batching", choices=("auto", "packed", "padded"), default=_env("batching", "auto"),
+      help="packed: one padding-free row per batch (position ids restart per sequence); "
+           "padded: right-padded [n, Lmax] calls, longest first; auto (default): packed with "
+           "flash/flex/kernels attention, padded otherwise")
+    a("--gpus", type=_gpus, default=_env("gpus", "cpu:1"),
+      help="one worker process per GPU id (0,1,2) or N CPU workers (cpu:N; default cpu:1)")
+    a("--prefetch", type=_uint(1, 64, "1..64"), default=_env("prefetch", "2"),
+      help="tickets each worker keeps queued (default 2)")
+    a("--secret-file", default=_env("secret-file"),
+      help="shared secret for the HMAC handshake")
+    a("--transport", choices=("auto", "tcp", "ucx"), default=_env("transport", "auto"),
+      help="auto, tcp or ucx (default auto: ucx when built with UCX)")
+    a("--connect-timeout", type=_uint(0, 86400, "seconds"), default=_env("connect-timeout", "30"),
+      help="seconds to keep trying to reach the consumer (default 30)")
+    a("--reconnect", action="store_true", default=_env_flag("reconnect"),
+      help="when the consumer goes away mid-run, connect again (for up to --connect-timeout) "
+           "and carry on with a restarted consumer")
+    a("--summary-json", default=_env("summary-json"),
+      help="write this producer's summary as JSON")
+    a("--name", default=_env("name"),
+      help="identity in the consumer's logs (default host:pid; NAME/i per worker)")
+    a("--status-interval", type=float, default=_env("status-interval", "5"),
+      help="seconds between status lines (default 5; 0 = off)")
+    return p
+
+
+def _fail(msg):
+    print("%s: %s" % (PROG, msg), file=sys.stderr)
+    return EXIT_INPUT
+
+
+def parse(argv):
+    """Parses and checks the flags and the model folder; returns (args,
+    spec) or an exit code. Nothing connects before this passes."""
+    parser = build_parser()
+    try:
+        # argparse applies `type` to string defaults taken from HS_* variables too.
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if not args.to:
+        return _fail("--to HOST:PORT is required")
+    if not args.data:
+        return _fail("--data FILE is required")
+    if not os.path.isfile(args.data):
+        return _fail("--data %s: no such file" % args.data)
+    if not args.model:
+        return _fail("--model DIR is required (a local Hugging Face model folder)")
+    if args.layers and args.dflash_layers:
+        return _fail("give --layers or --dflash-layers, not both")
+    if not args.layers and not args.dflash_layers:
+        return _fail("--layers L1,L2,... is required (e.g. 2,16,29)")
+    if args.max_seq_len and args.max_seq_len > args.token_budget:
+        return _fail("--max-seq-len %d is larger than --token-budget %d: a sequence must fit in "
+                     "one batch" % (args.max_seq_len, args.token_budget))
+    if args.secret_file and not os.path.isfile(args.secret_file):
+        return _fail("--secret-file %s: no such file" % args.secret_file)
+    try:
+        info = _hf.inspect_model(args.model)
+        n = info["n_layers"]
+        layers = args.layers or _hf.dflash_layers(n, args.dflash_layers)
+        _hf.check_layers(layers, n, args.model)
+    except _hf.ModelError as e:
+        return _fail(str(e))
+    if args.hidden_size and args.hidden_size != info["hidden_size"]:
+        return _fail("--hidden-size %d but the model at %s has hidden size %d: drop --hidden-size "
+                     "or give %d" % (args.hidden_size, args.model, info["hidden_size"],
+                                     info["hidden_size"]))
+    packed = {"packed": True, "padded": False}.get(args.batching)
+    if packed is None:
+        packed = _hf.packing_is_varlen(args.attn_implementation)
+    if packed and not _hf.packing_is_varlen(args.attn_implementation) \
+            and not _hf.packing_masks_supported():
+        return _fail("--batching packed with --attn-implementation %s needs a transformers that "
+                     "masks packed sequences apart (4.56 or later); use --batching padded"
+                     % args.attn_implementation)
+    spec = {"to": args.to, "data": args.data, "token_budget": args.token_budget,
+            "max_seq_len": args.max_seq_len or 0, "overflow": args.overflow, "seed": args.seed,
+            "layers": layers, "hidden_size": info["hidden_size"], "n_layers": n,
+            "n_run": _hf.layers_to_run(layers, n), "model": args.model, "dtype": args.dtype,
+            "attn_implementation": args.attn_implementation, "packed": packed,
+            "gpus": args.gpus, "prefetch": args.prefetch, "secret_file": args.secret_file,
+            "transport": args.transport, "connect_timeout": args.connect_timeout,
+            "reconnect": args.reconnect, "name": args.name, "info": info}
+    return args, spec
+
+
+def _describe_exit(p):
+    if p.exitcode is None:
+        return "still running"
+    if p.exitcode < 0:
+        try:
+            return "killed by signal %d (%s)" % (-p.exitcode, signal.Signals(-p.exitcode).name)
+        except ValueError:
+            return "killed by signal %d" % -p.exitcode
+    return "exit status %d" % p.exitcode
+
+
+class Supervisor:
+    """Starts the workers, waits until every one has its model, lets them
+    connect, then reports status lines, failures and the summary."""
+
+    def __init__(self, args, spec, log):
+        self.args, self.spec, self.log = args, spec, log
+        n = len(spec["gpus"])
+        ctx = multiprocessing.get_context("spawn")  # CUDA is initialised in the children only
+        self.q = ctx.Queue()
+        self.go, self.abort = ctx.Event(), ctx.Event()
+        self.procs = [ctx.Process(target=worker_main, args=(i, spec, self.q, self.go, self.abort),
+                                  name="hsflow-produce-w%d" % i, daemon=False) for i in range(n)]
+        self.fig = [None] * n
+        self.codes = [None] * n
+        self.reported = [False] * n
+        self.t_start = None
+
+    def label(self, i):
+        g = self.spec["gpus"][i]
+        return "cpu %d" % i if g < 0 else "gpu %d" % g
+
+    def _drain(self, timeout):
+        """Handles the workers' messages for up to `timeout` seconds."""
+        import queue as queue_mod
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            try:
+                msg = self.q.get(timeout=max(0.0, left)) if left > 0 else self.q.get_nowait()
+            except queue_mod.Empty:
+                return
+            kind, i = msg[0], msg[1]
+            if kind == "ready":
+                info = msg[2]
+                self.ready[i] = True
+                self.log.info("worker %d (%s): pid %d, model loaded in %.1f s (%.1fM parameters)",
+                              i, self.label(i), info["pid"], info["load_s"], info["params"] / 1e6)
+            elif kind == "error":
+                self.codes[i] = msg[2]
+                self.reported[i] = True
+                self.log.error("%s", msg[3])
+            elif kind == "stats":
+                self.fig[i] = msg[2]
+            elif kind == "exit":
+                self.codes[i] = msg[2] if self.codes[i] is None else self.codes[i]
+                self.fig[i] = msg[3]
+
+    def _reap(self):
+        """Notes workers that ended; a death (no exit message) is reported."""
+        for i, p in enumerate(self.procs):
+            if p.exitcode is None or self.reported[i]:
+                continue
+            self._drain(0.2)  # its last messages
+            self.reported[i] = True
+            if self.codes[i] is None or p.exitcode not in (0, self.codes[i]):
+                self.codes[i] = EXIT_FAIL
+                alive = sum(1 for q in self.procs if q.exitcode is None)
+                self.log.error("worker %d (%s, pid %d) died: %s; the consumer puts the tickets "
+                               "it held back in the queue; %d worker(s) go on", i, self.label(i),
+                               p.pid, _describe_exit(p), alive)
+
+    def _status(self):
+        figs = [f for f in self.fig if f]
+        if not figs or not self.t_start:
+            return
+        el = time.monotonic() - self.t_start
+        tok = sum(f["tokens"] for f in figs)
+        bat = sum(f["batches"] for f in figs)
+        byt = sum(f["bytes"] for f in figs)
+        pad = sum(f["padded_tokens"] for f in figs)
+        n = len(self.procs)
+        self.log.info("%d batches | %.0f tok/s | %.2f batch/s | %.2f GB/s | padding %.0f%% | "
+                      "worker busy %.0f%% | stall %.0f%%", bat, tok / el, bat / el, byt / el / 1e9,
+                      100.0 * (pad - tok) / pad if pad else 0.0,
+                      100.0 * sum(f["busy_s"] for f in figs) / el / n,
+                      100.0 * sum(f["stall_s"] for f in figs) / el / n)
+
+    def stop(self, *_):
+        self.abort.set()
+        for p in self.procs:
+            if p.exitcode is None:
+                p.terminate()
+
+    def run(self):
+        s = self.spec
+        info = s["info"]
+        self.log.info("model %s (%s, %s): %d layers, hidden %d; capturing %s; running decoder "
+                      "layers 0..%d, %s, %s attention, %s batches; %d worker(s)",
+                      s["model"], info["architecture"], info["model_type"], s["n_layers"],
+                      s["hidden_size"], ",".join(map(str, s["layers"])), s["n_run"] - 1,
+                      s["dtype"], s["attn_implementation"],
+                      "packed" if s["packed"] else "padded", len(self.procs))
+        self.ready = [False] * len(self.procs)
+        for p in self.procs:
+            p.start()
+        # Every worker loads its model before any connects: a model that does
+        # not load takes no ticket.
+        while not all(self.ready):
+            self._drain(0.5)
+            if any(c is not None for c in self.codes) or any(
+                    p.exitcode is not None for p in self.procs):
+                self._drain(0.5)
+                self._reap()
+                self.stop()
+                for p in self.procs:
+                    p.join(30)
+                code = max((c for c in self.codes if c), default=EXIT_FAIL)
+                self.log.error("not starting: a worker could not load the model; no ticket "
+                               "was taken")
+                return code
+        self.t_start = time.monotonic()
+        self.go.set()
+        interval = self.args.status_interval
+        t_status = time.monotonic()
+        while any(p.exitcode is None for p in self.procs):
+            self._drain(0.25)
+            self._reap()
+            if interval > 0 and time.monotonic() - t_status >= interval:
+                t_status = time.monotonic()
+                self._status()
+        self._drain(0.5)
+        self._reap()
+        for p in self.procs:
+            p.join(10)
+        return self.summary()
+
+    def summary(self):
+        el = time.monotonic() - self.t_start
+        rows, tok, bat, pad = [], 0, 0, 0
+        for i, f in enumerate(self.fig):
+            f = f or {"batches": 0, "tokens": 0, "busy_s": 0.0, "stall_s": 0.0,
+                      "padded_tokens": 0, "plan_hash": None}
+            tok += f["tokens"]
+            bat += f["batches"]
+            pad += f["padded_tokens"]
+            busy = 100.0 * f["busy_s"] / el if el > 0 else 0.0
+            stall = 100.0 * f["stall_s"] / el if el > 0 else 0.0
+            self.log.info("worker %d (%s): %d batches, %d tokens, busy %.0f%%, stall %.0f%%", i,
+                          self.label(i), f["batches"], f["tokens"], busy, stall)
+            rows.append({"worker": i, "gpu": self.spec["gpus"][i], "batches": f["batches"],
+                         "tokens": f["tokens"], "busy_pct": round(busy, 2),
+                         "stall_pct": round(stall, 2), "exit": self.codes[i]})
+        codes = [c for c in self.codes if c]
+        code = EXIT_OK if not codes else (EXIT_INPUT if EXIT_INPUT in codes else
+                                          EXIT_OOM if EXIT_OOM in codes else EXIT_FAIL)
+        hashes = sorted({f["plan_hash"] for f in self.fig if f and f.get("plan_hash")})
+        self.log.info("done: %d batches, %d tokens in %.2f s (%.0f tokens/s), padding %.1f%%%s",
+                      bat, tok, el, tok / el if el > 0 else 0,
+                      100.0 * (pad - tok) / pad if pad else 0.0,
+                      "" if code == EXIT_OK else "; %d worker(s) failed" % len(codes))
+        if self.args.summary_json:
+            out = {"workers": rows, "batches": bat, "tokens": tok, "seconds": round(el, 3),
+                   "tokens_per_s": round(tok / el, 1) if el > 0 else 0.0,
+                   "padding_pct": round(100.0 * (pad - tok) / pad, 2) if pad else 0.0,
+                   "plan_hash": hashes[0] if len(hashes) == 1 else hashes,
+                   "model": self.spec["model"], "layers": self.spec["layers"],
+                   "batching": "packed" if self.spec["packed"] else "padded",
+                   "status": "ok" if code == EXIT_OK else "failed", "exit": code}
+            try:
+                with open(self.args.summary_json, "w") as f:
+                    json.dump(out, f, indent=2)
+                    f.write("\n")
+            except OSError as e:
+                self.log.error("cannot write %s: %s", self.args.summary_json, e)
+        return code
+
+
+def main(argv=None):
+    r = parse(sys.argv[1:] if argv is None else argv)
+    if isinstance(r, int):
+        return r
+    args, spec = r
+    log = _log.setup("producer %s" % args.name if args.name else "producer")
+    sup = Supervisor(args, spec, log)
+    signal.signal(signal.SIGTERM, lambda *a: sup.stop())
+    signal.signal(signal.SIGINT, lambda *a: sup.stop())
+    log.debug("host %s, pid %d", socket.gethostname(), os.getpid())
+    return sup.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

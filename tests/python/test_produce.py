@@ -1,0 +1,430 @@
+"""hsflow-produce (python -m hsflow.produce) end to end on the CPU: tiny
+random transformers models built here (llama, qwen3, and the qwen3_moe
+mixture of experts), served to a real consumer over loopback. Every
+sample's received hidden states are compared with transformers'
+output_hidden_states for those indices; a Python producer and an
+hs-producer serve one run together; bad model folders and layer indices,
+an out-of-memory batch and a killed worker are each handled as described in
+python/README.md. The GPU path (side-stream copies into page-locked
+staging) has its own test, skipped without a CUDA device."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import hsflow
+from conftest import ROOT, ConsumerThread, write_dataset
+
+if os.environ.get("CI"):  # scripts/install-deps installs them: CI must not skip
+    import torch
+    import transformers
+else:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+VOCAB = 500
+BUDGET = 512
+
+
+def _round_to_bf16(model):
+    """Rounds every weight to bf16 (kept in fp32), so hs-producer's bf16
+    weights and transformers' fp32 ones are the same numbers."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+
+
+def make_model(family, path):
+    torch.manual_seed(1234)
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=1024, tie_word_embeddings=False)
+    if family == "llama":
+        cfg = transformers.LlamaConfig(intermediate_size=96, num_hidden_layers=4, **common)
+        model = transformers.LlamaForCausalLM(cfg)
+    elif family == "qwen3":
+        cfg = transformers.Qwen3Config(intermediate_size=96, num_hidden_layers=4, head_dim=16,
+                                       **common)
+        model = transformers.Qwen3ForCausalLM(cfg)
+    elif family == "qwen3_moe":
+        cfg = transformers.Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32,
+                                          num_experts=4, num_experts_per_tok=2,
+                                          num_hidden_layers=3, head_dim=16,
+                                          decoder_sparse_step=1, norm_topk_prob=True, **common)
+        model = transformers.Qwen3MoeForCausalLM(cfg)
+    else:
+        raise ValueError(family)
+    # Weights of a visible size: random init at std 0.02 makes every layer
+    # look alike, and a wrong layer must fail the comparison.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.15)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+    _round_to_bf16(model)
+    model.eval()
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    out = {}
+    for fam in ("llama", "qwen3", "qwen3_moe"):
+        out[fam] = (str(root / fam), make_model(fam, str(root / fam)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("data") / "data.jsonl")
+    rows = write_dataset(path, 36, 3, 150, VOCAB, seed=11)
+    return path, rows
+
+
+def reference(model, ids):
+    """transformers' output_hidden_states of one sequence, fp32 [N+1][L, H]."""
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_hidden_states=True)
+    return [h[0].float().numpy() for h in out.hidden_states]
+
+
+class Refs:
+    """transformers' states of every sample, computed before the run starts
+    (so the consumer's checks keep pace on a loaded machine)."""
+
+    def __init__(self, model, rows):
+        self.model, self.rows = model, rows
+        self.cache = {i: reference(model, r[0]) for i, r in enumerate(rows)}
+
+    def get(self, sid, n):
+        if sid not in self.cache:
+            self.cache[sid] = reference(self.model, self.rows[sid][0])
+        return [h[:n] for h in self.cache[sid]]
+
+
+def check_batch(b, refs, layers, H, worst):
+    """Every sequence of batch b equals the reference at every captured
+    index, to bf16 rounding: at most one bf16 step (2^-7 of the value, plus
+    1e-5) from the fp32 reference, and 95% of the values are exactly the
+    reference rounded to bf16."""
+    got = hsflow.bf16_bits_to_f32(np.asarray(b.hidden_states))
+    for s in range(b.n_seqs):
+        lo, hi = int(b.cu_seqlens[s]), int(b.cu_seqlens[s + 1])
+        ref = refs.get(int(b.sample_ids[s]), hi - lo)
+        for j, layer in enumerate(layers):
+            g = got[lo:hi, j * H:(j + 1) * H]
+            r = ref[layer]
+            err = np.abs(g - r)
+            bound = 2.0 ** -7 * np.abs(r) + 1e-5
+            worst[layer] = max(worst.get(layer, 0.0), float((err / bound).max()))
+            exact = np.mean(hsflow.f32_to_bf16_bits(np.ascontiguousarray(r)) ==
+                            np.asarray(b.hidden_states)[lo:hi, j * H:(j + 1) * H])
+            assert exact >= 0.95, "batch %d/%d sample %d layer %d: only %.1f%% exact" % (
+                b.epoch, b.batch, int(b.sample_ids[s]), layer, 100 * exact)
+            assert (err <= bound).all(), (
+                "batch %d/%d sample %d layer %d: max |got-ref| %.3g (bound %.3g); got %s ref %s"
+                % (b.epoch, b.batch, int(b.sample_ids[s]), layer, err.max(),
+                   bound[err.argmax() // H].max(), g.ravel()[:4], r.ravel()[:4]))
+
+
+def produce_cmd(port, data, model, layers, *extra):
+    return [sys.executable, "-m", "hsflow.produce", "--to", "127.0.0.1:%d" % port, "--data", data,
+            "--token-budget", str(BUDGET), "--model", model, "--layers", layers,
+            "--dtype", "fp32", "--connect-timeout", "60", "--status-interval", "0"] + list(extra)
+
+
+class Proc:
+    """A producer process whose stderr is collected in a thread."""
+
+    def __init__(self, cmd, env=None):
+        e = dict(os.environ, HS_LOG_LEVEL="info")
+        e["PYTHONPATH"] = os.pathsep.join(
+            [os.path.join(ROOT, "python")] + [os.path.abspath(x) for x in
+                                             os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                             if x])
+        e.update(env or {})
+        self.p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                  text=True, env=e, cwd=ROOT)
+        self.lines = []
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        for line in self.p.stderr:
+            self.lines.append(line)
+
+    @property
+    def text(self):
+        return "".join(self.lines)
+
+    def wait_for(self, pattern, timeout=180):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            m = re.search(pattern, self.text)
+            if m:
+                return m
+            if self.p.poll() is not None:
+                time.sleep(0.3)
+                m = re.search(pattern, self.text)
+                if m:
+                    return m
+                raise AssertionError("exited %s before printing %r:\n%s"
+                                     % (self.p.returncode, pattern, self.text))
+            time.sleep(0.1)
+        raise AssertionError("no %r within %d s:\n%s" % (pattern, timeout, self.text))
+
+    def wait(self, timeout=240):
+        try:
+            rc = self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait(10)
+            raise AssertionError("producer still running after %d s:\n%s" % (timeout, self.text))
+        self.t.join(10)
+        return rc
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(30)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+
+
+@pytest.mark.parametrize("family,layers,extra", [
+    ("llama", "0,2,4", ["--gpus", "cpu:1"]),                              # embeddings .. final norm
+    ("qwen3", "1,3", ["--gpus", "cpu:1", "--batching", "packed"]),        # stops after layer 2
+    ("qwen3_moe", "2,3", ["--gpus", "cpu:2", "--attn-implementation", "eager"]),
+])
+def test_every_sample_equals_transformers_output_hidden_states(models, data, tmp_path, family,
+                                                               layers, extra):
+    path, model = models[family]
+    data_path, rows = data
+    lay = [int(x) for x in layers.split(",")]
+    H = model.config.hidden_size
+    refs, worst = Refs(model, rows), {}
+    summary = str(tmp_path / "summary.json")
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, arrays="numpy") as c:
+        ct = ConsumerThread(c, lambda b: check_batch(b, refs, lay, H, worst), deadline_s=240)
+        pr = Proc(produce_cmd(c.port, data_path, path, layers, "--summary-json", summary, *extra))
+        try:
+            rc = pr.wait()
+            assert rc == 0, pr.text
+            seen = ct.join(240)
+        finally:
+            pr.kill()
+        s = c.stats()
+    assert len(seen) == len(set(seen)) == s["batches_planned"] > 3
+    js = json.load(open(summary))
+    assert js["batches"] == len(seen) and js["status"] == "ok" and js["layers"] == lay
+    assert js["batching"] == ("packed" if "packed" in extra else "padded")
+    n_workers = int(extra[1].split(":")[1])
+    assert len(js["workers"]) == n_workers
+    print("%s: worst error / bound per layer: %s" % (family, worst))
+
+
+def plan_hash_of_hs_producer(text):
+    m = re.search(r"plan ([0-9a-f]{16}):", text)
+    assert m, text
+    return m.group(1)
+
+
+def test_python_and_hs_producer_serve_one_run_exactly_once_with_one_plan_hash(
+        models, data, tmp_path, producer_bin):
+    path, model = models["llama"]
+    data_path, rows = data
+    H = model.config.hidden_size
+    refs, worst = Refs(model, rows), {}
+    plan = ["--seed", "7", "--max-seq-len", "100", "--overflow", "truncate"]
+    summary_py, summary_c = str(tmp_path / "py.json"), str(tmp_path / "c.json")
+    delivered = []
+
+    def check(b):
+        check_batch(b, refs, [1, 3], H, worst)
+        delivered.append((b.epoch, b.batch))
+        time.sleep(0.05)  # a trainer that takes a moment, so both producers get tickets
+
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.0015, epochs=3, arrays="numpy") as c:
+        py = Proc(produce_cmd(c.port, data_path, path, "1,3", "--summary-json", summary_py,
+                              *plan))
+        cp = None
+        try:
+            deadline = time.monotonic() + 180
+            while c.stats()["producers_connected"] < 1:
+                assert py.p.poll() is None and time.monotonic() < deadline, py.text
+                time.sleep(0.2)
+            ct = ConsumerThread(c, check, deadline_s=240)
+            cp = Proc([producer_bin, "--to", "127.0.0.1:%d" % c.port, "--data", data_path,
+                       "--token-budget", str(BUDGET), "--source", "model", "--model", path,
+                       "--layers", "1,3", "--summary-json", summary_c] + plan)
+            deadline = time.monotonic() + 240
+            while ct.thread.is_alive() and time.monotonic() < deadline:
+                ct.thread.join(0.5)
+            ct.join(1)
+            assert cp.wait() == 0, cp.text
+            assert py.wait() == 0, py.text
+        finally:
+            py.kill()
+            if cp:
+                cp.kill()
+        s = c.stats()
+    assert len(delivered) == len(set(delivered)) == s["batches_planned"] == s["batches_delivered"]
+    assert s["duplicates"] == 0 and s["checksum_failures"] == 0
+    js_py, js_c = json.load(open(summary_py)), json.load(open(summary_c))
+    assert js_py["batches"] > 0 and js_c["batches"] > 0, (js_py, js_c)
+    assert js_py["plan_hash"] == plan_hash_of_hs_producer(cp.text)
+
+
+def test_bad_model_folders_and_layer_indices_fail_before_any_ticket(models, data, tmp_path):
+    path, _ = models["llama"]
+    data_path, _ = data
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "no_such_model_type"}))
+    (unknown / "model.safetensors").write_bytes(b"x")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(open(os.path.join(path, "config.json")).read())
+    (broken / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    cases = [
+        (str(tmp_path / "missing"), "0,1", r"not a directory"),
+        (str(tmp_path), "0,1", r"no config.json there"),
+        (str(unknown), "0,1", r"cannot load this config \(model_type 'no_such_model_type'\)"),
+        (path, "2,5", r"hidden state 5 but the model at .* has 4 layers \(valid: 0\.\.4"),
+        (str(broken), "0,1", r"cannot load .*broken.*no ticket was taken"),
+    ]
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, arrays="numpy") as c:
+        for model_dir, layers, msg in cases:
+            pr = Proc(produce_cmd(c.port, data_path, model_dir, layers))
+            rc = pr.wait()
+            assert rc == 2, pr.text
+            assert re.search(msg, pr.text, re.S), pr.text
+        s = c.stats()
+    assert s["producers_seen"] == 0 and s["tickets_out"] == 0
+
+
+def finish_with_hs_producer(producer_bin, port, data_path, path, layers):
+    cp = Proc([producer_bin, "--to", "127.0.0.1:%d" % port, "--data", data_path,
+               "--token-budget", str(BUDGET), "--source", "model", "--model", path,
+               "--layers", layers])
+    assert cp.wait() == 0, cp.text
+
+
+def test_out_of_memory_returns_the_ticket_names_the_budget_and_stops_the_worker(
+        models, data, producer_bin):
+    path, model = models["llama"]
+    data_path, rows = data
+    H = model.config.hidden_size
+    refs, worst, delivered = Refs(model, rows), {}, []
+
+    def check(b):
+        check_batch(b, refs, [2], H, worst)
+        delivered.append((b.epoch, b.batch))
+
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, arrays="numpy") as c:
+        ct = ConsumerThread(c, check, deadline_s=240)
+        pr = Proc(produce_cmd(c.port, data_path, path, "2"), env={"HS_PRODUCE_FAULT": "oom:0:3"})
+        try:
+            rc = pr.wait()
+        finally:
+            pr.kill()
+        assert rc == 3, pr.text
+        assert re.search(r"out of memory on batch 0/\d+ .*Its ticket goes back to the consumer "
+                         r"and this worker stops\. Lower --token-budget \(now 512; e\.g\. 256\)",
+                         pr.text), pr.text
+        assert len(delivered) <= 2  # the batches before the failure, no more
+        deadline = time.monotonic() + 30
+        while c.stats()["leases_returned"] < 1:
+            assert time.monotonic() < deadline, "the failed batch's ticket never came back"
+            time.sleep(0.1)
+        finish_with_hs_producer(producer_bin, c.port, data_path, path, "2")
+        ct.join(240)
+        s = c.stats()
+    assert len(delivered) == len(set(delivered)) == s["batches_planned"]
+
+
+def test_a_killed_worker_is_reported_its_tickets_go_back_and_the_others_go_on(models, data):
+    path, model = models["llama"]
+    data_path, rows = data
+    H = model.config.hidden_size
+    refs, worst, delivered = Refs(model, rows), {}, []
+
+    def check(b):
+        check_batch(b, refs, [4], H, worst)
+        delivered.append((b.epoch, b.batch))
+
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, arrays="numpy") as c:
+        ct = ConsumerThread(c, check, deadline_s=240)
+        pr = Proc(produce_cmd(c.port, data_path, path, "4", "--gpus", "cpu:2"),
+                  env={"HS_PRODUCE_FAULT": "hang:1:1"})
+        try:
+            pid = int(pr.wait_for(r"worker 1 \(cpu 1\): HS_PRODUCE_FAULT hangs on batch "
+                                  r"\d+/\d+ \(pid (\d+)\)").group(1))
+            os.kill(pid, signal.SIGKILL)
+            rc = pr.wait()
+            ct.join(240)
+        finally:
+            pr.kill()
+        s = c.stats()
+    assert rc == 1, pr.text
+    assert re.search(r"worker 1 \(cpu 1, pid %d\) died: killed by signal 9 \(SIGKILL\); the "
+                     r"consumer puts the tickets it held back in the queue; 1 worker\(s\) go on"
+                     % pid, pr.text), pr.text
+    assert s["leases_returned"] >= 1
+    assert len(delivered) == len(set(delivered)) == s["batches_planned"]
+
+
+def test_help_lists_hs_producers_flags_with_the_same_spellings(producer_bin):
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    ours = subprocess.run([sys.executable, "-m", "hsflow.produce", "--help"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert ours.returncode == 0, ours.stderr
+    theirs = subprocess.run([producer_bin, "--help"], capture_output=True, text=True, timeout=30)
+    shared = ["--to", "--data", "--token-budget", "--max-seq-len", "--overflow", "--seed",
+              "--layers", "--dflash-layers", "--hidden-size", "--model", "--gpus", "--prefetch",
+              "--secret-file", "--transport", "--connect-timeout", "--reconnect",
+              "--summary-json", "--name"]
+    for flag in shared:
+        assert flag in theirs.stdout, flag
+        assert flag in ours.stdout, flag
+    for flag in ("--dtype", "--attn-implementation", "--batching"):
+        assert flag in ours.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gpu_worker_copies_through_pinned_staging_and_matches_transformers(models, data):
+    path, model = models["qwen3"]
+    data_path, rows = data
+    H = model.config.hidden_size
+    refs, worst = Refs(model, rows), {}
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, arrays="numpy") as c:
+        ct = ConsumerThread(c, lambda b: check_batch(b, refs, [0, 2, 4], H, worst),
+                            deadline_s=240)
+        pr = Proc(produce_cmd(c.port, data_path, path, "0,2,4", "--gpus", "0"))
+        try:
+            rc = pr.wait()
+            seen = ct.join(240)
+        finally:
+            pr.kill()
+    assert rc == 0, pr.text
+    assert "cannot page-lock" not in pr.text
+    assert len(seen) == len(set(seen)) > 3
+
+
+def test_the_package_installs_hsflow_produce_as_a_console_script():
+    import tomllib
+    with open(os.path.join(ROOT, "python", "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert scripts["hsflow-produce"] == "hsflow.produce:main"
+    from hsflow import produce
+    assert produce.main(["--help"]) == 0
