@@ -178,6 +178,16 @@ hs_status_t hs_parse_int_list(const char *s, int *out, int cap, int *n);
 /* Split "host:port"; host copied into host[hostcap]. "[::1]:7000" works. */
 hs_status_t hs_parse_hostport(const char *s, char *host, size_t hostcap, uint16_t *port);
 
+/* "0.1.0 (git f08d450)": the release and, when built from a checkout, its
+ * git describe. Static. */
+const char *hs_version_line(void);
+/* "PROGRAM VERSION-LINE\nbuild: OPTIONS\n" to out, for --version. */
+void hs_version_print(FILE *out, const char *program);
+/* True when argv (before a "--") holds --version. Checked before the other
+ * options, so that `--version` answers whatever else is given; only the
+ * command line asks for it, not HS_VERSION in the environment. */
+bool hs_cli_wants_version(int argc, char **argv);
+
 /* Value of flag --foo-bar from the environment as HS_FOO_BAR, or NULL. */
 const char *hs_env_for_flag(const char *long_name);
 

@@ -1231,9 +1231,10 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
         st = HS_ERR_NOMEM;
         goto err_threads;
     }
-    hs_info("listening on %s:%u (%s), cache %.2f GiB, %u epoch(s), order %s, %s", cfg->listen_host,
-            c->port, hs_tp_kind_str(tc.kind), (double)hs_cache_capacity(c->cache) / (1 << 30),
-            cfg->epochs, cfg->order == HS_ORDER_PLAN ? "plan" : "arrival",
+    hs_info("hsflow %s listening on %s:%u (%s), cache %.2f GiB, %u epoch(s), order %s, %s",
+            hs_version_line(), cfg->listen_host, c->port, hs_tp_kind_str(tc.kind),
+            (double)hs_cache_capacity(c->cache) / (1 << 30), cfg->epochs,
+            cfg->order == HS_ORDER_PLAN ? "plan" : "arrival",
             c->have_secret ? "HMAC auth"
                            : (cfg->insecure ? "INSECURE: any peer" : "loopback peers only"));
     *out = c;

@@ -76,6 +76,7 @@ static const char usage[] =
     "                         arguments after -- (at least --data and the layout) go to each\n"
     "                         of them; --loopback sets their --to and --name\n"
     "  -h, --help             this text\n"
+    "  --version              the release, git checkout and build options\n"
     "\n"
     "examples:\n"
     "  hs-consumer --listen 0.0.0.0:7000 --cache-gb 64 --epochs 2 --secret-file /etc/hsflow.key\n"
@@ -455,6 +456,10 @@ static pid_t spawn_producer(const char *bin, uint16_t port, int index, int nargs
 
 int main(int argc, char **argv)
 {
+    if (hs_cli_wants_version(argc, argv)) {
+        hs_version_print(stdout, "hs-consumer");
+        return 0;
+    }
     options_t o = {0};
     hs_consumer_config_default(&o.cfg);
     o.save_state_interval = 10;

@@ -33,7 +33,17 @@
 extern "C" {
 #endif
 
+/* The release; CMake reads the project version from this line. */
 #define HSFLOW_VERSION_STRING "0.1.0"
+
+/* The release this library was built as (HSFLOW_VERSION_STRING of its
+ * build); `git describe` of the checkout it was built from ("" outside a
+ * checkout); the build options in one line ("CUDA on (sm_90, toolkit 12.4),
+ * UCX 1.13.1, cuBLASLt 12.4, cuDNN not linked, RelWithDebInfo"). Static
+ * strings, never NULL. */
+const char *hsflow_version(void);
+const char *hsflow_git_describe(void);
+const char *hsflow_build_info(void);
 
 /* hs_status_t values: 0 ok, negative errors (see hs_status_str()). */
 typedef int hs_status_code_t;

@@ -45,6 +45,7 @@ static void usage(FILE *fp)
             "  --out FILE          safetensors file to write (whole or not at all: through a\n"
             "                      temporary file renamed at the end; never onto --data or\n"
             "                      into the --model folder)\n"
+            "  --version           the release, git checkout and build options\n"
             "Every flag can also be set as HS_<FLAG> in the environment (HS_MODEL=...).\n"
             "\n"
             "example:\n"
@@ -139,6 +140,10 @@ out:
 
 int main(int argc, char **argv)
 {
+    if (hs_cli_wants_version(argc, argv)) {
+        hs_version_print(stdout, "hs-forward");
+        return 0;
+    }
     const char *model_dir = hs_env_for_flag("model"), *data = hs_env_for_flag("data");
     const char *layers_s = hs_env_for_flag("layers"), *dflash_s = hs_env_for_flag("dflash-layers");
     const char *device = hs_env_for_flag("device"), *out_path = hs_env_for_flag("out");

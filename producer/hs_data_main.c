@@ -108,6 +108,7 @@ static void usage(FILE *f)
         "common:\n"
         "  --log-level L        error, warn, info, debug or trace (default info)\n"
         "  -h, --help           this text\n"
+        "  --version            the release, git checkout and build options\n"
         "\n"
         "Every option can also come from the environment: --token-budget as\n"
         "HS_TOKEN_BUDGET, --max-seq-len as HS_MAX_SEQ_LEN, and so on; the command line wins.\n"
@@ -417,6 +418,10 @@ static int cmd_synth(const char *path, const opts_t *o)
 
 int main(int argc, char **argv)
 {
+    if (hs_cli_wants_version(argc, argv)) {
+        hs_version_print(stdout, "hs-data");
+        return 0;
+    }
     hs_log_set_tag("hs-data");
     if (argc < 2) {
         usage(stderr);

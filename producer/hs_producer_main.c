@@ -60,6 +60,7 @@ static const char usage[] =
     "  --summary-json FILE    write this producer's summary as JSON\n"
     "  --name NAME            identity in the consumer's logs (default host:pid)\n"
     "  -h, --help             this text\n"
+    "  --version              the release, git checkout and build options\n"
     "\n"
     "SIGTERM or SIGINT (Ctrl-C) stops cleanly: the batches being computed are finished and\n"
     "sent, the queued tickets go back to the consumer for the other producers, BYE, exit 0.\n"
@@ -346,6 +347,10 @@ static void on_stop_signal(int sig)
 
 int main(int argc, char **argv)
 {
+    if (hs_cli_wants_version(argc, argv)) {
+        hs_version_print(stdout, "hs-producer");
+        return 0;
+    }
     options_t o = {0};
     hs_producer_config_default(&o.cfg);
     o.cfg.layout.dtype = HS_DTYPE_BF16;

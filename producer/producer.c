@@ -1045,8 +1045,9 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
         goto err;
     }
     static const char *source_names[] = {"?", "synthetic", "model", "external"};
-    hs_info("connected to %s:%u over %s; %u %s worker(s)", cfg->to_host, cfg->to_port,
-            hs_tp_conn_describe(pr->conn), cfg->n_workers, source_names[cfg->source]);
+    hs_info("hsflow %s connected to %s:%u over %s; %u %s worker(s)", hs_version_line(),
+            cfg->to_host, cfg->to_port, hs_tp_conn_describe(pr->conn), cfg->n_workers,
+            source_names[cfg->source]);
     st = send_hello(pr);
     if (st != HS_OK) goto err;
     *out = pr;

@@ -15,13 +15,15 @@ Pure-ctypes binding over libhsflow.so (include/hsflow.h):
 The library is found through $HSFLOW_LIB, then this package's directory,
 then <repo>/build/libhsflow.so, then the system library path.
 """
-from ._lib import HsflowError, find_tool, library_path, status_str
+from ._lib import HsflowError, find_tool, library_path, library_version, status_str
 from ._arrays import bf16_bits_to_f32, f32_to_bf16_bits
 from .consumer import Batch, Consumer
 from .producer import Producer, Ticket
 from .synthetic import synthetic_hidden
 
+# The release, as include/hsflow.h's HSFLOW_VERSION_STRING (tests check that
+# the library and every binary say the same).
 __version__ = "0.1.0"
 __all__ = ["Consumer", "Batch", "Producer", "Ticket", "HsflowError", "find_tool",
-           "library_path", "status_str", "f32_to_bf16_bits", "bf16_bits_to_f32",
+           "library_path", "library_version", "status_str", "f32_to_bf16_bits", "bf16_bits_to_f32",
            "synthetic_hidden", "__version__"]

@@ -208,6 +208,9 @@ def _declare(lib):
     i, v, vp = ctypes.c_int, None, ctypes.c_void_p
     sig = {
         "hsflow_status_str": (ctypes.c_char_p, [i]),
+        "hsflow_version": (ctypes.c_char_p, []),
+        "hsflow_git_describe": (ctypes.c_char_p, []),
+        "hsflow_build_info": (ctypes.c_char_p, []),
         "hs_consumer_config_default": (v, [P(ConsumerConfig)]),
         "hs_consumer_create": (i, [P(ConsumerConfig), P(vp)]),
         "hs_consumer_port": (ctypes.c_uint16, [vp]),
@@ -238,6 +241,16 @@ def status_str(status):
     except HsflowError:
         return "status %d" % status
     return s.decode() if s else "unknown status"
+
+
+def library_version():
+    """What the loaded libhsflow.so says of itself: {"version": "0.1.0",
+    "git": "f08d450" or "" outside a checkout, "build": "CUDA off, UCX ..."},
+    the same as `hs-consumer --version`."""
+    lib = load()
+    return {"version": lib.hsflow_version().decode(),
+            "git": lib.hsflow_git_describe().decode(),
+            "build": lib.hsflow_build_info().decode()}
 
 
 def find_tool(name):

@@ -190,3 +190,23 @@ def test_find_tool_honours_hsflow_bin_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("HSFLOW_BIN_DIR", str(tmp_path))
     assert hsflow.find_tool("hs-producer") == str(tool)
     assert hsflow.find_tool("hs-no-such-tool") is None
+
+
+def test_version_is_the_same_in_python_the_library_the_header_and_every_binary():
+    import re
+    header = open(os.path.join(ROOT, "include", "hsflow.h")).read()
+    want = re.search(r'#define HSFLOW_VERSION_STRING "([0-9.]+)"', header).group(1)
+    assert hsflow.__version__ == want
+    info = hsflow.library_version()
+    assert info["version"] == want
+    assert info["build"].startswith("CUDA ")
+    for tool in ("hs-consumer", "hs-producer", "hs-data", "hs-forward"):
+        path = hsflow.find_tool(tool)
+        assert path, "%s not found" % tool
+        r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        first, build = r.stdout.splitlines()[:2]
+        assert first.split()[:2] == [tool, want], r.stdout
+        if info["git"]:
+            assert "(git %s)" % info["git"] in first
+        assert build == "build: " + info["build"]
