@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <limits.h>
 
@@ -61,7 +62,8 @@ static const char usage[] =
     "                         summary and journal consistent; a second one exits at once)\n"
     "  --status-interval S    seconds between status lines (default 5; 0 = off)\n"
     "  --metrics HOST:PORT    serve Prometheus metrics at http://HOST:PORT/metrics\n"
-    "  --stats-jsonl FILE     append the figures as one JSON line per second (for plots)\n"
+    "  --stats-jsonl FILE     append the figures as one JSON line per second, \"time\" in\n"
+    "                         Unix seconds (plot: python -m hsflow.plot FILE -o run.png)\n"
     "  --journal FILE         record every released batch; a restarted consumer with the same\n"
     "                         journal skips them and resumes each epoch where it stopped\n"
     "  --resume-state FILE    start from a saved position (--save-state, or the trainer's\n"
@@ -303,14 +305,20 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     return 2;
 }
 
-/* One JSON object per line: the summary's figures now, plus the wall time. */
+/* One JSON object per line: the summary's figures now, plus the time as
+ * wall-clock Unix seconds ("time", for plots and for lining up with other
+ * logs) and as the monotonic clock the rates are measured on
+ * ("monotonic_s", immune to clock steps). */
 static void write_stats_line(hs_consumer_t *c, FILE *f)
 {
     hs_consumer_stats_t s;
     char json[4096];
+    struct timespec wall;
     hs_consumer_stats(c, &s);
     hs_consumer_stats_json(&s, json, sizeof(json));
-    fprintf(f, "{\"time\": %.3f, ", hs_now_s());
+    clock_gettime(CLOCK_REALTIME, &wall);
+    fprintf(f, "{\"time\": %.3f, \"monotonic_s\": %.3f, ",
+            (double)wall.tv_sec + (double)wall.tv_nsec * 1e-9, hs_now_s());
     for (const char *p = json + 1; *p; p++) /* skip the opening brace, fold lines */
         if (*p != '\n') fputc(*p, f);
     fputc('\n', f);

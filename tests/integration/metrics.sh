@@ -37,5 +37,12 @@ delivered = [r["batches_delivered"] for r in rows]
 assert delivered == sorted(delivered), delivered
 assert rows[-1]["complete"] is True, rows[-1]
 assert all("cache_used" in r and "time" in r for r in rows)
+import time
+# "time" is wall-clock Unix seconds (within a day of now), the monotonic
+# clock is kept as "monotonic_s"; both increase.
+assert all(abs(r["time"] - time.time()) < 86400 for r in rows), rows[0]["time"]
+walls = [r["time"] for r in rows]
+monos = [r["monotonic_s"] for r in rows]
+assert walls == sorted(walls) and monos == sorted(monos), (walls, monos)
 PY
 pass "metrics endpoint and stats JSON lines"
