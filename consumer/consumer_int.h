@@ -143,6 +143,7 @@ struct hs_consumer {
     uint64_t checksum_failures, in_trainer;
     double t_start, t_end, starve_s;
     hs_consumer_stats_t snap; /* network thread's figures */
+    char waiting[160];        /* what start-up waits for ("" once running); lock */
     uint64_t max_batch_bytes;
     uint64_t h2d_bytes;
     double h2d_s;

@@ -701,6 +701,10 @@ int main(int argc, char **argv)
            (double)s.tokens_delivered / secs, (unsigned long long)s.producers_seen,
            (unsigned long long)s.producers_dropped, (unsigned long long)s.leases_returned,
            s.starve_pct);
+    char limit[200];
+    hs_consumer_bottleneck_text(&s, limit, sizeof(limit));
+    printf("hsflow summary: epoch %u/%u, %.1f%% of the run; producer stall %.1f%%; %s\n", s.epoch,
+           s.epochs, s.run_pct, s.producer_stall_pct, limit);
     if (o.summary_json) {
         char json[4096];
         hs_consumer_stats_json(&s, json, sizeof(json));

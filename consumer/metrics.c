@@ -51,12 +51,37 @@ int hs_metrics_format(const hs_consumer_stats_t *s, char *buf, size_t cap)
         {"hsflow_h2d_bytes_total", "counter", "Bytes copied to the trainer's GPU.",
          (double)s->h2d_bytes},
         {"hsflow_run_seconds", "gauge", "Seconds since the plan was known.", s->seconds},
+        {"hsflow_epoch", "gauge", "Epoch being delivered, 1-based; 0 before the plan.",
+         (double)s->epoch},
+        {"hsflow_epochs", "gauge", "Epochs in the run.", (double)s->epochs},
+        {"hsflow_run_ratio", "gauge", "Share of the run's batches delivered.", s->run_pct / 100.0},
+        {"hsflow_eta_epoch_seconds", "gauge",
+         "Time left in this epoch at the rate so far; -1 unknown.", s->eta_epoch_s},
+        {"hsflow_eta_run_seconds", "gauge", "Time left in the run at the rate so far; -1 unknown.",
+         s->eta_run_s},
+        {"hsflow_supply_batches_per_second", "gauge", "Batches the producers gave per second.",
+         s->supply_batches_per_s},
+        {"hsflow_trainer_batches_per_second", "gauge",
+         "Batches the trainer took per second while it had data.", s->trainer_batches_per_s},
     };
     size_t len = 0;
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
         int n = snprintf(buf + (len < cap ? len : cap), len < cap ? cap - len : 0,
                          "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", m[i].name, m[i].help, m[i].name,
                          m[i].type, m[i].name, m[i].value);
+        if (n < 0) return n;
+        len += (size_t)n;
+    }
+    /* The limit as an enum: one series per value, 1 for the current one. */
+    int n = snprintf(buf + (len < cap ? len : cap), len < cap ? cap - len : 0,
+                     "# HELP hsflow_bottleneck Which side limits the run (1 = this one).\n"
+                     "# TYPE hsflow_bottleneck gauge\n");
+    if (n < 0) return n;
+    len += (size_t)n;
+    for (int32_t b = HS_BOTTLENECK_UNKNOWN; b <= HS_BOTTLENECK_NETWORK; b++) {
+        n = snprintf(buf + (len < cap ? len : cap), len < cap ? cap - len : 0,
+                     "hsflow_bottleneck{limit=\"%s\"} %d\n", hs_bottleneck_str(b),
+                     s->bottleneck == b);
         if (n < 0) return n;
         len += (size_t)n;
     }
@@ -77,10 +102,30 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
 {
     hs_metrics_t *m = cls;
     (void)version, (void)upload, (void)upload_size, (void)state;
-    const char *body = "only GET /metrics is served here\n";
+    const char *body = "only GET /metrics and /healthz are served here\n";
     unsigned code = MHD_HTTP_NOT_FOUND;
     char *text = NULL;
-    if (!strcmp(method, "GET") && !strcmp(url, "/metrics")) {
+    if (!strcmp(method, "GET") && !strcmp(url, "/healthz")) {
+        /* 200 while the consumer runs: its version, progress and limit. */
+        hs_consumer_stats_t s;
+        hs_consumer_stats(m->c, &s);
+        char limit[200];
+        hs_consumer_bottleneck_text(&s, limit, sizeof(limit));
+        const char *fmt = "{\"status\": \"ok\", \"version\": \"%s\", \"epoch\": %u, "
+                          "\"epochs\": %u, \"run_pct\": %.2f, \"producers_connected\": %llu, "
+                          "\"bottleneck\": \"%s\", \"bottleneck_text\": \"%s\"}\n";
+        unsigned long long np = (unsigned long long)s.producers_connected;
+        const char *b = hs_bottleneck_str(s.bottleneck);
+        int n =
+            snprintf(NULL, 0, fmt, hsflow_version(), s.epoch, s.epochs, s.run_pct, np, b, limit);
+        text = n > 0 ? malloc((size_t)n + 1) : NULL;
+        if (text) {
+            snprintf(text, (size_t)n + 1, fmt, hsflow_version(), s.epoch, s.epochs, s.run_pct, np,
+                     b, limit);
+            body = text;
+            code = MHD_HTTP_OK;
+        }
+    } else if (!strcmp(method, "GET") && !strcmp(url, "/metrics")) {
         hs_consumer_stats_t s;
         hs_consumer_stats(m->c, &s);
         int n = hs_metrics_format(&s, NULL, 0);
@@ -97,7 +142,9 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
         free(text);
         return MHD_NO;
     }
-    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
+    MHD_add_response_header(r, "Content-Type",
+                            strcmp(url, "/healthz") ? "text/plain; version=0.0.4"
+                                                    : "application/json");
     enum MHD_Result ret = MHD_queue_response(conn, code, r);
     MHD_destroy_response(r);
     return ret;

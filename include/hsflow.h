@@ -132,7 +132,32 @@ typedef struct {
     double h2d_gbytes_per_s;    /* ... over the copy engine's busy time */
     uint32_t epochs;
     bool finished;
+    /* Progress and the limit, from the rates since the first ticket. */
+    uint32_t epoch;               /* epoch being delivered, 1..epochs; 0 before the plan */
+    double run_pct;               /* of the run's batches delivered (resumed ones count) */
+    double eta_epoch_s;           /* to the end of this epoch; -1 while unknown */
+    double eta_run_s;             /* to the end of the run; -1 while unknown */
+    double supply_batches_per_s;  /* batches the producers gave */
+    double trainer_batches_per_s; /* batches the trainer took while it had data */
+    int32_t bottleneck;           /* hs_bottleneck_t */
 } hs_consumer_stats_t;
+
+/* Which side limits the run, from the measured rates: the trainer waits for
+ * data most of the time while producers have tickets (producers), producers
+ * wait for tickets while the trainer has data (trainer), or both wait at
+ * once: the batches are on the wire (network). */
+typedef enum {
+    HS_BOTTLENECK_UNKNOWN = 0, /* too early to tell */
+    HS_BOTTLENECK_PRODUCERS = 1,
+    HS_BOTTLENECK_TRAINER = 2,
+    HS_BOTTLENECK_NETWORK = 3,
+} hs_bottleneck_t;
+/* "unknown", "producers", "trainer", "network". */
+const char *hs_bottleneck_str(int32_t bottleneck);
+/* The limit as one plain sentence ("producers are the limit: 3 producers
+ * give 0.48 batch/s, the trainer takes 1.9 batch/s") into buf[cap]; returns
+ * the length it needs (as snprintf). */
+int hs_consumer_bottleneck_text(const hs_consumer_stats_t *s, char *buf, size_t cap);
 
 typedef struct hs_consumer hs_consumer_t;
 

@@ -115,6 +115,8 @@ struct hs_producer {
     double t_start;
     double heartbeat_s; /* STATS interval: a quarter of the consumer's lease timeout */
     double t_beat;      /* when the last STATS went */
+    uint32_t epochs;    /* of the run, from WELCOME; lock */
+    uint32_t epoch_seen; /* 0-based epoch of the latest ticket; lock */
 
     worker_t workers[HS_PRODUCER_MAX_WORKERS];
 };
@@ -468,6 +470,9 @@ static void on_welcome(producer_t *pr, const uint8_t *body, uint32_t len)
     hs_info("welcomed by consumer %s: %u epoch(s), %s order%s", w->consumer_name, w->epochs,
             w->order ? "plan" : "arrival", w->need_plan ? "; sending the plan" : "");
     bool need_plan = w->need_plan;
+    pthread_mutex_lock(&pr->lock);
+    pr->epochs = w->epochs;
+    pthread_mutex_unlock(&pr->lock);
     /* Heartbeats (STATS) four times per lease, so one late beat costs nothing. */
     double lease_s = w->lease_timeout_ms / 1000.0;
     pr->heartbeat_s = lease_s > 0 ? lease_s / 4 : 2.0;
@@ -511,6 +516,7 @@ static void on_ticket(producer_t *pr, const uint8_t *body, uint32_t len)
             *q = (ticket_t){NULL,      t->ticket_id, t->epoch, t->batch,
                             t->n_seqs, t->n_tokens,  t->bytes, pr->gen};
             pthread_mutex_lock(&pr->lock);
+            if (t->epoch > pr->epoch_seen) pr->epoch_seen = t->epoch;
             if (pr->tickets_tail)
                 pr->tickets_tail->next = q;
             else
@@ -715,13 +721,32 @@ static void print_status(producer_t *pr)
     uint32_t queued = 0;
     for (ticket_t *t = pr->tickets; t; t = t->next)
         queued++;
+    uint32_t epoch = pr->epoch_seen + 1, epochs = pr->epochs;
     pthread_mutex_unlock(&pr->lock);
     if (elapsed <= 0) return;
-    hs_info("%llu batches | %.0f tok/s | %.2f batch/s | %.2f GB/s | tickets queued %u | worker "
-            "busy %.0f%% | stall %.0f%%",
-            (unsigned long long)batches, (double)tokens / elapsed, (double)batches / elapsed,
-            (double)bytes / elapsed / 1e9, queued, 100.0 * busy / elapsed / n,
-            100.0 * stall / elapsed / n);
+    double busy_pct = 100.0 * busy / elapsed / n, stall_pct = 100.0 * stall / elapsed / n;
+    /* The limit as this side sees it: workers that wait for tickets wait on
+     * the consumer (its trainer or cache); workers that compute nearly all
+     * the time are the limit; the rest of their time goes to sending. */
+    char limit[160];
+    if (batches < 2)
+        snprintf(limit, sizeof(limit), "too early to name the limit");
+    else if (stall_pct >= 20.0)
+        snprintf(limit, sizeof(limit),
+                 "the consumer is the limit: workers wait for tickets %.0f%% of the time",
+                 stall_pct);
+    else if (busy_pct >= 70.0)
+        snprintf(limit, sizeof(limit),
+                 "this producer is the limit: workers compute %.0f%% of the time", busy_pct);
+    else
+        snprintf(limit, sizeof(limit),
+                 "the network is the limit: workers spend %.0f%% of the time sending",
+                 100.0 - busy_pct - stall_pct);
+    hs_info("epoch %u/%u | %llu batches | %.0f tok/s | %.2f batch/s | %.2f GB/s | tickets queued "
+            "%u | worker busy %.0f%% | stall %.0f%% | %s",
+            epoch, epochs, (unsigned long long)batches, (double)tokens / elapsed,
+            (double)batches / elapsed, (double)bytes / elapsed / 1e9, queued, busy_pct, stall_pct,
+            limit);
 }
 
 static void print_summary(producer_t *pr)

@@ -85,6 +85,13 @@ class ConsumerStats(ctypes.Structure):
         ("h2d_gbytes_per_s", ctypes.c_double),
         ("epochs", _c_u32),
         ("finished", ctypes.c_bool),
+        ("epoch", _c_u32),
+        ("run_pct", ctypes.c_double),
+        ("eta_epoch_s", ctypes.c_double),
+        ("eta_run_s", ctypes.c_double),
+        ("supply_batches_per_s", ctypes.c_double),
+        ("trainer_batches_per_s", ctypes.c_double),
+        ("bottleneck", ctypes.c_int32),
     ]
 
 

@@ -401,6 +401,6 @@ class Consumer:
 
     def status_line(self):
         """The one-line live status the hs-consumer command prints."""
-        buf = ctypes.create_string_buffer(512)
+        buf = ctypes.create_string_buffer(1024)
         self._lib.hs_consumer_status_line(self._handle(), buf, len(buf))
         return buf.value.decode(errors="replace")

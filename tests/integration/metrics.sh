@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # metrics.sh - the consumer's Prometheus endpoint serves its figures during
-# a run (GET /metrics), refuses other paths, and --stats-jsonl writes one
+# a run (GET /metrics, with the epoch, progress and hsflow_bottleneck), and
+# GET /healthz its state as JSON, refuses other paths, and --stats-jsonl writes one
 # parseable JSON object per line whose counters only grow.
 . "$(dirname "$0")/lib.sh"
 
@@ -22,6 +23,19 @@ assert values["hsflow_batches_delivered_total"] >= 5, values
 assert values["hsflow_batches_planned"] > 0, values
 assert values["hsflow_checksum_failures_total"] == 0, values
 assert "# TYPE hsflow_cache_used_bytes gauge" in text
+# The limit as an enum: one series per value, exactly one of them 1.
+limits = {k: v for k, v in values.items() if k.startswith("hsflow_bottleneck{")}
+assert sorted(limits) == ['hsflow_bottleneck{limit="%s"}' % n for n in
+                          ("network", "producers", "trainer", "unknown")], limits
+assert sum(limits.values()) == 1, limits
+assert 1 <= values["hsflow_epoch"] <= values["hsflow_epochs"] == 3, values
+assert 0 < values["hsflow_run_ratio"] <= 1, values
+import json
+health = urllib.request.urlopen(base + "/healthz", timeout=10)
+h = json.loads(health.read().decode())
+assert health.headers["Content-Type"] == "application/json", health.headers
+assert h["status"] == "ok" and h["epochs"] == 3 and h["version"], h
+assert h["bottleneck"] in ("unknown", "producers", "trainer", "network"), h
 try:
     urllib.request.urlopen(base + "/other", timeout=10)
     raise SystemExit("a path other than /metrics was served")
