@@ -113,9 +113,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     try:
         import matplotlib  # noqa: F401
-    except ImportError:
-        print("hsflow.plot: matplotlib is not installed (pip install matplotlib, or "
-              "apt install python3-matplotlib)", file=sys.stderr)
+    except Exception as e:  # missing, or built against another numpy
+        print("hsflow.plot: matplotlib cannot be imported (%s: %s); pip install matplotlib, "
+              "or apt install python3-matplotlib" % (type(e).__name__, e), file=sys.stderr)
         return 2
     try:
         rows = read_stats(args.stats)

@@ -49,7 +49,10 @@ def test_stats_lines_carry_wall_clock_time_and_plot_reads_rates(tmp_path):
 
 
 def test_plot_command_writes_a_png_of_a_real_run(tmp_path):
-    pytest.importorskip("matplotlib")
+    try:
+        import matplotlib  # noqa: F401
+    except Exception as e:  # missing, or built against another numpy
+        pytest.skip("matplotlib cannot be imported: %s" % e)
     stats = run_loopback(tmp_path)
     out = tmp_path / "run.png"
     r = subprocess.run([sys.executable, "-m", "hsflow.plot", str(stats), "-o", str(out)],
@@ -69,4 +72,4 @@ def test_plot_refuses_a_file_that_is_not_a_stats_file_naming_the_line(tmp_path):
                         str(tmp_path / "x.png")], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
     assert r.returncode == 2
-    assert "bad.jsonl:2" in r.stderr or "matplotlib is not installed" in r.stderr
+    assert "bad.jsonl:2" in r.stderr or "matplotlib cannot be imported" in r.stderr
