@@ -10,6 +10,7 @@
 #include "plan_int.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -91,8 +92,34 @@ static uint64_t plan_compute_hash(const hs_plan_t *p, uint64_t n_kept)
 /* First-fit-decreasing over sorted items; sets each item's bin and returns
  * the number of bins, with bin_tokens[b] their fill (bin_tokens has room for
  * n entries). */
+/* Progress of a long plan (millions of sequences): a line every
+ * HS_STATUS_INTERVAL seconds (default 5; 0 = at every check), checked every
+ * 2^16 sequences so the loops stay tight. */
+typedef struct {
+    double interval, t_last, t_start;
+} plan_progress_t;
+
+static void plan_progress_init(plan_progress_t *pg)
+{
+    const char *e = getenv("HS_STATUS_INTERVAL");
+    char *end = NULL;
+    double v = e ? strtod(e, &end) : 5.0;
+    pg->interval = e && end != e && v >= 0 ? v : 5.0;
+    pg->t_start = pg->t_last = hs_now_s();
+}
+
+static void plan_progress(plan_progress_t *pg, const char *what, uint64_t i, uint64_t n)
+{
+    if ((i & 0xffff) || i == 0) return;
+    double now = hs_now_s();
+    if (now - pg->t_last < pg->interval) return;
+    pg->t_last = now;
+    hs_info("plan: %s %" PRIu64 " of %" PRIu64 " sequences (%.0f%%, %.1f s so far)", what, i, n,
+            100.0 * (double)i / (double)n, now - pg->t_start);
+}
+
 static hs_status_t plan_pack(plan_item_t *items, uint64_t n, uint32_t budget, uint64_t *n_bins_out,
-                             uint32_t **bin_tokens_out)
+                             uint32_t **bin_tokens_out, plan_progress_t *pg)
 {
     uint64_t leaves = 1;
     while (leaves < n)
@@ -106,6 +133,7 @@ static hs_status_t plan_pack(plan_item_t *items, uint64_t n, uint32_t budget, ui
         tree[i] = budget;
     uint64_t n_bins = 0;
     for (uint64_t i = 0; i < n; i++) {
+        plan_progress(pg, "packed", i, n);
         uint32_t len = items[i].len;
         uint64_t node = 1;
         while (node < leaves)
@@ -165,8 +193,11 @@ hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, h
     p->stats.n_samples = n;
     p->stats.max_seq_len = c.max_seq_len;
 
+    plan_progress_t pg;
+    plan_progress_init(&pg);
     uint64_t k = 0;
     for (uint64_t i = 0; i < n; i++) {
+        plan_progress(&pg, "measured", i, n);
         uint32_t len = hs_dataset_seq_len(ds, i);
         if (len > c.max_seq_len) {
             if (c.overflow == HS_OVERFLOW_DROP) {
@@ -190,10 +221,12 @@ hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, h
         st = HS_ERR_INVALID;
         goto err_free;
     }
+    if (pg.interval == 0 || hs_now_s() - pg.t_start >= pg.interval)
+        hs_info("plan: sorting %" PRIu64 " sequences by length", k);
     qsort(items, (size_t)k, sizeof(*items), item_cmp);
 
     uint64_t n_bins = 0;
-    st = plan_pack(items, k, c.token_budget, &n_bins, &bin_tokens);
+    st = plan_pack(items, k, c.token_budget, &n_bins, &bin_tokens, &pg);
     if (st != HS_OK) goto err_free;
     if (n_bins > UINT32_MAX) {
         hs_error("plan: %" PRIu64 " batches do not fit 32-bit batch ids; raise --token-budget",
@@ -242,6 +275,9 @@ hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, h
     hs_debug("plan: %" PRIu64 " sequences -> %" PRIu32 " batches, budget %" PRIu32
              ", fill %.1f%%, hash %016" PRIx64,
              k, p->n_batches, c.token_budget, p->stats.mean_fill_pct, p->hash);
+    if (pg.t_last > pg.t_start || pg.interval == 0) /* progress was shown: say it is done */
+        hs_info("plan: %" PRIu64 " sequences in %" PRIu32 " batches, built in %.1f s", k,
+                p->n_batches, hs_now_s() - pg.t_start);
     *out = p;
     return HS_OK;
 

@@ -283,6 +283,9 @@ hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *bud
     miss_t miss = {.gpu = -1};
     for (int g = 0; g < n_gpus; g++) {
         const int dev = gpus[g];
+        /* Loading the replica and timing every shape takes a while: say where it is. */
+        hs_info("preflight: gpu %d (%d of %d): loading the forward, then %d shape(s)", dev, g + 1,
+                n_gpus, n_shapes);
         st = hs_model_cuda_create_ex(m, dev, budget, budget, top, &mc);
         if (st != HS_OK && st != HS_ERR_NOSPACE) goto out;
         for (int i = 0; i < n_shapes; i++) {
