@@ -59,6 +59,9 @@ def read_stats(path):
         for r in rows:
             r["wall"] = r["time"]
     rows.sort(key=lambda r: r["wall"])
+    # The line written at exit can share its millisecond with the periodic
+    # one before it: keep the later of lines at the same instant.
+    rows = [r for r, n in zip(rows, rows[1:] + [None]) if n is None or n["wall"] > r["wall"]]
     prev = None
     for r in rows:
         rate = 0.0
