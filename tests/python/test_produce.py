@@ -263,10 +263,16 @@ def test_python_and_hs_producer_serve_one_run_exactly_once_with_one_plan_hash(
             while c.stats()["producers_connected"] < 1:
                 assert py.p.poll() is None and time.monotonic() < deadline, py.text
                 time.sleep(0.2)
-            ct = ConsumerThread(c, check, deadline_s=240)
             cp = Proc([producer_bin, "--to", "127.0.0.1:%d" % c.port, "--data", data_path,
                        "--token-budget", str(BUDGET), "--source", "model", "--model", path,
                        "--layers", "1,3", "--summary-json", summary_c] + plan)
+            # The trainer starts once both producers are in: until then the
+            # small cache holds the Python producer back, so on a fast machine
+            # it cannot finish the run before hs-producer has joined.
+            while c.stats()["producers_connected"] < 2:
+                assert cp.p.poll() is None and time.monotonic() < deadline, cp.text
+                time.sleep(0.1)
+            ct = ConsumerThread(c, check, deadline_s=240)
             deadline = time.monotonic() + 240
             while ct.thread.is_alive() and time.monotonic() < deadline:
                 ct.thread.join(0.5)
