@@ -1368,6 +1368,28 @@ static void boot_refuse(int fd, hs_status_t st, const char *why)
     if (n) (void)send(fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+/* Reads and parses the consumer's next bootstrap record and checks that it
+ * is `want` (a REFUSE gives the consumer's reason). *rec (malloc'd) holds
+ * the record m points into, also on failure; the caller frees it. */
+static hs_status_t boot_expect(int fd, uint64_t deadline, unsigned want, const char *want_name,
+                               uint8_t **rec, size_t *len, hs__ucx_boot_msg_t *m, char *last,
+                               size_t lastcap)
+{
+    hs_status_t st = boot_read(fd, deadline, rec, len, last, lastcap);
+    if (st == HS_OK) st = hs__ucx_hello_parse(*rec, *len, m, last, lastcap);
+    if (st != HS_OK) return st;
+    if (m->type == HS__UCX_BOOT_REFUSE) {
+        snprintf(last, lastcap, "the consumer refused the connection: %s", m->text);
+        return m->status;
+    }
+    if (m->type != want) {
+        snprintf(last, lastcap, "the consumer sent UCX bootstrap record type %u, not %s", m->type,
+                 want_name);
+        return HS_ERR_PROTO;
+    }
+    return HS_OK;
+}
+
 /* The client side of the bootstrap exchange (see above) on a connected fd.
  * On success *peer_addr (malloc'd) holds the server's worker address. */
 static hs_status_t boot_exchange(ucx_tp_t *tp, int fd, uint64_t deadline, uint8_t **peer_addr,
@@ -1383,20 +1405,9 @@ static hs_status_t boot_exchange(ucx_tp_t *tp, int fd, uint64_t deadline, uint8_
     uint8_t *rec = NULL;
     size_t len = 0;
     hs__ucx_boot_msg_t m;
-    hs_status_t st = boot_read(fd, deadline, &rec, &len, last, lastcap);
-    if (st == HS_OK) st = hs__ucx_hello_parse(rec, len, &m, last, lastcap);
+    hs_status_t st = boot_expect(fd, deadline, HS__UCX_BOOT_CHALLENGE, "a CHALLENGE", &rec, &len,
+                                 &m, last, lastcap);
     if (st != HS_OK) goto out;
-    if (m.type == HS__UCX_BOOT_REFUSE) {
-        snprintf(last, lastcap, "the consumer refused the connection: %s", m.text);
-        st = m.status;
-        goto out;
-    }
-    if (m.type != HS__UCX_BOOT_CHALLENGE) {
-        snprintf(last, lastcap, "the consumer sent UCX bootstrap record type %u, not a CHALLENGE",
-                 m.type);
-        st = HS_ERR_PROTO;
-        goto out;
-    }
     if (!(m.flags & HS__UCX_BOOT_FLAG_KEY) != !key) {
         snprintf(last, lastcap,
                  key ? "the consumer has no shared secret but this producer has one: give both "
@@ -1421,20 +1432,9 @@ static hs_status_t boot_exchange(ucx_tp_t *tp, int fd, uint64_t deadline, uint8_
         st = boot_io_failed(last, lastcap);
         goto out;
     }
-    st = boot_read(fd, deadline, &rec, &len, last, lastcap);
-    if (st == HS_OK) st = hs__ucx_hello_parse(rec, len, &m, last, lastcap);
+    st = boot_expect(fd, deadline, HS__UCX_BOOT_ACCEPT, "an ACCEPT", &rec, &len, &m, last,
+                     lastcap);
     if (st != HS_OK) goto out;
-    if (m.type == HS__UCX_BOOT_REFUSE) {
-        snprintf(last, lastcap, "the consumer refused the connection: %s", m.text);
-        st = m.status;
-        goto out;
-    }
-    if (m.type != HS__UCX_BOOT_ACCEPT) {
-        snprintf(last, lastcap, "the consumer sent UCX bootstrap record type %u, not an ACCEPT",
-                 m.type);
-        st = HS_ERR_PROTO;
-        goto out;
-    }
     if (key) {
         uint8_t expect[HS_AUTH_MAC_BYTES];
         hs_auth_consumer_mac(key, client_nonce, server_nonce, expect);
