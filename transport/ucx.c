@@ -1432,8 +1432,7 @@ static hs_status_t boot_exchange(ucx_tp_t *tp, int fd, uint64_t deadline, uint8_
         st = boot_io_failed(last, lastcap);
         goto out;
     }
-    st = boot_expect(fd, deadline, HS__UCX_BOOT_ACCEPT, "an ACCEPT", &rec, &len, &m, last,
-                     lastcap);
+    st = boot_expect(fd, deadline, HS__UCX_BOOT_ACCEPT, "an ACCEPT", &rec, &len, &m, last, lastcap);
     if (st != HS_OK) goto out;
     if (key) {
         uint8_t expect[HS_AUTH_MAC_BYTES];
