@@ -193,9 +193,7 @@ static hs_status_t add_image(hs__st_set_t *st, const char *path, void *image, si
         return HS_ERR_FORMAT;
     }
     const uint8_t *p = image;
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--)
-        hlen = hlen << 8 | p[i];
+    uint64_t hlen = hs_le64_load(p);
     if (hlen > size - 8 || hlen > HS_ST_MAX_HEADER) {
         hs_error("%s: header length %llu does not fit in the file's %zu bytes (truncated file?)",
                  path, (unsigned long long)hlen, size);
@@ -646,8 +644,7 @@ hs_status_t hs__st_write(const char *path, const hs__st_write_tensor_t *tensors,
     if (rc != HS_OK) goto err;
     FILE *fp = hs_outfile_stream(of);
     uint8_t len8[8];
-    for (int i = 0; i < 8; i++)
-        len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    hs_le64_store(len8, padded);
     int ok = fwrite(len8, 1, 8, fp) == 8 && fwrite(hdr, 1, hlen, fp) == hlen;
     for (size_t i = hlen; ok && i < padded; i++)
         ok = fputc(' ', fp) != EOF;

@@ -78,27 +78,6 @@ struct hs_dataset {
 
 /* ---- small helpers ------------------------------------------------------ */
 
-static uint64_t load_u64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
-static uint32_t load_u32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-static uint16_t load_u16(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-
 /* Grows *p (elements of `elem` bytes, capacity *cap) to hold `need`. */
 static hs_status_t grow(void **p, size_t *cap, size_t need, size_t elem)
 {
@@ -722,7 +701,7 @@ static hs_status_t hst_parse(const char *path, const uint8_t *p, uint64_t size, 
                  path, size, HST_HEADER_BYTES);
         return HS_ERR_FORMAT;
     }
-    uint16_t version = load_u16(p + 4), hbytes = load_u16(p + 6);
+    uint16_t version = hs_le16_load(p + 4), hbytes = hs_le16_load(p + 6);
     if (version != HST_VERSION) {
         hs_error("%s: .hst version %u, this build reads version %u; " HST_HINT, path, version,
                  HST_VERSION);
@@ -734,12 +713,12 @@ static hs_status_t hst_parse(const char *path, const uint8_t *p, uint64_t size, 
         return HS_ERR_FORMAT;
     }
     uint32_t crc = hs_crc32c(0, p, HST_CRC_OFFSET);
-    if (crc != load_u32(p + HST_CRC_OFFSET)) {
+    if (crc != hs_le32_load(p + HST_CRC_OFFSET)) {
         hs_error("%s: corrupt .hst header (CRC-32C 0x%08x, stored 0x%08x); " HST_HINT, path, crc,
-                 load_u32(p + HST_CRC_OFFSET));
+                 hs_le32_load(p + HST_CRC_OFFSET));
         return HS_ERR_CHECKSUM;
     }
-    uint64_t n = load_u64(p + 8), total = load_u64(p + 16), fp = load_u64(p + 24);
+    uint64_t n = hs_le64_load(p + 8), total = hs_le64_load(p + 16), fp = hs_le64_load(p + 24);
     /* expected = 64 + 8(n+1) + 5T, computed without overflow */
     uint64_t expected = 0, a, b;
     bool overflow = __builtin_add_overflow(n, 1, &a) || __builtin_mul_overflow(a, 8, &a) ||

@@ -7,25 +7,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-static uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 const char *hs_msg_type_str(uint16_t type)
 {
     static const char *names[] = {"?",     "HELLO", "AUTH", "WELCOME", "TICKET",   "DONE",
@@ -36,18 +17,18 @@ const char *hs_msg_type_str(uint16_t type)
 void hs_frame_header_encode(uint8_t out[HS_FRAME_HEADER_BYTES], uint16_t type, const void *body,
                             uint32_t body_len)
 {
-    put_u32(out, HS_FRAME_MAGIC);
-    put_u16(out + 4, HS_PROTO_VERSION);
-    put_u16(out + 6, type);
-    put_u32(out + 8, body_len);
-    put_u32(out + 12, hs_crc32c(0, body, body_len));
+    hs_le32_store(out, HS_FRAME_MAGIC);
+    hs_le16_store(out + 4, HS_PROTO_VERSION);
+    hs_le16_store(out + 6, type);
+    hs_le32_store(out + 8, body_len);
+    hs_le32_store(out + 12, hs_crc32c(0, body, body_len));
 }
 
 hs_status_t hs_frame_header_decode(const uint8_t in[HS_FRAME_HEADER_BYTES], uint32_t max_body,
                                    hs_frame_header_t *out, char *why, size_t whycap)
 {
-    hs_frame_header_t h = {get_u32(in), get_u16(in + 4), get_u16(in + 6), get_u32(in + 8),
-                           get_u32(in + 12)};
+    hs_frame_header_t h = {hs_le32_load(in), hs_le16_load(in + 4), hs_le16_load(in + 6),
+                           hs_le32_load(in + 8), hs_le32_load(in + 12)};
     if (h.magic != HS_FRAME_MAGIC) {
         snprintf(why, whycap,
                  "bad frame magic 0x%08x (expected 0x%08x): peer is not an hsflow peer", h.magic,

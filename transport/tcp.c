@@ -146,19 +146,6 @@ static tcp_tp_t *tp_of(hs_tp_t *t)
     return (tcp_tp_t *)t;
 }
 
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
 /* ---- socket setup --------------------------------------------------------- */
 
 static int read_proc_int(const char *path)
@@ -307,7 +294,7 @@ static hs_status_t tx_append_frame(tcp_conn_t *c, uint64_t payload_len, const vo
         c->tx_cap = ncap;
     }
     uint8_t *p = c->tx + c->tx_tail;
-    put_u64(p, payload_len);
+    hs_le64_store(p, payload_len);
     memcpy(p + TCP_PREFIX, frame, frame_len);
     tcp_seg_t s = {.kind = SEG_COPY, .len = need};
     hs_status_t st = seg_push(c, s);
@@ -543,7 +530,7 @@ static bool rx_parse_head(tcp_conn_t *c)
         conn_fail_peer(c, st, why);
         return false;
     }
-    c->rx_payload_len = get_u64(c->rx);
+    c->rx_payload_len = hs_le64_load(c->rx);
     size_t need = (size_t)TCP_HEAD * 2 + c->rx_hdr.body_len;
     if (need > c->rx_cap) {
         size_t ncap = c->rx_cap;

@@ -6,20 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
 static const char *type_name(uint16_t type)
 {
     switch (type) {
@@ -40,10 +26,10 @@ static const char *type_name(uint16_t type)
 hs_status_t hs__ucx_boot_head_parse(const uint8_t head[HS__UCX_BOOT_HEAD], hs__ucx_boot_head_t *out,
                                     char *why, size_t whycap)
 {
-    uint32_t magic = (uint32_t)get_le(head, 4);
-    uint32_t version = (uint32_t)get_le(head + 4, 2);
-    uint16_t type = (uint16_t)get_le(head + 6, 2);
-    uint32_t len = (uint32_t)get_le(head + 8, 4);
+    uint32_t magic = hs_le32_load(head);
+    uint32_t version = hs_le16_load(head + 4);
+    uint16_t type = hs_le16_load(head + 6);
+    uint32_t len = hs_le32_load(head + 8);
     if (magic != HS__UCX_BOOT_MAGIC) {
         snprintf(why, whycap,
                  "not an hsflow UCX bootstrap (magic 0x%08x): is the peer using --transport tcp?",
@@ -109,7 +95,7 @@ hs_status_t hs__ucx_hello_parse(const uint8_t *buf, size_t len, hs__ucx_boot_msg
     switch (h.type) {
     case HS__UCX_BOOT_HELLO:
     case HS__UCX_BOOT_CHALLENGE:
-        m.flags = (uint32_t)get_le(b, 4);
+        m.flags = hs_le32_load(b);
         if (m.flags & ~HS__UCX_BOOT_FLAG_KEY) {
             snprintf(why, whycap, "UCX bootstrap %s with unknown flags 0x%x", type_name(h.type),
                      m.flags);
@@ -124,7 +110,7 @@ hs_status_t hs__ucx_hello_parse(const uint8_t *buf, size_t len, hs__ucx_boot_msg
         m.addr_len = h.body_len - HS__UCX_BOOT_MAC;
         break;
     case HS__UCX_BOOT_REFUSE: {
-        int32_t s = (int32_t)(uint32_t)get_le(b, 4);
+        int32_t s = (int32_t)hs_le32_load(b);
         /* only an error the peer could mean; anything else reads as a
          * protocol error */
         m.status = s < 0 && s >= HS_ERR_BUSY ? (hs_status_t)s : HS_ERR_PROTO;
@@ -143,17 +129,17 @@ hs_status_t hs__ucx_hello_parse(const uint8_t *buf, size_t len, hs__ucx_boot_msg
 
 void hs__ucx_boot_head_pack(uint8_t out[HS__UCX_BOOT_HEAD], uint16_t type, uint32_t body_len)
 {
-    put_le(out, HS__UCX_BOOT_MAGIC, 4);
-    put_le(out + 4, HS__UCX_BOOT_VERSION, 2);
-    put_le(out + 6, type, 2);
-    put_le(out + 8, body_len, 4);
+    hs_le32_store(out, HS__UCX_BOOT_MAGIC);
+    hs_le16_store(out + 4, HS__UCX_BOOT_VERSION);
+    hs_le16_store(out + 6, type);
+    hs_le32_store(out + 8, body_len);
 }
 
 void hs__ucx_boot_pack_nonce(uint8_t out[HS__UCX_BOOT_HELLO_BYTES], uint16_t type, uint32_t flags,
                              const uint8_t nonce[HS__UCX_BOOT_NONCE])
 {
     hs__ucx_boot_head_pack(out, type, HS__UCX_BOOT_NONCE_BODY);
-    put_le(out + HS__UCX_BOOT_HEAD, flags, 4);
+    hs_le32_store(out + HS__UCX_BOOT_HEAD, flags);
     memcpy(out + HS__UCX_BOOT_HEAD + 4, nonce, HS__UCX_BOOT_NONCE);
 }
 
@@ -164,7 +150,7 @@ size_t hs__ucx_boot_pack_refuse(uint8_t *buf, size_t cap, hs_status_t status, co
     size_t total = HS__UCX_BOOT_HEAD + 4 + n;
     if (cap < total) return 0;
     hs__ucx_boot_head_pack(buf, HS__UCX_BOOT_REFUSE, (uint32_t)(4 + n));
-    put_le(buf + HS__UCX_BOOT_HEAD, (uint32_t)(int32_t)status, 4);
+    hs_le32_store(buf + HS__UCX_BOOT_HEAD, (uint32_t)(int32_t)status);
     if (n) memcpy(buf + HS__UCX_BOOT_HEAD + 4, text, n);
     return total;
 }

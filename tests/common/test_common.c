@@ -310,11 +310,30 @@ START_TEST(mem_limits_take_the_tightest_cgroup_level_less_page_cache)
 }
 END_TEST
 
+START_TEST(le_helpers_store_least_significant_byte_first_at_any_alignment)
+{
+    uint8_t buf[1 + 8 + 4 + 2];
+    uint8_t *p = buf + 1; /* unaligned */
+    hs_le64_store(p, 0x0102030405060708ull);
+    hs_le32_store(p + 8, 0xa1b2c3d4u);
+    hs_le16_store(p + 12, 0xbeefu);
+    const uint8_t want[] = {8, 7, 6, 5, 4, 3, 2, 1, 0xd4, 0xc3, 0xb2, 0xa1, 0xef, 0xbe};
+    ck_assert_mem_eq(p, want, sizeof want);
+    ck_assert_uint_eq(hs_le64_load(p), 0x0102030405060708ull);
+    ck_assert_uint_eq(hs_le32_load(p + 8), 0xa1b2c3d4u);
+    ck_assert_uint_eq(hs_le16_load(p + 12), 0xbeefu);
+    hs_le64_store(p, UINT64_MAX);
+    ck_assert_uint_eq(hs_le64_load(p), UINT64_MAX);
+    ck_assert_uint_eq(hs_le32_load(p + 4), UINT32_MAX);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("common");
     TCase *tc = tcase_create("all");
     tcase_add_test(tc, crc32c_matches_the_castagnoli_check_value);
+    tcase_add_test(tc, le_helpers_store_least_significant_byte_first_at_any_alignment);
     tcase_add_test(tc, checksum64_is_the_combination_of_chunk_hashes);
     tcase_add_test(tc, checksum64_handles_more_chunks_than_its_stack_buffer);
     tcase_add_test(tc, checksum_stream_equals_one_shot_for_any_split);

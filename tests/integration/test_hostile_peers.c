@@ -292,18 +292,13 @@ static bool raw_send(int fd, const void *buf, size_t len)
     return true;
 }
 
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
 /* Transport prefix (payload_len) + a packed frame of `type`. */
 static size_t raw_build(uint8_t *buf, size_t cap, uint16_t type, const ProtobufCMessage *m,
                         uint64_t payload_len)
 {
     size_t len;
     ck_assert_int_eq(hs_msg_pack(type, m, buf + 8, cap - 8, &len), HS_OK);
-    put_u64(buf, payload_len);
+    hs_le64_store(buf, payload_len);
     return len + 8;
 }
 
@@ -322,7 +317,7 @@ static bool raw_send_unchecked(int fd, uint16_t type, const ProtobufCMessage *m)
     size_t n = protobuf_c_message_get_packed_size(m);
     uint8_t *buf = malloc(8 + HS_FRAME_HEADER_BYTES + n + 1);
     ck_assert_ptr_nonnull(buf);
-    put_u64(buf, 0);
+    hs_le64_store(buf, 0);
     protobuf_c_message_pack(m, buf + 8 + HS_FRAME_HEADER_BYTES);
     hs_frame_header_encode(buf + 8, type, buf + 8 + HS_FRAME_HEADER_BYTES, (uint32_t)n);
     bool ok = raw_send(fd, buf, 8 + HS_FRAME_HEADER_BYTES + n);
@@ -674,7 +669,7 @@ START_TEST(test_oversized_body_len_is_refused_before_allocating)
         int fd = raw_connect(hs_consumer_port(h.c));
         uint8_t buf[8 + HS_FRAME_HEADER_BYTES] = {0};
         hs_frame_header_encode(buf + 8, HS_MSG_HELLO, NULL, 0);
-        for (int k = 0; k < 4; k++) buf[8 + 8 + k] = (uint8_t)(sizes[i] >> (8 * k)); /* body_len */
+        hs_le32_store(buf + 8 + 8, sizes[i]); /* body_len */
         ck_assert(raw_send(fd, buf, sizeof buf));
         /* no body follows: a consumer that waited for it would hang here */
         expect_refused(fd, NULL, true);

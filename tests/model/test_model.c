@@ -515,8 +515,7 @@ static void write_raw(const char *path, const char *header, size_t data_bytes)
     ck_assert_ptr_nonnull(fp);
     uint64_t n = strlen(header);
     uint8_t len8[8];
-    for (int i = 0; i < 8; i++)
-        len8[i] = (uint8_t)(n >> (8 * i));
+    hs_le64_store(len8, n);
     fwrite(len8, 1, 8, fp);
     fwrite(header, 1, n, fp);
     for (size_t i = 0; i < data_bytes; i++)

@@ -765,8 +765,7 @@ static void raw_write(int fd, const void *p, size_t n)
 /* A raw TCP message: 8-byte payload length, then the frame. */
 static size_t raw_message(uint8_t *buf, uint64_t payload_len, uint16_t type, uint32_t body_len)
 {
-    for (int i = 0; i < 8; i++)
-        buf[i] = (uint8_t)(payload_len >> (8 * i));
+    hs_le64_store(buf, payload_len);
     return 8 + make_frame(buf + 8, type, 0, body_len);
 }
 
@@ -830,8 +829,7 @@ START_TEST(an_oversized_body_len_is_rejected_before_reading_the_body)
     uint8_t buf[8 + HS_FRAME_HEADER_BYTES + 16];
     raw_message(buf, 0, HS_MSG_STATS, 16);
     uint32_t huge = (64u << 10) + 1; /* the server's max_frame_body is 64 KiB */
-    for (int i = 0; i < 4; i++)
-        buf[8 + 8 + i] = (uint8_t)(huge >> (8 * i));
+    hs_le32_store(buf + 8 + 8, huge);
     raw_case(buf, 8 + HS_FRAME_HEADER_BYTES, false, HS_ERR_FORMAT, true);
 }
 END_TEST
