@@ -121,11 +121,6 @@ bool hs__tp_addr_is_loopback(const struct sockaddr *sa);
 /* "1.2.3.4:5678" / "[::1]:5678" into buf[cap]. */
 void hs__tp_addr_format(const struct sockaddr *sa, char *buf, size_t cap);
 
-/* Resolves host:port for listening (passive) or connecting; the caller
- * frees *out with freeaddrinfo(). Logs what was wrong. */
-struct addrinfo;
-hs_status_t hs__tp_resolve(const char *host, uint16_t port, bool passive, struct addrinfo **out);
-
 /* A listener's accept() failed with `err` (not EAGAIN, EINTR or
  * ECONNABORTED): typically EMFILE/ENFILE when the descriptor limit is
  * reached, which leaves the listening socket readable, so polling it again

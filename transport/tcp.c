@@ -38,6 +38,7 @@
  * accepted by the receiver; hs_tp_close()'s reason for a local close.
  */
 #include "hs_transport_int.h"
+#include "sock_int.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -196,6 +197,17 @@ static void socket_tune(tcp_tp_t *tp, int fd, bool stream)
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+}
+
+/* hs__sock_tune_cb for connected sockets and for listeners (whose buffer
+ * sizes accepted sockets inherit: window scale). */
+static void tune_stream(int fd, void *tp)
+{
+    socket_tune(tp, fd, true);
+}
+static void tune_listener(int fd, void *tp)
+{
+    socket_tune(tp, fd, false);
 }
 
 /* ---- connection objects ---------------------------------------------------- */
@@ -694,10 +706,9 @@ static void tcp_accept(tcp_tp_t *tp, tcp_listener_t *l)
 {
     for (;;) {
         struct sockaddr_storage ss;
-        socklen_t len = sizeof ss;
-        int fd = accept4(l->fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        socklen_t len;
+        int fd = hs__sock_accept(l->fd, &ss, &len);
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK) listener_pause(tp, l, errno);
             return;
         }
@@ -716,32 +727,10 @@ static void tcp_accept(tcp_tp_t *tp, tcp_listener_t *l)
 static hs_status_t tcp_listen(hs_tp_t *t, const char *host, uint16_t port, uint16_t *bound_port)
 {
     tcp_tp_t *tp = tp_of(t);
-    struct addrinfo *ai = NULL;
-    hs_status_t st = hs__tp_resolve(host, port, true, &ai);
+    int fd;
+    hs_status_t st =
+        hs__sock_listen("tcp transport", host, port, tune_listener, tp, &fd, bound_port);
     if (st != HS_OK) return st;
-    int fd = -1, err = 0;
-    for (struct addrinfo *a = ai; a; a = a->ai_next) {
-        fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        int one = 1, zero = 0;
-        (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (a->ai_family == AF_INET6) /* "::" takes IPv4 too */
-            (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-        socket_tune(tp, fd, false); /* inherited by accepted sockets: window scale */
-        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) break;
-        err = errno;
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(ai);
-    if (fd < 0) {
-        hs_error("cannot listen on %s port %u: %s; choose a free port or a local address", host,
-                 port, strerror(err));
-        return HS_ERR_IO;
-    }
     tcp_listener_t *l = calloc(1, sizeof *l);
     if (!l) {
         close(fd);
@@ -758,54 +747,7 @@ static hs_status_t tcp_listen(hs_tp_t *t, const char *host, uint16_t port, uint1
     }
     l->next = tp->listeners;
     tp->listeners = l;
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    uint16_t p = port;
-    char addr[HS__TP_PEER_CAP] = "?";
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0) {
-        hs__tp_addr_format((struct sockaddr *)&ss, addr, sizeof addr);
-        if (ss.ss_family == AF_INET) p = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        if (ss.ss_family == AF_INET6) p = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    }
-    hs_info("tcp transport listening on %s", addr);
-    if (bound_port) *bound_port = p;
     return HS_OK;
-}
-
-/* One non-blocking connect attempt to `a`, waiting up to wait_ms. Returns the
- * connected fd, or -1 with errno set. */
-static int connect_once(tcp_tp_t *tp, const struct addrinfo *a, int wait_ms)
-{
-    int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    socket_tune(tp, fd, true);
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) return fd;
-    if (errno != EINPROGRESS) goto err_fd;
-    struct pollfd p = {.fd = fd, .events = POLLOUT};
-    int r;
-    do {
-        r = poll(&p, 1, wait_ms);
-    } while (r < 0 && errno == EINTR);
-    if (r == 0) {
-        errno = ETIMEDOUT;
-        goto err_fd;
-    }
-    if (r < 0) goto err_fd;
-    int soerr = 0;
-    socklen_t sl = sizeof soerr;
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0) goto err_fd;
-    if (soerr != 0) {
-        errno = soerr;
-        goto err_fd;
-    }
-    return fd;
-
-err_fd : {
-    int e = errno;
-    close(fd);
-    errno = e;
-    return -1;
-}
 }
 
 static hs_status_t tcp_connect(hs_tp_t *t, const char *host, uint16_t port, int timeout_ms,
@@ -813,43 +755,23 @@ static hs_status_t tcp_connect(hs_tp_t *t, const char *host, uint16_t port, int 
 {
     tcp_tp_t *tp = tp_of(t);
     struct addrinfo *ai = NULL;
-    hs_status_t st = hs__tp_resolve(host, port, false, &ai);
+    hs_status_t st = hs__sock_resolve(host, port, false, &ai);
     if (st != HS_OK) return st;
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : hs_now_ns() + (uint64_t)timeout_ms * 1000000u;
-    int fd = -1, err = 0;
+    int fd = -1;
     const struct addrinfo *used = NULL;
-    for (;;) {
-        bool retry = false;
-        for (const struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-            uint64_t now = hs_now_ns();
-            int wait_ms = deadline == UINT64_MAX ? -1
-                          : now >= deadline      ? 0
-                                                 : (int)((deadline - now + 999999) / 1000000);
-            fd = connect_once(tp, a, wait_ms);
-            if (fd >= 0) {
-                used = a;
-                break;
-            }
-            err = errno;
-            /* peer not (yet) listening or not reachable yet: try again */
-            if (err == ECONNREFUSED || err == ETIMEDOUT || err == ENETUNREACH ||
-                err == EHOSTUNREACH || err == ECONNRESET || err == EAGAIN)
-                retry = true;
-        }
-        if (fd >= 0 || !retry) break;
-        uint64_t now = hs_now_ns();
-        if (now >= deadline) break;
-        uint64_t nap = 50u * 1000000u;
-        if (deadline - now < nap) nap = deadline - now;
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap};
-        nanosleep(&ts, NULL);
-    }
-    if (fd < 0) {
+    char why[160];
+    st = hs__sock_connect(ai, deadline, tune_stream, tp, &fd, &used, why, sizeof why);
+    if (st != HS_OK) {
         freeaddrinfo(ai);
-        bool timed_out = hs_now_ns() >= deadline;
-        hs_error("cannot connect to %s port %u%s: %s; is the consumer running and reachable?", host,
-                 port, timed_out ? " before the timeout" : "", strerror(err));
-        return timed_out ? HS_ERR_TIMEOUT : HS_ERR_IO;
+        if (st == HS_ERR_TIMEOUT)
+            hs_error("cannot connect to %s port %u before the timeout: %s; is the consumer running "
+                     "and reachable?",
+                     host, port, why);
+        else
+            hs_error("cannot connect to %s port %u: %s; check the address and the route to it",
+                     host, port, why);
+        return st;
     }
     tcp_conn_t *c = conn_new(tp, fd, used->ai_addr, used->ai_addrlen);
     freeaddrinfo(ai);

@@ -343,35 +343,6 @@ void hs__tp_conn_set_peer(hs_tp_conn_t *conn, const struct sockaddr *sa, socklen
     hs__tp_addr_format((const struct sockaddr *)&conn->peer_addr, conn->peer, sizeof conn->peer);
 }
 
-hs_status_t hs__tp_resolve(const char *host, uint16_t port, bool passive, struct addrinfo **out)
-{
-    struct addrinfo hints = {0};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-    char ps[8];
-    snprintf(ps, sizeof ps, "%u", port);
-    /* "[::1]" as given on a command line works too */
-    char h[256];
-    size_t n = strlen(host);
-    if (n >= 2 && host[0] == '[' && host[n - 1] == ']' && n - 2 < sizeof h) {
-        memcpy(h, host + 1, n - 2);
-        h[n - 2] = '\0';
-    } else if (n < sizeof h) {
-        memcpy(h, host, n + 1);
-    } else {
-        hs_error("host name of %zu characters is too long", n);
-        return HS_ERR_INVALID;
-    }
-    int rc = getaddrinfo(h[0] ? h : NULL, ps, &hints, out);
-    if (rc != 0) {
-        hs_error("cannot resolve '%s' port %u: %s; give an IP address or a resolvable host name",
-                 host, port, gai_strerror(rc));
-        return HS_ERR_INVALID;
-    }
-    return HS_OK;
-}
-
 /* ---- listeners ----------------------------------------------------------- */
 
 void hs__tp_accept_failed(hs_tp_t *tp, int err, uint64_t *resume_ns)

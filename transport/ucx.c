@@ -32,6 +32,7 @@
  * on_close runs once all of them reported (or UCX_DRAIN_MS passed).
  */
 #include "hs_transport_int.h"
+#include "sock_int.h"
 #include "ucx_hello_int.h"
 
 #include <assert.h>
@@ -1084,10 +1085,9 @@ static void listener_accept(ucx_tp_t *tp, size_t li)
 {
     for (;;) {
         struct sockaddr_storage ss;
-        socklen_t len = sizeof ss;
-        int fd = accept4(tp->lfds[li], (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        socklen_t len;
+        int fd = hs__sock_accept(tp->lfds[li], &ss, &len);
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 hs__tp_accept_failed(&tp->base, errno, &tp->lfd_resume_ns[li]);
             return;
@@ -1188,31 +1188,9 @@ static hs_status_t sockets_poll(ucx_tp_t *tp, int ms, bool with_efd)
 static hs_status_t ucx_listen(hs_tp_t *t, const char *host, uint16_t port, uint16_t *bound_port)
 {
     ucx_tp_t *tp = tp_of(t);
-    struct addrinfo *ai = NULL;
-    hs_status_t st = hs__tp_resolve(host, port, true, &ai);
+    int fd;
+    hs_status_t st = hs__sock_listen("ucx transport", host, port, NULL, NULL, &fd, bound_port);
     if (st != HS_OK) return st;
-    int fd = -1, err = 0;
-    for (struct addrinfo *a = ai; a; a = a->ai_next) {
-        fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        int one = 1, zero = 0;
-        (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (a->ai_family == AF_INET6)
-            (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) break;
-        err = errno;
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(ai);
-    if (fd < 0) {
-        hs_error("cannot listen on %s port %u: %s; choose a free port or a local address", host,
-                 port, strerror(err));
-        return HS_ERR_IO;
-    }
     int *n = realloc(tp->lfds, (tp->n_lfds + 1) * sizeof *n);
     if (n) tp->lfds = n;
     uint64_t *r = n ? realloc(tp->lfd_resume_ns, (tp->n_lfds + 1) * sizeof *r) : NULL;
@@ -1223,17 +1201,6 @@ static hs_status_t ucx_listen(hs_tp_t *t, const char *host, uint16_t port, uint1
     }
     tp->lfd_resume_ns[tp->n_lfds] = 0;
     tp->lfds[tp->n_lfds++] = fd;
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    uint16_t p = port;
-    char addr[HS__TP_PEER_CAP] = "?";
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0) {
-        hs__tp_addr_format((struct sockaddr *)&ss, addr, sizeof addr);
-        if (ss.ss_family == AF_INET) p = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        if (ss.ss_family == AF_INET6) p = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    }
-    hs_info("ucx transport listening on %s", addr);
-    if (bound_port) *bound_port = p;
     return HS_OK;
 }
 
@@ -1252,46 +1219,6 @@ static void worker_drain(ucx_tp_t *tp)
     }
 }
 
-static int ms_left(uint64_t deadline)
-{
-    if (deadline == UINT64_MAX) return -1;
-    uint64_t now = hs_now_ns();
-    return now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
-}
-
-/* Blocking I/O on the bootstrap socket, bounded by deadline. false with
- * errno set (ETIMEDOUT at the deadline, ECONNRESET for an end of stream). */
-static bool sock_io(int fd, void *buf, size_t len, bool writing, uint64_t deadline)
-{
-    size_t done = 0;
-    while (done < len) {
-        struct pollfd p = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
-        int r = poll(&p, 1, ms_left(deadline));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            if (r == 0) errno = ETIMEDOUT;
-            return false;
-        }
-        ssize_t n = writing ? send(fd, (uint8_t *)buf + done, len - done, MSG_NOSIGNAL)
-                            : recv(fd, (uint8_t *)buf + done, len - done, 0);
-        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        if (n <= 0) {
-            if (n == 0) errno = ECONNRESET;
-            return false;
-        }
-        done += (size_t)n;
-    }
-    return true;
-}
-
-/* errnos of a bootstrap that may work if tried again: the consumer is not
- * (yet, or again) listening, or went away in the middle (a restart). */
-static bool boot_errno_transient(int e)
-{
-    return e == ECONNREFUSED || e == ECONNRESET || e == EPIPE || e == ECONNABORTED || e == EAGAIN ||
-           e == ETIMEDOUT || e == ENETUNREACH || e == EHOSTUNREACH || e == EINTR;
-}
-
 /* An I/O failure in the middle of the exchange, errno set: a reset or an
  * end of stream is what a consumer restarting looks like. */
 static hs_status_t boot_io_failed(char *last, size_t lastcap)
@@ -1299,39 +1226,7 @@ static hs_status_t boot_io_failed(char *last, size_t lastcap)
     int e = errno;
     snprintf(last, lastcap, "UCX bootstrap with the consumer failed: %s", strerror(e));
     if (e == ETIMEDOUT) return HS_ERR_TIMEOUT;
-    return boot_errno_transient(e) ? HS_ERR_AGAIN : HS_ERR_IO;
-}
-
-/* One non-blocking TCP connect to `a`, bounded by deadline: the connected
- * (blocking-free, O_NONBLOCK) fd, or -1 with errno set. */
-static int boot_connect(const struct addrinfo *a, uint64_t deadline)
-{
-    int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) return fd;
-    int e = errno;
-    if (e == EINPROGRESS) {
-        struct pollfd p = {.fd = fd, .events = POLLOUT};
-        int r;
-        do {
-            r = poll(&p, 1, ms_left(deadline));
-        } while (r < 0 && errno == EINTR);
-        int soerr = 0;
-        socklen_t sl = sizeof soerr;
-        if (r == 0)
-            e = ETIMEDOUT;
-        else if (r < 0)
-            e = errno;
-        else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0)
-            e = errno;
-        else if (soerr != 0)
-            e = soerr;
-        else
-            return fd;
-    }
-    close(fd);
-    errno = e;
-    return -1;
+    return hs__sock_errno_retryable(e) ? HS_ERR_AGAIN : HS_ERR_IO;
 }
 
 /* Reads one record (head, checked, then its body) into a malloc'd *out of
@@ -1341,7 +1236,7 @@ static hs_status_t boot_read(int fd, uint64_t deadline, uint8_t **out, size_t *o
                              size_t lastcap)
 {
     uint8_t head[HS__UCX_BOOT_HEAD];
-    if (!sock_io(fd, head, sizeof head, false, deadline)) goto err_io;
+    if (!hs__sock_io(fd, head, sizeof head, false, deadline)) goto err_io;
     hs__ucx_boot_head_t h;
     hs_status_t st = hs__ucx_boot_head_parse(head, &h, last, lastcap);
     if (st != HS_OK) return st;
@@ -1349,7 +1244,7 @@ static hs_status_t boot_read(int fd, uint64_t deadline, uint8_t **out, size_t *o
     uint8_t *rec = malloc(len);
     if (!rec) return HS_ERR_NOMEM;
     memcpy(rec, head, sizeof head);
-    if (!sock_io(fd, rec + sizeof head, h.body_len, false, deadline)) {
+    if (!hs__sock_io(fd, rec + sizeof head, h.body_len, false, deadline)) {
         free(rec);
         goto err_io;
     }
@@ -1401,7 +1296,7 @@ static hs_status_t boot_exchange(ucx_tp_t *tp, int fd, uint64_t deadline, uint8_
     if (hs_auth_nonce(client_nonce) != HS_OK) return HS_ERR_UNSUPPORTED;
     hs__ucx_boot_pack_nonce(hello, HS__UCX_BOOT_HELLO, key ? HS__UCX_BOOT_FLAG_KEY : 0,
                             client_nonce);
-    if (!sock_io(fd, hello, sizeof hello, true, deadline)) return boot_io_failed(last, lastcap);
+    if (!hs__sock_io(fd, hello, sizeof hello, true, deadline)) return boot_io_failed(last, lastcap);
     uint8_t *rec = NULL;
     size_t len = 0;
     hs__ucx_boot_msg_t m;
@@ -1426,9 +1321,9 @@ static hs_status_t boot_exchange(ucx_tp_t *tp, int fd, uint64_t deadline, uint8_
     if (key) hs_auth_producer_mac(key, server_nonce, client_nonce, hello, sizeof hello, mac);
     uint8_t head[HS__UCX_BOOT_HEAD];
     hs__ucx_boot_head_pack(head, HS__UCX_BOOT_AUTH, (uint32_t)(sizeof mac + tp->my_addr_len));
-    if (!sock_io(fd, head, sizeof head, true, deadline) ||
-        !sock_io(fd, mac, sizeof mac, true, deadline) ||
-        !sock_io(fd, tp->my_addr, tp->my_addr_len, true, deadline)) {
+    if (!hs__sock_io(fd, head, sizeof head, true, deadline) ||
+        !hs__sock_io(fd, mac, sizeof mac, true, deadline) ||
+        !hs__sock_io(fd, tp->my_addr, tp->my_addr_len, true, deadline)) {
         st = boot_io_failed(last, lastcap);
         goto out;
     }
@@ -1458,28 +1353,17 @@ out:
     return st;
 }
 
-/* TCP connect to one of ai, then the bootstrap exchange. HS_ERR_AGAIN when
- * trying again may work (nobody listening yet, a reset in the middle). */
+/* TCP connect to one of ai (retried until the deadline while nobody
+ * listens, hs__sock_connect), then the bootstrap exchange. HS_ERR_AGAIN when
+ * trying the whole again may work (a reset in the middle: a restart). */
 static hs_status_t bootstrap(ucx_tp_t *tp, const struct addrinfo *ai, uint64_t deadline,
                              const struct addrinfo **used, uint8_t **peer_addr, char *last,
                              size_t lastcap)
 {
     int fd = -1;
-    bool transient = false;
-    for (const struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-        fd = boot_connect(a, deadline);
-        if (fd >= 0) {
-            *used = a;
-            break;
-        }
-        snprintf(last, lastcap, "%s", strerror(errno));
-        if (boot_errno_transient(errno)) transient = true;
-    }
-    if (fd < 0) {
-        if (hs_now_ns() >= deadline) return HS_ERR_TIMEOUT;
-        return transient ? HS_ERR_AGAIN : HS_ERR_IO;
-    }
-    hs_status_t st = boot_exchange(tp, fd, deadline, peer_addr, last, lastcap);
+    hs_status_t st = hs__sock_connect(ai, deadline, NULL, NULL, &fd, used, last, lastcap);
+    if (st != HS_OK) return st;
+    st = boot_exchange(tp, fd, deadline, peer_addr, last, lastcap);
     close(fd);
     if (st == HS_ERR_AGAIN && hs_now_ns() >= deadline) st = HS_ERR_TIMEOUT;
     return st;
@@ -1532,7 +1416,7 @@ static hs_status_t ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int 
         return HS_ERR_BUSY;
     }
     struct addrinfo *ai = NULL;
-    hs_status_t st = hs__tp_resolve(host, port, false, &ai);
+    hs_status_t st = hs__sock_resolve(host, port, false, &ai);
     if (st != HS_OK) return st;
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : hs_now_ns() + (uint64_t)timeout_ms * 1000000u;
     ucx_conn_t *c = NULL;

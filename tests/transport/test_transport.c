@@ -704,6 +704,71 @@ START_TEST(connect_to_a_port_nobody_listens_on_times_out)
 }
 END_TEST
 
+/* A loopback port that drops every SYN unanswered, as a black-holed or
+ * filtered host does: a listener with backlog 0 whose one queued connection
+ * (*filler) is never accepted; with its accept queue full the kernel drops
+ * the SYNs that follow. Returns the listener. */
+static int black_hole_open(uint16_t *port, int *filler)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    ck_assert_int_eq(bind(l, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(l, 0), 0);
+    socklen_t len = sizeof a;
+    ck_assert_int_eq(getsockname(l, (struct sockaddr *)&a, &len), 0);
+    *port = ntohs(a.sin_port);
+    *filler = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_eq(connect(*filler, (struct sockaddr *)&a, sizeof a), 0);
+    /* the queue is full now: a further connect must hang */
+    int probe = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ck_assert_int_eq(connect(probe, (struct sockaddr *)&a, sizeof a), -1);
+    ck_assert_int_eq(errno, EINPROGRESS);
+    struct pollfd pf = {.fd = probe, .events = POLLOUT};
+    ck_assert_int_eq(poll(&pf, 1, 300), 0);
+    close(probe);
+    return l;
+}
+
+START_TEST(a_connect_to_a_black_holed_port_ends_at_its_deadline)
+{
+    int fds0 = count_fds();
+    side_t s;
+    side_create(&s, g_kind);
+    uint16_t port;
+    int filler, l = black_hole_open(&port, &filler);
+    hs_tp_conn_t *c = NULL;
+    uint64_t t0 = hs_now_ns();
+    hs_status_t st = hs_tp_connect(s.tp, "127.0.0.1", port, 700, &c);
+    double took = (double)(hs_now_ns() - t0) / 1e9;
+    ck_assert_int_eq(st, HS_ERR_TIMEOUT);
+    ck_assert_ptr_null(c);
+    /* a connect left to the kernel would wait out its SYN retries (minutes) */
+    ck_assert_msg(took >= 0.6 && took < 5.0, "connect took %.2f s for a 0.7 s deadline", took);
+    close(filler);
+    close(l);
+    hs_tp_destroy(s.tp);
+    ck_assert_int_eq(count_fds(), fds0);
+}
+END_TEST
+
+START_TEST(a_connect_that_waiting_cannot_mend_fails_at_once)
+{
+    int fds0 = count_fds();
+    side_t s;
+    side_create(&s, g_kind);
+    hs_tp_conn_t *c = NULL;
+    uint64_t t0 = hs_now_ns();
+    /* TCP has no route to a multicast group (ENETUNREACH) on any host */
+    hs_status_t st = hs_tp_connect(s.tp, "224.0.0.1", 9, 15000, &c);
+    double took = (double)(hs_now_ns() - t0) / 1e9;
+    ck_assert_int_eq(st, HS_ERR_IO);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(took < 3.0, "a connect with no route took %.2f s of its 15 s deadline", took);
+    hs_tp_destroy(s.tp);
+    ck_assert_int_eq(count_fds(), fds0);
+}
+END_TEST
+
 START_TEST(require_rdma_refuses_a_path_without_rdma)
 {
     int fds0 = count_fds();
@@ -1061,6 +1126,8 @@ static void add_api_tests(TCase *tc)
     ADD(tc, a_sender_that_vanishes_mid_payload_fails_the_receive_once);
     ADD(tc, ipv6_loopback_works);
     ADD(tc, connect_to_a_port_nobody_listens_on_times_out);
+    ADD(tc, a_connect_to_a_black_holed_port_ends_at_its_deadline);
+    ADD(tc, a_connect_that_waiting_cannot_mend_fails_at_once);
     ADD(tc, require_rdma_refuses_a_path_without_rdma);
     ADD(tc, net_devices_limit_what_carries_a_connection);
     ADD(tc, a_per_connection_frame_limit_holds_until_raised);
