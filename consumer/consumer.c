@@ -1725,6 +1725,12 @@ void hs_consumer_destroy(hs_consumer_t *c)
     for (uint32_t i = 0; i < c->n_verify; i++)
         pthread_join(c->verify_threads[i], NULL);
     free(c->verify_threads);
+    /* Copies in flight finish first: their callbacks free slots and wake the
+     * transport, which must still exist. */
+    hs__loader_destroy(c->loader);
+    hs_tp_destroy(c->tp);
+    /* Only now: the transport's last progress can still land a payload and
+     * queue its job (cb_payload), after the verify threads have gone. */
     for (verify_job_t *j = c->vjobs, *n; j; j = n) {
         n = j->next;
         free(j);
@@ -1733,10 +1739,6 @@ void hs_consumer_destroy(hs_consumer_t *c)
         n = j->next;
         free(j);
     }
-    /* Copies in flight finish first: their callbacks free slots and wake the
-     * transport, which must still exist. */
-    hs__loader_destroy(c->loader);
-    hs_tp_destroy(c->tp);
     while (c->peers) {
         peer_t *p = c->peers;
         c->peers = p->next;

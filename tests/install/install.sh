@@ -34,8 +34,10 @@ expect_run() { # expect_run EXE: runs it and checks what it prints
 
 export PKG_CONFIG_PATH=$root/lib/pkgconfig
 [ "$("$pkgconfig" --modversion hsflow)" = "$want" ] || fail "pkg-config --modversion hsflow"
-# shellcheck disable=SC2046
-"$cc" -std=c11 -Wall -Werror "$here/app.c" -o "$prefix/app_pc" $("$pkgconfig" --cflags --libs hsflow) ||
+# HS_APP_CFLAGS: what a sanitized build's programs need (set by CTest).
+# shellcheck disable=SC2046,SC2086
+"$cc" -std=c11 -Wall -Werror ${HS_APP_CFLAGS:-} "$here/app.c" -o "$prefix/app_pc" \
+    $("$pkgconfig" --cflags --libs hsflow) ||
     fail "building against hsflow.pc failed"
 LD_LIBRARY_PATH=$root/lib expect_run "$prefix/app_pc"
 mkdir -p "$prefix/proj"
@@ -49,6 +51,7 @@ add_executable(app_static $here/app.c)
 target_link_libraries(app_static PRIVATE hsflow::hsflow_static)
 CMAKE
 "$cmake" -S "$prefix/proj" -B "$prefix/proj/build" -DCMAKE_C_COMPILER="$cc" \
+    -DCMAKE_C_FLAGS="${HS_APP_CFLAGS:-}" \
     -DCMAKE_PREFIX_PATH="$root" >"$prefix/cmake.log" 2>&1 ||
     fail "find_package(hsflow) failed: $(tail -n 20 "$prefix/cmake.log")"
 "$cmake" --build "$prefix/proj/build" >"$prefix/build.log" 2>&1 ||

@@ -18,7 +18,7 @@ done
 # A caller's HS_* settings would change what the tests run.
 for v in $(compgen -e); do
     case $v in
-    HS_BIN | HS_LOG_LEVEL) ;;
+    HS_BIN | HS_LOG_LEVEL | HS_SANITIZE) ;; # the last: set by CTest for a sanitized build
     HS_*) unset "$v" ;;
     esac
 done
