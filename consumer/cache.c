@@ -55,6 +55,10 @@ struct hs_cache {
     double prepare_s;
     bool has_thread;
     pthread_t thread;
+
+    /* registration with a transport (hs_cache_register_next) */
+    uint64_t registered_end; /* [0, registered_end) registered, chunk by chunk */
+    bool registered_whole;   /* ... and the whole region in one piece */
 };
 
 /* ---- block array ------------------------------------------------------- */
@@ -370,6 +374,25 @@ void hs_cache_destroy(hs_cache_t *c)
 
 /* ---- slots ----------------------------------------------------------------- */
 
+/* Where in free block b a slot of `need` bytes may start: its offset, or
+ * the first chunk boundary inside it when a registered cache is not yet
+ * registered whole (the slot must then lie inside one registered chunk).
+ * Lock held. */
+static bool cache_slot_place(const hs_cache_t *c, const hs_cache_block_t *b, uint64_t need,
+                             uint64_t *at)
+{
+    uint64_t o = b->offset, end = b->offset + b->bytes;
+    if ((c->flags & HS_CACHE_REGISTERED) && !c->registered_whole) {
+        uint64_t chunk = c->chunk_bytes;
+        if (need > chunk) return false; /* waits for the whole region */
+        if (o / chunk != (o + need - 1) / chunk) o = (o / chunk + 1) * chunk;
+        if (end > c->registered_end) end = c->registered_end;
+    }
+    if (o + need > end) return false;
+    *at = o;
+    return true;
+}
+
 hs_status_t hs_cache_reserve(hs_cache_t *c, uint64_t bytes, hs_cache_slot_t *out)
 {
     if (bytes == 0) {
@@ -389,10 +412,14 @@ hs_status_t hs_cache_reserve(hs_cache_t *c, uint64_t bytes, hs_cache_slot_t *out
     pthread_mutex_lock(&c->lock);
     /* best fit: the smallest free extent that holds `need`, lowest address on ties */
     int64_t best = -1;
+    uint64_t best_at = 0;
     for (uint32_t i = 0; i < c->n_blocks; i++) {
         const hs_cache_block_t *b = &c->blocks[i];
-        if (!b->used && b->bytes >= need && (best < 0 || b->bytes < c->blocks[best].bytes)) {
+        uint64_t at;
+        if (b->used || b->bytes < need || !cache_slot_place(c, b, need, &at)) continue;
+        if (best < 0 || b->bytes < c->blocks[best].bytes) {
             best = i;
+            best_at = at;
             if (b->bytes == need) break;
         }
     }
@@ -402,6 +429,15 @@ hs_status_t hs_cache_reserve(hs_cache_t *c, uint64_t bytes, hs_cache_slot_t *out
         goto out_unlock;
     }
     hs_cache_block_t *b = &c->blocks[best];
+    if (best_at > b->offset) { /* the slot starts at a chunk boundary inside b */
+        hs_cache_block_t front = {.offset = b->offset, .bytes = best_at - b->offset, .used = false};
+        st = cache_blocks_insert(c, (uint32_t)best, front);
+        if (st) goto out_unlock;
+        best++;
+        b = &c->blocks[best]; /* the array may have moved */
+        b->offset = best_at;
+        b->bytes -= front.bytes;
+    }
     uint64_t off = b->offset;
     if (b->bytes > need) {
         hs_cache_block_t rest = {.offset = off + need, .bytes = b->bytes - need, .used = false};
@@ -446,6 +482,32 @@ hs_status_t hs_cache_free(hs_cache_t *c, uint64_t offset)
     }
     pthread_mutex_unlock(&c->lock);
     return HS_OK;
+}
+
+bool hs_cache_register_next(hs_cache_t *c, hs_cache_register_cb reg, void *arg)
+{
+    pthread_mutex_lock(&c->lock);
+    uint64_t from = c->registered_end, ready = c->ready_end;
+    bool whole = c->registered_whole;
+    pthread_mutex_unlock(&c->lock);
+    if (whole) return false;
+    uint64_t len = 0;
+    if (from < c->capacity) {
+        if (ready <= from) return true; /* the next chunk is not prepared yet */
+        len = ready - from < c->chunk_bytes ? ready - from : c->chunk_bytes;
+        (void)reg(arg, c->base + from, len); /* on failure: logged, slower but usable */
+    } else {
+        /* every chunk registered: the whole region in one piece, so that a
+         * slot may cross chunk boundaries from now on */
+        (void)reg(arg, c->base, c->capacity);
+    }
+    pthread_mutex_lock(&c->lock);
+    c->registered_end = from + len;
+    /* one chunk is the whole region */
+    if (len == 0 || (from == 0 && len == c->capacity)) c->registered_whole = true;
+    whole = c->registered_whole;
+    pthread_mutex_unlock(&c->lock);
+    return !whole;
 }
 
 bool hs_cache_contains(const hs_cache_t *c, const void *p, uint64_t bytes)

@@ -15,6 +15,16 @@
  * GPU at run time) one warning is logged and the rest is used unpinned.
  * Without either flag the whole region is usable at once.
  *
+ * Registration with a transport (HS_CACHE_REGISTERED, hs_cache_register_next):
+ * the owner registers the prepared region with its transport one chunk at a
+ * time, so that no single call maps a large cache before producers can
+ * start, then, once every chunk is registered, the whole region in one piece.
+ * A transport (UCX) hands a payload a memory handle only when one
+ * registration holds all of it, so until the whole region is registered a
+ * slot is placed only inside one registered chunk, and a slot larger than a
+ * chunk waits for the whole region: every slot reserve hands out lies inside
+ * memory already registered, and nothing is registered on the data path.
+ *
  * Threads: every function may be called from any thread (one mutex); reserve
  * typically runs on the network thread and free on the trainer's thread.
  *
@@ -43,6 +53,8 @@ enum {
     /* Do not start the background thread: the caller prepares the region by
      * calling hs_cache_prepare_next() until it returns false. */
     HS_CACHE_MANUAL_PREPARE = 1u << 2,
+    /* Slots only inside memory registered by hs_cache_register_next(). */
+    HS_CACHE_REGISTERED = 1u << 3,
 };
 
 typedef struct hs_cache hs_cache_t;
@@ -126,6 +138,18 @@ hs_status_t hs_cache_copy_to_device(const hs_cache_t *c, void *dst, uint64_t off
 bool hs_cache_prepare_next(hs_cache_t *c);
 /* Block until every chunk is prepared (or the cache is being destroyed). */
 void hs_cache_wait_prepared(hs_cache_t *c);
+
+/* Registers memory of the cache with a transport: reg(arg, addr, len) is
+ * called on the calling thread, without the cache's lock held. */
+typedef hs_status_t (*hs_cache_register_cb)(void *arg, void *addr, uint64_t len);
+/* Registers the next piece through `reg`: the next prepared chunk, or, once
+ * every chunk is registered (and there is more than one), the whole region
+ * in one piece; with HS_CACHE_REGISTERED, reserve then places slots inside
+ * what is registered (see the top). A registration that fails (reg logs why)
+ * is passed over: slots go there all the same and move slower. Returns true
+ * while there is more to register (some of it perhaps not prepared yet);
+ * false once the whole region is registered. One caller at a time. */
+bool hs_cache_register_next(hs_cache_t *c, hs_cache_register_cb reg, void *arg);
 
 #ifdef __cplusplus
 }

@@ -981,21 +981,18 @@ static void expire_leases(hs_consumer_t *c, double now)
     }
 }
 
-/* Registers the cache with the transport (UCX maps it for RDMA) one chunk
- * at a time as chunks become usable, so a large cache is never mapped in one
- * blocking call before producers can start. A slot that straddles two chunks
- * still works; UCX then registers it on the fly. */
+static hs_status_t cache_register(void *tp, void *addr, uint64_t len)
+{
+    return hs_tp_mem_register(tp, addr, (size_t)len);
+}
+
+/* Registers the cache with the transport (UCX maps it for RDMA) a chunk at
+ * a time as chunks become usable, then whole; the cache hands out only
+ * slots inside registered memory (HS_CACHE_REGISTERED). */
 static void register_ready_chunks(hs_consumer_t *c)
 {
-    hs_cache_stats_t cs;
-    hs_cache_stats(c->cache, &cs);
-    uint64_t chunk = hs_cache_chunk_bytes(c->cache);
-    if (c->registered_bytes < cs.ready_bytes) {
-        uint64_t len = cs.ready_bytes - c->registered_bytes;
-        if (len > chunk) len = chunk;
-        hs_tp_mem_register(c->tp, (uint8_t *)hs_cache_base(c->cache) + c->registered_bytes, len);
-        c->registered_bytes += len;
-    }
+    if (!c->cache_registered)
+        c->cache_registered = !hs_cache_register_next(c->cache, cache_register, c->tp);
 }
 
 /* What start-up waits for, in a few words, or "" once batches flow. */
@@ -1074,7 +1071,7 @@ static void *net_main(void *arg)
     hs_consumer_t *c = arg;
     while (!c->stop) {
         register_ready_chunks(c);
-        hs_tp_progress(c->tp, c->registered_bytes < hs_cache_capacity(c->cache) ? 20 : 200);
+        hs_tp_progress(c->tp, c->cache_registered ? 200 : 20);
         collect_verified(c);
         collect_released(c);
         push_deliverable(c);
@@ -1209,7 +1206,7 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     /* With a GPU the cache is pinned chunk by chunk in the background and
      * grows as chunks become ready, so producers can start at once. */
     hs_cache_config_t cc = {.capacity = cfg->cache_bytes,
-                            .flags = cfg->gpu >= 0 ? HS_CACHE_PIN_CUDA : 0,
+                            .flags = HS_CACHE_REGISTERED | (cfg->gpu >= 0 ? HS_CACHE_PIN_CUDA : 0),
                             .cuda_device = cfg->gpu};
     st = resume_load(c, cfg);
     if (st != HS_OK) goto err_free;

@@ -115,7 +115,7 @@ struct hs_consumer {
     uint32_t n_batches, token_budget;
     uint64_t tokens_per_epoch;
     hs_sched_t *sched;
-    uint64_t registered_bytes; /* cache prefix registered with the transport */
+    bool cache_registered; /* the whole cache is registered with the transport */
     uint64_t n_seen, n_dropped, n_proto_errors, leases_returned;
     double t_last_status, status_interval, handshake_timeout_s;
     /* last time a producer was connected (under lock), and how long none may

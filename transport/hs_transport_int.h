@@ -47,6 +47,11 @@ struct hs_tp {
     /* UCX bootstrap: peers that proved themselves (their worker address went
      * to UCX) and peers refused before that; for tests and the logs. */
     uint64_t boot_passed, boot_refused;
+    /* Memory registration, for tests and the logs: hs_tp_mem_register()
+     * calls that succeeded, and payloads that moved from or into memory no
+     * registration holds whole (UCX then registers it on the fly, on the
+     * data path: slower; rendezvous receives and every payload send). */
+    uint64_t mem_registrations, payloads_unregistered;
     /* Listeners pause after a failed accept (hs__tp_accept_failed). */
     uint64_t accept_refused, accept_last_log_ns;
 };

@@ -258,7 +258,9 @@ void hs_tp_wakeup(hs_tp_t *tp)
 hs_status_t hs_tp_mem_register(hs_tp_t *tp, void *addr, size_t len)
 {
     if (!tp || !addr || len == 0) return HS_ERR_INVALID;
-    return tp->ops->mem_register(tp, addr, len);
+    hs_status_t st = tp->ops->mem_register(tp, addr, len);
+    if (st == HS_OK) tp->mem_registrations++;
+    return st;
 }
 
 /* ---- connection info ------------------------------------------------------ */

@@ -399,6 +399,8 @@ static ucx_conn_t *conn_by_ep(ucx_tp_t *tp, const ucp_am_recv_param_t *param)
     return NULL;
 }
 
+/* The handle of a registration that holds [p, p+len) whole, or NULL (UCX
+ * then registers the memory itself, on the data path: counted). */
 static ucp_mem_h region_memh(ucx_tp_t *tp, const void *p, uint64_t len)
 {
     if (!tp->use_memh) return NULL;
@@ -407,6 +409,7 @@ static ucp_mem_h region_memh(ucx_tp_t *tp, const void *p, uint64_t len)
         const uint8_t *r = tp->regions[i].addr;
         if (b >= r && b + len <= r + tp->regions[i].len) return tp->regions[i].memh;
     }
+    tp->base.payloads_unregistered++;
     return NULL;
 }
 

@@ -375,6 +375,120 @@ START_TEST(reserve_hands_out_only_prepared_chunks)
 }
 END_TEST
 
+/* A registration callback that records what it was given. */
+typedef struct {
+    uint8_t *addr[16];
+    uint64_t len[16];
+    int n;
+} reg_log_t;
+
+static hs_status_t reg_record(void *arg, void *addr, uint64_t len)
+{
+    reg_log_t *r = arg;
+    ck_assert_int_lt(r->n, 16);
+    r->addr[r->n] = addr;
+    r->len[r->n] = len;
+    r->n++;
+    return HS_OK;
+}
+
+/* True when one recorded registration holds [p, p+len) whole. */
+static bool reg_holds(const reg_log_t *r, const void *p, uint64_t len)
+{
+    const uint8_t *b = p;
+    for (int i = 0; i < r->n; i++)
+        if (b >= r->addr[i] && b + len <= r->addr[i] + r->len[i]) return true;
+    return false;
+}
+
+START_TEST(a_registered_cache_hands_out_only_slots_inside_one_registration)
+{
+    const uint64_t chunk = 1ull << 20;
+    hs_cache_config_t cfg = {.capacity = 4 * chunk,
+                             .flags =
+                                 HS_CACHE_PREFAULT | HS_CACHE_MANUAL_PREPARE | HS_CACHE_REGISTERED,
+                             .chunk_bytes = chunk,
+                             .cuda_device = -1};
+    hs_cache_t *c;
+    ck_assert_int_eq(hs_cache_create_ex(&cfg, &c), HS_OK);
+    uint8_t *base = hs_cache_base(c);
+    reg_log_t reg = {0};
+    hs_cache_slot_t s[8];
+
+    ck_assert(hs_cache_register_next(c, reg_record, &reg)); /* nothing prepared yet */
+    ck_assert_int_eq(reg.n, 0);
+    ck_assert(hs_cache_prepare_next(c));
+    ck_assert(hs_cache_prepare_next(c));
+    /* prepared but not registered: nothing to hand out */
+    ck_assert_int_eq(hs_cache_reserve(c, 4096, &s[0]), HS_ERR_NOSPACE);
+    ck_assert(hs_cache_register_next(c, reg_record, &reg));
+    ck_assert_int_eq(reg.n, 1);
+    ck_assert_ptr_eq(reg.addr[0], base);
+    ck_assert_uint_eq(reg.len[0], chunk);
+
+    /* 0.75 of a chunk, twice: the second does not fit in the first chunk,
+     * and the second chunk is not registered yet */
+    ck_assert_int_eq(hs_cache_reserve(c, chunk / 4 * 3, &s[0]), HS_OK);
+    ck_assert_int_eq(hs_cache_reserve(c, chunk / 4 * 3, &s[1]), HS_ERR_NOSPACE);
+    ck_assert(hs_cache_register_next(c, reg_record, &reg));
+    ck_assert_int_eq(reg.n, 2);
+    /* it starts at the chunk boundary rather than across it */
+    ck_assert_int_eq(hs_cache_reserve(c, chunk / 4 * 3, &s[1]), HS_OK);
+    ck_assert_uint_eq(s[1].offset, chunk);
+    /* the quarter left in the first chunk is still handed out */
+    ck_assert_int_eq(hs_cache_reserve(c, chunk / 4, &s[2]), HS_OK);
+    ck_assert_uint_eq(s[2].offset, chunk / 4 * 3);
+    /* larger than a chunk: waits for the whole cache */
+    ck_assert_int_eq(hs_cache_reserve(c, chunk + 4096, &s[3]), HS_ERR_NOSPACE);
+    ck_assert(hs_cache_register_next(c, reg_record, &reg)); /* chunk 3 not prepared */
+    ck_assert_int_eq(reg.n, 2);
+    ck_assert(hs_cache_prepare_next(c));
+    ck_assert(!hs_cache_prepare_next(c));
+    ck_assert(hs_cache_register_next(c, reg_record, &reg));
+    ck_assert(hs_cache_register_next(c, reg_record, &reg));
+    ck_assert_int_eq(reg.n, 4);
+    ck_assert_int_eq(hs_cache_reserve(c, chunk + 4096, &s[3]), HS_ERR_NOSPACE);
+    /* every chunk registered: then the whole cache in one piece */
+    ck_assert(!hs_cache_register_next(c, reg_record, &reg));
+    ck_assert_int_eq(reg.n, 5);
+    ck_assert_ptr_eq(reg.addr[4], base);
+    ck_assert_uint_eq(reg.len[4], 4 * chunk);
+    ck_assert(!hs_cache_register_next(c, reg_record, &reg));
+    ck_assert_int_eq(reg.n, 5); /* nothing more, ever */
+    ck_assert_int_eq(hs_cache_reserve(c, chunk + 4096, &s[3]), HS_OK);
+    ck_assert_uint_eq(s[3].offset, chunk / 4 * 7); /* now across a chunk boundary */
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(reg_holds(&reg, s[i].ptr, s[i].bytes),
+                      "slot %d at offset %llu is in no registration", i,
+                      (unsigned long long)s[i].offset);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(hs_cache_free(c, s[i].offset), HS_OK);
+    hs_cache_stats_t cs;
+    hs_cache_stats(c, &cs);
+    ck_assert_uint_eq(cs.n_free_extents, 1);
+    ck_assert_uint_eq(cs.free_bytes, 4 * chunk);
+    hs_cache_destroy(c);
+}
+END_TEST
+
+START_TEST(a_registered_cache_of_one_chunk_is_registered_once)
+{
+    hs_cache_config_t cfg = {.capacity = 1ull << 20,
+                             .flags = HS_CACHE_REGISTERED,
+                             .chunk_bytes = 1ull << 20,
+                             .cuda_device = -1};
+    hs_cache_t *c;
+    ck_assert_int_eq(hs_cache_create_ex(&cfg, &c), HS_OK);
+    reg_log_t reg = {0};
+    ck_assert(!hs_cache_register_next(c, reg_record, &reg));
+    ck_assert(!hs_cache_register_next(c, reg_record, &reg));
+    ck_assert_int_eq(reg.n, 1);
+    hs_cache_slot_t s;
+    ck_assert_int_eq(hs_cache_reserve(c, 1ull << 20, &s), HS_OK);
+    hs_cache_destroy(c);
+}
+END_TEST
+
 START_TEST(background_preparation_makes_the_whole_cache_usable)
 {
     hs_cache_config_t cfg = {.capacity = 8ull << 20,
@@ -546,6 +660,8 @@ int main(void)
     tcase_add_test(tc, background_preparation_makes_the_whole_cache_usable);
     tcase_add_test(tc, without_prepare_flags_everything_is_usable_at_once);
     tcase_add_test(tc, reserve_on_one_thread_and_free_on_another_keep_the_books);
+    tcase_add_test(tc, a_registered_cache_hands_out_only_slots_inside_one_registration);
+    tcase_add_test(tc, a_registered_cache_of_one_chunk_is_registered_once);
 #ifdef HS_HAVE_CUDA
     tcase_add_test(tc, pinned_cache_copies_to_the_gpu_across_chunk_boundaries);
 #else

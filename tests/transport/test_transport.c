@@ -388,6 +388,54 @@ START_TEST(a_64MiB_payload_lands_exactly_in_dest_and_nowhere_else)
 }
 END_TEST
 
+/* UCX passes a memory handle with a payload only when one registration
+ * holds all of it; otherwise it registers the memory itself, on the data
+ * path. The transport counts those payloads. */
+START_TEST(ucx_payloads_in_registered_memory_are_not_registered_on_the_fly)
+{
+    const size_t len = 1u << 20;
+    uint8_t *src = malloc(len), *region = malloc(3 * len), *loose = malloc(len);
+    ck_assert(src && region && loose);
+    fill_pattern(src, len, 7);
+    pair_open("127.0.0.1");
+    ck_assert_int_eq(hs_tp_mem_register(S.tp, region, 2 * len), HS_OK);
+    ck_assert_int_eq(hs_tp_mem_register(C.tp, src, len), HS_OK);
+    ck_assert_uint_eq(S.tp->mem_registrations, 1);
+    ck_assert_uint_eq(C.tp->mem_registrations, 1);
+    uint8_t frame[HS_FRAME_HEADER_BYTES + 40];
+    size_t n = make_frame(frame, HS_MSG_DONE, 0, 40);
+    g_sent_ok = g_sent_failed = 0;
+
+    S.dest = region + 4096; /* inside the registration */
+    S.dest_len = len;
+    ck_assert_int_eq(hs_tp_send_payload(g_cc, frame, n, src, len, cb_sent, (void *)0), HS_OK);
+    PUMP_UNTIL(&S, &C, S.payloads_ok + S.payloads_failed == 1 && g_sent_ok + g_sent_failed == 1);
+    ck_assert_int_eq(S.payloads_ok, 1);
+    ck_assert_mem_eq(region + 4096, src, len);
+    ck_assert_uint_eq(S.tp->payloads_unregistered, 0);
+    ck_assert_uint_eq(C.tp->payloads_unregistered, 0);
+
+    S.dest = region + len + 4096; /* runs past the end of the registered 2 MiB */
+    ck_assert_int_eq(hs_tp_send_payload(g_cc, frame, n, src, len, cb_sent, (void *)0), HS_OK);
+    PUMP_UNTIL(&S, &C, S.payloads_ok + S.payloads_failed == 2 && g_sent_ok + g_sent_failed == 2);
+    ck_assert_int_eq(S.payloads_ok, 2);
+    ck_assert_uint_eq(S.tp->payloads_unregistered, 1);
+
+    S.dest = region + 4096; /* from memory the sender did not register */
+    memcpy(loose, src, len);
+    ck_assert_int_eq(hs_tp_send_payload(g_cc, frame, n, loose, len, cb_sent, (void *)0), HS_OK);
+    PUMP_UNTIL(&S, &C, S.payloads_ok + S.payloads_failed == 3 && g_sent_ok + g_sent_failed == 3);
+    ck_assert_int_eq(S.payloads_ok, 3);
+    ck_assert_uint_eq(S.tp->payloads_unregistered, 1);
+    ck_assert_uint_eq(C.tp->payloads_unregistered, 1);
+    ck_assert_int_eq(S.closes + C.closes, 0);
+    pair_close_and_check_fds();
+    free(src);
+    free(region);
+    free(loose);
+}
+END_TEST
+
 START_TEST(payloads_and_frames_interleave_in_order)
 {
     /* odd sizes, small (eager-sized) and large, each followed by a frame */
@@ -1159,6 +1207,7 @@ int main(void)
         ADD(tc, ucx_a_remote_peer_without_a_secret_is_refused_before_ucx_sees_its_address);
         ADD(tc, ucx_a_shared_secret_is_proved_both_ways_in_the_bootstrap);
         ADD(tc, ucx_malformed_bootstrap_records_never_reach_ucx);
+        ADD(tc, ucx_payloads_in_registered_memory_are_not_registered_on_the_fly);
         suite_add_tcase(s, tc);
     } else {
         fprintf(stderr, "transport: UCX not built in, skipping the ucx cases\n");
