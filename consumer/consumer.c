@@ -69,17 +69,24 @@ static peer_t *peer_find(hs_consumer_t *c, uint64_t id)
     return NULL;
 }
 
-/* Decodes a frame body from a peer; a malformed one drops the peer (NULL). */
-static ProtobufCMessage *peer_unpack(hs_consumer_t *c, peer_t *p, uint16_t type,
-                                     const uint8_t *body, uint32_t len)
+/* Decodes a frame body from a peer into arena `a` (NULL: the heap); a
+ * malformed one drops the peer (NULL). Free with hs_msg_free_in(a, m). */
+static ProtobufCMessage *peer_unpack_in(hs_consumer_t *c, peer_t *p, hs_msg_arena_t *a,
+                                        uint16_t type, const uint8_t *body, uint32_t len)
 {
     char why[256];
     ProtobufCMessage *m;
-    if (hs_msg_unpack(type, body, len, &m, why, sizeof(why)) != HS_OK) {
+    if (hs_msg_unpack_in(a, type, body, len, &m, why, sizeof(why)) != HS_OK) {
         peer_drop(c, p, HS_ERR_FORMAT, "bad %s: %s", hs_msg_type_str(type), why);
         return NULL;
     }
     return m;
+}
+
+static ProtobufCMessage *peer_unpack(hs_consumer_t *c, peer_t *p, uint16_t type,
+                                     const uint8_t *body, uint32_t len)
+{
+    return peer_unpack_in(c, p, NULL, type, body, len);
 }
 
 /* Frees a dead peer once no payload of it is being received or verified:
@@ -542,7 +549,7 @@ static void on_done(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t l
         peer_drop(c, p, HS_ERR_PROTO, "DONE before the handshake finished");
         return;
     }
-    if (!(m = peer_unpack(c, p, HS_MSG_DONE, body, len))) return;
+    if (!(m = peer_unpack_in(c, p, &c->done_arena, HS_MSG_DONE, body, len))) return;
     Hsflow__Done *d = (Hsflow__Done *)m;
     if (hs_sched_lookup(c->sched, p->id, d->ticket_id, &it) != HS_OK) {
         peer_drop(c, p, HS_ERR_PROTO, "DONE for ticket %llu, which this producer does not hold",
@@ -563,7 +570,7 @@ static void on_done(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t l
             p->t_done_frame = p->t_progress = hs_now_s();
         }
     }
-    hs_msg_free(m);
+    hs_msg_free_in(&c->done_arena, m);
 }
 
 static void on_stats(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
@@ -1175,6 +1182,7 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     hs_consumer_t *c = calloc(1, sizeof(*c));
     if (!c) return HS_ERR_NOMEM;
     c->cfg = *cfg;
+    hs_msg_arena_init(&c->done_arena);
     c->status_interval = 5.0;
     const char *si = getenv("HS_STATUS_INTERVAL");
     if (si) c->status_interval = atof(si);

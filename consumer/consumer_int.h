@@ -115,7 +115,8 @@ struct hs_consumer {
     uint32_t n_batches, token_budget;
     uint64_t tokens_per_epoch;
     hs_sched_t *sched;
-    bool cache_registered; /* the whole cache is registered with the transport */
+    bool cache_registered;     /* the whole cache is registered with the transport */
+    hs_msg_arena_t done_arena; /* the network thread decodes every DONE here */
     uint64_t n_seen, n_dropped, n_proto_errors, leases_returned;
     double t_last_status, status_interval, handshake_timeout_s;
     /* last time a producer was connected (under lock), and how long none may

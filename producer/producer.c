@@ -91,6 +91,7 @@ struct hs_producer {
     size_t hello_len;
 
     hs_tp_t *tp;
+    hs_msg_arena_t ticket_arena; /* the network thread decodes every TICKET here */
     hs_tp_conn_t *conn;
     uint8_t *frame_buf;
     hs_status_t result;
@@ -113,9 +114,9 @@ struct hs_producer {
     bool net_started;
     pthread_t net_thread;
     double t_start;
-    double heartbeat_s; /* STATS interval: a quarter of the consumer's lease timeout */
-    double t_beat;      /* when the last STATS went */
-    uint32_t epochs;    /* of the run, from WELCOME; lock */
+    double heartbeat_s;  /* STATS interval: a quarter of the consumer's lease timeout */
+    double t_beat;       /* when the last STATS went */
+    uint32_t epochs;     /* of the run, from WELCOME; lock */
     uint32_t epoch_seen; /* 0-based epoch of the latest ticket; lock */
 
     worker_t workers[HS_PRODUCER_MAX_WORKERS];
@@ -382,17 +383,24 @@ static void fail(producer_t *pr, hs_status_t code, const char *fmt, ...)
     pr->done = true;
 }
 
-/* Decodes a frame body from the consumer; a malformed one fails the run. */
-static ProtobufCMessage *consumer_unpack(producer_t *pr, uint16_t type, const uint8_t *body,
-                                         uint32_t len)
+/* Decodes a frame body from the consumer into arena `a` (NULL: the heap);
+ * a malformed one fails the run. Free with hs_msg_free_in(a, m). */
+static ProtobufCMessage *consumer_unpack_in(producer_t *pr, hs_msg_arena_t *a, uint16_t type,
+                                            const uint8_t *body, uint32_t len)
 {
     char why[256];
     ProtobufCMessage *m;
-    if (hs_msg_unpack(type, body, len, &m, why, sizeof(why)) != HS_OK) {
+    if (hs_msg_unpack_in(a, type, body, len, &m, why, sizeof(why)) != HS_OK) {
         fail(pr, HS_ERR_FORMAT, "bad %s from the consumer: %s", hs_msg_type_str(type), why);
         return NULL;
     }
     return m;
+}
+
+static ProtobufCMessage *consumer_unpack(producer_t *pr, uint16_t type, const uint8_t *body,
+                                         uint32_t len)
+{
+    return consumer_unpack_in(pr, NULL, type, body, len);
 }
 
 static void send_plan(producer_t *pr)
@@ -493,7 +501,7 @@ static void on_ticket(producer_t *pr, const uint8_t *body, uint32_t len)
         fail(pr, HS_ERR_PROTO, "TICKET before WELCOME");
         return;
     }
-    if (!(m = consumer_unpack(pr, HS_MSG_TICKET, body, len))) return;
+    if (!(m = consumer_unpack_in(pr, &pr->ticket_arena, HS_MSG_TICKET, body, len))) return;
     Hsflow__Ticket *t = (Hsflow__Ticket *)m;
     hs_plan_batch_t b;
     if (hs_plan_batch(pr->plan, t->batch, &b) != HS_OK) {
@@ -526,7 +534,7 @@ static void on_ticket(producer_t *pr, const uint8_t *body, uint32_t len)
             pthread_mutex_unlock(&pr->lock);
         }
     }
-    hs_msg_free(m);
+    hs_msg_free_in(&pr->ticket_arena, m);
 }
 
 static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t *body,
@@ -685,8 +693,7 @@ static void send_stats(producer_t *pr)
         struct timespec ts;
         if (w->has_cpu_clock && clock_gettime(w->cpu_clock, &ts) == 0) {
             uint64_t cpu = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-            if (w->computing && cpu - w->cpu_ns_seen >= 1000000u)
-                progressing = true;
+            if (w->computing && cpu - w->cpu_ns_seen >= 1000000u) progressing = true;
             w->cpu_ns_seen = cpu;
         }
     }
@@ -985,6 +992,7 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
     const hs_producer_config_t *cfg = pr->cfg = &pr->config;
     pthread_mutex_init(&pr->lock, NULL);
     pthread_cond_init(&pr->cond, NULL);
+    hs_msg_arena_init(&pr->ticket_arena);
 
     if (cfg->source == HS_SOURCE_MODEL) {
         st = load_model(pr);

@@ -71,14 +71,14 @@ typedef struct {
     uint16_t version;
     uint16_t dtype;
     uint32_t epoch;
-    uint32_t index;        /* batch index within the epoch's plan */
-    uint32_t n_seqs;       /* n */
-    uint32_t n_tokens;     /* T */
-    uint32_t hidden_size;  /* H */
-    uint32_t n_layers;     /* k */
+    uint32_t index;       /* batch index within the epoch's plan */
+    uint32_t n_seqs;      /* n */
+    uint32_t n_tokens;    /* T */
+    uint32_t hidden_size; /* H */
+    uint32_t n_layers;    /* k */
     uint64_t layout_id;
     uint64_t total_bytes;
-    uint64_t checksum;     /* hs_checksum64 of the body */
+    uint64_t checksum; /* hs_checksum64 of the body */
     uint64_t plan_hash;
     uint8_t reserved[HS_BATCH_HEADER_BYTES - 64];
 } hs_batch_header_t;
@@ -148,15 +148,15 @@ hs_status_t hs_batch_synth_check(const hs_batch_view_t *v, const hs_layout_t *la
 
 /* Frame types; each carries the hsflow.proto message of the same name. */
 typedef enum {
-    HS_MSG_HELLO = 1,   /* producer -> consumer: identity, layout, plan hash/shape */
-    HS_MSG_AUTH = 2,    /* producer -> consumer: HMAC over the consumer's challenge */
-    HS_MSG_WELCOME = 3, /* consumer -> producer: accepted, session id, epochs, resume */
-    HS_MSG_TICKET = 4,  /* consumer -> producer: compute (epoch, index) into slot, B bytes */
-    HS_MSG_DONE = 5,    /* producer -> consumer: ticket finished; payload follows */
-    HS_MSG_STATS = 6,   /* producer -> consumer: producer-side figures */
-    HS_MSG_ERROR = 7,   /* either way: code + text, then close */
-    HS_MSG_BYE = 8,     /* consumer -> producer: run over; producer -> consumer: leaving */
-    HS_MSG_PLAN = 9,    /* producer -> consumer: a page of the plan's batch shapes */
+    HS_MSG_HELLO = 1,      /* producer -> consumer: identity, layout, plan hash/shape */
+    HS_MSG_AUTH = 2,       /* producer -> consumer: HMAC over the consumer's challenge */
+    HS_MSG_WELCOME = 3,    /* consumer -> producer: accepted, session id, epochs, resume */
+    HS_MSG_TICKET = 4,     /* consumer -> producer: compute (epoch, index) into slot, B bytes */
+    HS_MSG_DONE = 5,       /* producer -> consumer: ticket finished; payload follows */
+    HS_MSG_STATS = 6,      /* producer -> consumer: producer-side figures */
+    HS_MSG_ERROR = 7,      /* either way: code + text, then close */
+    HS_MSG_BYE = 8,        /* consumer -> producer: run over; producer -> consumer: leaving */
+    HS_MSG_PLAN = 9,       /* producer -> consumer: a page of the plan's batch shapes */
     HS_MSG_CHALLENGE = 10, /* consumer -> producer: nonce to sign */
     HS_MSG_TYPE_MAX = 10
 } hs_msg_type_t;
@@ -234,6 +234,35 @@ hs_status_t hs_msg_decode_frame(const uint8_t *frame, size_t len, uint16_t *type
 
 /* Frees a message from hs_msg_unpack; NULL is fine. */
 void hs_msg_free(ProtobufCMessage *msg);
+
+/* ---- decoding without the heap ----------------------------------------- */
+
+/* An arena that the messages of every batch (TICKET, DONE) are decoded into,
+ * so that the data path allocates nothing: a ProtobufCAllocator over storage
+ * of its own, owned by one thread (one per connection or per network thread)
+ * and holding one message at a time. What does not fit (a message with many
+ * unknown fields, or a second message while one is alive) comes from the
+ * heap instead and is counted in heap_allocs; hs_msg_free_in() frees that
+ * part and makes the arena whole again. */
+#define HS_MSG_ARENA_BYTES 1024u
+typedef struct {
+    ProtobufCAllocator alloc; /* allocator_data points at this arena */
+    size_t used;              /* bytes of buf handed out to the live message */
+    bool live;                /* the message decoded here (top) is not freed yet */
+    ProtobufCMessage *top;
+    uint64_t heap_allocs;                 /* allocations that did not fit buf (tests, logs) */
+    uint64_t buf[HS_MSG_ARENA_BYTES / 8]; /* handed out in 8-byte aligned pieces */
+} hs_msg_arena_t;
+
+/* Readies an arena (it holds no memory outside itself: nothing to destroy). */
+void hs_msg_arena_init(hs_msg_arena_t *a);
+
+/* hs_msg_unpack() with the message's memory from arena `a` (NULL: the heap,
+ * as hs_msg_unpack). The caller frees *out with hs_msg_free_in(a, *out). */
+hs_status_t hs_msg_unpack_in(hs_msg_arena_t *a, uint16_t type, const uint8_t *body, uint32_t len,
+                             ProtobufCMessage **out, char *why, size_t whycap);
+/* Frees a message from hs_msg_unpack_in(a, ...); NULL is fine. */
+void hs_msg_free_in(hs_msg_arena_t *a, ProtobufCMessage *msg);
 
 /* An ERROR frame with `code` and `text` (cut to HS_MSG_TEXT_MAX - 1 bytes). */
 hs_status_t hs_msg_error_frame(hs_status_t code, const char *text, uint8_t *buf, size_t cap,

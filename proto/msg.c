@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const ProtobufCMessageDescriptor *const descriptors[HS_MSG_TYPE_MAX + 1] = {
@@ -287,20 +288,37 @@ hs_status_t hs_msg_pack(uint16_t type, const ProtobufCMessage *msg, uint8_t *buf
 hs_status_t hs_msg_unpack(uint16_t type, const uint8_t *body, uint32_t len, ProtobufCMessage **out,
                           char *why, size_t whycap)
 {
+    return hs_msg_unpack_in(NULL, type, body, len, out, why, whycap);
+}
+
+hs_status_t hs_msg_unpack_in(hs_msg_arena_t *a, uint16_t type, const uint8_t *body, uint32_t len,
+                             ProtobufCMessage **out, char *why, size_t whycap)
+{
     const ProtobufCMessageDescriptor *d = hs_msg_descriptor(type);
     if (!d) return bad(why, whycap, "unknown frame type %u", type);
     if (len > HS_FRAME_MAX_BODY)
         return bad(why, whycap, "%s body of %u bytes exceeds the limit of %u",
                    hs_msg_type_str(type), len, HS_FRAME_MAX_BODY);
     static const uint8_t empty[1];
-    ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, len, len ? body : empty);
+    /* a second message while one is alive comes from the heap */
+    ProtobufCAllocator *alloc = a && !a->live ? &a->alloc : NULL;
+    if (a && a->live) a->heap_allocs++;
+    if (alloc) {
+        a->used = 0;
+        a->live = true;
+    }
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, alloc, len, len ? body : empty);
+    if (alloc) {
+        a->live = m != NULL;
+        a->top = m;
+    }
     if (!m)
         return bad(why, whycap,
                    "%s body of %u bytes does not decode: truncated or not a %s message",
                    hs_msg_type_str(type), len, hs_msg_type_str(type));
     hs_status_t st = hs_msg_validate(type, m, why, whycap);
     if (st != HS_OK) {
-        protobuf_c_message_free_unpacked(m, NULL);
+        hs_msg_free_in(a, m);
         return st;
     }
     *out = m;
@@ -331,6 +349,49 @@ hs_status_t hs_msg_decode_frame(const uint8_t *frame, size_t len, uint16_t *type
 void hs_msg_free(ProtobufCMessage *msg)
 {
     if (msg) protobuf_c_message_free_unpacked(msg, NULL);
+}
+
+/* ---- arena ---------------------------------------------------------------- */
+
+static void *arena_alloc(void *data, size_t size)
+{
+    hs_msg_arena_t *a = data;
+    size_t at = hs_align_up(a->used, 8);
+    if (at <= sizeof a->buf && size <= sizeof a->buf - at) {
+        a->used = at + size;
+        return (uint8_t *)a->buf + at;
+    }
+    a->heap_allocs++;
+    return malloc(size);
+}
+
+static void arena_free(void *data, void *p)
+{
+    hs_msg_arena_t *a = data;
+    uintptr_t b = (uintptr_t)p, buf = (uintptr_t)a->buf;
+    if (b >= buf && b - buf < sizeof a->buf) return; /* back with the reset */
+    free(p);
+}
+
+void hs_msg_arena_init(hs_msg_arena_t *a)
+{
+    memset(a, 0, sizeof *a);
+    a->alloc.alloc = arena_alloc;
+    a->alloc.free = arena_free;
+    a->alloc.allocator_data = a;
+}
+
+void hs_msg_free_in(hs_msg_arena_t *a, ProtobufCMessage *msg)
+{
+    if (!msg) return;
+    /* arena_free() frees what came from the heap and leaves the arena's own
+     * memory, so it frees a message that went to the heap whole as well */
+    protobuf_c_message_free_unpacked(msg, a ? &a->alloc : NULL);
+    if (a && msg == a->top) {
+        a->top = NULL;
+        a->used = 0;
+        a->live = false;
+    }
 }
 
 hs_status_t hs_msg_error_frame(hs_status_t code, const char *text, uint8_t *buf, size_t cap,

@@ -1122,11 +1122,98 @@ START_TEST(synthetic_check_names_a_single_flipped_element)
 }
 END_TEST
 
+/* The messages of every batch decode into the arena, again and again,
+ * without touching the heap; what does not fit still decodes, from the heap,
+ * and is counted. */
+START_TEST(ticket_and_done_decode_into_an_arena_without_the_heap)
+{
+    hs_msg_arena_t arena;
+    hs_msg_arena_init(&arena);
+    uint8_t tbody[128], dbody[128];
+    Hsflow__Ticket t = HSFLOW__TICKET__INIT;
+    t.ticket_id = 9;
+    t.epoch = 1;
+    t.batch = 33;
+    t.bytes = 64ull << 20;
+    t.n_seqs = 3;
+    t.n_tokens = 700;
+    t.worker_hint = 0xffffffffu;
+    t.slot_offset = 1ull << 33;
+    size_t tlen = protobuf_c_message_pack(&t.base, tbody);
+    Hsflow__Done d = HSFLOW__DONE__INIT;
+    d.ticket_id = 9;
+    d.epoch = 1;
+    d.batch = 33;
+    d.bytes = 64ull << 20;
+    d.checksum = 0x0123456789abcdefull;
+    d.compute_ns = 5;
+    size_t dlen = protobuf_c_message_pack(&d.base, dbody);
+    for (int i = 0; i < 1000; i++) {
+        ProtobufCMessage *m;
+        ck_assert_int_eq(
+            hs_msg_unpack_in(&arena, HS_MSG_TICKET, tbody, (uint32_t)tlen, &m, why, sizeof(why)),
+            HS_OK);
+        ck_assert_uint_eq(((Hsflow__Ticket *)m)->slot_offset, 1ull << 33);
+        ck_assert_uint_eq(((Hsflow__Ticket *)m)->n_tokens, 700);
+        hs_msg_free_in(&arena, m);
+        ck_assert_int_eq(
+            hs_msg_unpack_in(&arena, HS_MSG_DONE, dbody, (uint32_t)dlen, &m, why, sizeof(why)),
+            HS_OK);
+        ck_assert_uint_eq(((Hsflow__Done *)m)->checksum, 0x0123456789abcdefull);
+        hs_msg_free_in(&arena, m);
+    }
+    ck_assert_uint_eq(arena.heap_allocs, 0);
+    ck_assert(!arena.live);
+
+    /* a second message while the first is alive: from the heap, both intact */
+    ProtobufCMessage *m1, *m2;
+    ck_assert_int_eq(
+        hs_msg_unpack_in(&arena, HS_MSG_TICKET, tbody, (uint32_t)tlen, &m1, why, sizeof(why)),
+        HS_OK);
+    ck_assert_int_eq(
+        hs_msg_unpack_in(&arena, HS_MSG_DONE, dbody, (uint32_t)dlen, &m2, why, sizeof(why)), HS_OK);
+    ck_assert_uint_eq(arena.heap_allocs, 1);
+    ck_assert_uint_eq(((Hsflow__Ticket *)m1)->batch, 33);
+    ck_assert_uint_eq(((Hsflow__Done *)m2)->batch, 33);
+    hs_msg_free_in(&arena, m2);
+    ck_assert(arena.live);
+    hs_msg_free_in(&arena, m1);
+    ck_assert(!arena.live);
+
+    /* unknown fields larger than the arena: decoded from the heap as well */
+    uint8_t big[3000];
+    memcpy(big, dbody, dlen);
+    size_t n = dlen;
+    big[n++] = 15 << 3 | 2; /* field 15 (unknown), length-delimited */
+    big[n++] = 0x80 | (2000 & 0x7f);
+    big[n++] = 2000 >> 7;
+    memset(big + n, 0x5a, 2000);
+    n += 2000;
+    hs_status_t st = hs_msg_unpack_in(&arena, HS_MSG_DONE, big, (uint32_t)n, &m1, why, sizeof(why));
+    ck_assert_msg(st == HS_OK, "%s", why);
+    ck_assert_uint_eq(((Hsflow__Done *)m1)->checksum, 0x0123456789abcdefull);
+    ck_assert_uint_gt(arena.heap_allocs, 1);
+    hs_msg_free_in(&arena, m1);
+    ck_assert(!arena.live);
+
+    /* a body that does not decode leaves the arena free */
+    ck_assert_int_ne(
+        hs_msg_unpack_in(&arena, HS_MSG_DONE, big, (uint32_t)dlen + 2, &m1, why, sizeof(why)),
+        HS_OK);
+    ck_assert(!arena.live);
+    /* no arena: the heap, as hs_msg_unpack */
+    ck_assert_int_eq(
+        hs_msg_unpack_in(NULL, HS_MSG_DONE, dbody, (uint32_t)dlen, &m1, why, sizeof(why)), HS_OK);
+    hs_msg_free_in(NULL, m1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("proto");
     TCase *frames = tcase_create("frames");
     tcase_add_test(frames, every_message_type_round_trips_through_a_frame);
+    tcase_add_test(frames, ticket_and_done_decode_into_an_arena_without_the_heap);
     tcase_add_test(frames, frame_with_bad_magic_is_rejected);
     tcase_add_test(frames, frame_with_another_protocol_version_is_a_mismatch);
     tcase_add_test(frames, frame_with_unknown_type_is_rejected);
