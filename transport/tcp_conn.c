@@ -1,0 +1,495 @@
+/* tcp_conn.c - one TCP transport connection (tcp_int.h): its send queue
+ * (copied frames and payloads by reference, written with sendmsg), its
+ * receive state machine (prefix, frame, payload straight into dest), and
+ * its close. */
+
+#include "tcp_int.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- connection objects ---------------------------------------------------- */
+
+static void conn_set_events(tcp_conn_t *c)
+{
+    if (c->fd < 0) return;
+    uint32_t ev = 0;
+    if (!c->closing) ev |= EPOLLIN;
+    if (c->seg_count > 0) ev |= EPOLLOUT;
+    if (ev == c->events) return;
+    struct epoll_event e = {.events = ev, .data.ptr = &c->obj};
+    if (epoll_ctl(c->tp->epfd, EPOLL_CTL_MOD, c->fd, &e) == 0) c->events = ev;
+}
+
+void hs__tcp_conn_mark_finalize(tcp_conn_t *c)
+{
+    if (c->finalize) return;
+    c->finalize = true;
+    c->tp->n_finalize++;
+}
+
+/* Starts closing: no more reads or new sends; what is queued is flushed for
+ * up to TCP_LINGER_MS, then on_close(reason, why) runs from progress. */
+void hs__tcp_conn_begin_close(tcp_conn_t *c, hs_status_t reason, const char *why)
+{
+    if (c->closing) return;
+    c->closing = true;
+    c->close_reason = reason;
+    snprintf(c->close_why, sizeof c->close_why, "%s", why);
+    c->linger_deadline_ns = hs_now_ns() + (uint64_t)TCP_LINGER_MS * 1000000u;
+    if (c->seg_count == 0)
+        hs__tcp_conn_mark_finalize(c);
+    else
+        conn_set_events(c);
+}
+
+/* Makes room for `more` segments in the ring (grown, never shrunk). */
+static hs_status_t seg_reserve(tcp_conn_t *c, size_t more)
+{
+    if (c->seg_count + more <= c->seg_cap) return HS_OK;
+    size_t ncap = c->seg_cap ? c->seg_cap * 2 : 16;
+    while (ncap < c->seg_count + more)
+        ncap *= 2;
+    tcp_seg_t *n = malloc(ncap * sizeof *n);
+    if (!n) return HS_ERR_NOMEM;
+    for (size_t i = 0; i < c->seg_count; i++)
+        n[i] = c->segs[(c->seg_head + i) % c->seg_cap];
+    free(c->segs);
+    c->segs = n;
+    c->seg_cap = ncap;
+    c->seg_head = 0;
+    return HS_OK;
+}
+
+static hs_status_t seg_push(tcp_conn_t *c, tcp_seg_t s)
+{
+    if (s.kind == SEG_COPY && c->seg_count > 0) {
+        tcp_seg_t *last = &c->segs[(c->seg_head + c->seg_count - 1) % c->seg_cap];
+        if (last->kind == SEG_COPY) {
+            last->len += s.len;
+            return HS_OK;
+        }
+    }
+    hs_status_t st = seg_reserve(c, 1);
+    if (st != HS_OK) return st;
+    c->segs[(c->seg_head + c->seg_count) % c->seg_cap] = s;
+    c->seg_count++;
+    return HS_OK;
+}
+
+/* Copies prefix + frame into the send buffer as one SEG_COPY (merged with a
+ * preceding copy segment). Undone on failure. */
+static hs_status_t tx_append_frame(tcp_conn_t *c, uint64_t payload_len, const void *frame,
+                                   size_t frame_len)
+{
+    size_t need = TCP_PREFIX + frame_len;
+    if (c->tx_cap - c->tx_tail < need && c->tx_head > 0) {
+        memmove(c->tx, c->tx + c->tx_head, c->tx_tail - c->tx_head);
+        c->tx_tail -= c->tx_head;
+        c->tx_head = 0;
+    }
+    if (c->tx_cap - c->tx_tail < need) {
+        size_t ncap = c->tx_cap ? c->tx_cap : TCP_TX_INITIAL;
+        while (ncap - c->tx_tail < need)
+            ncap *= 2;
+        if (ncap > TCP_TX_MAX) {
+            hs_error("connection %s: %zu bytes of frames already queued, the peer is not "
+                     "reading; close it or slow down",
+                     c->base.peer, c->tx_tail - c->tx_head);
+            return HS_ERR_NOSPACE;
+        }
+        uint8_t *n = realloc(c->tx, ncap);
+        if (!n) return HS_ERR_NOMEM;
+        c->tx = n;
+        c->tx_cap = ncap;
+    }
+    uint8_t *p = c->tx + c->tx_tail;
+    hs_le64_store(p, payload_len);
+    memcpy(p + TCP_PREFIX, frame, frame_len);
+    tcp_seg_t s = {.kind = SEG_COPY, .len = need};
+    hs_status_t st = seg_push(c, s);
+    if (st != HS_OK) return st;
+    c->tx_tail += need;
+    return HS_OK;
+}
+
+tcp_conn_t *hs__tcp_conn_new(tcp_tp_t *tp, int fd, const struct sockaddr *sa, socklen_t salen)
+{
+    tcp_conn_t *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->base.tp = &tp->base;
+    c->obj.kind = OBJ_CONN;
+    c->tp = tp;
+    c->fd = fd;
+    c->base.max_frame_body = tp->base.cfg.max_frame_body;
+    c->rx_cap = TCP_RX_INITIAL;
+    size_t bound = (size_t)TCP_HEAD * 2 + tp->base.cfg.max_frame_body;
+    if (c->rx_cap > bound) c->rx_cap = bound;
+    c->rx = malloc(c->rx_cap);
+    if (!c->rx) goto err_conn;
+    hs__tp_conn_set_peer(&c->base, sa, salen);
+    struct sockaddr_storage local;
+    socklen_t llen = sizeof local;
+    char lbuf[HS__TP_PEER_CAP] = "?";
+    if (getsockname(fd, (struct sockaddr *)&local, &llen) == 0)
+        hs__tp_addr_format((struct sockaddr *)&local, lbuf, sizeof lbuf);
+    int sb = 0, rb = 0;
+    socklen_t ol = sizeof sb;
+    (void)getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sb, &ol);
+    ol = sizeof rb;
+    (void)getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rb, &ol);
+    snprintf(c->base.describe, sizeof c->base.describe,
+             "tcp %s -> %s (sndbuf %d KiB, rcvbuf %d KiB%s)", lbuf, c->base.peer, sb >> 10,
+             rb >> 10, tp->sockbuf ? "" : ", autotuned");
+    c->events = EPOLLIN;
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = &c->obj};
+    if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
+        hs_error("epoll_ctl(ADD) for connection %s: %m", c->base.peer);
+        goto err_rx;
+    }
+    c->next = tp->conns;
+    if (tp->conns) tp->conns->prev = c;
+    tp->conns = c;
+    return c;
+
+err_rx:
+    free(c->rx);
+err_conn:
+    free(c);
+    return NULL;
+}
+
+/* Runs the failure callbacks and on_close, closes the socket, frees. */
+static void conn_finalize(tcp_conn_t *c)
+{
+    tcp_tp_t *tp = c->tp;
+    if (c->fd >= 0) {
+        (void)epoll_ctl(tp->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        if (c->close_reason != HS_ERR_IO) {
+            /* FIN after what was sent, and read off (a bounded amount of)
+             * what the peer already sent: closing with unread bytes makes
+             * the kernel send a reset, which can destroy our last frame
+             * (an ERROR, a BYE) before the peer reads it */
+            (void)shutdown(c->fd, SHUT_WR);
+            uint8_t scratch[16384];
+            for (int i = 0; i < 16; i++)
+                if (recv(c->fd, scratch, sizeof scratch, MSG_DONTWAIT) <= 0) break;
+        }
+        close(c->fd);
+        c->fd = -1;
+    }
+    c->closing = true; /* sends from the callbacks below fail */
+    if (c->tx_tail > c->tx_head || c->seg_count > 0)
+        hs_debug("connection %s: dropping %zu queued segments at close", c->base.peer,
+                 c->seg_count);
+    if (c->pl_active) {
+        c->pl_active = false;
+        if (tp->base.cb.on_payload)
+            tp->base.cb.on_payload(tp->base.arg, &c->base, c->pl_cookie, HS_ERR_CLOSED);
+    }
+    while (c->seg_count > 0) {
+        tcp_seg_t s = c->segs[c->seg_head];
+        c->seg_head = (c->seg_head + 1) % c->seg_cap;
+        c->seg_count--;
+        if (s.kind == SEG_REF && s.cb) s.cb(s.cb_arg, HS_ERR_CLOSED);
+    }
+    tp->base.cb.on_close(tp->base.arg, &c->base, c->close_reason, c->close_why);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        tp->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    if (c->finalize) tp->n_finalize--;
+    free(c->rx);
+    free(c->tx);
+    free(c->segs);
+    free(c);
+}
+
+void hs__tcp_run_finalizers(tcp_tp_t *tp)
+{
+    /* callbacks may close more connections: loop until none is pending */
+    while (tp->n_finalize > 0) {
+        tcp_conn_t *c = tp->conns;
+        while (c && !c->finalize)
+            c = c->next;
+        if (!c) {
+            tp->n_finalize = 0; /* cannot happen; keeps the loop finite */
+            break;
+        }
+        conn_finalize(c);
+    }
+}
+
+/* ---- sending --------------------------------------------------------------- */
+
+/* Writes as much of the queue as the socket takes; runs the completion of
+ * every payload that went out. */
+void hs__tcp_conn_flush(tcp_conn_t *c)
+{
+    while (c->seg_count > 0 && c->fd >= 0) {
+        struct iovec iov[TCP_IOV_MAX];
+        int n = 0;
+        size_t copy_off = c->tx_head;
+        for (size_t i = 0; i < c->seg_count && n < TCP_IOV_MAX; i++) {
+            tcp_seg_t *s = &c->segs[(c->seg_head + i) % c->seg_cap];
+            size_t len = s->len > TCP_IO_CHUNK ? TCP_IO_CHUNK : (size_t)s->len;
+            if (s->kind == SEG_COPY) {
+                iov[n].iov_base = c->tx + copy_off;
+                copy_off += s->len;
+            } else {
+                iov[n].iov_base = (void *)s->ptr;
+            }
+            iov[n++].iov_len = len;
+            if (len < s->len) break;
+        }
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            char why[160];
+            snprintf(why, sizeof why, "send to %s failed: %s", c->base.peer, strerror(errno));
+            if (!c->closing) hs_warn("%s", why);
+            hs__tcp_conn_begin_close(c, HS_ERR_IO, why);
+            hs__tcp_conn_mark_finalize(c); /* nothing more can be sent */
+            return;
+        }
+        uint64_t left = (uint64_t)w;
+        while (left > 0 && c->seg_count > 0) {
+            tcp_seg_t *s = &c->segs[c->seg_head];
+            uint64_t take = left < s->len ? left : s->len;
+            s->len -= take;
+            left -= take;
+            if (s->kind == SEG_COPY)
+                c->tx_head += take;
+            else
+                s->ptr += take;
+            if (s->len > 0) break;
+            tcp_seg_t done = *s;
+            c->seg_head = (c->seg_head + 1) % c->seg_cap;
+            c->seg_count--;
+            if (done.kind == SEG_REF && done.cb) done.cb(done.cb_arg, HS_OK);
+        }
+    }
+    if (c->seg_count == 0) {
+        c->tx_head = c->tx_tail = 0;
+        if (c->closing) hs__tcp_conn_mark_finalize(c);
+    }
+    conn_set_events(c);
+}
+
+hs_status_t hs__tcp_send(hs_tp_conn_t *conn, const void *frame, size_t frame_len)
+{
+    tcp_conn_t *c = conn_of(conn);
+    if (c->closing) return HS_ERR_CLOSED;
+    hs_status_t st = tx_append_frame(c, 0, frame, frame_len);
+    if (st != HS_OK) return st;
+    conn_set_events(c);
+    return HS_OK;
+}
+
+hs_status_t hs__tcp_send_payload(hs_tp_conn_t *conn, const void *frame, size_t frame_len,
+                                 const void *payload, uint64_t payload_len, hs_tp_send_cb cb,
+                                 void *cb_arg)
+{
+    tcp_conn_t *c = conn_of(conn);
+    if (c->closing) return HS_ERR_CLOSED;
+    /* room for both segments first, so that the frame is never queued
+     * without its payload */
+    hs_status_t st = seg_reserve(c, 2);
+    if (st != HS_OK) return st;
+    st = tx_append_frame(c, payload_len, frame, frame_len);
+    if (st != HS_OK) return st;
+    tcp_seg_t s = {.kind = SEG_REF, .len = payload_len, .ptr = payload, .cb = cb, .cb_arg = cb_arg};
+    st = seg_push(c, s);
+    assert(st == HS_OK);
+    conn_set_events(c);
+    return HS_OK;
+}
+
+/* ---- receiving ------------------------------------------------------------- */
+
+/* A bad frame from the peer: ERROR frame back (best effort), then close. */
+static void conn_fail_peer(tcp_conn_t *c, hs_status_t st, const char *why)
+{
+    hs_warn("connection %s: %s; closing it", c->base.peer, why);
+    uint8_t buf[512];
+    size_t n = hs__tp_error_frame(st, why, buf, sizeof buf);
+    if (n > 0) (void)tx_append_frame(c, 0, buf, n);
+    hs__tcp_conn_begin_close(c, st, why);
+}
+
+hs_status_t hs__tcp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie)
+{
+    tcp_conn_t *c = conn_of(conn); /* transport.c checked the call and the size */
+    c->pl_dest = dest;
+    c->pl_len = bytes;
+    c->pl_done = 0;
+    c->pl_cookie = cookie;
+    return HS_OK;
+}
+
+/* Header complete in rx[0, TCP_HEAD): decode, make room for the body. */
+static bool rx_parse_head(tcp_conn_t *c)
+{
+    char why[200];
+    hs_status_t st = hs_frame_header_decode(c->rx + TCP_PREFIX, c->base.max_frame_body, &c->rx_hdr,
+                                            why, sizeof why);
+    if (st != HS_OK) {
+        conn_fail_peer(c, st, why);
+        return false;
+    }
+    c->rx_payload_len = hs_le64_load(c->rx);
+    size_t need = (size_t)TCP_HEAD * 2 + c->rx_hdr.body_len;
+    if (need > c->rx_cap) {
+        size_t ncap = c->rx_cap;
+        while (ncap < need)
+            ncap *= 2;
+        size_t bound = (size_t)TCP_HEAD * 2 + c->base.max_frame_body;
+        if (ncap > bound) ncap = bound;
+        uint8_t *n = realloc(c->rx, ncap);
+        if (!n) {
+            hs__tcp_conn_begin_close(c, HS_ERR_NOMEM, "out of memory for a frame body");
+            return false;
+        }
+        c->rx = n;
+        c->rx_cap = ncap;
+    }
+    c->rx_state = RX_BODY;
+    return true;
+}
+
+/* Whole frame in rx: check crc, hand it over, then payload or next frame. */
+static void rx_deliver(tcp_conn_t *c)
+{
+    char why[200];
+    const uint8_t *body = c->rx + TCP_HEAD;
+    hs_status_t st = hs_frame_body_check(&c->rx_hdr, body, why, sizeof why);
+    if (st != HS_OK) {
+        conn_fail_peer(c, st, why);
+        return;
+    }
+    uint64_t plen = c->rx_payload_len;
+    bool accepted = hs__tp_deliver_frame(&c->base, c->rx_hdr.type, body, c->rx_hdr.body_len, plen);
+    size_t used = TCP_HEAD + c->rx_hdr.body_len;
+    memmove(c->rx, c->rx + used, c->rx_len - used);
+    c->rx_len -= used;
+    c->rx_state = RX_HEAD;
+    if (plen == 0) return;
+    if (accepted) {
+        /* even when the callee closed the connection right after accepting,
+         * on_payload runs once for it (with HS_ERR_CLOSED then) */
+        c->pl_active = true;
+        c->rx_state = RX_PAYLOAD;
+        return;
+    }
+    if (c->closing) return;
+    snprintf(why, sizeof why, "a payload of %llu bytes after a %s frame was not accepted",
+             (unsigned long long)plen, hs_msg_type_str(c->rx_hdr.type));
+    conn_fail_peer(c, HS_ERR_PROTO, why);
+}
+
+static void conn_read_closed(tcp_conn_t *c, ssize_t r)
+{
+    char why[200];
+    hs_status_t st;
+    if (r == 0) {
+        if (c->rx_state == RX_HEAD && c->rx_len == 0) {
+            st = HS_ERR_CLOSED;
+            snprintf(why, sizeof why, "peer %s closed the connection", c->base.peer);
+        } else {
+            st = HS_ERR_IO;
+            if (c->rx_state == RX_PAYLOAD)
+                snprintf(why, sizeof why,
+                         "peer %s closed the connection %llu bytes into a %llu-byte payload",
+                         c->base.peer, (unsigned long long)c->pl_done,
+                         (unsigned long long)c->pl_len);
+            else
+                snprintf(
+                    why, sizeof why,
+                    "peer %s closed the connection in the middle of a frame (%zu bytes received)",
+                    c->base.peer, c->rx_len);
+        }
+    } else {
+        st = HS_ERR_IO;
+        snprintf(why, sizeof why, "receive from %s failed: %s", c->base.peer, strerror(errno));
+    }
+    if (st != HS_ERR_CLOSED) hs_warn("%s", why);
+    hs__tcp_conn_begin_close(c, st, why);
+    hs__tcp_conn_mark_finalize(c); /* the stream is gone: do not linger */
+}
+
+void hs__tcp_conn_read(tcp_conn_t *c)
+{
+    size_t budget = TCP_READ_BUDGET;
+    while (!c->closing) {
+        if (c->rx_state == RX_PAYLOAD) {
+            uint64_t left = c->pl_len - c->pl_done;
+            size_t want = left > TCP_IO_CHUNK ? TCP_IO_CHUNK : (size_t)left;
+            ssize_t r = recv(c->fd, c->pl_dest + c->pl_done, want, MSG_DONTWAIT);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+            if (r <= 0) {
+                conn_read_closed(c, r);
+                return;
+            }
+            c->pl_done += (uint64_t)r;
+            if (c->pl_done == c->pl_len) {
+                c->pl_active = false;
+                c->rx_state = RX_HEAD;
+                if (c->tp->base.cb.on_payload)
+                    c->tp->base.cb.on_payload(c->tp->base.arg, &c->base, c->pl_cookie, HS_OK);
+            }
+            if ((size_t)r >= budget) return;
+            budget -= (size_t)r;
+            continue;
+        }
+        if (c->rx_state == RX_HEAD && c->rx_len >= TCP_HEAD) {
+            if (!rx_parse_head(c)) return;
+        }
+        if (c->rx_state == RX_BODY && c->rx_len >= TCP_HEAD + (size_t)c->rx_hdr.body_len) {
+            rx_deliver(c);
+            continue;
+        }
+        /* read the rest of this frame; when no payload follows it, also up
+         * to the next header (never into a payload) */
+        size_t limit;
+        if (c->rx_state == RX_HEAD)
+            limit = TCP_HEAD;
+        else
+            limit = TCP_HEAD + (size_t)c->rx_hdr.body_len + (c->rx_payload_len ? 0 : TCP_HEAD);
+        ssize_t r = recv(c->fd, c->rx + c->rx_len, limit - c->rx_len, MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (r <= 0) {
+            conn_read_closed(c, r);
+            return;
+        }
+        c->rx_len += (size_t)r;
+        if ((size_t)r >= budget) return;
+        budget -= (size_t)r;
+    }
+}
+
+/* ---- loop ----------------------------------------------------------------- */
+
+void hs__tcp_close(hs_tp_conn_t *conn, hs_status_t reason)
+{
+    tcp_conn_t *c = conn_of(conn);
+    char why[96];
+    snprintf(why, sizeof why, "closed by this side (%s)", hs_status_str(reason));
+    hs__tcp_conn_begin_close(c, reason, why);
+}
