@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,64 @@ struct hs_journal {
     uint8_t *done; /* after bind: bitmap from start_epoch on */
     uint64_t count;
     double t_sync;
+    /* The syncer thread runs fdatasync off the caller's (the trainer's)
+     * thread: append only flags a sync as due, under `lock` (never held
+     * across a system call). `file_lock` keeps `f` open under a sync against
+     * rewrite swapping it. Without the thread (it could not start), append
+     * syncs inline. */
+    pthread_mutex_t lock, file_lock;
+    pthread_cond_t wake;
+    pthread_t syncer;
+    bool syncer_running, sync_due, stopping;
 };
+
+static void *syncer_main(void *arg)
+{
+    hs_journal_t *j = arg;
+    pthread_mutex_lock(&j->lock);
+    for (;;) {
+        while (!j->sync_due && !j->stopping)
+            pthread_cond_wait(&j->wake, &j->lock);
+        if (!j->sync_due) break;
+        j->sync_due = false;
+        pthread_mutex_unlock(&j->lock);
+        pthread_mutex_lock(&j->file_lock);
+        if (fdatasync(fileno(j->f)) != 0)
+            hs_warn("journal %s: fdatasync failed: %m (the lines are written; a power loss may "
+                    "lose the last second of them)",
+                    j->path);
+        pthread_mutex_unlock(&j->file_lock);
+        pthread_mutex_lock(&j->lock);
+    }
+    pthread_mutex_unlock(&j->lock);
+    return NULL;
+}
+
+/* Starts the syncer once; if it cannot start, append syncs inline. */
+static void syncer_start(hs_journal_t *j)
+{
+    if (j->syncer_running) return;
+    int e = pthread_create(&j->syncer, NULL, syncer_main, j);
+    if (e != 0) {
+        errno = e;
+        hs_warn("journal %s: cannot start its sync thread: %m; the trainer's thread syncs the "
+                "file instead",
+                j->path);
+        return;
+    }
+    j->syncer_running = true;
+}
+
+static void syncer_stop(hs_journal_t *j)
+{
+    if (!j->syncer_running) return;
+    pthread_mutex_lock(&j->lock);
+    j->stopping = true;
+    pthread_cond_signal(&j->wake);
+    pthread_mutex_unlock(&j->lock);
+    pthread_join(j->syncer, NULL);
+    j->syncer_running = false;
+}
 
 static hs_status_t read_existing(hs_journal_t *j, FILE *f)
 {
@@ -86,6 +144,9 @@ hs_status_t hs_journal_open(const char *path, hs_journal_t **out)
 {
     hs_journal_t *j = calloc(1, sizeof(*j));
     if (!j) return HS_ERR_NOMEM;
+    pthread_mutex_init(&j->lock, NULL);
+    pthread_mutex_init(&j->file_lock, NULL);
+    pthread_cond_init(&j->wake, NULL);
     snprintf(j->path, sizeof(j->path), "%s", path);
     hs_status_t st = HS_OK;
     FILE *r = fopen(path, "r");
@@ -110,6 +171,9 @@ hs_status_t hs_journal_open(const char *path, hs_journal_t **out)
     *out = j;
     return HS_OK;
 err:
+    pthread_cond_destroy(&j->wake);
+    pthread_mutex_destroy(&j->file_lock);
+    pthread_mutex_destroy(&j->lock);
     free(j->entries);
     free(j);
     return st;
@@ -118,11 +182,15 @@ err:
 void hs_journal_close(hs_journal_t *j)
 {
     if (!j) return;
+    syncer_stop(j);
     if (j->f) {
         fflush(j->f);
         fdatasync(fileno(j->f));
         fclose(j->f);
     }
+    pthread_cond_destroy(&j->wake);
+    pthread_mutex_destroy(&j->file_lock);
+    pthread_mutex_destroy(&j->lock);
     free(j->entries);
     free(j->done);
     free(j);
@@ -192,6 +260,7 @@ hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batc
     j->start_epoch = start;
     j->epochs = epochs;
     j->bound = true;
+    syncer_start(j);
     return HS_OK;
 }
 
@@ -218,8 +287,15 @@ hs_status_t hs_journal_append(hs_journal_t *j, uint32_t epoch, uint32_t batch)
     }
     double now = hs_now_s();
     if (now - j->t_sync >= 1.0) {
-        fdatasync(fileno(j->f));
         j->t_sync = now;
+        if (j->syncer_running) {
+            pthread_mutex_lock(&j->lock);
+            j->sync_due = true;
+            pthread_cond_signal(&j->wake);
+            pthread_mutex_unlock(&j->lock);
+        } else {
+            fdatasync(fileno(j->f));
+        }
     }
     return HS_OK;
 }
@@ -275,8 +351,10 @@ hs_status_t hs_journal_rewrite(hs_journal_t *j, const hs_state_t *s)
         fclose(nf);
         return HS_ERR_NOMEM;
     }
+    pthread_mutex_lock(&j->file_lock);
     fclose(j->f);
     j->f = nf;
+    pthread_mutex_unlock(&j->file_lock);
     free(j->done);
     j->done = done;
     j->start_epoch = epochs_done;

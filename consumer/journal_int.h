@@ -8,7 +8,8 @@
  *
  * Lines are appended and flushed one by one (a consumer or trainer crash
  * loses nothing released before it); the file is synced to disk at most
- * once a second. Ownership: the journal owns its file and its bitmap. */
+ * once a second, by a thread of the journal's (started at bind), so the
+ * caller of hs_journal_append never waits for the disk. Ownership: the journal owns its file and its bitmap. */
 #ifndef HS_JOURNAL_INT_H
 #define HS_JOURNAL_INT_H
 
