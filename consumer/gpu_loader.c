@@ -2,6 +2,7 @@
  * gpu_loader_int.h. */
 #include "gpu_loader_int.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #ifdef HS_HAVE_CUDA
@@ -24,6 +25,18 @@ typedef struct {
     bool timing_pending;
 } loader_buf_t;
 
+/* One host callback's record: its slot in the loader's ring is reused once
+ * the callback has run (the ring's `done` count passes it). */
+typedef struct {
+    hs__loader_copied_cb cb;
+    void *arg;
+    hs__loader_t *loader;
+} host_cb_t;
+
+/* More than the two copies that can be queued (one per buffer) plus the
+ * callbacks of earlier copies that the copy stream has not reached yet. */
+#define LOADER_RING 8
+
 struct hs__loader {
     int device;
     cudaStream_t stream;
@@ -31,18 +44,20 @@ struct hs__loader {
     loader_buf_t buf[2];
     uint64_t bytes_copied;
     double copy_s;
+    host_cb_t ring[LOADER_RING];
+    uint64_t issued;            /* callbacks queued (the copying thread's) */
+    _Atomic uint64_t completed; /* callbacks run (the callback thread's) */
 };
-
-typedef struct {
-    hs__loader_copied_cb cb;
-    void *arg;
-} host_cb_t;
 
 static void CUDART_CB on_copied(void *p)
 {
     host_cb_t *h = p;
-    h->cb(h->arg);
-    free(h);
+    hs__loader_copied_cb cb = h->cb;
+    void *arg = h->arg;
+    hs__loader_t *l = h->loader;
+    /* the slot is free again from here: read it first */
+    atomic_fetch_add_explicit(&l->completed, 1, memory_order_release);
+    cb(arg);
 }
 
 hs_status_t hs__loader_create(int device, hs__loader_t **out)
@@ -130,21 +145,22 @@ hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, u
         cudaEventSynchronize(b->copy_end);
         account(l, b);
     }
-    host_cb_t *h = malloc(sizeof(*h));
-    if (!h) return HS_ERR_NOMEM;
+    /* a full ring (the stream is far behind) waits for its callbacks */
+    if (l->issued - atomic_load_explicit(&l->completed, memory_order_acquire) >= LOADER_RING)
+        CU(cudaStreamSynchronize(l->stream));
+    host_cb_t *h = &l->ring[l->issued % LOADER_RING];
     h->cb = copied;
     h->arg = arg;
+    h->loader = l;
     CU(cudaStreamWaitEvent(l->stream, b->consumed, 0));
     CU(cudaEventRecord(b->copy_start, l->stream));
     hs_status_t st = hs_cache_copy_to_device(cache, b->dptr, offset, bytes, l->stream);
-    if (st != HS_OK) {
-        free(h);
-        return st;
-    }
+    if (st != HS_OK) return st;
     CU(cudaEventRecord(b->copy_end, l->stream));
     b->copy_bytes = bytes;
     b->timing_pending = true;
     CU(cudaLaunchHostFunc(l->stream, on_copied, h));
+    l->issued++;
     return HS_OK;
 }
 
