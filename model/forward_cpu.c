@@ -113,9 +113,13 @@ static void norm(const hs_model_config_t *c, const float *x, const uint16_t *w, 
         hs_kn_rmsnorm_ref(x, w, y, rows, dim, c->rms_norm_eps);
 }
 
-/* fp32 work buffers of one forward over T tokens (sized for every layer
- * type the model has). */
-typedef struct {
+/* fp32 work buffers of the forward over up to `tokens` tokens (sized for
+ * every layer type the model has). Kept by the model between calls and
+ * grown only when a call brings more tokens than any before it, so a run of
+ * batches no larger than the first allocates once per calling thread. */
+struct hs__cpu_work {
+    struct hs__cpu_work *next; /* in the model's list of free sets */
+    size_t tokens;
     float *h, *x, *tmp; /* [T, H] */
     float *q, *att;     /* [T, nq] */
     float *qg, *ogate;  /* [T, 2 nq], [T, nq] (gated attention) or NULL */
@@ -124,7 +128,8 @@ typedef struct {
     float *mix, *conv;  /* [T, C] (Gated DeltaNet q | k | v) or NULL */
     float *z, *core;    /* [T, nv dv] or NULL */
     float *a, *b;       /* [T, nv] or NULL */
-} work_t;
+};
+typedef struct hs__cpu_work work_t;
 
 static void work_free(work_t *w)
 {
@@ -132,13 +137,15 @@ static void work_free(work_t *w)
                     w->gate, w->up, w->mix, w->conv, w->z,   w->core, w->a,     w->b};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]);
+    struct hs__cpu_work *next = w->next;
+    memset(w, 0, sizeof *w);
+    w->next = next;
 }
 
 static hs_status_t work_alloc(const hs_model_config_t *c, int T, work_t *w)
 {
     size_t t = (size_t)T, H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
     size_t nq = (size_t)c->num_heads * c->head_dim, nkv = (size_t)c->num_kv_heads * c->head_dim;
-    memset(w, 0, sizeof *w);
     int ok = (w->h = malloc(t * H * sizeof(float))) && (w->x = malloc(t * H * sizeof(float))) &&
              (w->tmp = malloc(t * H * sizeof(float))) && (w->q = malloc(t * nq * sizeof(float))) &&
              (w->att = malloc(t * nq * sizeof(float))) &&
@@ -160,7 +167,63 @@ static hs_status_t work_alloc(const hs_model_config_t *c, int T, work_t *w)
         hs_error("forward: out of memory for %d tokens of work buffers", T);
         return HS_ERR_NOMEM;
     }
+    w->tokens = t;
     return HS_OK;
+}
+
+/* A set of work buffers for T tokens, taken from the model's free sets
+ * (grown if smaller), or a new one when every set is in use by another
+ * thread. The caller owns it until work_put(). */
+static hs_status_t work_get(hs_model_t *m, int T, work_t **out)
+{
+    pthread_mutex_lock(&m->cpu_lock);
+    work_t *w = m->cpu_free;
+    if (w) m->cpu_free = w->next;
+    pthread_mutex_unlock(&m->cpu_lock);
+    if (!w && !(w = calloc(1, sizeof *w))) {
+        hs_error("forward: out of memory for a set of work buffers");
+        return HS_ERR_NOMEM;
+    }
+    w->next = NULL;
+    if (w->tokens < (size_t)T) {
+        work_free(w);
+        hs_status_t rc = work_alloc(&m->cfg, T, w);
+        if (rc != HS_OK) {
+            free(w);
+            return rc;
+        }
+    }
+    *out = w;
+    return HS_OK;
+}
+
+/* Gives a set back to the model for the next call. */
+static void work_put(hs_model_t *m, work_t *w)
+{
+    pthread_mutex_lock(&m->cpu_lock);
+    w->next = m->cpu_free;
+    m->cpu_free = w;
+    pthread_mutex_unlock(&m->cpu_lock);
+}
+
+hs_status_t hs_model_forward_cpu_reserve(hs_model_t *m, int max_tokens)
+{
+    if (!m || max_tokens < 0) return HS_ERR_INVALID;
+    if (max_tokens == 0) return HS_OK;
+    work_t *w;
+    hs_status_t rc = work_get(m, max_tokens, &w);
+    if (rc == HS_OK) work_put(m, w);
+    return rc;
+}
+
+void hs__forward_cpu_free(hs_model_t *m)
+{
+    while (m->cpu_free) {
+        work_t *w = m->cpu_free;
+        m->cpu_free = w->next;
+        work_free(w);
+        free(w);
+    }
 }
 
 /* Softmax attention of layer w on w->x into w->tmp [T, H]. */
@@ -237,8 +300,9 @@ hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids, const 
         if (layers[j] > top) top = layers[j];
 
     size_t t = (size_t)T;
-    work_t w;
-    if ((rc = work_alloc(c, T, &w)) != HS_OK) return rc;
+    work_t *wp;
+    if ((rc = work_get(m, T, &wp)) != HS_OK) return rc;
+    work_t w = *wp; /* a copy of the pointers, for brevity */
 
     hs_kn_embedding_ref(m->embed, c->vocab_size, H, input_ids, T, w.h);
     capture(w.h, 0, T, H, layers, n_layers, out, out_dtype, row_stride_elems);
@@ -269,6 +333,6 @@ hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids, const 
     }
     rc = HS_OK;
 out:
-    work_free(&w);
+    work_put(m, wp);
     return rc;
 }

@@ -139,6 +139,7 @@ hs_status_t hs_model_load(const char *dir, hs_model_t **out)
     }
     hs_model_t *m = calloc(1, sizeof *m);
     if (!m) goto err_json;
+    pthread_mutex_init(&m->cpu_lock, NULL);
     rc = hs__model_config_parse(json, len, path, &m->cfg);
     if (rc != HS_OK) goto err_model;
     const hs_model_config_t *c = &m->cfg;
@@ -201,6 +202,8 @@ err_json:
 void hs_model_destroy(hs_model_t *m)
 {
     if (!m) return;
+    hs__forward_cpu_free(m);
+    pthread_mutex_destroy(&m->cpu_lock);
     hs__st_close(m->st);
     free(m->layers);
     free(m->inv_freq);

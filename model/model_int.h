@@ -8,6 +8,8 @@
 #ifndef HS_MODEL_INT_H
 #define HS_MODEL_INT_H
 
+#include <pthread.h>
+
 #include "hs_model.h"
 #include "safetensors_int.h"
 
@@ -55,7 +57,14 @@ struct hs_model {
     hs__layer_weights_t *layers; /* [num_layers] */
     float *inv_freq;             /* rope [rotary_dim / 2], rope scaling applied */
     hs__st_set_t *st;            /* the mapped safetensors files */
+    /* hs_model_forward_cpu's work buffers not in use: one set per thread
+     * that calls it at once, kept for the next call (forward_cpu.c) */
+    pthread_mutex_t cpu_lock;
+    struct hs__cpu_work *cpu_free;
 };
+
+/* Frees hs_model_forward_cpu's work buffers (forward_cpu.c). */
+void hs__forward_cpu_free(hs_model_t *m);
 
 /* Parses config.json text (path only for messages) into *cfg. */
 hs_status_t hs__model_config_parse(const char *json, size_t len, const char *path,

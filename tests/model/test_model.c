@@ -14,6 +14,7 @@
 
 #include "attention.h"
 #include "bf16.h"
+#include "common/alloc_count.h"
 #include "conv1d.h"
 #include "delta_rule.h"
 #include "embedding.h"
@@ -160,6 +161,47 @@ START_TEST(cpu_forward_matches_transformers_layer_by_layer)
     }
     printf("golden %-8s: %d layers, T=%d, max abs error %.3g (%.0f%% of the bound)\n", fam, k, g.T,
            worst, 100 * worst_margin);
+    free(out);
+    hs__st_close(g.st);
+    hs_model_destroy(m);
+}
+END_TEST
+
+/* The work buffers of the CPU forward are planned once: a second forward
+ * over the same tokens allocates none of them (counted: allocations of
+ * T * H floats, the size of the residual stream's three buffers and of no
+ * kernel's per-thread tile). */
+START_TEST(cpu_forward_allocates_its_work_buffers_once)
+{
+    if (!ALLOC_COUNT_WORKS) {
+        printf("sanitizer build: its allocator is not interposed; count skipped\n");
+        return;
+    }
+    const char *fam = families[_i];
+    char dir[512];
+    family_dir(fam, dir, sizeof dir);
+    hs_model_t *m = NULL;
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_OK);
+    golden_t g;
+    golden_open(fam, &g);
+    int N = hs_model_num_layers(m), H = hs_model_hidden_size(m), k = N + 1;
+    int32_t layers[64];
+    for (int i = 0; i < k; i++)
+        layers[i] = i;
+    size_t stream = (size_t)g.T * H * sizeof(float);
+    float *out = calloc((size_t)g.T * k * H, sizeof(float));
+    uint64_t first, second;
+    for (int run = 0; run < 2; run++) {
+        alloc_count_start(stream, stream);
+        ck_assert_int_eq(hs_model_forward_cpu(m, g.ids, g.cu, g.n_seqs, layers, k, out,
+                                              HS_MODEL_OUT_F32, (size_t)k * H),
+                         HS_OK);
+        *(run ? &second : &first) = alloc_count_stop();
+    }
+    ck_assert_msg(first >= 3, "%s: the first forward allocated %llu buffers of [T, H]", fam,
+                  (unsigned long long)first);
+    ck_assert_msg(second == 0, "%s: the second forward allocated %llu buffers of [T, H]", fam,
+                  (unsigned long long)second);
     free(out);
     hs__st_close(g.st);
     hs_model_destroy(m);
@@ -1539,6 +1581,7 @@ static Suite *model_suite(void)
     tcase_add_loop_test(tc, forward_writes_only_its_column_slice_and_bf16_is_rounded_fp32, 0,
                         N_FAMILIES);
     tcase_add_loop_test(tc, packed_sequences_equal_each_sequence_run_alone, 0, N_FAMILIES);
+    tcase_add_loop_test(tc, cpu_forward_allocates_its_work_buffers_once, 0, N_FAMILIES);
     tcase_add_test(tc, forward_rejects_bad_ids_layers_and_cu_seqlens);
     tcase_add_loop_test(tc, qwen3_5_sequence_does_not_depend_on_its_packed_neighbours, 0, 2);
     suite_add_tcase(s, tc);
