@@ -11,33 +11,15 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "hsflow.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ---- status ------------------------------------------------------------ */
 
-/* 0 is success, every error is negative. */
-typedef enum {
-    HS_OK = 0,
-    HS_ERR_INVALID = -1,      /* bad argument, flag or value */
-    HS_ERR_NOMEM = -2,        /* allocation failed */
-    HS_ERR_IO = -3,           /* read/write/open failed (errno logged) */
-    HS_ERR_FORMAT = -4,       /* malformed file or frame */
-    HS_ERR_PROTO = -5,        /* peer broke the protocol */
-    HS_ERR_MISMATCH = -6,     /* version, layout or plan differs from the peer's */
-    HS_ERR_AUTH = -7,         /* authentication failed or required */
-    HS_ERR_CHECKSUM = -8,     /* checksum did not match */
-    HS_ERR_CLOSED = -9,       /* peer or object closed */
-    HS_ERR_AGAIN = -10,       /* would block; try later */
-    HS_ERR_TIMEOUT = -11,     /* deadline passed */
-    HS_ERR_NOSPACE = -12,     /* cache or buffer full */
-    HS_ERR_NOT_FOUND = -13,   /* no such item */
-    HS_ERR_UNSUPPORTED = -14, /* not built in or not available here */
-    HS_ERR_CUDA = -15,        /* CUDA or cuBLAS call failed */
-    HS_ERR_BUSY = -16,        /* resource in use */
-} hs_status_t;
-
+/* hs_status_t and its values live in the public header, hsflow.h. */
 const char *hs_status_str(hs_status_t status);
 
 /* ---- logging ------------------------------------------------------------ */

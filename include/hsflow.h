@@ -45,9 +45,30 @@ const char *hsflow_version(void);
 const char *hsflow_git_describe(void);
 const char *hsflow_build_info(void);
 
-/* hs_status_t values: 0 ok, negative errors (see hs_status_str()). */
-typedef int hs_status_code_t;
-const char *hsflow_status_str(hs_status_code_t status);
+/* The one status of every call: 0 is success, every error is negative.
+ * hsflow_status_str() names one. */
+typedef enum {
+    HS_OK = 0,
+    HS_ERR_INVALID = -1,      /* bad argument, flag or value */
+    HS_ERR_NOMEM = -2,        /* allocation failed */
+    HS_ERR_IO = -3,           /* read/write/open failed (errno logged) */
+    HS_ERR_FORMAT = -4,       /* malformed file or frame */
+    HS_ERR_PROTO = -5,        /* peer broke the protocol */
+    HS_ERR_MISMATCH = -6,     /* version, layout or plan differs from the peer's */
+    HS_ERR_AUTH = -7,         /* authentication failed or required */
+    HS_ERR_CHECKSUM = -8,     /* checksum did not match */
+    HS_ERR_CLOSED = -9,       /* peer or object closed */
+    HS_ERR_AGAIN = -10,       /* would block; try later */
+    HS_ERR_TIMEOUT = -11,     /* deadline passed */
+    HS_ERR_NOSPACE = -12,     /* cache or buffer full */
+    HS_ERR_NOT_FOUND = -13,   /* no such item */
+    HS_ERR_UNSUPPORTED = -14, /* not built in or not available here */
+    HS_ERR_CUDA = -15,        /* CUDA or cuBLAS call failed */
+    HS_ERR_BUSY = -16,        /* resource in use */
+} hs_status_t;
+/* The name the API used for hs_status_t before it was public; the same type. */
+typedef hs_status_t hs_status_code_t;
+const char *hsflow_status_str(hs_status_t status);
 
 typedef enum { HS_ORDER_ARRIVAL = 0, HS_ORDER_PLAN = 1 } hs_order_t;
 
@@ -164,7 +185,7 @@ typedef struct hs_consumer hs_consumer_t;
 void hs_consumer_config_default(hs_consumer_config_t *cfg);
 /* Validates the config, allocates the cache, starts listening and the
  * network thread. On failure nothing is left running. */
-hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer_t **out);
+hs_status_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer_t **out);
 /* The port actually bound (useful with listen_port 0). */
 uint16_t hs_consumer_port(const hs_consumer_t *c);
 /* The metrics endpoint's port (0 when off). */
@@ -172,9 +193,9 @@ uint16_t hs_consumer_metrics_port(const hs_consumer_t *c);
 /* Waits up to timeout_ms (-1 = forever) for the next verified batch.
  * Returns 0 with *out set, HS_ERR_TIMEOUT (-11), or HS_ERR_CLOSED (-9) once
  * every batch of every epoch has been delivered (or the consumer stopped). */
-hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms);
+hs_status_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms);
 /* Gives the batch's cache slot back; new tickets can then be issued. */
-hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
+hs_status_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
 /* The consumer's position, for the trainer's checkpoint: every batch that
  * hs_consumer_next() has handed out so far (the one the trainer holds now
  * included, and those of the resume state it started from), as compact JSON
@@ -183,7 +204,7 @@ hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
  * HS_ERR_NOSPACE (-12) and still sets *len: call with cap 0 to ask for the
  * size. Call it from the trainer's thread (between next() calls the
  * position does not move). */
-hs_status_code_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap, size_t *len);
+hs_status_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap, size_t *len);
 void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *out);
 /* The summary as a JSON object into buf[cap]; returns the length it needs
  * (as snprintf). Keys: batches_planned, batches_delivered, duplicates,
@@ -246,12 +267,12 @@ typedef struct {
 typedef struct hs_producer hs_producer_t;
 
 /* Loads the dataset, builds the plan, connects and starts the network thread. */
-hs_status_code_t hs_producer_open(const hs_producer_client_config_t *cfg, hs_producer_t **out);
+hs_status_t hs_producer_open(const hs_producer_client_config_t *cfg, hs_producer_t **out);
 /* Next ticketed batch with ids, mask and cu_seqlens filled in. HS_ERR_CLOSED
  * (-9) when the consumer said the run is over; HS_ERR_TIMEOUT (-11). */
-hs_status_code_t hs_producer_next(hs_producer_t *p, hs_work_t *out, int timeout_ms);
+hs_status_t hs_producer_next(hs_producer_t *p, hs_work_t *out, int timeout_ms);
 /* Seals (checksum) and sends the batch; its buffer comes back to the producer. */
-hs_status_code_t hs_producer_submit(hs_producer_t *p, const hs_work_t *work);
+hs_status_t hs_producer_submit(hs_producer_t *p, const hs_work_t *work);
 /* Says BYE if the run is not over, stops, frees. NULL ok. */
 void hs_producer_close(hs_producer_t *p);
 
@@ -268,7 +289,7 @@ typedef struct {
     uint64_t staging_bytes;
 } hs_producer_info_t;
 
-hs_status_code_t hs_producer_info(const hs_producer_t *p, hs_producer_info_t *out);
+hs_status_t hs_producer_info(const hs_producer_t *p, hs_producer_info_t *out);
 
 #ifdef __cplusplus
 }
