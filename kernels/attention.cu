@@ -21,9 +21,14 @@
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "attention.h"
 #include "cublaslt.h"
+#ifdef HS_HAVE_CUDNN
+#include "attention_int.h"
+#endif
 
 typedef __nv_bfloat16 bf16;
 
@@ -443,4 +448,264 @@ extern "C" int hs_kn_attention(const void *q, int64_t q_stride, const void *k, c
         return HS_ERR_UNSUPPORTED; /* not reached: tc covers these */
     }
 #undef HS_ATTN_CASE
+}
+
+/* ---- the plan ------------------------------------------------------------ */
+
+#define HS_ATTN_MAX_BUCKETS 96
+
+struct hs_kn_attn_plan {
+    hs_kn_attn_desc_t desc;
+    int32_t *tiles; /* [max_seqs + 1] tile prefix of the mma.sync kernel */
+    /* cuDNN path: seq_len [nb_max], ragged offsets of q, k|v, out [nb_max + 1]
+     * each, then the longest sequence; one device allocation */
+    int32_t *meta, *seq_len, *rag_q, *rag_kv, *rag_o, *longest;
+    int32_t *h_longest; /* pinned */
+    int nb_max;         /* largest B of the buckets built */
+    int n_buckets, S[HS_ATTN_MAX_BUCKETS], B[HS_ATTN_MAX_BUCKETS], ok[HS_ATTN_MAX_BUCKETS];
+#ifdef HS_HAVE_CUDNN
+    hs__attn_dnn_t *dnn;
+#endif
+    /* the prepared batch */
+    const int32_t *cu;
+    int n_seqs, T, bucket; /* bucket -1: the mma.sync kernel */
+};
+
+namespace
+{
+
+/* Per-sequence lengths and ragged offsets for nb entries (past n_seqs:
+ * length 0 at offset T), and the longest length. One block. */
+__global__ void attn_meta_kernel(const int32_t *__restrict__ cu, int n_seqs, int nb,
+                                 int64_t q_stride, int64_t kv_stride, int64_t out_stride,
+                                 int32_t *seq_len, int32_t *rag_q, int32_t *rag_kv, int32_t *rag_o,
+                                 int32_t *longest)
+{
+    __shared__ int32_t warp_max[32];
+    const int T = cu[n_seqs];
+    int32_t mx = 0;
+    for (int b = threadIdx.x; b <= nb; b += blockDim.x) {
+        int start = b <= n_seqs ? cu[b] : T;
+        if (b < nb) {
+            int len = b < n_seqs ? cu[b + 1] - start : 0;
+            seq_len[b] = len;
+            mx = max(mx, len);
+        }
+        rag_q[b] = (int32_t)(start * q_stride);
+        rag_kv[b] = (int32_t)(start * kv_stride);
+        rag_o[b] = (int32_t)(start * out_stride);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            mx = max(mx, warp_max[w]);
+        *longest = mx;
+    }
+}
+
+} // namespace
+
+/* The buckets of attention.h: S doubles from 128 until it holds max_tokens;
+ * per S, B = 1, 2, 4 and 8 times ceil(max_tokens / S) (a full batch of
+ * sequences S long), at most max_seqs; the smallest S also takes max_seqs.
+ * The grid of a bucket is B x S / 128 tiles per head, at most 8 times what
+ * max_tokens fill: a batch with one long sequence and many short ones
+ * still has a bucket, its tiles past each sequence's end return at once. */
+static void plan_buckets(hs_kn_attn_plan_t *p)
+{
+    const hs_kn_attn_desc_t *d = &p->desc;
+    p->n_buckets = 0;
+    for (int64_t S = 128; p->n_buckets + 5 <= HS_ATTN_MAX_BUCKETS; S *= 2) {
+        int64_t full = (d->max_tokens + S - 1) / S;
+        int64_t Bs[5] = {full, 2 * full, 4 * full, 8 * full, S == 128 ? d->max_seqs : 0};
+        int64_t last = 0;
+        for (int j = 0; j < 5; j++) {
+            int64_t B = Bs[j] > d->max_seqs ? d->max_seqs : Bs[j];
+            if (B <= last) continue;
+            p->S[p->n_buckets] = (int)S;
+            p->B[p->n_buckets] = (int)B;
+            p->n_buckets++;
+            last = B;
+        }
+        if (S >= d->max_tokens) break;
+    }
+}
+
+#ifdef HS_HAVE_CUDNN
+/* Builds the cuDNN buckets where this device, build and shape allow. */
+static void plan_cudnn(hs_kn_attn_plan_t *p)
+{
+    const hs_kn_attn_desc_t *d = &p->desc;
+    const char *env = getenv("HS_ATTN_BACKEND");
+    if (env && strcmp(env, "mma") == 0) {
+        hs_info("attention: HS_ATTN_BACKEND=mma: the mma.sync kernel runs");
+        return;
+    }
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (major != 9) {
+        hs_debug("attention: sm_%d0 device: the mma.sync kernel runs (cudnn is used on sm_90)",
+                 major);
+        return;
+    }
+    int64_t widest = d->q_stride > d->kv_stride ? d->q_stride : d->kv_stride;
+    if (d->out_stride > widest) widest = d->out_stride;
+    if (d->head_dim % 8 || d->head_dim > 256 || (int64_t)(d->max_tokens + 1) * widest > INT32_MAX ||
+        d->q_stride % 8 || d->kv_stride % 8 || d->out_stride % 8) {
+        hs_info("attention: head_dim %d, row strides %lld/%lld/%lld for %d tokens: outside what "
+                "the cudnn path takes (head_dim a multiple of 8 up to 256, strides multiples of 8, "
+                "offsets below 2^31); the mma.sync kernel runs",
+                d->head_dim, (long long)d->q_stride, (long long)d->kv_stride,
+                (long long)d->out_stride, d->max_tokens);
+        return;
+    }
+    hs__attn_dnn_shape_t sh = {d->n_heads,   d->n_kv_heads, d->head_dim, d->q_stride,
+                               d->kv_stride, d->out_stride, d->scale,    d->window};
+    double t0 = hs_now_s();
+    if (hs__attn_dnn_create(&sh, p->S, p->B, p->n_buckets, p->ok, &p->dnn) != HS_OK) {
+        p->dnn = NULL;
+        return;
+    }
+    int built = 0;
+    for (int i = 0; i < p->n_buckets; i++)
+        if (p->ok[i]) {
+            built++;
+            if (p->B[i] > p->nb_max) p->nb_max = p->B[i];
+        }
+    hs_info("attention: cudnn %ld sdpa, %d of %d buckets (sequences up to %d tokens, up to %d "
+            "sequences) built in %.2f s",
+            hs__attn_dnn_version(p->dnn), built, p->n_buckets, p->S[p->n_buckets - 1], p->nb_max,
+            hs_now_s() - t0);
+}
+#endif
+
+extern "C" int hs_kn_attn_plan_create(const hs_kn_attn_desc_t *desc, hs_kn_attn_plan_t **out)
+{
+    if (!desc || !out || desc->max_tokens < 1 || desc->max_seqs < 1 || desc->n_heads < 1 ||
+        desc->n_kv_heads < 1 || desc->n_heads % desc->n_kv_heads || desc->head_dim < 1 ||
+        desc->head_dim > 256) {
+        hs_error("attention plan: need max_tokens, max_seqs >= 1, query heads a multiple of kv "
+                 "heads and head_dim 1..256");
+        return HS_ERR_INVALID;
+    }
+    hs_kn_attn_plan_t *p = (hs_kn_attn_plan_t *)calloc(1, sizeof(*p));
+    if (!p) return HS_ERR_NOMEM;
+    p->desc = *desc;
+    p->bucket = -1;
+    hs_status_t st =
+        HS_CUDA_CHECK(cudaMalloc(&p->tiles, ((size_t)desc->max_seqs + 1) * sizeof(int32_t)));
+    if (st) goto err;
+    plan_buckets(p);
+#ifdef HS_HAVE_CUDNN
+    plan_cudnn(p);
+    if (p->dnn) {
+        size_t nb = (size_t)p->nb_max;
+        if ((st = HS_CUDA_CHECK(cudaMalloc(&p->meta, (4 * nb + 4) * sizeof(int32_t))))) goto err;
+        p->seq_len = p->meta;
+        p->rag_q = p->seq_len + nb;
+        p->rag_kv = p->rag_q + nb + 1;
+        p->rag_o = p->rag_kv + nb + 1;
+        p->longest = p->rag_o + nb + 1;
+        if ((st = HS_CUDA_CHECK(cudaMallocHost(&p->h_longest, sizeof(int32_t))))) goto err;
+    }
+#endif
+    *out = p;
+    return HS_OK;
+err:
+    hs_kn_attn_plan_destroy(p);
+    return st;
+}
+
+extern "C" void hs_kn_attn_plan_destroy(hs_kn_attn_plan_t *plan)
+{
+    if (!plan) return;
+#ifdef HS_HAVE_CUDNN
+    hs__attn_dnn_destroy(plan->dnn);
+#endif
+    cudaFree(plan->tiles);
+    cudaFree(plan->meta);
+    cudaFreeHost(plan->h_longest);
+    free(plan);
+}
+
+extern "C" int hs_kn_attn_plan_prepare(hs_kn_attn_plan_t *plan, const int32_t *cu_seqlens,
+                                       int n_seqs, int T, cudaStream_t stream)
+{
+    if (!plan || !cu_seqlens || n_seqs < 0 || n_seqs > plan->desc.max_seqs || T < 0 ||
+        T > plan->desc.max_tokens) {
+        hs_error("attention plan: batch of %d tokens in %d sequences exceeds the plan (%d tokens, "
+                 "%d sequences)",
+                 T, n_seqs, plan ? plan->desc.max_tokens : 0, plan ? plan->desc.max_seqs : 0);
+        return HS_ERR_INVALID;
+    }
+    plan->cu = cu_seqlens;
+    plan->n_seqs = n_seqs;
+    plan->T = T;
+    plan->bucket = -1;
+    if (n_seqs == 0 || T == 0) return HS_OK;
+#ifdef HS_HAVE_CUDNN
+    if (plan->dnn) {
+        const hs_kn_attn_desc_t *d = &plan->desc;
+        attn_meta_kernel<<<1, 1024, 0, stream>>>(
+            cu_seqlens, n_seqs, plan->nb_max, d->q_stride, d->kv_stride, d->out_stride,
+            plan->seq_len, plan->rag_q, plan->rag_kv, plan->rag_o, plan->longest);
+        hs_status_t st = HS_CUDA_LAUNCH_CHECK("attention meta kernel");
+        if (st) return st;
+        if ((st = HS_CUDA_CHECK(cudaMemcpyAsync(plan->h_longest, plan->longest, sizeof(int32_t),
+                                                cudaMemcpyDeviceToHost, stream))))
+            return st;
+        if ((st = HS_CUDA_CHECK(cudaStreamSynchronize(stream)))) return st;
+        int longest = *plan->h_longest;
+        /* the bucket of the smallest grid (B x S) that holds the batch */
+        for (int i = 0; i < plan->n_buckets; i++)
+            if (plan->ok[i] && plan->S[i] >= longest && plan->B[i] >= n_seqs &&
+                (plan->bucket < 0 || (int64_t)plan->S[i] * plan->B[i] <
+                                         (int64_t)plan->S[plan->bucket] * plan->B[plan->bucket]))
+                plan->bucket = i;
+        if (plan->bucket >= 0) return HS_OK;
+        hs_debug("attention: no cudnn bucket holds %d sequences up to %d long; the mma.sync "
+                 "kernel runs this batch",
+                 n_seqs, longest);
+    }
+#endif
+    return hs_kn_attention_schedule(cu_seqlens, n_seqs, plan->tiles, stream);
+}
+
+extern "C" int hs_kn_attn_plan_run(hs_kn_attn_plan_t *plan, const void *q, const void *k,
+                                   const void *v, void *out, cudaStream_t stream)
+{
+    if (!plan) return HS_ERR_INVALID;
+    if (plan->n_seqs == 0 || plan->T == 0) return HS_OK;
+    const hs_kn_attn_desc_t *d = &plan->desc;
+#ifdef HS_HAVE_CUDNN
+    if (plan->bucket >= 0 &&
+        ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16 == 0)
+        return hs__attn_dnn_run(plan->dnn, plan->bucket, q, k, v, out, plan->seq_len, plan->rag_q,
+                                plan->rag_kv, plan->rag_o, stream);
+    if (plan->bucket >= 0) {
+        /* unaligned rows: the schedule of the other kernel was not made */
+        int st = hs_kn_attention_schedule(plan->cu, plan->n_seqs, plan->tiles, stream);
+        if (st) return st;
+        plan->bucket = -1;
+    }
+#endif
+    return hs_kn_attention(q, d->q_stride, k, v, d->kv_stride, out, d->out_stride, plan->cu,
+                           plan->tiles, plan->n_seqs, plan->T, d->n_heads, d->n_kv_heads,
+                           d->head_dim, d->scale, d->window, stream);
+}
+
+extern "C" const char *hs_kn_attn_plan_backend(const hs_kn_attn_plan_t *plan)
+{
+    if (!plan) return "mma";
+#ifdef HS_HAVE_CUDNN
+    if (!plan->cu && plan->dnn) return "cudnn";
+#endif
+    return plan->bucket >= 0 ? "cudnn" : "mma";
 }

@@ -47,6 +47,50 @@ int hs_kn_attention(const void *q, int64_t q_stride, const void *k, const void *
                     const int32_t *tile_prefix, int n_seqs, int T, int n_heads, int n_kv_heads,
                     int head_dim, float scale, int window, struct CUstream_st *stream);
 
+/* ---- the attention of a forward: a plan built once, run per layer ---- */
+/* Which kernel runs a prepared batch: cuDNN's fused SDPA (flash attention on
+ * wgmma/TMA) on sm_90 where the build has cuDNN (HS_HAVE_CUDNN), libcudnn.so.9
+ * loads and a bucket fits the batch; else the mma.sync kernel above. Both
+ * take the same inputs and give the same results within bf16 rounding.
+ * HS_ATTN_BACKEND=mma in the environment (read at create) keeps the mma.sync
+ * kernel. Measured in docs/forward-bench.md. */
+typedef struct hs_kn_attn_plan hs_kn_attn_plan_t;
+
+typedef struct {
+    int max_tokens, max_seqs; /* the largest batch prepare will see */
+    int n_heads, n_kv_heads, head_dim;
+    int64_t q_stride, kv_stride, out_stride; /* row strides (elements) of every run */
+    float scale;
+    int window; /* as hs_kn_attention: 0 = unlimited */
+} hs_kn_attn_desc_t;
+
+/* Builds everything on the current device: the cuDNN graphs and plans of
+ * the buckets (S, B): sequences of up to S = 128, 256, ... tokens (up to
+ * max_tokens rounded up to a power of two), at most B of them, B = 1, 2, 4
+ * and 8 times ceil(max_tokens / S) (and max_seqs for S = 128), never above
+ * max_seqs; their workspace, the per-batch arrays and a pinned word
+ * for the batch's longest sequence. A batch runs on the bucket of the
+ * smallest B x S that holds it. The caller owns the plan; destroy accepts
+ * NULL. Thread: one stream at a time. */
+int hs_kn_attn_plan_create(const hs_kn_attn_desc_t *desc, hs_kn_attn_plan_t **out);
+void hs_kn_attn_plan_destroy(hs_kn_attn_plan_t *plan);
+
+/* Per batch, before its runs: cu_seqlens [n_seqs + 1] in device memory,
+ * T = cu_seqlens[n_seqs] (n_seqs <= max_seqs, T <= max_tokens). On the cuDNN
+ * path the batch's longest sequence is read back to pick the bucket (one
+ * stream synchronisation per batch); nothing is allocated. */
+int hs_kn_attn_plan_prepare(hs_kn_attn_plan_t *plan, const int32_t *cu_seqlens, int n_seqs, int T,
+                            struct CUstream_st *stream);
+
+/* Per layer: attention of the prepared batch. q, k, v, out: device bf16 rows
+ * of the strides given at create. */
+int hs_kn_attn_plan_run(hs_kn_attn_plan_t *plan, const void *q, const void *k, const void *v,
+                        void *out, struct CUstream_st *stream);
+
+/* "cudnn" or "mma": the kernel the prepared batch runs on; before the first
+ * prepare, "cudnn" when the plan built cuDNN buckets. */
+const char *hs_kn_attn_plan_backend(const hs_kn_attn_plan_t *plan);
+
 #ifdef __cplusplus
 }
 #endif

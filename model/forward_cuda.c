@@ -19,8 +19,9 @@
  * Memory (planned once at create, nothing allocated per batch):
  *   weights: one allocation, q/k/v and gate/up concatenated at upload;
  *   activations for token_budget tokens: h [T, H], xa [T, max(H, Hq d)],
- *   big [T, max((Hq + 2 Hkv) d, 2 I)] (qkv, then gate|up), positions [T],
- *   attention tile prefix [max_seqs + 1]; plus the cuBLASLt workspace.
+ *   big [T, max((Hq + 2 Hkv) d, 2 I)] (qkv, then gate|up), positions [T];
+ *   plus the cuBLASLt workspace and the attention plan (its cuDNN graphs
+ *   and workspace, or the mma.sync kernel's tile prefix).
  * Only the decoder layers below the highest capturable index (max_layer at
  * create) are uploaded. */
 #include <math.h>
@@ -60,7 +61,8 @@ struct hs_model_cuda {
     void *embed, *final_norm;
     float *inv_freq;
     void *h, *xa, *big; /* bf16 activations */
-    int32_t *pos, *tiles;
+    int32_t *pos;
+    hs_kn_attn_plan_t *attn;
     hs_lt_t *lt;
     size_t lt_bytes;
 };
@@ -173,7 +175,6 @@ static void plan_activations(hs_model_cuda_t *mc, planner_t *p)
     mc->xa = plan_take(p, T * (size_t)mc->xa_dim * 2);
     mc->big = plan_take(p, T * (size_t)mc->big_dim * 2);
     mc->pos = plan_take(p, T * sizeof(int32_t));
-    mc->tiles = plan_take(p, ((size_t)mc->max_seqs + 1) * sizeof(int32_t));
 }
 
 /* Checks the arguments of create / plan_bytes against what the CUDA
@@ -269,10 +270,6 @@ hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uint32_t token_bu
     hs_status_t st = check_create(m, token_budget, max_seqs);
     if (st) return st;
     const hs_model_config_t *c = &m->cfg;
-    if (c->head_dim != 64 && c->head_dim != 80 && c->head_dim != 96 && c->head_dim != 128)
-        hs_warn("cuda forward: head_dim %d runs on the slow generic attention kernel (tensor cores "
-                "take 64, 80, 96 and 128)",
-                c->head_dim);
     st = HS_CUDA_CHECK(cudaSetDevice(device));
     if (st) return st;
     hs_model_cuda_t *mc = calloc(1, sizeof(*mc));
@@ -309,6 +306,16 @@ hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uint32_t token_bu
     pa.off = 0;
     plan_activations(mc, &pa);
     if ((st = hs_lt_create(mc->lt_bytes, &mc->lt))) goto err;
+    hs_kn_attn_desc_t ad = {(int)token_budget, (int)max_seqs, mc->nh,
+                            mc->nkv,           mc->d,         mc->qkv_dim,
+                            mc->qkv_dim,       mc->q_dim,     1.0f / sqrtf((float)mc->d),
+                            c->sliding_window};
+    if ((st = hs_kn_attn_plan_create(&ad, &mc->attn))) goto err;
+    if (strcmp(hs_kn_attn_plan_backend(mc->attn), "mma") == 0 && c->head_dim != 64 &&
+        c->head_dim != 80 && c->head_dim != 96 && c->head_dim != 128)
+        hs_warn("cuda forward: head_dim %d runs on the slow generic attention kernel (tensor cores "
+                "take 64, 80, 96 and 128 without cudnn)",
+                c->head_dim);
     if ((st = HS_CUDA_CHECK(cudaDeviceSynchronize()))) goto err;
     *out = mc;
     return HS_OK;
@@ -321,6 +328,7 @@ void hs_model_cuda_destroy(hs_model_cuda_t *mc)
 {
     if (!mc) return;
     hs_lt_destroy(mc->lt);
+    hs_kn_attn_plan_destroy(mc->attn);
     cudaFree(mc->wbase);
     cudaFree(mc->abase);
     free(mc->layers);
@@ -427,7 +435,7 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
     cudaStream_t s = (cudaStream_t)stream;
     char *out = d_out_bf16;
     const int H = mc->H, I = mc->I, d = mc->d;
-    const float eps = c->rms_norm_eps, scale = 1.0f / sqrtf((float)d);
+    const float eps = c->rms_norm_eps;
     int top = 0;
     for (int j = 0; j < n_layers; j++)
         if (layers[j] > top) top = layers[j];
@@ -436,7 +444,7 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
     TRY(HS_CUDA_CHECK(cudaSetDevice(mc->device)));
     TRY(hs_kn_embedding(mc->embed, c->vocab_size, H, d_input_ids, T, mc->h, H, s));
     TRY(hs_kn_rope_positions(d_cu_seqlens, n_seqs, mc->pos, s));
-    TRY(hs_kn_attention_schedule(d_cu_seqlens, n_seqs, mc->tiles, s));
+    TRY(hs_kn_attn_plan_prepare(mc->attn, d_cu_seqlens, n_seqs, T, s));
 
     char *qkv = mc->big;
     for (int l = 0; l < run; l++) {
@@ -455,10 +463,8 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
                                     w->k_norm, eps, s));
         }
         TRY(hs_kn_rope(qkv, mc->qkv_dim, T, mc->nh + mc->nkv, d, mc->pos, mc->inv_freq, s));
-        TRY(hs_kn_attention(qkv, mc->qkv_dim, qkv + (size_t)mc->q_dim * 2,
-                            qkv + (size_t)(mc->q_dim + mc->nkv * d) * 2, mc->qkv_dim, mc->xa,
-                            mc->q_dim, d_cu_seqlens, mc->tiles, n_seqs, T, mc->nh, mc->nkv, d,
-                            scale, c->sliding_window, s));
+        TRY(hs_kn_attn_plan_run(mc->attn, qkv, qkv + (size_t)mc->q_dim * 2,
+                                qkv + (size_t)(mc->q_dim + mc->nkv * d) * 2, mc->xa, s));
         TRY(hs_lt_linear(mc->lt, mc->h, H, mc->xa, mc->q_dim, w->o, w->o_b, T, H, mc->q_dim, true,
                          s));
         TRY(hs_kn_rmsnorm(mc->h, H, w->post_norm, mc->xa, H, T, H, eps, NULL, 0, s));

@@ -7,6 +7,7 @@
  * largest difference are printed. Outputs are poisoned with NaN first, so an
  * unwritten element fails. Exits 77 (skipped) where there is no GPU. */
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -388,6 +389,140 @@ START_TEST(attention_honours_the_sliding_window)
 }
 END_TEST
 
+/* One case of the attention plan, on both of its kernels: the mma.sync one
+ * (HS_ATTN_BACKEND=mma at create) and the one the plan picks (cuDNN's SDPA
+ * on sm_90 where the build has cuDNN and libcudnn loads). q/k/v inside fused
+ * rows, out rows wider than Hq * D. Returns the backend the plan picked. */
+static const char *attention_plan_case(const char *name, const int *lens, int n_seqs, int Hq,
+                                       int Hkv, int D, int window, int max_tokens, int max_seqs)
+{
+    int32_t *cu = malloc(((size_t)n_seqs + 1) * sizeof(int32_t));
+    cu[0] = 0;
+    for (int i = 0; i < n_seqs; i++)
+        cu[i + 1] = cu[i] + lens[i];
+    const int T = cu[n_seqs], stride = (Hq + 2 * Hkv) * D, ostride = Hq * D + 8;
+    uint16_t *xb;
+    float *xf = rand_bf16((size_t)T * stride, 0.f, 1.f, &xb);
+    for (size_t t = 0; t < (size_t)T; t++)
+        for (int i = 0; i < Hq * D; i++) { /* sharper scores: the softmax is not flat */
+            size_t j = t * stride + i;
+            xb[j] = hs_f32_to_bf16(xf[j] * 2.5f);
+            xf[j] = hs_bf16_to_f32(xb[j]);
+        }
+    float *q = malloc((size_t)T * Hq * D * sizeof(float));
+    float *k = malloc((size_t)T * Hkv * D * sizeof(float)),
+          *v = malloc((size_t)T * Hkv * D * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        memcpy(q + (size_t)t * Hq * D, xf + (size_t)t * stride, Hq * D * sizeof(float));
+        memcpy(k + (size_t)t * Hkv * D, xf + (size_t)t * stride + Hq * D, Hkv * D * sizeof(float));
+        memcpy(v + (size_t)t * Hkv * D, xf + (size_t)t * stride + (Hq + Hkv) * D,
+               Hkv * D * sizeof(float));
+    }
+    const float scale = 1.f / sqrtf((float)D);
+    float *ref = malloc((size_t)T * Hq * D * sizeof(float));
+    hs_kn_attention_ref(q, k, v, ref, cu, n_seqs, Hq, Hkv, D, scale, window);
+    void *dx = dev_upload(xb, (size_t)T * stride * 2),
+         *dcu = dev_upload(cu, ((size_t)n_seqs + 1) * sizeof(int32_t));
+    const uint16_t *dq = dx;
+    hs_kn_attn_desc_t desc = {max_tokens, max_seqs, Hq,      Hkv,   D,
+                              stride,     stride,   ostride, scale, window};
+    const char *picked = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0)
+            setenv("HS_ATTN_BACKEND", "mma", 1);
+        else
+            unsetenv("HS_ATTN_BACKEND");
+        hs_kn_attn_plan_t *plan = NULL;
+        ck_assert_int_eq(hs_kn_attn_plan_create(&desc, &plan), HS_OK);
+        void *dout = dev_poisoned((size_t)T * ostride);
+        ck_assert_int_eq(hs_kn_attn_plan_prepare(plan, dcu, n_seqs, T, NULL), HS_OK);
+        /* twice: a second run of the same batch must give the same result */
+        for (int rep = 0; rep < 2; rep++)
+            ck_assert_int_eq(
+                hs_kn_attn_plan_run(plan, dq, dq + Hq * D, dq + (Hq + Hkv) * D, dout, NULL), HS_OK);
+        const char *backend = hs_kn_attn_plan_backend(plan);
+        if (pass == 0) ck_assert_str_eq(backend, "mma");
+        char what[160];
+        snprintf(what, sizeof(what), "%s (%s)", name, backend);
+        float *got = dev_download_bf16(dout, (size_t)T * ostride);
+        ck_assert(compare(what, got, ostride, ref, Hq * D, T, Hq * D, 1.5e-2f, 2e-2f));
+        if (pass == 1) picked = backend;
+        hs_kn_attn_plan_destroy(plan);
+        cudaFree(dout);
+        free(got);
+    }
+    cudaFree(dx), cudaFree(dcu);
+    free(cu), free(xb), free(xf), free(q), free(k), free(v), free(ref);
+    return picked;
+}
+
+/* Whether the plan is expected to pick cuDNN here: a build with it, an
+ * sm_90 device and a loadable libcudnn.so.9. */
+static int expect_cudnn(void)
+{
+#ifdef HS_HAVE_CUDNN
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+        major != 9)
+        return 0;
+    void *h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return 0;
+    dlclose(h);
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+START_TEST(attention_plan_matches_its_twin_on_every_head_dim_and_gqa)
+{
+    g_rng = 10;
+    const int odd[5] = {1, 63, 65, 1000, 8192}; /* 9321 tokens */
+    const int mixed[7] = {65, 1, 1000, 63, 333, 7, 129};
+    const int want = expect_cudnn();
+    struct {
+        const char *name;
+        const int *lens;
+        int n, Hq, Hkv, D;
+    } cases[] = {
+        {"plan d64 gqa1 1..8192", odd, 5, 3, 3, 64}, {"plan d80 gqa4", mixed, 7, 4, 1, 80},
+        {"plan d96 gqa6", mixed, 7, 6, 1, 96},       {"plan d128 gqa4 1..8192", odd, 5, 4, 1, 128},
+        {"plan d128 gqa6", mixed, 7, 12, 2, 128},    {"plan d256 gqa6 1..8192", odd, 5, 6, 1, 256},
+        {"plan d256 gqa1", mixed, 7, 2, 2, 256},     {"plan d64 gqa4", mixed, 7, 8, 2, 64},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int T = 0;
+        for (int j = 0; j < cases[i].n; j++)
+            T += cases[i].lens[j];
+        const char *b = attention_plan_case(cases[i].name, cases[i].lens, cases[i].n, cases[i].Hq,
+                                            cases[i].Hkv, cases[i].D, 0, T + 3, cases[i].n + 2);
+        if (want)
+            ck_assert_msg(strcmp(b, "cudnn") == 0, "%s ran on %s, not cudnn", cases[i].name, b);
+    }
+}
+END_TEST
+
+START_TEST(attention_plan_honours_the_sliding_window)
+{
+    g_rng = 11;
+    const int lens[3] = {333, 67, 1};
+    attention_plan_case("plan window 50 d64", lens, 3, 4, 2, 64, 50, 1000, 3);
+    attention_plan_case("plan window 100 d128", lens, 3, 4, 1, 128, 100, 1000, 3);
+}
+END_TEST
+
+/* A batch no bucket holds (more sequences of this length than the plan's
+ * buckets take) runs on the mma.sync kernel, with the same results. */
+START_TEST(attention_plan_falls_back_on_a_batch_no_bucket_holds)
+{
+    g_rng = 12;
+    int lens[19] = {1000, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37};
+    /* max_tokens 2000: the buckets of 1024 take at most 8 x 2 = 16 sequences */
+    const char *b = attention_plan_case("plan fallback", lens, 19, 4, 1, 128, 0, 2000, 20);
+    ck_assert_str_eq(b, "mma");
+}
+END_TEST
+
 int main(void)
 {
     int n_dev = 0;
@@ -397,7 +532,7 @@ int main(void)
     }
     Suite *s = suite_create("kernels_cuda");
     TCase *tc = tcase_create("all");
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, 240);
     tcase_add_test(tc, embedding_gathers_the_rows_of_the_ids);
     tcase_add_test(tc, rmsnorm_matches_its_twin_and_copies_the_input_row);
     tcase_add_test(tc, rmsnorm_heads_normalises_each_head_in_place);
@@ -407,6 +542,9 @@ int main(void)
     tcase_add_test(tc, linear_matches_matmul_twin_with_bias_and_accumulate);
     tcase_add_test(tc, attention_matches_its_twin_on_packed_odd_sequences);
     tcase_add_test(tc, attention_honours_the_sliding_window);
+    tcase_add_test(tc, attention_plan_matches_its_twin_on_every_head_dim_and_gqa);
+    tcase_add_test(tc, attention_plan_honours_the_sliding_window);
+    tcase_add_test(tc, attention_plan_falls_back_on_a_batch_no_bucket_holds);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
