@@ -6,9 +6,12 @@
  *   hs-bench-forward --model DIR --layers 2,16,29 \
  *       --shapes 64x1024,16x4096,8x8192 [--iters 5] [--device 0] [--peak-tflops 989.4]
  *
- * --attn-only times the attention kernel alone at each shape on random
- * inputs of Llama-3.1-8B's attention shape (32 query heads, 8 kv heads,
- * head_dim 128) and needs no model. */
+ * --attn-only times the attention plan alone at each shape (default
+ * 64x1024,32x2048,16x4096,8x8192) on random inputs of two head layouts,
+ * Llama-3.1-8B's (32 query heads, 8 kv heads, head_dim 128) and 24/4 heads
+ * of head_dim 256, needs no model, then runs torch's SDPA (flash and cuDNN
+ * backends) at the same shapes through scripts/bench/attn_torch.py
+ * (--torch-script PATH; $HS_PYTHON or python3) and prints a table of both. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -30,67 +33,183 @@ static void usage(FILE *fp)
 {
     fprintf(fp, "usage: hs-bench-forward --model DIR --layers LIST --shapes NxL[,NxL...]\n"
                 "                        [--iters N] [--device N] [--peak-tflops F]\n"
-                "       hs-bench-forward --attn-only --shapes NxL[,NxL...] [--iters N]\n"
+                "       hs-bench-forward --attn-only [--shapes NxL[,NxL...]] [--iters N]\n"
+                "                        [--torch-script PATH | --no-torch]\n"
                 "example: hs-bench-forward --model /tmp/llama8b --layers 2,16,29 \\\n"
                 "             --shapes 64x1024,16x4096,8x8192 --iters 5\n");
 }
 
-/* Times hs_kn_attention at n x L (Llama-3.1-8B heads) on random inputs. */
-static int attn_bench(int n, int L, int iters, double peak)
+/* Head layouts of --attn-only: Llama-3.1-8B's and a head_dim-256 one. */
+static const struct {
+    int hq, hkv, d;
+} attn_heads[] = {{32, 8, 128}, {24, 4, 256}};
+#define N_ATTN_HEADS 2
+
+typedef struct {
+    double hs, mma, flash, cudnn; /* TFLOP/s, 0 = not measured */
+    const char *backend;
+} attn_row_t;
+
+/* Best of iters calls of a prepared plan at n x L; ms, or < 0 on failure. */
+static double attn_time(hs_kn_attn_plan_t *plan, const uint16_t *x, void *o, int hq, int hkv, int d,
+                        int iters)
 {
-    const int Hq = 32, Hkv = 8, D = 128, stride = (Hq + 2 * Hkv) * D;
-    const size_t T = (size_t)n * L, elems = T * stride;
-    const size_t blk = 1u << 22; /* random block, repeated */
-    uint16_t *h = malloc(blk * 2);
-    int32_t *cu = malloc(((size_t)n + 1) * 4);
-    uint64_t rng = 99;
-    for (size_t i = 0; i < blk; i++)
-        h[i] = hs_f32_to_bf16(
-            (float)((double)(hs_splitmix64(&rng) >> 11) / 9007199254740992.0 * 4 - 2));
-    for (int i = 0; i <= n; i++)
-        cu[i] = i * L;
-    void *x, *o, *dcu, *tiles;
-    if (cudaMalloc(&x, elems * 2) || cudaMalloc(&o, T * Hq * D * 2) ||
-        cudaMalloc(&dcu, ((size_t)n + 1) * 4) || cudaMalloc(&tiles, ((size_t)n + 1) * 4)) {
-        fprintf(stderr, "attn bench: cudaMalloc failed\n");
-        return 1;
-    }
-    for (size_t off = 0; off < elems; off += blk)
-        cudaMemcpy((uint16_t *)x + off, h, (elems - off < blk ? elems - off : blk) * 2,
-                   cudaMemcpyHostToDevice);
-    cudaMemcpy(dcu, cu, ((size_t)n + 1) * 4, cudaMemcpyHostToDevice);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    const uint16_t *q = x;
     float best = 1e30f;
     int rc = 0;
     for (int i = 0; i <= iters && !rc; i++) {
         cudaEventRecord(e0, 0);
-        rc |= hs_kn_attention_schedule(dcu, n, tiles, 0);
-        rc |= hs_kn_attention(q, stride, q + Hq * D, q + (Hq + Hkv) * D, stride, o, Hq * D, dcu,
-                              tiles, n, (int)T, Hq, Hkv, D, 1.f / sqrtf((float)D), 0, 0);
+        rc = hs_kn_attn_plan_run(plan, x, x + hq * d, x + (hq + hkv) * d, o, 0);
         cudaEventRecord(e1, 0);
         cudaEventSynchronize(e1);
         float ms;
         cudaEventElapsedTime(&ms, e0, e1);
         if (i && ms < best) best = ms;
     }
-    if (cudaDeviceSynchronize() != cudaSuccess) rc = 1;
-    double fl = 4.0 * Hq * D * (double)L * (L + 1) / 2 * n;
-    printf("{\"attn_shape\": \"%dx%d\", \"ms\": %.3f, \"tflops\": %.1f, \"of_peak\": %.3f}\n", n, L,
-           best, fl / (best / 1e3) / 1e12,
-           fl / (best / 1e3) / 1e12 / (peak > 0 ? peak : HS_MODEL_CUDA_PEAK_TFLOPS));
-    fflush(stdout);
-    cudaFree(x), cudaFree(o), cudaFree(dcu), cudaFree(tiles);
-    free(h), free(cu);
-    return rc;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return rc || cudaDeviceSynchronize() != cudaSuccess ? -1 : best;
+}
+
+/* Times the attention plan at every shape and head layout on random inputs
+ * (per layout one plan for the largest shape, as a forward builds it; plus
+ * the mma.sync kernel alone where it has a tensor-core path), one JSON line
+ * each, into rows[layout][shape]. */
+static int attn_bench_hsflow(const int *sn, const int *sl, int n_shapes, int iters, double peak,
+                             attn_row_t rows[][MAX_SHAPES])
+{
+    int max_T = 0, max_n = 0;
+    for (int i = 0; i < n_shapes; i++) {
+        if (sn[i] * sl[i] > max_T) max_T = sn[i] * sl[i];
+        if (sn[i] > max_n) max_n = sn[i];
+    }
+    for (int h = 0; h < N_ATTN_HEADS; h++) {
+        const int hq = attn_heads[h].hq, hkv = attn_heads[h].hkv, d = attn_heads[h].d;
+        const int stride = (hq + 2 * hkv) * d;
+        const size_t elems = (size_t)max_T * stride, blk = 1u << 22; /* random block, repeated */
+        uint16_t *hb = malloc(blk * 2);
+        int32_t *cu = malloc(((size_t)max_n + 1) * 4);
+        uint64_t rng = 99;
+        for (size_t i = 0; i < blk; i++)
+            hb[i] = hs_f32_to_bf16(
+                (float)((double)(hs_splitmix64(&rng) >> 11) / 9007199254740992.0 * 4 - 2));
+        void *x = NULL, *o = NULL, *dcu = NULL;
+        if (cudaMalloc(&x, elems * 2) || cudaMalloc(&o, (size_t)max_T * hq * d * 2) ||
+            cudaMalloc(&dcu, ((size_t)max_n + 1) * 4)) {
+            fprintf(stderr, "attn bench: cudaMalloc failed\n");
+            return 1;
+        }
+        for (size_t off = 0; off < elems; off += blk)
+            cudaMemcpy((uint16_t *)x + off, hb, (elems - off < blk ? elems - off : blk) * 2,
+                       cudaMemcpyHostToDevice);
+        hs_kn_attn_desc_t desc = {
+            max_T, max_n, hq, hkv, d, stride, stride, hq * d, 1.f / sqrtf((float)d), 0};
+        hs_kn_attn_plan_t *plan = NULL, *mma = NULL;
+        if (hs_kn_attn_plan_create(&desc, &plan) != HS_OK) return 1;
+        const int tc = d == 64 || d == 80 || d == 96 || d == 128;
+        if (tc) {
+            setenv("HS_ATTN_BACKEND", "mma", 1);
+            int st = hs_kn_attn_plan_create(&desc, &mma);
+            unsetenv("HS_ATTN_BACKEND");
+            if (st != HS_OK) return 1;
+        }
+        for (int i = 0; i < n_shapes; i++) {
+            const int n = sn[i], L = sl[i];
+            for (int j = 0; j <= n; j++)
+                cu[j] = j * L;
+            cudaMemcpy(dcu, cu, ((size_t)n + 1) * 4, cudaMemcpyHostToDevice);
+            const double fl = 4.0 * hq * d * (double)L * (L + 1) / 2 * n;
+            for (int which = 0; which < 1 + tc; which++) {
+                hs_kn_attn_plan_t *p = which ? mma : plan;
+                if (hs_kn_attn_plan_prepare(p, dcu, n, n * L, 0) != HS_OK) return 1;
+                double ms = attn_time(p, x, o, hq, hkv, d, iters);
+                if (ms < 0) return 1;
+                const double tf = fl / (ms / 1e3) / 1e12;
+                const char *be = hs_kn_attn_plan_backend(p);
+                if (which)
+                    rows[h][i].mma = tf;
+                else
+                    rows[h][i].hs = tf, rows[h][i].backend = be;
+                printf("{\"attn_shape\": \"%dx%d\", \"heads\": \"%d/%d/%d\", \"backend\": \"%s\", "
+                       "\"ms\": %.3f, \"tflops\": %.1f, \"of_peak\": %.3f}\n",
+                       n, L, hq, hkv, d, be, ms, tf,
+                       tf / (peak > 0 ? peak : HS_MODEL_CUDA_PEAK_TFLOPS));
+                fflush(stdout);
+            }
+        }
+        hs_kn_attn_plan_destroy(plan);
+        hs_kn_attn_plan_destroy(mma);
+        cudaFree(x), cudaFree(o), cudaFree(dcu);
+        free(hb), free(cu);
+    }
+    return 0;
+}
+
+/* Runs the torch script (attn_torch.py) at the same shapes and fills the
+ * torch columns of rows from its JSON lines; a missing script or python
+ * leaves them empty. */
+static void attn_bench_torch(const char *script, const char *shapes_s, int iters, const int *sn,
+                             const int *sl, int n_shapes, attn_row_t rows[][MAX_SHAPES])
+{
+    FILE *f = fopen(script, "r");
+    if (!f) {
+        fprintf(stderr,
+                "attn bench: %s not found: torch columns left empty (give --torch-script "
+                "PATH, or run from the project root)\n",
+                script);
+        return;
+    }
+    fclose(f);
+    const char *py = getenv("HS_PYTHON");
+    char cmd[1024], heads[128] = "";
+    for (int h = 0; h < N_ATTN_HEADS; h++)
+        snprintf(heads + strlen(heads), sizeof(heads) - strlen(heads), "%s%d/%d/%d", h ? "," : "",
+                 attn_heads[h].hq, attn_heads[h].hkv, attn_heads[h].d);
+    snprintf(cmd, sizeof(cmd), "%s '%s' --shapes '%s' --heads %s --iters %d", py ? py : "python3",
+             script, shapes_s, heads, iters);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        fprintf(stderr, "attn bench: cannot run '%s': %m\n", cmd);
+        return;
+    }
+    char line[1024];
+    while (fgets(line, sizeof(line), p)) {
+        fputs(line, stdout);
+        int n, L, hq, hkv, d;
+        char be[16];
+        const char *a = strstr(line, "\"attn_shape\": \""), *hh = strstr(line, "\"heads\": \""),
+                   *b = strstr(line, "\"torch_backend\": \""), *t = strstr(line, "\"tflops\": ");
+        if (!a || !hh || !b || !t || sscanf(a + 15, "%dx%d", &n, &L) != 2 ||
+            sscanf(hh + 10, "%d/%d/%d", &hq, &hkv, &d) != 3 || sscanf(b + 18, "%15[a-z]", be) != 1)
+            continue;
+        double tf = atof(t + 10);
+        for (int h = 0; h < N_ATTN_HEADS; h++)
+            for (int i = 0; i < n_shapes; i++)
+                if (attn_heads[h].hq == hq && attn_heads[h].hkv == hkv && attn_heads[h].d == d &&
+                    sn[i] == n && sl[i] == L) {
+                    if (strcmp(be, "flash") == 0) rows[h][i].flash = tf;
+                    if (strcmp(be, "cudnn") == 0) rows[h][i].cudnn = tf;
+                }
+    }
+    int rc = pclose(p);
+    if (rc) fprintf(stderr, "attn bench: '%s' exited with %d\n", cmd, rc);
+}
+
+static void attn_cell(double v)
+{
+    if (v > 0)
+        printf(" %.0f |", v);
+    else
+        printf(" - |");
 }
 
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *layers_s = NULL, *shapes_s = NULL;
     int iters = 5, device = 0, attn_only = 0;
+    const char *torch_script = "scripts/bench/attn_torch.py";
     double peak = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"layers", required_argument, 0, 'l'},
@@ -99,6 +218,8 @@ int main(int argc, char **argv)
                                          {"device", required_argument, 0, 'd'},
                                          {"peak-tflops", required_argument, 0, 'p'},
                                          {"attn-only", no_argument, 0, 'a'},
+                                         {"torch-script", required_argument, 0, 't'},
+                                         {"no-torch", no_argument, 0, 'n'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -125,6 +246,12 @@ int main(int argc, char **argv)
         case 'a':
             attn_only = 1;
             break;
+        case 't':
+            torch_script = optarg;
+            break;
+        case 'n':
+            torch_script = NULL;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -133,14 +260,44 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (attn_only && shapes_s) {
-        int n, L, rc = 0;
+    if (attn_only) {
+        if (!shapes_s) shapes_s = "64x1024,32x2048,16x4096,8x8192";
+        int sn[MAX_SHAPES], sl[MAX_SHAPES], n_shapes = 0;
         char *d2 = strdup(shapes_s), *sv = NULL;
-        cudaSetDevice(device);
-        for (char *tok = strtok_r(d2, ",", &sv); tok && !rc; tok = strtok_r(NULL, ",", &sv))
-            if (sscanf(tok, "%dx%d", &n, &L) == 2) rc = attn_bench(n, L, iters, peak);
+        for (char *tok = strtok_r(d2, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
+            if (n_shapes == MAX_SHAPES || sscanf(tok, "%dx%d", &sn[n_shapes], &sl[n_shapes]) != 2 ||
+                sn[n_shapes] < 1 || sl[n_shapes] < 1) {
+                fprintf(stderr,
+                        "hs-bench-forward: --shapes '%s': give NxL entries such as 16x4096\n", tok);
+                return 2;
+            }
+            n_shapes++;
+        }
         free(d2);
-        return rc;
+        static attn_row_t rows[N_ATTN_HEADS][MAX_SHAPES];
+        if (cudaSetDevice(device) != cudaSuccess) {
+            fprintf(stderr, "hs-bench-forward: no CUDA device %d\n", device);
+            return 1;
+        }
+        if (attn_bench_hsflow(sn, sl, n_shapes, iters, peak, rows)) return 1;
+        if (torch_script) attn_bench_torch(torch_script, shapes_s, iters, sn, sl, n_shapes, rows);
+        printf("\n| shape | heads/kv/d | hsflow (kernel) | hsflow mma.sync | torch flash | torch "
+               "cudnn "
+               "| hsflow / torch cudnn |\n|---|---|---|---|---|---|---|\n");
+        for (int h = 0; h < N_ATTN_HEADS; h++)
+            for (int i = 0; i < n_shapes; i++) {
+                const attn_row_t *r = &rows[h][i];
+                printf("| %dx%d | %d/%d/%d | %.0f (%s) |", sn[i], sl[i], attn_heads[h].hq,
+                       attn_heads[h].hkv, attn_heads[h].d, r->hs, r->backend ? r->backend : "-");
+                attn_cell(r->mma);
+                attn_cell(r->flash);
+                attn_cell(r->cudnn);
+                if (r->cudnn > 0)
+                    printf(" %.2f |\n", r->hs / r->cudnn);
+                else
+                    printf(" - |\n");
+            }
+        return 0;
     }
     if (!model_dir || !layers_s || !shapes_s) {
         usage(stderr);
