@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 
 #include <memory>
+#include <mutex>
 #include <new>
 #include <unordered_map>
 #include <vector>
@@ -145,14 +146,15 @@ extern "C" hs_status_t hs__attn_dnn_create(const hs__attn_dnn_shape_t *shape, co
                                            const int *B, int n, int *ok, hs__attn_dnn_t **out)
 {
     *out = nullptr;
-    if (!fe::cudnn_dlhandle) {
-        /* loaded once per process and kept: the frontend's symbols point into it */
+    /* loaded once per process (forwards of several GPUs may be created from
+     * several threads) and kept: the frontend's symbols point into it */
+    static std::once_flag loaded;
+    std::call_once(loaded, [] {
         fe::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
-        if (!fe::cudnn_dlhandle) {
+        if (!fe::cudnn_dlhandle)
             hs_info("attention: cudnn not loaded (%s); using the built-in kernel", dlerror());
-            return HS_ERR_UNSUPPORTED;
-        }
-    }
+    });
+    if (!fe::cudnn_dlhandle) return HS_ERR_UNSUPPORTED;
     hs__attn_dnn_t *dnn = new (std::nothrow) hs__attn_dnn_t;
     if (!dnn) return HS_ERR_NOMEM;
     int built = 0;
