@@ -6,6 +6,12 @@
  * heads = 1 for the per-token norms, n_heads for Qwen3's q/k norm, which
  * works in place on the fused qkv rows.
  *
+ * The zero-centred form (Qwen3.5's layer, final and q/k norms) rounds once,
+ * as Qwen3_5RMSNorm does: y = bf16( x / sqrt(mean(x^2) + eps) * (1 + w) ),
+ * with 1 + w formed in fp32 from the bf16 w. Folding 1 + w into the stored
+ * weight at load would round it to bf16 (w sits near 0, 1 + w near 1: 8
+ * bits of w's mantissa lost) and add the Llama-style second rounding.
+ *
  * One warp per row; 16-byte loads when dim and strides are multiples of 8.
  * The row is read twice (sum of squares, then scale); the second read comes
  * from L1/L2. Optionally the input row is also copied to copy[t] (row stride
@@ -19,7 +25,15 @@
 
 typedef __nv_bfloat16 bf16;
 
-template <bool VEC>
+/* One output element: Llama's two roundings, or the zero-centred single one. */
+template <bool ZC> __device__ __forceinline__ bf16 norm_scale(float x, float r, bf16 w)
+{
+    if (ZC) return __float2bfloat16(x * r * (1.0f + __bfloat162float(w)));
+    float n = __bfloat162float(__float2bfloat16(x * r));
+    return __float2bfloat16(n * __bfloat162float(w));
+}
+
+template <bool VEC, bool ZC>
 __global__ void rmsnorm_kernel(const bf16 *x, int64_t x_stride, const bf16 *w, bf16 *y,
                                int64_t y_stride, bf16 *copy, int64_t copy_stride, int rows,
                                int heads, int dim, float eps)
@@ -61,22 +75,20 @@ __global__ void rmsnorm_kernel(const bf16 *x, int64_t x_stride, const bf16 *w, b
             uint4 o;
             bf16 *oe = (bf16 *)&o;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float n = __bfloat162float(__float2bfloat16(__bfloat162float(e[j]) * r));
-                oe[j] = __float2bfloat16(n * __bfloat162float(we[j]));
-            }
+            for (int j = 0; j < 8; j++)
+                oe[j] = norm_scale<ZC>(__bfloat162float(e[j]), r, we[j]);
             *(uint4 *)(yr + i) = o;
         }
     } else {
         for (int i = lane; i < dim; i += 32) {
             bf16 v = xr[i];
             if (cr) cr[i] = v;
-            float n = __bfloat162float(__float2bfloat16(__bfloat162float(v) * r));
-            yr[i] = __float2bfloat16(n * __bfloat162float(w[i]));
+            yr[i] = norm_scale<ZC>(__bfloat162float(v), r, w[i]);
         }
     }
 }
 
+template <bool ZC>
 static hs_status_t rmsnorm_launch(const void *x, int64_t x_stride, const void *w, void *y,
                                   int64_t y_stride, void *copy, int64_t copy_stride, int rows,
                                   int heads, int dim, float eps, cudaStream_t stream)
@@ -88,11 +100,11 @@ static hs_status_t rmsnorm_launch(const void *x, int64_t x_stride, const void *w
     const int threads = 256, rows_per_block = threads / 32;
     int blocks = (rows + rows_per_block - 1) / rows_per_block;
     if (vec)
-        rmsnorm_kernel<true><<<blocks, threads, 0, stream>>>(
+        rmsnorm_kernel<true, ZC><<<blocks, threads, 0, stream>>>(
             (const bf16 *)x, x_stride, (const bf16 *)w, (bf16 *)y, y_stride, (bf16 *)copy,
             copy_stride, rows, heads, dim, eps);
     else
-        rmsnorm_kernel<false><<<blocks, threads, 0, stream>>>(
+        rmsnorm_kernel<false, ZC><<<blocks, threads, 0, stream>>>(
             (const bf16 *)x, x_stride, (const bf16 *)w, (bf16 *)y, y_stride, (bf16 *)copy,
             copy_stride, rows, heads, dim, eps);
     return HS_CUDA_LAUNCH_CHECK("rmsnorm kernel");
@@ -102,13 +114,28 @@ extern "C" int hs_kn_rmsnorm(const void *x, int64_t x_stride, const void *w, voi
                              int64_t y_stride, int rows, int dim, float eps, void *copy,
                              int64_t copy_stride, cudaStream_t stream)
 {
-    return rmsnorm_launch(x, x_stride, w, y, y_stride, copy, copy_stride, rows, 1, dim, eps,
-                          stream);
+    return rmsnorm_launch<false>(x, x_stride, w, y, y_stride, copy, copy_stride, rows, 1, dim, eps,
+                                 stream);
 }
 
 extern "C" int hs_kn_rmsnorm_heads(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
                                    const void *w, float eps, cudaStream_t stream)
 {
-    return rmsnorm_launch(x, row_stride, w, x, row_stride, NULL, 0, T * n_heads, n_heads, head_dim,
-                          eps, stream);
+    return rmsnorm_launch<false>(x, row_stride, w, x, row_stride, NULL, 0, T * n_heads, n_heads,
+                                 head_dim, eps, stream);
+}
+
+extern "C" int hs_kn_rmsnorm_zc(const void *x, int64_t x_stride, const void *w, void *y,
+                                int64_t y_stride, int rows, int dim, float eps, void *copy,
+                                int64_t copy_stride, cudaStream_t stream)
+{
+    return rmsnorm_launch<true>(x, x_stride, w, y, y_stride, copy, copy_stride, rows, 1, dim, eps,
+                                stream);
+}
+
+extern "C" int hs_kn_rmsnorm_heads_zc(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
+                                      const void *w, float eps, cudaStream_t stream)
+{
+    return rmsnorm_launch<true>(x, row_stride, w, x, row_stride, NULL, 0, T * n_heads, n_heads,
+                                head_dim, eps, stream);
 }

@@ -42,6 +42,13 @@ int hs_kn_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y, int64
  * stride row_stride (Qwen3's q/k norm on the fused qkv rows). */
 int hs_kn_rmsnorm_heads(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
                         const void *w, float eps, struct CUstream_st *stream);
+/* The zero-centred forms of the two above (Qwen3.5): y = bf16(x * rsqrt(
+ * mean(x^2) + eps) * (1 + w)), 1 + w in fp32, one rounding. */
+int hs_kn_rmsnorm_zc(const void *x, int64_t x_stride, const void *w, void *y, int64_t y_stride,
+                     int rows, int dim, float eps, void *copy, int64_t copy_stride,
+                     struct CUstream_st *stream);
+int hs_kn_rmsnorm_heads_zc(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
+                           const void *w, float eps, struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

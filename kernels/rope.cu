@@ -7,7 +7,9 @@
  * with Hugging Face's bf16 roundings: cos and sin rounded to bf16, each
  * product rounded, then the sum. The heads rotated are the first n_heads of
  * each row (row stride row_stride), so one launch rotates q and k together
- * in the fused qkv rows. Positions come from hs_kn_rope_positions(). */
+ * in the fused qkv rows. Positions come from hs_kn_rope_positions().
+ * Partial rotary (Qwen3.5): only the first rot_dim dims of each head of
+ * head_dim rotate (d/2 above is rot_dim/2); the rest are not touched. */
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -29,11 +31,11 @@ __device__ __forceinline__ float bround(float f)
     return __bfloat162float(__float2bfloat16(f));
 }
 
-__global__ void rope_kernel(bf16 *x, int64_t row_stride, int n_heads, int head_dim,
+__global__ void rope_kernel(bf16 *x, int64_t row_stride, int n_heads, int head_dim, int rot_dim,
                             const int32_t *pos, const float *inv_freq)
 {
     int t = blockIdx.x;
-    int half = head_dim / 2;
+    int half = rot_dim / 2;
     float p = (float)pos[t];
     bf16 *row = x + (int64_t)t * row_stride;
     for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
@@ -58,16 +60,26 @@ extern "C" int hs_kn_rope_positions(const int32_t *cu_seqlens, int n_seqs, int32
     return HS_CUDA_LAUNCH_CHECK("rope positions kernel");
 }
 
+extern "C" int hs_kn_rope_partial(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
+                                  int rot_dim, const int32_t *pos, const float *inv_freq,
+                                  cudaStream_t stream)
+{
+    if (T <= 0) return HS_OK;
+    if (rot_dim % 2 || rot_dim < 2 || rot_dim > head_dim) {
+        hs_error("rope: rotary dims %d of head_dim %d: rotary embedding needs an even number of "
+                 "dims between 2 and head_dim",
+                 rot_dim, head_dim);
+        return HS_ERR_INVALID;
+    }
+    int work = n_heads * rot_dim / 2;
+    int threads = work >= 512 ? 512 : ((work + 31) / 32) * 32;
+    rope_kernel<<<T, threads, 0, stream>>>((bf16 *)x, row_stride, n_heads, head_dim, rot_dim, pos,
+                                           inv_freq);
+    return HS_CUDA_LAUNCH_CHECK("rope kernel");
+}
+
 extern "C" int hs_kn_rope(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
                           const int32_t *pos, const float *inv_freq, cudaStream_t stream)
 {
-    if (T <= 0) return HS_OK;
-    if (head_dim % 2) {
-        hs_error("rope: head_dim %d is odd; rotary embedding needs an even head_dim", head_dim);
-        return HS_ERR_INVALID;
-    }
-    int work = n_heads * head_dim / 2;
-    int threads = work >= 512 ? 512 : ((work + 31) / 32) * 32;
-    rope_kernel<<<T, threads, 0, stream>>>((bf16 *)x, row_stride, n_heads, head_dim, pos, inv_freq);
-    return HS_CUDA_LAUNCH_CHECK("rope kernel");
+    return hs_kn_rope_partial(x, row_stride, T, n_heads, head_dim, head_dim, pos, inv_freq, stream);
 }

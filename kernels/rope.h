@@ -64,6 +64,11 @@ int hs_kn_rope_positions(const int32_t *cu_seqlens, int n_seqs, int32_t *pos,
  * inv_freq [head_dim / 2] are device memory. */
 int hs_kn_rope(void *x, int64_t row_stride, int T, int n_heads, int head_dim, const int32_t *pos,
                const float *inv_freq, struct CUstream_st *stream);
+/* As hs_kn_rope, rotating only the first rot_dim dims of each head
+ * (Qwen3.5's partial rotary; inv_freq [rot_dim / 2]); the other dims are
+ * left as they are. rot_dim even, 2 <= rot_dim <= head_dim. */
+int hs_kn_rope_partial(void *x, int64_t row_stride, int T, int n_heads, int head_dim, int rot_dim,
+                       const int32_t *pos, const float *inv_freq, struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,17 @@ extern "C" {
 /* C twin; x is gated in place. */
 void hs_kn_sigmoid_gate_ref(float *x, const float *gate, size_t n);
 
+/* ---- CUDA launchers (kernels/sigmoid_gate.cu) ---- */
+/* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory;
+ * stream is a cudaStream_t. They return 0 or a negative hs_status_t
+ * (HS_ERR_CUDA for a failed launch). */
+struct CUstream_st;
+/* x[t, i] = bf16(x[t, i] * bf16(sigmoid(gate[t, i]))) in place, for T rows
+ * of n values: x rows of stride x_stride, gate rows of stride gate_stride
+ * (the gate columns of the fused q_proj output). */
+int hs_kn_sigmoid_gate(void *x, int64_t x_stride, const void *gate, int64_t gate_stride, int T,
+                       int n, struct CUstream_st *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,6 +22,7 @@
 #include "residual.h"
 #include "rmsnorm.h"
 #include "rope.h"
+#include "sigmoid_gate.h"
 #include "swiglu.h"
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -219,6 +220,117 @@ START_TEST(rope_restarts_positions_at_every_sequence_with_llama3_scaling)
     ck_assert(compare("rope rest", got + nh * D, stride, xf + nh * D, stride, T, 2 * D, 0.f, 0.f));
     cudaFree(dx), cudaFree(dcu), cudaFree(dinv), cudaFree(dpos);
     free(xb), free(xf), free(ref), free(got);
+}
+END_TEST
+
+/* Qwen3.5's norms: weights near 0 scale as (1 + w), rounded once. The
+ * plain kernel on the same weights is far off, so the test tells them apart. */
+START_TEST(rmsnorm_zero_centred_scales_by_one_plus_w_over_rows_and_heads)
+{
+    g_rng = 11;
+    const int rows = 77;
+    const int dims[2] = {1000, 999};
+    for (int di = 0; di < 2; di++) {
+        int dim = dims[di], xs = dim + 24 + (dim & 1), cs = 2 * dim + (dim & 1);
+        uint16_t *xb, *wb;
+        float *xf = rand_bf16((size_t)rows * xs, 0.5f, 2.f, &xb);
+        float *wf = rand_bf16((size_t)dim, 0.f, 0.1f, &wb);
+        float *xd = malloc((size_t)rows * dim * sizeof(float));
+        for (int r = 0; r < rows; r++)
+            memcpy(xd + (size_t)r * dim, xf + (size_t)r * xs, dim * sizeof(float));
+        float *ref = malloc((size_t)rows * dim * sizeof(float));
+        hs_kn_rmsnorm_zc_ref(xd, wb, ref, rows, dim, 1e-6f);
+        void *dx = dev_upload(xb, (size_t)rows * xs * 2), *dw = dev_upload(wb, (size_t)dim * 2);
+        void *dy = dev_poisoned((size_t)rows * dim), *dc = dev_poisoned((size_t)rows * cs);
+        ck_assert_int_eq(hs_kn_rmsnorm_zc(dx, xs, dw, dy, dim, rows, dim, 1e-6f, dc, cs, NULL),
+                         HS_OK);
+        float *got = dev_download_bf16(dy, (size_t)rows * dim);
+        float *cp = dev_download_bf16(dc, (size_t)rows * cs);
+        /* one rounding to bf16: within half an ulp (2^-9 relative) */
+        ck_assert(compare("rmsnorm zc", got, dim, ref, dim, rows, dim, 1e-6f, 4e-3f));
+        ck_assert(compare("rmsnorm zc copy", cp, cs, xd, dim, rows, dim, 0.f, 0.f));
+        cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dc);
+        free(xb), free(wb), free(xf), free(wf), free(xd), free(ref), free(got), free(cp);
+    }
+    /* per head in place (q/k norm of head_dim 256 inside wider rows) */
+    const int T = 37, nh = 3, D = 256, stride = (nh + 2) * D + 8;
+    uint16_t *xb, *wb;
+    float *xf = rand_bf16((size_t)T * stride, 0.f, 3.f, &xb);
+    float *wf = rand_bf16(D, 0.f, 0.3f, &wb);
+    float *ref = malloc((size_t)T * nh * D * sizeof(float));
+    for (int t = 0; t < T; t++)
+        memcpy(ref + (size_t)t * nh * D, xf + (size_t)t * stride, nh * D * sizeof(float));
+    hs_kn_rmsnorm_zc_ref(ref, wb, ref, T * nh, D, 1e-6f);
+    void *dx = dev_upload(xb, (size_t)T * stride * 2), *dw = dev_upload(wb, D * 2);
+    ck_assert_int_eq(hs_kn_rmsnorm_heads_zc(dx, stride, T, nh, D, dw, 1e-6f, NULL), HS_OK);
+    float *got = dev_download_bf16(dx, (size_t)T * stride);
+    ck_assert(compare("rmsnorm heads zc", got, stride, ref, nh * D, T, nh * D, 1e-6f, 4e-3f));
+    ck_assert(compare("rmsnorm heads zc rest", got + nh * D, stride, xf + nh * D, stride, T,
+                      stride - nh * D, 0.f, 0.f));
+    cudaFree(dx), cudaFree(dw);
+    free(xb), free(wb), free(xf), free(wf), free(ref), free(got);
+}
+END_TEST
+
+/* Qwen3.5's partial rotary: the first 64 of 256 dims rotate (theta 1e7),
+ * the other 192 of each head stay exactly as they were. */
+START_TEST(rope_partial_rotates_only_the_first_rotary_dims_of_each_head)
+{
+    g_rng = 12;
+    const int32_t cu[4] = {0, 1, 65, 366};
+    const int n_seqs = 3, T = 366, nh = 5, D = 256, R = 64, stride = nh * D + 2 * D;
+    float inv[32];
+    hs_kn_rope_inv_freq(R, 1e7f, NULL, inv);
+    uint16_t *xb;
+    float *xf = rand_bf16((size_t)T * stride, 0.f, 1.f, &xb);
+    float *ref = malloc((size_t)T * nh * D * sizeof(float));
+    for (int t = 0; t < T; t++)
+        memcpy(ref + (size_t)t * nh * D, xf + (size_t)t * stride, nh * D * sizeof(float));
+    hs_kn_rope_partial_ref(ref, cu, n_seqs, nh, D, R, inv);
+    void *dx = dev_upload(xb, (size_t)T * stride * 2), *dcu = dev_upload(cu, sizeof cu);
+    void *dinv = dev_upload(inv, sizeof inv), *dpos = NULL;
+    ck_assert_int_eq(cudaMalloc(&dpos, T * sizeof(int32_t)), cudaSuccess);
+    ck_assert_int_eq(hs_kn_rope_positions(dcu, n_seqs, dpos, NULL), HS_OK);
+    ck_assert_int_eq(hs_kn_rope_partial(dx, stride, T, nh, D, R, dpos, dinv, NULL), HS_OK);
+    float *got = dev_download_bf16(dx, (size_t)T * stride);
+    ck_assert(compare("rope partial", got, stride, ref, nh * D, T, nh * D, 2e-2f, 2e-2f));
+    for (int h = 0; h < nh; h++) /* the pass-through dims: bit for bit */
+        ck_assert(compare("rope partial pass", got + h * D + R, stride, xf + h * D + R, stride, T,
+                          D - R, 0.f, 0.f));
+    ck_assert(compare("rope partial rest", got + nh * D, stride, xf + nh * D, stride, T, 2 * D, 0.f,
+                      0.f));
+    ck_assert_int_eq(hs_kn_rope_partial(dx, stride, T, nh, D, 7, dpos, dinv, NULL), HS_ERR_INVALID);
+    cudaFree(dx), cudaFree(dcu), cudaFree(dinv), cudaFree(dpos);
+    free(xb), free(xf), free(ref), free(got);
+}
+END_TEST
+
+/* The attention output gate, x *= sigmoid(gate), with the gate read from
+ * wider rows (the fused q_proj output); vector and scalar paths. */
+START_TEST(sigmoid_gate_matches_its_twin_on_strided_gate_rows)
+{
+    g_rng = 13;
+    const int T = 77;
+    const int ns[2] = {1536, 333};
+    for (int ni = 0; ni < 2; ni++) {
+        int n = ns[ni], gs = 3 * n + (n & 1) * 3;
+        uint16_t *xb, *gb;
+        float *xf = rand_bf16((size_t)T * n, 0.f, 2.f, &xb);
+        float *gf = rand_bf16((size_t)T * gs, 0.f, 3.f, &gb);
+        float *gd = malloc((size_t)T * n * sizeof(float));
+        float *ref = malloc((size_t)T * n * sizeof(float));
+        memcpy(ref, xf, (size_t)T * n * sizeof(float));
+        for (int t = 0; t < T; t++)
+            memcpy(gd + (size_t)t * n, gf + (size_t)t * gs + 2 * n, n * sizeof(float));
+        hs_kn_sigmoid_gate_ref(ref, gd, (size_t)T * n);
+        void *dx = dev_upload(xb, (size_t)T * n * 2), *dg = dev_upload(gb, (size_t)T * gs * 2);
+        ck_assert_int_eq(hs_kn_sigmoid_gate(dx, n, (const uint16_t *)dg + 2 * n, gs, T, n, NULL),
+                         HS_OK);
+        float *got = dev_download_bf16(dx, (size_t)T * n);
+        ck_assert(compare("sigmoid gate", got, n, ref, n, T, n, 1e-3f, 8e-3f));
+        cudaFree(dx), cudaFree(dg);
+        free(xb), free(gb), free(xf), free(gf), free(gd), free(ref), free(got);
+    }
 }
 END_TEST
 
@@ -537,6 +649,9 @@ int main(void)
     tcase_add_test(tc, rmsnorm_matches_its_twin_and_copies_the_input_row);
     tcase_add_test(tc, rmsnorm_heads_normalises_each_head_in_place);
     tcase_add_test(tc, rope_restarts_positions_at_every_sequence_with_llama3_scaling);
+    tcase_add_test(tc, rmsnorm_zero_centred_scales_by_one_plus_w_over_rows_and_heads);
+    tcase_add_test(tc, rope_partial_rotates_only_the_first_rotary_dims_of_each_head);
+    tcase_add_test(tc, sigmoid_gate_matches_its_twin_on_strided_gate_rows);
     tcase_add_test(tc, swiglu_matches_its_twin_on_fused_gate_up_rows);
     tcase_add_test(tc, residual_add_matches_its_twin);
     tcase_add_test(tc, linear_matches_matmul_twin_with_bias_and_accumulate);
