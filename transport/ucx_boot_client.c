@@ -166,6 +166,21 @@ static hs_status_t bootstrap(ucx_tp_t *tp, const struct addrinfo *ai, uint64_t d
     return st;
 }
 
+/* Takes the op at *pp (a link of the done queue) out of the queue and back
+ * to the free list: one of the transport's own ops, finished while a
+ * connect waits for it, that the user never hears of. */
+static void done_take(ucx_tp_t *tp, ucx_op_t **pp)
+{
+    ucx_op_t *o = *pp;
+    *pp = o->dnext;
+    if (tp->done_tail == o) {
+        tp->done_tail = NULL;
+        for (ucx_op_t *x = tp->done_head; x; x = x->dnext)
+            tp->done_tail = x;
+    }
+    hs__ucx_op_put(tp, o);
+}
+
 /* Tears down an endpoint the user never saw (no on_close). */
 static void conn_discard(ucx_tp_t *tp, ucx_conn_t *c)
 {
@@ -182,13 +197,7 @@ static void conn_discard(ucx_tp_t *tp, ucx_conn_t *c)
             ucx_op_t *o = *pp;
             if (o->conn == c) {
                 if (o->kind == OP_CLOSE) c->close_done = true;
-                *pp = o->dnext;
-                if (tp->done_tail == o) {
-                    tp->done_tail = NULL;
-                    for (ucx_op_t *x = tp->done_head; x; x = x->dnext)
-                        tp->done_tail = x;
-                }
-                hs__ucx_op_put(tp, o);
+                done_take(tp, pp);
             } else {
                 pp = &o->dnext;
             }
@@ -283,13 +292,7 @@ hs_status_t hs__ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int tim
                         c->flushed = true;
                     else
                         c->failed = true;
-                    *pp = o->dnext;
-                    if (tp->done_tail == o) {
-                        tp->done_tail = NULL;
-                        for (ucx_op_t *x = tp->done_head; x; x = x->dnext)
-                            tp->done_tail = x;
-                    }
-                    hs__ucx_op_put(tp, o);
+                    done_take(tp, pp);
                 } else {
                     pp = &o->dnext;
                 }
