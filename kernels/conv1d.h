@@ -23,6 +23,20 @@ extern "C" {
 void hs_kn_causal_conv1d_ref(const float *x, const uint16_t *w, float *y, const int32_t *cu_seqlens,
                              int n_seqs, int C, int K, int silu);
 
+/* ---- CUDA launchers (kernels/conv1d.cu) ---- */
+/* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory (raw
+ * bf16 bits); stream is a cudaStream_t. They return 0 or a negative
+ * hs_status_t (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad
+ * arguments). */
+struct CUstream_st;
+/* x, y bf16 [T, C] rows of strides x_stride, y_stride (elements; the conv
+ * reads the qkv columns of the projection's rows in place); w bf16 [C, K];
+ * cu_seqlens [n_seqs + 1] device int32 with cu_seqlens[n_seqs] == T.
+ * K <= 8. y must not overlap x. fp32 sums, one rounding to bf16. */
+int hs_kn_causal_conv1d(const void *x, int64_t x_stride, const void *w, void *y, int64_t y_stride,
+                        const int32_t *cu_seqlens, int n_seqs, int T, int C, int K, int silu,
+                        struct CUstream_st *stream);
+
 #ifdef __cplusplus
 }
 #endif

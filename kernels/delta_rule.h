@@ -35,6 +35,30 @@ int hs_kn_delta_rule_ref(const float *q, const float *k, const float *v, size_t 
                          const float *g, const float *beta, float *out, const int32_t *cu_seqlens,
                          int n_seqs, int n_k_heads, int n_v_heads, int dk, int dv);
 
+/* ---- CUDA launchers (kernels/delta_rule.cu) ---- */
+/* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory (raw
+ * bf16 bits); stream is a cudaStream_t. They return 0 or a negative
+ * hs_status_t (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad
+ * arguments). */
+struct CUstream_st;
+/* Device scratch hs_kn_delta_rule needs for batches of at most max_tokens
+ * tokens in at most max_seqs sequences: plan it once (at create) and pass
+ * the same bytes to every call. */
+size_t hs_kn_delta_rule_workspace_bytes(int max_tokens, int max_seqs, int n_k_heads, int n_v_heads,
+                                        int dk, int dv);
+/* q, k, v bf16 at their own pointers with a common row stride (the conv
+ * output read in place, as in the C twin); g, beta fp32 [T, n_v_heads];
+ * out bf16 [T, n_v_heads * dv] rows of stride out_stride, not overlapping
+ * the inputs; cu_seqlens device int32 [n_seqs + 1], cu_seqlens[n_seqs] ==
+ * T. L2-norm of q and k and the 1/sqrt(dk) scale inside, as the C twin;
+ * fp32 state. workspace (device, caller-owned) of workspace_bytes from
+ * hs_kn_delta_rule_workspace_bytes for at least T tokens and n_seqs
+ * sequences (HS_ERR_INVALID if smaller). dk, dv <= 256. */
+int hs_kn_delta_rule(const void *q, const void *k, const void *v, int64_t stride, const float *g,
+                     const float *beta, void *out, int64_t out_stride, const int32_t *cu_seqlens,
+                     int n_seqs, int T, int n_k_heads, int n_v_heads, int dk, int dv,
+                     void *workspace, size_t workspace_bytes, struct CUstream_st *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -21,6 +21,20 @@ extern "C" {
 void hs_kn_gdn_gates_ref(const float *a, const float *b, const float *A_log, const float *dt_bias,
                          float *g, float *beta, int T, int n_heads);
 
+/* ---- CUDA launchers (kernels/gdn_gates.cu) ---- */
+/* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory (raw
+ * bf16 bits); stream is a cudaStream_t. They return 0 or a negative
+ * hs_status_t (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad
+ * arguments). */
+struct CUstream_st;
+/* a, b bf16 [T, n_heads] rows of strides a_stride, b_stride (columns of
+ * the projection's rows, read in place); A_log, dt_bias fp32 [n_heads]
+ * (the forward widens a bf16 dt_bias at load); g, beta fp32 [T, n_heads]
+ * (row stride n_heads). */
+int hs_kn_gdn_gates(const void *a, int64_t a_stride, const void *b, int64_t b_stride,
+                    const float *A_log, const float *dt_bias, float *g, float *beta, int T,
+                    int n_heads, struct CUstream_st *stream);
+
 #ifdef __cplusplus
 }
 #endif
