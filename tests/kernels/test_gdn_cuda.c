@@ -19,6 +19,7 @@
 #include "conv1d.h"
 #include "cublaslt.h"
 #include "delta_rule.h"
+#include "delta_rule_int.h"
 #include "gdn_gates.h"
 #include "rmsnorm_gated.h"
 
@@ -230,38 +231,59 @@ START_TEST(rmsnorm_gated_matches_its_twin)
 }
 END_TEST
 
-/* One delta-rule case: q, k, v inside the conv's [T, 2 nk dk + nv dv] rows
- * (plus 8 spare columns), gates drawn as a trained model's are (decay per
- * step between about 0.99 and 0.3, beta in (0, 1)). */
-static void delta_case(const char *name, int nk, int nv, int dk, int dv)
+/* One delta-rule case on the packed batch cu (n_seqs sequences, T tokens):
+ * q, k, v inside the conv's [T, 2 nk dk + nv dv] rows (plus 8 spare
+ * columns), gates drawn as a trained model's are (decay per step between
+ * about 0.99 and 0.3, beta in (0, 1)). hs_kn_delta_rule (the chunked form
+ * where the shape allows) and the recurrent form are each compared with the
+ * C twin, and with each other.
+ *
+ * Bounds: the recurrent form differs from the twin only by fp32 summation
+ * order and the output's bf16 rounding (2^-9 relative). The chunked form
+ * also rounds w, u, v', P and the state as a product operand to bf16, each
+ * a 2^-9 relative error on terms that are summed over a chunk, so it gets
+ * twice the absolute bound on outputs of about 0.1 to 1. */
+static void delta_case(const char *name, const int32_t *cu, int n_seqs, int nk, int nv, int dk,
+                       int dv)
 {
-    const int stride = 2 * nk * dk + nv * dv + 8, ov = nv * dv;
+    const int T = cu[n_seqs], stride = 2 * nk * dk + nv * dv + 8, ov = nv * dv;
     uint16_t *xb;
-    float *xf = rand_bf16((size_t)K_T * stride, 0.f, 1.f, &xb);
-    float *g = malloc((size_t)K_T * nv * sizeof(float)), *beta = malloc((size_t)K_T * nv * 4);
-    for (int i = 0; i < K_T * nv; i++) {
+    float *xf = rand_bf16((size_t)T * stride, 0.f, 1.f, &xb);
+    float *g = malloc((size_t)T * nv * sizeof(float)), *beta = malloc((size_t)T * nv * 4);
+    for (int i = 0; i < T * nv; i++) {
         g[i] = -0.1f * expf(1.2f * randn());
         if (g[i] < -1.2f) g[i] = -1.2f;
         beta[i] = 1.f / (1.f + expf(-randn()));
     }
-    float *ref = malloc((size_t)K_T * ov * sizeof(float));
+    float *ref = malloc((size_t)T * ov * sizeof(float));
     ck_assert_int_eq(hs_kn_delta_rule_ref(xf, xf + nk * dk, xf + 2 * nk * dk, stride, g, beta, ref,
-                                          k_cu, K_SEQS, nk, nv, dk, dv),
+                                          cu, n_seqs, nk, nv, dk, dv),
                      0);
-    size_t ws_bytes = hs_kn_delta_rule_workspace_bytes(K_T, K_SEQS, nk, nv, dk, dv);
-    void *dx = dev_upload(xb, (size_t)K_T * stride * 2), *dcu = dev_upload(k_cu, sizeof k_cu);
-    void *dg = dev_upload(g, (size_t)K_T * nv * 4), *db = dev_upload(beta, (size_t)K_T * nv * 4);
-    void *dout = dev_poisoned((size_t)K_T * ov * 2), *ws = dev_poisoned(ws_bytes);
+    size_t ws_bytes = hs_kn_delta_rule_workspace_bytes(T, n_seqs, nk, nv, dk, dv);
+    void *dx = dev_upload(xb, (size_t)T * stride * 2), *dcu = dev_upload(cu, (n_seqs + 1) * 4);
+    void *dg = dev_upload(g, (size_t)T * nv * 4), *db = dev_upload(beta, (size_t)T * nv * 4);
+    void *dout = dev_poisoned((size_t)T * ov * 2), *ws = dev_poisoned(ws_bytes);
+    void *drec = dev_poisoned((size_t)T * ov * 2);
     const uint16_t *q = dx, *k = q + nk * dk, *v = k + nk * dk;
-    ck_assert_int_eq(hs_kn_delta_rule(q, k, v, stride, dg, db, dout, ov, dcu, K_SEQS, K_T, nk, nv,
-                                      dk, dv, ws, ws_bytes, NULL),
+    ck_assert_int_eq(hs_kn_delta_rule(q, k, v, stride, dg, db, dout, ov, dcu, n_seqs, T, nk, nv, dk,
+                                      dv, ws, ws_bytes, NULL),
                      HS_OK);
-    float *got = dev_download_bf16(dout, (size_t)K_T * ov);
-    ck_assert(compare(name, got, ov, ref, ov, K_T, ov, 2e-3f, 1.2e-2f));
+    ck_assert_int_eq(hs__kn_delta_rule_recurrent(q, k, v, stride, dg, db, drec, ov, dcu, n_seqs, T,
+                                                 nk, nv, dk, dv, NULL),
+                     HS_OK);
+    float *got = dev_download_bf16(dout, (size_t)T * ov);
+    float *rec = dev_download_bf16(drec, (size_t)T * ov);
+    char what[160];
+    snprintf(what, sizeof what, "%s recurrent vs twin", name);
+    ck_assert(compare(what, rec, ov, ref, ov, T, ov, 2e-3f, 1.2e-2f));
+    snprintf(what, sizeof what, "%s vs twin", name);
+    ck_assert(compare(what, got, ov, ref, ov, T, ov, 4e-3f, 1.2e-2f));
+    snprintf(what, sizeof what, "%s vs recurrent", name);
+    ck_assert(compare(what, got, ov, rec, ov, T, ov, 4e-3f, 1.2e-2f));
 
-    /* the last sequence (200 tokens) alone gives the same bits */
-    int32_t one[2] = {0, k_cu[5] - k_cu[4]};
-    size_t off = (size_t)k_cu[4];
+    /* the last sequence alone gives the same bits */
+    int32_t one[2] = {0, cu[n_seqs] - cu[n_seqs - 1]};
+    size_t off = (size_t)cu[n_seqs - 1];
     void *dcu1 = dev_upload(one, sizeof one), *dout1 = dev_poisoned((size_t)one[1] * ov * 2);
     ck_assert_int_eq(hs_kn_delta_rule(q + off * stride, k + off * stride, v + off * stride, stride,
                                       (const float *)dg + off * nv, (const float *)db + off * nv,
@@ -271,17 +293,22 @@ static void delta_case(const char *name, int nk, int nv, int dk, int dv)
     float *alone = dev_download_bf16(dout1, (size_t)one[1] * ov);
     ck_assert(compare("delta rule alone", alone, ov, got + off * ov, ov, one[1], ov, 0.f, 0.f));
     cudaFree(dx), cudaFree(dcu), cudaFree(dg), cudaFree(db), cudaFree(dout), cudaFree(ws);
-    cudaFree(dcu1), cudaFree(dout1);
-    free(xb), free(xf), free(g), free(beta), free(ref), free(got), free(alone);
+    cudaFree(drec), cudaFree(dcu1), cudaFree(dout1);
+    free(xb), free(xf), free(g), free(beta), free(ref), free(got), free(rec), free(alone);
 }
 
 START_TEST(delta_rule_matches_its_twin_on_packed_sequences)
 {
     g_rng = 14;
-    delta_case("delta rule 16/48 heads of 128", 16, 48, 128, 128);
-    delta_case("delta rule 2/2 heads of 64", 2, 2, 64, 64);
-    delta_case("delta rule 1/3 heads dk 48 dv 40", 1, 3, 48, 40);
-    delta_case("delta rule 1/2 heads dk 256 dv 200", 1, 2, 256, 200);
+    delta_case("delta rule 16/48 heads of 128", k_cu, K_SEQS, 16, 48, 128, 128);
+    delta_case("delta rule 2/2 heads of 64", k_cu, K_SEQS, 2, 2, 64, 64);
+    delta_case("delta rule 1/2 heads dk 64 dv 128", k_cu, K_SEQS, 1, 2, 64, 128);
+    delta_case("delta rule 2/4 heads dk 128 dv 64", k_cu, K_SEQS, 2, 4, 128, 64);
+    delta_case("delta rule 1/3 heads dk 48 dv 40", k_cu, K_SEQS, 1, 3, 48, 40);
+    delta_case("delta rule 1/2 heads dk 256 dv 200", k_cu, K_SEQS, 1, 2, 256, 200);
+    /* the state carried over 48 chunks; 3 sequences, one empty */
+    static const int32_t cu_long[4] = {0, 3001, 3001, 3070};
+    delta_case("delta rule long 1/3 heads of 128", cu_long, 3, 1, 3, 128, 128);
 }
 END_TEST
 

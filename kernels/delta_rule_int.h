@@ -1,0 +1,34 @@
+/* delta_rule_int.h - the two CUDA forms of the gated delta rule behind
+ * hs_kn_delta_rule, for the tests (each against the C twin and the other)
+ * and the benchmark. Same arguments as hs_kn_delta_rule. The recurrent form
+ * takes any dk, dv <= 256 and needs no workspace; the chunked form needs dk
+ * and dv of 64 or 128, 16-byte aligned q/k/v rows (stride a multiple of 8),
+ * an even out_stride and the workspace. */
+#ifndef HS_KN_DELTA_RULE_INT_H
+#define HS_KN_DELTA_RULE_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Below this many tokens in a batch hs_kn_delta_rule runs the recurrent form. */
+#define HS__DELTA_RULE_CHUNKED_MIN_TOKENS 1
+
+struct CUstream_st;
+int hs__kn_delta_rule_recurrent(const void *q, const void *k, const void *v, int64_t stride,
+                                const float *g, const float *beta, void *out, int64_t out_stride,
+                                const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
+                                int n_v_heads, int dk, int dv, struct CUstream_st *stream);
+int hs__kn_delta_rule_chunked(const void *q, const void *k, const void *v, int64_t stride,
+                              const float *g, const float *beta, void *out, int64_t out_stride,
+                              const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
+                              int n_v_heads, int dk, int dv, void *workspace,
+                              size_t workspace_bytes, struct CUstream_st *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_KN_DELTA_RULE_INT_H */
