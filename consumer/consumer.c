@@ -125,6 +125,8 @@ static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
     w.epochs = c->cfg.epochs;
     w.need_plan = need_plan;
     w.order = (uint32_t)c->cfg.order;
+    w.rank = c->cfg.rank;
+    w.world = c->cfg.world;
     w.start_epoch = resume_start_epoch(c);
     w.consumer_name = c->name;
     double lease_ms = c->cfg.lease_timeout_s * 1000.0;
@@ -410,6 +412,9 @@ static void plan_complete(hs_consumer_t *c)
     sc.epochs = c->cfg.epochs;
     sc.seed = c->seed;
     sc.order = c->cfg.order == HS_ORDER_PLAN ? HS_SCHED_PLAN : HS_SCHED_ARRIVAL;
+    sc.rank = c->cfg.rank;
+    sc.world = c->cfg.world;
+    sc.uneven = (hs_shard_uneven_t)c->cfg.uneven;
     /* What to skip: the resume state when one was given (it follows the
      * trainer's checkpoint, so it wins over the journal, which is rewritten
      * to match it), else the journal's released batches, else nothing. */
@@ -465,13 +470,20 @@ static void plan_complete(hs_consumer_t *c)
     }
     pthread_mutex_lock(&c->lock);
     c->max_batch_bytes = max_bytes;
-    c->batches_planned = (uint64_t)c->n_batches * c->cfg.epochs - resumed;
+    hs_sched_stats_t ss;
+    hs_sched_stats(c->sched, &ss);
+    c->batches_planned = ss.planned;
     c->batches_resumed = resumed;
     c->t_start = hs_now_s();
     pthread_mutex_unlock(&c->lock);
     hs_info("plan complete: %u batches/epoch x %u epochs, %.1f MiB max batch, %llu tokens/epoch",
             c->n_batches, c->cfg.epochs, (double)max_bytes / (1 << 20),
             (unsigned long long)c->tokens_per_epoch);
+    if (c->cfg.world > 1)
+        hs_info("rank %u of %u: %u batches per epoch (%s: %u skipped, %u repeated per epoch "
+                "across the ranks)",
+                c->cfg.rank, c->cfg.world, ss.per_epoch,
+                hs_shard_uneven_str((hs_shard_uneven_t)c->cfg.uneven), ss.skipped, ss.repeated);
     for (peer_t *p = c->peers; p; p = p->next) {
         if (!p->conn || p->dropped) continue;
         if (p->state == PEER_SENDING_PLAN) {
@@ -1120,6 +1132,9 @@ void hs_consumer_config_default(hs_consumer_config_t *cfg)
     cfg->verify_threads = 1;
     cfg->peer_timeout_s = 10;
     cfg->lease_timeout_s = 60;
+    cfg->rank = 0;
+    cfg->world = 1;
+    cfg->uneven = HS_UNEVEN_DROP;
 }
 
 /* The resume state of the config (checked against the run's epochs and
@@ -1128,12 +1143,20 @@ void hs_consumer_config_default(hs_consumer_config_t *cfg)
 static hs_status_t resume_load(hs_consumer_t *c, const hs_consumer_config_t *cfg)
 {
     hs_state_order_t order = (hs_state_order_t)cfg->order;
-    if (!cfg->resume_state) return hs_state_create_empty(cfg->epochs, order, &c->resume);
+    if (!cfg->resume_state) {
+        hs_status_t st = hs_state_create_empty(cfg->epochs, order, &c->resume);
+        if (st == HS_OK) hs_state_set_shard(c->resume, cfg->rank, cfg->world, cfg->uneven);
+        return st;
+    }
     char why[512];
     size_t len = strnlen(cfg->resume_state, (size_t)HS_STATE_MAX_BYTES + 1);
     hs_status_t st = hs_state_decode(cfg->resume_state, len, &c->resume, why, sizeof(why));
     if (st == HS_OK) {
         st = hs_state_check_run(c->resume, cfg->epochs, order, why, sizeof(why));
+        if (st == HS_OK)
+            st = hs_state_check_shard(c->resume, cfg->rank, cfg->world, cfg->uneven, why,
+                                      sizeof(why));
+        if (st == HS_OK) hs_state_set_shard(c->resume, cfg->rank, cfg->world, cfg->uneven);
         if (st != HS_OK) {
             hs_state_destroy(c->resume);
             c->resume = NULL;
@@ -1170,6 +1193,16 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
         cfg->verify_threads == 0 || cfg->verify_threads > 64) {
         hs_error("consumer: epochs, prefetch and verify threads must be >= 1 and the cache at "
                  "least 1 MiB");
+        return HS_ERR_INVALID;
+    }
+    if (cfg->world == 0 || cfg->world > (1u << 20) || cfg->rank >= cfg->world) {
+        hs_error("consumer: rank %u of a world of %u: the world size must be 1..1048576 and the "
+                 "rank 0..world-1 (--rank R --world W, or torchrun's RANK and WORLD_SIZE)",
+                 cfg->rank, cfg->world);
+        return HS_ERR_INVALID;
+    }
+    if (cfg->uneven != HS_UNEVEN_DROP && cfg->uneven != HS_UNEVEN_REPEAT) {
+        hs_error("consumer: --uneven %d: expected drop or repeat", (int)cfg->uneven);
         return HS_ERR_INVALID;
     }
     if (!(cfg->lease_timeout_s >= 0 && cfg->lease_timeout_s <= 1e6)) {
@@ -1222,6 +1255,12 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
         st = hs_journal_open(cfg->journal, &c->journal);
         if (st != HS_OK) goto err_free;
         if (c->resume_given) hs_journal_discard(c->journal);
+        char why[512];
+        st = hs_journal_set_shard(c->journal, cfg->rank, cfg->world, cfg->uneven, why, sizeof(why));
+        if (st != HS_OK) {
+            hs_error("consumer: %s", why);
+            goto err_free;
+        }
     }
     st = hs_cache_create_ex(&cc, &c->cache);
     if (st != HS_OK) {
@@ -1264,10 +1303,12 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
         st = HS_ERR_NOMEM;
         goto err_threads;
     }
-    hs_info("hsflow %s listening on %s:%u (%s), cache %.2f GiB, %u epoch(s), order %s, %s",
+    hs_info("hsflow %s listening on %s:%u (%s), cache %.2f GiB, %u epoch(s), order %s, rank %u "
+            "of %u (uneven %s), %s",
             hs_version_line(), cfg->listen_host, c->port, hs_tp_kind_str(tc.kind),
             (double)hs_cache_capacity(c->cache) / (1 << 30), cfg->epochs,
-            cfg->order == HS_ORDER_PLAN ? "plan" : "arrival",
+            cfg->order == HS_ORDER_PLAN ? "plan" : "arrival", cfg->rank, cfg->world,
+            hs_shard_uneven_str((hs_shard_uneven_t)cfg->uneven),
             c->have_secret ? "HMAC auth"
                            : (cfg->insecure ? "INSECURE: any peer" : "loopback peers only"));
     *out = c;

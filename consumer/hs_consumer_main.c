@@ -37,6 +37,13 @@ static const char usage[] =
     "  --gpu none|K           deliver batches to GPU K, or keep them in host memory (default "
     "none)\n"
     "  --order arrival|plan   delivery order: as verified (default) or strict plan order\n"
+    "  --rank R --world W     data-parallel ranks: this consumer delivers only rank R's shard of\n"
+    "                         each epoch of a plan shared by W consumers (one per trainer GPU),\n"
+    "                         the same number of batches per epoch on every rank; each rank has\n"
+    "                         its own port, cache, journal and state (default rank 0 of 1)\n"
+    "  --uneven drop|repeat   batches left over when an epoch does not divide by W: skipped\n"
+    "                         (drop, default; counted) or the short ranks take batches from the\n"
+    "                         epoch's start (repeat)\n"
     "  --prefetch N           tickets queued per producer worker (default 2); a producer's\n"
     "                         tickets pin at most a fair share of the cache (capacity / ready\n"
     "                         producers, at least one batch), whatever workers it claims\n"
@@ -131,6 +138,9 @@ enum {
     OPT_SAVE_STATE_INTERVAL,
     OPT_LEASE_TIMEOUT,
     OPT_FORCE,
+    OPT_RANK,
+    OPT_WORLD,
+    OPT_UNEVEN,
 };
 
 static const struct option long_options[] = {
@@ -157,6 +167,9 @@ static const struct option long_options[] = {
     {"save-state-interval", required_argument, NULL, OPT_SAVE_STATE_INTERVAL},
     {"lease-timeout", required_argument, NULL, OPT_LEASE_TIMEOUT},
     {"force", no_argument, NULL, OPT_FORCE},
+    {"rank", required_argument, NULL, OPT_RANK},
+    {"world", required_argument, NULL, OPT_WORLD},
+    {"uneven", required_argument, NULL, OPT_UNEVEN},
     {"nic", required_argument, NULL, OPT_NIC},
     {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
     {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
@@ -280,6 +293,24 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         return 0;
     case OPT_FORCE:
         o->cfg.force = true;
+        return 0;
+    case OPT_RANK:
+        if (hs_parse_u64(arg, &u) != HS_OK || u >= 1u << 20)
+            return bad("rank", arg, from, "expected a rank 0..world-1");
+        o->cfg.rank = (uint32_t)u;
+        return 0;
+    case OPT_WORLD:
+        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 1u << 20)
+            return bad("world", arg, from, "expected the number of ranks, >= 1");
+        o->cfg.world = (uint32_t)u;
+        return 0;
+    case OPT_UNEVEN:
+        if (!strcmp(arg, "drop"))
+            o->cfg.uneven = HS_UNEVEN_DROP;
+        else if (!strcmp(arg, "repeat"))
+            o->cfg.uneven = HS_UNEVEN_REPEAT;
+        else
+            return bad("uneven", arg, from, "expected drop or repeat");
         return 0;
     case OPT_STATUS:
         if (hs_parse_double(arg, &d) != HS_OK || d < 0)
@@ -552,6 +583,15 @@ int main(int argc, char **argv)
         snprintf(o.host, sizeof(o.host), "127.0.0.1");
         if (!hs_env_for_flag("listen")) o.cfg.listen_port = 0;
     }
+    if (o.cfg.rank >= o.cfg.world) {
+        fprintf(stderr,
+                "hs-consumer: --rank %u is not below --world %u: ranks are 0..%u; give every "
+                "rank the same --world\n",
+                o.cfg.rank, o.cfg.world, o.cfg.world - 1);
+        return 2;
+    }
+    hs_info("config: rank %u of %u, uneven %s", o.cfg.rank, o.cfg.world,
+            o.cfg.uneven == HS_UNEVEN_REPEAT ? "repeat" : "drop");
     hs_info("config: listen %s:%u, cache %.3f GiB, epochs %u, gpu %d, order %s, prefetch %u, "
             "lease-timeout %g s, verify-synthetic %s, transport %s, net devices %s, require-rdma "
             "%s, loopback %d, "

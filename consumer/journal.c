@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "sched_int.h"
+
 struct hs_journal {
     FILE *f;
     char path[512];
@@ -30,6 +32,10 @@ struct hs_journal {
     pthread_cond_t wake;
     pthread_t syncer;
     bool syncer_running, sync_due, stopping;
+    uint32_t file_rank, file_world; /* from the header (world 0: none given) */
+    char file_uneven[16];
+    uint32_t rank, world; /* this consumer's */
+    hs_uneven_t uneven;
 };
 
 static void *syncer_main(void *arg)
@@ -80,6 +86,36 @@ static void syncer_stop(hs_journal_t *j)
     j->syncer_running = false;
 }
 
+/* " rank=R world=W uneven=U" for a header, or "" for one rank. */
+static const char *journal_shard_str(const hs_journal_t *j, char *buf, size_t cap)
+{
+    if (j->world > 1)
+        snprintf(buf, cap, " rank=%u world=%u uneven=%s", j->rank, j->world,
+                 hs_shard_uneven_str((hs_shard_uneven_t)j->uneven));
+    else
+        buf[0] = 0;
+    return buf;
+}
+
+hs_status_t hs_journal_set_shard(hs_journal_t *j, uint32_t rank, uint32_t world,
+                                 hs_consumer_uneven_t uneven, char *why, size_t whycap)
+{
+    uint32_t w = world ? world : 1, fw = j->file_world ? j->file_world : 1;
+    const char *u = hs_shard_uneven_str((hs_shard_uneven_t)uneven);
+    if (j->has_header && !j->discarded &&
+        (j->file_rank != rank || fw != w || (w > 1 && strcmp(j->file_uneven, u) != 0))) {
+        snprintf(why, whycap,
+                 "journal %s belongs to rank %u of %u (--uneven %s), this consumer is rank %u of "
+                 "%u (--uneven %s): give each rank its own --journal",
+                 j->path, j->file_rank, fw, fw > 1 ? j->file_uneven : "drop", rank, w, u);
+        return HS_ERR_MISMATCH;
+    }
+    j->rank = rank;
+    j->world = w;
+    j->uneven = uneven;
+    return HS_OK;
+}
+
 static hs_status_t read_existing(hs_journal_t *j, FILE *f)
 {
     char line[256];
@@ -101,14 +137,27 @@ static hs_status_t read_existing(hs_journal_t *j, FILE *f)
         if (lineno == 1) {
             unsigned long long plan;
             unsigned batches;
-            int version;
-            if (sscanf(line, "hsflow-journal %d plan=%16llx batches=%u", &version, &plan,
-                       &batches) != 3 ||
+            int version, used = 0;
+            if (sscanf(line, "hsflow-journal %d plan=%16llx batches=%u%n", &version, &plan,
+                       &batches, &used) != 3 ||
                 version != 1 || batches == 0) {
                 hs_error("journal %s:1: not an hsflow journal header (expected \"hsflow-journal 1 "
                          "plan=... batches=...\"); move the file away or give another --journal",
                          j->path);
                 return HS_ERR_FORMAT;
+            }
+            unsigned rk, wd;
+            char un[16];
+            if (sscanf(line + used, " rank=%u world=%u uneven=%15s", &rk, &wd, un) == 3) {
+                if (wd == 0 || rk >= wd) {
+                    hs_error("journal %s:1: rank %u of %u in the header is not a rank; move the "
+                             "file away or give another --journal",
+                             j->path, rk, wd);
+                    return HS_ERR_FORMAT;
+                }
+                j->file_rank = rk;
+                j->file_world = wd;
+                snprintf(j->file_uneven, sizeof(j->file_uneven), "%s", un);
             }
             j->has_header = true;
             j->plan_hash = plan;
@@ -229,8 +278,10 @@ hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batc
         }
         per_epoch[j->entries[i][0]]++;
     }
-    uint32_t start = 0;
-    while (start < epochs && per_epoch[start] >= n_batches)
+    uint32_t start = 0, want = j->world > 1 ? hs_shard_per_rank(n_batches, j->world,
+                                                                (hs_shard_uneven_t)j->uneven)
+                                            : n_batches;
+    while (start < epochs && per_epoch[start] >= want)
         start++;
     free(per_epoch);
     uint64_t bits = (uint64_t)(epochs - start) * n_batches;
@@ -251,7 +302,9 @@ hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batc
         }
     }
     if (!j->has_header && !j->discarded) {
-        fprintf(j->f, "hsflow-journal 1 plan=%016" PRIx64 " batches=%u\n", plan_hash, n_batches);
+        char sh[96];
+        fprintf(j->f, "hsflow-journal 1 plan=%016" PRIx64 " batches=%u%s\n", plan_hash, n_batches,
+                journal_shard_str(j, sh, sizeof(sh)));
         fflush(j->f);
         j->has_header = true;
     }
@@ -323,8 +376,9 @@ hs_status_t hs_journal_rewrite(hs_journal_t *j, const hs_state_t *s)
         return HS_ERR_IO;
     }
     uint32_t n = j->n_batches, epochs_done = hs_state_epochs_done(s);
-    bool bad = fprintf(f, "hsflow-journal 1 plan=%016" PRIx64 " batches=%u\n",
-                       hs_state_plan_hash(s), n) < 0;
+    char sh[96];
+    bool bad = fprintf(f, "hsflow-journal 1 plan=%016" PRIx64 " batches=%u%s\n",
+                       hs_state_plan_hash(s), n, journal_shard_str(j, sh, sizeof(sh))) < 0;
     for (uint32_t e = 0; e < epochs_done && !bad; e++)
         for (uint32_t b = 0; b < n; b++)
             bad |= fprintf(f, "%u %u\n", e, b) < 0;

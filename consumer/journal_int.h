@@ -2,7 +2,7 @@
  * line per batch the trainer has released, so a restarted consumer skips
  * them and resumes each epoch where the trainer left it.
  *
- *   hsflow-journal 1 plan=<16 hex digits> batches=<per epoch>
+ *   hsflow-journal 1 plan=<16 hex digits> batches=<per epoch>[ rank=R world=W uneven=drop]
  *   <epoch> <batch id>
  *   ...
  *
@@ -23,6 +23,13 @@ typedef struct hs_journal hs_journal_t;
  * cut short by a crash is dropped with a warning). */
 hs_status_t hs_journal_open(const char *path, hs_journal_t **out);
 void hs_journal_close(hs_journal_t *j); /* NULL ok */
+
+/* The rank this consumer is (DESIGN §11), before bind: a journal written by
+ * another rank, world size or --uneven mode is refused (HS_ERR_MISMATCH,
+ * both named in why); a new one gets them in its header. With world > 1 an
+ * epoch is complete once the rank's hs_shard_per_rank() batches are in. */
+hs_status_t hs_journal_set_shard(hs_journal_t *j, uint32_t rank, uint32_t world,
+                                 hs_consumer_uneven_t uneven, char *why, size_t whycap);
 
 /* Whether the journal fits a plan offered before the plan exchange: HS_OK
  * for a new journal or one written for that plan, else HS_ERR_MISMATCH with

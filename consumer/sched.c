@@ -32,11 +32,15 @@ typedef struct {
 
 struct hs_sched {
     uint32_t n, epochs, start_epoch;
+    uint32_t m;        /* batches of this rank per epoch (n without ranks) */
+    uint32_t rank;     /* with shard */
+    hs_shard_t *shard; /* NULL without ranks */
     uint64_t seed;
     hs_sched_order_t order;
     uint64_t *bytes;
     uint32_t *n_seqs, *n_tokens; /* NULL when not given */
     uint64_t *done;              /* delivered bitmap over (epoch - start_epoch) * n + batch */
+    uint32_t *order_scratch;     /* [n] an epoch's order, at create */
 
     sched_cursor_t issue, deliver; /* deliver is used in PLAN order only */
 
@@ -83,6 +87,172 @@ const char *hs_sched_order_str(hs_sched_order_t order)
     return order == HS_SCHED_PLAN ? "plan" : order == HS_SCHED_ARRIVAL ? "arrival" : "unknown";
 }
 
+/* ---- shards ---------------------------------------------------------------- */
+
+struct hs_shard {
+    uint32_t n, world, per_rank;
+    uint64_t seed;
+    hs_shard_uneven_t uneven;
+    uint32_t *n_tokens; /* [n] or NULL */
+    uint32_t *sorted;   /* [n] batch ids by token count, largest first, then id */
+    uint32_t *perm;     /* [n] scratch: the epoch's order */
+    uint32_t *kept;     /* [n] scratch: the kept batches in sorted order */
+    uint32_t *origin;   /* [n] scratch: the rank each batch went to (UINT32_MAX: none) */
+    uint32_t *gperm;    /* [per_rank] scratch: the order of the groups */
+    uint32_t dealt_epoch;
+    bool dealt;
+};
+
+hs_status_t hs_shard_uneven_parse(const char *str, hs_shard_uneven_t *out)
+{
+    if (str && strcmp(str, "drop") == 0) {
+        *out = HS_SHARD_DROP;
+        return HS_OK;
+    }
+    if (str && strcmp(str, "repeat") == 0) {
+        *out = HS_SHARD_REPEAT;
+        return HS_OK;
+    }
+    hs_error("sched: unknown --uneven mode '%s'; use drop (skip each epoch's tail) or repeat (the "
+             "short ranks take batches from the epoch's start)",
+             str ? str : "(null)");
+    return HS_ERR_INVALID;
+}
+
+const char *hs_shard_uneven_str(hs_shard_uneven_t u)
+{
+    return u == HS_SHARD_REPEAT ? "repeat" : u == HS_SHARD_DROP ? "drop" : "unknown";
+}
+
+uint32_t hs_shard_per_rank(uint32_t n, uint32_t world, hs_shard_uneven_t u)
+{
+    if (world == 0) return 0;
+    return u == HS_SHARD_REPEAT ? (uint32_t)(((uint64_t)n + world - 1) / world) : n / world;
+}
+
+static const uint32_t *shard_tokens;
+
+static int shard_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    uint32_t tx = shard_tokens ? shard_tokens[x] : 0, ty = shard_tokens ? shard_tokens[y] : 0;
+    if (tx != ty) return tx > ty ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+void hs_shard_destroy(hs_shard_t *d)
+{
+    if (!d) return;
+    free(d->n_tokens);
+    free(d->sorted);
+    free(d->perm);
+    free(d->kept);
+    free(d->origin);
+    free(d->gperm);
+    free(d);
+}
+
+hs_status_t hs_shard_create(uint32_t n, const uint32_t *n_tokens, uint64_t seed, uint32_t world,
+                            hs_shard_uneven_t uneven, hs_shard_t **out)
+{
+    uint32_t per_rank = hs_shard_per_rank(n, world, uneven);
+    if (per_rank == 0) {
+        hs_error("sched: the plan has %u batches per epoch, fewer than the %u ranks: with --uneven "
+                 "drop a rank would get none; use --uneven repeat, fewer ranks or a smaller "
+                 "--token-budget",
+                 n, world);
+        return HS_ERR_INVALID;
+    }
+    hs_shard_t *d = calloc(1, sizeof(*d));
+    if (!d) return HS_ERR_NOMEM;
+    d->n = n;
+    d->world = world;
+    d->per_rank = per_rank;
+    d->seed = seed;
+    d->uneven = uneven;
+    d->n_tokens = n_tokens ? malloc(n * sizeof(uint32_t)) : NULL;
+    d->sorted = malloc(n * sizeof(uint32_t));
+    d->perm = malloc(n * sizeof(uint32_t));
+    d->kept = malloc(n * sizeof(uint32_t));
+    d->origin = malloc(n * sizeof(uint32_t));
+    d->gperm = malloc(per_rank * sizeof(uint32_t));
+    if ((n_tokens && !d->n_tokens) || !d->sorted || !d->perm || !d->kept || !d->origin ||
+        !d->gperm) {
+        hs_error("sched: out of memory for the shards of %u batches", n);
+        hs_shard_destroy(d);
+        return HS_ERR_NOMEM;
+    }
+    if (n_tokens) memcpy(d->n_tokens, n_tokens, n * sizeof(uint32_t));
+    for (uint32_t b = 0; b < n; b++)
+        d->sorted[b] = b;
+    shard_tokens = d->n_tokens; /* qsort has no context argument; called at create only */
+    qsort(d->sorted, n, sizeof(uint32_t), shard_cmp);
+    shard_tokens = NULL;
+    *out = d;
+    return HS_OK;
+}
+
+/* The turn of group g's members in epoch e: member k goes to rank (k + rot) % world. */
+static uint32_t shard_rotation(const hs_shard_t *d, uint32_t epoch, uint32_t g)
+{
+    uint64_t st = d->seed ^ (0x9E3779B97F4A7C15ull * ((uint64_t)epoch + 1)) ^
+                  (0xC2B2AE3D27D4EB4Full * ((uint64_t)g + 1));
+    return (uint32_t)(hs_splitmix64(&st) % d->world);
+}
+
+/* Deals the whole epoch: kept[] and origin[] (once per epoch). */
+static void shard_deal_epoch(hs_shard_t *d, uint32_t epoch)
+{
+    if (d->dealt && d->dealt_epoch == epoch) return;
+    uint32_t n = d->n, w = d->world, m = d->per_rank;
+    hs_permutation(d->seed, epoch, n, d->perm);
+    uint32_t n_kept = d->uneven == HS_SHARD_DROP ? w * m : n;
+    for (uint32_t b = 0; b < n; b++)
+        d->origin[b] = 0; /* 0 = kept, 1 = dropped, while building kept[] */
+    for (uint32_t i = n_kept; i < n; i++)
+        d->origin[d->perm[i]] = 1;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (!d->origin[d->sorted[i]]) d->kept[k++] = d->sorted[i];
+    for (uint32_t b = 0; b < n; b++)
+        d->origin[b] = UINT32_MAX;
+    for (uint32_t i = 0; i < n_kept; i++)
+        d->origin[d->kept[i]] = (i % w + shard_rotation(d, epoch, i / w)) % w;
+    /* the groups are visited in an order of their own, salted apart from the batches' */
+    hs_permutation(d->seed ^ 0x5A17D5A17D5A17D5ull, epoch, m, d->gperm);
+    d->dealt = true;
+    d->dealt_epoch = epoch;
+}
+
+void hs_shard_deal(hs_shard_t *d, uint32_t epoch, uint32_t rank, uint32_t *out)
+{
+    shard_deal_epoch(d, epoch);
+    uint32_t n = d->n, w = d->world, m = d->per_rank;
+    uint32_t n_kept = d->uneven == HS_SHARD_DROP ? w * m : n;
+    for (uint32_t p = 0; p < m; p++) {
+        uint32_t g = d->gperm[p];
+        uint32_t k = (rank + w - shard_rotation(d, epoch, g)) % w;
+        uint64_t at = (uint64_t)g * w + k;
+        if (at < n_kept) {
+            out[p] = d->kept[at];
+            continue;
+        }
+        /* the last group is short of this rank: the i-th rank it leaves out
+         * takes the first batch from position i of the epoch's order on that
+         * it does not hold already */
+        uint32_t q = n_kept - g * w, i = k - q;
+        uint32_t pick = d->perm[i % n];
+        for (uint32_t t = 0; t < n; t++) {
+            uint32_t b = d->perm[(i + t) % n];
+            if (d->origin[b] != rank) {
+                pick = b;
+                break;
+            }
+        }
+        out[p] = pick;
+    }
+}
+
 /* ---- small helpers ------------------------------------------------------- */
 
 static hs_status_t sched_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
@@ -113,15 +283,24 @@ static void sched_done_set(hs_sched_t *s, uint32_t epoch, uint32_t batch)
     s->done[i / 64] |= 1ull << (i % 64);
 }
 
+/* The cursor's order of `epoch`: this rank's shard, or the whole plan's. */
+static void sched_order(hs_sched_t *s, uint32_t epoch, uint32_t *out)
+{
+    if (s->shard)
+        hs_shard_deal(s->shard, epoch, s->rank, out);
+    else
+        hs_permutation(s->seed, epoch, s->n, out);
+}
+
 /* Move the cursor to the first position at or after it whose item is not
  * delivered yet (only resumed items are delivered ahead of a cursor). */
 static void sched_cursor_settle(hs_sched_t *s, sched_cursor_t *c)
 {
     while (c->epoch < s->epochs) {
-        if (c->pos == s->n) {
+        if (c->pos == s->m) {
             c->epoch++;
             c->pos = 0;
-            if (c->epoch < s->epochs) hs_permutation(s->seed, c->epoch, s->n, c->perm);
+            if (c->epoch < s->epochs) sched_order(s, c->epoch, c->perm);
             continue;
         }
         if (!sched_done_get(s, c->epoch, c->perm[c->pos])) break;
@@ -131,7 +310,7 @@ static void sched_cursor_settle(hs_sched_t *s, sched_cursor_t *c)
 
 static uint64_t sched_cursor_seq(const hs_sched_t *s, const sched_cursor_t *c)
 {
-    return (uint64_t)c->epoch * s->n + c->pos;
+    return (uint64_t)c->epoch * s->m + c->pos;
 }
 
 static void sched_item_fill(const hs_sched_t *s, uint32_t epoch, uint32_t batch, uint64_t seq,
@@ -141,7 +320,7 @@ static void sched_item_fill(const hs_sched_t *s, uint32_t epoch, uint32_t batch,
     it->epoch = epoch;
     it->batch = batch;
     it->seq = seq;
-    it->pos = (uint32_t)(seq - (uint64_t)epoch * s->n);
+    it->pos = (uint32_t)(seq - (uint64_t)epoch * s->m);
     it->bytes = s->bytes[batch];
     it->n_seqs = s->n_seqs ? s->n_seqs[batch] : 0;
     it->n_tokens = s->n_tokens ? s->n_tokens[batch] : 0;
@@ -281,10 +460,22 @@ hs_status_t hs_sched_create(const hs_sched_config_t *cfg, hs_sched_t **out)
         hs_error("sched: unknown delivery order %d; use arrival or plan", (int)cfg->order);
         return HS_ERR_INVALID;
     }
-    uint64_t n_items = (uint64_t)(cfg->epochs - cfg->start_epoch) * cfg->n_batches;
-    if (n_items > (1ull << 40)) {
+    uint32_t world = cfg->world ? cfg->world : 1;
+    if (cfg->rank >= world) {
+        hs_error("sched: rank %u is not below the world size %u; ranks are 0..%u", cfg->rank, world,
+                 world - 1);
+        return HS_ERR_INVALID;
+    }
+    if (cfg->uneven != HS_SHARD_DROP && cfg->uneven != HS_SHARD_REPEAT) {
+        hs_error("sched: unknown --uneven mode %d; use drop or repeat", (int)cfg->uneven);
+        return HS_ERR_INVALID;
+    }
+    uint32_t m = world > 1 ? hs_shard_per_rank(cfg->n_batches, world, cfg->uneven) : cfg->n_batches;
+    uint64_t n_items = (uint64_t)(cfg->epochs - cfg->start_epoch) * m;
+    uint64_t n_bits = (uint64_t)(cfg->epochs - cfg->start_epoch) * cfg->n_batches;
+    if (n_bits > (1ull << 40)) {
         hs_error("sched: %llu work items is more than this scheduler tracks; run fewer epochs",
-                 (unsigned long long)n_items);
+                 (unsigned long long)n_bits);
         return HS_ERR_INVALID;
     }
     for (uint32_t b = 0; b < cfg->n_batches; b++) {
@@ -298,6 +489,16 @@ hs_status_t hs_sched_create(const hs_sched_config_t *cfg, hs_sched_t **out)
     if (!s) return HS_ERR_NOMEM;
     uint32_t n = cfg->n_batches;
     s->n = n;
+    s->m = m;
+    s->rank = cfg->rank;
+    if (world > 1) {
+        hs_status_t st =
+            hs_shard_create(n, cfg->n_tokens, cfg->seed, world, cfg->uneven, &s->shard);
+        if (st) {
+            free(s);
+            return st;
+        }
+    }
     s->epochs = cfg->epochs;
     s->start_epoch = cfg->start_epoch;
     s->seed = cfg->seed;
@@ -309,13 +510,14 @@ hs_status_t hs_sched_create(const hs_sched_config_t *cfg, hs_sched_t **out)
     s->bytes = malloc(n * sizeof *s->bytes);
     s->n_seqs = cfg->n_seqs ? malloc(n * sizeof *s->n_seqs) : NULL;
     s->n_tokens = cfg->n_tokens ? malloc(n * sizeof *s->n_tokens) : NULL;
-    s->done = calloc((n_items + 63) / 64, sizeof *s->done);
+    s->done = calloc((n_bits + 63) / 64, sizeof *s->done);
     s->issue.perm = malloc(n * sizeof(uint32_t));
     s->deliver.perm = malloc(n * sizeof(uint32_t));
+    s->order_scratch = malloc(n * sizeof(uint32_t));
     s->ht_key = calloc(s->ht_cap, sizeof *s->ht_key);
     s->ht_val = calloc(s->ht_cap, sizeof *s->ht_val);
     if (!s->bytes || (cfg->n_seqs && !s->n_seqs) || (cfg->n_tokens && !s->n_tokens) || !s->done ||
-        !s->issue.perm || !s->deliver.perm || !s->ht_key || !s->ht_val) {
+        !s->issue.perm || !s->deliver.perm || !s->order_scratch || !s->ht_key || !s->ht_val) {
         hs_error("sched: out of memory for a plan of %u batches x %u epochs", n, cfg->epochs);
         hs_sched_destroy(s);
         return HS_ERR_NOMEM;
@@ -329,22 +531,24 @@ hs_status_t hs_sched_create(const hs_sched_config_t *cfg, hs_sched_t **out)
         for (uint32_t e = cfg->start_epoch; e < cfg->epochs; e++)
             for (uint32_t b = 0; b < n; b++) {
                 uint64_t i = (uint64_t)(e - cfg->start_epoch) * n + b;
-                if (cfg->resume_done[i / 8] >> (i % 8) & 1) {
-                    sched_done_set(s, e, b);
-                    s->planned--;
-                }
+                if (cfg->resume_done[i / 8] >> (i % 8) & 1) sched_done_set(s, e, b);
             }
     } else if (cfg->start_done) {
-        for (uint32_t b = 0; b < n; b++) {
-            if (cfg->start_done[b / 8] >> (b % 8) & 1) {
-                sched_done_set(s, cfg->start_epoch, b);
-                s->planned--;
-            }
+        for (uint32_t b = 0; b < n; b++)
+            if (cfg->start_done[b / 8] >> (b % 8) & 1) sched_done_set(s, cfg->start_epoch, b);
+    }
+    if (cfg->resume_done || cfg->start_done) {
+        /* only the resumed batches of this rank's shard count */
+        uint32_t last = cfg->resume_done ? cfg->epochs : cfg->start_epoch + 1;
+        for (uint32_t e = cfg->start_epoch; e < last; e++) {
+            sched_order(s, e, s->order_scratch);
+            for (uint32_t p = 0; p < m; p++)
+                if (sched_done_get(s, e, s->order_scratch[p])) s->planned--;
         }
     }
     s->issue.epoch = s->deliver.epoch = cfg->start_epoch;
-    hs_permutation(s->seed, cfg->start_epoch, n, s->issue.perm);
-    memcpy(s->deliver.perm, s->issue.perm, n * sizeof(uint32_t));
+    sched_order(s, cfg->start_epoch, s->issue.perm);
+    memcpy(s->deliver.perm, s->issue.perm, m * sizeof(uint32_t));
     sched_cursor_settle(s, &s->issue);
     sched_cursor_settle(s, &s->deliver);
     *out = s;
@@ -360,6 +564,8 @@ void hs_sched_destroy(hs_sched_t *s)
     free(s->done);
     free(s->issue.perm);
     free(s->deliver.perm);
+    free(s->order_scratch);
+    hs_shard_destroy(s->shard);
     free(s->recs);
     free(s->ht_key);
     free(s->ht_val);
@@ -645,6 +851,11 @@ void hs_sched_stats(const hs_sched_t *s, hs_sched_stats_t *out)
         .returned = s->returned,
         .requeued = s->requeued,
         .duplicates = s->duplicates,
+        .per_epoch = s->m,
+        .skipped =
+            s->shard && s->shard->uneven == HS_SHARD_DROP ? s->n - s->m * s->shard->world : 0,
+        .repeated =
+            s->shard && s->shard->uneven == HS_SHARD_REPEAT ? s->m * s->shard->world - s->n : 0,
         .issue_epoch = s->issue.epoch,
         .deliver_epoch = s->deliver.epoch,
     };

@@ -46,6 +46,47 @@ typedef enum {
 hs_status_t hs_sched_order_parse(const char *s, hs_sched_order_t *out);
 const char *hs_sched_order_str(hs_sched_order_t order);
 
+/* ---- shards (DESIGN §11) ------------------------------------------------
+ *
+ * With W ranks, each rank's scheduler hands out only its shard of every
+ * epoch, computed from the plan alone (no rank talks to another):
+ *
+ *  1. The epoch's order is hs_permutation(seed, epoch, n). With --uneven
+ *     drop the last n % W batches of that order are skipped this epoch;
+ *     with repeat every batch is kept.
+ *  2. The kept batches, sorted by token count (largest first, then id), are
+ *     cut into groups of W consecutive batches of like size; each rank gets
+ *     one batch of every group, the group's members turned by a rotation
+ *     that depends on (seed, epoch, group). A rank's token count per epoch
+ *     is thus within the sum of the groups' spreads of any other's.
+ *  3. With repeat, the last (smallest) group may have fewer than W members:
+ *     the ranks it leaves short take a batch from the start of the epoch's
+ *     order instead, one they do not already hold.
+ *  4. A rank visits its groups in an order shuffled per epoch.
+ *
+ * Every rank then gets hs_shard_per_rank() batches each epoch; the union over
+ * the ranks is every kept batch once (with repeat, plus n % W taken again). */
+typedef enum {
+    HS_SHARD_DROP = 0,   /* skip the tail of each epoch's order */
+    HS_SHARD_REPEAT = 1, /* the short ranks take batches from the epoch's start */
+} hs_shard_uneven_t;
+
+/* "drop" or "repeat" (the --uneven flag); HS_ERR_INVALID otherwise. */
+hs_status_t hs_shard_uneven_parse(const char *s, hs_shard_uneven_t *out);
+const char *hs_shard_uneven_str(hs_shard_uneven_t u);
+/* Batches each rank gets per epoch: n / world (drop) or ceil(n / world)
+ * (repeat). 0 when world is 0 or a rank would get nothing. */
+uint32_t hs_shard_per_rank(uint32_t n, uint32_t world, hs_shard_uneven_t u);
+
+typedef struct hs_shard hs_shard_t;
+/* A dealer of the plan's n batches (n_tokens: [n] or NULL, copied) to
+ * `world` ranks. HS_ERR_INVALID, logged, when a rank would get no batch. */
+hs_status_t hs_shard_create(uint32_t n, const uint32_t *n_tokens, uint64_t seed, uint32_t world,
+                            hs_shard_uneven_t uneven, hs_shard_t **out);
+void hs_shard_destroy(hs_shard_t *d); /* accepts NULL */
+/* Rank `rank`'s batch ids of `epoch`, in its order, into out[per_rank]. */
+void hs_shard_deal(hs_shard_t *d, uint32_t epoch, uint32_t rank, uint32_t *out);
+
 typedef struct {
     uint32_t n_batches;       /* batches per epoch (> 0) */
     const uint64_t *bytes;    /* [n_batches] exact payload bytes of each batch (> 0) */
@@ -62,6 +103,10 @@ typedef struct {
      * batch for every epoch from start_epoch on (bit i of byte i/8), or NULL.
      * Used instead of start_done when set. */
     const uint8_t *resume_done;
+    /* ranks: this scheduler hands out only rank `rank`'s shard of a world of
+     * `world` (0 or 1: the whole plan); see the shards above. */
+    uint32_t rank, world;
+    hs_shard_uneven_t uneven;
 } hs_sched_config_t;
 
 typedef enum {
@@ -74,8 +119,8 @@ typedef enum {
 typedef struct {
     uint32_t epoch;
     uint32_t batch; /* batch id within the epoch's plan */
-    uint32_t pos;   /* place in the epoch's order */
-    uint64_t seq;   /* epoch * n_batches + pos */
+    uint32_t pos;   /* place in the epoch's order (of this rank's shard) */
+    uint64_t seq;   /* epoch * per_epoch + pos */
     uint64_t bytes; /* exact payload size */
     uint32_t n_seqs, n_tokens;
     bool has_slot;        /* a cache slot is already attached (returned item) */
@@ -98,6 +143,9 @@ typedef struct {
     uint64_t returned;      /* leases taken back from dead connections */
     uint64_t requeued;      /* payloads that failed verification */
     uint64_t duplicates;    /* deliveries refused as already done (a bug if not 0) */
+    uint32_t per_epoch;     /* batches this rank gets per epoch */
+    uint32_t skipped;       /* per epoch: dropped by --uneven drop (all ranks) */
+    uint32_t repeated;      /* per epoch: dealt twice by --uneven repeat (all ranks) */
     uint32_t issue_epoch;   /* epoch of the next fresh ticket (== epochs when all issued) */
     uint32_t deliver_epoch; /* PLAN: epoch of the next delivery */
 } hs_sched_stats_t;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "hs_proto.h"
+#include "sched_int.h"
 
 #define B64 sodium_base64_VARIANT_ORIGINAL
 
@@ -24,12 +25,42 @@ struct hs_state {
     uint32_t n, epochs; /* batches per epoch (0 without a plan), epochs of the run */
     size_t stride;      /* bytes of one epoch's bitmap */
     hs_state_order_t order;
-    uint32_t base;      /* every epoch before it is delivered in full */
-    uint32_t n_rows;    /* decoded: the partial epochs; bound: every epoch from base on */
-    state_row_t *rows;  /* by epoch, increasing */
-    uint8_t *bits;      /* n_rows * stride */
-    uint64_t delivered; /* all epochs */
+    uint32_t base;        /* every epoch before it is delivered in full */
+    uint32_t n_rows;      /* decoded: the partial epochs; bound: every epoch from base on */
+    state_row_t *rows;    /* by epoch, increasing */
+    uint8_t *bits;        /* n_rows * stride */
+    uint64_t delivered;   /* all epochs */
+    uint32_t rank, world; /* world 0 or 1: the whole plan */
+    hs_uneven_t uneven;
 };
+
+/* Batches of one epoch this state's rank gets. */
+static uint32_t state_per_epoch(const hs_state_t *s)
+{
+    return s->world > 1 ? hs_shard_per_rank(s->n, s->world, (hs_shard_uneven_t)s->uneven) : s->n;
+}
+
+void hs_state_set_shard(hs_state_t *s, uint32_t rank, uint32_t world, hs_consumer_uneven_t uneven)
+{
+    s->rank = rank;
+    s->world = world;
+    s->uneven = uneven;
+}
+
+hs_status_t hs_state_check_shard(const hs_state_t *s, uint32_t rank, uint32_t world,
+                                 hs_consumer_uneven_t uneven, char *why, size_t whycap)
+{
+    uint32_t sw = s->world ? s->world : 1, w = world ? world : 1;
+    if (s->rank != rank || sw != w || (w > 1 && s->uneven != uneven)) {
+        snprintf(why, whycap,
+                 "the resume state belongs to rank %u of %u (--uneven %s), this consumer is rank "
+                 "%u of %u (--uneven %s): give each rank its own state, with --rank %u --world %u",
+                 s->rank, sw, hs_shard_uneven_str((hs_shard_uneven_t)s->uneven), rank, w,
+                 hs_shard_uneven_str((hs_shard_uneven_t)uneven), s->rank, sw);
+        return HS_ERR_MISMATCH;
+    }
+    return HS_OK;
+}
 
 static const char *order_str(hs_state_order_t o)
 {
@@ -91,7 +122,7 @@ uint32_t hs_state_epochs_done(const hs_state_t *s)
     uint32_t k = s->base;
     while (k < s->epochs && s->n) {
         int64_t r = state_row_of(s, k);
-        if (r < 0 || s->rows[r].count < s->n) break;
+        if (r < 0 || s->rows[r].count < state_per_epoch(s)) break;
         k++;
     }
     return s->n ? k : 0;
@@ -147,6 +178,27 @@ static unsigned popcount8(uint8_t x)
     return (unsigned)__builtin_popcount(x);
 }
 
+/* "rank", "world" and "uneven", absent for a state of one rank. */
+static hs_status_t decode_shard_fields(const cJSON *root, hs_state_t *s, char *why, size_t whycap)
+{
+    const char *top = "resume state";
+    if (!cJSON_GetObjectItemCaseSensitive(root, "world")) return HS_OK;
+    uint64_t w, r;
+    hs_status_t st = get_uint(root, top, "world", 1, 1u << 20, &w, why, whycap);
+    if (st) return st;
+    if ((st = get_uint(root, top, "rank", 0, (double)w - 1, &r, why, whycap))) return st;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "uneven");
+    if (cJSON_IsString(v) && !strcmp(v->valuestring, "drop"))
+        s->uneven = HS_UNEVEN_DROP;
+    else if (cJSON_IsString(v) && !strcmp(v->valuestring, "repeat"))
+        s->uneven = HS_UNEVEN_REPEAT;
+    else
+        return bad(why, whycap, "resume state: \"uneven\" must be \"drop\" or \"repeat\"");
+    s->world = (uint32_t)w;
+    s->rank = (uint32_t)r;
+    return HS_OK;
+}
+
 /* The fields of a state with a plan (root checked to be an object). */
 static hs_status_t decode_plan_fields(const cJSON *root, hs_state_t *s, char *why, size_t whycap)
 {
@@ -177,7 +229,7 @@ static hs_status_t decode_plan_fields(const cJSON *root, hs_state_t *s, char *wh
     /* First pass: every field and bitmap length, so that what is allocated
      * below is bounded by the text itself. */
     size_t b64_len = sodium_base64_encoded_len(s->stride, B64) - 1;
-    uint64_t prev = 0, sum = (uint64_t)s->base * s->n;
+    uint64_t prev = 0, sum = (uint64_t)s->base * state_per_epoch(s);
     int i = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, partial)
@@ -298,6 +350,8 @@ hs_status_t hs_state_decode(const char *text, size_t len, hs_state_t **out, char
         bad(why, whycap, "resume state: \"order\" must be \"arrival\" or \"plan\"");
         goto err;
     }
+    if ((st = decode_shard_fields(root, s, why, whycap))) goto err;
+    st = HS_ERR_FORMAT;
     v = cJSON_GetObjectItemCaseSensitive(root, "plan");
     if (cJSON_IsNull(v)) {
         /* saved before the plan was known: nothing was delivered */
@@ -380,6 +434,7 @@ hs_status_t hs_state_bind(const hs_state_t *from, uint64_t plan_hash, uint32_t n
     s->epochs = epochs;
     s->order = order;
     s->stride = ((size_t)n_batches + 7) / 8;
+    if (from) hs_state_set_shard(s, from->rank, from->world, from->uneven);
     s->base = from && from->has_plan ? hs_state_epochs_done(from) : 0;
     if (s->base > epochs) s->base = epochs;
     s->n_rows = epochs - s->base;
@@ -472,8 +527,12 @@ hs_status_t hs_state_encode(const hs_state_t *s, char *buf, size_t cap, size_t *
     uint32_t k = hs_state_epochs_done(s);
     wr_printf(&w,
               "\"batches_per_epoch\":%u,\"epochs\":%u,\"order\":\"%s\",\"delivered\":%" PRIu64
-              ",\"epochs_done\":%u,\"partial\":[",
+              ",\"epochs_done\":%u",
               s->n, s->epochs, order_str(s->order), s->delivered, k);
+    if (s->world > 1)
+        wr_printf(&w, ",\"rank\":%u,\"world\":%u,\"uneven\":\"%s\"", s->rank, s->world,
+                  hs_shard_uneven_str((hs_shard_uneven_t)s->uneven));
+    wr_printf(&w, ",\"partial\":[");
     bool first = true;
     for (uint32_t r = 0; r < s->n_rows; r++) {
         if (s->rows[r].epoch < k || !s->rows[r].count) continue;

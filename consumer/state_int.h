@@ -42,6 +42,7 @@ extern "C" {
 typedef enum { HS_STATE_ARRIVAL = 0, HS_STATE_PLAN = 1 } hs_state_order_t;
 
 typedef struct hs_state hs_state_t;
+typedef hs_uneven_t hs_consumer_uneven_t;
 
 /* Parses and checks a state: its version, every field's type and range,
  * bitmap sizes (checked before decoding), the counts against the bitmaps.
@@ -61,6 +62,16 @@ hs_status_t hs_state_check_run(const hs_state_t *s, uint32_t epochs, hs_state_or
  * plan (hash or batches per epoch); a state without a plan fits any. */
 hs_status_t hs_state_check_plan(const hs_state_t *s, uint64_t plan_hash, uint32_t n_batches,
                                 char *why, size_t whycap);
+
+/* The rank this state belongs to (DESIGN §11): set on a state created empty
+ * or decoded before binding; bound states keep the one of `from`. With
+ * world > 1 an epoch is done once the rank's hs_shard_per_rank() batches of
+ * it are delivered, and the JSON names "rank", "world" and "uneven". */
+void hs_state_set_shard(hs_state_t *s, uint32_t rank, uint32_t world, hs_consumer_uneven_t uneven);
+/* HS_ERR_MISMATCH with both in why when `s` was saved by another rank, world
+ * size or --uneven mode (a state without them is rank 0 of 1). */
+hs_status_t hs_state_check_shard(const hs_state_t *s, uint32_t rank, uint32_t world,
+                                 hs_consumer_uneven_t uneven, char *why, size_t whycap);
 
 /* A state bound to the run (plan_hash, n_batches, epochs, order), starting
  * from `from` (NULL: nothing delivered), which must have passed both checks. */

@@ -71,6 +71,12 @@ typedef hs_status_t hs_status_code_t;
 const char *hsflow_status_str(hs_status_t status);
 
 typedef enum { HS_ORDER_ARRIVAL = 0, HS_ORDER_PLAN = 1 } hs_order_t;
+/* Ranks: what happens to the batches of an epoch that do not divide evenly
+ * among the ranks (DESIGN §11). */
+typedef enum {
+    HS_UNEVEN_DROP = 0,   /* skip them (counted); every rank gets n / world */
+    HS_UNEVEN_REPEAT = 1, /* the short ranks take batches from the epoch's start */
+} hs_uneven_t;
 
 /* The longest resume state text accepted (hs_consumer_config_t.resume_state). */
 #define HS_CONSUMER_STATE_MAX_BYTES (64u << 20)
@@ -109,6 +115,13 @@ typedef struct {
      * get (MemAvailable, the cgroup limit less its usage): warn instead of
      * failing with HS_ERR_NOSPACE. Default false. */
     bool force;
+    /* Data-parallel ranks (DESIGN §11): this consumer delivers only rank
+     * `rank`'s shard of each epoch of a plan shared by `world` consumers,
+     * the same number of batches per epoch on every rank. Defaults 0 and 1
+     * (the whole plan). Journal and resume state belong to one rank. */
+    uint32_t rank;
+    uint32_t world;
+    hs_uneven_t uneven; /* default HS_UNEVEN_DROP */
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */

@@ -45,6 +45,9 @@ class ConsumerConfig(ctypes.Structure):
         ("resume_state", ctypes.c_char_p),
         ("lease_timeout_s", ctypes.c_double),
         ("force", ctypes.c_bool),
+        ("rank", _c_u32),
+        ("world", _c_u32),
+        ("uneven", ctypes.c_int),
     ]
 
 

@@ -3,6 +3,7 @@ and yields verified batches as zero-copy arrays over the consumer's memory."""
 import ctypes
 import os
 import json
+import logging
 import threading
 
 import numpy as np
@@ -138,6 +139,35 @@ class Batch:
                    " released" if self._released else ""))
 
 
+def _rank_world(rank, world):
+    """rank and world as given, else from torchrun's RANK / WORLD_SIZE, else 0 of 1."""
+    def env(name):
+        v = os.environ.get(name)
+        if v is None or v == "":
+            return None
+        try:
+            return int(v)
+        except ValueError:
+            raise ValueError("%s=%r in the environment: expected a whole number (torchrun sets "
+                             "it)" % (name, v))
+    from_env = rank is None and world is None and env("WORLD_SIZE") is not None
+    if rank is None:
+        rank = env("RANK") or 0
+    if world is None:
+        world = env("WORLD_SIZE") or 1
+    for name, v in (("rank", rank), ("world", world)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError("%s=%r: expected a whole number >= 0" % (name, v))
+    if world < 1 or rank >= world:
+        raise ValueError("rank=%d, world=%d: the rank must be 0..world-1" % (rank, world))
+    if world > 1:
+        logging.getLogger("hsflow").info(
+            "hsflow consumer: rank %d of %d%s (LOCAL_RANK %s)", rank, world,
+            " from torchrun's RANK/WORLD_SIZE" if from_env else "",
+            os.environ.get("LOCAL_RANK", "unset"))
+    return rank, world
+
+
 class Consumer:
     """Listens for producers and yields verified batches:
 
@@ -167,13 +197,21 @@ class Consumer:
 
     A cache_gb larger than the memory this process can get (MemAvailable, or
     its cgroup's limit less its usage) is refused, since it would be
-    OOM-killed once it fills; force=True starts anyway with a warning."""
+    OOM-killed once it fills; force=True starts anyway with a warning.
+
+    Data-parallel training (DESIGN §11) runs one consumer per rank, each on
+    its own port: rank=R, world=W make this one deliver only rank R's shard
+    of every epoch, the same number of batches per epoch on every rank.
+    They default to torchrun's RANK and WORLD_SIZE when those are set (else
+    0 and 1); uneven='drop' (default) skips the batches of an epoch that do
+    not divide by W, 'repeat' gives the short ranks batches from the epoch's
+    start. A journal or resume state belongs to one rank."""
 
     def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
                  order="arrival", prefetch=2, verify_synthetic=False, secret_file=None,
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
                  arrays="auto", metrics=None, journal=None, resume=None,
-                 lease_timeout_s=60, force=False):
+                 lease_timeout_s=60, force=False, rank=None, world=None, uneven="drop"):
         self._c = None
         lib = load()
         host, port = _parse_listen(listen)
@@ -197,6 +235,12 @@ class Consumer:
                              % (lease_timeout_s,))
         if transport not in ("auto", "tcp", "ucx"):
             raise ValueError("transport=%r: expected 'auto', 'tcp' or 'ucx'" % (transport,))
+        rank, world = _rank_world(rank, world)
+        if uneven not in ("drop", "repeat"):
+            raise ValueError("uneven=%r: expected 'drop' (skip the leftover batches of an epoch) "
+                             "or 'repeat' (the short ranks take batches from its start)"
+                             % (uneven,))
+        self.rank, self.world = rank, world
         self._mode = _arrays.resolve_arrays(arrays)
         self._gpu = gpu
 
@@ -228,6 +272,9 @@ class Consumer:
         cfg.resume_state = self._keep[5]
         cfg.lease_timeout_s = float(lease_timeout_s)
         cfg.force = bool(force)
+        cfg.rank = rank
+        cfg.world = world
+        cfg.uneven = 1 if uneven == "repeat" else 0
         h = ctypes.c_void_p()
         st = lib.hs_consumer_create(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK and resume is not None:

@@ -550,6 +550,217 @@ START_TEST(create_refuses_malformed_plans)
 }
 END_TEST
 
+/* ---- ranks: shards ------------------------------------------------------------ */
+
+/* Runs rank `rank` of `world` through `epochs` epochs (lease, fill, deliver
+ * one by one), counting each delivery in seen[e * n + b], adding its tokens
+ * to tokens_of_epoch[e] and its batch id to order_out[k] when given. */
+static void run_rank(uint32_t n, const uint32_t *tokens, uint32_t epochs, uint32_t rank,
+                     uint32_t world, hs_shard_uneven_t uneven, hs_sched_order_t order,
+                     uint32_t *seen, uint64_t *tokens_of_epoch, uint32_t *order_out)
+{
+    static uint64_t bytes[4096];
+    for (uint32_t i = 0; i < n; i++)
+        bytes[i] = 1000 + i;
+    hs_sched_config_t cfg = {.n_batches = n,
+                             .bytes = bytes,
+                             .n_tokens = tokens,
+                             .epochs = epochs,
+                             .seed = SEED,
+                             .order = order,
+                             .rank = rank,
+                             .world = world,
+                             .uneven = uneven};
+    hs_sched_t *s;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_OK);
+    hs_sched_stats_t st;
+    hs_sched_stats(s, &st);
+    uint32_t m = hs_shard_per_rank(n, world, uneven);
+    ck_assert_uint_eq(st.per_epoch, m);
+    ck_assert_uint_eq(st.planned, (uint64_t)m * epochs);
+    hs_sched_item_t it;
+    uint32_t k = 0;
+    while (hs_sched_peek(s, &it)) {
+        uint64_t t = lease(s, 1, 0, &it);
+        ck_assert_int_eq(hs_sched_fill(s, 1, t), HS_OK);
+        ck_assert_uint_ne(deliver(s, &it), 0);
+        seen[it.epoch * n + it.batch]++;
+        if (tokens_of_epoch) tokens_of_epoch[it.epoch] += tokens ? tokens[it.batch] : 0;
+        if (order_out) order_out[k] = it.batch;
+        k++;
+    }
+    ck_assert_uint_eq(k, (uint64_t)m * epochs);
+    ck_assert(hs_sched_finished(s));
+    hs_sched_destroy(s);
+}
+
+static void check_union(uint32_t n, uint32_t world, uint32_t epochs, hs_shard_uneven_t uneven)
+{
+    uint32_t tokens[512];
+    uint64_t st = 77;
+    for (uint32_t b = 0; b < n; b++)
+        tokens[b] = 100 + (uint32_t)(hs_splitmix64(&st) % 4000);
+    uint32_t *all = calloc((size_t)epochs * n, sizeof(uint32_t));
+    uint32_t *mine = calloc((size_t)epochs * n, sizeof(uint32_t));
+    uint64_t tok[8][4] = {{0}};
+    for (uint32_t r = 0; r < world; r++) {
+        memset(mine, 0, (size_t)epochs * n * sizeof(uint32_t));
+        run_rank(n, tokens, epochs, r, world, uneven, HS_SCHED_ARRIVAL, mine, tok[r], NULL);
+        for (uint32_t i = 0; i < epochs * n; i++) {
+            ck_assert_uint_le(mine[i], 1); /* a rank never gets a batch twice in an epoch */
+            all[i] += mine[i];
+        }
+    }
+    uint32_t m = hs_shard_per_rank(n, world, uneven);
+    for (uint32_t e = 0; e < epochs; e++) {
+        uint32_t once = 0, twice = 0, none = 0;
+        for (uint32_t b = 0; b < n; b++) {
+            uint32_t c = all[e * n + b];
+            once += c == 1;
+            twice += c >= 2;
+            none += c == 0;
+        }
+        if (uneven == HS_SHARD_DROP) {
+            ck_assert_uint_eq(twice, 0);
+            ck_assert_uint_eq(none, n % world); /* the tail, skipped */
+            ck_assert_uint_eq(once, world * m);
+        } else {
+            uint32_t extra = 0;
+            for (uint32_t b = 0; b < n; b++)
+                extra += all[e * n + b] - 1;
+            ck_assert_uint_eq(none, 0);
+            ck_assert_uint_eq(extra, world * m - n); /* taken again by the short ranks */
+        }
+        if (n < world) continue;
+        /* token counts balanced: within one batch's worth of each other (two
+         * with repeat, where a short rank's extra batch is of any size) */
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (uint32_t r = 0; r < world; r++) {
+            if (tok[r][e] < lo) lo = tok[r][e];
+            if (tok[r][e] > hi) hi = tok[r][e];
+        }
+        ck_assert_msg(hi - lo <= (uneven == HS_SHARD_DROP ? 4100u : 8200u),
+                      "epoch %u: rank tokens %llu..%llu", e, (unsigned long long)lo,
+                      (unsigned long long)hi);
+    }
+    free(all);
+    free(mine);
+}
+
+START_TEST(every_batch_goes_to_exactly_one_rank_and_every_rank_gets_as_many_with_drop)
+{
+    check_union(103, 4, 3, HS_SHARD_DROP);
+    check_union(100, 4, 2, HS_SHARD_DROP);
+    check_union(7, 3, 2, HS_SHARD_DROP);
+}
+END_TEST
+
+START_TEST(repeat_gives_the_short_ranks_batches_from_the_epoch_start_never_their_own)
+{
+    check_union(103, 4, 3, HS_SHARD_REPEAT);
+    check_union(101, 4, 2, HS_SHARD_REPEAT);
+    check_union(5, 8, 2, HS_SHARD_REPEAT); /* fewer batches than ranks */
+    check_union(9, 2, 2, HS_SHARD_REPEAT);
+}
+END_TEST
+
+START_TEST(token_counts_stay_balanced_across_ranks_with_skewed_lengths)
+{
+    /* a few very large batches among many small ones */
+    uint32_t n = 400, world = 4, tokens[400];
+    for (uint32_t b = 0; b < n; b++)
+        tokens[b] = b < 40 ? 60000 : 500 + b;
+    uint64_t tok[4][1] = {{0}};
+    uint32_t *seen = calloc(n, sizeof(uint32_t));
+    uint64_t total = 0;
+    for (uint32_t r = 0; r < world; r++) {
+        run_rank(n, tokens, 1, r, world, HS_SHARD_DROP, HS_SCHED_ARRIVAL, seen, tok[r], NULL);
+        total += tok[r][0];
+    }
+    for (uint32_t r = 0; r < world; r++) {
+        double share = (double)tok[r][0] / ((double)total / world);
+        ck_assert_msg(share > 0.99 && share < 1.01, "rank %u has %.3f of a fair share", r, share);
+    }
+    free(seen);
+}
+END_TEST
+
+START_TEST(plan_order_of_a_rank_is_reproducible_and_differs_between_ranks_and_epochs)
+{
+    uint32_t n = 50, a[100], b[100], c[100];
+    uint32_t *seen = calloc(2 * n, sizeof(uint32_t));
+    run_rank(n, NULL, 2, 1, 3, HS_SHARD_DROP, HS_SCHED_PLAN, seen, NULL, a);
+    run_rank(n, NULL, 2, 1, 3, HS_SHARD_DROP, HS_SCHED_PLAN, seen, NULL, b);
+    run_rank(n, NULL, 2, 2, 3, HS_SHARD_DROP, HS_SCHED_PLAN, seen, NULL, c);
+    uint32_t m = hs_shard_per_rank(n, 3, HS_SHARD_DROP);
+    ck_assert_uint_eq(m, 16);
+    ck_assert_mem_eq(a, b, 2 * m * sizeof(uint32_t));
+    ck_assert(memcmp(a, c, m * sizeof(uint32_t)) != 0);
+    ck_assert(memcmp(a, a + m, m * sizeof(uint32_t)) != 0); /* a new deal per epoch */
+    free(seen);
+}
+END_TEST
+
+START_TEST(a_resumed_rank_delivers_the_rest_of_its_own_shard_only)
+{
+    uint32_t n = 30, world = 3, m = 10;
+    uint32_t full[20];
+    uint32_t *seen = calloc(2 * n, sizeof(uint32_t));
+    run_rank(n, NULL, 2, 2, world, HS_SHARD_DROP, HS_SCHED_PLAN, seen, NULL, full);
+    /* the first 4 of epoch 0 were delivered before */
+    uint8_t done[(2 * 30 + 7) / 8] = {0};
+    for (uint32_t i = 0; i < 4; i++)
+        done[full[i] / 8] |= (uint8_t)(1u << (full[i] % 8));
+    static uint64_t bytes[30];
+    for (uint32_t i = 0; i < n; i++)
+        bytes[i] = 1000 + i;
+    hs_sched_config_t cfg = {.n_batches = n,
+                             .bytes = bytes,
+                             .epochs = 2,
+                             .seed = SEED,
+                             .order = HS_SCHED_PLAN,
+                             .resume_done = done,
+                             .rank = 2,
+                             .world = world};
+    hs_sched_t *s;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_OK);
+    hs_sched_stats_t st;
+    hs_sched_stats(s, &st);
+    ck_assert_uint_eq(st.planned, 2 * m - 4);
+    hs_sched_item_t it;
+    uint32_t k = 4;
+    while (hs_sched_peek(s, &it)) {
+        uint64_t t = lease(s, 1, 0, &it);
+        ck_assert_int_eq(hs_sched_fill(s, 1, t), HS_OK);
+        ck_assert_uint_ne(deliver(s, &it), 0);
+        ck_assert_uint_eq(it.batch, full[k]);
+        k++;
+    }
+    ck_assert_uint_eq(k, 2 * m);
+    hs_sched_destroy(s);
+    free(seen);
+}
+END_TEST
+
+START_TEST(a_rank_outside_the_world_and_drop_with_too_few_batches_are_refused)
+{
+    uint64_t bytes[4] = {1, 1, 1, 1};
+    hs_sched_config_t cfg = {.n_batches = 4, .bytes = bytes, .epochs = 1, .rank = 4, .world = 4};
+    hs_sched_t *s = NULL;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_ERR_INVALID);
+    cfg.rank = 0;
+    cfg.world = 5;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_ERR_INVALID);
+    cfg.uneven = HS_SHARD_REPEAT;
+    ck_assert_int_eq(hs_sched_create(&cfg, &s), HS_OK);
+    hs_sched_destroy(s);
+    hs_shard_uneven_t u;
+    ck_assert_int_eq(hs_shard_uneven_parse("repeat", &u), HS_OK);
+    ck_assert_int_eq(u, HS_SHARD_REPEAT);
+    ck_assert_int_eq(hs_shard_uneven_parse("pad", &u), HS_ERR_INVALID);
+}
+END_TEST
+
 int main(void)
 {
     hs_log_set_level(HS_LOG_WARN);
@@ -569,6 +780,12 @@ int main(void)
     tcase_add_test(tc, resume_skips_batches_already_delivered);
     tcase_add_test(tc, many_tickets_in_flight_survive_table_growth);
     tcase_add_test(tc, create_refuses_malformed_plans);
+    tcase_add_test(tc, every_batch_goes_to_exactly_one_rank_and_every_rank_gets_as_many_with_drop);
+    tcase_add_test(tc, repeat_gives_the_short_ranks_batches_from_the_epoch_start_never_their_own);
+    tcase_add_test(tc, token_counts_stay_balanced_across_ranks_with_skewed_lengths);
+    tcase_add_test(tc, plan_order_of_a_rank_is_reproducible_and_differs_between_ranks_and_epochs);
+    tcase_add_test(tc, a_resumed_rank_delivers_the_rest_of_its_own_shard_only);
+    tcase_add_test(tc, a_rank_outside_the_world_and_drop_with_too_few_batches_are_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

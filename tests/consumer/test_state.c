@@ -297,6 +297,71 @@ START_TEST(journal_that_gives_way_to_a_state_is_rewritten_to_its_batches)
 }
 END_TEST
 
+START_TEST(state_of_a_rank_names_it_completes_its_epoch_with_its_shard_and_refuses_another_rank)
+{
+    /* rank 1 of 4: an epoch of N = 37 batches gives it 9 with drop */
+    hs_state_t *empty, *s, *d;
+    ck_assert_int_eq(hs_state_create_empty(2, HS_STATE_ARRIVAL, &empty), HS_OK);
+    hs_state_set_shard(empty, 1, 4, HS_UNEVEN_DROP);
+    ck_assert_int_eq(hs_state_bind(empty, PLAN, N, 2, HS_STATE_ARRIVAL, &s), HS_OK);
+    for (uint32_t b = 0; b < 9; b++)
+        hs_state_mark(s, 0, b * 4 + 1);
+    ck_assert_uint_eq(hs_state_epochs_done(s), 1);
+    hs_state_mark(s, 1, 5);
+    char *text = encode(s);
+    ck_assert_ptr_nonnull(strstr(text, "\"rank\":1,\"world\":4,\"uneven\":\"drop\""));
+    char why[512];
+    ck_assert_int_eq(hs_state_decode(text, strlen(text), &d, why, sizeof(why)), HS_OK);
+    ck_assert_uint_eq(hs_state_epochs_done(d), 1);
+    ck_assert_uint_eq(hs_state_delivered(d), 10);
+    ck_assert_int_eq(hs_state_check_shard(d, 1, 4, HS_UNEVEN_DROP, why, sizeof(why)), HS_OK);
+    ck_assert_int_eq(hs_state_check_shard(d, 2, 4, HS_UNEVEN_DROP, why, sizeof(why)),
+                     HS_ERR_MISMATCH);
+    ck_assert_ptr_nonnull(strstr(why, "rank 1 of 4"));
+    ck_assert_ptr_nonnull(strstr(why, "rank 2 of 4"));
+    ck_assert_int_eq(hs_state_check_shard(d, 1, 2, HS_UNEVEN_DROP, why, sizeof(why)),
+                     HS_ERR_MISMATCH);
+    ck_assert_int_eq(hs_state_check_shard(d, 1, 4, HS_UNEVEN_REPEAT, why, sizeof(why)),
+                     HS_ERR_MISMATCH);
+    ck_assert_int_eq(hs_state_check_shard(d, 0, 1, HS_UNEVEN_DROP, why, sizeof(why)),
+                     HS_ERR_MISMATCH);
+    free(text);
+    hs_state_destroy(d);
+    hs_state_destroy(s);
+    hs_state_destroy(empty);
+}
+END_TEST
+
+START_TEST(journal_of_another_rank_is_refused_naming_both)
+{
+    char path[] = "/tmp/hs-test-journal-rank-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    unlink(path);
+    hs_journal_t *j;
+    char why[512];
+    ck_assert_int_eq(hs_journal_open(path, &j), HS_OK);
+    ck_assert_int_eq(hs_journal_set_shard(j, 3, 4, HS_UNEVEN_REPEAT, why, sizeof(why)), HS_OK);
+    ck_assert_int_eq(hs_journal_bind(j, PLAN, N, 2, why, sizeof(why)), HS_OK);
+    for (uint32_t b = 0; b < 10; b++) /* repeat: ceil(37 / 4) = 10 complete epoch 0 */
+        ck_assert_int_eq(hs_journal_append(j, 0, b), HS_OK);
+    hs_journal_close(j);
+    ck_assert_int_eq(hs_journal_open(path, &j), HS_OK);
+    ck_assert_int_eq(hs_journal_set_shard(j, 0, 4, HS_UNEVEN_REPEAT, why, sizeof(why)),
+                     HS_ERR_MISMATCH);
+    ck_assert_ptr_nonnull(strstr(why, "rank 3 of 4"));
+    ck_assert_ptr_nonnull(strstr(why, "rank 0 of 4"));
+    ck_assert_int_eq(hs_journal_set_shard(j, 3, 1, HS_UNEVEN_DROP, why, sizeof(why)),
+                     HS_ERR_MISMATCH);
+    ck_assert_int_eq(hs_journal_set_shard(j, 3, 4, HS_UNEVEN_REPEAT, why, sizeof(why)), HS_OK);
+    ck_assert_int_eq(hs_journal_bind(j, PLAN, N, 2, why, sizeof(why)), HS_OK);
+    ck_assert_uint_eq(hs_journal_start_epoch(j), 1);
+    hs_journal_close(j);
+    unlink(path);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("state");
@@ -308,6 +373,9 @@ int main(void)
                         (int)(sizeof(malformed) / sizeof(malformed[0])));
     tcase_add_test(tc, oversized_or_deeply_nested_state_is_refused_before_use);
     tcase_add_test(tc, journal_that_gives_way_to_a_state_is_rewritten_to_its_batches);
+    tcase_add_test(
+        tc, state_of_a_rank_names_it_completes_its_epoch_with_its_shard_and_refuses_another_rank);
+    tcase_add_test(tc, journal_of_another_rank_is_refused_naming_both);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

@@ -239,3 +239,35 @@ def test_consumer_refuses_a_cache_larger_than_memory_unless_forced(tmp_path, mon
         assert c.port > 0
     with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.005) as c:  # 5 MiB fits
         assert c.port > 0
+
+
+def test_two_ranks_deliver_disjoint_shards_of_equal_size_with_torchrun_defaults(
+        producer_bin, dataset, monkeypatch):
+    data, rows = dataset
+    shards = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2,
+                             verify_synthetic=True, arrays="numpy") as c:
+            assert (c.rank, c.world) == (rank, 2)
+            procs = start_producers(producer_bin, c.port, data, n=1)
+            try:
+                shards.append([(b.epoch, b.batch) for b in c])
+            finally:
+                stop(procs)
+    a, b = shards
+    assert len(a) == len(b) > 0 and not set(a) & set(b)
+    assert sum(1 for e, _ in a if e == 0) == sum(1 for e, _ in b if e == 0)
+
+
+def test_rank_and_world_are_checked(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="rank must be 0..world-1"):
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, rank=2, world=2)
+    with pytest.raises(ValueError, match="uneven"):
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, rank=0, world=2, uneven="pad")
+    monkeypatch.setenv("WORLD_SIZE", "four")
+    with pytest.raises(ValueError, match="WORLD_SIZE"):
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02)
