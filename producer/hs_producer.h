@@ -18,14 +18,29 @@ extern "C" {
 #endif
 
 #define HS_PRODUCER_MAX_WORKERS 64
+#define HS_PRODUCER_MAX_LINKS 64 /* consumers (ranks) one producer feeds */
+
+/* The consumers a producer feeds (--to): one per data-parallel rank. */
+typedef struct {
+    uint32_t n;
+    char host[HS_PRODUCER_MAX_LINKS][256];
+    uint16_t port[HS_PRODUCER_MAX_LINKS];
+} hs_producer_addrs_t;
+
+/* Parses "HOST:PORT[,HOST:PORT...]", where a port may be a range LO-HI
+ * (host:7000-7007 is eight addresses), into *out. HS_ERR_INVALID, logged
+ * with the part that is wrong, for a malformed list, more than
+ * HS_PRODUCER_MAX_LINKS addresses, or one address given twice. */
+hs_status_t hs_producer_parse_to(const char *s, hs_producer_addrs_t *out);
 
 /* EXTERNAL: the library caller fills the hidden states (hs_producer_next). */
 typedef enum { HS_SOURCE_SYNTHETIC = 1, HS_SOURCE_MODEL = 2, HS_SOURCE_EXTERNAL = 3 } hs_source_t;
 
 typedef struct {
-    const char *to_host; /* consumer address */
+    const char *to_host; /* consumer address (when `to` is NULL or empty) */
     uint16_t to_port;
-    const char *data_path; /* JSONL or .hst */
+    const hs_producer_addrs_t *to; /* every consumer to feed, or NULL; borrowed */
+    const char *data_path;         /* JSONL or .hst */
     uint32_t token_budget;
     uint32_t max_seq_len; /* 0 = token_budget */
     int overflow;         /* hs_overflow_t: truncate or drop */

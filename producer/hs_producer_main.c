@@ -22,7 +22,11 @@ static const char usage[] =
     "--seed, --hidden-size and --layers: the consumer checks the plan hash and layout.\n"
     "\n"
     "options (each also settable as HS_<NAME>, e.g. HS_TOKEN_BUDGET=65536):\n"
-    "  --to HOST:PORT         the consumer (hs-consumer --listen)\n"
+    "  --to HOST:PORT         the consumer (hs-consumer --listen); for data-parallel ranks\n"
+    "                         every rank's address, HOST:PORT,HOST:PORT,... or a range\n"
+    "                         HOST:7000-7007: tickets are taken from all of them, a slower\n"
+    "                         rank simply holds fewer; a set whose ranks or world sizes do not\n"
+    "                         fit together is refused\n"
     "  --data FILE            dataset: JSONL lines {\"input_ids\": [...], \"loss_mask\": [...]}\n"
     "                         or a .hst file from hs-data import\n"
     "  --token-budget N|auto  tokens per batch (default 65536); auto: the largest that fits\n"
@@ -73,7 +77,8 @@ static const char usage[] =
     "  hs-producer --to 127.0.0.1:7000 --data data.jsonl --token-budget 8192 \\\n"
     "      --hidden-size 1024 --layers 2,16,29 --source synthetic --gpus cpu:3\n"
     "  hs-producer --list-devices\n"
-    "  hs-producer --to drafter:7000 --gpus 0,1,2 --nic auto --require-rdma ...\n";
+    "  hs-producer --to drafter:7000 --gpus 0,1,2 --nic auto --require-rdma ...\n"
+    "  hs-producer --to drafter1:7000-7003,drafter2:7000-7003 --gpus 0,1,2,3 ...  # 8 ranks\n";
 
 enum {
     OPT_TO = 1000,
@@ -132,6 +137,7 @@ static const struct option long_options[] = {
 typedef struct {
     hs_producer_config_t cfg;
     char host[256];
+    hs_producer_addrs_t to; /* --to */
     bool have_to, have_layers, have_budget, preflight, budget_auto;
     int dflash_layers;
     const char *layers_arg;
@@ -155,9 +161,13 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         fputs(usage, stdout);
         return 3;
     case OPT_TO:
-        if (hs_parse_hostport(arg, o->host, sizeof(o->host), &c->to_port) != HS_OK)
-            return bad("to", arg, from, "expected HOST:PORT, e.g. drafter:7000");
-        c->to_host = o->host;
+        if (hs_producer_parse_to(arg, &o->to) != HS_OK)
+            return bad("to", arg, from,
+                       "expected HOST:PORT, a list HOST:PORT,HOST:PORT (one per rank) or a range "
+                       "HOST:7000-7007");
+        c->to = &o->to;
+        c->to_host = o->to.host[0];
+        c->to_port = o->to.port[0];
         o->have_to = true;
         return 0;
     case OPT_DATA:

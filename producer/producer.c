@@ -5,7 +5,14 @@
  * shared queue, fills one of its two staging buffers (ids, mask, cu_seqlens,
  * hidden states, header, checksum) and hands it to the network thread, which
  * sends it straight from that buffer and gives it back when the send
- * completes. So worker k computes batch n+1 while batch n is on the wire. */
+ * completes. So worker k computes batch n+1 while batch n is on the wire.
+ *
+ * The producer may feed several consumers, the ranks of a data-parallel
+ * trainer (DESIGN §11): one link per consumer address, each with its own
+ * handshake and tickets, all tickets in the one queue the workers take
+ * from. A rank that frees its cache slower issues fewer tickets, so it
+ * simply holds fewer of this producer's batches in flight. A finished
+ * batch goes back on the link its ticket came from. */
 #include "hs_producer.h"
 #include "hsflow.h"
 
@@ -31,16 +38,40 @@ typedef struct ticket {
     uint64_t id;
     uint32_t epoch, batch, n_seqs, n_tokens;
     uint64_t bytes;
-    uint32_t gen; /* connection generation the ticket came from */
+    uint32_t gen;  /* connection generation the ticket came from */
+    uint32_t link; /* the consumer (link index) that issued it */
 } ticket_t;
 
 typedef struct hs_producer producer_t;
+
+/* One consumer this producer feeds: its connection and handshake. Touched by
+ * the network thread only (gen also under pr->lock, see reconnect). */
+typedef struct link {
+    producer_t *pr;
+    uint32_t index;
+    char host[256];
+    uint16_t port;
+    hs_tp_conn_t *conn;
+    bool done;     /* this consumer said BYE, refused us or is gone for good */
+    bool welcomed; /* handshake complete: tickets may come */
+    bool lost;     /* connection gone, --reconnect pending */
+    double t_lost; /* when it was lost (reconnect gives up connect_timeout_s later) */
+    double t_try;  /* the last reconnect try */
+    uint32_t gen;  /* connection generation, see ticket_t */
+    uint8_t client_nonce[HS_AUTH_NONCE_BYTES];
+    uint8_t server_nonce[HS_AUTH_NONCE_BYTES];
+    uint8_t *hello_body; /* the HELLO body as sent, for the AUTH proof */
+    size_t hello_len;
+    char consumer_name[256];
+    uint32_t rank, world; /* from WELCOME (world 0 before it) */
+} link_t;
 
 typedef struct staging {
     uint8_t *buf;
     bool busy;     /* filled and waiting for / on the wire */
     double t_send; /* when it was handed to the transport (trace timing) */
     uint32_t gen;  /* external source: generation of the ticket it holds */
+    uint32_t link; /* external source: link of the ticket it holds */
     struct worker *owner;
 } staging_t;
 
@@ -85,18 +116,15 @@ struct hs_producer {
     uint32_t max_batch_seqs;
     hs_auth_key_t key;
     bool have_secret;
-    uint8_t client_nonce[HS_AUTH_NONCE_BYTES];
-    uint8_t server_nonce[HS_AUTH_NONCE_BYTES];
-    uint8_t hello_body[HS_FRAME_MAX_BODY];
-    size_t hello_len;
 
     hs_tp_t *tp;
     hs_msg_arena_t ticket_arena; /* the network thread decodes every TICKET here */
-    hs_tp_conn_t *conn;
+    link_t links[HS_PRODUCER_MAX_LINKS];
+    uint32_t n_links;
+    hs_producer_addrs_t addrs; /* the library API's parsed 'to' */
     uint8_t *frame_buf;
     hs_status_t result;
-    bool done, welcomed;
-    char consumer_name[256];
+    bool done; /* every link is done, or a local failure */
 
     pthread_mutex_t lock;
     pthread_cond_t cond; /* tickets arrived / staging freed / stop */
@@ -104,11 +132,9 @@ struct hs_producer {
     outgoing_t *outbox; /* filled batches for the network thread */
     bool stop;
     bool net_done;                /* the network loop has ended */
-    bool lost;                    /* connection gone, --reconnect pending */
-    uint32_t gen;                 /* connection generation, see ticket_t */
-    char host[256];               /* consumer host */
     _Atomic bool close_requested; /* hs_producer_close() before the end */
     bool stopping;                /* cfg->stop_requested seen: draining, see begin_stop */
+    link_t *connecting;           /* the link inside hs_tp_connect, see link_connect */
     double t_stop;
     uint32_t tickets_returned; /* dropped while stopping: the consumer reissues them */
     bool net_started;
@@ -353,19 +379,65 @@ static void *gpu_worker_main(void *arg)
 
 /* ---- network thread ---------------------------------------------------------- */
 
-static void send_msg(producer_t *pr, uint16_t type, const ProtobufCMessage *m)
+static void send_msg(link_t *l, uint16_t type, const ProtobufCMessage *m)
 {
+    producer_t *pr = l->pr;
     size_t len;
-    if (!pr->conn) return;
+    if (!l->conn) return;
     hs_status_t st =
         hs_msg_pack(type, m, pr->frame_buf, HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES, &len);
-    if (st == HS_OK) st = hs_tp_send(pr->conn, pr->frame_buf, len);
+    if (st == HS_OK) st = hs_tp_send(l->conn, pr->frame_buf, len);
     if (st != HS_OK) hs_error("sending %s failed: %s", hs_msg_type_str(type), hs_status_str(st));
 }
 
-static void fail(producer_t *pr, hs_status_t code, const char *fmt, ...)
+/* The producer is done once every link is. */
+static void links_update_done(producer_t *pr)
+{
+    bool all = true;
+    for (uint32_t i = 0; i < pr->n_links; i++)
+        all &= pr->links[i].done;
+    if (all) pr->done = true;
+}
+
+/* Ends link l: ERROR with the text to its consumer, then close. */
+static void link_end(link_t *l, hs_status_t code, const char *text)
+{
+    producer_t *pr = l->pr;
+    if (l->conn) {
+        size_t len;
+        if (hs_msg_error_frame(code, text, pr->frame_buf, HS_FRAME_MAX_BODY, &len) == HS_OK)
+            hs_tp_send(l->conn, pr->frame_buf, len);
+        hs_tp_close(l->conn, code);
+    }
+    l->done = true;
+    l->lost = false;
+    if (pr->result == HS_OK) pr->result = code;
+}
+
+/* A fault of one consumer's link (a malformed or unexpected frame): that
+ * link ends, the others go on. */
+static void fail(link_t *l, hs_status_t code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void fail(producer_t *pr, hs_status_t code, const char *fmt, ...)
+static void fail(link_t *l, hs_status_t code, const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    if (l->pr->n_links > 1)
+        hs_error("consumer %s:%u: %s", l->host, l->port, text);
+    else
+        hs_error("%s", text);
+    link_end(l, code, text);
+    links_update_done(l->pr);
+}
+
+/* A failure of the whole producer (local, or a set of consumers that does
+ * not fit together): every link ends. */
+static void fail_all(producer_t *pr, hs_status_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail_all(producer_t *pr, hs_status_t code, const char *fmt, ...)
 {
     char text[512];
     va_list ap;
@@ -373,45 +445,42 @@ static void fail(producer_t *pr, hs_status_t code, const char *fmt, ...)
     vsnprintf(text, sizeof(text), fmt, ap);
     va_end(ap);
     hs_error("%s", text);
-    if (pr->conn) {
-        size_t len;
-        if (hs_msg_error_frame(code, text, pr->frame_buf, HS_FRAME_MAX_BODY, &len) == HS_OK)
-            hs_tp_send(pr->conn, pr->frame_buf, len);
-        hs_tp_close(pr->conn, code);
-    }
+    for (uint32_t i = 0; i < pr->n_links; i++)
+        if (!pr->links[i].done) link_end(&pr->links[i], code, text);
     if (pr->result == HS_OK) pr->result = code;
     pr->done = true;
 }
 
-/* Decodes a frame body from the consumer into arena `a` (NULL: the heap);
- * a malformed one fails the run. Free with hs_msg_free_in(a, m). */
-static ProtobufCMessage *consumer_unpack_in(producer_t *pr, hs_msg_arena_t *a, uint16_t type,
+/* Decodes a frame body from link l's consumer into arena `a` (NULL: the
+ * heap); a malformed one fails that link. Free with hs_msg_free_in(a, m). */
+static ProtobufCMessage *consumer_unpack_in(link_t *l, hs_msg_arena_t *a, uint16_t type,
                                             const uint8_t *body, uint32_t len)
 {
     char why[256];
     ProtobufCMessage *m;
     if (hs_msg_unpack_in(a, type, body, len, &m, why, sizeof(why)) != HS_OK) {
-        fail(pr, HS_ERR_FORMAT, "bad %s from the consumer: %s", hs_msg_type_str(type), why);
+        fail(l, HS_ERR_FORMAT, "bad %s from the consumer: %s", hs_msg_type_str(type), why);
         return NULL;
     }
     return m;
 }
 
-static ProtobufCMessage *consumer_unpack(producer_t *pr, uint16_t type, const uint8_t *body,
+static ProtobufCMessage *consumer_unpack(link_t *l, uint16_t type, const uint8_t *body,
                                          uint32_t len)
 {
-    return consumer_unpack_in(pr, NULL, type, body, len);
+    return consumer_unpack_in(l, NULL, type, body, len);
 }
 
-static void send_plan(producer_t *pr)
+static void send_plan(link_t *l)
 {
+    producer_t *pr = l->pr;
     uint32_t n = hs_plan_n_batches(pr->plan);
     const uint32_t page = 100000; /* ~1 MB per page, well under the frame limit */
     uint32_t *ns = malloc(page * sizeof(uint32_t)), *nt = malloc(page * sizeof(uint32_t));
     if (!ns || !nt) {
         free(ns);
         free(nt);
-        fail(pr, HS_ERR_NOMEM, "out of memory sending the plan");
+        fail(l, HS_ERR_NOMEM, "out of memory sending the plan");
         return;
     }
     for (uint32_t first = 0; first < n; first += page) {
@@ -429,87 +498,135 @@ static void send_plan(producer_t *pr)
         m.n_n_tokens = cnt;
         m.n_tokens = nt;
         m.last = first + cnt == n;
-        send_msg(pr, HS_MSG_PLAN, &m.base);
+        send_msg(l, HS_MSG_PLAN, &m.base);
     }
     free(ns);
     free(nt);
 }
 
-static void on_challenge(producer_t *pr, const uint8_t *body, uint32_t len)
+static void on_challenge(link_t *l, const uint8_t *body, uint32_t len)
 {
+    producer_t *pr = l->pr;
     ProtobufCMessage *m;
     if (!pr->have_secret) {
-        fail(pr, HS_ERR_AUTH,
+        fail(l, HS_ERR_AUTH,
              "the consumer requires authentication: start this producer with --secret-file "
              "(the same file as the consumer's)");
         return;
     }
-    if (!(m = consumer_unpack(pr, HS_MSG_CHALLENGE, body, len))) return;
+    if (!(m = consumer_unpack(l, HS_MSG_CHALLENGE, body, len))) return;
     Hsflow__Challenge *c = (Hsflow__Challenge *)m;
-    memcpy(pr->server_nonce, c->server_nonce.data, HS_AUTH_NONCE_BYTES);
+    memcpy(l->server_nonce, c->server_nonce.data, HS_AUTH_NONCE_BYTES);
     hs_msg_free(m);
     uint8_t mac[HS_AUTH_MAC_BYTES];
-    hs_auth_producer_mac(&pr->key, pr->server_nonce, pr->client_nonce, pr->hello_body,
-                         pr->hello_len, mac);
+    hs_auth_producer_mac(&pr->key, l->server_nonce, l->client_nonce, l->hello_body, l->hello_len,
+                         mac);
     Hsflow__Auth a = HSFLOW__AUTH__INIT;
     a.mac.data = mac;
     a.mac.len = sizeof(mac);
-    send_msg(pr, HS_MSG_AUTH, &a.base);
+    send_msg(l, HS_MSG_AUTH, &a.base);
 }
 
-static void on_welcome(producer_t *pr, const uint8_t *body, uint32_t len)
+/* The ranks the welcomed consumers say they are must fit together: one world
+ * size, each rank once. Otherwise the whole set is refused, naming both. */
+static bool links_check_ranks(link_t *l)
 {
+    producer_t *pr = l->pr;
+    uint32_t w = l->world ? l->world : 1;
+    for (uint32_t i = 0; i < pr->n_links; i++) {
+        link_t *o = &pr->links[i];
+        if (o == l || !o->welcomed || o->done) continue;
+        uint32_t ow = o->world ? o->world : 1;
+        if (ow != w) {
+            fail_all(pr, HS_ERR_MISMATCH,
+                     "the consumers given to --to differ in world size: %s:%u (%s) is rank %u of "
+                     "%u, %s:%u (%s) is rank %u of %u; start every rank with the same --world",
+                     o->host, o->port, o->consumer_name, o->rank, ow, l->host, l->port,
+                     l->consumer_name, l->rank, w);
+            return false;
+        }
+        if (o->rank == l->rank) {
+            fail_all(pr, HS_ERR_MISMATCH,
+                     "two consumers given to --to are both rank %u of %u: %s:%u (%s) and %s:%u "
+                     "(%s); give each rank its own --rank",
+                     l->rank, w, o->host, o->port, o->consumer_name, l->host, l->port,
+                     l->consumer_name);
+            return false;
+        }
+    }
+    return true;
+}
+
+static void on_welcome(link_t *l, const uint8_t *body, uint32_t len)
+{
+    producer_t *pr = l->pr;
     ProtobufCMessage *m;
-    if (!(m = consumer_unpack(pr, HS_MSG_WELCOME, body, len))) return;
+    if (!(m = consumer_unpack(l, HS_MSG_WELCOME, body, len))) return;
     Hsflow__Welcome *w = (Hsflow__Welcome *)m;
     if (pr->have_secret) {
         uint8_t expect[HS_AUTH_MAC_BYTES];
-        hs_auth_consumer_mac(&pr->key, pr->client_nonce, pr->server_nonce, expect);
+        hs_auth_consumer_mac(&pr->key, l->client_nonce, l->server_nonce, expect);
         if (w->server_mac.len != HS_AUTH_MAC_BYTES ||
             hs_auth_verify(w->server_mac.data, expect) != HS_OK) {
             hs_msg_free(m);
-            fail(pr, HS_ERR_AUTH,
+            fail(l, HS_ERR_AUTH,
                  "the consumer could not prove it holds the shared secret: wrong peer or a "
                  "different --secret-file");
             return;
         }
     }
-    snprintf(pr->consumer_name, sizeof(pr->consumer_name), "%s", w->consumer_name);
-    hs_info("welcomed by consumer %s: %u epoch(s), %s order%s", w->consumer_name, w->epochs,
-            w->order ? "plan" : "arrival", w->need_plan ? "; sending the plan" : "");
+    snprintf(l->consumer_name, sizeof(l->consumer_name), "%s", w->consumer_name);
+    l->rank = w->rank;
+    l->world = w->world;
+    if (w->world > 1)
+        hs_info("welcomed by consumer %s (rank %u of %u): %u epoch(s), %s order%s",
+                w->consumer_name, w->rank, w->world, w->epochs, w->order ? "plan" : "arrival",
+                w->need_plan ? "; sending the plan" : "");
+    else
+        hs_info("welcomed by consumer %s: %u epoch(s), %s order%s", w->consumer_name, w->epochs,
+                w->order ? "plan" : "arrival", w->need_plan ? "; sending the plan" : "");
     bool need_plan = w->need_plan;
     pthread_mutex_lock(&pr->lock);
-    pr->epochs = w->epochs;
+    if (w->epochs > pr->epochs) pr->epochs = w->epochs;
     pthread_mutex_unlock(&pr->lock);
-    /* Heartbeats (STATS) four times per lease, so one late beat costs nothing. */
+    /* Heartbeats (STATS) four times per lease, so one late beat costs nothing;
+     * with several consumers, often enough for the strictest. */
     double lease_s = w->lease_timeout_ms / 1000.0;
-    pr->heartbeat_s = lease_s > 0 ? lease_s / 4 : 2.0;
-    if (pr->heartbeat_s > 2.0) pr->heartbeat_s = 2.0;
-    if (pr->heartbeat_s < 0.05) pr->heartbeat_s = 0.05;
+    double beat = lease_s > 0 ? lease_s / 4 : 2.0;
+    if (beat > 2.0) beat = 2.0;
+    if (beat < 0.05) beat = 0.05;
+    if (pr->heartbeat_s == 0 || beat < pr->heartbeat_s) pr->heartbeat_s = beat;
     hs_msg_free(m);
-    pr->welcomed = true;
-    if (need_plan) send_plan(pr);
+    if (w->world && w->rank >= w->world) {
+        fail(l, HS_ERR_PROTO, "consumer %s says it is rank %u of %u", l->consumer_name, w->rank,
+             w->world);
+        return;
+    }
+    if (!links_check_ranks(l)) return;
+    l->welcomed = true;
+    if (need_plan) send_plan(l);
     pthread_mutex_lock(&pr->lock);
     if (pr->t_start == 0) pr->t_start = hs_now_s();
     pthread_mutex_unlock(&pr->lock);
 }
 
-static void on_ticket(producer_t *pr, const uint8_t *body, uint32_t len)
+static void on_ticket(link_t *l, const uint8_t *body, uint32_t len)
 {
+    producer_t *pr = l->pr;
     ProtobufCMessage *m;
-    if (!pr->welcomed) {
-        fail(pr, HS_ERR_PROTO, "TICKET before WELCOME");
+    if (!l->welcomed) {
+        fail(l, HS_ERR_PROTO, "TICKET before WELCOME");
         return;
     }
-    if (!(m = consumer_unpack_in(pr, &pr->ticket_arena, HS_MSG_TICKET, body, len))) return;
+    if (!(m = consumer_unpack_in(l, &pr->ticket_arena, HS_MSG_TICKET, body, len))) return;
     Hsflow__Ticket *t = (Hsflow__Ticket *)m;
     hs_plan_batch_t b;
     if (hs_plan_batch(pr->plan, t->batch, &b) != HS_OK) {
-        fail(pr, HS_ERR_PROTO, "TICKET for batch %u, the plan has %u", t->batch,
+        fail(l, HS_ERR_PROTO, "TICKET for batch %u, the plan has %u", t->batch,
              hs_plan_n_batches(pr->plan));
     } else if (b.n_seqs != t->n_seqs || b.n_tokens != t->n_tokens ||
                hs_batch_bytes(b.n_seqs, b.n_tokens, &pr->cfg->layout) != t->bytes) {
-        fail(pr, HS_ERR_MISMATCH,
+        fail(l, HS_ERR_MISMATCH,
              "TICKET for batch %u asks %u seqs / %u tokens / %llu bytes; the plan says %u / %u / "
              "%llu",
              t->batch, t->n_seqs, t->n_tokens, (unsigned long long)t->bytes, b.n_seqs, b.n_tokens,
@@ -519,10 +636,10 @@ static void on_ticket(producer_t *pr, const uint8_t *body, uint32_t len)
     } else {
         ticket_t *q = calloc(1, sizeof(*q));
         if (!q) {
-            fail(pr, HS_ERR_NOMEM, "out of memory");
+            fail_all(pr, HS_ERR_NOMEM, "out of memory");
         } else {
-            *q = (ticket_t){NULL,      t->ticket_id, t->epoch, t->batch,
-                            t->n_seqs, t->n_tokens,  t->bytes, pr->gen};
+            *q = (ticket_t){NULL,        t->ticket_id, t->epoch, t->batch, t->n_seqs,
+                            t->n_tokens, t->bytes,     l->gen,   l->index};
             pthread_mutex_lock(&pr->lock);
             if (t->epoch > pr->epoch_seen) pr->epoch_seen = t->epoch;
             if (pr->tickets_tail)
@@ -537,39 +654,60 @@ static void on_ticket(producer_t *pr, const uint8_t *body, uint32_t len)
     hs_msg_free_in(&pr->ticket_arena, m);
 }
 
+/* The link of a connection, or NULL (one this producer gave up on). */
+static link_t *link_of(producer_t *pr, const hs_tp_conn_t *conn)
+{
+    for (uint32_t i = 0; i < pr->n_links; i++)
+        if (pr->links[i].conn == conn) return &pr->links[i];
+    return NULL;
+}
+
 static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t *body,
                      uint32_t body_len, uint64_t payload_bytes)
 {
     producer_t *pr = arg;
     char why[256];
     ProtobufCMessage *m;
+    link_t *l = link_of(pr, conn);
+    if (!l && pr->connecting && !pr->connecting->conn) {
+        /* A frame of the connection being made, delivered before
+         * hs_tp_connect returned it (UCX can: a consumer whose run is over
+         * says BYE on accept). It is that link's. */
+        l = pr->connecting;
+        l->conn = conn;
+    }
+    if (!l) return; /* a connection of an earlier generation, closing */
     if (payload_bytes) {
-        fail(pr, HS_ERR_PROTO, "the consumer sent a payload with a %s frame",
-             hs_msg_type_str(type));
+        fail(l, HS_ERR_PROTO, "the consumer sent a payload with a %s frame", hs_msg_type_str(type));
         return;
     }
     switch (type) {
     case HS_MSG_CHALLENGE:
-        on_challenge(pr, body, body_len);
+        on_challenge(l, body, body_len);
         break;
     case HS_MSG_WELCOME:
-        on_welcome(pr, body, body_len);
+        on_welcome(l, body, body_len);
         break;
     case HS_MSG_TICKET:
-        on_ticket(pr, body, body_len);
+        on_ticket(l, body, body_len);
         break;
     case HS_MSG_BYE:
         if (hs_msg_unpack(HS_MSG_BYE, body, body_len, &m, why, sizeof(why)) == HS_OK) {
-            hs_info("consumer says BYE: %s", ((Hsflow__Bye *)m)->reason);
+            if (pr->n_links > 1)
+                hs_info("consumer says BYE (%s, rank %u of %u): %s", l->consumer_name, l->rank,
+                        l->world, ((Hsflow__Bye *)m)->reason);
+            else
+                hs_info("consumer says BYE: %s", ((Hsflow__Bye *)m)->reason);
             hs_msg_free(m);
         }
-        pr->done = true;
+        l->done = true;
         hs_tp_close(conn, HS_ERR_CLOSED);
+        links_update_done(pr);
         break;
     case HS_MSG_ERROR:
         if (hs_msg_unpack(HS_MSG_ERROR, body, body_len, &m, why, sizeof(why)) == HS_OK) {
             Hsflow__Error *e = (Hsflow__Error *)m;
-            if (e->code == HS_ERR_TIMEOUT && pr->cfg->reconnect) {
+            if (e->code == HS_ERR_TIMEOUT && pr->cfg->reconnect && !pr->stopping) {
                 /* Too slow for the consumer (its lease or handshake timeout,
                  * e.g. after this process was stopped): the tickets went back
                  * to its queue; join again (cb_close). */
@@ -578,37 +716,75 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
                 hs_tp_close(conn, HS_ERR_CLOSED);
                 break;
             }
-            hs_error("consumer refused us: %s", e->text);
-            pr->result = e->code < 0 ? (hs_status_t)e->code : HS_ERR_PROTO;
+            /* A refusal (another plan, layout, version, secret) is a run
+             * set up wrong: with several consumers the whole set is
+             * refused, so no rank is fed by a producer that another one
+             * turned away. */
+            hs_status_t code = e->code < 0 ? (hs_status_t)e->code : HS_ERR_PROTO;
+            if (pr->n_links > 1)
+                fail_all(pr, code, "consumer %s:%u refused us: %s", l->host, l->port, e->text);
+            else
+                hs_error("consumer refused us: %s", e->text);
+            if (pr->result == HS_OK) pr->result = code;
             hs_msg_free(m);
-        } else {
+        } else if (pr->result == HS_OK) {
             pr->result = HS_ERR_PROTO;
         }
-        pr->done = true;
+        l->done = true;
         hs_tp_close(conn, HS_ERR_CLOSED);
+        links_update_done(pr);
         break;
     default:
-        fail(pr, HS_ERR_PROTO, "unexpected %s frame from the consumer", hs_msg_type_str(type));
+        fail(l, HS_ERR_PROTO, "unexpected %s frame from the consumer", hs_msg_type_str(type));
     }
+}
+
+/* The link's connection is gone: its queued tickets are of no use (the
+ * consumer took them back), and what is being computed for it is not sent. */
+static void link_drop_tickets(link_t *l)
+{
+    producer_t *pr = l->pr;
+    pthread_mutex_lock(&pr->lock);
+    ticket_t **pp = &pr->tickets;
+    pr->tickets_tail = NULL;
+    while (*pp) {
+        ticket_t *t = *pp;
+        if (t->link == l->index) {
+            *pp = t->next;
+            free(t);
+        } else {
+            pr->tickets_tail = t;
+            pp = &t->next;
+        }
+    }
+    l->gen++;
+    pthread_mutex_unlock(&pr->lock);
 }
 
 static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const char *why)
 {
     producer_t *pr = arg;
-    (void)conn;
-    pr->conn = NULL;
-    if (!pr->done && pr->stopping) {
-        hs_info("the consumer closed the connection while this producer was stopping");
-        pr->done = true;
-    } else if (!pr->done && pr->cfg->reconnect) {
-        hs_warn("lost the consumer (%s); reconnecting for up to %u s",
+    link_t *l = link_of(pr, conn);
+    if (!l) return;
+    l->conn = NULL;
+    l->welcomed = false;
+    link_drop_tickets(l);
+    if (!l->done && pr->stopping) {
+        hs_info("consumer %s:%u closed the connection while this producer was stopping", l->host,
+                l->port);
+        l->done = true;
+    } else if (!l->done && pr->cfg->reconnect) {
+        hs_warn("lost the consumer %s:%u (%s); reconnecting for up to %u s", l->host, l->port,
                 why && *why ? why : hs_status_str(reason), pr->cfg->connect_timeout_s);
-        pr->lost = true;
-    } else if (!pr->done) {
-        hs_error("lost the consumer: %s", why && *why ? why : hs_status_str(reason));
+        l->lost = true;
+        l->t_lost = hs_now_s();
+    } else if (!l->done) {
+        hs_error("lost the consumer %s:%u: %s", l->host, l->port,
+                 why && *why ? why : hs_status_str(reason));
         pr->result = HS_ERR_CLOSED;
-        pr->done = true;
+        l->done = true;
     }
+    links_update_done(pr);
 }
 
 static void cb_sent(void *arg, hs_status_t status)
@@ -649,7 +825,8 @@ static void flush_outbox(producer_t *pr)
         rev = o->next;
         hs_status_t st = HS_ERR_CLOSED;
         /* A batch ticketed by an earlier connection is of no use to this one. */
-        if (pr->conn && o->t.gen == pr->gen) {
+        link_t *l = &pr->links[o->t.link];
+        if (l->conn && l->welcomed && o->t.gen == l->gen) {
             Hsflow__Done d = HSFLOW__DONE__INIT;
             size_t len;
             d.ticket_id = o->t.id;
@@ -662,7 +839,7 @@ static void flush_outbox(producer_t *pr)
             st = hs_msg_pack(HS_MSG_DONE, &d.base, pr->frame_buf, HS_FRAME_MAX_BODY, &len);
             o->st->t_send = hs_now_s();
             if (st == HS_OK)
-                st = hs_tp_send_payload(pr->conn, pr->frame_buf, len, o->st->buf, o->t.bytes,
+                st = hs_tp_send_payload(l->conn, pr->frame_buf, len, o->st->buf, o->t.bytes,
                                         cb_sent, o->st);
         }
         if (st != HS_OK) cb_sent(o->st, st);
@@ -706,7 +883,8 @@ static void send_stats(producer_t *pr)
     s.stall_pct = n ? stall / n : 0;
     s.tokens_per_s = elapsed > 0 ? (double)tokens / elapsed : 0;
     s.uptime_ns = (uint64_t)(elapsed * 1e9);
-    send_msg(pr, HS_MSG_STATS, &s.base);
+    for (uint32_t i = 0; i < pr->n_links; i++)
+        if (pr->links[i].welcomed) send_msg(&pr->links[i], HS_MSG_STATS, &s.base);
 }
 
 /* One live status line: rates since the start, worker busy and stall. */
@@ -796,8 +974,24 @@ static void print_summary(producer_t *pr)
 
 /* ---- setup --------------------------------------------------------------------- */
 
-static hs_status_t send_hello(producer_t *pr)
+/* Connects link l. The transport may deliver the consumer's first frames
+ * while it connects (cb_frame then binds the connection to l): after a BYE
+ * or a refusal l is done and l->conn already closing, so no HELLO goes. */
+static hs_status_t link_connect(link_t *l, int timeout_ms)
 {
+    producer_t *pr = l->pr;
+    hs_tp_conn_t *conn = NULL;
+    l->conn = NULL;
+    pr->connecting = l;
+    hs_status_t st = hs_tp_connect(pr->tp, l->host, l->port, timeout_ms, &conn);
+    pr->connecting = NULL;
+    l->conn = st == HS_OK ? conn : NULL;
+    return st;
+}
+
+static hs_status_t send_hello(link_t *l)
+{
+    producer_t *pr = l->pr;
     const hs_producer_config_t *cfg = pr->cfg;
     char name[256], host[64];
     gethostname(host, sizeof(host));
@@ -825,17 +1019,81 @@ static hs_status_t send_hello(producer_t *pr)
     h.total_tokens = ps.tokens;
     h.total_seqs = ps.n_kept;
     h.target_name = cfg->source == HS_SOURCE_MODEL ? (char *)cfg->model_dir : "synthetic";
-    hs_auth_nonce(pr->client_nonce);
-    h.client_nonce.data = pr->client_nonce;
+    hs_auth_nonce(l->client_nonce);
+    h.client_nonce.data = l->client_nonce;
     h.client_nonce.len = HS_AUTH_NONCE_BYTES;
     size_t len;
     hs_status_t st = hs_msg_pack(HS_MSG_HELLO, &h.base, pr->frame_buf,
                                  HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES, &len);
     if (st != HS_OK) return st;
     /* The AUTH proof covers the HELLO body exactly as sent. */
-    pr->hello_len = len - HS_FRAME_HEADER_BYTES;
-    memcpy(pr->hello_body, pr->frame_buf + HS_FRAME_HEADER_BYTES, pr->hello_len);
-    return hs_tp_send(pr->conn, pr->frame_buf, len);
+    uint8_t *body = realloc(l->hello_body, len - HS_FRAME_HEADER_BYTES);
+    if (!body) return HS_ERR_NOMEM;
+    l->hello_body = body;
+    l->hello_len = len - HS_FRAME_HEADER_BYTES;
+    memcpy(l->hello_body, pr->frame_buf + HS_FRAME_HEADER_BYTES, l->hello_len);
+    return hs_tp_send(l->conn, pr->frame_buf, len);
+}
+
+hs_status_t hs_producer_parse_to(const char *s, hs_producer_addrs_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!s || !*s) {
+        hs_error("--to: expected HOST:PORT[,HOST:PORT...] or HOST:LO-HI, got nothing");
+        return HS_ERR_INVALID;
+    }
+    const char *p = s;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[300];
+        if (len == 0 || len >= sizeof(item)) {
+            hs_error("--to '%s': an empty or overlong address in the list", s);
+            return HS_ERR_INVALID;
+        }
+        memcpy(item, p, len);
+        item[len] = 0;
+        char *colon = strrchr(item, ':');
+        char *dash = colon ? strchr(colon, '-') : NULL;
+        uint64_t lo, hi;
+        char host[256];
+        uint16_t port;
+        if (dash) {
+            *dash = 0;
+            if (hs_parse_hostport(item, host, sizeof(host), &port) != HS_OK ||
+                hs_parse_u64(dash + 1, &hi) != HS_OK || hi > 65535 || hi < port) {
+                hs_error(
+                    "--to '%s': '%.*s' is not HOST:LO-HI with LO <= HI, e.g. drafter:7000-7007", s,
+                    (int)len, p);
+                return HS_ERR_INVALID;
+            }
+            lo = port;
+        } else {
+            if (hs_parse_hostport(item, host, sizeof(host), &port) != HS_OK) {
+                hs_error("--to '%s': '%s' is not HOST:PORT, e.g. drafter:7000", s, item);
+                return HS_ERR_INVALID;
+            }
+            lo = hi = port;
+        }
+        for (uint64_t q = lo; q <= hi; q++) {
+            if (out->n == HS_PRODUCER_MAX_LINKS) {
+                hs_error("--to '%s': more than %d consumers; one producer feeds at most that many",
+                         s, HS_PRODUCER_MAX_LINKS);
+                return HS_ERR_INVALID;
+            }
+            for (uint32_t i = 0; i < out->n; i++)
+                if (out->port[i] == q && !strcmp(out->host[i], host)) {
+                    hs_error("--to '%s': %s:%llu is given twice", s, host, (unsigned long long)q);
+                    return HS_ERR_INVALID;
+                }
+            snprintf(out->host[out->n], sizeof(out->host[0]), "%s", host);
+            out->port[out->n] = (uint16_t)q;
+            out->n++;
+        }
+        p += len;
+        if (*p == ',') p++;
+    }
+    return HS_OK;
 }
 
 void hs_producer_config_default(hs_producer_config_t *cfg)
@@ -975,6 +1233,8 @@ static void producer_free(producer_t *pr)
     hs_plan_destroy(pr->plan);
     hs_dataset_close(pr->ds);
     hs_auth_key_clear(&pr->key);
+    for (uint32_t i = 0; i < HS_PRODUCER_MAX_LINKS; i++)
+        free(pr->links[i].hello_body);
     free(pr->frame_buf);
     pthread_mutex_destroy(&pr->lock);
     pthread_cond_destroy(&pr->cond);
@@ -1066,23 +1326,43 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
         }
     }
 
-    snprintf(pr->host, sizeof(pr->host), "%s", cfg->to_host);
-    st = hs_tp_connect(pr->tp, pr->host, cfg->to_port, (int)cfg->connect_timeout_s * 1000,
-                       &pr->conn);
-    if (st != HS_OK) {
-        /* a refusal (secret, version) was explained by the transport */
-        if (st == HS_ERR_TIMEOUT || st == HS_ERR_IO)
-            hs_error("cannot reach the consumer at %s:%u within %u s: is hs-consumer running "
-                     "there?",
-                     cfg->to_host, cfg->to_port, cfg->connect_timeout_s);
-        goto err;
+    if (cfg->to && cfg->to->n) {
+        pr->n_links = cfg->to->n;
+        for (uint32_t i = 0; i < pr->n_links; i++) {
+            snprintf(pr->links[i].host, sizeof(pr->links[i].host), "%s", cfg->to->host[i]);
+            pr->links[i].port = cfg->to->port[i];
+        }
+    } else {
+        pr->n_links = 1;
+        snprintf(pr->links[0].host, sizeof(pr->links[0].host), "%s", cfg->to_host);
+        pr->links[0].port = cfg->to_port;
     }
     static const char *source_names[] = {"?", "synthetic", "model", "external"};
-    hs_info("hsflow %s connected to %s:%u over %s; %u %s worker(s)", hs_version_line(),
-            cfg->to_host, cfg->to_port, hs_tp_conn_describe(pr->conn), cfg->n_workers,
-            source_names[cfg->source]);
-    st = send_hello(pr);
-    if (st != HS_OK) goto err;
+    for (uint32_t i = 0; i < pr->n_links; i++) {
+        link_t *l = &pr->links[i];
+        l->pr = pr;
+        l->index = i;
+        snprintf(l->consumer_name, sizeof(l->consumer_name), "%s:%u", l->host, l->port);
+        st = link_connect(l, (int)cfg->connect_timeout_s * 1000);
+        if (st != HS_OK && l->done) {
+            st = HS_OK; /* told BYE (or refused, as logged) while connecting */
+            links_update_done(pr);
+            continue;
+        }
+        if (st != HS_OK) {
+            /* a refusal (secret, version) was explained by the transport */
+            if (st == HS_ERR_TIMEOUT || st == HS_ERR_IO)
+                hs_error("cannot reach the consumer at %s:%u within %u s: is hs-consumer "
+                         "running there?",
+                         l->host, l->port, cfg->connect_timeout_s);
+            goto err;
+        }
+        hs_info("hsflow %s connected to %s:%u over %s; %u %s worker(s)", hs_version_line(), l->host,
+                l->port, hs_tp_conn_describe(l->conn), cfg->n_workers, source_names[cfg->source]);
+        if (l->done) continue; /* its consumer said BYE or refused us while we connected */
+        st = send_hello(l);
+        if (st != HS_OK) goto err;
+    }
     *out = pr;
     return HS_OK;
 err:
@@ -1091,32 +1371,42 @@ err:
 }
 
 /* --reconnect: drops the tickets of the lost connection (a batch being
- * computed for one is discarded when done), connects again and repeats the
- * handshake; a restarted consumer (with its journal) then tickets anew. */
-static void reconnect(producer_t *pr)
+ * computed for one is discarded when done), tries to connect again and
+ * repeats the handshake; a restarted consumer (with its journal) then
+ * tickets anew. Each try is short, so the other links go on meanwhile;
+ * after connect_timeout_s the link is given up. */
+static void reconnect(link_t *l)
 {
-    pthread_mutex_lock(&pr->lock);
-    while (pr->tickets) {
-        ticket_t *t = pr->tickets;
-        pr->tickets = t->next;
-        free(t);
-    }
-    pr->tickets_tail = NULL;
-    pr->gen++;
-    pthread_mutex_unlock(&pr->lock);
-    pr->welcomed = false;
-    pr->lost = false;
-    hs_status_t st = hs_tp_connect(pr->tp, pr->host, pr->cfg->to_port,
-                                   (int)pr->cfg->connect_timeout_s * 1000, &pr->conn);
-    if (st == HS_OK) st = send_hello(pr);
-    if (st != HS_OK) {
-        hs_error("could not reach the consumer at %s:%u again within %u s", pr->host,
-                 pr->cfg->to_port, pr->cfg->connect_timeout_s);
-        pr->result = HS_ERR_CLOSED;
-        pr->done = true;
+    producer_t *pr = l->pr;
+    double now = hs_now_s();
+    if (now - l->t_try < 0.2) return;
+    l->t_try = now;
+    hs_status_t st = link_connect(l, 1000);
+    if (l->done) { /* told BYE or refused while connecting */
+        l->lost = false;
+        links_update_done(pr);
         return;
     }
-    hs_info("reconnected to %s:%u", pr->host, pr->cfg->to_port);
+    if (st != HS_OK) {
+        if (now - l->t_lost < pr->cfg->connect_timeout_s) return;
+        hs_error("could not reach the consumer at %s:%u again within %u s", l->host, l->port,
+                 pr->cfg->connect_timeout_s);
+        pr->result = HS_ERR_CLOSED;
+        l->lost = false;
+        l->done = true;
+        links_update_done(pr);
+        return;
+    }
+    link_drop_tickets(l);
+    l->welcomed = false;
+    l->lost = false;
+    if (send_hello(l) != HS_OK) {
+        hs_warn("consumer %s:%u: sending HELLO after reconnecting failed; trying again", l->host,
+                l->port);
+        hs_tp_close(l->conn, HS_ERR_CLOSED); /* cb_close marks it lost again */
+        return;
+    }
+    hs_info("reconnected to %s:%u", l->host, l->port);
 }
 
 /* A stop was requested (SIGTERM/SIGINT in hs-producer): take no new work,
@@ -1158,20 +1448,27 @@ static void drain_step(producer_t *pr)
     if (pr->outbox) idle = false;
     pthread_mutex_unlock(&pr->lock);
     bool late = hs_now_s() - pr->t_stop > limit_s;
-    if (!idle && !late && pr->conn) return;
+    bool connected = false;
+    for (uint32_t i = 0; i < pr->n_links; i++)
+        connected |= pr->links[i].conn != NULL;
+    if (!idle && !late && connected) return;
     if (late && !idle)
         hs_warn("stop: batches still in progress after %.0f s; leaving them to the consumer",
                 limit_s);
-    if (pr->conn) {
+    if (connected) {
         char reason[160];
         snprintf(reason, sizeof reason, "producer stopped on request; %u ticket(s) returned",
                  pr->tickets_returned);
         Hsflow__Bye b = HSFLOW__BYE__INIT;
         b.reason = reason;
-        send_msg(pr, HS_MSG_BYE, &b.base);
-        hs_tp_close(pr->conn, HS_ERR_CLOSED);
-        hs_info("stopped on request: told the consumer BYE (%u ticket(s) returned)",
-                pr->tickets_returned);
+        for (uint32_t i = 0; i < pr->n_links; i++) {
+            link_t *l = &pr->links[i];
+            if (!l->conn) continue;
+            send_msg(l, HS_MSG_BYE, &b.base);
+            hs_tp_close(l->conn, HS_ERR_CLOSED);
+        }
+        hs_info("stopped on request: told the consumer%s BYE (%u ticket(s) returned)",
+                pr->n_links > 1 ? "s" : "", pr->tickets_returned);
     }
     pr->done = true;
 }
@@ -1187,31 +1484,41 @@ static void *net_main(void *arg)
     while (!pr->done) {
         hs_tp_progress(pr->tp, pr->stopping ? 20 : 200);
         if (!pr->stopping && pr->cfg->stop_requested && *pr->cfg->stop_requested) begin_stop(pr);
-        if (pr->lost && pr->stopping) { /* nobody to finish for: done */
-            pr->lost = false;
-            pr->done = true;
-            break;
+        bool welcomed = false;
+        for (uint32_t i = 0; i < pr->n_links; i++) {
+            link_t *l = &pr->links[i];
+            if (l->lost && pr->stopping) { /* nobody to finish for there */
+                l->lost = false;
+                l->done = true;
+            }
+            if (l->lost) reconnect(l);
+            welcomed |= l->welcomed;
         }
-        if (pr->lost) reconnect(pr);
+        links_update_done(pr);
+        if (pr->done) break;
         flush_outbox(pr);
         if (pr->stopping && !pr->done) drain_step(pr);
-        if (pr->stop && pr->result != HS_OK && pr->conn) fail(pr, pr->result, "worker failed");
-        if (pr->close_requested && pr->conn) {
+        if (pr->stop && pr->result != HS_OK && !pr->done) fail_all(pr, pr->result, "worker failed");
+        if (pr->close_requested && !pr->done) {
             Hsflow__Bye b = HSFLOW__BYE__INIT;
             b.reason = "producer closed before the run ended";
-            send_msg(pr, HS_MSG_BYE, &b.base);
-            hs_tp_close(pr->conn, HS_ERR_CLOSED);
+            for (uint32_t i = 0; i < pr->n_links; i++) {
+                link_t *l = &pr->links[i];
+                if (!l->conn) continue;
+                send_msg(l, HS_MSG_BYE, &b.base);
+                hs_tp_close(l->conn, HS_ERR_CLOSED);
+            }
             pr->done = true;
         }
         double now = hs_now_s();
-        if (pr->welcomed && now - pr->t_beat >= pr->heartbeat_s) send_stats(pr);
-        if (pr->welcomed && status_interval > 0 && now - t_status >= status_interval) {
+        if (welcomed && now - pr->t_beat >= pr->heartbeat_s) send_stats(pr);
+        if (welcomed && status_interval > 0 && now - t_status >= status_interval) {
             t_status = now;
             print_status(pr);
         }
     }
     /* Let BYE/ERROR and the last completions go out. */
-    for (int i = 0; i < 3 && pr->conn; i++)
+    for (int i = 0; i < 3; i++)
         hs_tp_progress(pr->tp, 10);
     pthread_mutex_lock(&pr->lock);
     pr->net_done = true;
@@ -1260,18 +1567,22 @@ hs_status_code_t hs_producer_open(const hs_producer_client_config_t *cc, hs_prod
 {
     hs_producer_config_t cfg;
     hs_producer_config_default(&cfg);
-    char host[256];
-    if (!cc->to || hs_parse_hostport(cc->to, host, sizeof(host), &cfg.to_port) != HS_OK) {
-        hs_error("producer: 'to' must be HOST:PORT, got '%s'", cc->to ? cc->to : "(null)");
+    hs_producer_addrs_t *addrs = malloc(sizeof(*addrs));
+    if (!addrs) return HS_ERR_NOMEM;
+    if (hs_producer_parse_to(cc->to, addrs) != HS_OK) {
+        hs_error("producer: 'to' must be HOST:PORT[,HOST:PORT...] or HOST:LO-HI, got '%s'",
+                 cc->to ? cc->to : "(null)");
+        free(addrs);
         return HS_ERR_INVALID;
     }
     if (!cc->data_path || !cc->layers || cc->n_layers == 0 || cc->n_layers > HS_MAX_LAYERS ||
         cc->hidden_size == 0 || cc->token_budget == 0) {
         hs_error("producer: data_path, token_budget, hidden_size and 1..%d layers are required",
                  HS_MAX_LAYERS);
+        free(addrs);
         return HS_ERR_INVALID;
     }
-    cfg.to_host = host;
+    cfg.to = addrs;
     cfg.data_path = cc->data_path;
     cfg.token_budget = cc->token_budget;
     cfg.max_seq_len = cc->max_seq_len;
@@ -1293,8 +1604,9 @@ hs_status_code_t hs_producer_open(const hs_producer_client_config_t *cc, hs_prod
 
     producer_t *pr;
     hs_status_t st = producer_open(&cfg, &pr);
+    free(addrs);
     if (st != HS_OK) return st;
-    pr->config.to_host = NULL; /* `host` is gone after return; only used to connect */
+    pr->config.to = NULL; /* `addrs` is gone; only used to connect (links keep the addresses) */
     if (pthread_create(&pr->net_thread, NULL, net_main, pr) != 0) {
         producer_free(pr);
         return HS_ERR_NOMEM;
@@ -1341,6 +1653,7 @@ hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout
     if (!pr->tickets) pr->tickets_tail = NULL;
     st->busy = true;
     st->gen = t->gen;
+    st->link = t->link;
     w->computing = true;
     w->t_progress = hs_now_s();
     pthread_mutex_unlock(&pr->lock);
@@ -1394,8 +1707,8 @@ hs_status_code_t hs_producer_submit(hs_producer_t *pr, const hs_work_t *work)
     outgoing_t *o = calloc(1, sizeof(*o));
     if (!o) return HS_ERR_NOMEM;
     hs_batch_seal(st->buf, work->bytes);
-    o->t = (ticket_t){NULL,         work->ticket,   work->epoch, work->batch,
-                      work->n_seqs, work->n_tokens, work->bytes, st->gen};
+    o->t = (ticket_t){NULL,           work->ticket, work->epoch, work->batch, work->n_seqs,
+                      work->n_tokens, work->bytes,  st->gen,     st->link};
     o->st = st;
     o->worker = 0;
     o->checksum = ((hs_batch_header_t *)st->buf)->checksum;

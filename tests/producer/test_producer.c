@@ -14,6 +14,7 @@
 #include "dataset_int.h"
 #include "hs_common.h"
 #include "hs_proto.h"
+#include "hs_producer.h"
 #include "plan_int.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -973,6 +974,30 @@ START_TEST(import_reports_progress_until_the_whole_file_is_read)
 }
 END_TEST
 
+START_TEST(to_takes_a_list_of_ranks_and_port_ranges_and_refuses_bad_ones)
+{
+    hs_producer_addrs_t a;
+    ck_assert_int_eq(hs_producer_parse_to("drafter:7000", &a), HS_OK);
+    ck_assert_uint_eq(a.n, 1);
+    ck_assert_str_eq(a.host[0], "drafter");
+    ck_assert_uint_eq(a.port[0], 7000);
+    ck_assert_int_eq(hs_producer_parse_to("n1:7000-7003,n2:7000-7003,10.0.0.5:9000", &a), HS_OK);
+    ck_assert_uint_eq(a.n, 9);
+    ck_assert_str_eq(a.host[3], "n1");
+    ck_assert_uint_eq(a.port[3], 7003);
+    ck_assert_str_eq(a.host[4], "n2");
+    ck_assert_uint_eq(a.port[4], 7000);
+    ck_assert_str_eq(a.host[8], "10.0.0.5");
+    ck_assert_int_eq(hs_producer_parse_to("n1:7000,n1:7000", &a), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_producer_parse_to("n1:7003-7000", &a), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_producer_parse_to("n1:7000,", &a), HS_OK); /* a trailing comma */
+    ck_assert_int_eq(hs_producer_parse_to("n1:7000,,n2:7000", &a), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_producer_parse_to("n1", &a), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_producer_parse_to("n1:1-65535", &a), HS_ERR_INVALID); /* too many */
+    ck_assert_int_eq(hs_producer_parse_to("", &a), HS_ERR_INVALID);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("producer");
@@ -1000,6 +1025,7 @@ int main(void)
     tcase_add_test(tc, truncate_and_drop_are_counted);
     tcase_add_test(tc, bad_budgets_are_rejected);
     tcase_add_test(tc, fill_batch_writes_cu_seqlens_ids_and_masks_of_the_plan);
+    tcase_add_test(tc, to_takes_a_list_of_ranks_and_port_ranges_and_refuses_bad_ones);
     suite_add_tcase(s, tc);
 
     SRunner *sr = srunner_create(s);

@@ -157,6 +157,41 @@ def test_consumer_delivers_plan_order_when_asked(producer_bin, dataset):
     assert len(got) == len(set(got)) > 2
 
 
+@pytest.mark.parametrize("transport", ["ucx", "tcp"])
+def test_producer_joining_after_the_run_is_told_bye_and_exits(producer_bin, dataset, transport):
+    """A consumer whose run is over answers a new connection with BYE at
+    once. Over UCX that frame can arrive while the producer is still inside
+    connect, before it knows the connection; it must still see the BYE and
+    exit, not wait for a WELCOME that never comes."""
+    import time
+    if transport == "ucx" and "UCX not found" in hsflow.library_version()["build"]:
+        pytest.skip("built without UCX")
+    data, _ = dataset
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, transport=transport,
+                         arrays="numpy") as c:
+        procs = start_producers(producer_bin, c.port, data, n=1,
+                                extra=("--transport", transport))
+        try:
+            assert sum(1 for _ in c) > 2
+        finally:
+            stop(procs)
+        for attempt in range(5):  # several late joiners: each one is a fresh race
+            late = start_producers(producer_bin, c.port, data, n=1,
+                                   extra=("--transport", transport))[0]
+            t0 = time.monotonic()
+            try:
+                rc = late.wait(60)
+            except subprocess.TimeoutExpired:
+                late.kill()
+                rc = late.wait()
+            late.log.seek(0)
+            out = late.log.read().decode(errors="replace")
+            late.log.close()
+            assert "consumer says BYE" in out, \
+                "late producer %d (exit %d after %.1f s) never saw BYE:\n%s" % (
+                    attempt, rc, time.monotonic() - t0, out)
+
+
 def test_tickets_of_a_stopped_producer_expire_after_lease_timeout_s(producer_bin, dataset):
     """A producer stopped (SIGSTOP) while it is in the run keeps its
     connection but makes no progress: after lease_timeout_s its tickets go to

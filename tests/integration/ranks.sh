@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# ranks.sh - data-parallel consumer ranks fed by producers that connect to
+# every rank (DESIGN §11). Each case runs 4 ranks x 3 producers x 2 epochs of
+# synthetic, verified batches; each rank's journal is the exact list of what
+# it delivered, so the checks are on what the trainers got:
+#   drop     every kept batch exactly once across the ranks, the same count
+#            per rank per epoch, the n % 4 tail of each epoch skipped
+#   repeat   every batch at least once, the short ranks' extra batches
+#            taken again, the same count per rank per epoch
+#   faults   a producer SIGKILLed mid-epoch (its leases on every rank come
+#            back) and a rank SIGKILLed and restarted with its journal
+#            (it resumes its own shard; the producers reconnect)
+#   mismatch producers refuse ranks of differing world sizes, and two rank 0s
+. "$(dirname "$0")/lib.sh"
+mode=${1:-drop}
+W=4
+
+data=$SCRATCH/d.jsonl
+# faults: a longer run (14 batches per rank per epoch), so both kills land mid-run
+seqs=150
+[ "$mode" != faults ] || seqs=300
+synth "$data" --sequences $seqs --min-len 16 --max-len 1500 --seed 5
+n=$(plan_batches "$data" 4096)
+[ $((n % W)) -ne 0 ] || fail "the test wants a plan that does not divide by $W ranks; got $n"
+
+popts=(--data "$data" --token-budget 4096 --hidden-size 64 --layers 2,16 --source synthetic
+    --gpus cpu:1 --prefetch 2 --connect-timeout 60)
+
+# start_rank R UNEVEN [consumer options]: rank R of W on port PORT[R].
+start_rank() {
+    local r=$1 uneven=$2
+    shift 2
+    start "rank$r" "$CONSUMER" --rank "$r" --world $W --uneven "$uneven" \
+        --listen "127.0.0.1:${PORT[$r]}" --cache-gb 0.05 --epochs 2 --verify-synthetic \
+        --journal "$SCRATCH/rank$r.journal" --status-interval 0.1 \
+        --summary-json "$SCRATCH/rank$r.json" "$@"
+}
+
+# check_shards UNEVEN: the journals against the rules of the --uneven mode.
+check_shards() {
+    python3 - "$SCRATCH" "$n" $W "$1" <<'PY' || fail "the ranks' shards are wrong (see above)"
+import collections, math, sys
+scratch, n, w, uneven = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+m = n // w if uneven == "drop" else math.ceil(n / w)
+union = collections.Counter()
+for r in range(w):
+    lines = open("%s/rank%d.journal" % (scratch, r)).read().splitlines()
+    assert lines[0].endswith(" rank=%d world=%d uneven=%s" % (r, w, uneven)), lines[0]
+    pairs = [tuple(map(int, l.split())) for l in lines[1:]]
+    assert len(pairs) == len(set(pairs)), "rank %d delivered a batch twice" % r
+    for e in range(2):
+        got = sum(1 for pe, _ in pairs if pe == e)
+        assert got == m, "rank %d epoch %d: %d batches, every rank must get %d" % (r, e, got, m)
+    union.update(pairs)
+for e in range(2):
+    per = {b: union[(e, b)] for b in range(n)}
+    if uneven == "drop":
+        assert all(c <= 1 for c in per.values()), "epoch %d: a batch went to two ranks" % e
+        assert sum(per.values()) == w * m and n - w * m == list(per.values()).count(0)
+    else:
+        assert all(c >= 1 for c in per.values()), "epoch %d: a batch went to no rank" % e
+        assert sum(per.values()) == w * m, "epoch %d: %d deliveries" % (e, sum(per.values()))
+print("shards: %d batches/epoch, %d per rank, %s" % (n, m, uneven))
+PY
+}
+
+declare -a PORT
+for r in $(seq 0 $((W - 1))); do PORT[$r]=$(free_port); done
+to=$(for r in $(seq 0 $((W - 1))); do printf '127.0.0.1:%s,' "${PORT[$r]}"; done)
+to=${to%,}
+
+case $mode in
+drop | repeat)
+    for p in 1 2 3; do start "p$p" "$PRODUCER" --to "$to" "${popts[@]}" --name "p$p"; done
+    wait_connecting p1 p2 p3
+    for r in $(seq 0 $((W - 1))); do start_rank "$r" "$mode"; done
+    for r in $(seq 0 $((W - 1))); do expect_exit "rank$r" 0 90; done
+    for p in 1 2 3; do expect_exit "p$p" 0 30; done
+    for r in $(seq 0 $((W - 1))); do
+        log_has "rank$r" "rank $r of $W: [0-9]+ batches per epoch \($mode"
+        expect_json "$SCRATCH/rank$r.json" 'd["complete"] is True' 'd["duplicates"] == 0' \
+            'd["checksum_failures"] == 0' 'd["producers_seen"] == 3'
+    done
+    check_shards "$mode"
+    pass "$W ranks x 3 producers x 2 epochs, --uneven $mode"
+    ;;
+faults)
+    # --train-ms and a cache of a few batches stretch the run (producers
+    # included) over seconds, so the kills land mid-run; --reconnect lets the
+    # producers join the restarted rank. p1 joins alone and is frozen
+    # (SIGSTOP) once every rank has given it tickets. What it had already
+    # sent still lands, so the ranks then deliver a few batches with p2 and
+    # p3 in: the ranks' fair share gives the frozen p1 tickets again (p2 and
+    # p3 each hold about a share of the small caches), which it never
+    # completes, and SIGKILL ends it holding leases.
+    for r in $(seq 0 $((W - 1))); do
+        start_rank "$r" drop --train-ms 150 --cache-gb 0.004 --lease-timeout 20
+    done
+    start p1 "$PRODUCER" --to "$to" "${popts[@]}" --name p1 --reconnect
+    for r in $(seq 0 $((W - 1))); do wait_log "rank$r" "producer p1 .* ready" 60; done
+    kill -STOP "$(pid_of p1)"
+    for p in 2 3; do
+        start "p$p" "$PRODUCER" --to "$to" "${popts[@]}" --name "p$p" --reconnect
+    done
+    for r in $(seq 0 $((W - 1))); do
+        for p in 2 3; do wait_log "rank$r" "producer p$p .* ready" 60; done
+    done
+    sum0=$(($(delivered rank0) + $(delivered rank1) + $(delivered rank3)))
+    deadline=$(($(date +%s) + 60))
+    until [ $(($(delivered rank0) + $(delivered rank1) + $(delivered rank3))) -ge $((sum0 + 6)) ]; do
+        [ "$(date +%s)" -lt "$deadline" ] || fail "ranks 0, 1 and 3 delivered under 6 batches in 60 s"
+        sleep 0.05
+    done
+    kill -KILL "$(pid_of p1)"
+    wait_exit p1 10
+    [ "${RC_OF[p1]}" -eq 137 ] || fail "p1 ended with ${RC_OF[p1]}, not by SIGKILL"
+
+    wait_delivered rank2 3 60
+    kill -KILL "$(pid_of rank2)"
+    wait_exit rank2 10
+    before=$(($(wc -l <"$SCRATCH/rank2.journal") - 1))
+    [ "$before" -lt $((2 * (n / W))) ] || fail "rank 2 had finished before it was killed"
+    mv "$SCRATCH/rank2.log" "$SCRATCH/rank2-first.log"
+    start_rank 2 drop --train-ms 150 --cache-gb 0.004 --lease-timeout 20
+    wait_log rank2 "resuming from the journal" 60
+    for r in $(seq 0 $((W - 1))); do expect_exit "rank$r" 0 120; done
+    for p in 2 3; do expect_exit "p$p" 0 60; done
+    returned=0
+    for r in 0 1 3; do
+        log_has "rank$r" 'producer p1 .* (gone|disconnected)'
+        returned=$((returned + $(json_get "$SCRATCH/rank$r.json" leases_returned)))
+        expect_json "$SCRATCH/rank$r.json" 'd["complete"] is True' 'd["duplicates"] == 0' \
+            'd["checksum_failures"] == 0'
+    done
+    # p1 held tickets of the ranks when it died
+    [ "$returned" -ge 1 ] || fail "no rank took back a lease of the killed producer"
+    expect_json "$SCRATCH/rank2.json" 'd["complete"] is True' "d['batches_resumed'] == $before"
+    check_shards drop
+    pass "a producer and a rank SIGKILLed; rank 2 resumed after $before batch(es)"
+    ;;
+mismatch)
+    start a "$CONSUMER" --rank 0 --world 2 --listen "127.0.0.1:${PORT[0]}" --cache-gb 0.05
+    start b "$CONSUMER" --rank 1 --world 3 --listen "127.0.0.1:${PORT[1]}" --cache-gb 0.05
+    start p "$PRODUCER" --to "127.0.0.1:${PORT[0]},127.0.0.1:${PORT[1]}" "${popts[@]}"
+    wait_exit p 60
+    [ "${RC_OF[p]}" -ne 0 ] || fail "the producer accepted ranks of world sizes 2 and 3"
+    log_has p 'differ in world size: .* rank 0 of 2, .* rank 1 of 3'
+    kill -9 "$(pid_of b)"
+    wait_exit b 10
+    start c "$CONSUMER" --rank 0 --world 2 --listen "127.0.0.1:${PORT[2]}" --cache-gb 0.05
+    start p2 "$PRODUCER" --to "127.0.0.1:${PORT[0]},127.0.0.1:${PORT[2]}" "${popts[@]}"
+    wait_exit p2 60
+    [ "${RC_OF[p2]}" -ne 0 ] || fail "the producer accepted two rank 0s"
+    log_has p2 'both rank 0 of 2'
+    start bad "$CONSUMER" --rank 2 --world 2 --listen 127.0.0.1:0
+    expect_exit bad 2 10
+    log_has bad 'rank 2 is not below --world 2'
+    pass "inconsistent rank sets refused"
+    ;;
+*) fail "unknown mode $mode" ;;
+esac
