@@ -2,7 +2,8 @@
 """ddp_drafter.py - a data-parallel drafter fed by one hsflow consumer per rank.
 
 Run under torchrun: each rank builds hsflow.Consumer(rank=RANK,
-world=WORLD_SIZE), listening on --base-port + RANK, and trains the stand-in
+world=WORLD_SIZE), listening on --base-port + LOCAL_RANK (so every drafter
+node's ranks are NODE:BASE-BASE+GPUS-1), and trains the stand-in
 drafter of drafter_loop.py (one linear layer from the k captured hidden
 states to the vocabulary, next-token cross-entropy) wrapped in
 DistributedDataParallel: gloo on CPU, NCCL on GPUs. Every rank gets the same
@@ -50,7 +51,7 @@ def parse_args(argv):
     ap.add_argument("--listen-host", default="127.0.0.1",
                     help="host each rank's consumer listens on (127.0.0.1)")
     ap.add_argument("--base-port", type=int, default=7000,
-                    help="rank R listens on BASE_PORT + R (7000)")
+                    help="each rank listens on BASE_PORT + LOCAL_RANK of its node (7000)")
     ap.add_argument("--cache-gb", type=float, default=1.0, help="cache per rank, GiB (1)")
     ap.add_argument("--epochs", type=int, default=1, help="epochs to train (1)")
     ap.add_argument("--uneven", default="drop", choices=["drop", "repeat"],
@@ -88,7 +89,7 @@ def main(argv):
     dist.init_process_group("nccl" if gpu is not None else "gloo")
 
     # rank and world come from torchrun's RANK / WORLD_SIZE
-    consumer = hsflow.Consumer(listen="%s:%d" % (args.listen_host, args.base_port + rank),
+    consumer = hsflow.Consumer(listen="%s:%d" % (args.listen_host, args.base_port + local),
                                gpu=gpu, cache_gb=args.cache_gb, epochs=args.epochs,
                                uneven=args.uneven, verify_synthetic=args.verify_synthetic,
                                arrays="torch")
@@ -97,7 +98,7 @@ def main(argv):
         exe = hsflow.find_tool("hs-producer")
         if not exe:
             sys.exit("ddp_drafter: hs-producer not found (set HSFLOW_BIN_DIR)")
-        to = "127.0.0.1:%d-%d" % (args.base_port, args.base_port + world - 1)
+        to = "127.0.0.1:%d-%d" % (args.base_port, args.base_port + world - 1)  # one box
         cmd = [exe, "--to", to] + args.producer_args
         print("ddp_drafter: starting %d x %s" % (args.loopback, " ".join(cmd)), flush=True)
         procs = [subprocess.Popen(cmd + ["--name", "loopback-%d" % i])

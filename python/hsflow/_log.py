@@ -27,9 +27,9 @@ class _Format(logging.Formatter):
         return text
 
 
-def setup(tag):
-    """The 'hsflow.produce' logger, writing with `tag`."""
-    log = logging.getLogger("hsflow.produce")
+def setup(tag, name="hsflow.produce"):
+    """The logger `name` ('hsflow.produce' by default), writing with `tag`."""
+    log = logging.getLogger(name)
     log.handlers = []
     h = logging.StreamHandler(sys.stderr)
     h.setFormatter(_Format(tag))

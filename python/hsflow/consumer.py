@@ -3,12 +3,11 @@ and yields verified batches as zero-copy arrays over the consumer's memory."""
 import ctypes
 import os
 import json
-import logging
 import threading
 
 import numpy as np
 
-from . import _arrays
+from . import _arrays, _log
 from ._lib import (HS_ERR_CLOSED, HS_ERR_NOSPACE, HS_ERR_TIMEOUT, HS_OK, HS_ORDER_ARRIVAL,
                    HS_ORDER_PLAN, CBatch, ConsumerConfig, ConsumerStats, HsflowError, load)
 
@@ -160,10 +159,10 @@ def _rank_world(rank, world):
             raise ValueError("%s=%r: expected a whole number >= 0" % (name, v))
     if world < 1 or rank >= world:
         raise ValueError("rank=%d, world=%d: the rank must be 0..world-1" % (rank, world))
-    if world > 1:
-        logging.getLogger("hsflow").info(
-            "hsflow consumer: rank %d of %d%s (LOCAL_RANK %s)", rank, world,
-            " from torchrun's RANK/WORLD_SIZE" if from_env else "",
+    if world > 1 or from_env:
+        _log.setup("consumer", "hsflow.consumer").info(
+            "rank %d of %d%s, LOCAL_RANK %s", rank, world,
+            " from torchrun's RANK and WORLD_SIZE" if from_env else " as given",
             os.environ.get("LOCAL_RANK", "unset"))
     return rank, world
 

@@ -39,6 +39,8 @@ examples:
       --model /models/Qwen3-30B-A3B --layers 2,24,45 --gpus 0,1,2,3
   hsflow-produce --to 127.0.0.1:7000 --data data.jsonl --token-budget 4096 \\
       --model ./tiny-llama --dflash-layers 3 --gpus cpu:2 --dtype float32
+  hsflow-produce --to d1:7000-7003,d2:7000-7003 --data train.hst --token-budget 32768 \\
+      --model /models/Qwen3-30B-A3B --layers 2,24,45 --gpus 0,1,2,3   # 8 consumer ranks
 """
 
 
@@ -51,10 +53,20 @@ def _env_flag(name):
     return v is not None and v.lower() in ("1", "true", "yes")
 
 
-def _hostport(s):
-    host, sep, port = s.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError("'%s': expected HOST:PORT, e.g. drafter:7000" % s)
+def _to(s):
+    """--to: HOST:PORT, several comma-separated (the ranks of a data-parallel
+    trainer), or a port range HOST:LO-HI; the library connects to each."""
+    items = s.split(",")
+    for item in items:
+        host, sep, ports = item.rpartition(":")
+        lo, dash, hi = ports.partition("-")
+        ok = sep and host and lo.isdigit() and 0 < int(lo) < 65536
+        if ok and dash:
+            ok = hi.isdigit() and int(lo) <= int(hi) < 65536
+        if not ok:
+            raise argparse.ArgumentTypeError(
+                "'%s': '%s' is not HOST:PORT or HOST:LO-HI; expected e.g. drafter:7000, "
+                "d1:7000,d1:7001 or d1:7000-7003,d2:7000-7003" % (s, item))
     return s
 
 
@@ -137,8 +149,11 @@ def build_parser():
     p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
-    a("--to", type=_hostport, default=_env("to"),
-      help="the consumer (hs-consumer --listen), HOST:PORT")
+    a("--to", type=_to, default=_env("to"),
+      help="the consumer (hs-consumer --listen), HOST:PORT; for data-parallel ranks every "
+           "rank's address, HOST:PORT,HOST:PORT,... or a range HOST:7000-7007: each worker "
+           "takes tickets from all of them, and a set whose ranks or world sizes do not fit "
+           "together is refused")
     a("--data", default=_env("data"),
       help="dataset: JSONL lines {\"input_ids\": [...], \"loss_mask\": [...]} or a .hst file")
     a("--token-budget", type=_budget, default=_env("token-budget", "65536"),
@@ -204,7 +219,7 @@ def parse(argv):
     except SystemExit as e:
         return int(e.code or 0)
     if not args.to:
-        return _fail("--to HOST:PORT is required")
+        return _fail("--to HOST:PORT (or every rank's, HOST:LO-HI) is required")
     if not args.data:
         return _fail("--data FILE is required")
     if not os.path.isfile(args.data):

@@ -152,6 +152,12 @@ class Producer:
             for t in p.tickets():
                 t.send(hidden_states=my_model(t.input_ids, t.cu_seqlens))
 
+    For the ranks of a data-parallel trainer (DESIGN §11), `to` names every
+    rank: "d1:7000,d1:7001" or a range "d1:7000-7003" (several comma-separated
+    for several drafter nodes). The producer connects to each and takes
+    tickets from all of them, and refuses a set whose world sizes differ or
+    that has a rank twice, naming both.
+
     Every producer of a run needs the same data, token_budget, max_seq_len,
     overflow, seed, hidden_size and layers (the consumer checks the plan hash
     and the layout). The constructor loads the data, builds the plan and
@@ -170,9 +176,10 @@ class Producer:
                  connect_timeout_s=0, arrays="auto", reconnect=False):
         self._p = None
         lib = load()
-        if not isinstance(to, str) or ":" not in to:
+        if not isinstance(to, str) or any(":" not in a for a in to.split(",")):
             raise ValueError("to=%r: expected the consumer as 'HOST:PORT', e.g. "
-                             "'127.0.0.1:7000'" % (to,))
+                             "'127.0.0.1:7000', or every rank's: 'HOST:PORT,HOST:PORT' or "
+                             "'HOST:LO-HI'" % (to,))
         if not isinstance(data, (str, os.PathLike)) or not os.path.isfile(data):
             raise ValueError("data=%r: not a file; expected a JSONL or .hst dataset (the same "
                              "for every producer of the run)" % (data,))

@@ -277,15 +277,20 @@ def test_consumer_refuses_a_cache_larger_than_memory_unless_forced(tmp_path, mon
 
 
 def test_two_ranks_deliver_disjoint_shards_of_equal_size_with_torchrun_defaults(
-        producer_bin, dataset, monkeypatch):
+        producer_bin, dataset, monkeypatch, capsys):
     data, rows = dataset
     shards = []
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        monkeypatch.setenv("HS_LOG_LEVEL", "info")  # read by the Python logger at each start
         with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2,
                              verify_synthetic=True, arrays="numpy") as c:
             assert (c.rank, c.world) == (rank, 2)
+            # the rank, where it came from and LOCAL_RANK are logged at start
+            assert ("rank %d of 2 from torchrun's RANK and WORLD_SIZE, LOCAL_RANK %d" % (rank, rank)
+                    in capsys.readouterr().err)
             procs = start_producers(producer_bin, c.port, data, n=1)
             try:
                 shards.append([(b.epoch, b.batch) for b in c])

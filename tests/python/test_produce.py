@@ -233,6 +233,45 @@ def test_every_sample_equals_transformers_output_hidden_states(models, data, tmp
     print("%s: worst error / bound per layer: %s" % (family, worst))
 
 
+def test_one_python_producer_feeds_two_ranks_each_its_shard(models, data):
+    """--to with every rank's address: the workers take tickets from both
+    consumer ranks, each rank gets the same number of batches, and the two
+    shards are disjoint; a malformed address list is refused as a flag
+    error before anything connects."""
+    path, model = models["llama"]
+    data_path, rows = data
+    layers, lay = "1,3", [1, 3]
+    H = model.config.hidden_size
+    refs, worst = Refs(model, rows), {}
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, rank=0, world=2,
+                         arrays="numpy") as c0, \
+            hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, rank=1, world=2,
+                            arrays="numpy") as c1:
+        threads = [ConsumerThread(c, lambda b: check_batch(b, refs, lay, H, worst),
+                                  deadline_s=240) for c in (c0, c1)]
+        to = "127.0.0.1:%d,127.0.0.1:%d" % (c0.port, c1.port)
+        cmd = produce_cmd(0, data_path, path, layers, "--gpus", "cpu:2")
+        cmd[cmd.index("--to") + 1] = to
+        pr = Proc(cmd)
+        try:
+            rc = pr.wait()
+            assert rc == 0, pr.text
+            seen = [t.join(240) for t in threads]
+        finally:
+            pr.kill()
+        stats = [c0.stats(), c1.stats()]
+    assert "rank 0 of 2" in pr.text and "rank 1 of 2" in pr.text, pr.text
+    got = [{(e, b) for e, b, _ in s} for s in seen]
+    assert len(got[0]) == len(seen[0]) == len(got[1]) == len(seen[1]) > 1
+    assert not got[0] & got[1], "a batch went to both ranks"
+    assert all(s["batches_delivered"] == s["batches_planned"] == len(got[0]) for s in stats)
+    bad_cmd = produce_cmd(0, data_path, path, layers)
+    bad_cmd[bad_cmd.index("--to") + 1] = "127.0.0.1:7003-7000"
+    bad = Proc(bad_cmd)
+    assert bad.wait() == 2, bad.text
+    assert "is not HOST:PORT or HOST:LO-HI" in bad.text, bad.text
+
+
 def plan_hash_of_hs_producer(text):
     m = re.search(r"plan ([0-9a-f]{16}):", text)
     assert m, text
