@@ -205,9 +205,16 @@ uint16_t hs_consumer_port(const hs_consumer_t *c);
 uint16_t hs_consumer_metrics_port(const hs_consumer_t *c);
 /* Waits up to timeout_ms (-1 = forever) for the next verified batch.
  * Returns 0 with *out set, HS_ERR_TIMEOUT (-11), or HS_ERR_CLOSED (-9) once
- * every batch of every epoch has been delivered (or the consumer stopped). */
+ * every batch of every epoch has been delivered (or the consumer stopped);
+ * HS_ERR_NOSPACE (-12) when the consumer stopped on a problem of its own
+ * that no producer can fix (its cache cannot hold the plan's largest batch,
+ * the journal or resume state does not fit the plan, out of memory; logged
+ * once, naming it); with a GPU (cfg.gpu >= 0) also HS_ERR_CUDA (-15) when a
+ * copy to the device failed (logged). */
 hs_status_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms);
-/* Gives the batch's cache slot back; new tickets can then be issued. */
+/* Gives the batch's cache slot back; new tickets can then be issued.
+ * Returns 0, HS_ERR_INVALID (-1, logged) for a batch this consumer did not
+ * hand out or one released twice, or with a GPU HS_ERR_CUDA (-15, logged). */
 hs_status_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
 /* The consumer's position, for the trainer's checkpoint: every batch that
  * hs_consumer_next() has handed out so far (the one the trainer holds now
