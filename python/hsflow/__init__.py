@@ -12,8 +12,10 @@ Pure-ctypes binding over libhsflow.so (include/hsflow.h):
         for t in p.tickets():
             t.send(hidden_states=forward(t.input_ids, t.cu_seqlens))
 
-The library is found through $HSFLOW_LIB, then this package's directory,
-then <repo>/build/libhsflow.so, then the system library path.
+The library is found through $HSFLOW_LIB, then this package's directory
+(pip install ./python builds it and puts it there), then
+<repo>/build/libhsflow.so when run from a checkout, then the system library
+path.
 """
 from ._lib import HsflowError, find_tool, library_path, library_version, status_str
 from ._arrays import bf16_bits_to_f32, f32_to_bf16_bits

@@ -164,7 +164,12 @@ class HsflowError(RuntimeError):
 
 _LIB_NAME = "libhsflow.so"
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+# The checkout this package is python/hsflow of, when it is run from one
+# (PYTHONPATH=python); None once installed, e.g. into site-packages.
 _REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
+if not (os.path.isfile(os.path.join(_REPO_DIR, "include", "hsflow.h")) and
+        os.path.isfile(os.path.join(_REPO_DIR, "python", "pyproject.toml"))):
+    _REPO_DIR = None
 
 _lib = None
 _lib_path = None
@@ -174,8 +179,10 @@ def _candidates():
     env = os.environ.get("HSFLOW_LIB")
     if env:
         return [("HSFLOW_LIB", env)]
-    out = [("package directory", os.path.join(_PKG_DIR, _LIB_NAME)),
-           ("repository build", os.path.join(_REPO_DIR, "build", _LIB_NAME))]
+    # pip install ./python puts the library here.
+    out = [("package directory", os.path.join(_PKG_DIR, _LIB_NAME))]
+    if _REPO_DIR:
+        out.append(("repository build", os.path.join(_REPO_DIR, "build", _LIB_NAME)))
     found = ctypes.util.find_library("hsflow")
     if found:
         out.append(("system library path", found))
@@ -189,8 +196,9 @@ def library_path():
 
 
 def load():
-    """Loads libhsflow.so once: $HSFLOW_LIB, else the package directory, else
-    <repo>/build/libhsflow.so, else the system library path."""
+    """Loads libhsflow.so once: $HSFLOW_LIB, else the package directory (where
+    pip install ./python puts it), else <repo>/build/libhsflow.so when this
+    package is run from a checkout, else the system library path."""
     global _lib, _lib_path
     if _lib is not None:
         return _lib
@@ -209,8 +217,9 @@ def load():
         return lib
     raise HsflowError(
         "cannot find libhsflow.so; tried: " + "; ".join(tried) +
-        ". Build it (cmake -S . -B build && cmake --build build --target hsflow) "
-        "and/or set HSFLOW_LIB=/path/to/libhsflow.so")
+        ". Install the package with its library (pip install ./python, from the checkout), "
+        "or build it (cmake -S . -B build && cmake --build build --target hsflow) "
+        "and set HSFLOW_LIB=/path/to/libhsflow.so")
 
 
 def _declare(lib):
@@ -265,8 +274,9 @@ def library_version():
 
 def find_tool(name):
     """Path of an hsflow command (e.g. "hs-producer"): $HSFLOW_BIN_DIR, the
-    bin/ folder next to the loaded library, the library's own folder, the
-    repository's build/bin, then PATH. None when not found."""
+    bin/ folder next to the loaded library (pip install ./python puts the
+    commands there), the library's own folder, the repository's build/bin
+    when run from a checkout, then PATH. None when not found."""
     dirs = []
     if os.environ.get("HSFLOW_BIN_DIR"):
         dirs.append(os.environ["HSFLOW_BIN_DIR"])
@@ -275,9 +285,43 @@ def find_tool(name):
         dirs += [os.path.join(libdir, "bin"), libdir]
     except HsflowError:
         pass
-    dirs.append(os.path.join(_REPO_DIR, "build", "bin"))
+    if _REPO_DIR:
+        dirs.append(os.path.join(_REPO_DIR, "build", "bin"))
     for d in dirs:
         p = os.path.join(d, name)
         if os.path.isfile(p) and os.access(p, os.X_OK):
             return p
     return shutil.which(name)
+
+
+def version_text(prog):
+    """What `PROG --version` prints for a Python command, as the C commands
+    do: the release with the library's git checkout, its build options, and
+    which libhsflow.so was loaded."""
+    from . import __version__
+    try:
+        v = library_version()
+    except HsflowError as e:
+        return "%s %s\nlibrary: %s" % (prog, __version__, e)
+    git = " (git %s)" % v["git"] if v["git"] else ""
+    lines = ["%s %s%s" % (prog, __version__, git), "build: " + v["build"], "library: " + _lib_path]
+    if v["version"] != __version__:
+        lines.append("warning: the library is release %s, this package %s: reinstall one of them"
+                     % (v["version"], __version__))
+    return "\n".join(lines)
+
+
+def add_version_flag(parser):
+    """--version on an argparse parser: prints version_text() and exits 0."""
+    import argparse
+
+    class _Version(argparse.Action):
+        def __init__(self, option_strings, dest, **kw):
+            super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+        def __call__(self, p, namespace, values, option_string=None):
+            print(version_text(p.prog))
+            p.exit(0)
+
+    parser.add_argument("--version", action=_Version,
+                        help="the release, git checkout and build options, and the library used")

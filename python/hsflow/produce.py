@@ -13,7 +13,7 @@ import socket
 import sys
 import time
 
-from . import _hf, _log
+from . import _hf, _lib, _log
 from ._produce_worker import EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, worker_main
 
 PROG = "hsflow-produce"
@@ -201,6 +201,7 @@ def build_parser():
       help="identity in the consumer's logs (default host:pid; NAME/i per worker)")
     a("--status-interval", type=float, default=_env("status-interval", "5"),
       help="seconds between status lines (default 5; 0 = off)")
+    _lib.add_version_flag(p)
     return p
 
 

@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .._lib import add_version_flag
 from .hst import HstWriter
 
 FORMATS = ("sharegpt", "messages", "text", "tokens")
@@ -716,6 +717,7 @@ def build_parser():
         prog="hsflow-data",
         description="Prepare training data for hsflow: conversations, text or token records "
                     "to the .hst files (or pre-tokenised JSONL) that hs-producer reads.")
+    add_version_flag(ap)
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser(
         "prepare", formatter_class=argparse.RawDescriptionHelpFormatter,
