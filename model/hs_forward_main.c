@@ -35,7 +35,7 @@ static void usage(FILE *fp)
             "\n"
             "  --model DIR         Hugging Face folder (config.json, *.safetensors): Llama,\n"
             "                      Qwen2/3, Mistral, or Qwen3.5/3.6 (text decoder, VL\n"
-            "                      checkpoints too; --device cpu only)\n"
+            "                      checkpoints too)\n"
             "  --data FILE         JSONL, one {\"input_ids\": [...]} object per line, or .hst\n"
             "  --layers LIST       output_hidden_states indices: 0 = embeddings, i = output of\n"
             "                      decoder layer i-1, N = final normed output\n"

@@ -45,7 +45,7 @@ static const char usage[] =
     "                         (--verify-synthetic); model: the built-in target forward\n"
     "  --model DIR            Hugging Face model folder (config.json + *.safetensors): Llama,\n"
     "                         Qwen2/3, Mistral, or Qwen3.5/3.6 (text decoder, VL checkpoints\n"
-    "                         too; CPU workers only: --gpus cpu:N)\n"
+    "                         too)\n"
     "  --gpus cpu:N|LIST      N CPU workers, or one worker per GPU id (default cpu:1)\n"
     "  --prefetch N           tickets each worker keeps queued (default 2)\n"
     "  --secret-file FILE     shared secret for the HMAC handshake\n"
