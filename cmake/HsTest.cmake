@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # hs_add_test(NAME name SOURCES a.c... LIBS libs... [TIMEOUT s] [LABELS l...])
 # One Check program per module, registered with CTest under a timeout.
 # A test that exits 77 is reported as skipped (GPU tests on CPU-only boxes).

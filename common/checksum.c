@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* checksum.c - CRC-32C for control frames and chunked XXH3-64 for payloads.
  *
  * CRC-32C: hardware crc32 instruction (SSE4.2) when present, else a

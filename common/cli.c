@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cli.c - getopt_long with HS_* environment defaults (STYLE: every flag is
  * also settable from the environment; the command line wins). */
 #include "hs_common.h"

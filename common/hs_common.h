@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hs_common.h - status codes, logging, clocks, checksums and small parsers
  * shared by every hsflow module.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* outfile.c - output files written whole or not at all, never onto an input.
  *
  * The bytes go to PATH.tmp.<pid>.<n> in PATH's folder (so the final rename

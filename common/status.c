@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* status.c - hs_status_t to text. */
 #include "hs_common.h"
 

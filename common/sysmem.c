@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sysmem.c - how much memory this process may still take: MemAvailable from
  * /proc/meminfo and the tightest memory limit of its cgroup and the cgroup's
  * parents (v2 memory.max / memory.current, v1 memory.limit_in_bytes /

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* util.c - clocks, aligned memory and the parsers behind every CLI flag. */
 #include "hs_common.h"
 

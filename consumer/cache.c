@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cache.c - host-RAM cache: an mmap'd region carved into 4096-aligned slots
  * by a best-fit allocator over address-ordered, coalescing extents, prepared
  * (pinned / prefaulted) chunk by chunk in the background. See cache_int.h. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cache_int.h - the consumer's host-RAM cache: one page-aligned region carved
  * into variable-size slots, one per ticket (DESIGN §2, §5).
  *

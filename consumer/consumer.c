@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* consumer.c - the consumer engine: accepts producers, runs the handshake,
  * hands out tickets against reserved cache slots, receives payloads straight
  * into those slots, verifies them on checksum threads, and delivers batches
@@ -1644,8 +1645,8 @@ const char *hs_bottleneck_str(int32_t bottleneck)
 int hs_consumer_bottleneck_text(const hs_consumer_stats_t *s, char *buf, size_t cap)
 {
     /* At the end of a run every producer has left: name those seen. */
-    unsigned long long np = (unsigned long long)(s->producers_connected ? s->producers_connected
-                                                                        : s->producers_seen);
+    unsigned long long np =
+        (unsigned long long)(s->producers_connected ? s->producers_connected : s->producers_seen);
     switch (s->bottleneck) {
     case HS_BOTTLENECK_PRODUCERS:
         return snprintf(buf, cap,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* consumer_int.h - the consumer engine's state, shared by the consumer/ sources. */
 #ifndef HS_CONSUMER_INT_H
 #define HS_CONSUMER_INT_H

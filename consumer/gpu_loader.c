@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gpu_loader.c - host-to-device delivery of verified batches; see
  * gpu_loader_int.h. */
 #include "gpu_loader_int.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gpu_loader_int.h - the consumer's delivery to its GPU (DESIGN §5): two
  * device buffers; batch k+1 is copied host-to-device from its pinned cache
  * slot on a copy stream while the trainer works on batch k.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hs_consumer_main.c - the hs-consumer command: listens for producers, fills
  * the host-RAM cache through tickets, and consumes every batch itself (or
  * feeds the trainer through the library); --loopback N also starts N local

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* journal.c - the resume journal; see journal_int.h. */
 #include "journal_int.h"
 

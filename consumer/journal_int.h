@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* journal_int.h - the consumer's resume journal (DESIGN §2 "Resume"): one
  * line per batch the trainer has released, so a restarted consumer skips
  * them and resumes each epoch where the trainer left it.
@@ -9,7 +10,8 @@
  * Lines are appended and flushed one by one (a consumer or trainer crash
  * loses nothing released before it); the file is synced to disk at most
  * once a second, by a thread of the journal's (started at bind), so the
- * caller of hs_journal_append never waits for the disk. Ownership: the journal owns its file and its bitmap. */
+ * caller of hs_journal_append never waits for the disk. Ownership: the journal owns its file and
+ * its bitmap. */
 #ifndef HS_JOURNAL_INT_H
 #define HS_JOURNAL_INT_H
 

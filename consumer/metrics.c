@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* metrics.c - Prometheus text exposition of the consumer's figures. */
 #include "metrics_int.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* metrics_int.h - the consumer's Prometheus endpoint: GET /metrics on a
  * port of its own (libmicrohttpd, one internal thread), serving the same
  * figures as the status line and the summary. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sched.c - ticket scheduler: plan cursors, lease records, a ticket hash and
  * the ready list. See sched_int.h for the state machine. */
 #include "sched_int.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sched_int.h - the consumer's ticket scheduler (DESIGN §2): which batch of
  * which epoch to hand out next, to whom, and which finished batch the trainer
  * gets next. Pure logic: no I/O, no locks, no allocation of cache memory

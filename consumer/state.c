@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* state.c - the resume state; see state_int.h. */
 #include "state_int.h"
 

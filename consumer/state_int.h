@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* state_int.h - the consumer's resume state (DESIGN §12): which batches of
  * which epochs have been handed to the trainer. The trainer saves it in its
  * checkpoint; a consumer created from it delivers exactly the other batches.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dataset.c - load token datasets from JSONL or .hst files, write .hst.
  *
  * .hst ("hsflow tokens") file format, version 1, all little-endian

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dataset_int.h - token datasets for the producer: JSONL or .hst files.
  *
  * A dataset is n sequences, each a run of input_ids (int32, >= 0) with a

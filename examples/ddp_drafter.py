@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """ddp_drafter.py - a data-parallel drafter fed by one hsflow consumer per rank.
 
 Run under torchrun: each rank builds hsflow.Consumer(rank=RANK,

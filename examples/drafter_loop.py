@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """drafter_loop.py - a small PyTorch training loop fed by hsflow.Consumer.
 
 The "drafter" is a stand-in: one linear layer from the k captured hidden

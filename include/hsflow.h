@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hsflow.h - the public C API of libhsflow.
  *
  * A consumer listens for producers, hands out work tickets so they can never

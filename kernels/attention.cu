@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* attention.cu - causal attention over packed variable-length sequences on
  * CUDA tensor cores (flash-attention-2 style), grouped-query heads.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* attention.h - causal self-attention over packed variable-length sequences
  * (no padding) with grouped-query heads:
  *   for sequence s, token i in it, query head h (kv head g = h / (Hq / Hkv)):

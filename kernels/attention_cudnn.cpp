@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* attention_cudnn.cpp - varlen causal attention on cuDNN's fused SDPA
  * (flash attention on Hopper's wgmma/TMA units), through the cuDNN frontend's
  * graph API. The only C++ of the project: the frontend is header-only C++,

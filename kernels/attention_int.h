@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* attention_int.h - the cuDNN fused-attention backend of the attention plan
  * (kernels/attention_cudnn.cpp, built with HS_HAVE_CUDNN), behind a C
  * interface so that the frontend's C++ stays in one translation unit.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* attention_ref.c - C twin of varlen causal GQA attention (see attention.h).
  * One query row at a time, online softmax in fp32: running max m, running
  * sum l and accumulator acc[d] rescaled by exp(m_old - m_new) when the max

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bf16.h - bfloat16 <-> float conversion used by the kernels' C twins and the
  * model loader. A bf16 value is stored as its 16 raw bits (uint16_t): the top
  * half of an IEEE-754 binary32. float -> bf16 rounds to nearest, ties to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* conv1d.cu - Gated DeltaNet's depthwise causal conv1d on CUDA, over packed
  * variable-length sequences (see conv1d.h for the math):
  *   y[t, c] = act( sum_{j<K} w[c, j] * x[t - (K - 1) + j, c] )

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* conv1d.h - depthwise causal 1-D convolution over packed variable-length
  * sequences, with an optional SiLU (Gated DeltaNet's short convolution):
  *   y[t, c] = act( sum_{j=0}^{K-1} w[c, j] * x[t - (K - 1) + j, c] )

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* conv1d_ref.c - C twin of the varlen depthwise causal conv1d (see
  * conv1d.h): per token, per channel, the K-tap dot product over the tokens
  * of the same sequence only; fp32. Tokens are shared over OpenMP threads

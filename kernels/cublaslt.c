@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cublaslt.c - cuBLASLt wrapper: bf16 row-major Linear layers with fp32
  * accumulation, descriptors and algorithms cached per shape.
  *

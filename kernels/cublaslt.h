@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cublaslt.h - the one GEMM entry point of hsflow's CUDA forward, on cuBLASLt,
  * plus the CUDA error-check helpers the CUDA-side files share.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* delta_rule.cu - the gated delta rule (Gated DeltaNet's token mixer) on
  * CUDA over packed variable-length sequences; the math is in delta_rule.h.
  * Per sequence and value head h (key head h / (n_v_heads / n_k_heads)),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* delta_rule.h - the gated delta rule (Gated DeltaNet's token mixer) over
  * packed variable-length sequences, in its recurrent form. Per sequence and
  * value head h (key head hk = h / (n_v_heads / n_k_heads): consecutive value

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* delta_rule_int.h - the two CUDA forms of the gated delta rule behind
  * hs_kn_delta_rule, for the tests (each against the C twin and the other)
  * and the benchmark. Same arguments as hs_kn_delta_rule. The recurrent form

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* delta_rule_ref.c - C twin of the gated delta rule (see delta_rule.h): the
  * token-by-token recurrence on an fp32 state [dk, dv] per (sequence, value
  * head), reset at every sequence start. q and k are L2-normalised per head

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* embedding.cu - token embedding gather on CUDA.
  *
  * out[t, :] = table[ids[t], :] for t < T; table is [vocab, H] bf16, out is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* embedding.h - token embedding lookup: out[t, :] = table[ids[t], :].
  *
  * Shapes: table [vocab, H] bf16 (row-major), ids [T] int32, out [T, H].
@@ -25,8 +26,8 @@ struct CUstream_st;
 /* out[t, :] = table[ids[t], :] on the GPU: table bf16 [vocab, H], ids int32
  * [T], out bf16 rows of stride out_stride (elements). Device pointers; an id
  * outside [0, vocab) gives a zero row. */
-int hs_kn_embedding(const void *table, int vocab, int H, const int32_t *ids, int T,
-                    void *out, int64_t out_stride, struct CUstream_st *stream);
+int hs_kn_embedding(const void *table, int vocab, int H, const int32_t *ids, int T, void *out,
+                    int64_t out_stride, struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* embedding_ref.c - C twin of the embedding lookup (see embedding.h):
  * out[t, :] = table[ids[t], :], bf16 -> fp32, shapes [vocab, H] -> [T, H]. */
 #include "embedding.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gdn_gates.cu - Gated DeltaNet's gates on CUDA (see gdn_gates.h):
  *   beta[t, h] = sigmoid(b[t, h])
  *   g[t, h]    = -exp(A_log[h]) * softplus(a[t, h] + dt_bias[h])

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gdn_gates.h - Gated DeltaNet's per-token, per-value-head gates:
  *   beta[t, h] = sigmoid(b[t, h])
  *   g[t, h]    = -exp(A_log[h]) * softplus(a[t, h] + dt_bias[h])

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gdn_gates_ref.c - C twin of Gated DeltaNet's gates (see gdn_gates.h):
  * beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias); fp32. */
 #include "gdn_gates.h"

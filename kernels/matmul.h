@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* matmul.h - a linear layer: y[t, n] = sum_k x[t, k] * W[n, k] + bias[n].
  *
  * Shapes: x [T, K] fp32, W [N, K] bf16 (PyTorch nn.Linear layout), bias [N]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* matmul_ref.c - C twin of the linear layer (see matmul.h):
  * y[T, N] = x[T, K] * W[N, K]^T (+ bias[N]); bf16 W widened to fp32, fp32
  * accumulation. Blocks of W rows are widened once into a small fp32 tile and

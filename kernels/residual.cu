@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* residual.cu - residual add on CUDA: out[i] = bf16(a[i] + b[i]), fp32 sum.
  *
  * The forward folds its residual adds into the o_proj and down_proj GEMMs

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* residual.h - residual add: out[i] = a[i] + b[i].
  *
  * Shapes: a, b, out [n]; out may equal a or b. Precision: fp32. */

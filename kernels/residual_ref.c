@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* residual_ref.c - C twin of the residual add (see residual.h): out = a + b, fp32. */
 #include "residual.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* rmsnorm.cu - RMSNorm on CUDA, over token rows or over heads inside rows.
  *
  * y = bf16( w * bf16( x / sqrt(mean(x^2) + eps) ) ), the two roundings of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* rmsnorm.h - RMSNorm as in Hugging Face Llama/Qwen/Mistral:
  *   y[r, i] = x[r, i] / sqrt(mean_i(x[r, :]^2) + eps) * w[i]
  * and its zero-centred form (Qwen3.5), whose weight multiplies as (1 + w).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* rmsnorm_gated.cu - the gated RMSNorm closing a Gated DeltaNet layer, on
  * CUDA (see rmsnorm_gated.h):
  *   y[r, i] = w[i] * (x[r, i] / sqrt(mean_i(x[r, :]^2) + eps)) * silu(z[r, i])

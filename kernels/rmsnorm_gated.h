@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* rmsnorm_gated.h - the gated RMSNorm that closes a Gated DeltaNet layer
  * (per value head, not zero-centred):
  *   y[r, i] = (w[i] * (x[r, i] / sqrt(mean_i(x[r, :]^2) + eps))) * silu(z[r, i])

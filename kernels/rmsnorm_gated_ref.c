@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* rmsnorm_gated_ref.c - C twin of the gated RMSNorm (see rmsnorm_gated.h):
  * normalise, weight, then multiply by silu(z), in transformers' order; fp32. */
 #include "rmsnorm_gated.h"

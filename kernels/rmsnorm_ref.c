@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* rmsnorm_ref.c - C twin of RMSNorm (see rmsnorm.h):
  * y = x / sqrt(mean(x^2) + eps) * w (or * (1 + w), zero-centred) over rows
  * of [rows, dim]; fp32 math, bf16 weight. Same operation order as Hugging

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* rope.cu - rotary position embedding on CUDA, in place, positions
  * restarting at every packed sequence.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* rope.h - rotary position embedding, "rotate half" (GPT-NeoX) style as in
  * Hugging Face Llama: for each head and i < d/2, with a = pos * inv_freq[i],
  *   y[i]       = x[i] * cos(a) - x[i + d/2] * sin(a)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* rope_ref.c - rotary embedding tables and the C twin of RoPE (see rope.h):
  * rotate-half RoPE in place on [T, n_heads * d], positions restarting at 0 at
  * each cu_seqlens boundary, over the whole head or its first rot_dim dims;

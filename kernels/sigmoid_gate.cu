@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sigmoid_gate.cu - the output gate of Qwen3.5's gated attention on CUDA.
  *
  * x[t, i] = bf16( x[t, i] * bf16(sigmoid(gate[t, i])) ), sigmoid(g) =

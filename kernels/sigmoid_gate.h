@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sigmoid_gate.h - an output gate: x[i] = x[i] * sigmoid(gate[i]),
  * sigmoid(g) = 1 / (1 + exp(-g)). Qwen3.5's gated attention multiplies the
  * attention output by the sigmoid of the gate half of q_proj before o_proj.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sigmoid_gate_ref.c - C twin of the sigmoid output gate (see
  * sigmoid_gate.h): x *= sigmoid(gate), fp32. */
 #include "sigmoid_gate.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* swiglu.cu - the gated MLP activation on CUDA.
  *
  * out[t, i] = bf16( bf16(silu(gate[t, i])) * up[t, i] ), silu(g) = g / (1 + e^-g)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* swiglu.h - the gated MLP activation: out[i] = silu(gate[i]) * up[i],
  * silu(g) = g / (1 + exp(-g)).
  *
@@ -23,8 +24,8 @@ void hs_kn_swiglu_ref(const float *gate, const float *up, float *out, size_t n);
 struct CUstream_st;
 /* out[t, i] = bf16(bf16(silu(gu[t, i])) * gu[t, I + i]) for the fused
  * gate|up rows gu [T, 2I] (stride gu_stride) into out [T, I] (stride out_stride). */
-int hs_kn_swiglu(const void *gu, int64_t gu_stride, void *out, int64_t out_stride, int T,
-                 int I, struct CUstream_st *stream);
+int hs_kn_swiglu(const void *gu, int64_t gu_stride, void *out, int64_t out_stride, int T, int I,
+                 struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

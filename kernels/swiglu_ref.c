@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* swiglu_ref.c - C twin of SwiGLU (see swiglu.h): out = silu(gate) * up, fp32. */
 #include "swiglu.h"
 

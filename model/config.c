@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* config.c - parses a Hugging Face config.json into hs_model_config_t.
  * Defaults follow transformers' config classes for each family; a missing
  * required field or an unsupported value is an error naming the field (and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* forward_cpu.c - the CPU reference forward of the Llama-family and
  * Qwen3.5 decoders, built from the kernels' C twins. fp32 activations, bf16
  * weights, fp32 accumulation. Per decoder layer, exactly as Hugging Face:

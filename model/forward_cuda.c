@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* forward_cuda.c - the CUDA forward of the Llama-family and Qwen3.5
  * decoders: bf16 activations, fp32 accumulation (and fp32 Gated DeltaNet
  * state), every GEMM through the cuBLASLt wrapper.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* forward_cuda_stub.c - the CUDA forward's entry points in a build without
  * CUDA: each says so and returns HS_ERR_UNSUPPORTED. */
 #include "hs_model.h"

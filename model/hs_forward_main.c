@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hs_forward_main.c - hs-forward: runs the built-in target forward on token
  * sequences from a JSONL file and writes the captured hidden states to a
  * safetensors file, to check parity with another stack. Sequences come from

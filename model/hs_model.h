@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hs_model.h - the built-in target forward: a Llama-family decoder (Llama
  * 2/3 incl. llama3 rope scaling, Qwen2/2.5 with qkv bias, Qwen3 with q/k
  * norm, Mistral) or the Qwen3.5 / Qwen3.6 hybrid (Gated DeltaNet layers and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* model.c - loads a Hugging Face Llama-family or Qwen3.5 folder into an
  * hs_model_t (config.json + safetensors, every tensor's shape checked
  * against the config; only the decoder's tensors are touched), and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* model_int.h - what is inside an hs_model_t, for the files of model/ (the
  * CPU forward, the loader and the CUDA forward that uploads the weights).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* safetensors.c - safetensors reader (mmap, bounds-checked, single file or
  * sharded via model.safetensors.index.json) and writer. See
  * safetensors_int.h for the format and the ownership rules. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* safetensors_int.h - reading and writing safetensors files.
  *
  * Format: an 8-byte little-endian header length n, n bytes of JSON

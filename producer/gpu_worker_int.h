@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gpu_worker_int.h - the GPU half of a producer worker (DESIGN §5): one
  * model replica per GPU, a compute stream and a copy stream, two device
  * output buffers, and the worker's two staging buffers pinned.

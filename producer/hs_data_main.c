@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hs_data_main.c - hs-data: import, inspect, plan and synthesise token datasets.
  *
  *   hs-data import IN OUT.hst    JSONL (or .hst) -> .hst

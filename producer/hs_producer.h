@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hs_producer.h - the producer engine: reads the dataset, builds the shared
  * plan, connects to the consumer, and runs one worker per device that turns
  * tickets into sealed batch regions sent straight from staging buffers.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hs_producer_main.c - the hs-producer command: computes the hidden states a
  * consumer asks for (one worker per device) and streams them to it. */
 #include <getopt.h>

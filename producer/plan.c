@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* plan.c - deterministic packing of a dataset into token-budget batches.
  *
  * Packing is first-fit-decreasing: sequences sorted longest first (ties by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* plan_int.h - the batch plan: which sequences go into which batch (DESIGN §1).
  *
  * A plan is a deterministic function of (dataset fingerprint, token budget,

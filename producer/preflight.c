@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* preflight.c - hs-producer --preflight and --token-budget auto: runs every
  * batch shape a token budget can produce once per GPU through the built-in
  * CUDA forward, prints peak memory, us/token, tokens/s and MFU per shape,

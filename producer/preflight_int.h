@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* preflight_int.h - the pure parts of the producer's preflight
  * (producer/preflight.c): which batch shapes a budget can produce, the
  * search for the largest budget that fits, and the headroom setting. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* producer.c - the producer engine (DESIGN §2, §5).
  *
  * The calling thread runs the network loop: handshake, PLAN pages, TICKETs

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* auth.c - shared-secret challenge/response between producer and consumer
  * (libsodium: BLAKE2b for the key, HMAC-SHA256 for the proofs, constant-time
  * comparison). The protocol is described in hs_proto.h. */

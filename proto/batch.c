@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* batch.c - the layout and the batch region (DESIGN §1): offsets, header,
  * seal/verify, and the synthetic hidden states used by tests and by the
  * synthetic producer source.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* frame.c - the 16-byte control frame header (DESIGN §3):
  *   magic u32 | version u16 | type u16 | body_len u32 | crc32c(body) u32
  * all little-endian. Decoding rejects a bad header before anyone allocates

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hs_proto.h - hsflow's wire format: the batch region and the control frames.
  *
  * Nothing outside proto/ parses bytes that came from the network or from a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* msg.c - control messages: hsflow.proto messages packed into frames,
  * unpacked from them and validated field by field.
  *

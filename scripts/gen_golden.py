@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """gen_golden.py - golden hidden states for the built-in forward's tests.
 
 Builds tiny random-initialised models of each supported family with

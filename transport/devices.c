@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* devices.c - RDMA device discovery (libibverbs), GPUs from sysfs PCI, and
  * the NIC nearest each GPU by PCIe distance (hs_devices.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fault.c - fault injection for tests (DESIGN §4): a decorator around any
  * transport's callbacks, switched on by the HS_FAULT environment variable of
  * the receiving process, e.g.

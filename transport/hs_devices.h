@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hs_devices.h - RDMA device discovery for --list-devices, --nic and
  * --require-rdma: the ports libibverbs sees, the GPUs on the PCI bus (from
  * sysfs, so no CUDA is needed here), and the NIC nearest each GPU by PCIe

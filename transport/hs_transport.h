@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hs_transport.h - the one interface every transport implements (TCP here,
  * UCX in transport/ucx.c, a fault injector for tests).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hs_transport_int.h - the private interface between transport.c (the public
  * hs_tp_* entry points) and each backend (tcp.c, ucx.c).
  *

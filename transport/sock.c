@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sock.c - the TCP socket layer under both transports (sock_int.h). */
 #include "sock_int.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sock_int.h - the TCP socket layer under both transports (sock.c): name
  * resolution, listening sockets, accept, and connects bounded by a deadline.
  * The TCP transport carries its connections on these sockets; the UCX

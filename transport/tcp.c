@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tcp.c - the TCP transport (tcp_int.h describes it): socket options,
  * listeners and accept, connect, the epoll loop, life cycle. Connection
  * I/O is in tcp_conn.c. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tcp_conn.c - one TCP transport connection (tcp_int.h): its send queue
  * (copied frames and payloads by reference, written with sendmsg), its
  * receive state machine (prefix, frame, payload straight into dest), and

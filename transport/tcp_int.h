@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tcp_int.h - what the parts of the TCP transport share (tcp.c,
  * tcp_conn.c).
  *

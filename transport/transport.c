@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* transport.c - the public hs_tp_* entry points: argument checks that do not
  * depend on the backend, dispatch through hs_tp_ops_t, transport kinds, and
  * the helpers the backends share (frame checks, peer addresses, resolving,

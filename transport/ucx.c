@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ucx.c - the UCX transport (UCX 1.13 UCP active messages): its life cycle,
  * the progress loop and the description of an endpoint. The parts:
  *   ucx_data.c         operations, connections, sending, receiving, closing

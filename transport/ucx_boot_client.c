@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ucx_boot_client.c - the connecting side of the UCX bootstrap (the
  * exchange is described in ucx_boot_server.c): hs_tp_connect() over UCX. */
 

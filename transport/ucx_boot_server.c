@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ucx_boot_server.c - the listening side of the UCX bootstrap (see below):
  * the bootstrap socket, peers in their HELLO/AUTH exchange, and the
  * endpoint of each peer that proved itself. */

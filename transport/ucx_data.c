@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ucx_data.c - the UCX transport's data path (see ucx.c): operations and
  * their completions, connections and their close, active messages in and
  * out, payloads straight into the receiver's memory. */

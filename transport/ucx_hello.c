@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ucx_hello.c - packing and checking the UCX bootstrap records (layout in
  * ucx_hello_int.h). Nothing here needs UCX: the checks run before a single
  * byte from the peer reaches it. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ucx_hello_int.h - the records of the UCX transport's bootstrap (ucx.c):
  * how they are laid out, packed and checked. Kept apart from ucx.c so that
  * they build without UCX and can be fuzzed.

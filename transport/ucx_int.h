@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ucx_int.h - what the parts of the UCX transport share (ucx.c lists them):
  * its transport and connection objects, operations, and the functions one
  * part calls in another. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ucx_mem.c - memory registration for the UCX transport: regions mapped
  * with ucp_mem_map once, and the handle that goes with a payload inside one
  * (see hs_tp_mem_register). */

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hsflow: stream the hidden states of a target LLM into a drafter trainer.
 
 Pure-ctypes binding over libhsflow.so (include/hsflow.h):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Zero-copy array views over library memory, and bf16 conversions.
 
 Host memory becomes numpy arrays (np.ctypeslib.as_array over the C pointer:

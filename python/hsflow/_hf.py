@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The transformers side of hsflow-produce: checking a model folder, loading
 only the decoder layers a run needs, and computing one ticket's hidden
 states into their column slices of the wire layout.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ctypes declarations of include/hsflow.h and the lookup of libhsflow.so.
 
 The structures below mirror the C header field by field (same order, same

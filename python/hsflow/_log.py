@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python side's logger, in the C library's format: "[HH:MM:SS.mmm tag
 LEVEL] message" on stderr, the level from HS_LOG_LEVEL (error, warn, info,
 debug, trace; default info)."""

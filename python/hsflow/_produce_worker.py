@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One hsflow-produce worker process: a model replica on one device (a GPU,
 or the CPU), its own connection to the consumer (an hsflow.Producer), and
 the loop that turns tickets into hidden states.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hsflow.Consumer: the drafter side. Listens for producers, hands out tickets,
 and yields verified batches as zero-copy arrays over the consumer's memory."""
 import ctypes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hsflow-produce (python -m hsflow.produce): a producer for any causal LM
 that transformers can load. It takes hs-producer's flags, computes the same
 plan (the same plan hash, so it can serve a run beside hs-producer

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hsflow.Producer: the target side for models the built-in decoder does not
 cover. The library computes the shared plan, talks to the consumer and hands
 out tickets; the caller computes each ticket's hidden states and sends them."""

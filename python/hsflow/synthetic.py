@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The synthetic hidden states of hsflow's test source, in numpy.
 
 Bit-identical to hs_batch_synth_fill (proto/batch.c): a producer that sends

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """attn_torch - torch's scaled_dot_product_attention at the shapes of
 `hs-bench-forward --attn-only`, on its flash and cuDNN backends.
 

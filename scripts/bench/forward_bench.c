@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* forward_bench.c - hs-bench-forward: times the CUDA forward of a model
  * folder at several batch shapes (n_seqs x seq_len) and prints one JSON
  * line per shape: tokens/s, us/token, MFU, peak memory. Used by

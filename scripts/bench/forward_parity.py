@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """forward_parity.py - the CUDA forward against transformers (bf16, sdpa, on
 the GPU) and against the CPU forward, layer by layer, for every family in
 tests/data, on several batch shapes.

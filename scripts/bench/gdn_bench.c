@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gdn_bench.c - hs-bench-gdn: times the CUDA gated delta rule (Gated
  * DeltaNet's token mixer), chunked and recurrent forms, at batch shapes
  * n_seqs x seq_len on random inputs of Qwen3.6-27B's GDN shape (16 key

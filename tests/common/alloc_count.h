@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* alloc_count.h - a counting allocator for tests that prove a path
  * allocates nothing: included by exactly one file of a test program, it
  * puts malloc, calloc, realloc and posix_memalign of the whole process

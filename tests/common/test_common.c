@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_common.c - parsers, CRC-32C, the chunked payload checksum and output
  * files. */
 #include <check.h>

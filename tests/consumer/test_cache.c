@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_cache.c - the host-RAM cache: capacity never exceeded (checked against
  * an independent page-bitmap model), coalescing, bounded fragmentation,
  * exact contains(), alignment, chunked preparation and two-thread use. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_sched.c - the ticket scheduler: exactly-once delivery under random
  * leases, fills, failed verifications and disconnects (with a real cache
  * behind it), returned leases first and in order with their slots, ticket

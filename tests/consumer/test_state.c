@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_state.c - the resume state: a bound state marked across epochs
  * survives encode/decode bit for bit and gives the scheduler the same resume
  * bitmap; the size query; a state of another plan, epoch count or order is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_config.c - config.json parsing (model/config.c): architectures,
  * sizes, head and key/value head counts, rope_scaling / rope_parameters,
  * partial rotary dims, sliding windows, biases, the hybrid layer types.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_dataset_common.h - what the dataset harnesses check on a dataset the
  * reader accepted: every sequence is non-empty, within the token arrays,
  * with ids >= 0 and masks 0/1, and the lengths add up to the total. */

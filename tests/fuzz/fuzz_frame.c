@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_frame.c - the 16-byte control frame header and whole-frame decoding
  * (proto/frame.c, hs_msg_decode_frame).
  *

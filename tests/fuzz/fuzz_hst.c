@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_hst.c - the .hst token file reader (producer/dataset.c): header
  * magic, version, size and CRC-32C, the counts against the file size, the
  * offsets, the body fingerprint, token values.

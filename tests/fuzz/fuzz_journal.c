@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_journal.c - the consumer's resume journal reader
  * (consumer/journal.c): the "hsflow-journal 1 plan=... batches=..."
  * header, "<epoch> <batch>" lines, a last line cut short, then binding the

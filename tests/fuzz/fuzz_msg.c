@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_msg.c - every control message's decode and validation (proto/msg.c):
  * HELLO, AUTH, WELCOME, TICKET, DONE, STATS, ERROR, BYE, PLAN, CHALLENGE.
  *

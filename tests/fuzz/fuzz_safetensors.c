@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_safetensors.c - the safetensors reader (model/safetensors.c): the
  * 8-byte header length, the JSON header, every tensor's dtype, shape and
  * data offsets, and __metadata__.

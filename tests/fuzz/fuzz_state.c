@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_state.c - the consumer's resume state (consumer/state.c), the JSON a
  * trainer saves in its checkpoint and gives back through --resume-state or
  * Consumer(resume=...): version, plan, counts, the partial epochs and their

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_ucx_hello.c - libFuzzer harness for the UCX bootstrap records
  * (transport/ucx_hello.c), the only bytes a peer gets to send before it has
  * proved itself on a UCX consumer. Input: one record as it would arrive. The

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* make_corpus.c - writes the generated part of the fuzz seed corpus:
  *
  *   fuzz-make-corpus OUT_DIR SOURCE_DIR

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* replay_main.c - runs a libFuzzer harness over files, without libFuzzer.
  *
  *   fuzz_X_replay DIR_OR_FILE...

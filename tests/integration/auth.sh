@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # auth.sh basic|poison - the HMAC handshake over a shared secret (--secret-file):
 #   basic:  1. a producer with a different secret is refused ("authentication
 #              failed"); 2. a producer without a secret is refused and told to

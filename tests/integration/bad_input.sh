@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bad_input.sh - bad input to hs-producer, hs-consumer and hs-data: each case
 # must end with the documented exit code (2 for usage errors and bad input
 # files, 1 for hs-data operations that failed) and a message that names what

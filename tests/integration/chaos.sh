@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # chaos.sh - exactly once under repeated crashes: three --reconnect producers
 # feed a --journal consumer for 3 epochs of verified synthetic data while
 # producers are SIGKILLed and restarted one after another (20 times), and

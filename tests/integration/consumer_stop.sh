@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # consumer_stop.sh - a consumer that cannot hold its cache says so at start,
 # and one that is told to stop keeps its records straight:
 #   - --cache-gb beyond MemAvailable (the real machine) is refused with exit

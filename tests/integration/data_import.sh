@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # data_import.sh - hs-data import and info stream: their peak memory stays
 # bounded (well under what the dataset takes in memory), they agree on the
 # fingerprint, they show progress on a terminal (and not in a log), and they

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # env_vars.sh - every flag can come from an HS_* environment variable: a run
 # configured only through the environment behaves like its flags would
 # (epochs, cache size, order, verification, layout, budget, workers,

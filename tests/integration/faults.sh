@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # faults.sh MODE TRANSPORT - faults injected into the consumer's transport
 # (HS_FAULT, see transport/fault.c) while three producers run two epochs:
 #   corrupt  one payload has a byte flipped after it landed: the checksum

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # fd_exhaustion.sh tcp|ucx - a consumer under a low open-file limit is
 # flooded with connections until accept() fails with EMFILE. The listening
 # socket stays readable then, so a loop that polls it again at once spins:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # garbage_peer.sh tcp|auto - raw sockets send garbage to a consumer in the
 # middle of a real run: each garbage connection is answered with an ERROR
 # frame or cut off, and the three real producers finish the run untouched

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # hst_truncated.sh - a .hst file truncated while producers read it: every
 # producer stops with an error naming the file (exit 2, not killed by
 # SIGBUS), the consumer keeps running and its status line says that no

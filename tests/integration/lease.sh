@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # lease.sh - a producer whose batch takes longer than --lease-timeout keeps
 # its tickets while its worker computes: the CPU forward of the small test
 # model over one 3,600-token sequence takes seconds of CPU, far more than

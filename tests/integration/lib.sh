@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # lib.sh - helpers shared by the integration scripts (sourced, not run):
 # a scratch folder, background processes that are always cleaned up, free
 # ports, bounded waits on log lines and process exits, and checks on the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # metrics.sh - the consumer's Prometheus endpoint serves its figures during
 # a run (GET /metrics, with the epoch, progress and hsflow_bottleneck), and
 # GET /healthz its state as JSON, refuses other paths, and --stats-jsonl writes one

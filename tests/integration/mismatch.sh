@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # mismatch.sh plan|layout - a producer whose plan (other --seed or
 # --token-budget) or layout (other --layers or --hidden-size) differs from the
 # run's is refused with a message naming both values; the first producer is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # model_source.sh - hs-producer --source model on the CPU path with a
 # Qwen3.5 hybrid checkpoint (Gated DeltaNet + gated attention), one epoch
 # into a consumer: the run must end complete with every planned batch

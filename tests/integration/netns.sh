@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # netns.sh tcp|ucx|ucx-default - two "hosts" on one machine: the consumer in
 # one network namespace, two producers in another, joined by a veth pair
 # (10.77.N.1 <-> 10.77.N.2, the interface is called hs0 on both sides). The

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # outputs.sh - output files never destroy an input and never appear half
 # written: hs-forward --out naming the --data file (by the same name, a
 # symlink or a hard link) or a file of the --model folder is refused with

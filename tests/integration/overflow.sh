@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # overflow.sh - sequences longer than --max-seq-len are truncated or dropped
 # as --overflow says, and counted: in `hs-data plan`, in the producer's plan
 # log line ("N truncated, M dropped"), and in the tokens the consumer

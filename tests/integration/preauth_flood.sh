@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # preauth_flood.sh tcp|ucx - 200 unauthenticated connections (50 from one
 # address, 150 from as many others) each send as much of a maximal frame as
 # they may, never completing it, and stay connected. What they cost the

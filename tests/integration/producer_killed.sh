@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # producer_killed.sh - a producer is killed with SIGKILL mid-epoch while it
 # holds tickets; its leases go back to the queue, the two others finish its
 # work, and every batch of both epochs is still delivered exactly once.

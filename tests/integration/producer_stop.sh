@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # producer_stop.sh - SIGTERM stops a producer cleanly mid-run: it exits 0,
 # the consumer logs its goodbye and hands the tickets it held to the other
 # producers, and the run completes with every batch delivered exactly once.

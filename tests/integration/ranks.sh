@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ranks.sh - data-parallel consumer ranks fed by producers that connect to
 # every rank (DESIGN §11). Each case runs 4 ranks x 3 producers x 2 epochs of
 # synthetic, verified batches; each rank's journal is the exact list of what

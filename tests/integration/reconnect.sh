@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # reconnect.sh [tcp|ucx] [KILLS] - the consumer is killed with SIGKILL
 # mid-run and restarted on the same port with the same --journal, KILLS times
 # (default 1); producers started with --reconnect connect again each time

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # resume.sh - a consumer killed with SIGKILL mid-run restarts with the same
 # --journal and delivers only what the trainer had not released: across the
 # two runs every batch of every epoch is released exactly once (the journal

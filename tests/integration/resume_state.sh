@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # resume_state.sh - hs-consumer --save-state / --resume-state. A run writes its
 # position atomically while it goes; one copy of it stands for the trainer's
 # checkpoint, and the consumer is SIGKILLed some batches later (its --journal

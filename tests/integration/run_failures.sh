@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # run_failures.sh - runs that cannot succeed end promptly with a clear
 # message and a non-zero exit instead of hanging:
 #   - a cache smaller than the largest batch of the plan;

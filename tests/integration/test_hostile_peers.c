@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_hostile_peers.c - an in-process consumer facing hostile raw-socket
  * peers that speak (or abuse) the TCP wire format of transport/tcp.c: each
  * bad peer must get an ERROR frame or be cut off, and afterwards a real
@@ -55,7 +56,8 @@ static hs_layout_t g_layout;
 static void fixture_setup(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    snprintf(g_dir, sizeof g_dir, "%s/hs-hostile.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    snprintf(g_dir, sizeof g_dir, "%s/hs-hostile.XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     ck_assert_ptr_nonnull(mkdtemp(g_dir));
     snprintf(g_data, sizeof g_data, "%s/data.jsonl", g_dir);
     FILE *f = fopen(g_data, "w");
@@ -70,8 +72,8 @@ static void fixture_setup(void)
     }
     ck_assert_int_eq(fclose(f), 0);
     ck_assert_int_eq(hs_dataset_open(g_data, &g_ds), HS_OK);
-    hs_plan_config_t pc = {.token_budget = BUDGET, .max_seq_len = 0,
-                           .overflow = HS_OVERFLOW_TRUNCATE, .seed = 7};
+    hs_plan_config_t pc = {
+        .token_budget = BUDGET, .max_seq_len = 0, .overflow = HS_OVERFLOW_TRUNCATE, .seed = 7};
     ck_assert_int_eq(hs_plan_build(g_ds, &pc, &g_plan), HS_OK);
     ck_assert_uint_ge(hs_plan_n_batches(g_plan), 4);
     memset(&g_layout, 0, sizeof g_layout);
@@ -98,7 +100,7 @@ typedef struct {
     atomic_bool stop;
     uint32_t n_batches;
     hs_order_t order;
-    uint32_t *seen; /* [EPOCHS][n_batches] deliveries */
+    uint32_t *seen;     /* [EPOCHS][n_batches] deliveries */
     uint32_t *sequence; /* epoch * n_batches + batch, in delivery order */
     atomic_uint delivered, out_of_range, bad;
     char bad_why[256];
@@ -124,8 +126,8 @@ static void *trainer_main(void *arg)
             hs_batch_offsets_t off = hs_batch_offsets(b.n_seqs, b.n_tokens, &g_layout);
             uint8_t *region = (uint8_t *)(uintptr_t)b.cu_seqlens - off.cu_seqlens;
             char why[256] = "";
-            hs_status_t v = hs_batch_verify(region, b.bytes, b.epoch, b.batch, b.n_seqs,
-                                            b.n_tokens, &g_layout, why, sizeof why);
+            hs_status_t v = hs_batch_verify(region, b.bytes, b.epoch, b.batch, b.n_seqs, b.n_tokens,
+                                            &g_layout, why, sizeof why);
             if (v == HS_OK) {
                 hs_batch_view_t view = hs_batch_view(region, b.n_seqs, b.n_tokens, &g_layout);
                 v = hs_batch_synth_check(&view, &g_layout, why, sizeof why);
@@ -244,8 +246,8 @@ static void harness_finish(harness_t *h, hs_consumer_stats_t *out)
     ck_assert_uint_eq(out->batches_delivered, planned);
     ck_assert_uint_eq(atomic_load(&h->delivered), planned);
     for (uint32_t i = 0; i < EPOCHS * h->n_batches; i++)
-        ck_assert_msg(h->seen[i] == 1, "batch %u of epoch %u delivered %u times",
-                      i % h->n_batches, i / h->n_batches, h->seen[i]);
+        ck_assert_msg(h->seen[i] == 1, "batch %u of epoch %u delivered %u times", i % h->n_batches,
+                      i / h->n_batches, h->seen[i]);
     ck_assert_uint_eq(out->duplicates, 0);
     if (!h->corrupt_peers) ck_assert_uint_eq(out->checksum_failures, 0);
     ck_assert_msg(out->producers_dropped <= out->producers_seen,
@@ -274,7 +276,8 @@ static int raw_connect(uint16_t port)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_msg(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect: %s", strerror(errno));
+    ck_assert_msg(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect: %s",
+                  strerror(errno));
     return fd;
 }
 
@@ -375,7 +378,8 @@ static void expect_refused(int fd, const char *needle, bool error_required)
         uint16_t type;
         ProtobufCMessage *m = NULL;
         rx_t r = raw_recv_msg(fd, &type, &m);
-        ck_assert_msg(r != RX_TIMEOUT, "the consumer neither refused nor cut off a bad peer within %d s",
+        ck_assert_msg(r != RX_TIMEOUT,
+                      "the consumer neither refused nor cut off a bad peer within %d s",
                       RECV_TIMEOUT_S);
         if (r != RX_MSG) break; /* closed or reset */
         if (type == HS_MSG_ERROR) {
@@ -587,15 +591,15 @@ static unsigned log_capture_stop(log_capture_t *lc, const char *needle)
 }
 
 /* Waits (bounded) until the consumer's stats satisfy `cond`. */
-#define WAIT_STATS(c, s, cond)                                                                   \
-    do {                                                                                         \
-        double t_end_ = hs_now_s() + 20.0;                                                       \
-        for (;;) {                                                                               \
-            hs_consumer_stats((c), &(s));                                                        \
-            if (cond) break;                                                                     \
-            ck_assert_msg(hs_now_s() < t_end_, "timed out waiting for " #cond);                  \
-            usleep(2000);                                                                        \
-        }                                                                                        \
+#define WAIT_STATS(c, s, cond)                                                                     \
+    do {                                                                                           \
+        double t_end_ = hs_now_s() + 20.0;                                                         \
+        for (;;) {                                                                                 \
+            hs_consumer_stats((c), &(s));                                                          \
+            if (cond) break;                                                                       \
+            ck_assert_msg(hs_now_s() < t_end_, "timed out waiting for " #cond);                    \
+            usleep(2000);                                                                          \
+        }                                                                                          \
     } while (0)
 
 /* ---- tests ------------------------------------------------------------------------ */
@@ -888,16 +892,30 @@ START_TEST(test_well_framed_but_invalid_messages_are_refused)
     for (int variant = 0; variant < 7; variant++) {
         hello_fill(&hello, "raw-invalid", &lm, layers, nonce);
         switch (variant) {
-        case 0: hello.client_nonce.len = 0; hello.client_nonce.data = NULL; break;
-        case 1: hello.client_nonce.len = 3; break;
-        case 2: hello.layout = NULL; break;
+        case 0:
+            hello.client_nonce.len = 0;
+            hello.client_nonce.data = NULL;
+            break;
+        case 1:
+            hello.client_nonce.len = 3;
+            break;
+        case 2:
+            hello.layout = NULL;
+            break;
         case 3: /* more layers than HS_MAX_LAYERS */
-            for (int i = 0; i < HS_MAX_LAYERS + 8; i++) layers[i] = i;
+            for (int i = 0; i < HS_MAX_LAYERS + 8; i++)
+                layers[i] = i;
             lm.n_layers = HS_MAX_LAYERS + 8;
             break;
-        case 4: lm.layout_id ^= 1; break;
-        case 5: lm.hidden_size = 0; break;
-        case 6: hello.workers = 0; break;
+        case 4:
+            lm.layout_id ^= 1;
+            break;
+        case 5:
+            lm.hidden_size = 0;
+            break;
+        case 6:
+            hello.workers = 0;
+            break;
         }
         int fd = raw_connect(port);
         ck_assert(raw_send_unchecked(fd, HS_MSG_HELLO, &hello.base));
@@ -909,7 +927,8 @@ START_TEST(test_well_framed_but_invalid_messages_are_refused)
         int fd = raw_connect(port);
         uint8_t buf[8 + HS_FRAME_HEADER_BYTES + 32];
         memset(buf, 0, 8);
-        for (int i = 0; i < 32; i++) buf[8 + HS_FRAME_HEADER_BYTES + i] = 0xff;
+        for (int i = 0; i < 32; i++)
+            buf[8 + HS_FRAME_HEADER_BYTES + i] = 0xff;
         hs_frame_header_encode(buf + 8, HS_MSG_HELLO, buf + 8 + HS_FRAME_HEADER_BYTES, 32);
         ck_assert(raw_send(fd, buf, sizeof buf));
         expect_refused(fd, NULL, true);
@@ -934,9 +953,9 @@ START_TEST(test_well_framed_but_invalid_messages_are_refused)
         p.n_seqs = ns;
         p.n_tokens = nt;
         p.last = true;
-        if (variant == 0) p.n_n_tokens = n - 1;    /* arrays of different lengths */
-        if (variant == 1) nt[n / 2] = BUDGET + 1;  /* over the token budget */
-        if (variant == 2) ns[0] = 0;               /* a batch of no sequence */
+        if (variant == 0) p.n_n_tokens = n - 1;   /* arrays of different lengths */
+        if (variant == 1) nt[n / 2] = BUDGET + 1; /* over the token budget */
+        if (variant == 2) ns[0] = 0;              /* a batch of no sequence */
         ck_assert(raw_send_unchecked(fd, HS_MSG_PLAN, &p.base));
         expect_refused(fd, NULL, true);
         free(ns);
@@ -980,7 +999,8 @@ START_TEST(test_bad_peers_beside_verified_batches_write_nothing_outside_their_sl
     for (int i = 0; i < 3; i++) {
         int fd = raw_connect(port);
         uint8_t junk[64];
-        for (size_t k = 0; k < sizeof junk; k++) junk[k] = (uint8_t)(k * 37 + i);
+        for (size_t k = 0; k < sizeof junk; k++)
+            junk[k] = (uint8_t)(k * 37 + i);
         ck_assert(raw_send(fd, junk, sizeof junk));
         expect_refused(fd, NULL, false);
     }
@@ -1006,7 +1026,8 @@ START_TEST(test_bad_peers_beside_verified_batches_write_nothing_outside_their_sl
     ck_assert_msg(atomic_load(&h.bad) == 0, "a delivered batch was corrupt: %s", h.bad_why);
     uint64_t planned = (uint64_t)EPOCHS * h.n_batches;
     ck_assert_uint_eq(s.batches_delivered, planned);
-    for (uint32_t i = 0; i < EPOCHS * h.n_batches; i++) ck_assert_uint_eq(h.seen[i], 1);
+    for (uint32_t i = 0; i < EPOCHS * h.n_batches; i++)
+        ck_assert_uint_eq(h.seen[i], 1);
     harness_check_order(&h);
     ck_assert_uint_eq(s.duplicates, 0);
     ck_assert_uint_eq(s.checksum_failures, 0);
@@ -1115,8 +1136,7 @@ START_TEST(test_unverified_hello_writes_nothing_to_the_journal)
     char line[256], want[64];
     ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
     snprintf(want, sizeof want, "plan=%016llx", (unsigned long long)hs_plan_hash(g_plan));
-    ck_assert_msg(strstr(line, want) != NULL, "journal header '%s' is not for the real plan",
-                  line);
+    ck_assert_msg(strstr(line, want) != NULL, "journal header '%s' is not for the real plan", line);
     unsigned entries = 0;
     while (fgets(line, sizeof line, f))
         entries++;
@@ -1390,7 +1410,8 @@ static Suite *hostile_suite(void)
     tcase_add_test(tc, test_stalled_plan_sender_is_cut_off_and_a_waiting_producer_defines_the_run);
     tcase_add_test(tc, test_unverified_hello_writes_nothing_to_the_journal);
     tcase_add_test(tc, test_a_peer_claiming_4096_workers_gets_a_fair_share_of_the_cache);
-    tcase_add_test(tc, test_tickets_of_a_hoarder_and_a_stopped_producer_expire_and_the_run_completes);
+    tcase_add_test(tc,
+                   test_tickets_of_a_hoarder_and_a_stopped_producer_expire_and_the_run_completes);
     tcase_add_test(tc, test_heartbeats_with_progress_keep_a_peers_tickets_and_beats_without_do_not);
     suite_add_tcase(s, tc);
     return s;

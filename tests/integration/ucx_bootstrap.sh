@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ucx_bootstrap.sh - hostile peers on a UCX consumer's bootstrap port, which
 # is where UCX worker addresses are swapped. UCX trusts a worker address
 # completely (13 malformed bytes make it abort the process), so with a shared

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # verified_run.sh MODE - three producers x two epochs against one consumer
 # that checks every hidden-state element (--verify-synthetic): the run must
 # end complete, with no duplicate, no checksum failure, no protocol error,

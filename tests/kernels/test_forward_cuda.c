@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_forward_cuda.c - the CUDA forward against the CPU forward (its C
  * twin) and against the golden hidden states transformers wrote
  * (tests/data/<family>/golden.safetensors), layer by layer, for every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_gdn_cuda.c - the Gated DeltaNet CUDA kernels (causal conv1d, gates,
  * gated RMSNorm, delta rule) against their plain-C twins, on packed batches
  * of sequences of lengths 1, 63, 64, 65 and 200 (below, at and past one

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_kernels_cuda.c - every CUDA kernel and the cuBLASLt wrapper against
  * its plain-C twin, on odd shapes (not multiples of 32), fixed seeds.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_model.c - the built-in forward's CPU side: golden hidden states from
  * transformers for every family (layer by layer; the Qwen3.5 hybrid and its
  * VL wrapper too), config.json and safetensors error handling, closed-form

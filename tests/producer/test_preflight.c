@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_preflight.c - the producer's preflight: the batch shapes a budget
  * produces, the search for the largest budget that fits, the headroom
  * setting and the forward's FLOP count (all without a GPU); with the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_producer.c - datasets (JSONL, .hst), the batch planner, and filling
  * batch regions from a plan. */
 #define XXH_STATIC_LINKING_ONLY

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_proto.c - control frames and messages, authentication, the batch
  * region and the synthetic hidden states. */
 #include <check.h>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures for the Python binding's tests.
 
 CTest sets HSFLOW_LIB (the libhsflow.so under test), HSFLOW_BIN_DIR (its

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The binding's contract with the C library and with its callers: struct
 layouts match include/hsflow.h, the library lookup fails with a clear
 message, bad arguments are refused before reaching C, errors from C carry

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hsflow.Consumer in this process, fed by real hs-producer processes with
 the synthetic source: every batch's views are checked (shapes, dtypes,
 cu_seqlens, ids and mask against the dataset, every hidden value) and shown

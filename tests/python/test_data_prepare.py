@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hsflow.data prepare: conversations, text and token records to .hst / JSONL.
 
 The tokenizers are built here, offline: a small byte-level BPE trained with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """examples/ddp_drafter.py under torchrun: 2 gloo ranks on the CPU, each with
 its own consumer (rank and world from torchrun), fed by local hs-producer
 processes that connect to both; the ranks train on the same number of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU delivery through the binding (needs torch with CUDA; skipped on CPU
 machines): device views are torch tensors sharing the device memory, and a
 consumer with gpu=0 (a build with CUDA) hands every batch of a run to the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """examples/drafter_loop.py runs on the CPU against local hs-producer
 processes (--loopback), trains on every batch of the run, and reports
 tokens/s and the time it waited for data."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hsflow-produce (python -m hsflow.produce) end to end on the CPU: tiny
 random transformers models built here (llama, qwen3, and the qwen3_moe
 mixture of experts), served to a real consumer over loopback. Every

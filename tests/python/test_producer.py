@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hsflow.Producer in this process feeding an hsflow.Consumer (in a thread of
 the same process), with hidden states computed in numpy (and torch when it
 is installed): every batch is delivered once and every value arrives

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Resume that follows the trainer's checkpoint: Consumer.state_dict() saved
 after k batches, a trainer process SIGKILLed 4 batches later, and a consumer
 built with resume=state, all fed by real hs-producer processes over loopback.

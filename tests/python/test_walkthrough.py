@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """README's walk-through "From a ShareGPT file to a run", run as written.
 
 The shell blocks between the <!-- walkthrough --> markers of README.md are

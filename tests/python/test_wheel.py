@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a user of the Python package does: a fresh virtual environment,
 `pip install ./python` (which builds libhsflow.so and the hs-* commands with
 the project's CMake and puts them inside the package), then, from a folder

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A small byte-level BPE tokenizer built offline (the `tokenizers` package),
 saved as a transformers tokenizer folder with a given chat template; for the
 tests of hsflow.data."""

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_transport.c - payload rate over loopback, receiver and sender each on
  * its own thread (not a test: prints GB/s).
  *   bench_transport [tcp|ucx] [MiB per payload, default 64] [payloads, default 16] */

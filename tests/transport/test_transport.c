@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_transport.c - the transport contract over loopback with real sockets:
  * frames both ways, payloads straight into dest (and nowhere else), refused
  * payloads, malformed peers cut off without hurting others, wakeup from

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # cli_devices.sh - the device flags of hs-consumer and hs-producer:
 # --list-devices prints the RDMA report and exits 0; --require-rdma fails
 # early and clearly with --transport tcp, and on a machine without RDMA

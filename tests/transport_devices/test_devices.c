@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_devices.c - RDMA device discovery (transport/devices.c): GPUs found
  * in a fake sysfs tree, PCIe distance, the NIC nearest a GPU, --nic
  * resolution and its errors, the --list-devices report, and the real

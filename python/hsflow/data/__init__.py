@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hsflow.data: turn training data as people have it into hsflow's token files.
 
     python -m hsflow.data prepare chat.jsonl train.hst --tokenizer /models/target

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Writing and reading hsflow's binary token file (.hst), docs/hst-format.md.
 
     with HstWriter("train.hst") as w:

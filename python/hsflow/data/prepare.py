@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hsflow.data prepare: conversations, text or token records -> .hst (or JSONL).
 
 Inputs: JSONL, a JSON array, Parquet, or a Hugging Face `datasets` folder
