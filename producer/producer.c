@@ -597,10 +597,10 @@ static void on_welcome(link_t *l, const uint8_t *body, uint32_t len)
     if (beat > 2.0) beat = 2.0;
     if (beat < 0.05) beat = 0.05;
     if (pr->heartbeat_s == 0 || beat < pr->heartbeat_s) pr->heartbeat_s = beat;
-    hs_msg_free(m);
-    if (w->world && w->rank >= w->world) {
-        fail(l, HS_ERR_PROTO, "consumer %s says it is rank %u of %u", l->consumer_name, w->rank,
-             w->world);
+    hs_msg_free(m); /* w is gone from here on: l->rank and l->world hold its rank */
+    if (l->world && l->rank >= l->world) {
+        fail(l, HS_ERR_PROTO, "consumer %s says it is rank %u of %u", l->consumer_name, l->rank,
+             l->world);
         return;
     }
     if (!links_check_ranks(l)) return;
