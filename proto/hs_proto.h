@@ -95,7 +95,7 @@ hs_batch_offsets_t hs_batch_offsets(uint32_t n_seqs, uint32_t n_tokens, const hs
 uint64_t hs_batch_bytes(uint32_t n_seqs, uint32_t n_tokens, const hs_layout_t *layout);
 
 /* Typed views into a region; pointers alias `region`, which the caller owns. */
-typedef struct {
+typedef struct hs_batch_view {
     hs_batch_header_t *header;
     int32_t *cu_seqlens;
     uint64_t *sample_ids;

@@ -19,7 +19,6 @@
 #define HS_PLAN_INT_H
 
 #include "dataset_int.h"
-#include "hs_proto.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,6 +38,10 @@ typedef struct {
 } hs_plan_config_t;
 
 typedef struct hs_plan hs_plan_t;
+
+/* The batch region views of hs_proto.h (hs_batch_view_t): the plan fills
+ * one without the data module depending on the wire format. */
+struct hs_batch_view;
 
 typedef struct {
     uint32_t n_seqs;
@@ -85,8 +88,10 @@ void hs_plan_epoch_order(const hs_plan_t *plan, uint32_t epoch, uint32_t *out);
  * HS_ERR_INVALID for a bad id; HS_ERR_MISMATCH if `ds` is not the dataset
  * the plan was built from (fingerprints differ); HS_ERR_IO when the
  * dataset's file changed while it was read (hs_dataset_check). */
-hs_status_t hs_plan_fill_batch(const hs_plan_t *plan, const hs_dataset_t *ds, uint32_t batch_id,
-                               hs_batch_view_t *view);
+__attribute__((warn_unused_result)) hs_status_t hs_plan_fill_batch(const hs_plan_t *plan,
+                                                                   const hs_dataset_t *ds,
+                                                                   uint32_t batch_id,
+                                                                   struct hs_batch_view *view);
 
 #ifdef __cplusplus
 }

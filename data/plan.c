@@ -9,6 +9,7 @@
  * the short ones top up their leftover room, so batches come out nearly full
  * while sequences of similar length still tend to share a batch. */
 #include "plan_int.h"
+#include "hs_proto.h" /* hs_batch_view_t: its layout only, no call into proto/ */
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -337,7 +338,7 @@ void hs_plan_epoch_order(const hs_plan_t *plan, uint32_t epoch, uint32_t *out)
 }
 
 hs_status_t hs_plan_fill_batch(const hs_plan_t *plan, const hs_dataset_t *ds, uint32_t batch_id,
-                               hs_batch_view_t *view)
+                               struct hs_batch_view *view)
 {
     hs_plan_batch_t b;
     if (!ds || !view || hs_plan_batch(plan, batch_id, &b) != HS_OK) {
