@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* report.c - what the producer tells about its run: STATS (the heartbeat
+ * the consumer's lease watches), the live status line naming the limit, and
+ * the summary at the end (log and --summary-json). */
+#include "report_int.h"
+
+#include <stdio.h>
+
+#include "session_int.h"
+
+void hs__report_send_stats(producer_t *pr)
+{
+    Hsflow__Stats s = HSFLOW__STATS__INIT;
+    uint32_t n = pr->cfg->n_workers;
+    double now = hs_now_s(), stall = 0;
+    uint64_t tokens = 0, batches = 0;
+    bool progressing = false;
+    pthread_mutex_lock(&pr->sh.lock);
+    double elapsed = pr->sh.t_start > 0 ? now - pr->sh.t_start : 0;
+    for (uint32_t i = 0; i < n; i++) {
+        worker_t *w = &pr->workers[i];
+        stall += elapsed > 0 ? 100.0 * w->stall_s / elapsed : 0;
+        tokens += w->tokens;
+        batches += w->batches;
+        /* A worker that took or finished a batch since the last beat made
+         * progress; so did one inside a batch whose thread kept computing
+         * (1 ms of CPU at least: a thread blocked in a wait gets none, one
+         * computing on a loaded machine still gets that much). A hung
+         * worker does neither. */
+        if (w->t_progress > pr->net.t_beat) progressing = true;
+        struct timespec ts;
+        if (w->has_cpu_clock && clock_gettime(w->cpu_clock, &ts) == 0) {
+            uint64_t cpu = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+            if (w->computing && cpu - w->cpu_ns_seen >= 1000000u) progressing = true;
+            w->cpu_ns_seen = cpu;
+        }
+    }
+    pr->net.t_beat = now;
+    pthread_mutex_unlock(&pr->sh.lock);
+    s.progressing = progressing;
+    s.worker_count = n;
+    s.tokens = tokens;
+    s.batches = batches;
+    s.stall_pct = n ? stall / n : 0;
+    s.tokens_per_s = elapsed > 0 ? (double)tokens / elapsed : 0;
+    s.uptime_ns = (uint64_t)(elapsed * 1e9);
+    for (uint32_t i = 0; i < pr->net.n_links; i++)
+        if (pr->net.links[i].welcomed) hs__link_send_msg(&pr->net.links[i], HS_MSG_STATS, &s.base);
+}
+
+/* One live status line: rates since the start, worker busy and stall. */
+void hs__report_print_status(producer_t *pr)
+{
+    uint64_t tokens = 0, batches = 0, bytes = 0;
+    double busy = 0, stall = 0;
+    uint32_t n = pr->cfg->n_workers;
+    pthread_mutex_lock(&pr->sh.lock);
+    double elapsed = pr->sh.t_start > 0 ? hs_now_s() - pr->sh.t_start : 0;
+    for (uint32_t i = 0; i < n; i++) {
+        worker_t *w = &pr->workers[i];
+        tokens += w->tokens;
+        batches += w->batches;
+        bytes += w->bytes;
+        busy += w->busy_s;
+        stall += w->stall_s;
+    }
+    uint32_t queued = 0;
+    for (ticket_t *t = pr->sh.tickets; t; t = t->next)
+        queued++;
+    uint32_t epoch = pr->sh.epoch_seen + 1, epochs = pr->sh.epochs;
+    pthread_mutex_unlock(&pr->sh.lock);
+    if (elapsed <= 0) return;
+    double busy_pct = 100.0 * busy / elapsed / n, stall_pct = 100.0 * stall / elapsed / n;
+    /* The limit as this side sees it: workers that wait for tickets wait on
+     * the consumer (its trainer or cache); workers that compute nearly all
+     * the time are the limit; the rest of their time goes to sending. */
+    char limit[160];
+    if (batches < 2)
+        snprintf(limit, sizeof(limit), "too early to name the limit");
+    else if (stall_pct >= 20.0)
+        snprintf(limit, sizeof(limit),
+                 "the consumer is the limit: workers wait for tickets %.0f%% of the time",
+                 stall_pct);
+    else if (busy_pct >= 70.0)
+        snprintf(limit, sizeof(limit),
+                 "this producer is the limit: workers compute %.0f%% of the time", busy_pct);
+    else
+        snprintf(limit, sizeof(limit),
+                 "the network is the limit: workers spend %.0f%% of the time sending",
+                 100.0 - busy_pct - stall_pct);
+    hs_info("epoch %u/%u | %llu batches | %.0f tok/s | %.2f batch/s | %.2f GB/s | tickets queued "
+            "%u | worker busy %.0f%% | stall %.0f%% | %s",
+            epoch, epochs, (unsigned long long)batches, (double)tokens / elapsed,
+            (double)batches / elapsed, (double)bytes / elapsed / 1e9, queued, busy_pct, stall_pct,
+            limit);
+}
+
+void hs__report_print_summary(producer_t *pr)
+{
+    const hs_producer_config_t *cfg = pr->cfg;
+    double elapsed = pr->sh.t_start > 0 ? hs_now_s() - pr->sh.t_start : 0;
+    uint64_t tokens = 0, batches = 0;
+    hs_outfile_t *of = NULL;
+    if (cfg->summary_json) hs_outfile_open(cfg->summary_json, NULL, 0, &of);
+    FILE *f = of ? hs_outfile_stream(of) : NULL;
+    if (f) fprintf(f, "{\n  \"workers\": [\n");
+    for (uint32_t i = 0; i < cfg->n_workers; i++) {
+        worker_t *w = &pr->workers[i];
+        tokens += w->tokens;
+        batches += w->batches;
+        double busy = elapsed > 0 ? 100.0 * w->busy_s / elapsed : 0;
+        double stall = elapsed > 0 ? 100.0 * w->stall_s / elapsed : 0;
+        hs_info("worker %u (%s%d): %llu batches, %llu tokens, busy %.0f%%, stall %.0f%%", i,
+                w->gpu < 0 ? "cpu" : "gpu", w->gpu < 0 ? (int)i : w->gpu,
+                (unsigned long long)w->batches, (unsigned long long)w->tokens, busy, stall);
+        if (f)
+            fprintf(f,
+                    "    {\"worker\": %u, \"gpu\": %d, \"batches\": %llu, \"tokens\": %llu, "
+                    "\"busy_pct\": %.2f, \"stall_pct\": %.2f}%s\n",
+                    i, w->gpu, (unsigned long long)w->batches, (unsigned long long)w->tokens, busy,
+                    stall, i + 1 < cfg->n_workers ? "," : "");
+    }
+    hs_info("done: %llu batches, %llu tokens in %.2f s (%.0f tokens/s)",
+            (unsigned long long)batches, (unsigned long long)tokens, elapsed,
+            elapsed > 0 ? (double)tokens / elapsed : 0);
+    if (f) {
+        fprintf(f,
+                "  ],\n  \"batches\": %llu,\n  \"tokens\": %llu,\n  \"seconds\": %.3f,\n"
+                "  \"tokens_per_s\": %.1f,\n  \"status\": \"%s\"\n}\n",
+                (unsigned long long)batches, (unsigned long long)tokens, elapsed,
+                elapsed > 0 ? (double)tokens / elapsed : 0, hs_status_str(pr->sh.result));
+        hs_outfile_commit(of);
+    }
+}

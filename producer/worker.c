@@ -1,0 +1,248 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* worker.c - the producer's workers (DESIGN §5): one thread per device
+ * takes tickets from the shared queue, fills one of its two staging buffers
+ * (ids, mask, cu_seqlens, hidden states, header, checksum) and hands it to
+ * the network thread, which sends it straight from that buffer and gives it
+ * back when the send completes. So worker k computes batch n+1 while batch
+ * n is on the wire. */
+#include "worker_int.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+ticket_t *hs__ticket_pop(producer_t *pr)
+{
+    ticket_t *t = pr->sh.tickets;
+    pr->sh.tickets = t->next;
+    if (!pr->sh.tickets) pr->sh.tickets_tail = NULL;
+    return t;
+}
+
+hs_status_t hs__worker_fill_meta(producer_t *pr, const ticket_t *t, uint8_t *region,
+                                 hs_batch_view_t *v)
+{
+    const hs_layout_t *layout = &pr->cfg->layout;
+    *v = hs_batch_view(region, t->n_seqs, t->n_tokens, layout);
+    hs_batch_header_init(v->header, t->epoch, t->batch, t->n_seqs, t->n_tokens, layout,
+                         hs_plan_hash(pr->plan));
+    return hs_plan_fill_batch(pr->plan, pr->ds, t->batch, v);
+}
+
+/* Writes the batch of ticket t into region: metadata from the plan, hidden
+ * states from the source, then the header and checksum. */
+static hs_status_t fill_batch(producer_t *pr, worker_t *w, const ticket_t *t, uint8_t *region)
+{
+    const hs_layout_t *layout = &pr->cfg->layout;
+    hs_batch_view_t v;
+    hs_status_t st = hs__worker_fill_meta(pr, t, region, &v);
+    if (st != HS_OK) return st;
+    if (pr->cfg->source == HS_SOURCE_SYNTHETIC) {
+        hs_batch_synth_fill_seal(&v, layout, t->bytes, w->checksum);
+        return HS_OK;
+    } else {
+        st = hs_model_forward_cpu(pr->model, v.input_ids, v.cu_seqlens, (int)t->n_seqs,
+                                  layout->layers, (int)layout->n_layers, v.hidden,
+                                  HS_MODEL_OUT_BF16, hs_layout_token_bytes(layout) / 2);
+        if (st != HS_OK) return st;
+    }
+    hs_batch_seal(region, t->bytes);
+    (void)w;
+    return HS_OK;
+}
+
+void *hs__worker_cpu_main(void *arg)
+{
+    worker_t *w = arg;
+    producer_t *pr = w->pr;
+    pthread_mutex_lock(&pr->sh.lock);
+    for (;;) {
+        double t_wait = hs_now_s();
+        staging_t *st = NULL;
+        while (!pr->sh.stop) {
+            st = NULL;
+            for (int i = 0; i < STAGING_PER_WORKER; i++)
+                if (!w->staging[i].busy) st = &w->staging[i];
+            if (pr->sh.tickets && st) break;
+            pthread_cond_wait(&pr->sh.cond, &pr->sh.lock);
+        }
+        if (pr->sh.stop) break;
+        ticket_t *t = hs__ticket_pop(pr);
+        st->busy = true;
+        double t0 = hs_now_s();
+        if (pr->sh.t_start > 0)
+            w->stall_s += t0 - (t_wait > pr->sh.t_start ? t_wait : pr->sh.t_start);
+        w->computing = true;
+        w->t_progress = t0;
+        pthread_mutex_unlock(&pr->sh.lock);
+
+        hs_status_t rc = fill_batch(pr, w, t, st->buf);
+        double t1 = hs_now_s();
+        outgoing_t *o = calloc(1, sizeof(*o));
+
+        pthread_mutex_lock(&pr->sh.lock);
+        w->busy_s += t1 - t0;
+        w->computing = false;
+        w->t_progress = t1;
+        if (rc != HS_OK || !o) {
+            hs_error("worker %u: batch %u/%u failed: %s", w->index, t->epoch, t->batch,
+                     hs_status_str(rc != HS_OK ? rc : HS_ERR_NOMEM));
+            pr->sh.result = rc != HS_OK ? rc : HS_ERR_NOMEM;
+            pr->sh.stop = true;
+            st->busy = false;
+            free(o);
+            free(t);
+            pthread_cond_broadcast(&pr->sh.cond);
+            hs_tp_wakeup(pr->tp);
+            break;
+        }
+        w->batches++;
+        w->tokens += t->n_tokens;
+        w->bytes += t->bytes;
+        o->t = *t;
+        o->st = st;
+        o->worker = w->index;
+        o->checksum = ((hs_batch_header_t *)st->buf)->checksum;
+        o->compute_ns = (uint64_t)((t1 - t0) * 1e9);
+        hs_trace("worker %u: batch %u/%u (%.1f MiB) filled in %.1f ms", w->index, t->epoch,
+                 t->batch, (double)t->bytes / (1 << 20), 1e3 * (t1 - t0));
+        o->next = pr->sh.outbox;
+        pr->sh.outbox = o;
+        free(t);
+        hs_tp_wakeup(pr->tp);
+    }
+    pthread_mutex_unlock(&pr->sh.lock);
+    return NULL;
+}
+
+/* A batch whose forward and D2H are queued on the GPU. */
+typedef struct {
+    ticket_t *t;
+    staging_t *st;
+    int slot;
+} inflight_t;
+
+/* Waits for an in-flight batch's hidden states, seals it, hands it over. */
+static hs_status_t gpu_finish(producer_t *pr, worker_t *w, inflight_t *f)
+{
+    double ms = 0;
+    hs_status_t rc = hs__gpu_batch_wait(w->gpu_w, f->slot, &ms);
+    if (rc == HS_OK) hs_batch_seal(f->st->buf, f->t->bytes);
+    outgoing_t *o = rc == HS_OK ? calloc(1, sizeof(*o)) : NULL;
+    pthread_mutex_lock(&pr->sh.lock);
+    if (!o) {
+        hs_error("worker %u (gpu %d): batch %u/%u failed: %s", w->index, w->gpu, f->t->epoch,
+                 f->t->batch, hs_status_str(rc != HS_OK ? rc : HS_ERR_NOMEM));
+        pr->sh.result = rc != HS_OK ? rc : HS_ERR_NOMEM;
+        pr->sh.stop = true;
+        f->st->busy = false;
+        pthread_cond_broadcast(&pr->sh.cond);
+        pthread_mutex_unlock(&pr->sh.lock);
+        hs_tp_wakeup(pr->tp);
+        free(f->t);
+        return HS_ERR_CUDA;
+    }
+    w->busy_s += ms * 1e-3; /* GPU busy: forward time from CUDA events */
+    w->t_progress = hs_now_s();
+    w->batches++;
+    w->tokens += f->t->n_tokens;
+    w->bytes += f->t->bytes;
+    o->t = *f->t;
+    o->st = f->st;
+    o->worker = w->index;
+    o->checksum = ((hs_batch_header_t *)f->st->buf)->checksum;
+    o->compute_ns = (uint64_t)(ms * 1e6);
+    o->next = pr->sh.outbox;
+    pr->sh.outbox = o;
+    pthread_mutex_unlock(&pr->sh.lock);
+    hs_trace("worker %u (gpu %d): batch %u/%u forward %.1f ms", w->index, w->gpu, f->t->epoch,
+             f->t->batch, ms);
+    free(f->t);
+    hs_tp_wakeup(pr->tp);
+    return HS_OK;
+}
+
+/* One GPU: launch batch k+1 before finishing batch k, so the forward of one
+ * overlaps the D2H, checksum and send of the other. */
+void *hs__worker_gpu_main(void *arg)
+{
+    worker_t *w = arg;
+    producer_t *pr = w->pr;
+    inflight_t pending = {0};
+    pthread_mutex_lock(&pr->sh.lock);
+    for (;;) {
+        double t_wait = hs_now_s();
+        int slot = -1;
+        while (!pr->sh.stop) {
+            slot = -1;
+            for (int i = 0; i < STAGING_PER_WORKER; i++)
+                if (!w->staging[i].busy) slot = i;
+            if (pr->sh.tickets && slot >= 0) break;
+            /* Nothing to launch yet. Finish the batch on the GPU once its
+             * hidden states are out; until then wait in short steps for a
+             * staging buffer (the one being sent) or a ticket, so the next
+             * forward is queued before this one ends and the GPU never waits
+             * for a checksum or a send. */
+            if (pending.t && hs__gpu_batch_done(w->gpu_w, pending.slot)) {
+                pthread_mutex_unlock(&pr->sh.lock);
+                hs_status_t rc = gpu_finish(pr, w, &pending);
+                pending.t = NULL;
+                pthread_mutex_lock(&pr->sh.lock);
+                w->computing = false;
+                if (rc != HS_OK) break;
+                t_wait = hs_now_s();
+                continue;
+            }
+            if (pending.t) {
+                struct timespec dl;
+                clock_gettime(CLOCK_REALTIME, &dl);
+                dl.tv_nsec += 2000000;
+                if (dl.tv_nsec >= 1000000000L) {
+                    dl.tv_sec++;
+                    dl.tv_nsec -= 1000000000L;
+                }
+                pthread_cond_timedwait(&pr->sh.cond, &pr->sh.lock, &dl);
+                continue;
+            }
+            pthread_cond_wait(&pr->sh.cond, &pr->sh.lock);
+        }
+        if (pr->sh.stop) break;
+        staging_t *st = &w->staging[slot];
+        ticket_t *t = hs__ticket_pop(pr);
+        st->busy = true;
+        if (pr->sh.t_start > 0 && !pending.t)
+            w->stall_s += hs_now_s() - (t_wait > pr->sh.t_start ? t_wait : pr->sh.t_start);
+        w->computing = true;
+        w->t_progress = hs_now_s();
+        pthread_mutex_unlock(&pr->sh.lock);
+
+        hs_batch_view_t v;
+        hs_status_t rc = hs__worker_fill_meta(pr, t, st->buf, &v);
+        if (rc == HS_OK) rc = hs__gpu_batch_launch(w->gpu_w, slot, &v, t->n_seqs, t->n_tokens);
+        if (rc != HS_OK) {
+            hs_error("worker %u (gpu %d): cannot launch batch %u/%u: %s", w->index, w->gpu,
+                     t->epoch, t->batch, hs_status_str(rc));
+            free(t);
+            pthread_mutex_lock(&pr->sh.lock);
+            st->busy = false;
+            pr->sh.result = rc;
+            pr->sh.stop = true;
+            pthread_cond_broadcast(&pr->sh.cond);
+            hs_tp_wakeup(pr->tp);
+            break;
+        }
+        if (pending.t) {
+            rc = gpu_finish(pr, w, &pending);
+            pending.t = NULL;
+        }
+        pending = (inflight_t){t, st, slot};
+        pthread_mutex_lock(&pr->sh.lock);
+        if (rc != HS_OK) break;
+    }
+    pthread_mutex_unlock(&pr->sh.lock);
+    if (pending.t) {
+        double ms;
+        hs__gpu_batch_wait(w->gpu_w, pending.slot, &ms); /* the GPU is done with the buffers */
+        free(pending.t);
+    }
+    return NULL;
+}
