@@ -959,8 +959,8 @@ static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const ch
 /* ---- network thread ---------------------------------------------------------- */
 
 /* A peer that connects and never finishes the handshake would hold its
- * connection forever: cut it off after handshake_timeout_s (15 s, or
- * HS_HANDSHAKE_TIMEOUT_S). */
+ * connection forever: cut it off after handshake_timeout_s (configured,
+ * default 15 s). */
 static void drop_stalled_handshakes(hs_consumer_t *c, double now)
 {
     /* The same bound for the plan exchange, page by page: a producer asked
@@ -1133,6 +1133,9 @@ void hs_consumer_config_default(hs_consumer_config_t *cfg)
     cfg->verify_threads = 1;
     cfg->peer_timeout_s = 10;
     cfg->lease_timeout_s = 60;
+    cfg->status_interval_s = 5;
+    cfg->handshake_timeout_s = 15;
+    cfg->no_producer_warn_s = 30;
     cfg->rank = 0;
     cfg->world = 1;
     cfg->uneven = HS_UNEVEN_DROP;
@@ -1187,6 +1190,23 @@ static const hs_tp_callbacks_t consumer_callbacks = {
     .on_close = cb_close,
 };
 
+/* The tuning that is not in the listening line, defaults resolved, so every
+ * log (hs-consumer's or a trainer's) says what the run was tuned with. */
+static void log_effective_config(const hs_consumer_t *c, const hs_tp_config_t *tc)
+{
+    const hs_consumer_config_t *cfg = &c->cfg;
+    char status[32], tuning[160];
+    if (c->status_interval > 0)
+        snprintf(status, sizeof status, "%g s", c->status_interval);
+    else
+        snprintf(status, sizeof status, "never");
+    hs_tp_config_describe(tc, tuning, sizeof tuning);
+    hs_info("consumer settings: verify threads %u, peer timeout %u s, handshake timeout %g s, "
+            "status every %s, no-producer warning after %g s, %s",
+            cfg->verify_threads, cfg->peer_timeout_s ? cfg->peer_timeout_s : 10,
+            c->handshake_timeout_s, status, c->no_producer_warn_s, tuning);
+}
+
 hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer_t **out)
 {
     hs_status_t st;
@@ -1211,19 +1231,23 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
                  cfg->lease_timeout_s);
         return HS_ERR_INVALID;
     }
+    if (!(cfg->status_interval_s <= 1e6) || !(cfg->handshake_timeout_s >= 0) ||
+        !(cfg->handshake_timeout_s <= 1e6) || !(cfg->no_producer_warn_s >= 0) ||
+        !(cfg->no_producer_warn_s <= 1e6)) {
+        hs_error("consumer: status interval %g s, handshake timeout %g s, no-producer warning "
+                 "%g s: expected seconds up to 1000000 (0 = the default)",
+                 cfg->status_interval_s, cfg->handshake_timeout_s, cfg->no_producer_warn_s);
+        return HS_ERR_INVALID;
+    }
     st = hs_cache_check_room(cfg->cache_bytes, cfg->force);
     if (st != HS_OK) return st;
     hs_consumer_t *c = calloc(1, sizeof(*c));
     if (!c) return HS_ERR_NOMEM;
     c->cfg = *cfg;
     hs_msg_arena_init(&c->done_arena);
-    c->status_interval = 5.0;
-    const char *si = getenv("HS_STATUS_INTERVAL");
-    if (si) c->status_interval = atof(si);
-    const char *ht = getenv("HS_HANDSHAKE_TIMEOUT_S");
-    c->handshake_timeout_s = ht && atof(ht) > 0 ? atof(ht) : 15.0;
-    const char *nw = getenv("HS_NO_PRODUCER_WARN_S");
-    c->no_producer_warn_s = nw && atof(nw) > 0 ? atof(nw) : 30.0;
+    c->status_interval = cfg->status_interval_s == 0 ? 5.0 : cfg->status_interval_s;
+    c->handshake_timeout_s = cfg->handshake_timeout_s > 0 ? cfg->handshake_timeout_s : 15.0;
+    c->no_producer_warn_s = cfg->no_producer_warn_s > 0 ? cfg->no_producer_warn_s : 30.0;
     c->t_producer_seen = hs_now_s();
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
@@ -1280,6 +1304,9 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     tc.require_rdma = cfg->require_rdma;
     tc.auth_key = c->have_secret ? &c->key : NULL; /* copied: c->key stays ours */
     tc.allow_remote = cfg->insecure;
+    tc.tcp_sockbuf = cfg->tcp_sockbuf;
+    tc.ucx_no_memh = cfg->ucx_no_memh;
+    tc.fault = cfg->fault;
     st = hs_tp_create(&tc, &consumer_callbacks, c, &c->tp);
     if (st != HS_OK) goto err_cache;
     st = hs_tp_listen(c->tp, cfg->listen_host, cfg->listen_port, &c->port);
@@ -1312,6 +1339,7 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
             hs_shard_uneven_str((hs_shard_uneven_t)cfg->uneven),
             c->have_secret ? "HMAC auth"
                            : (cfg->insecure ? "INSECURE: any peer" : "loopback peers only"));
+    log_effective_config(c, &tc);
     *out = c;
     return HS_OK;
 

@@ -121,7 +121,7 @@ struct hs_consumer {
     uint64_t n_seen, n_dropped, n_proto_errors, leases_returned;
     double t_last_status, status_interval, handshake_timeout_s;
     /* last time a producer was connected (under lock), and how long none may
-     * be before the status line says so (30 s, or HS_NO_PRODUCER_WARN_S) */
+     * be before the status line says so (no_producer_warn_s of the config, 30 s) */
     double t_producer_seen, no_producer_warn_s;
 
     /* checksum threads */

@@ -68,7 +68,18 @@ static const char usage[] =
     "  --summary-json FILE    write the end-of-run summary as JSON (\"-\" = stdout), also when\n"
     "                         stopped by SIGTERM/SIGINT (the first signal stops cleanly, keeping\n"
     "                         summary and journal consistent; a second one exits at once)\n"
-    "  --status-interval S    seconds between status lines (default 5; 0 = off)\n"
+    "  --status-interval S    seconds between status lines (default 5; 0 = off); with\n"
+    "                         --loopback its producers inherit it\n"
+    "  --handshake-timeout S  a peer must finish its handshake S seconds after connecting, and\n"
+    "                         send each page of its plan within S (default 15)\n"
+    "  --no-producer-warn S   warn when no producer has connected for S seconds (default 30)\n"
+    "  --tcp-sockbuf SIZE     TCP socket buffers, e.g. 16M, at most 1G; 0 = the kernel's\n"
+    "                         autotuning (default: 16M where net.core.rmem_max and wmem_max\n"
+    "                         allow it, else autotuning)\n"
+    "  --ucx-memh 1|0         0 = receive payloads without their registered UCX memory handle\n"
+    "                         (for comparisons only; default 1)\n"
+    "  --fault SPEC           tests only: inject faults into what arrives here,\n"
+    "                         corrupt=N,cut=N,delay_ms=MS (Nth payload / Nth frame)\n"
     "  --metrics HOST:PORT    serve Prometheus metrics at http://HOST:PORT/metrics\n"
     "  --stats-jsonl FILE     append the figures as one JSON line per second, \"time\" in\n"
     "                         Unix seconds (plot: python -m hsflow.plot FILE -o run.png)\n"
@@ -142,6 +153,11 @@ enum {
     OPT_RANK,
     OPT_WORLD,
     OPT_UNEVEN,
+    OPT_HANDSHAKE_TIMEOUT,
+    OPT_NO_PRODUCER_WARN,
+    OPT_TCP_SOCKBUF,
+    OPT_UCX_MEMH,
+    OPT_FAULT,
 };
 
 static const struct option long_options[] = {
@@ -171,6 +187,11 @@ static const struct option long_options[] = {
     {"rank", required_argument, NULL, OPT_RANK},
     {"world", required_argument, NULL, OPT_WORLD},
     {"uneven", required_argument, NULL, OPT_UNEVEN},
+    {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
+    {"no-producer-warn", required_argument, NULL, OPT_NO_PRODUCER_WARN},
+    {"tcp-sockbuf", required_argument, NULL, OPT_TCP_SOCKBUF},
+    {"ucx-memh", required_argument, NULL, OPT_UCX_MEMH},
+    {"fault", required_argument, NULL, OPT_FAULT},
     {"nic", required_argument, NULL, OPT_NIC},
     {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
     {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
@@ -314,9 +335,33 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
             return bad("uneven", arg, from, "expected drop or repeat");
         return 0;
     case OPT_STATUS:
-        if (hs_parse_double(arg, &d) != HS_OK || d < 0)
-            return bad("status-interval", arg, from, "expected seconds >= 0");
-        setenv("HS_STATUS_INTERVAL", arg, 1);
+        if (hs_parse_double(arg, &d) != HS_OK || d < 0 || d > 1e6)
+            return bad("status-interval", arg, from, "expected seconds >= 0 (0 = off)");
+        o->cfg.status_interval_s = d > 0 ? d : -1;
+        setenv("HS_STATUS_INTERVAL", arg, 1); /* for the --loopback producers */
+        return 0;
+    case OPT_HANDSHAKE_TIMEOUT:
+        if (hs_parse_double(arg, &d) != HS_OK || !(d > 0) || d > 1e6)
+            return bad("handshake-timeout", arg, from, "expected seconds > 0 such as 15");
+        o->cfg.handshake_timeout_s = d;
+        return 0;
+    case OPT_NO_PRODUCER_WARN:
+        if (hs_parse_double(arg, &d) != HS_OK || !(d > 0) || d > 1e6)
+            return bad("no-producer-warn", arg, from, "expected seconds > 0 such as 30");
+        o->cfg.no_producer_warn_s = d;
+        return 0;
+    case OPT_TCP_SOCKBUF:
+        if (hs_parse_size(arg, &u) != HS_OK || u > 1ull << 30)
+            return bad("tcp-sockbuf", arg, from, "expected a size up to 1G such as 16M, or 0");
+        o->cfg.tcp_sockbuf = u ? u : UINT64_MAX; /* 0: the kernel's autotuning */
+        return 0;
+    case OPT_UCX_MEMH:
+        if (strcmp(arg, "0") && strcmp(arg, "1"))
+            return bad("ucx-memh", arg, from, "expected 1 or 0");
+        o->cfg.ucx_no_memh = !strcmp(arg, "0");
+        return 0;
+    case OPT_FAULT:
+        o->cfg.fault = arg; /* checked where the transport starts */
         return 0;
     case OPT_LOOPBACK:
         if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > MAX_LOOPBACK)

@@ -34,6 +34,7 @@ enum {
     OPT_MAX_LEN,
     OPT_VOCAB,
     OPT_LOG_LEVEL,
+    OPT_STATUS_INTERVAL,
 };
 
 static const struct option long_opts[] = {
@@ -47,14 +48,15 @@ static const struct option long_opts[] = {
     {"max-len", required_argument, NULL, OPT_MAX_LEN},
     {"vocab", required_argument, NULL, OPT_VOCAB},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"status-interval", required_argument, NULL, OPT_STATUS_INTERVAL},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
 /* Which commands each option applies to (indexed by option - OPT_TOKEN_BUDGET). */
 static const int opt_cmds[] = {
-    CMD_PLAN,  CMD_PLAN,  CMD_PLAN, CMD_PLAN | CMD_SYNTH, CMD_PLAN, CMD_SYNTH, CMD_SYNTH,
-    CMD_SYNTH, CMD_SYNTH, CMD_ALL,
+    CMD_PLAN,  CMD_PLAN, CMD_PLAN, CMD_PLAN | CMD_SYNTH, CMD_PLAN, CMD_SYNTH, CMD_SYNTH, CMD_SYNTH,
+    CMD_SYNTH, CMD_ALL,  CMD_PLAN,
 };
 
 typedef struct {
@@ -65,6 +67,7 @@ typedef struct {
     uint64_t epochs;
     uint64_t sequences; /* 0 = not given */
     uint64_t min_len, max_len, vocab;
+    double status_interval; /* plan progress; 0 = 5 s, < 0 = never */
 } opts_t;
 
 static void usage(FILE *f)
@@ -100,6 +103,8 @@ static void usage(FILE *f)
         "  --overflow P         what to do with longer sequences: truncate (default) or drop\n"
         "  --seed S             seed of the per-epoch batch order (default 0)\n"
         "  --epochs E           show the batch order of the first E epochs (default 1)\n"
+        "  --status-interval S  a progress line every S seconds while a large plan is\n"
+        "                       built (default 5; 0 = none)\n"
         "synth options:\n"
         "  --sequences N        how many sequences (required)\n"
         "  --min-len A          shortest sequence (default 16)\n"
@@ -172,6 +177,13 @@ static int opt_apply(opts_t *o, int id, const char *val, const char *src)
             return die_usage("%s: '%s' is not a number of epochs in 1..1000000", src, val);
         o->epochs = v;
         return 0;
+    case OPT_STATUS_INTERVAL: {
+        double d;
+        if (hs_parse_double(val, &d) != HS_OK || d < 0 || d > 1e6)
+            return die_usage("%s: '%s' is not seconds >= 0 (0 = no progress lines)", src, val);
+        o->status_interval = d > 0 ? d : -1;
+        return 0;
+    }
     case OPT_LOG_LEVEL: {
         static const char *names[] = {"error", "warn", "info", "debug", "trace"};
         for (int i = 0; i < 5; i++) {
@@ -291,6 +303,7 @@ static int cmd_plan(const char *path, const opts_t *o)
         .max_seq_len = (uint32_t)o->max_seq_len,
         .overflow = o->overflow,
         .seed = o->seed,
+        .progress_interval_s = o->status_interval,
     };
     double t0 = hs_now_s();
     if (hs_plan_build(ds, &cfg, &plan) != HS_OK) goto out;

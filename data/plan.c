@@ -95,24 +95,21 @@ static uint64_t plan_compute_hash(const hs_plan_t *p, uint64_t n_kept)
  * the number of bins, with bin_tokens[b] their fill (bin_tokens has room for
  * n entries). */
 /* Progress of a long plan (millions of sequences): a line every
- * HS_STATUS_INTERVAL seconds (default 5; 0 = at every check), checked every
- * 2^16 sequences so the loops stay tight. */
+ * progress_interval_s seconds, checked every 2^16 sequences so the loops
+ * stay tight. */
 typedef struct {
-    double interval, t_last, t_start;
+    double interval, t_last, t_start; /* interval < 0: never */
 } plan_progress_t;
 
-static void plan_progress_init(plan_progress_t *pg)
+static void plan_progress_init(plan_progress_t *pg, double interval_s)
 {
-    const char *e = getenv("HS_STATUS_INTERVAL");
-    char *end = NULL;
-    double v = e ? strtod(e, &end) : 5.0;
-    pg->interval = e && end != e && v >= 0 ? v : 5.0;
+    pg->interval = interval_s == 0 ? 5.0 : interval_s;
     pg->t_start = pg->t_last = hs_now_s();
 }
 
 static void plan_progress(plan_progress_t *pg, const char *what, uint64_t i, uint64_t n)
 {
-    if ((i & 0xffff) || i == 0) return;
+    if ((i & 0xffff) || i == 0 || pg->interval < 0) return;
     double now = hs_now_s();
     if (now - pg->t_last < pg->interval) return;
     pg->t_last = now;
@@ -196,7 +193,7 @@ hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, h
     p->stats.max_seq_len = c.max_seq_len;
 
     plan_progress_t pg;
-    plan_progress_init(&pg);
+    plan_progress_init(&pg, c.progress_interval_s);
     uint64_t k = 0;
     for (uint64_t i = 0; i < n; i++) {
         plan_progress(&pg, "measured", i, n);
@@ -223,7 +220,7 @@ hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, h
         st = HS_ERR_INVALID;
         goto err_free;
     }
-    if (pg.interval == 0 || hs_now_s() - pg.t_start >= pg.interval)
+    if (pg.interval >= 0 && hs_now_s() - pg.t_start >= pg.interval)
         hs_info("plan: sorting %" PRIu64 " sequences by length", k);
     qsort(items, (size_t)k, sizeof(*items), item_cmp);
 
@@ -277,7 +274,7 @@ hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, h
     hs_debug("plan: %" PRIu64 " sequences -> %" PRIu32 " batches, budget %" PRIu32
              ", fill %.1f%%, hash %016" PRIx64,
              k, p->n_batches, c.token_budget, p->stats.mean_fill_pct, p->hash);
-    if (pg.t_last > pg.t_start || pg.interval == 0) /* progress was shown: say it is done */
+    if (pg.t_last > pg.t_start) /* progress was shown: say it is done */
         hs_info("plan: %" PRIu64 " sequences in %" PRIu32 " batches, built in %.1f s", k,
                 p->n_batches, hs_now_s() - pg.t_start);
     *out = p;

@@ -35,6 +35,9 @@ typedef struct {
     uint32_t max_seq_len;   /* 0 = token_budget; must be <= token_budget */
     hs_overflow_t overflow; /* what to do with sequences longer than max_seq_len */
     uint64_t seed;          /* epoch order */
+    /* Seconds between progress lines while a large plan is built; 0 = 5,
+     * negative = never. Not part of the plan (nor of its hash). */
+    double progress_interval_s;
 } hs_plan_config_t;
 
 typedef struct hs_plan hs_plan_t;

@@ -123,6 +123,25 @@ typedef struct {
     uint32_t rank;
     uint32_t world;
     hs_uneven_t uneven; /* default HS_UNEVEN_DROP */
+    /* Timing (hs-consumer: --status-interval, --handshake-timeout,
+     * --no-producer-warn). status_interval_s: seconds between status lines,
+     * default 5, negative = never. handshake_timeout_s: a peer must complete
+     * its handshake this long after connecting, and send each PLAN page
+     * within it; default 15. no_producer_warn_s: warn when no producer has
+     * connected for this long; default 30. */
+    double status_interval_s;
+    double handshake_timeout_s;
+    double no_producer_warn_s;
+    /* Transport tuning (--tcp-sockbuf, --ucx-memh). tcp_sockbuf: TCP socket
+     * buffers in bytes, at most 1 GiB; 0 = 16 MiB where net.core.rmem_max
+     * and wmem_max allow it, else the kernel's autotuning; UINT64_MAX = the
+     * kernel's autotuning always. ucx_no_memh: receive payloads without
+     * their registered memory handle (for comparisons only). */
+    uint64_t tcp_sockbuf;
+    bool ucx_no_memh;
+    /* Tests: faults injected into what this consumer receives,
+     * "corrupt=N,cut=N,delay_ms=MS" (--fault); NULL = none. */
+    const char *fault;
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */

@@ -68,6 +68,17 @@ typedef struct {
      * them to other producers), batches being computed are finished and
      * sent, then BYE; it returns HS_OK. */
     volatile sig_atomic_t *stop_requested;
+    double status_interval_s; /* seconds between status lines; 0 = 5, negative = never */
+    /* Transport tuning and test faults, as hs_consumer_config_t's. */
+    uint64_t tcp_sockbuf;
+    bool ucx_no_memh;
+    const char *fault;
+    /* Preflight: share of each GPU's memory kept free (default 0.10), the
+     * dense bf16 peak its MFU is measured against (0 = the H100/H200's
+     * 989.4 TFLOP/s) and timed runs per shape (0 = 3). */
+    double preflight_headroom;
+    double preflight_peak_tflops;
+    uint32_t preflight_iters;
 } hs_producer_config_t;
 
 void hs_producer_config_default(hs_producer_config_t *cfg);

@@ -12,6 +12,8 @@
 #include "hs_devices.h"
 #include "hs_model.h"
 #include "plan_int.h"
+#include "preflight_int.h" /* --preflight-headroom */
+#include "hs_transport.h"  /* HS_TP_SOCKBUF_AUTOTUNE */
 
 static const char usage[] =
     "usage: hs-producer --to HOST:PORT --data FILE --token-budget N --layers L1,L2,...\n"
@@ -62,6 +64,20 @@ static const char usage[] =
     "  --reconnect            when the consumer goes away mid-run, connect again (for up to\n"
     "                         --connect-timeout) and carry on with a restarted consumer; also\n"
     "                         rejoin when the consumer took our tickets back (--lease-timeout)\n"
+    "  --status-interval S    seconds between status lines, and between progress lines while\n"
+    "                         a large plan is built (default 5; 0 = off)\n"
+    "  --tcp-sockbuf SIZE     TCP socket buffers, e.g. 16M, at most 1G; 0 = the kernel's\n"
+    "                         autotuning (default: 16M where net.core.rmem_max and wmem_max\n"
+    "                         allow it, else autotuning)\n"
+    "  --ucx-memh 1|0         0 = send payloads without their registered UCX memory handle\n"
+    "                         (for comparisons only; default 1)\n"
+    "  --preflight-headroom F share of each GPU's memory the preflight keeps free: 0.1 or\n"
+    "                         10% (default 10%)\n"
+    "  --preflight-peak-tflops T  the dense bf16 peak the preflight's MFU is measured\n"
+    "                         against (default 989.4, an H100/H200 SXM)\n"
+    "  --preflight-iters N    timed runs of each shape in the preflight (default 3)\n"
+    "  --fault SPEC           tests only: inject faults into what arrives here,\n"
+    "                         corrupt=N,cut=N,delay_ms=MS\n"
     "  --summary-json FILE    write this producer's summary as JSON\n"
     "  --name NAME            identity in the consumer's logs (default host:pid)\n"
     "  -h, --help             this text\n"
@@ -105,6 +121,13 @@ enum {
     OPT_REQUIRE_RDMA,
     OPT_LIST_DEVICES,
     OPT_RECONNECT,
+    OPT_STATUS_INTERVAL,
+    OPT_TCP_SOCKBUF,
+    OPT_UCX_MEMH,
+    OPT_PREFLIGHT_HEADROOM,
+    OPT_PREFLIGHT_PEAK,
+    OPT_PREFLIGHT_ITERS,
+    OPT_FAULT,
 };
 
 static const struct option long_options[] = {
@@ -128,6 +151,13 @@ static const struct option long_options[] = {
     {"name", required_argument, NULL, OPT_NAME},
     {"preflight", no_argument, NULL, OPT_PREFLIGHT},
     {"reconnect", no_argument, NULL, OPT_RECONNECT},
+    {"status-interval", required_argument, NULL, OPT_STATUS_INTERVAL},
+    {"tcp-sockbuf", required_argument, NULL, OPT_TCP_SOCKBUF},
+    {"ucx-memh", required_argument, NULL, OPT_UCX_MEMH},
+    {"preflight-headroom", required_argument, NULL, OPT_PREFLIGHT_HEADROOM},
+    {"preflight-peak-tflops", required_argument, NULL, OPT_PREFLIGHT_PEAK},
+    {"preflight-iters", required_argument, NULL, OPT_PREFLIGHT_ITERS},
+    {"fault", required_argument, NULL, OPT_FAULT},
     {"nic", required_argument, NULL, OPT_NIC},
     {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
     {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
@@ -157,6 +187,7 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     options_t *o = ctx;
     hs_producer_config_t *c = &o->cfg;
     uint64_t u;
+    double d;
     switch (opt) {
     case 'h':
         fputs(usage, stdout);
@@ -260,6 +291,39 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         return 0;
     case OPT_RECONNECT:
         c->reconnect = true;
+        return 0;
+    case OPT_STATUS_INTERVAL:
+        if (hs_parse_double(arg, &d) != HS_OK || d < 0 || d > 1e6)
+            return bad("status-interval", arg, from, "expected seconds >= 0 (0 = off)");
+        c->status_interval_s = d > 0 ? d : -1;
+        return 0;
+    case OPT_TCP_SOCKBUF:
+        if (hs_parse_size(arg, &u) != HS_OK || u > 1ull << 30)
+            return bad("tcp-sockbuf", arg, from, "expected a size up to 1G such as 16M, or 0");
+        c->tcp_sockbuf = u ? u : HS_TP_SOCKBUF_AUTOTUNE;
+        return 0;
+    case OPT_UCX_MEMH:
+        if (strcmp(arg, "0") && strcmp(arg, "1"))
+            return bad("ucx-memh", arg, from, "expected 1 or 0");
+        c->ucx_no_memh = !strcmp(arg, "0");
+        return 0;
+    case OPT_PREFLIGHT_HEADROOM:
+        if (hs__preflight_headroom_parse(arg, &c->preflight_headroom) != HS_OK)
+            return bad("preflight-headroom", arg, from,
+                       "expected a fraction in [0, 1) such as 0.1, or a percentage such as 10%");
+        return 0;
+    case OPT_PREFLIGHT_PEAK:
+        if (hs_parse_double(arg, &d) != HS_OK || !(d >= 1) || d > 1e6)
+            return bad("preflight-peak-tflops", arg, from, "expected TFLOP/s such as 989.4");
+        c->preflight_peak_tflops = d;
+        return 0;
+    case OPT_PREFLIGHT_ITERS:
+        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 100)
+            return bad("preflight-iters", arg, from, "expected 1..100");
+        c->preflight_iters = (uint32_t)u;
+        return 0;
+    case OPT_FAULT:
+        c->fault = arg; /* checked where the transport starts */
         return 0;
     case OPT_NIC:
         if (!arg[0]) return bad("nic", arg, from, "expected auto or NAME[:PORT], e.g. mlx5_0:1");

@@ -137,8 +137,7 @@ void *hs__net_main(void *arg)
 {
     producer_t *pr = arg;
     double t_status = hs_now_s();
-    const char *si = getenv("HS_STATUS_INTERVAL");
-    double status_interval = si ? atof(si) : 5.0;
+    double status_interval = pr->cfg->status_interval_s == 0 ? 5.0 : pr->cfg->status_interval_s;
     while (!pr->net.done) {
         hs_tp_progress(pr->tp, pr->net.stopping ? 20 : 200);
         if (!pr->net.stopping && pr->cfg->stop_requested && *pr->cfg->stop_requested)

@@ -79,25 +79,21 @@ hs_status_t hs__preflight_search(hs__preflight_peak_cb peak, void *ctx, uint64_t
     return HS_OK;
 }
 
-double hs__preflight_headroom(void)
+hs_status_t hs__preflight_headroom_parse(const char *s, double *out)
 {
-    const char *s = getenv("HS_PREFLIGHT_HEADROOM");
-    if (!s || !*s) return HS__PREFLIGHT_HEADROOM;
     char buf[64];
+    if (!s || !*s || strlen(s) >= sizeof(buf)) return HS_ERR_INVALID;
     snprintf(buf, sizeof(buf), "%s", s);
     size_t len = strlen(buf);
     double scale = 1.0, v;
-    if (len && buf[len - 1] == '%') {
+    if (buf[len - 1] == '%') {
         buf[len - 1] = 0;
         scale = 0.01;
     }
-    if (hs_parse_double(buf, &v) != HS_OK || !(v * scale >= 0) || v * scale >= 1) {
-        hs_warn("HS_PREFLIGHT_HEADROOM='%s' is not a fraction in [0, 1) such as 0.1 or a "
-                "percentage such as 10%%; using %.0f%%",
-                s, HS__PREFLIGHT_HEADROOM * 100);
-        return HS__PREFLIGHT_HEADROOM;
-    }
-    return v * scale;
+    if (hs_parse_double(buf, &v) != HS_OK || !(v * scale >= 0) || v * scale >= 1)
+        return HS_ERR_INVALID;
+    *out = v * scale;
+    return HS_OK;
 }
 
 /* ---- the GPU run -------------------------------------------------------------- */
@@ -117,18 +113,6 @@ static hs_status_t worker_peak(void *ctx, uint32_t budget, uint64_t *out)
     *out =
         plan + 2 * hs_model_cuda_batch_bytes(budget, budget, (uint64_t)c->n_layers, (uint64_t)c->H);
     return HS_OK;
-}
-
-static double env_double(const char *name, double dflt, double lo, double hi)
-{
-    const char *s = getenv(name);
-    double v;
-    if (!s || !*s) return dflt;
-    if (hs_parse_double(s, &v) != HS_OK || v < lo || v > hi) {
-        hs_warn("%s='%s' is not a number in [%g, %g]; using %g", name, s, lo, hi, dflt);
-        return dflt;
-    }
-    return v;
 }
 
 /* The worst miss of one GPU: which shape, by how many bytes. */
@@ -159,6 +143,13 @@ static void print_header(void)
 hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *budget_out)
 {
     if (!cfg || !budget_out) return HS_ERR_INVALID;
+    if (!(cfg->preflight_headroom >= 0 && cfg->preflight_headroom < 1) ||
+        cfg->preflight_iters > 100 || !(cfg->preflight_peak_tflops >= 0)) {
+        hs_error("preflight: headroom %g, %u timed runs, peak %g TFLOP/s: expected a headroom in "
+                 "[0, 1), at most 100 runs and a peak >= 0 (0 = the defaults)",
+                 cfg->preflight_headroom, cfg->preflight_iters, cfg->preflight_peak_tflops);
+        return HS_ERR_INVALID;
+    }
     int n_dev = 0;
     hs_status_t st = hs_model_cuda_device_count(&n_dev);
     if (st == HS_ERR_UNSUPPORTED) {
@@ -223,10 +214,10 @@ hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *bud
         if (layers[j] > top) top = layers[j];
     const int n_run = top < N ? top : N;
 
-    const double headroom = hs__preflight_headroom();
+    const double headroom = cfg->preflight_headroom;
     const double peak_tflops =
-        env_double("HS_PREFLIGHT_PEAK_TFLOPS", HS_MODEL_CUDA_PEAK_TFLOPS, 1, 1e6);
-    const int iters = (int)env_double("HS_PREFLIGHT_ITERS", 3, 1, 100);
+        cfg->preflight_peak_tflops > 0 ? cfg->preflight_peak_tflops : HS_MODEL_CUDA_PEAK_TFLOPS;
+    const int iters = cfg->preflight_iters ? (int)cfg->preflight_iters : 3;
     char names[HS_PRODUCER_MAX_WORKERS][64];
     uint64_t totals[HS_PRODUCER_MAX_WORKERS], limits[HS_PRODUCER_MAX_WORKERS];
     uint64_t min_limit = UINT64_MAX;

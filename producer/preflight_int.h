@@ -48,10 +48,10 @@ typedef hs_status_t (*hs__preflight_peak_cb)(void *ctx, uint32_t budget, uint64_
 hs_status_t hs__preflight_search(hs__preflight_peak_cb peak, void *ctx, uint64_t limit_bytes,
                                  uint32_t min_budget, uint32_t *out);
 
-/* The share of each GPU's memory kept free: HS_PREFLIGHT_HEADROOM (a fraction
- * in [0, 1), e.g. 0.1, or a percentage such as 10%), default 0.10. A bad
- * value is reported and the default used. */
-double hs__preflight_headroom(void);
+/* The value of --preflight-headroom, the share of each GPU's memory kept
+ * free: a fraction in [0, 1) such as 0.1, or a percentage such as 10%.
+ * HS_ERR_INVALID for anything else. */
+hs_status_t hs__preflight_headroom_parse(const char *s, double *out);
 
 #ifdef __cplusplus
 }

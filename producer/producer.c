@@ -19,6 +19,7 @@
 #include "report_int.h"
 #include "session_int.h"
 #include "worker_int.h"
+#include "preflight_int.h" /* the default headroom */
 
 hs_status_t hs_producer_parse_to(const char *s, hs_producer_addrs_t *out)
 {
@@ -93,6 +94,8 @@ void hs_producer_config_default(hs_producer_config_t *cfg)
     cfg->prefetch = 2;
     cfg->transport = "auto";
     cfg->connect_timeout_s = 30;
+    cfg->status_interval_s = 5;
+    cfg->preflight_headroom = HS__PREFLIGHT_HEADROOM;
 }
 
 hs_status_t hs_producer_parse_devices(const char *s, hs_producer_config_t *cfg)
@@ -126,7 +129,8 @@ static hs_status_t load_inputs(producer_t *pr)
     hs_plan_config_t pc = {.token_budget = cfg->token_budget,
                            .max_seq_len = cfg->max_seq_len,
                            .overflow = (hs_overflow_t)cfg->overflow,
-                           .seed = cfg->seed};
+                           .seed = cfg->seed,
+                           .progress_interval_s = cfg->status_interval_s};
     st = hs_plan_build(pr->ds, &pc, &pr->plan);
     if (st != HS_OK) return st;
     hs_plan_stats_t ps;
@@ -226,6 +230,22 @@ static void producer_free(producer_t *pr)
     free(pr);
 }
 
+/* The settings not in the connection line, defaults resolved. */
+static void log_effective_config(const producer_t *pr, const hs_tp_config_t *tc)
+{
+    const hs_producer_config_t *cfg = pr->cfg;
+    char status[32], tuning[160];
+    double si = cfg->status_interval_s == 0 ? 5.0 : cfg->status_interval_s;
+    if (si > 0)
+        snprintf(status, sizeof status, "%g s", si);
+    else
+        snprintf(status, sizeof status, "never");
+    hs_tp_config_describe(tc, tuning, sizeof tuning);
+    hs_info("producer settings: prefetch %u, connect timeout %u s, reconnect %s, status every %s, "
+            "%s",
+            cfg->prefetch, cfg->connect_timeout_s, cfg->reconnect ? "on" : "off", status, tuning);
+}
+
 /* Loads data, plan and model, allocates staging, connects and says HELLO.
  * No thread is started. */
 static hs_status_t producer_open(const hs_producer_config_t *config, producer_t **out)
@@ -274,8 +294,12 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
     tc.net_devices = cfg->net_devices;
     tc.require_rdma = cfg->require_rdma;
     tc.auth_key = pr->have_secret ? &pr->key : NULL; /* copied: pr->key stays ours */
+    tc.tcp_sockbuf = cfg->tcp_sockbuf;
+    tc.ucx_no_memh = cfg->ucx_no_memh;
+    tc.fault = cfg->fault;
     st = hs_tp_create(&tc, &hs__producer_callbacks, pr, &pr->tp);
     if (st != HS_OK) goto err;
+    log_effective_config(pr, &tc);
 
     /* Staging: two batch-sized buffers per worker, registered once. */
     for (uint32_t i = 0; i < cfg->n_workers; i++) {

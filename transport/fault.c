@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* fault.c - fault injection for tests (DESIGN §4): a decorator around any
- * transport's callbacks, switched on by the HS_FAULT environment variable of
- * the receiving process, e.g.
+ * transport's callbacks, switched on by hs_tp_config_t.fault of the
+ * receiving end (the binaries' --fault, or HS_FAULT), e.g.
  *
- *   HS_FAULT=corrupt=5       flip one byte of the 5th payload received, after
- *                            it landed (as if damaged in transit)
- *   HS_FAULT=cut=40          close a connection with an i/o error when it
- *                            delivers its 40th frame (once per process)
- *   HS_FAULT=delay_ms=20     hold every incoming frame 20 ms
+ *   corrupt=5       flip one byte of the 5th payload received, after it
+ *                   landed (as if damaged in transit)
+ *   cut=40          close a connection with an i/o error when it delivers
+ *                   its 40th frame (once per process)
+ *   delay_ms=20     hold every incoming frame 20 ms
  *
  * (comma-separated, any combination). Each fault fires once unless said
  * otherwise; they let tests prove that a checksum catches corruption and a
@@ -80,9 +80,9 @@ static void fault_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const
     f->user_cb.on_close(f->user_arg, conn, reason, why);
 }
 
-hs_status_t hs__tp_fault_wrap(hs_tp_callbacks_t *cb, void **arg, hs__tp_fault_t **out)
+hs_status_t hs__tp_fault_wrap(const char *spec, hs_tp_callbacks_t *cb, void **arg,
+                              hs__tp_fault_t **out)
 {
-    const char *spec = getenv("HS_FAULT");
     *out = NULL;
     if (!spec || !*spec) return HS_OK;
     hs__tp_fault_t *f = calloc(1, sizeof(*f));
@@ -112,10 +112,12 @@ hs_status_t hs__tp_fault_wrap(hs_tp_callbacks_t *cb, void **arg, hs__tp_fault_t 
     cb->on_close = fault_close;
     *arg = f;
     *out = f;
-    hs_warn("fault injection active (HS_FAULT=%s): for tests only", spec);
+    hs_warn("fault injection active (%s): for tests only", spec);
     return HS_OK;
 bad:
-    hs_error("HS_FAULT='%s': expected corrupt=N, cut=N and/or delay_ms=MS, comma-separated", spec);
+    hs_error("fault '%s': expected corrupt=N, cut=N and/or delay_ms=MS (1 to 10000), "
+             "comma-separated",
+             spec);
     free(f);
     return HS_ERR_INVALID;
 }

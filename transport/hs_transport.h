@@ -88,7 +88,24 @@ typedef struct {
      * the HMAC in its own handshake (frames are safe to parse before). */
     const hs_auth_key_t *auth_key;
     bool allow_remote;
+    /* TCP: SO_SNDBUF/SO_RCVBUF in bytes (at most 1 GiB); 0 = 16 MiB where
+     * net.core.rmem_max and wmem_max allow it, else the kernel's autotuning;
+     * HS_TP_SOCKBUF_AUTOTUNE = always the kernel's autotuning. */
+    uint64_t tcp_sockbuf;
+    /* UCX: send payloads without their registered memory handle, so UCX
+     * registers on the fly (for comparisons only). */
+    bool ucx_no_memh;
+    /* Tests: faults to inject into this end, "corrupt=N,cut=N,delay_ms=MS"
+     * (any of them, comma-separated; see fault.c); NULL or "" = none. */
+    const char *fault;
 } hs_tp_config_t;
+
+#define HS_TP_SOCKBUF_AUTOTUNE UINT64_MAX
+#define HS_TP_SOCKBUF_MAX (1ull << 30)
+
+/* "tcp socket buffers 16 MiB, ucx memory handles on, fault none": the
+ * tuning of `cfg` in words, for the effective settings a process logs. */
+void hs_tp_config_describe(const hs_tp_config_t *cfg, char *buf, size_t cap);
 
 /* Creates a transport with its event loop; `cb` is copied, `arg` is passed
  * to every callback. Fails with HS_ERR_UNSUPPORTED for a kind not built in. */

@@ -24,9 +24,11 @@ extern "C" {
 
 typedef struct hs_tp_ops hs_tp_ops_t;
 
-/* Fault injection for tests (fault.c, HS_FAULT): wraps the callbacks. */
+/* Fault injection for tests (fault.c, hs_tp_config_t.fault): wraps the
+ * callbacks when `spec` names a fault, else leaves them and sets *out NULL. */
 typedef struct hs__tp_fault hs__tp_fault_t;
-hs_status_t hs__tp_fault_wrap(hs_tp_callbacks_t *cb, void **arg, hs__tp_fault_t **out);
+hs_status_t hs__tp_fault_wrap(const char *spec, hs_tp_callbacks_t *cb, void **arg,
+                              hs__tp_fault_t **out);
 void hs__tp_fault_note_recv(hs__tp_fault_t *f, hs_tp_conn_t *conn, void *dest, uint64_t bytes,
                             uint64_t cookie);
 void hs__tp_fault_free(hs__tp_fault_t *f);
@@ -41,7 +43,7 @@ struct hs_tp {
     void *arg;
     char *net_devices;     /* owned copy of cfg->net_devices, or NULL */
     hs_auth_key_t key;     /* copy of *cfg->auth_key, wiped at destroy */
-    hs__tp_fault_t *fault; /* HS_FAULT in effect, or NULL */
+    hs__tp_fault_t *fault; /* cfg.fault in effect, or NULL */
     /* Tests only: loopback peers count as remote for the loopback rule, so
      * that it can be tested on one host. */
     bool loopback_is_remote;

@@ -34,16 +34,12 @@ static int read_proc_int(const char *path)
 
 /* Setting SO_RCVBUF turns off the kernel's receive autotuning, and the kernel
  * caps it at net.core.rmem_max; ask for big buffers only where the cap lets
- * them be big, otherwise autotuning does better. HS_TCP_SOCKBUF (bytes, 0 =
- * autotune) overrides. */
-static int choose_sockbuf(void)
+ * them be big, otherwise autotuning does better. A size in the configuration
+ * overrides (hs_tp_create has bounded it). Returns 0 for autotuning. */
+static int choose_sockbuf(uint64_t configured)
 {
-    const char *env = getenv("HS_TCP_SOCKBUF");
-    if (env) {
-        uint64_t v;
-        if (hs_parse_size(env, &v) == HS_OK && v <= (1u << 30)) return (int)v;
-        hs_warn("ignoring HS_TCP_SOCKBUF='%s': give a size such as 16M, or 0 for autotuning", env);
-    }
+    if (configured == HS_TP_SOCKBUF_AUTOTUNE) return 0;
+    if (configured) return (int)configured;
     int rmax = read_proc_int("/proc/sys/net/core/rmem_max");
     int wmax = read_proc_int("/proc/sys/net/core/wmem_max");
     if (rmax >= (int)TCP_SOCKBUF && wmax >= (int)TCP_SOCKBUF) return (int)TCP_SOCKBUF;
@@ -302,7 +298,7 @@ static hs_status_t tcp_create(const hs_tp_config_t *cfg, hs_tp_t **out)
         hs_error("epoll_ctl(ADD) for the wakeup eventfd: %m");
         goto err_wake;
     }
-    tp->sockbuf = choose_sockbuf();
+    tp->sockbuf = choose_sockbuf(cfg->tcp_sockbuf);
     *out = &tp->base;
     return HS_OK;
 

@@ -72,6 +72,19 @@ hs_status_t hs_tp_kind_parse(const char *s, hs_tp_kind_t *out)
 
 /* ---- life cycle ----------------------------------------------------------- */
 
+void hs_tp_config_describe(const hs_tp_config_t *cfg, char *buf, size_t cap)
+{
+    char sockbuf[48];
+    if (cfg->tcp_sockbuf == HS_TP_SOCKBUF_AUTOTUNE)
+        snprintf(sockbuf, sizeof sockbuf, "autotuned");
+    else if (cfg->tcp_sockbuf)
+        snprintf(sockbuf, sizeof sockbuf, "%llu bytes", (unsigned long long)cfg->tcp_sockbuf);
+    else
+        snprintf(sockbuf, sizeof sockbuf, "16 MiB where net.core allows, else autotuned");
+    snprintf(buf, cap, "tcp socket buffers %s, ucx memory handles %s, fault %s", sockbuf,
+             cfg->ucx_no_memh ? "off" : "on", cfg->fault && *cfg->fault ? cfg->fault : "none");
+}
+
 hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb, void *arg,
                          hs_tp_t **out)
 {
@@ -99,6 +112,12 @@ hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb,
         return HS_ERR_INVALID;
     }
     if (c.peer_timeout_s == 0) c.peer_timeout_s = 10;
+    if (c.tcp_sockbuf > HS_TP_SOCKBUF_MAX && c.tcp_sockbuf != HS_TP_SOCKBUF_AUTOTUNE) {
+        hs_error("TCP socket buffer of %llu bytes: give at most 1 GiB, or 0 for autotuning",
+                 (unsigned long long)c.tcp_sockbuf);
+        return HS_ERR_INVALID;
+    }
+    c.fault = NULL; /* read once below, not kept */
     char *nd = NULL;
     if (c.net_devices) {
         nd = strdup(c.net_devices);
@@ -120,7 +139,7 @@ hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb,
         tp->key = *cfg->auth_key;
         tp->cfg.auth_key = &tp->key;
     }
-    st = hs__tp_fault_wrap(&tp->cb, &tp->arg, &tp->fault);
+    st = hs__tp_fault_wrap(cfg->fault, &tp->cb, &tp->arg, &tp->fault);
     if (st != HS_OK) {
         hs_tp_destroy(tp);
         return st;

@@ -195,8 +195,7 @@ static hs_status_t ucx_create(const hs_tp_config_t *cfg, hs_tp_t **out)
     ucx_tp_t *tp = calloc(1, sizeof *tp);
     if (!tp) return HS_ERR_NOMEM;
     tp->efd = -1;
-    const char *mh = getenv("HS_UCX_MEMH");
-    tp->use_memh = !(mh && strcmp(mh, "0") == 0);
+    tp->use_memh = !cfg->ucx_no_memh;
     ucp_config_t *config = NULL;
     ucs_status_t st = ucp_config_read(NULL, NULL, &config); /* honours UCX_* variables */
     if (st != UCS_OK) {

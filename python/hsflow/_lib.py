@@ -49,6 +49,12 @@ class ConsumerConfig(ctypes.Structure):
         ("rank", _c_u32),
         ("world", _c_u32),
         ("uneven", ctypes.c_int),
+        ("status_interval_s", ctypes.c_double),
+        ("handshake_timeout_s", ctypes.c_double),
+        ("no_producer_warn_s", ctypes.c_double),
+        ("tcp_sockbuf", _c_u64),
+        ("ucx_no_memh", ctypes.c_bool),
+        ("fault", ctypes.c_char_p),
     ]
 
 

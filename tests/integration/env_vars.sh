@@ -4,7 +4,9 @@
 # configured only through the environment behaves like its flags would
 # (epochs, cache size, order, verification, layout, budget, workers,
 # addresses), the command line wins over the environment, and a bad value
-# in the environment is a usage error that says where it came from.
+# in the environment is a usage error that says where it came from. The
+# library's tuning (handshake timeout, status interval, socket buffers, UCX
+# memory handles, faults) comes through those flags, not from its own reads.
 . "$(dirname "$0")/lib.sh"
 
 data=$SCRATCH/d.jsonl
@@ -18,15 +20,18 @@ port=$(free_port)
 for i in 1 2; do
     start p$i env HS_TO=127.0.0.1:$port HS_DATA="$data" HS_TOKEN_BUDGET=2048 HS_HIDDEN_SIZE=128 \
         HS_LAYERS=1,5 HS_SOURCE=synthetic HS_GPUS=cpu:2 HS_TRANSPORT=tcp HS_NAME=envp$i \
-        HS_CONNECT_TIMEOUT=60 "$PRODUCER"
+        HS_CONNECT_TIMEOUT=60 HS_STATUS_INTERVAL=0 HS_TCP_SOCKBUF=4M "$PRODUCER"
 done
 wait_connecting p1 p2
 start consumer env HS_LISTEN=127.0.0.1:$port HS_EPOCHS=2 HS_CACHE_GB=0.125 HS_ORDER=plan \
     HS_VERIFY_SYNTHETIC=1 HS_TRANSPORT=tcp HS_LEASE_TIMEOUT=45 HS_SUMMARY_JSON="$SCRATCH/env.json" \
-    "$CONSUMER"
+    HS_HANDSHAKE_TIMEOUT=7 HS_NO_PRODUCER_WARN=90 HS_TCP_SOCKBUF=0 HS_UCX_MEMH=0 "$CONSUMER"
 expect_exit consumer 0 90
 for i in 1 2; do expect_exit p$i 0 30; done
 log_has consumer 'config: listen 127\.0\.0\.1:[0-9]+, cache 0\.125 GiB, epochs 2, .*order plan, .*lease-timeout 45 s, verify-synthetic on, transport tcp'
+# the library's own settings come from the same variables, through the flags
+log_has consumer 'consumer settings: .*handshake timeout 7 s, status every 5 s, no-producer warning after 90 s, tcp socket buffers autotuned, ucx memory handles off, fault none'
+log_has p1 'producer settings: .*status every never, tcp socket buffers 4194304 bytes'
 log_has consumer 'run defined by envp[12] .*H=128 dtype=bf16 layers=\[1,5\].*budget 2048 tokens'
 log_has consumer 'producer envp1 .* ready: 2 worker\(s\)'
 expect_json "$SCRATCH/env.json" \
@@ -55,4 +60,10 @@ log_has badp "token-budget 'lots' \(environment"
 start badd env HS_TOKEN_BUDGET=0 "$DATA" plan "$data"
 expect_exit badd 2 30
 log_has badd "HS_TOKEN_BUDGET.*'0'"
+start badf env HS_FAULT=corrupt=x "$CONSUMER" --listen 127.0.0.1:0 --transport tcp
+expect_exit badf 1 30
+log_has badf "fault 'corrupt=x': expected corrupt=N, cut=N and/or delay_ms=MS"
+start bads "$PRODUCER" --to 127.0.0.1:1 --data "$data" --hidden-size 8 --layers 1 --tcp-sockbuf 2G
+expect_exit bads 2 30
+log_has bads "tcp-sockbuf '2G' \(command line\): expected a size up to 1G"
 pass "env-only run: $((2 * n2048)) batches; command line wins; bad env values refused"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # faults.sh MODE TRANSPORT - faults injected into the consumer's transport
-# (HS_FAULT, see transport/fault.c) while three producers run two epochs:
+# (--fault, see transport/fault.c) while three producers run two epochs:
 #   corrupt  one payload has a byte flipped after it landed: the checksum
 #            catches it, its producer is dropped, the batch is computed again
 #            and the run completes with exactly one checksum failure;
@@ -21,7 +21,7 @@ cut) fault=cut=25 ;;
 *) fail "unknown mode $mode" ;;
 esac
 port=$(free_port)
-start consumer env HS_FAULT=$fault "$CONSUMER" --listen 127.0.0.1:$port --transport "$transport" \
+start consumer "$CONSUMER" --listen 127.0.0.1:$port --fault "$fault" --transport "$transport" \
     --cache-gb 0.25 --epochs 2 --verify-synthetic --status-interval 0.2 \
     --summary-json "$SCRATCH/summary.json"
 for i in 1 2 3; do

@@ -16,7 +16,7 @@ popts=(--data "$hst" --token-budget 4096 --hidden-size 256 --layers 2,16,29 --so
 port=$(free_port)
 for i in 1 2; do start p$i "$PRODUCER" --to 127.0.0.1:$port --name p$i "${popts[@]}"; done
 wait_connecting p1 p2
-start consumer env HS_NO_PRODUCER_WARN_S=1 "$CONSUMER" --listen 127.0.0.1:$port --cache-gb 0.25 \
+start consumer "$CONSUMER" --listen 127.0.0.1:$port --cache-gb 0.25 --no-producer-warn 1 \
     --epochs 50 --train-ms 5 --status-interval 0.2
 wait_delivered consumer 3 60
 truncate -s $(($(stat -c %s "$hst") / 3)) "$hst"

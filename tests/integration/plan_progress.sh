@@ -2,12 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # plan_progress.sh - building the plan of a large dataset tells its progress
 # (sequences measured and packed of the total, then the time it took) at
-# every HS_STATUS_INTERVAL; a plan that is quick says nothing of it.
+# every --status-interval; a plan that is quick says nothing of it.
 . "$(dirname "$0")/lib.sh"
 
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 140000 --min-len 4 --max-len 24 --seed 2
-start plan env HS_STATUS_INTERVAL=0 "$DATA" plan "$data" --token-budget 4096
+start plan "$DATA" plan "$data" --token-budget 4096 --status-interval 1e-6
 expect_exit plan 0 120
 log_has plan 'plan: measured 65536 of 140000 sequences \(47%'
 log_has plan 'plan: sorting 140000 sequences by length'

@@ -20,7 +20,7 @@ umask 077
 head -c 48 /dev/urandom | base64 >"$SCRATCH/secret"
 port=$(free_port)
 # a handshake timeout longer than the test keeps the flood connected
-HS_HANDSHAKE_TIMEOUT_S=120 start consumer "$CONSUMER" --listen 127.0.0.1:$port \
+start consumer "$CONSUMER" --listen 127.0.0.1:$port --handshake-timeout 120 \
     --transport "$mode" --cache-gb 0.25 --epochs 2 --verify-synthetic \
     --secret-file "$SCRATCH/secret" --summary-json "$SCRATCH/summary.json"
 wait_log consumer "listening on" 30

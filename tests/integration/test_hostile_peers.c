@@ -145,6 +145,7 @@ typedef struct {
     const char *journal;
     uint64_t cache_bytes;
     double lease_timeout_s;
+    double handshake_timeout_s;
 } harness_opts_t;
 
 static void harness_start_ex(harness_t *h, hs_order_t order, const harness_opts_t *o)
@@ -157,6 +158,7 @@ static void harness_start_ex(harness_t *h, hs_order_t order, const harness_opts_
     cfg.cache_bytes = o && o->cache_bytes ? o->cache_bytes : 64ull << 20;
     cfg.journal = o ? o->journal : NULL;
     if (o && o->lease_timeout_s > 0) cfg.lease_timeout_s = o->lease_timeout_s;
+    if (o && o->handshake_timeout_s > 0) cfg.handshake_timeout_s = o->handshake_timeout_s;
     cfg.epochs = EPOCHS;
     cfg.order = order;
     cfg.verify_synthetic = true;
@@ -652,10 +654,8 @@ END_TEST
 
 START_TEST(test_silent_peer_is_cut_off_after_the_handshake_timeout)
 {
-    setenv("HS_HANDSHAKE_TIMEOUT_S", "1", 1);
     harness_t h;
-    harness_start(&h, HS_ORDER_ARRIVAL);
-    unsetenv("HS_HANDSHAKE_TIMEOUT_S");
+    harness_start_ex(&h, HS_ORDER_ARRIVAL, &(harness_opts_t){.handshake_timeout_s = 1});
     int fd = raw_connect(hs_consumer_port(h.c)); /* connects, never says HELLO */
     expect_refused(fd, "handshake", true);
     hs_consumer_stats_t s;
@@ -1097,10 +1097,8 @@ START_TEST(test_stalled_plan_sender_is_cut_off_and_a_waiting_producer_defines_th
     /* The first peer offers another plan, is asked for it and sends nothing.
      * The real producer arriving meanwhile is not refused for a plan that was
      * never complete: it waits, and sends its own once the staller is cut off. */
-    setenv("HS_HANDSHAKE_TIMEOUT_S", "1", 1);
     harness_t h;
-    harness_start(&h, HS_ORDER_ARRIVAL);
-    unsetenv("HS_HANDSHAKE_TIMEOUT_S");
+    harness_start_ex(&h, HS_ORDER_ARRIVAL, &(harness_opts_t){.handshake_timeout_s = 1});
     int a = raw_connect(hs_consumer_port(h.c));
     hello_send_other_plan(a, "raw-staller", hs_plan_n_batches(g_plan));
     ck_assert(welcome_recv(a));

@@ -172,20 +172,22 @@ END_TEST
 
 START_TEST(headroom_reads_a_fraction_or_percentage_and_rejects_nonsense)
 {
-    unsetenv("HS_PREFLIGHT_HEADROOM");
-    ck_assert_double_eq_tol(hs__preflight_headroom(), 0.10, 1e-12);
-    setenv("HS_PREFLIGHT_HEADROOM", "0.25", 1);
-    ck_assert_double_eq_tol(hs__preflight_headroom(), 0.25, 1e-12);
-    setenv("HS_PREFLIGHT_HEADROOM", "20%", 1);
-    ck_assert_double_eq_tol(hs__preflight_headroom(), 0.20, 1e-12);
-    setenv("HS_PREFLIGHT_HEADROOM", "0", 1);
-    ck_assert_double_eq_tol(hs__preflight_headroom(), 0.0, 1e-12);
-    static const char *bad[] = {"1", "1.5", "-0.1", "abc", "100%", "nan"};
+    hs_producer_config_t cfg;
+    hs_producer_config_default(&cfg);
+    ck_assert_double_eq_tol(cfg.preflight_headroom, 0.10, 1e-12);
+    double v = -1;
+    ck_assert_int_eq(hs__preflight_headroom_parse("0.25", &v), HS_OK);
+    ck_assert_double_eq_tol(v, 0.25, 1e-12);
+    ck_assert_int_eq(hs__preflight_headroom_parse("20%", &v), HS_OK);
+    ck_assert_double_eq_tol(v, 0.20, 1e-12);
+    ck_assert_int_eq(hs__preflight_headroom_parse("0", &v), HS_OK);
+    ck_assert_double_eq_tol(v, 0.0, 1e-12);
+    static const char *bad[] = {"1", "1.5", "-0.1", "abc", "100%", "nan", "", "%"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        setenv("HS_PREFLIGHT_HEADROOM", bad[i], 1);
-        ck_assert_double_eq_tol(hs__preflight_headroom(), 0.10, 1e-12);
+        v = 0.5;
+        ck_assert_int_eq(hs__preflight_headroom_parse(bad[i], &v), HS_ERR_INVALID);
+        ck_assert_double_eq_tol(v, 0.5, 1e-12); /* untouched */
     }
-    unsetenv("HS_PREFLIGHT_HEADROOM");
 }
 END_TEST
 
@@ -345,10 +347,9 @@ START_TEST(preflight_auto_picks_the_largest_budget_that_fits)
     config_for(&cfg, 0, gpu_layers());
     /* the chosen budget can be large: short sequences and one timed run keep the table quick */
     cfg.max_seq_len = 1024;
-    setenv("HS_PREFLIGHT_ITERS", "1", 1);
+    cfg.preflight_iters = 1;
     uint32_t budget = 0;
     hs_status_t st = hs_producer_preflight(&cfg, &budget);
-    unsetenv("HS_PREFLIGHT_ITERS");
     ck_assert_int_eq(st, HS_OK);
     ck_assert_uint_eq(budget % 1024, 0);
     ck_assert_uint_ge(budget, 1024);
@@ -378,7 +379,7 @@ START_TEST(preflight_refuses_a_budget_that_leaves_too_little_headroom)
     hs_producer_config_t cfg;
     config_for(&cfg, gpu_budget(), gpu_layers());
     /* keep 99.9% free: nothing real fits in the remaining 0.1% */
-    setenv("HS_PREFLIGHT_HEADROOM", "0.999", 1);
+    cfg.preflight_headroom = 0.999;
     uint32_t budget = 77;
     hs_status_t st = hs_producer_preflight(&cfg, &budget);
     ck_assert_int_eq(st, HS_ERR_NOSPACE);
@@ -386,7 +387,6 @@ START_TEST(preflight_refuses_a_budget_that_leaves_too_little_headroom)
     cfg.token_budget = 0; /* auto finds nothing either */
     ck_assert_int_eq(hs_producer_preflight(&cfg, &budget), HS_ERR_NOSPACE);
     ck_assert_uint_eq(budget, 77);
-    unsetenv("HS_PREFLIGHT_HEADROOM");
 }
 END_TEST
 
