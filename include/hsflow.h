@@ -311,7 +311,9 @@ hs_status_t hs_producer_open(const hs_producer_client_config_t *cfg, hs_producer
 /* Next ticketed batch with ids, mask and cu_seqlens filled in. HS_ERR_CLOSED
  * (-9) when the consumer said the run is over; HS_ERR_TIMEOUT (-11). */
 hs_status_t hs_producer_next(hs_producer_t *p, hs_work_t *out, int timeout_ms);
-/* Seals (checksum) and sends the batch; its buffer comes back to the producer. */
+/* Seals (checksum) and sends the batch; its buffer comes back to the producer.
+ * HS_ERR_INVALID (logged) for a batch not taken with hs_producer_next or
+ * already submitted. */
 hs_status_t hs_producer_submit(hs_producer_t *p, const hs_work_t *work);
 /* Says BYE if the run is not over, stops, frees. NULL ok. */
 void hs_producer_close(hs_producer_t *p);

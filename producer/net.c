@@ -11,6 +11,7 @@
 
 #include "report_int.h"
 #include "session_int.h"
+#include "worker_int.h" /* ticket records */
 
 static void cb_sent(void *arg, hs_status_t status)
 {
@@ -19,6 +20,7 @@ static void cb_sent(void *arg, hs_status_t status)
     hs_trace("staging buffer of worker %u sent in %.1f ms", st->owner->index,
              1e3 * (hs_now_s() - st->t_send));
     pthread_mutex_lock(&pr->sh.lock);
+    st->queued = false;
     st->busy = false;
     pthread_cond_broadcast(&pr->sh.cond);
     pthread_mutex_unlock(&pr->sh.lock);
@@ -62,8 +64,7 @@ static void flush_outbox(producer_t *pr)
                 st = hs_tp_send_payload(l->conn, pr->net.frame_buf, len, o->st->buf, o->t.bytes,
                                         cb_sent, o->st);
         }
-        if (st != HS_OK) cb_sent(o->st, st);
-        free(o);
+        if (st != HS_OK) cb_sent(o->st, st); /* o is o->st's: not touched after */
     }
 }
 
@@ -79,7 +80,7 @@ static void begin_stop(producer_t *pr)
     while (pr->sh.tickets) {
         ticket_t *t = pr->sh.tickets;
         pr->sh.tickets = t->next;
-        free(t);
+        hs__ticket_put(pr, t);
         dropped++;
     }
     pr->sh.tickets_tail = NULL;

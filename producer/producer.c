@@ -202,16 +202,8 @@ static void producer_free(producer_t *pr)
     if (!pr) return;
     /* Completion callbacks of anything still queued run during destroy. */
     hs_tp_destroy(pr->tp);
-    while (pr->sh.outbox) {
-        outgoing_t *o = pr->sh.outbox;
-        pr->sh.outbox = o->next;
-        free(o);
-    }
-    while (pr->sh.tickets) {
-        ticket_t *t = pr->sh.tickets;
-        pr->sh.tickets = t->next;
-        free(t);
-    }
+    pr->sh.outbox = NULL; /* its records are the staging buffers' */
+    hs__ticket_pool_free(pr);
     for (uint32_t i = 0; i < HS_PRODUCER_MAX_WORKERS; i++) {
         hs__gpu_worker_destroy(pr->workers[i].gpu_w); /* unpins staging first */
         for (int k = 0; k < STAGING_PER_WORKER; k++)
@@ -346,6 +338,12 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
         snprintf(pr->net.links[0].host, sizeof(pr->net.links[0].host), "%s", cfg->to_host);
         pr->net.links[0].port = cfg->to_port;
     }
+    /* A consumer holds at most workers x prefetch tickets of this producer
+     * (it offers no more in HELLO), so that many records per link are
+     * planned now; more are added only for a consumer asking beyond that. */
+    uint64_t records = (uint64_t)pr->net.n_links * cfg->n_workers * cfg->prefetch;
+    st = hs__ticket_pool_grow(pr, records < 65536 ? (uint32_t)records : 65536);
+    if (st != HS_OK) goto err;
     static const char *source_names[] = {"?", "synthetic", "model", "external"};
     for (uint32_t i = 0; i < pr->net.n_links; i++) {
         link_t *l = &pr->net.links[i];
@@ -501,7 +499,8 @@ hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout
             return HS_ERR_TIMEOUT;
         }
     }
-    ticket_t *t = hs__ticket_pop(pr);
+    ticket_t tk, *t = &tk;
+    hs__ticket_pop(pr, &tk);
     st->busy = true;
     st->gen = t->gen;
     st->link = t->link;
@@ -513,7 +512,6 @@ hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout
     hs_batch_view_t v;
     hs_status_t fst = hs__worker_fill_meta(pr, t, st->buf, &v);
     if (fst != HS_OK) { /* the dataset changed under us: logged, the run cannot go on */
-        free(t);
         pthread_mutex_lock(&pr->sh.lock);
         st->busy = false;
         pr->sh.result = fst;
@@ -539,7 +537,6 @@ hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout
     out->bytes = t->bytes;
     out->handle = (uint64_t)(uintptr_t)st;
     w->t_taken = hs_now_s();
-    free(t);
     return HS_OK;
 }
 
@@ -548,13 +545,15 @@ hs_status_code_t hs_producer_submit(hs_producer_t *pr, const hs_work_t *work)
     worker_t *w = &pr->workers[0];
     staging_t *st = NULL;
     for (int i = 0; i < STAGING_PER_WORKER; i++)
-        if ((uintptr_t)&w->staging[i] == work->handle && w->staging[i].busy) st = &w->staging[i];
-    if (!st) {
+        if ((uintptr_t)&w->staging[i] == work->handle) st = &w->staging[i];
+    pthread_mutex_lock(&pr->sh.lock);
+    bool taken = st && st->busy && !st->queued;
+    pthread_mutex_unlock(&pr->sh.lock);
+    if (!taken) {
         hs_error("hs_producer_submit: not a batch taken with hs_producer_next (or sent twice)");
         return HS_ERR_INVALID;
     }
-    outgoing_t *o = calloc(1, sizeof(*o));
-    if (!o) return HS_ERR_NOMEM;
+    outgoing_t *o = &st->out;
     hs_batch_seal(st->buf, work->bytes);
     o->t = (ticket_t){NULL,           work->ticket, work->epoch, work->batch, work->n_seqs,
                       work->n_tokens, work->bytes,  st->gen,     st->link};
@@ -572,6 +571,7 @@ hs_status_code_t hs_producer_submit(hs_producer_t *pr, const hs_work_t *work)
     w->bytes += work->bytes;
     o->next = pr->sh.outbox;
     pr->sh.outbox = o;
+    st->queued = true;
     pthread_mutex_unlock(&pr->sh.lock);
     hs_tp_wakeup(pr->tp);
     return HS_OK;

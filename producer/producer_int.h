@@ -41,6 +41,7 @@ typedef struct ticket {
 } ticket_t;
 
 typedef struct hs_producer producer_t;
+typedef struct ticket_slab ticket_slab_t;
 
 /* One consumer this producer feeds: its connection and handshake. Touched by
  * the network thread only (gen also under sh.lock, see link_drop_tickets). */
@@ -64,12 +65,25 @@ typedef struct link {
     uint32_t rank, world; /* from WELCOME (world 0 before it) */
 } link_t;
 
+/* A filled batch for the network thread: embedded in its staging buffer,
+ * which is on the outbox at most once, so handing a batch over allocates
+ * nothing. */
+typedef struct outgoing {
+    struct outgoing *next;
+    ticket_t t;
+    struct staging *st;
+    uint32_t worker;
+    uint64_t checksum, compute_ns;
+} outgoing_t;
+
 typedef struct staging {
     uint8_t *buf;
-    bool busy;     /* filled and waiting for / on the wire (lock) */
-    double t_send; /* when it was handed to the transport (trace timing) */
-    uint32_t gen;  /* external source: generation of the ticket it holds */
-    uint32_t link; /* external source: link of the ticket it holds */
+    bool busy;      /* taken for a batch until its send completes (lock) */
+    bool queued;    /* its record is on the outbox or its batch on the wire (lock) */
+    outgoing_t out; /* the record, while queued */
+    double t_send;  /* when it was handed to the transport (trace timing) */
+    uint32_t gen;   /* external source: generation of the ticket it holds */
+    uint32_t link;  /* external source: link of the ticket it holds */
     struct worker *owner;
 } staging_t;
 
@@ -96,14 +110,6 @@ typedef struct worker {
     hs__gpu_worker_t *gpu_w;        /* GPU model worker, or NULL */
 } worker_t;
 
-typedef struct outgoing {
-    struct outgoing *next;
-    ticket_t t;
-    staging_t *st;
-    uint32_t worker;
-    uint64_t checksum, compute_ns;
-} outgoing_t;
-
 /* The network thread's: the links and the state of the run's end. */
 typedef struct {
     hs_msg_arena_t ticket_arena; /* every TICKET is decoded here */
@@ -122,8 +128,14 @@ typedef struct {
 /* Shared by the workers, the network thread and the API's caller; under lock. */
 typedef struct {
     pthread_mutex_t lock;
-    pthread_cond_t cond; /* tickets arrived / staging freed / stop */
-    ticket_t *tickets, *tickets_tail;
+    pthread_cond_t cond;              /* tickets arrived / staging freed / stop */
+    ticket_t *tickets, *tickets_tail; /* queued, oldest first; records of the pool */
+    /* Ticket records: slabs planned at open for every ticket the consumers
+     * may hold (links x workers x prefetch), taken and given back per
+     * ticket (worker_int.h). */
+    ticket_t *ticket_free;
+    struct ticket_slab *ticket_slabs;
+    uint32_t ticket_records;
     outgoing_t *outbox;  /* filled batches for the network thread, newest first */
     bool stop;           /* the workers end */
     bool net_done;       /* the network loop has ended */

@@ -11,6 +11,7 @@
  * this producer's batches in flight. A finished batch goes back on the link
  * its ticket came from (net.c). */
 #include "session_int.h"
+#include "worker_int.h" /* ticket records */
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -270,13 +271,14 @@ static void on_ticket(link_t *l, const uint8_t *body, uint32_t len)
     } else if (pr->net.stopping) {
         pr->net.tickets_returned++; /* left to the consumer, which reissues it when we leave */
     } else {
-        ticket_t *q = calloc(1, sizeof(*q));
+        pthread_mutex_lock(&pr->sh.lock);
+        ticket_t *q = hs__ticket_get(pr);
         if (!q) {
+            pthread_mutex_unlock(&pr->sh.lock);
             hs__producer_fail_all(pr, HS_ERR_NOMEM, "out of memory");
         } else {
             *q = (ticket_t){NULL,        t->ticket_id, t->epoch, t->batch, t->n_seqs,
                             t->n_tokens, t->bytes,     l->gen,   l->index};
-            pthread_mutex_lock(&pr->sh.lock);
             if (t->epoch > pr->sh.epoch_seen) pr->sh.epoch_seen = t->epoch;
             if (pr->sh.tickets_tail)
                 pr->sh.tickets_tail->next = q;
@@ -388,7 +390,7 @@ static void link_drop_tickets(link_t *l)
         ticket_t *t = *pp;
         if (t->link == l->index) {
             *pp = t->next;
-            free(t);
+            hs__ticket_put(pr, t);
         } else {
             pr->sh.tickets_tail = t;
             pp = &t->next;

@@ -10,13 +10,71 @@
 #include <stdlib.h>
 #include <time.h>
 
-ticket_t *hs__ticket_pop(producer_t *pr)
+/* ---- ticket records --------------------------------------------------------- */
+
+/* A slab of ticket records, kept until the producer is freed. */
+struct ticket_slab {
+    struct ticket_slab *next;
+    uint32_t n;
+    ticket_t t[];
+};
+
+hs_status_t hs__ticket_pool_grow(producer_t *pr, uint32_t n)
+{
+    ticket_slab_t *s = calloc(1, sizeof(*s) + (size_t)n * sizeof(ticket_t));
+    if (!s) return HS_ERR_NOMEM;
+    s->n = n;
+    s->next = pr->sh.ticket_slabs;
+    pr->sh.ticket_slabs = s;
+    pr->sh.ticket_records += n;
+    for (uint32_t i = 0; i < n; i++)
+        hs__ticket_put(pr, &s->t[i]);
+    return HS_OK;
+}
+
+void hs__ticket_pool_free(producer_t *pr)
+{
+    while (pr->sh.ticket_slabs) {
+        ticket_slab_t *s = pr->sh.ticket_slabs;
+        pr->sh.ticket_slabs = s->next;
+        free(s);
+    }
+    pr->sh.ticket_free = NULL;
+    pr->sh.tickets = pr->sh.tickets_tail = NULL;
+}
+
+ticket_t *hs__ticket_get(producer_t *pr)
+{
+    if (!pr->sh.ticket_free) {
+        /* More tickets held than workers x prefetch per consumer: a consumer
+         * that tickets beyond what HELLO offered. Another slab as large as
+         * the pool, so this happens a few times at most. */
+        uint32_t n = pr->sh.ticket_records ? pr->sh.ticket_records : 64;
+        hs_debug("tickets: %u records in use, adding %u", pr->sh.ticket_records, n);
+        if (hs__ticket_pool_grow(pr, n) != HS_OK) return NULL;
+    }
+    ticket_t *t = pr->sh.ticket_free;
+    pr->sh.ticket_free = t->next;
+    return t;
+}
+
+void hs__ticket_put(producer_t *pr, ticket_t *t)
+{
+    t->next = pr->sh.ticket_free;
+    pr->sh.ticket_free = t;
+}
+
+void hs__ticket_pop(producer_t *pr, ticket_t *out)
 {
     ticket_t *t = pr->sh.tickets;
     pr->sh.tickets = t->next;
     if (!pr->sh.tickets) pr->sh.tickets_tail = NULL;
-    return t;
+    *out = *t;
+    out->next = NULL;
+    hs__ticket_put(pr, t);
 }
+
+/* ---- workers ---------------------------------------------------------------- */
 
 hs_status_t hs__worker_fill_meta(producer_t *pr, const ticket_t *t, uint8_t *region,
                                  hs_batch_view_t *v)
@@ -66,7 +124,8 @@ void *hs__worker_cpu_main(void *arg)
             pthread_cond_wait(&pr->sh.cond, &pr->sh.lock);
         }
         if (pr->sh.stop) break;
-        ticket_t *t = hs__ticket_pop(pr);
+        ticket_t tk, *t = &tk;
+        hs__ticket_pop(pr, &tk);
         st->busy = true;
         double t0 = hs_now_s();
         if (pr->sh.t_start > 0)
@@ -77,20 +136,18 @@ void *hs__worker_cpu_main(void *arg)
 
         hs_status_t rc = fill_batch(pr, w, t, st->buf);
         double t1 = hs_now_s();
-        outgoing_t *o = calloc(1, sizeof(*o));
+        outgoing_t *o = &st->out;
 
         pthread_mutex_lock(&pr->sh.lock);
         w->busy_s += t1 - t0;
         w->computing = false;
         w->t_progress = t1;
-        if (rc != HS_OK || !o) {
+        if (rc != HS_OK) {
             hs_error("worker %u: batch %u/%u failed: %s", w->index, t->epoch, t->batch,
-                     hs_status_str(rc != HS_OK ? rc : HS_ERR_NOMEM));
-            pr->sh.result = rc != HS_OK ? rc : HS_ERR_NOMEM;
+                     hs_status_str(rc));
+            pr->sh.result = rc;
             pr->sh.stop = true;
             st->busy = false;
-            free(o);
-            free(t);
             pthread_cond_broadcast(&pr->sh.cond);
             hs_tp_wakeup(pr->tp);
             break;
@@ -107,7 +164,7 @@ void *hs__worker_cpu_main(void *arg)
                  t->batch, (double)t->bytes / (1 << 20), 1e3 * (t1 - t0));
         o->next = pr->sh.outbox;
         pr->sh.outbox = o;
-        free(t);
+        st->queued = true;
         hs_tp_wakeup(pr->tp);
     }
     pthread_mutex_unlock(&pr->sh.lock);
@@ -116,8 +173,8 @@ void *hs__worker_cpu_main(void *arg)
 
 /* A batch whose forward and D2H are queued on the GPU. */
 typedef struct {
-    ticket_t *t;
-    staging_t *st;
+    ticket_t t;
+    staging_t *st; /* NULL: none */
     int slot;
 } inflight_t;
 
@@ -126,37 +183,36 @@ static hs_status_t gpu_finish(producer_t *pr, worker_t *w, inflight_t *f)
 {
     double ms = 0;
     hs_status_t rc = hs__gpu_batch_wait(w->gpu_w, f->slot, &ms);
-    if (rc == HS_OK) hs_batch_seal(f->st->buf, f->t->bytes);
-    outgoing_t *o = rc == HS_OK ? calloc(1, sizeof(*o)) : NULL;
+    if (rc == HS_OK) hs_batch_seal(f->st->buf, f->t.bytes);
+    outgoing_t *o = &f->st->out;
     pthread_mutex_lock(&pr->sh.lock);
-    if (!o) {
-        hs_error("worker %u (gpu %d): batch %u/%u failed: %s", w->index, w->gpu, f->t->epoch,
-                 f->t->batch, hs_status_str(rc != HS_OK ? rc : HS_ERR_NOMEM));
-        pr->sh.result = rc != HS_OK ? rc : HS_ERR_NOMEM;
+    if (rc != HS_OK) {
+        hs_error("worker %u (gpu %d): batch %u/%u failed: %s", w->index, w->gpu, f->t.epoch,
+                 f->t.batch, hs_status_str(rc));
+        pr->sh.result = rc;
         pr->sh.stop = true;
         f->st->busy = false;
         pthread_cond_broadcast(&pr->sh.cond);
         pthread_mutex_unlock(&pr->sh.lock);
         hs_tp_wakeup(pr->tp);
-        free(f->t);
         return HS_ERR_CUDA;
     }
     w->busy_s += ms * 1e-3; /* GPU busy: forward time from CUDA events */
     w->t_progress = hs_now_s();
     w->batches++;
-    w->tokens += f->t->n_tokens;
-    w->bytes += f->t->bytes;
-    o->t = *f->t;
+    w->tokens += f->t.n_tokens;
+    w->bytes += f->t.bytes;
+    o->t = f->t;
     o->st = f->st;
     o->worker = w->index;
     o->checksum = ((hs_batch_header_t *)f->st->buf)->checksum;
     o->compute_ns = (uint64_t)(ms * 1e6);
     o->next = pr->sh.outbox;
     pr->sh.outbox = o;
+    f->st->queued = true;
     pthread_mutex_unlock(&pr->sh.lock);
-    hs_trace("worker %u (gpu %d): batch %u/%u forward %.1f ms", w->index, w->gpu, f->t->epoch,
-             f->t->batch, ms);
-    free(f->t);
+    hs_trace("worker %u (gpu %d): batch %u/%u forward %.1f ms", w->index, w->gpu, f->t.epoch,
+             f->t.batch, ms);
     hs_tp_wakeup(pr->tp);
     return HS_OK;
 }
@@ -182,17 +238,17 @@ void *hs__worker_gpu_main(void *arg)
              * staging buffer (the one being sent) or a ticket, so the next
              * forward is queued before this one ends and the GPU never waits
              * for a checksum or a send. */
-            if (pending.t && hs__gpu_batch_done(w->gpu_w, pending.slot)) {
+            if (pending.st && hs__gpu_batch_done(w->gpu_w, pending.slot)) {
                 pthread_mutex_unlock(&pr->sh.lock);
                 hs_status_t rc = gpu_finish(pr, w, &pending);
-                pending.t = NULL;
+                pending.st = NULL;
                 pthread_mutex_lock(&pr->sh.lock);
                 w->computing = false;
                 if (rc != HS_OK) break;
                 t_wait = hs_now_s();
                 continue;
             }
-            if (pending.t) {
+            if (pending.st) {
                 struct timespec dl;
                 clock_gettime(CLOCK_REALTIME, &dl);
                 dl.tv_nsec += 2000000;
@@ -207,9 +263,10 @@ void *hs__worker_gpu_main(void *arg)
         }
         if (pr->sh.stop) break;
         staging_t *st = &w->staging[slot];
-        ticket_t *t = hs__ticket_pop(pr);
+        ticket_t tk, *t = &tk;
+        hs__ticket_pop(pr, &tk);
         st->busy = true;
-        if (pr->sh.t_start > 0 && !pending.t)
+        if (pr->sh.t_start > 0 && !pending.st)
             w->stall_s += hs_now_s() - (t_wait > pr->sh.t_start ? t_wait : pr->sh.t_start);
         w->computing = true;
         w->t_progress = hs_now_s();
@@ -221,7 +278,6 @@ void *hs__worker_gpu_main(void *arg)
         if (rc != HS_OK) {
             hs_error("worker %u (gpu %d): cannot launch batch %u/%u: %s", w->index, w->gpu,
                      t->epoch, t->batch, hs_status_str(rc));
-            free(t);
             pthread_mutex_lock(&pr->sh.lock);
             st->busy = false;
             pr->sh.result = rc;
@@ -230,19 +286,20 @@ void *hs__worker_gpu_main(void *arg)
             hs_tp_wakeup(pr->tp);
             break;
         }
-        if (pending.t) {
+        if (pending.st) {
             rc = gpu_finish(pr, w, &pending);
-            pending.t = NULL;
+            pending.st = NULL;
         }
-        pending = (inflight_t){t, st, slot};
+        pending = (inflight_t){tk, st, slot};
         pthread_mutex_lock(&pr->sh.lock);
         if (rc != HS_OK) break;
     }
     pthread_mutex_unlock(&pr->sh.lock);
-    if (pending.t) {
+    if (pending.st) {
         double ms;
-        hs__gpu_batch_wait(w->gpu_w, pending.slot, &ms); /* the GPU is done with the buffers */
-        free(pending.t);
+        /* the GPU is done with the buffers; the batch is not sent, a failure
+         * here changes nothing */
+        (void)hs__gpu_batch_wait(w->gpu_w, pending.slot, &ms);
     }
     return NULL;
 }

@@ -16,8 +16,18 @@
 void *hs__worker_cpu_main(void *arg);
 void *hs__worker_gpu_main(void *arg);
 
-/* Takes the oldest ticket off sh.tickets (not empty); sh.lock held. */
-ticket_t *hs__ticket_pop(producer_t *pr);
+/* Ticket records (sh.lock held for all but pool_free). pool_grow adds n
+ * records (HS_ERR_NOMEM); get takes one, adding records only when every
+ * one is in use (NULL when out of memory); put gives one back; pool_free
+ * frees them all, queued ones included, once no thread runs. */
+hs_status_t hs__ticket_pool_grow(producer_t *pr, uint32_t n);
+ticket_t *hs__ticket_get(producer_t *pr);
+void hs__ticket_put(producer_t *pr, ticket_t *t);
+void hs__ticket_pool_free(producer_t *pr);
+
+/* Takes the oldest ticket off sh.tickets (not empty) into *out and gives
+ * its record back; sh.lock held. */
+void hs__ticket_pop(producer_t *pr, ticket_t *out);
 
 /* Lays out the batch of ticket t in `region` (*v: its views), writes its
  * header and the metadata from the plan (ids, mask, cu_seqlens); hidden
