@@ -16,6 +16,7 @@
 #include "hsflow.h"
 #include "hs_common.h"
 #include "hs_devices.h"
+#include "hs_consumer_files_int.h"
 
 #define MAX_LOOPBACK 64
 
@@ -382,101 +383,6 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     return 2;
 }
 
-/* One JSON object per line: the summary's figures now, plus the time as
- * wall-clock Unix seconds ("time", for plots and for lining up with other
- * logs) and as the monotonic clock the rates are measured on
- * ("monotonic_s", immune to clock steps). */
-static void write_stats_line(hs_consumer_t *c, FILE *f)
-{
-    hs_consumer_stats_t s;
-    char json[4096];
-    struct timespec wall;
-    hs_consumer_stats(c, &s);
-    hs_consumer_stats_json(&s, json, sizeof(json));
-    clock_gettime(CLOCK_REALTIME, &wall);
-    fprintf(f, "{\"time\": %.3f, \"monotonic_s\": %.3f, ",
-            (double)wall.tv_sec + (double)wall.tv_nsec * 1e-9, hs_now_s());
-    for (const char *p = json + 1; *p; p++) /* skip the opening brace, fold lines */
-        if (*p != '\n') fputc(*p, f);
-    fputc('\n', f);
-    fflush(f);
-}
-
-/* The text of a --resume-state file, read whole (bounded). NULL after
- * printing why. */
-static char *read_state_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "hs-consumer: --resume-state %s: cannot open it: %m\n", path);
-        return NULL;
-    }
-    size_t cap = 1 << 16, len = 0, max = HS_CONSUMER_STATE_MAX_BYTES;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        len += fread(buf + len, 1, cap - len, f);
-        if (len < cap || cap > max) break;
-        char *n = realloc(buf, cap * 2 + 1);
-        if (!n) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = n;
-        cap *= 2;
-    }
-    bool err = ferror(f);
-    fclose(f);
-    if (!buf) {
-        fprintf(stderr, "hs-consumer: --resume-state %s: out of memory\n", path);
-        return NULL;
-    }
-    if (err || len > max) {
-        if (err)
-            fprintf(stderr, "hs-consumer: --resume-state %s: read failed\n", path);
-        else
-            fprintf(stderr,
-                    "hs-consumer: --resume-state %s: more than %u MiB, which no state is; give "
-                    "a file written by --save-state or Consumer.state_dict()\n",
-                    path, HS_CONSUMER_STATE_MAX_BYTES >> 20);
-        free(buf);
-        return NULL;
-    }
-    buf[len] = 0;
-    if (strlen(buf) != len) {
-        fprintf(stderr, "hs-consumer: --resume-state %s: has NUL bytes; it is not a state\n", path);
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
-/* Writes the consumer's position to `path` whole (hs_outfile: a temporary
- * file synced and renamed over it), so a crash leaves the previous state or
- * the new one, never half of one. *buf / *cap: a buffer kept between calls. */
-static hs_status_t save_state(hs_consumer_t *c, const char *path, char **buf, size_t *cap)
-{
-    size_t len;
-    hs_status_t st;
-    while ((st = hs_consumer_state_save(c, *buf, *cap, &len)) == HS_ERR_NOSPACE) {
-        char *n = realloc(*buf, len + 1);
-        if (!n) return HS_ERR_NOMEM;
-        *buf = n;
-        *cap = len + 1;
-    }
-    if (st != HS_OK) return st;
-    hs_outfile_t *f;
-    st = hs_outfile_open(path, NULL, 0, &f);
-    if (st != HS_OK) return st;
-    if (fwrite(*buf, 1, len, hs_outfile_stream(f)) != len ||
-        fputc('\n', hs_outfile_stream(f)) == EOF) {
-        hs_error("--save-state %s: write failed: %m", path);
-        hs_outfile_abort(f);
-        return HS_ERR_IO;
-    }
-    return hs_outfile_commit(f);
-}
-
 /* The first SIGINT/SIGTERM stops the run cleanly (summary, journal); a
  * second one exits at once. */
 static volatile sig_atomic_t g_interrupted;
@@ -671,7 +577,7 @@ int main(int argc, char **argv)
     }
     char *resume_text = NULL;
     if (o.resume_state) {
-        if (!(resume_text = read_state_file(o.resume_state))) return 2;
+        if (!(resume_text = hs__cli_read_state_file(o.resume_state))) return 2;
         o.cfg.resume_state = resume_text;
     }
     hs_consumer_t *c;
@@ -704,12 +610,12 @@ int main(int argc, char **argv)
     for (; !exit_code;) {
         if (jsonl && hs_now_s() - t_jsonl >= 1.0) {
             t_jsonl = hs_now_s();
-            write_stats_line(c, jsonl);
+            hs__cli_write_stats_line(c, jsonl);
         }
         if (o.save_state && o.save_state_interval > 0 &&
             hs_now_s() - t_state >= o.save_state_interval) {
             t_state = hs_now_s();
-            save_state(c, o.save_state, &state_buf, &state_cap);
+            hs__cli_save_state(c, o.save_state, &state_buf, &state_cap);
         }
         if (g_interrupted) {
             hs_warn("interrupted: stopping before the run is complete");
@@ -747,13 +653,13 @@ int main(int argc, char **argv)
     }
 
     if (jsonl) {
-        write_stats_line(c, jsonl);
+        hs__cli_write_stats_line(c, jsonl);
         fclose(jsonl);
     }
     hs_consumer_stats_t s;
     hs_consumer_stats(c, &s);
     if (o.save_state) {
-        if (save_state(c, o.save_state, &state_buf, &state_cap) != HS_OK) {
+        if (hs__cli_save_state(c, o.save_state, &state_buf, &state_cap) != HS_OK) {
             if (!exit_code) exit_code = 1;
         } else {
             hs_info("position saved to %s (%llu batch(es) delivered in all)", o.save_state,

@@ -93,7 +93,8 @@ int hs_metrics_format(const hs_consumer_stats_t *s, char *buf, size_t cap)
 
 struct hs_metrics {
     struct MHD_Daemon *daemon;
-    hs_consumer_t *c;
+    hs_metrics_stats_cb stats;
+    void *arg;
     uint16_t port;
 };
 
@@ -109,7 +110,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
     if (!strcmp(method, "GET") && !strcmp(url, "/healthz")) {
         /* 200 while the consumer runs: its version, progress and limit. */
         hs_consumer_stats_t s;
-        hs_consumer_stats(m->c, &s);
+        m->stats(m->arg, &s);
         char limit[200];
         hs_consumer_bottleneck_text(&s, limit, sizeof(limit));
         const char *fmt = "{\"status\": \"ok\", \"version\": \"%s\", \"epoch\": %u, "
@@ -128,7 +129,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
         }
     } else if (!strcmp(method, "GET") && !strcmp(url, "/metrics")) {
         hs_consumer_stats_t s;
-        hs_consumer_stats(m->c, &s);
+        m->stats(m->arg, &s);
         int n = hs_metrics_format(&s, NULL, 0);
         text = n > 0 ? malloc((size_t)n + 1) : NULL;
         if (text) {
@@ -151,7 +152,8 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
     return ret;
 }
 
-hs_status_t hs_metrics_start(hs_consumer_t *c, const char *host, uint16_t port, hs_metrics_t **out)
+hs_status_t hs_metrics_start(hs_metrics_stats_cb stats, void *arg, const char *host, uint16_t port,
+                             hs_metrics_t **out)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
@@ -160,7 +162,8 @@ hs_status_t hs_metrics_start(hs_consumer_t *c, const char *host, uint16_t port, 
     }
     hs_metrics_t *m = calloc(1, sizeof(*m));
     if (!m) return HS_ERR_NOMEM;
-    m->c = c;
+    m->stats = stats;
+    m->arg = arg;
     m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, port, NULL,
                                  NULL, answer, m, MHD_OPTION_SOCK_ADDR, &sa,
                                  MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
@@ -190,9 +193,10 @@ void hs_metrics_stop(hs_metrics_t *m)
 
 #else /* !HS_HAVE_MICROHTTPD */
 
-hs_status_t hs_metrics_start(hs_consumer_t *c, const char *host, uint16_t port, hs_metrics_t **out)
+hs_status_t hs_metrics_start(hs_metrics_stats_cb stats, void *arg, const char *host, uint16_t port,
+                             hs_metrics_t **out)
 {
-    (void)c, (void)host, (void)port, (void)out;
+    (void)stats, (void)arg, (void)host, (void)port, (void)out;
     hs_error("--metrics needs libmicrohttpd (scripts/install-deps installs it)");
     return HS_ERR_UNSUPPORTED;
 }

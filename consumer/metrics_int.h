@@ -10,9 +10,15 @@
 
 typedef struct hs_metrics hs_metrics_t;
 
-/* Serves /metrics on host:port from hs_consumer_stats(c). Port 0 picks one
- * (see hs_metrics_port). */
-hs_status_t hs_metrics_start(hs_consumer_t *c, const char *host, uint16_t port, hs_metrics_t **out);
+/* Fills *s with the figures as of now; called on the endpoint's thread for
+ * each request, so it must be safe from any thread. */
+typedef void (*hs_metrics_stats_cb)(void *arg, hs_consumer_stats_t *s);
+
+/* Serves /metrics and /healthz on host:port from stats(arg). Port 0 picks
+ * one (see hs_metrics_port). The endpoint knows the consumer only through
+ * the callback. */
+hs_status_t hs_metrics_start(hs_metrics_stats_cb stats, void *arg, const char *host, uint16_t port,
+                             hs_metrics_t **out);
 uint16_t hs_metrics_port(const hs_metrics_t *m);
 void hs_metrics_stop(hs_metrics_t *m); /* NULL ok */
 

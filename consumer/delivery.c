@@ -1,0 +1,272 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* delivery.c - the trainer's side: hs_consumer_next() and release() take
+ * batches off the delivery queue the network thread fills, straight from
+ * their cache slots or through the GPU's two device buffers, and give the
+ * slots back; hs_consumer_state_save() writes the position. */
+#include "consumer_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- the network thread's side ---------------------------------------------- */
+
+bool hs__delivery_push(hs_consumer_t *c, const hs_sched_item_t *it)
+{
+    hs__consumer_delivery_t *d = &c->delivery;
+    pthread_mutex_lock(&d->lock);
+    if (d->ready_n == d->ready_cap) {
+        /* Grows rarely: the ring never holds more batches than the cache. */
+        uint32_t ncap = d->ready_cap ? d->ready_cap * 2 : 64;
+        hs_sched_item_t *q = malloc(ncap * sizeof(*q));
+        if (!q) {
+            pthread_mutex_unlock(&d->lock);
+            hs_warn("out of memory growing the delivery queue; retrying");
+            return false;
+        }
+        for (uint32_t i = 0; i < d->ready_n; i++)
+            q[i] = d->ready[(d->ready_head + i) % d->ready_cap];
+        free(d->ready);
+        d->ready = q;
+        d->ready_cap = ncap;
+        d->ready_head = 0;
+    }
+    d->ready[(d->ready_head + d->ready_n++) % d->ready_cap] = *it;
+    pthread_mutex_unlock(&d->lock);
+    return true;
+}
+
+void hs__delivery_finish(hs_consumer_t *c)
+{
+    pthread_mutex_lock(&c->delivery.lock);
+    c->delivery.finished = true;
+    pthread_mutex_unlock(&c->delivery.lock);
+    pthread_cond_broadcast(&c->delivery.cond);
+}
+
+/* Retires the scheduler records of batches the trainer released. */
+void hs__released_collect(hs_consumer_t *c)
+{
+    uint64_t tickets[256];
+    uint32_t n;
+    do {
+        pthread_mutex_lock(&c->delivery.lock);
+        n = c->delivery.released_n < 256 ? c->delivery.released_n : 256;
+        c->delivery.released_n -= n;
+        if (n) memcpy(tickets, c->delivery.released + c->delivery.released_n, n * sizeof(uint64_t));
+        pthread_mutex_unlock(&c->delivery.lock);
+        for (uint32_t i = 0; i < n; i++)
+            hs_sched_release(c->net.sched, tickets[i]);
+    } while (n == 256);
+}
+
+/* Takes the next deliverable batch off the ready ring, waiting up to
+ * timeout_ms (-1 forever, 0 not at all). Counts the wait as trainer starve. */
+static hs_status_t ready_pop(hs_consumer_t *c, hs_sched_item_t *it, int timeout_ms)
+{
+    double t0 = hs_now_s();
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    if (timeout_ms > 0) {
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+    }
+    hs_status_t st = HS_OK;
+    pthread_mutex_lock(&c->delivery.lock);
+    while (!c->delivery.ready_n) {
+        if (c->delivery.finished || c->stop) {
+            st = c->fatal[0] ? HS_ERR_NOSPACE : HS_ERR_CLOSED;
+            if (c->delivery.t_end == 0) c->delivery.t_end = hs_now_s();
+            break;
+        }
+        if (timeout_ms == 0) {
+            st = HS_ERR_TIMEOUT;
+            break;
+        }
+        if (timeout_ms < 0)
+            pthread_cond_wait(&c->delivery.cond, &c->delivery.lock);
+        else if (pthread_cond_timedwait(&c->delivery.cond, &c->delivery.lock, &dl) == ETIMEDOUT) {
+            st = HS_ERR_TIMEOUT;
+            break;
+        }
+    }
+    if (c->delivery.t_start > 0)
+        c->delivery.starve_s += hs_now_s() - (t0 > c->delivery.t_start ? t0 : c->delivery.t_start);
+    if (st == HS_OK) {
+        *it = c->delivery.ready[c->delivery.ready_head];
+        c->delivery.ready_head = (c->delivery.ready_head + 1) % c->delivery.ready_cap;
+        c->delivery.ready_n--;
+    }
+    pthread_mutex_unlock(&c->delivery.lock);
+    return st;
+}
+
+static void batch_from_view(hs_consumer_t *c, const hs_sched_item_t *it, uint8_t *region,
+                            hs_batch_t *out)
+{
+    hs_batch_view_t v = hs_batch_view(region, it->n_seqs, it->n_tokens, &c->run.layout);
+    memset(out, 0, sizeof(*out));
+    out->epoch = it->epoch;
+    out->batch = it->batch;
+    out->n_seqs = it->n_seqs;
+    out->n_tokens = it->n_tokens;
+    out->hidden_size = c->run.layout.hidden_size;
+    out->n_layers = c->run.layout.n_layers;
+    out->layers = c->run.layout.layers;
+    out->cu_seqlens = v.cu_seqlens;
+    out->sample_ids = v.sample_ids;
+    out->input_ids = v.input_ids;
+    out->loss_mask = v.loss_mask;
+    out->hidden = v.hidden;
+    out->bytes = it->bytes;
+    out->handle = it->slot_offset;
+    out->ticket = it->ticket;
+}
+
+/* The cache slot of a batch is free again: give it back and tell the
+ * network thread (from the trainer, or from the copy stream's callback). */
+static void slot_done(hs_consumer_t *c, uint64_t offset, uint64_t ticket)
+{
+    hs_cache_free(c->cache, offset);
+    pthread_mutex_lock(&c->delivery.lock);
+    if (c->delivery.released_n == c->delivery.released_cap) {
+        uint32_t ncap = c->delivery.released_cap ? c->delivery.released_cap * 2 : 64;
+        uint64_t *r = realloc(c->delivery.released, ncap * sizeof(uint64_t));
+        if (r) {
+            c->delivery.released = r;
+            c->delivery.released_cap = ncap;
+        }
+    }
+    if (c->delivery.released_n < c->delivery.released_cap)
+        c->delivery.released[c->delivery.released_n++] = ticket;
+    pthread_mutex_unlock(&c->delivery.lock);
+    hs_tp_wakeup(c->tp); /* room for new tickets */
+}
+
+static void gpu_copied(void *arg)
+{
+    gpu_copy_done_t *d = arg;
+    slot_done(d->c, d->slot_offset, d->ticket);
+}
+
+/* Starts the H2D copy of `it` into device buffer `buf`. */
+static hs_status_t gpu_start_copy(hs_consumer_t *c, int buf, const hs_sched_item_t *it)
+{
+    uint64_t max_bytes;
+    pthread_mutex_lock(&c->delivery.lock);
+    max_bytes = c->delivery.max_batch_bytes;
+    pthread_mutex_unlock(&c->delivery.lock);
+    hs_status_t st = hs__loader_reserve(c->gpu.loader, max_bytes);
+    if (st != HS_OK) return st;
+    c->gpu.item[buf] = *it;
+    /* The copy's callback may run after this buffer has been refilled, so it
+     * gets its own record of the slot to free (a small ring: at most two
+     * copies are queued at once). */
+    gpu_copy_done_t *d = &c->gpu.done[c->gpu.done_next++ % HS_GPU_DONE_RING];
+    *d = (gpu_copy_done_t){c, it->slot_offset, it->ticket};
+    st = hs__loader_copy(c->gpu.loader, buf, c->cache, it->slot_offset, it->bytes, gpu_copied, d);
+    if (st == HS_OK) c->gpu.inflight = buf;
+    return st;
+}
+
+static hs_status_t next_gpu(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
+{
+    hs_status_t st;
+    if (c->gpu.cur >= 0) { /* taking the next batch ends the previous one */
+        hs__loader_consumed(c->gpu.loader, c->gpu.cur);
+        c->gpu.cur = -1;
+    }
+    if (c->gpu.inflight < 0) {
+        hs_sched_item_t it;
+        st = ready_pop(c, &it, timeout_ms);
+        if (st != HS_OK) return st;
+        st = gpu_start_copy(c, c->gpu.last == 0 ? 1 : 0, &it);
+        if (st != HS_OK) return st;
+    }
+    int buf = c->gpu.inflight;
+    void *dptr;
+    st = hs__loader_hand_over(c->gpu.loader, buf, &dptr);
+    if (st != HS_OK) return st;
+    c->gpu.inflight = -1;
+    c->gpu.cur = c->gpu.last = buf;
+    batch_from_view(c, &c->gpu.item[buf], dptr, out);
+    out->on_device = true;
+    out->handle = (uint64_t)buf;
+
+    /* Prefetch: copy the next ready batch while the trainer works on this one. */
+    hs_sched_item_t it;
+    if (ready_pop(c, &it, 0) == HS_OK) {
+        st = gpu_start_copy(c, 1 - buf, &it);
+        if (st != HS_OK) return st;
+    }
+    uint64_t bytes;
+    double secs;
+    hs__loader_stats(c->gpu.loader, &bytes, &secs);
+    pthread_mutex_lock(&c->delivery.lock);
+    c->delivery.batches_delivered++;
+    c->delivery.tokens_delivered += out->n_tokens;
+    if (c->delivery.position) hs_state_mark(c->delivery.position, out->epoch, out->batch);
+    c->delivery.h2d_bytes = bytes;
+    c->delivery.h2d_s = secs;
+    pthread_mutex_unlock(&c->delivery.lock);
+    return HS_OK;
+}
+
+hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
+{
+    if (c->gpu.loader) return next_gpu(c, out, timeout_ms);
+    hs_sched_item_t it;
+    hs_status_t st = ready_pop(c, &it, timeout_ms);
+    if (st != HS_OK) return st;
+    pthread_mutex_lock(&c->delivery.lock);
+    c->delivery.batches_delivered++;
+    c->delivery.tokens_delivered += it.n_tokens;
+    c->delivery.in_trainer++;
+    if (c->delivery.position) hs_state_mark(c->delivery.position, it.epoch, it.batch);
+    pthread_mutex_unlock(&c->delivery.lock);
+    batch_from_view(c, &it, (uint8_t *)hs_cache_base(c->cache) + it.slot_offset, out);
+    return HS_OK;
+}
+
+hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
+{
+    /* The trainer is done with it: record that first. */
+    if (c->journal) hs_journal_append(c->journal, batch->epoch, batch->batch);
+    if (c->gpu.loader) {
+        /* The host slot went back when its copy finished; this only ends the
+         * trainer's use of the device buffer. */
+        if (!batch->on_device || (int)batch->handle != c->gpu.cur) return HS_OK;
+        c->gpu.cur = -1;
+        return hs__loader_consumed(c->gpu.loader, (int)batch->handle);
+    }
+    if (!hs_cache_contains(c->cache, (uint8_t *)hs_cache_base(c->cache) + batch->handle,
+                           batch->bytes)) {
+        hs_error("release of a batch this consumer did not hand out, or released twice (slot "
+                 "%llu)",
+                 (unsigned long long)batch->handle);
+        return HS_ERR_INVALID;
+    }
+    pthread_mutex_lock(&c->delivery.lock);
+    c->delivery.in_trainer--;
+    pthread_mutex_unlock(&c->delivery.lock);
+    slot_done(c, batch->handle, batch->ticket);
+    return HS_OK;
+}
+
+hs_status_code_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap, size_t *len)
+{
+    if (!c || !len) {
+        hs_error("hs_consumer_state_save: needs a consumer and somewhere to put the length");
+        return HS_ERR_INVALID;
+    }
+    pthread_mutex_lock(&c->delivery.lock);
+    hs_status_t st =
+        hs_state_encode(c->delivery.position ? c->delivery.position : c->run.resume, buf, cap, len);
+    pthread_mutex_unlock(&c->delivery.lock);
+    return st;
+}

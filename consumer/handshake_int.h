@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* handshake_int.h - how a producer joins (handshake.c): HELLO, the
+ * CHALLENGE / AUTH exchange when a secret is set, WELCOME, and the plan
+ * exchange that defines the run (PLAN pages from one producer, checked,
+ * then bound to the journal and the resume state, and the scheduler built).
+ *
+ * Threads: the network thread only, except hs__resume_load(), which runs in
+ * hs_consumer_create() before any thread starts. The run it defines
+ * (hs__consumer_run_t) is read by the other threads once have_run is set. */
+#ifndef HS_HANDSHAKE_INT_H
+#define HS_HANDSHAKE_INT_H
+
+#include "hsflow.h"
+#include "peers_int.h"
+#include "state_int.h"
+
+/* A plan being received: the offer of the peer asked for it and the pages so
+ * far. None of it is the run (nor in the journal) until every page is in and
+ * checked; when its sender leaves, it is discarded whole. */
+typedef struct {
+    uint64_t sender; /* peer id sending the PLAN pages */
+    run_offer_t offer;
+    uint32_t received;           /* batches received so far */
+    uint32_t cap;                /* entries allocated in n_seqs and n_tokens */
+    uint32_t *n_seqs, *n_tokens; /* [cap], grown as pages arrive */
+    double t_page;               /* when the last page came (or the plan was asked for) */
+} pending_plan_t;
+
+/* The frames of the handshake, from the network thread's frame callback. */
+void hs__on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len);
+void hs__on_auth(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len);
+void hs__on_plan(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len);
+
+/* Discards the pending plan whole (NULL ok): its sender left, or destroy. */
+void hs__plan_discard(hs_consumer_t *c);
+/* The pending plan's sender is gone: the longest-waiting admitted peer
+ * sends its own plan from the start. With none, the next peer admitted does. */
+void hs__plan_restart(hs_consumer_t *c);
+/* Drops peers whose handshake, or whose plan pages, stopped for longer
+ * than the handshake timeout. */
+void hs__handshake_expire(hs_consumer_t *c, double now);
+
+/* The resume state of the config (checked against the run's epochs and
+ * order now, against the plan when a producer offers one), else an empty
+ * state, into c->run.resume. Logs what is wrong. */
+hs_status_t hs__resume_load(hs_consumer_t *c, const hs_consumer_config_t *cfg);
+
+#endif /* HS_HANDSHAKE_INT_H */

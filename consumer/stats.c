@@ -1,0 +1,270 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* stats.c - the consumer's figures: hs_consumer_stats() from the delivery
+ * counters, the cache and the network thread's snapshot; the derived
+ * progress, ETAs and bottleneck; the status line and the summary's JSON. */
+#include "consumer_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- the network thread's snapshot ------------------------------------------ */
+
+/* What start-up waits for, in a few words, or "" once batches flow. */
+static void startup_waiting(hs_consumer_t *c, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    if (!c->run.have_run) {
+        const pending_plan_t *pp = c->run.pending;
+        const peer_t *sender = NULL;
+        for (const peer_t *p = c->net.peers; pp && p; p = p->next)
+            if (p->id == pp->sender) sender = p;
+        if (sender && pp->offer.n_batches)
+            snprintf(buf, cap, "producer %.100s sends the plan: %.0f%%", sender->name,
+                     100.0 * pp->received / pp->offer.n_batches);
+        else
+            snprintf(buf, cap, "waiting for the first producer");
+        return;
+    }
+    hs_cache_stats_t cs;
+    hs_cache_stats(c->cache, &cs);
+    if (cs.ready_bytes < cs.capacity)
+        snprintf(buf, cap, "pinning the cache: %.1f of %.1f GiB",
+                 (double)cs.ready_bytes / (1 << 30), (double)cs.capacity / (1 << 30));
+}
+
+/* Publishes the network thread's figures for hs_consumer_stats(). */
+void hs__stats_snapshot(hs_consumer_t *c)
+{
+    hs_consumer_stats_t s = {0};
+    double stall = 0;
+    for (peer_t *p = c->net.peers; p; p = p->next)
+        if (p->conn && p->state == PEER_READY) {
+            s.producers_connected++;
+            stall += p->stall_pct;
+        }
+    /* Once every producer has left, the last figure stands (the summary's). */
+    s.producer_stall_pct = s.producers_connected ? stall / (double)s.producers_connected
+                                                 : c->delivery.snap.producer_stall_pct;
+    if (c->net.sched) {
+        hs_sched_stats_t ss;
+        hs_sched_stats(c->net.sched, &ss);
+        s.duplicates = ss.duplicates;
+        s.tickets_out = ss.leased;
+    }
+    s.protocol_errors = c->net.n_proto_errors;
+    s.producers_seen = c->net.n_seen;
+    s.producers_dropped = c->net.n_dropped;
+    s.leases_returned = c->net.leases_returned;
+    char waiting[sizeof(c->delivery.waiting)];
+    startup_waiting(c, waiting, sizeof(waiting));
+    pthread_mutex_lock(&c->delivery.lock);
+    memcpy(c->delivery.waiting, waiting, sizeof(waiting));
+    c->delivery.snap = s;
+    if (s.producers_connected) c->delivery.t_producer_seen = hs_now_s();
+    pthread_mutex_unlock(&c->delivery.lock);
+}
+
+/* ---- the figures ------------------------------------------------------------ */
+
+/* A side waiting this share of the time or more is waiting on the other. */
+#define HS_WAIT_PCT_LIMIT 20.0
+
+/* Epoch, progress, ETAs and the bottleneck from the counted figures. The
+ * rates are those since the first ticket; the trainer's own rate counts
+ * only the time it had data. */
+static void stats_derive(hs_consumer_stats_t *s)
+{
+    s->eta_epoch_s = s->eta_run_s = -1;
+    uint64_t total = s->batches_planned + s->batches_resumed;
+    uint64_t done = s->batches_resumed + s->batches_delivered;
+    if (!total || !s->epochs) return;
+    uint64_t per_epoch = total / s->epochs;
+    uint64_t e = per_epoch ? done / per_epoch + 1 : 1;
+    s->epoch = (uint32_t)(e > s->epochs ? s->epochs : e);
+    s->run_pct = 100.0 * (double)done / (double)total;
+    if (s->seconds <= 0) return;
+    s->supply_batches_per_s = (double)s->batches_delivered / s->seconds;
+    double fed_s = s->seconds * (1.0 - s->starve_pct / 100.0);
+    s->trainer_batches_per_s = fed_s > 0.01 * s->seconds ? (double)s->batches_delivered / fed_s : 0;
+    if (s->supply_batches_per_s > 0) {
+        uint64_t epoch_end = (uint64_t)s->epoch * per_epoch;
+        s->eta_run_s =
+            (double)(s->batches_planned - s->batches_delivered) / s->supply_batches_per_s;
+        s->eta_epoch_s =
+            (double)(epoch_end > done ? epoch_end - done : 0) / s->supply_batches_per_s;
+    }
+    if (s->batches_delivered < 2 || s->seconds < 1.0) return;
+    bool starving = s->starve_pct >= HS_WAIT_PCT_LIMIT;
+    bool stalled = s->producer_stall_pct >= HS_WAIT_PCT_LIMIT;
+    if (starving && stalled)
+        s->bottleneck = HS_BOTTLENECK_NETWORK;
+    else if (starving)
+        s->bottleneck = HS_BOTTLENECK_PRODUCERS;
+    else
+        s->bottleneck = HS_BOTTLENECK_TRAINER;
+}
+
+void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    hs_cache_stats_t cs;
+    hs_cache_stats(c->cache, &cs);
+    pthread_mutex_lock(&c->delivery.lock);
+    s->batches_planned = c->delivery.batches_planned;
+    s->batches_resumed = c->delivery.batches_resumed;
+    s->batches_delivered = c->delivery.batches_delivered;
+    s->checksum_failures = c->delivery.checksum_failures;
+    s->bytes_received = c->delivery.bytes_received;
+    s->tokens_delivered = c->delivery.tokens_delivered;
+    s->finished = c->delivery.finished && !c->delivery.ready_n;
+    double now = c->delivery.t_end > 0 ? c->delivery.t_end : hs_now_s();
+    s->seconds = c->delivery.t_start > 0 ? now - c->delivery.t_start : 0;
+    s->starve_pct = s->seconds > 0 ? 100.0 * c->delivery.starve_s / s->seconds : 0;
+    s->h2d_bytes = c->delivery.h2d_bytes;
+    s->h2d_gbytes_per_s =
+        c->delivery.h2d_s > 0 ? (double)c->delivery.h2d_bytes / c->delivery.h2d_s / 1e9 : 0;
+    /* The network thread's own figures, as of its last snapshot. */
+    s->duplicates = c->delivery.snap.duplicates;
+    s->tickets_out = c->delivery.snap.tickets_out;
+    s->protocol_errors = c->delivery.snap.protocol_errors;
+    s->producers_seen = c->delivery.snap.producers_seen;
+    s->producers_dropped = c->delivery.snap.producers_dropped;
+    s->leases_returned = c->delivery.snap.leases_returned;
+    s->producers_connected = c->delivery.snap.producers_connected;
+    s->producer_stall_pct = c->delivery.snap.producer_stall_pct;
+    pthread_mutex_unlock(&c->delivery.lock);
+    s->epochs = c->cfg.epochs;
+    s->cache_capacity = cs.capacity;
+    s->cache_used = cs.used;
+    s->cache_high_water = cs.high_water;
+    s->cache_ready_bytes = cs.ready_bytes;
+    s->cache_prepare_s = cs.prepare_s;
+    stats_derive(s);
+}
+
+const char *hs_bottleneck_str(int32_t bottleneck)
+{
+    switch (bottleneck) {
+    case HS_BOTTLENECK_PRODUCERS:
+        return "producers";
+    case HS_BOTTLENECK_TRAINER:
+        return "trainer";
+    case HS_BOTTLENECK_NETWORK:
+        return "network";
+    default:
+        return "unknown";
+    }
+}
+
+int hs_consumer_bottleneck_text(const hs_consumer_stats_t *s, char *buf, size_t cap)
+{
+    /* At the end of a run every producer has left: name those seen. */
+    unsigned long long np =
+        (unsigned long long)(s->producers_connected ? s->producers_connected : s->producers_seen);
+    switch (s->bottleneck) {
+    case HS_BOTTLENECK_PRODUCERS:
+        return snprintf(buf, cap,
+                        "producers are the limit: %llu producer%s give %.3g batch/s, the trainer "
+                        "takes %.3g batch/s",
+                        np, np == 1 ? "" : "s", s->supply_batches_per_s, s->trainer_batches_per_s);
+    case HS_BOTTLENECK_TRAINER:
+        return snprintf(buf, cap,
+                        "the trainer is the limit: it takes %.3g batch/s, producers wait for "
+                        "tickets %.0f%% of the time",
+                        s->trainer_batches_per_s, s->producer_stall_pct);
+    case HS_BOTTLENECK_NETWORK:
+        return snprintf(buf, cap,
+                        "the network is the limit: %.3g GB/s arrive, producers wait for tickets "
+                        "%.0f%% and the trainer for data %.0f%% of the time",
+                        s->seconds > 0 ? (double)s->bytes_received / s->seconds / 1e9 : 0,
+                        s->producer_stall_pct, s->starve_pct);
+    default:
+        return snprintf(buf, cap, "too early to name the limit");
+    }
+}
+
+/* "42s", "3m10s", "2h05m", or "?" for a negative (unknown) time. */
+static const char *duration_str(double s, char *buf, size_t cap)
+{
+    if (s < 0) return "?";
+    unsigned long long t = (unsigned long long)(s + 0.5);
+    if (t < 60)
+        snprintf(buf, cap, "%llus", t);
+    else if (t < 3600)
+        snprintf(buf, cap, "%llum%02llus", t / 60, t % 60);
+    else
+        snprintf(buf, cap, "%lluh%02llum", t / 3600, t / 60 % 60);
+    return buf;
+}
+
+void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap)
+{
+    hs_consumer_stats_t s;
+    hs_consumer_stats(c, &s);
+    char waiting[sizeof(c->delivery.waiting)];
+    pthread_mutex_lock(&c->delivery.lock);
+    double alone = hs_now_s() - c->delivery.t_producer_seen;
+    memcpy(waiting, c->delivery.waiting, sizeof(waiting));
+    pthread_mutex_unlock(&c->delivery.lock);
+    double secs = s.seconds > 0 ? s.seconds : 1e-9;
+    char ee[32], er[32], limit[200];
+    hs_consumer_bottleneck_text(&s, limit, sizeof(limit));
+    int n = snprintf(
+        buf, cap,
+        "epoch %u/%u | %llu/%llu batches (%.1f%%) | %.0f tok/s | %.2f GB/s | ETA epoch %s, "
+        "run %s | cache %.0f%% | tickets out %llu | producers %llu | producer stall %.0f%% | "
+        "starve %.0f%% | %s",
+        s.epoch, s.epochs, (unsigned long long)s.batches_delivered,
+        (unsigned long long)s.batches_planned, s.run_pct, (double)s.tokens_delivered / secs,
+        (double)s.bytes_received / secs / 1e9, duration_str(s.eta_epoch_s, ee, sizeof(ee)),
+        duration_str(s.eta_run_s, er, sizeof(er)),
+        s.cache_capacity ? 100.0 * (double)s.cache_used / (double)s.cache_capacity : 0,
+        (unsigned long long)s.tickets_out, (unsigned long long)s.producers_connected,
+        s.producer_stall_pct, s.starve_pct, waiting[0] ? waiting : limit);
+    size_t len = n < 0 ? cap : (size_t)n;
+    if (!s.finished && !s.producers_connected && alone >= c->no_producer_warn_s && len < cap)
+        snprintf(buf + len, cap - len,
+                 " | no producer connected for %.0f s: waiting; start producers or stop with "
+                 "Ctrl-C",
+                 alone);
+}
+
+int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
+{
+    double secs = s->seconds > 0 ? s->seconds : 1e-9;
+    char limit[200];
+    hs_consumer_bottleneck_text(s, limit, sizeof(limit)); /* no quote nor backslash in it */
+    return snprintf(
+        buf, cap,
+        "{\n  \"batches_planned\": %llu,\n  \"batches_resumed\": %llu,\n"
+        "  \"batches_delivered\": %llu,\n"
+        "  \"duplicates\": %llu,\n  \"checksum_failures\": %llu,\n"
+        "  \"protocol_errors\": %llu,\n  \"bytes\": %llu,\n  \"tokens\": %llu,\n"
+        "  \"seconds\": %.3f,\n  \"tokens_per_s\": %.1f,\n  \"batches_per_s\": %.3f,\n"
+        "  \"gbytes_per_s\": %.4f,\n  \"epochs\": %u,\n  \"producers_seen\": %llu,\n"
+        "  \"producers_dropped\": %llu,\n  \"leases_returned\": %llu,\n"
+        "  \"cache_capacity\": %llu,\n  \"cache_used\": %llu,\n  \"cache_high_water\": %llu,\n"
+        "  \"tickets_out\": %llu,\n  \"producers_connected\": %llu,\n"
+        "  \"cache_ready_bytes\": %llu,\n  \"cache_prepare_s\": %.3f,\n"
+        "  \"starve_pct\": %.2f,\n  \"producer_stall_pct\": %.2f,\n"
+        "  \"h2d_bytes\": %llu,\n  \"h2d_gbytes_per_s\": %.3f,\n"
+        "  \"epoch\": %u,\n  \"run_pct\": %.2f,\n  \"eta_epoch_s\": %.1f,\n  \"eta_run_s\": %.1f,\n"
+        "  \"supply_batches_per_s\": %.4f,\n  \"trainer_batches_per_s\": %.4f,\n"
+        "  \"bottleneck\": \"%s\",\n  \"bottleneck_text\": \"%s\",\n  \"complete\": %s\n}\n",
+        (unsigned long long)s->batches_planned, (unsigned long long)s->batches_resumed,
+        (unsigned long long)s->batches_delivered, (unsigned long long)s->duplicates,
+        (unsigned long long)s->checksum_failures, (unsigned long long)s->protocol_errors,
+        (unsigned long long)s->bytes_received, (unsigned long long)s->tokens_delivered, s->seconds,
+        (double)s->tokens_delivered / secs, (double)s->batches_delivered / secs,
+        (double)s->bytes_received / secs / 1e9, s->epochs, (unsigned long long)s->producers_seen,
+        (unsigned long long)s->producers_dropped, (unsigned long long)s->leases_returned,
+        (unsigned long long)s->cache_capacity, (unsigned long long)s->cache_used,
+        (unsigned long long)s->cache_high_water, (unsigned long long)s->tickets_out,
+        (unsigned long long)s->producers_connected, (unsigned long long)s->cache_ready_bytes,
+        s->cache_prepare_s, s->starve_pct, s->producer_stall_pct, (unsigned long long)s->h2d_bytes,
+        s->h2d_gbytes_per_s, s->epoch, s->run_pct, s->eta_epoch_s, s->eta_run_s,
+        s->supply_batches_per_s, s->trainer_batches_per_s, hs_bottleneck_str(s->bottleneck), limit,
+        (s->batches_planned || s->batches_resumed) && s->batches_delivered == s->batches_planned
+            ? "true"
+            : "false");
+}

@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* verify_int.h - the consumer's verify pool (verify.c): checksum threads
+ * that check received batches. One thread (the network thread) pushes jobs
+ * and takes the verdicts; the pool's threads run the check callback on a
+ * copy of each job, outside the pool's lock.
+ *
+ * Ownership: jobs are copied in by push and out by take; the pool keeps no
+ * pointer into the caller's memory. */
+#ifndef HS_VERIFY_INT_H
+#define HS_VERIFY_INT_H
+
+#include "hs_common.h"
+#include "sched_int.h"
+
+/* One received batch to check, and then its verdict. */
+typedef struct {
+    uint64_t peer_id, ticket_id;
+    hs_sched_item_t item;
+    double t_queued;
+    hs_status_t status; /* set by the check */
+    char why[256];      /* set by the check when status != HS_OK */
+} hs__verify_job_t;
+
+/* Checks job->item on a pool thread; sets job->status (and job->why). */
+typedef void (*hs__verify_check_cb)(void *arg, hs__verify_job_t *job);
+/* Called on a pool thread after a verdict is queued (wakes the taker). */
+typedef void (*hs__verify_wake_cb)(void *arg);
+
+typedef struct hs__verify_pool hs__verify_pool_t;
+
+/* Starts n_threads checksum threads (>= 1) with room for `cap` jobs in
+ * flight (>= 1). */
+hs_status_t hs__verify_pool_create(uint32_t n_threads, uint32_t cap, hs__verify_check_cb check,
+                                   hs__verify_wake_cb wake, void *arg, hs__verify_pool_t **out);
+/* Stops and joins the threads; jobs not yet checked stay queued unchecked.
+ * NULL ok; a second call does nothing. Push still queues afterwards. */
+void hs__verify_pool_stop(hs__verify_pool_t *vp);
+void hs__verify_pool_destroy(hs__verify_pool_t *vp); /* NULL ok; stops first */
+/* Queues a copy of *job for a checksum thread. */
+hs_status_t hs__verify_pool_push(hs__verify_pool_t *vp, const hs__verify_job_t *job);
+/* Copies up to `cap` checked jobs into out[]; returns how many. */
+uint32_t hs__verify_pool_take(hs__verify_pool_t *vp, hs__verify_job_t *out, uint32_t cap);
+
+#endif /* HS_VERIFY_INT_H */
