@@ -1,8 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* verify_int.h - the consumer's verify pool (verify.c): checksum threads
- * that check received batches. One thread (the network thread) pushes jobs
- * and takes the verdicts; the pool's threads run the check callback on a
- * copy of each job, outside the pool's lock.
+ * that check received batches in the order they landed, first in, first
+ * out, so with --order plan the batch the trainer waits for is not held
+ * behind newer ones. One thread (the network thread) pushes jobs and takes
+ * the verdicts; the pool's threads run the check callback on a copy of each
+ * job, outside the pool's lock.
+ *
+ * Memory: jobs and verdicts are held by value in two rings allocated at
+ * create; they grow only when more jobs are in flight at once than ever
+ * before, so a steady stream of batches allocates nothing.
  *
  * Ownership: jobs are copied in by push and out by take; the pool keeps no
  * pointer into the caller's memory. */
@@ -23,22 +29,29 @@ typedef struct {
 
 /* Checks job->item on a pool thread; sets job->status (and job->why). */
 typedef void (*hs__verify_check_cb)(void *arg, hs__verify_job_t *job);
-/* Called on a pool thread after a verdict is queued (wakes the taker). */
+/* Called on a pool thread, under the pool's lock, after a verdict is
+ * queued (wakes the taker). */
 typedef void (*hs__verify_wake_cb)(void *arg);
 
 typedef struct hs__verify_pool hs__verify_pool_t;
 
 /* Starts n_threads checksum threads (>= 1) with room for `cap` jobs in
- * flight (>= 1). */
-hs_status_t hs__verify_pool_create(uint32_t n_threads, uint32_t cap, hs__verify_check_cb check,
-                                   hs__verify_wake_cb wake, void *arg, hs__verify_pool_t **out);
+ * flight (>= 1). HS_ERR_INVALID for a zero count or a missing callback;
+ * HS_ERR_NOMEM when memory or a thread cannot be had (logged, naming the
+ * thread): the threads already started are joined and nothing is left. *out
+ * is set only on success. */
+__attribute__((warn_unused_result)) hs_status_t
+hs__verify_pool_create(uint32_t n_threads, uint32_t cap, hs__verify_check_cb check,
+                       hs__verify_wake_cb wake, void *arg, hs__verify_pool_t **out);
 /* Stops and joins the threads; jobs not yet checked stay queued unchecked.
  * NULL ok; a second call does nothing. Push still queues afterwards. */
 void hs__verify_pool_stop(hs__verify_pool_t *vp);
 void hs__verify_pool_destroy(hs__verify_pool_t *vp); /* NULL ok; stops first */
-/* Queues a copy of *job for a checksum thread. */
-hs_status_t hs__verify_pool_push(hs__verify_pool_t *vp, const hs__verify_job_t *job);
-/* Copies up to `cap` checked jobs into out[]; returns how many. */
+/* Queues a copy of *job behind every job pushed before it. HS_ERR_NOMEM
+ * (logged) only when the rings had to grow and could not. */
+__attribute__((warn_unused_result)) hs_status_t hs__verify_pool_push(hs__verify_pool_t *vp,
+                                                                     const hs__verify_job_t *job);
+/* Copies up to `cap` verdicts, oldest first, into out[]; returns how many. */
 uint32_t hs__verify_pool_take(hs__verify_pool_t *vp, hs__verify_job_t *out, uint32_t cap);
 
 #endif /* HS_VERIFY_INT_H */
