@@ -394,6 +394,27 @@ static bool cache_slot_place(const hs_cache_t *c, const hs_cache_block_t *b, uin
     return true;
 }
 
+hs_status_t hs_cache_plan_slots(hs_cache_t *c, uint64_t slots)
+{
+    uint64_t need = 2 * slots + 1; /* the most blocks that many slots make */
+    if (need > UINT32_MAX) need = UINT32_MAX;
+    hs_status_t st = HS_OK;
+    pthread_mutex_lock(&c->lock);
+    if (need > c->cap_blocks) {
+        hs_cache_block_t *nb = realloc(c->blocks, (size_t)need * sizeof *nb);
+        if (nb) {
+            c->blocks = nb;
+            c->cap_blocks = (uint32_t)need;
+        } else {
+            st = HS_ERR_NOMEM;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (st != HS_OK)
+        hs_error("cache: out of memory for a slot table of %llu entries", (unsigned long long)need);
+    return st;
+}
+
 hs_status_t hs_cache_reserve(hs_cache_t *c, uint64_t bytes, hs_cache_slot_t *out)
 {
     if (bytes == 0) {

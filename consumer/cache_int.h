@@ -110,6 +110,11 @@ hs_status_t hs_cache_check_room(uint64_t bytes, bool force);
  * for preparation, then retry); HS_ERR_INVALID when `bytes` is 0 or larger
  * than the whole cache (it can never fit). `out` is set only on success. */
 hs_status_t hs_cache_reserve(hs_cache_t *c, uint64_t bytes, hs_cache_slot_t *out);
+/* Room in the slot table for `slots` live slots at once, so that reserve
+ * and free do not grow it while no more are live (the owner's plan of its
+ * most batches in the cache). HS_ERR_NOMEM (logged); the table then grows
+ * as before. */
+hs_status_t hs_cache_plan_slots(hs_cache_t *c, uint64_t slots);
 /* Give back the slot that starts at `offset`; it merges with free
  * neighbours. HS_ERR_NOT_FOUND (logged) if no live slot starts there. */
 hs_status_t hs_cache_free(hs_cache_t *c, uint64_t offset);

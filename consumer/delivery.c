@@ -12,25 +12,51 @@
 
 /* ---- the network thread's side ---------------------------------------------- */
 
+/* Room for ncap batches in the ready ring, keeping their order; under lock. */
+static hs_status_t ready_grow(hs__consumer_delivery_t *d, uint32_t ncap)
+{
+    hs_sched_item_t *q = malloc(ncap * sizeof(*q));
+    if (!q) return HS_ERR_NOMEM;
+    for (uint32_t i = 0; i < d->ready_n; i++)
+        q[i] = d->ready[(d->ready_head + i) % d->ready_cap];
+    free(d->ready);
+    d->ready = q;
+    d->ready_cap = ncap;
+    d->ready_head = 0;
+    return HS_OK;
+}
+
+/* Room for ncap released tickets; under lock. */
+static hs_status_t released_grow(hs__consumer_delivery_t *d, uint32_t ncap)
+{
+    uint64_t *r = realloc(d->released, ncap * sizeof(uint64_t));
+    if (!r) return HS_ERR_NOMEM;
+    d->released = r;
+    d->released_cap = ncap;
+    return HS_OK;
+}
+
+hs_status_t hs__delivery_plan(hs_consumer_t *c, uint32_t batches)
+{
+    hs__consumer_delivery_t *d = &c->delivery;
+    hs_status_t st = HS_OK;
+    pthread_mutex_lock(&d->lock);
+    if (batches > d->ready_cap) st = ready_grow(d, batches);
+    if (st == HS_OK && batches > d->released_cap) st = released_grow(d, batches);
+    pthread_mutex_unlock(&d->lock);
+    if (st != HS_OK) hs_error("out of memory for delivery queues of %u batches", batches);
+    return st;
+}
+
 bool hs__delivery_push(hs_consumer_t *c, const hs_sched_item_t *it)
 {
     hs__consumer_delivery_t *d = &c->delivery;
     pthread_mutex_lock(&d->lock);
-    if (d->ready_n == d->ready_cap) {
-        /* Grows rarely: the ring never holds more batches than the cache. */
-        uint32_t ncap = d->ready_cap ? d->ready_cap * 2 : 64;
-        hs_sched_item_t *q = malloc(ncap * sizeof(*q));
-        if (!q) {
-            pthread_mutex_unlock(&d->lock);
-            hs_warn("out of memory growing the delivery queue; retrying");
-            return false;
-        }
-        for (uint32_t i = 0; i < d->ready_n; i++)
-            q[i] = d->ready[(d->ready_head + i) % d->ready_cap];
-        free(d->ready);
-        d->ready = q;
-        d->ready_cap = ncap;
-        d->ready_head = 0;
+    /* Grows rarely: the ring never holds more batches than the cache. */
+    if (d->ready_n == d->ready_cap && ready_grow(d, d->ready_cap ? d->ready_cap * 2 : 64)) {
+        pthread_mutex_unlock(&d->lock);
+        hs_warn("out of memory growing the delivery queue; retrying");
+        return false;
     }
     d->ready[(d->ready_head + d->ready_n++) % d->ready_cap] = *it;
     pthread_mutex_unlock(&d->lock);
@@ -134,14 +160,9 @@ static void slot_done(hs_consumer_t *c, uint64_t offset, uint64_t ticket)
 {
     hs_cache_free(c->cache, offset);
     pthread_mutex_lock(&c->delivery.lock);
-    if (c->delivery.released_n == c->delivery.released_cap) {
-        uint32_t ncap = c->delivery.released_cap ? c->delivery.released_cap * 2 : 64;
-        uint64_t *r = realloc(c->delivery.released, ncap * sizeof(uint64_t));
-        if (r) {
-            c->delivery.released = r;
-            c->delivery.released_cap = ncap;
-        }
-    }
+    if (c->delivery.released_n == c->delivery.released_cap)
+        (void)released_grow(&c->delivery,
+                            c->delivery.released_cap ? c->delivery.released_cap * 2 : 64);
     if (c->delivery.released_n < c->delivery.released_cap)
         c->delivery.released[c->delivery.released_n++] = ticket;
     pthread_mutex_unlock(&c->delivery.lock);

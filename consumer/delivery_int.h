@@ -66,7 +66,12 @@ typedef struct {
     int last;     /* buffer handed most recently */
 } hs__consumer_gpu_t;
 
-/* The network thread's side. Queues a deliverable batch and wakes the
+/* The network thread's side, once the plan is known: room for `batches`
+ * deliverable and released batches at once (the most the cache holds), so
+ * the queues do not grow on the data path. HS_ERR_NOMEM (logged); they then
+ * grow as needed. */
+hs_status_t hs__delivery_plan(hs_consumer_t *c, uint32_t batches);
+/* Queues a deliverable batch and wakes the
  * trainer; false (warned) when the queue could not grow: retry later. */
 bool hs__delivery_push(hs_consumer_t *c, const hs_sched_item_t *it);
 /* Every batch is delivered (or none was left): the trainer's next call

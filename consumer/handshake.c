@@ -247,7 +247,7 @@ static void plan_complete(hs_consumer_t *c)
     pending_plan_t *pp = c->run.pending;
     const run_offer_t *o = &pp->offer;
     uint32_t n = o->n_batches;
-    uint64_t max_bytes = 0, tokens = 0;
+    uint64_t max_bytes = 0, min_bytes = UINT64_MAX, tokens = 0;
     uint64_t *bytes = malloc((size_t)n * sizeof(uint64_t));
     if (!bytes) {
         hs__consumer_fatal(c, "out of memory for a plan of %u batches", n);
@@ -256,6 +256,7 @@ static void plan_complete(hs_consumer_t *c)
     for (uint32_t b = 0; b < n; b++) {
         bytes[b] = hs_batch_bytes(pp->n_seqs[b], pp->n_tokens[b], &o->layout);
         if (bytes[b] > max_bytes) max_bytes = bytes[b];
+        if (bytes[b] < min_bytes) min_bytes = bytes[b];
         tokens += pp->n_tokens[b];
     }
     if (max_bytes > hs_cache_capacity(c->cache)) {
@@ -301,6 +302,13 @@ static void plan_complete(hs_consumer_t *c)
     sc.rank = c->cfg.rank;
     sc.world = c->cfg.world;
     sc.uneven = (hs_shard_uneven_t)c->cfg.uneven;
+    /* Every item alive in the scheduler holds a cache slot: no more than the
+     * cache holds of the smallest batch are alive at once, so its tables are
+     * planned for that many now (up to HS_SCHED_LIVE_PLAN_MAX) and the data
+     * path does not grow them. */
+    uint64_t min_slot = (min_bytes + HS_CACHE_SLOT_ALIGN - 1) / HS_CACHE_SLOT_ALIGN;
+    uint64_t live = hs_cache_capacity(c->cache) / (min_slot * HS_CACHE_SLOT_ALIGN);
+    sc.live_plan = live < HS_SCHED_LIVE_PLAN_MAX ? (uint32_t)live : HS_SCHED_LIVE_PLAN_MAX;
     /* What to skip: the resume state when one was given (it follows the
      * trainer's checkpoint, so it wins over the journal, which is rewritten
      * to match it), else the journal's released batches, else nothing. */
@@ -354,6 +362,10 @@ static void plan_complete(hs_consumer_t *c)
         }
         return;
     }
+    /* The delivery queues and the cache's slot table likewise; should
+     * either fail (logged) it grows when needed instead. */
+    (void)hs__delivery_plan(c, sc.live_plan);
+    (void)hs_cache_plan_slots(c->cache, sc.live_plan);
     pthread_mutex_lock(&c->delivery.lock);
     c->delivery.max_batch_bytes = max_bytes;
     hs_sched_stats_t ss;

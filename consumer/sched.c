@@ -226,6 +226,37 @@ static hs_status_t sched_ht_reserve(hs_sched_t *s)
     return HS_OK;
 }
 
+/* Room for `live` records and as many tickets, at create (the tables are
+ * empty): the free list runs from the lowest index, as lease leaves it. */
+static hs_status_t sched_plan_live(hs_sched_t *s, uint32_t live)
+{
+    uint32_t old = s->cap_recs;
+    if (sched_grow((void **)&s->recs, &s->cap_recs, live, sizeof *s->recs)) return HS_ERR_NOMEM;
+    for (uint32_t i = s->cap_recs; i-- > old;) {
+        s->recs[i].live = false;
+        s->recs[i].link = s->free_rec;
+        s->free_rec = i;
+    }
+    uint32_t cap = s->ht_cap;
+    while (cap < 2 * live + 2)
+        cap *= 2;
+    if (cap == s->ht_cap) return HS_OK;
+    uint64_t *nk = calloc(cap, sizeof *nk);
+    uint32_t *nv = calloc(cap, sizeof *nv);
+    if (!nk || !nv) {
+        free(nk);
+        free(nv);
+        hs_error("sched: out of memory for a ticket table of %u entries", cap);
+        return HS_ERR_NOMEM;
+    }
+    free(s->ht_key);
+    free(s->ht_val);
+    s->ht_key = nk;
+    s->ht_val = nv;
+    s->ht_cap = cap;
+    return HS_OK;
+}
+
 /* Remove `key` (present); backward-shift deletion keeps probes unbroken. */
 static void sched_ht_del(hs_sched_t *s, uint64_t key)
 {
@@ -354,6 +385,12 @@ hs_status_t hs_sched_create(const hs_sched_config_t *cfg, hs_sched_t **out)
     if (!s->bytes || (cfg->n_seqs && !s->n_seqs) || (cfg->n_tokens && !s->n_tokens) || !s->done ||
         !s->issue.perm || !s->deliver.perm || !s->order_scratch || !s->ht_key || !s->ht_val) {
         hs_error("sched: out of memory for a plan of %u batches x %u epochs", n, cfg->epochs);
+        hs_sched_destroy(s);
+        return HS_ERR_NOMEM;
+    }
+    uint32_t live =
+        cfg->live_plan < HS_SCHED_LIVE_PLAN_MAX ? cfg->live_plan : HS_SCHED_LIVE_PLAN_MAX;
+    if (live && sched_plan_live(s, live) != HS_OK) {
         hs_sched_destroy(s);
         return HS_ERR_NOMEM;
     }

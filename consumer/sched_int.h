@@ -68,7 +68,15 @@ typedef struct {
      * `world` (0 or 1: the whole plan); see shard_int.h. */
     uint32_t rank, world;
     hs_shard_uneven_t uneven;
+    /* The most items the caller expects alive at once (leased, returned,
+     * filled or being delivered; each holds a cache slot): their records
+     * and tickets get room at create, and the tables grow past it only when
+     * more are alive than that. At most HS_SCHED_LIVE_PLAN_MAX; 0: small
+     * tables that grow as needed. */
+    uint32_t live_plan;
 } hs_sched_config_t;
+
+#define HS_SCHED_LIVE_PLAN_MAX (1u << 16) /* 64 Ki records: about 6 MiB of tables */
 
 typedef enum {
     HS_SCHED_PENDING = 0,

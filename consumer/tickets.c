@@ -43,13 +43,13 @@ void hs__on_done(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len,
 void hs__on_stats(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
 {
     ProtobufCMessage *m;
-    if (!(m = hs__peer_unpack(c, p, HS_MSG_STATS, body, len))) return;
+    if (!(m = hs__peer_unpack_in(c, p, &c->net.msg_arena, HS_MSG_STATS, body, len))) return;
     Hsflow__Stats *s = (Hsflow__Stats *)m;
     p->stall_pct = s->stall_pct;
     p->tokens_per_s = s->tokens_per_s;
     p->has_stats = true;
     if (s->progressing) p->t_progress = hs_now_s(); /* heartbeat: renews its leases */
-    hs_msg_free(m);
+    hs_msg_free_in(&c->net.msg_arena, m);
 }
 
 /* Hands out tickets round-robin while the cache has room and a producer has
