@@ -17,6 +17,7 @@
 #include "hs_common.h"
 #include "hs_devices.h"
 #include "hs_consumer_files_int.h"
+#include "hs_consumer_loopback_int.h"
 
 #define MAX_LOOPBACK 64
 
@@ -397,54 +398,6 @@ static void on_signal(int sig)
     g_interrupted = sig;
 }
 
-/* The hs-producer next to this binary, else the one on PATH. */
-static void producer_path(char *out, size_t cap)
-{
-    const char *env = getenv("HS_PRODUCER_BIN");
-    if (env) {
-        snprintf(out, cap, "%s", env);
-        return;
-    }
-    char self[PATH_MAX - 16];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n > 0) {
-        self[n] = 0;
-        char *slash = strrchr(self, '/');
-        if (slash) {
-            *slash = 0;
-            snprintf(out, cap, "%s/hs-producer", self);
-            if (access(out, X_OK) == 0) return;
-        }
-    }
-    snprintf(out, cap, "hs-producer");
-}
-
-static pid_t spawn_producer(const char *bin, uint16_t port, int index, int nargs, char **args)
-{
-    char to[64], name[64];
-    snprintf(to, sizeof(to), "127.0.0.1:%u", port);
-    snprintf(name, sizeof(name), "loopback-%d", index);
-    char **argv = calloc((size_t)nargs + 6, sizeof(char *));
-    if (!argv) return -1;
-    int k = 0;
-    argv[k++] = (char *)bin;
-    argv[k++] = "--to";
-    argv[k++] = to;
-    argv[k++] = "--name";
-    argv[k++] = name;
-    for (int i = 0; i < nargs; i++)
-        argv[k++] = args[i];
-    argv[k] = NULL;
-    pid_t pid = fork();
-    if (pid == 0) {
-        execvp(bin, argv);
-        fprintf(stderr, "hs-consumer: cannot run %s: %m (set HS_PRODUCER_BIN)\n", bin);
-        _exit(127);
-    }
-    free(argv);
-    return pid;
-}
-
 int main(int argc, char **argv)
 {
     if (hs_cli_wants_version(argc, argv)) {
@@ -594,10 +547,10 @@ int main(int argc, char **argv)
     int alive = 0;
     if (o.loopback) {
         char bin[PATH_MAX];
-        producer_path(bin, sizeof(bin));
+        hs__cli_producer_path(bin, sizeof(bin));
         for (int i = 0; i < o.loopback; i++) {
-            pids[i] =
-                spawn_producer(bin, hs_consumer_port(c), i, n_producer_args, argv + split + 1);
+            pids[i] = hs__cli_spawn_producer(bin, hs_consumer_port(c), i, n_producer_args,
+                                             argv + split + 1);
             if (pids[i] > 0) alive++;
         }
         hs_info("started %d local producer(s): %s --to 127.0.0.1:%u ...", alive, bin,

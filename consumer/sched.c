@@ -2,6 +2,7 @@
 /* sched.c - ticket scheduler: plan cursors, lease records, a ticket hash and
  * the ready list. See sched_int.h for the state machine. */
 #include "sched_int.h"
+#include "ticket_table_int.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -48,10 +49,7 @@ struct hs_sched {
     sched_rec_t *recs;
     uint32_t cap_recs, free_rec;
 
-    /* ticket -> record index; open addressing, linear probing, key 0 = empty */
-    uint64_t *ht_key;
-    uint32_t *ht_val;
-    uint32_t ht_cap, ht_n;
+    hs__ticket_table_t tickets; /* ticket -> record index */
 
     uint32_t *ret; /* returned items, sorted by seq DEScending: the front is the last */
     uint32_t n_ret, cap_ret;
@@ -171,61 +169,6 @@ static void sched_item_from_rec(const hs_sched_t *s, const sched_rec_t *r, hs_sc
     it->state = (hs_sched_state_t)r->state;
 }
 
-/* ---- ticket hash --------------------------------------------------------- */
-
-static uint32_t sched_ht_home(const hs_sched_t *s, uint64_t key)
-{
-    key ^= key >> 33;
-    key *= 0xff51afd7ed558ccdull;
-    key ^= key >> 33;
-    return (uint32_t)key & (s->ht_cap - 1);
-}
-
-static uint32_t sched_ht_find(const hs_sched_t *s, uint64_t key)
-{
-    if (key == 0) return NIL;
-    for (uint32_t i = sched_ht_home(s, key);; i = (i + 1) & (s->ht_cap - 1)) {
-        if (s->ht_key[i] == key) return s->ht_val[i];
-        if (s->ht_key[i] == 0) return NIL;
-    }
-}
-
-static void sched_ht_put_nogrow(hs_sched_t *s, uint64_t key, uint32_t val)
-{
-    uint32_t i = sched_ht_home(s, key);
-    while (s->ht_key[i] != 0)
-        i = (i + 1) & (s->ht_cap - 1);
-    s->ht_key[i] = key;
-    s->ht_val[i] = val;
-    s->ht_n++;
-}
-
-/* Make room for one more key (load kept <= 1/2). */
-static hs_status_t sched_ht_reserve(hs_sched_t *s)
-{
-    if ((s->ht_n + 1) * 2 <= s->ht_cap) return HS_OK;
-    uint32_t ncap = s->ht_cap * 2;
-    uint64_t *nk = calloc(ncap, sizeof *nk);
-    uint32_t *nv = calloc(ncap, sizeof *nv);
-    if (!nk || !nv) {
-        free(nk);
-        free(nv);
-        hs_error("sched: out of memory growing the ticket table to %u entries", ncap);
-        return HS_ERR_NOMEM;
-    }
-    uint64_t *ok = s->ht_key;
-    uint32_t *ov = s->ht_val, ocap = s->ht_cap;
-    s->ht_key = nk;
-    s->ht_val = nv;
-    s->ht_cap = ncap;
-    s->ht_n = 0;
-    for (uint32_t i = 0; i < ocap; i++)
-        if (ok[i]) sched_ht_put_nogrow(s, ok[i], ov[i]);
-    free(ok);
-    free(ov);
-    return HS_OK;
-}
-
 /* Room for `live` records and as many tickets, at create (the tables are
  * empty): the free list runs from the lowest index, as lease leaves it. */
 static hs_status_t sched_plan_live(hs_sched_t *s, uint32_t live)
@@ -237,46 +180,7 @@ static hs_status_t sched_plan_live(hs_sched_t *s, uint32_t live)
         s->recs[i].link = s->free_rec;
         s->free_rec = i;
     }
-    uint32_t cap = s->ht_cap;
-    while (cap < 2 * live + 2)
-        cap *= 2;
-    if (cap == s->ht_cap) return HS_OK;
-    uint64_t *nk = calloc(cap, sizeof *nk);
-    uint32_t *nv = calloc(cap, sizeof *nv);
-    if (!nk || !nv) {
-        free(nk);
-        free(nv);
-        hs_error("sched: out of memory for a ticket table of %u entries", cap);
-        return HS_ERR_NOMEM;
-    }
-    free(s->ht_key);
-    free(s->ht_val);
-    s->ht_key = nk;
-    s->ht_val = nv;
-    s->ht_cap = cap;
-    return HS_OK;
-}
-
-/* Remove `key` (present); backward-shift deletion keeps probes unbroken. */
-static void sched_ht_del(hs_sched_t *s, uint64_t key)
-{
-    uint32_t mask = s->ht_cap - 1, i = sched_ht_home(s, key);
-    while (s->ht_key[i] != key)
-        i = (i + 1) & mask;
-    for (uint32_t j = i;;) {
-        j = (j + 1) & mask;
-        if (s->ht_key[j] == 0) break;
-        uint32_t k = sched_ht_home(s, s->ht_key[j]);
-        /* the entry at j may move to the hole at i unless its home lies in (i, j] */
-        bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-        if (!stays) {
-            s->ht_key[i] = s->ht_key[j];
-            s->ht_val[i] = s->ht_val[j];
-            i = j;
-        }
-    }
-    s->ht_key[i] = 0;
-    s->ht_n--;
+    return hs__ticket_table_reserve(&s->tickets, live);
 }
 
 /* ---- connections ------------------------------------------------------- */
@@ -372,7 +276,6 @@ hs_status_t hs_sched_create(const hs_sched_config_t *cfg, hs_sched_t **out)
     s->ready_head = s->ready_tail = NIL;
     s->free_rec = NIL;
     s->next_ticket = 1;
-    s->ht_cap = 64;
     s->bytes = malloc(n * sizeof *s->bytes);
     s->n_seqs = cfg->n_seqs ? malloc(n * sizeof *s->n_seqs) : NULL;
     s->n_tokens = cfg->n_tokens ? malloc(n * sizeof *s->n_tokens) : NULL;
@@ -380,10 +283,9 @@ hs_status_t hs_sched_create(const hs_sched_config_t *cfg, hs_sched_t **out)
     s->issue.perm = malloc(n * sizeof(uint32_t));
     s->deliver.perm = malloc(n * sizeof(uint32_t));
     s->order_scratch = malloc(n * sizeof(uint32_t));
-    s->ht_key = calloc(s->ht_cap, sizeof *s->ht_key);
-    s->ht_val = calloc(s->ht_cap, sizeof *s->ht_val);
+    hs_status_t tst = hs__ticket_table_init(&s->tickets, 64);
     if (!s->bytes || (cfg->n_seqs && !s->n_seqs) || (cfg->n_tokens && !s->n_tokens) || !s->done ||
-        !s->issue.perm || !s->deliver.perm || !s->order_scratch || !s->ht_key || !s->ht_val) {
+        !s->issue.perm || !s->deliver.perm || !s->order_scratch || tst != HS_OK) {
         hs_error("sched: out of memory for a plan of %u batches x %u epochs", n, cfg->epochs);
         hs_sched_destroy(s);
         return HS_ERR_NOMEM;
@@ -439,8 +341,7 @@ void hs_sched_destroy(hs_sched_t *s)
     free(s->order_scratch);
     hs_shard_destroy(s->shard);
     free(s->recs);
-    free(s->ht_key);
-    free(s->ht_val);
+    hs__ticket_table_fini(&s->tickets);
     free(s->ret);
     free(s->conns);
     free(s);
@@ -471,7 +372,7 @@ hs_status_t hs_sched_lease(hs_sched_t *s, uint64_t conn, uint64_t slot_offset, u
         return HS_ERR_INVALID;
     }
     /* every allocation first, so a failure changes nothing */
-    hs_status_t st = sched_ht_reserve(s);
+    hs_status_t st = hs__ticket_table_reserve(&s->tickets, 1);
     if (st) return st;
     sched_conn_t *c = sched_conn_find(s, conn);
     if (!c) {
@@ -510,7 +411,7 @@ hs_status_t hs_sched_lease(hs_sched_t *s, uint64_t conn, uint64_t slot_offset, u
     r->ticket = s->next_ticket++;
     r->conn = conn;
     r->state = HS_SCHED_LEASED;
-    sched_ht_put_nogrow(s, r->ticket, idx);
+    hs__ticket_table_put(&s->tickets, r->ticket, idx);
     if (!c) {
         c = &s->conns[s->n_conns++];
         *c = (sched_conn_t){.conn = conn, .leases = 0};
@@ -526,7 +427,7 @@ hs_status_t hs_sched_lease(hs_sched_t *s, uint64_t conn, uint64_t slot_offset, u
 /* The record of `ticket` if `conn` holds it as a lease, else NIL. */
 static uint32_t sched_leased_rec(const hs_sched_t *s, uint64_t conn, uint64_t ticket)
 {
-    uint32_t idx = sched_ht_find(s, ticket);
+    uint32_t idx = hs__ticket_table_find(&s->tickets, ticket);
     if (idx == NIL) return NIL;
     const sched_rec_t *r = &s->recs[idx];
     return r->state == HS_SCHED_LEASED && r->conn == conn ? idx : NIL;
@@ -543,7 +444,7 @@ hs_status_t hs_sched_lookup(const hs_sched_t *s, uint64_t conn, uint64_t ticket,
 
 hs_status_t hs_sched_get(const hs_sched_t *s, uint64_t ticket, hs_sched_item_t *out)
 {
-    uint32_t idx = sched_ht_find(s, ticket);
+    uint32_t idx = hs__ticket_table_find(&s->tickets, ticket);
     if (idx == NIL) return HS_ERR_NOT_FOUND;
     sched_item_from_rec(s, &s->recs[idx], out);
     return HS_OK;
@@ -554,7 +455,7 @@ hs_status_t hs_sched_get(const hs_sched_t *s, uint64_t ticket, hs_sched_item_t *
 static void sched_unlease(hs_sched_t *s, uint32_t idx)
 {
     sched_rec_t *r = &s->recs[idx];
-    sched_ht_del(s, r->ticket);
+    hs__ticket_table_del(&s->tickets, r->ticket);
     sched_conn_dec(s, r->conn, s->bytes[r->batch]);
     r->ticket = 0;
     r->conn = 0;
@@ -643,7 +544,7 @@ bool hs_sched_next_ready(const hs_sched_t *s, hs_sched_item_t *out)
 
 hs_status_t hs_sched_delivered(hs_sched_t *s, uint64_t ticket)
 {
-    uint32_t idx = sched_ht_find(s, ticket);
+    uint32_t idx = hs__ticket_table_find(&s->tickets, ticket);
     if (idx == NIL || s->recs[idx].state != HS_SCHED_FILLED) {
         hs_error("sched: ticket %llu is not ready, it cannot be delivered",
                  (unsigned long long)ticket);
@@ -687,13 +588,13 @@ hs_status_t hs_sched_delivered(hs_sched_t *s, uint64_t ticket)
 
 hs_status_t hs_sched_release(hs_sched_t *s, uint64_t ticket)
 {
-    uint32_t idx = sched_ht_find(s, ticket);
+    uint32_t idx = hs__ticket_table_find(&s->tickets, ticket);
     if (idx == NIL || s->recs[idx].state != HS_SCHED_DELIVERED) {
         hs_error("sched: release of ticket %llu, which is not being delivered",
                  (unsigned long long)ticket);
         return HS_ERR_INVALID;
     }
-    sched_ht_del(s, ticket);
+    hs__ticket_table_del(&s->tickets, ticket);
     sched_rec_t *r = &s->recs[idx];
     r->live = false;
     r->link = s->free_rec;
