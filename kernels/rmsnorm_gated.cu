@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "cublaslt.h"
+#include "row_rms.cuh"
 #include "rmsnorm_gated.h"
 
 typedef __nv_bfloat16 bf16;
@@ -31,27 +32,7 @@ __global__ void rmsnorm_gated_kernel(const bf16 *x, int64_t x_stride, const bf16
     if (row >= rows) return;
     const bf16 *xr = x + (int64_t)row * x_stride, *zr = z + (int64_t)row * z_stride;
     bf16 *yr = y + (int64_t)row * y_stride;
-    float ss = 0.f;
-    if (VEC) {
-        for (int i = lane * 8; i < dim; i += 256) {
-            uint4 u = *(const uint4 *)(xr + i);
-            const bf16 *e = (const bf16 *)&u;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float f = __bfloat162float(e[j]);
-                ss += f * f;
-            }
-        }
-    } else {
-        for (int i = lane; i < dim; i += 32) {
-            float f = __bfloat162float(xr[i]);
-            ss += f * f;
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    float r = rsqrtf(ss / (float)dim + eps);
+    float r = hs_warp_row_rrms<VEC>(xr, dim, eps, lane);
     if (VEC) {
         for (int i = lane * 8; i < dim; i += 256) {
             uint4 xu = *(const uint4 *)(xr + i), zu = *(const uint4 *)(zr + i);
