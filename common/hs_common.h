@@ -157,11 +157,12 @@ static inline size_t hs_align_up(size_t x, size_t a)
  * to the outfile (do not fclose it). commit and abort both free the outfile;
  * abort removes the temporary file and accepts NULL. */
 typedef struct hs_outfile hs_outfile_t;
-hs_status_t hs_outfile_check(const char *path, const char *const *inputs, int n_inputs);
-hs_status_t hs_outfile_open(const char *path, const char *const *inputs, int n_inputs,
-                            hs_outfile_t **out);
+HS_MUST_CHECK hs_status_t hs_outfile_check(const char *path, const char *const *inputs,
+                                           int n_inputs);
+HS_MUST_CHECK hs_status_t hs_outfile_open(const char *path, const char *const *inputs, int n_inputs,
+                                          hs_outfile_t **out);
 FILE *hs_outfile_stream(hs_outfile_t *f);
-hs_status_t hs_outfile_commit(hs_outfile_t *f);
+HS_MUST_CHECK hs_status_t hs_outfile_commit(hs_outfile_t *f);
 void hs_outfile_abort(hs_outfile_t *f);
 
 /* ---- memory this process may take --------------------------------------- */
@@ -190,15 +191,16 @@ uint64_t hs_mem_room(const hs_mem_limits_t *m);
 
 /* Parse an unsigned integer with an optional K, M, G or T suffix (powers of
  * 1024; "KiB"/"KB" spellings accepted too). */
-hs_status_t hs_parse_size(const char *s, uint64_t *out);
+HS_MUST_CHECK hs_status_t hs_parse_size(const char *s, uint64_t *out);
 /* Parse a decimal u64 / i64 / double; the whole string must be consumed. */
-hs_status_t hs_parse_u64(const char *s, uint64_t *out);
-hs_status_t hs_parse_i64(const char *s, int64_t *out);
-hs_status_t hs_parse_double(const char *s, double *out);
+HS_MUST_CHECK hs_status_t hs_parse_u64(const char *s, uint64_t *out);
+HS_MUST_CHECK hs_status_t hs_parse_i64(const char *s, int64_t *out);
+HS_MUST_CHECK hs_status_t hs_parse_double(const char *s, double *out);
 /* Parse "1,9,17" into out[0..*n); fails if more than cap entries. */
-hs_status_t hs_parse_int_list(const char *s, int *out, int cap, int *n);
+HS_MUST_CHECK hs_status_t hs_parse_int_list(const char *s, int *out, int cap, int *n);
 /* Split "host:port"; host copied into host[hostcap]. "[::1]:7000" works. */
-hs_status_t hs_parse_hostport(const char *s, char *host, size_t hostcap, uint16_t *port);
+HS_MUST_CHECK hs_status_t hs_parse_hostport(const char *s, char *host, size_t hostcap,
+                                            uint16_t *port);
 
 /* "0.1.0 (git f08d450)": the release and, when built from a checkout, its
  * git describe. Static. */

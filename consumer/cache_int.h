@@ -93,8 +93,8 @@ typedef struct {
 /* Map a region of `capacity` bytes, rounded DOWN to the page size so the
  * cache never holds more than asked. flags: HS_CACHE_*. The cache is usable
  * on return; with PIN_CUDA/PREFAULT only its prepared part is handed out. */
-hs_status_t hs_cache_create(uint64_t capacity, uint32_t flags, hs_cache_t **out);
-hs_status_t hs_cache_create_ex(const hs_cache_config_t *cfg, hs_cache_t **out);
+HS_MUST_CHECK hs_status_t hs_cache_create(uint64_t capacity, uint32_t flags, hs_cache_t **out);
+HS_MUST_CHECK hs_status_t hs_cache_create_ex(const hs_cache_config_t *cfg, hs_cache_t **out);
 /* Stops preparation, unregisters and unmaps. Accepts NULL. */
 void hs_cache_destroy(hs_cache_t *c);
 
@@ -103,21 +103,21 @@ void hs_cache_destroy(hs_cache_t *c);
  * without reserving, so an oversized cache would start and be OOM-killed
  * only once it fills. HS_ERR_NOSPACE, logged with both figures and what to
  * do, when it does not fit; with `force`, a warning and HS_OK. */
-hs_status_t hs_cache_check_room(uint64_t bytes, bool force);
+HS_MUST_CHECK hs_status_t hs_cache_check_room(uint64_t bytes, bool force);
 
 /* Carve a slot of at least `bytes` (rounded up to 4096) out of the prepared
  * region. HS_ERR_NOSPACE when no free extent fits now (free a slot, or wait
  * for preparation, then retry); HS_ERR_INVALID when `bytes` is 0 or larger
  * than the whole cache (it can never fit). `out` is set only on success. */
-hs_status_t hs_cache_reserve(hs_cache_t *c, uint64_t bytes, hs_cache_slot_t *out);
+HS_MUST_CHECK hs_status_t hs_cache_reserve(hs_cache_t *c, uint64_t bytes, hs_cache_slot_t *out);
 /* Room in the slot table for `slots` live slots at once, so that reserve
  * and free do not grow it while no more are live (the owner's plan of its
  * most batches in the cache). HS_ERR_NOMEM (logged); the table then grows
  * as before. */
-hs_status_t hs_cache_plan_slots(hs_cache_t *c, uint64_t slots);
+HS_MUST_CHECK hs_status_t hs_cache_plan_slots(hs_cache_t *c, uint64_t slots);
 /* Give back the slot that starts at `offset`; it merges with free
  * neighbours. HS_ERR_NOT_FOUND (logged) if no live slot starts there. */
-hs_status_t hs_cache_free(hs_cache_t *c, uint64_t offset);
+HS_MUST_CHECK hs_status_t hs_cache_free(hs_cache_t *c, uint64_t offset);
 /* True when [p, p+bytes) lies entirely inside one live slot. */
 bool hs_cache_contains(const hs_cache_t *c, const void *p, uint64_t bytes);
 
@@ -136,8 +136,8 @@ uint64_t hs_cache_chunk_bytes(const hs_cache_t *c);
  * chunk boundaries. The range must lie inside the region; the caller keeps
  * the slot alive until the stream has passed the copy. HS_ERR_CUDA (logged)
  * if a copy cannot be queued; HS_ERR_UNSUPPORTED in a build without CUDA. */
-hs_status_t hs_cache_copy_to_device(const hs_cache_t *c, void *dst, uint64_t offset, uint64_t bytes,
-                                    void *stream);
+HS_MUST_CHECK hs_status_t hs_cache_copy_to_device(const hs_cache_t *c, void *dst, uint64_t offset,
+                                                  uint64_t bytes, void *stream);
 
 /* Prepare the next chunk on the calling thread (HS_CACHE_MANUAL_PREPARE).
  * Returns false when every chunk is already prepared. */

@@ -110,7 +110,12 @@ static void *net_main(void *arg)
     hs_consumer_t *c = arg;
     while (!c->stop) {
         register_ready_chunks(c);
-        hs_tp_progress(c->tp, c->net.cache_registered ? 200 : 20);
+        hs_status_t st = hs_tp_progress(c->tp, c->net.cache_registered ? 200 : 20);
+        if (st != HS_OK) { /* the transport's event loop failed (logged there) */
+            hs__consumer_fatal(c, "consumer: the transport's event loop failed (%s); stopping",
+                               hs_status_str(st));
+            break;
+        }
         hs__verified_collect(c);
         hs__released_collect(c);
         hs__deliverable_push(c);
@@ -130,7 +135,7 @@ static void *net_main(void *arg)
     for (peer_t *p = c->net.peers; p; p = p->next)
         if (p->conn) hs_tp_close(p->conn, HS_ERR_CLOSED);
     for (int i = 0; i < 5 && c->net.peers; i++) {
-        hs_tp_progress(c->tp, 20);
+        if (hs_tp_progress(c->tp, 20) != HS_OK) break;
         hs__verified_collect(c);
     }
     return NULL;

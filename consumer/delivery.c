@@ -83,7 +83,9 @@ void hs__released_collect(hs_consumer_t *c)
         if (n) memcpy(tickets, c->delivery.released + c->delivery.released_n, n * sizeof(uint64_t));
         pthread_mutex_unlock(&c->delivery.lock);
         for (uint32_t i = 0; i < n; i++)
-            hs_sched_release(c->net.sched, tickets[i]);
+            if (hs_sched_release(c->net.sched, tickets[i]) != HS_OK)
+                hs_error("consumer: released ticket %llu is not one the scheduler handed out",
+                         (unsigned long long)tickets[i]);
     } while (n == 256);
 }
 
@@ -155,10 +157,12 @@ static void batch_from_view(hs_consumer_t *c, const hs_sched_item_t *it, uint8_t
 }
 
 /* The cache slot of a batch is free again: give it back and tell the
- * network thread (from the trainer, or from the copy stream's callback). */
-static void slot_done(hs_consumer_t *c, uint64_t offset, uint64_t ticket)
+ * network thread (from the trainer, or from the copy stream's callback).
+ * HS_ERR_NOT_FOUND (logged) for an offset where no slot in use starts. */
+static hs_status_t slot_done(hs_consumer_t *c, uint64_t offset, uint64_t ticket)
 {
-    hs_cache_free(c->cache, offset);
+    hs_status_t st = hs_cache_free(c->cache, offset);
+    if (st != HS_OK) return st; /* nothing was given back: nothing to tell */
     pthread_mutex_lock(&c->delivery.lock);
     if (c->delivery.released_n == c->delivery.released_cap)
         (void)released_grow(&c->delivery,
@@ -167,12 +171,15 @@ static void slot_done(hs_consumer_t *c, uint64_t offset, uint64_t ticket)
         c->delivery.released[c->delivery.released_n++] = ticket;
     pthread_mutex_unlock(&c->delivery.lock);
     hs_tp_wakeup(c->tp); /* room for new tickets */
+    return HS_OK;
 }
 
 static void gpu_copied(void *arg)
 {
     gpu_copy_done_t *d = arg;
-    slot_done(d->c, d->slot_offset, d->ticket);
+    if (slot_done(d->c, d->slot_offset, d->ticket) != HS_OK)
+        hs_error("gpu delivery: the copied batch's slot was not in use (ticket %llu)",
+                 (unsigned long long)d->ticket);
 }
 
 /* Starts the H2D copy of `it` into device buffer `buf`. */
@@ -199,8 +206,10 @@ static hs_status_t next_gpu(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
 {
     hs_status_t st;
     if (c->gpu.cur >= 0) { /* taking the next batch ends the previous one */
-        hs__loader_consumed(c->gpu.loader, c->gpu.cur);
+        int prev = c->gpu.cur;
         c->gpu.cur = -1;
+        st = hs__loader_consumed(c->gpu.loader, prev);
+        if (st != HS_OK) return st; /* a CUDA failure, logged */
     }
     if (c->gpu.inflight < 0) {
         hs_sched_item_t it;
@@ -254,29 +263,43 @@ hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout
     return HS_OK;
 }
 
+/* The journal's line for a released batch. One that could not be recorded
+ * (logged) does not hold the batch back: it was trained, and the caller
+ * learns that a restart may repeat it. */
+static hs_status_t record_release(hs_consumer_t *c, const hs_batch_t *batch)
+{
+    return c->journal ? hs_journal_append(c->journal, batch->epoch, batch->batch) : HS_OK;
+}
+
 hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
 {
-    /* The trainer is done with it: record that first. */
-    if (c->journal) hs_journal_append(c->journal, batch->epoch, batch->batch);
-    if (c->gpu.loader) {
-        /* The host slot went back when its copy finished; this only ends the
-         * trainer's use of the device buffer. */
-        if (!batch->on_device || (int)batch->handle != c->gpu.cur) return HS_OK;
-        c->gpu.cur = -1;
-        return hs__loader_consumed(c->gpu.loader, (int)batch->handle);
-    }
-    if (!hs_cache_contains(c->cache, (uint8_t *)hs_cache_base(c->cache) + batch->handle,
+    if (!c->gpu.loader &&
+        !hs_cache_contains(c->cache, (uint8_t *)hs_cache_base(c->cache) + batch->handle,
                            batch->bytes)) {
         hs_error("release of a batch this consumer did not hand out, or released twice (slot "
                  "%llu)",
                  (unsigned long long)batch->handle);
         return HS_ERR_INVALID;
     }
+    if (c->gpu.loader) {
+        /* The trainer is done with it: record that first. The host slot went
+         * back when its copy finished; this only ends the trainer's use of
+         * the device buffer. */
+        hs_status_t recorded = record_release(c, batch);
+        if (!batch->on_device || (int)batch->handle != c->gpu.cur) return recorded;
+        c->gpu.cur = -1;
+        hs_status_t st = hs__loader_consumed(c->gpu.loader, (int)batch->handle);
+        return st != HS_OK ? st : recorded;
+    }
+    hs_status_t recorded = record_release(c, batch);
+    /* A second release is caught here only while its slot is not in use
+     * again (no slot starts there, logged); once the slot is granted anew it
+     * would free that batch's: every batch must be released exactly once. */
+    if (slot_done(c, batch->handle, batch->ticket) != HS_OK) return HS_ERR_INVALID;
     pthread_mutex_lock(&c->delivery.lock);
     c->delivery.in_trainer--;
     pthread_mutex_unlock(&c->delivery.lock);
-    slot_done(c, batch->handle, batch->ticket);
-    return HS_OK;
+    return recorded;
 }
 
 hs_status_code_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap, size_t *len)

@@ -70,7 +70,7 @@ typedef struct {
  * deliverable and released batches at once (the most the cache holds), so
  * the queues do not grow on the data path. HS_ERR_NOMEM (logged); they then
  * grow as needed. */
-hs_status_t hs__delivery_plan(hs_consumer_t *c, uint32_t batches);
+HS_MUST_CHECK hs_status_t hs__delivery_plan(hs_consumer_t *c, uint32_t batches);
 /* Queues a deliverable batch and wakes the
  * trainer; false (warned) when the queue could not grow: retry later. */
 bool hs__delivery_push(hs_consumer_t *c, const hs_sched_item_t *it);

@@ -23,20 +23,21 @@ typedef struct hs__loader hs__loader_t;
  * is complete: the slot may be freed. No CUDA calls allowed inside. */
 typedef void (*hs__loader_copied_cb)(void *arg);
 
-hs_status_t hs__loader_create(int device, hs__loader_t **out);
+HS_MUST_CHECK hs_status_t hs__loader_create(int device, hs__loader_t **out);
 void hs__loader_destroy(hs__loader_t *l); /* NULL ok; waits for copies in flight */
 /* Makes sure both device buffers hold at least `bytes` (allocates once; a
  * larger request later reallocates, after waiting for everything). */
-hs_status_t hs__loader_reserve(hs__loader_t *l, uint64_t bytes);
+HS_MUST_CHECK hs_status_t hs__loader_reserve(hs__loader_t *l, uint64_t bytes);
 /* Starts copying [offset, offset+bytes) of the cache into buffer `buf` (0/1)
  * once the trainer has consumed that buffer; `copied(arg)` runs when done. */
-hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, uint64_t offset,
-                            uint64_t bytes, hs__loader_copied_cb copied, void *arg);
+HS_MUST_CHECK hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache,
+                                          uint64_t offset, uint64_t bytes,
+                                          hs__loader_copied_cb copied, void *arg);
 /* Makes the trainer's stream wait for buffer `buf`'s copy; returns its
  * device address. */
-hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr);
+HS_MUST_CHECK hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr);
 /* The trainer is done with buffer `buf` (as of work queued so far). */
-hs_status_t hs__loader_consumed(hs__loader_t *l, int buf);
+HS_MUST_CHECK hs_status_t hs__loader_consumed(hs__loader_t *l, int buf);
 /* Bytes copied and seconds the copy engine spent on them (events). */
 void hs__loader_stats(hs__loader_t *l, uint64_t *bytes, double *seconds);
 

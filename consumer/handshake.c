@@ -32,7 +32,10 @@ static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
     double lease_ms = c->cfg.lease_timeout_s * 1000.0;
     w.lease_timeout_ms = lease_ms >= (double)UINT32_MAX ? UINT32_MAX : (uint32_t)lease_ms;
     if (c->have_secret) {
-        hs_auth_consumer_mac(&c->key, p->client_nonce, p->server_nonce, mac);
+        if (hs_auth_consumer_mac(&c->key, p->client_nonce, p->server_nonce, mac) != HS_OK) {
+            hs__peer_drop(c, p, HS_ERR_AUTH, "libsodium could not compute the consumer's proof");
+            return;
+        }
         w.server_mac.data = mac;
         w.server_mac.len = sizeof(mac);
     }
@@ -120,7 +123,10 @@ static bool offer_matches_run(hs_consumer_t *c, peer_t *p)
  * before it is authenticated. */
 static void peer_admit(hs_consumer_t *c, peer_t *p)
 {
-    hs_tp_conn_set_max_frame(p->conn, 0); /* the protocol's full frame limit */
+    if (hs_tp_conn_set_max_frame(p->conn, 0) != HS_OK) { /* the protocol's full frame limit */
+        hs__peer_drop(c, p, HS_ERR_INVALID, "the frame limit could not be raised");
+        return;
+    }
     if (c->run.have_run) {
         if (offer_matches_run(c, p)) send_welcome(c, p, false);
         return;
@@ -188,7 +194,10 @@ void hs__on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len
         }
         memcpy(p->hello_body, body, len);
         p->hello_len = len;
-        hs_auth_nonce(p->server_nonce);
+        if (hs_auth_nonce(p->server_nonce) != HS_OK) {
+            hs__peer_drop(c, p, HS_ERR_AUTH, "libsodium could not draw the challenge's nonce");
+            goto out;
+        }
         Hsflow__Challenge ch = HSFLOW__CHALLENGE__INIT;
         ch.server_nonce.data = p->server_nonce;
         ch.server_nonce.len = HS_AUTH_NONCE_BYTES;
@@ -211,9 +220,9 @@ void hs__on_auth(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
     if (!(m = hs__peer_unpack(c, p, HS_MSG_AUTH, body, len))) return;
     Hsflow__Auth *a = (Hsflow__Auth *)m;
     uint8_t expect[HS_AUTH_MAC_BYTES];
-    hs_auth_producer_mac(&c->key, p->server_nonce, p->client_nonce, p->hello_body, p->hello_len,
-                         expect);
-    if (a->mac.len != HS_AUTH_MAC_BYTES || hs_auth_verify(a->mac.data, expect) != HS_OK)
+    if (hs_auth_producer_mac(&c->key, p->server_nonce, p->client_nonce, p->hello_body, p->hello_len,
+                             expect) != HS_OK ||
+        a->mac.len != HS_AUTH_MAC_BYTES || hs_auth_verify(a->mac.data, expect) != HS_OK)
         hs__peer_drop(c, p, HS_ERR_AUTH,
                       "authentication failed: the producer's --secret-file differs from the "
                       "consumer's");
@@ -323,7 +332,16 @@ static void plan_complete(hs_consumer_t *c)
         free(bytes);
         return;
     }
-    if (c->run.resume_given && c->journal) hs_journal_rewrite(c->journal, pos);
+    if (c->run.resume_given && c->journal && (st = hs_journal_rewrite(c->journal, pos)) != HS_OK) {
+        /* a journal left as it was would name batches the state says are to come */
+        hs__consumer_fatal(c,
+                           "journal: could not rewrite it to the resume state's batches (%s); "
+                           "give a writable --journal, or none",
+                           hs_status_str(st));
+        hs_state_destroy(pos);
+        free(bytes);
+        return;
+    }
     sc.start_epoch = hs_state_epochs_done(pos);
     sc.resume_done = skip;
     uint64_t resumed = hs_state_delivered(pos);
@@ -364,8 +382,10 @@ static void plan_complete(hs_consumer_t *c)
     }
     /* The delivery queues and the cache's slot table likewise; should
      * either fail (logged) it grows when needed instead. */
-    (void)hs__delivery_plan(c, sc.live_plan);
-    (void)hs_cache_plan_slots(c->cache, sc.live_plan);
+    if (hs__delivery_plan(c, sc.live_plan) != HS_OK ||
+        hs_cache_plan_slots(c->cache, sc.live_plan) != HS_OK)
+        hs_warn("consumer: tables for %u live batches could not be planned; they grow as needed",
+                sc.live_plan);
     pthread_mutex_lock(&c->delivery.lock);
     c->delivery.max_batch_bytes = max_bytes;
     hs_sched_stats_t ss;

@@ -43,6 +43,6 @@ void hs__handshake_expire(hs_consumer_t *c, double now);
 /* The resume state of the config (checked against the run's epochs and
  * order now, against the plan when a producer offers one), else an empty
  * state, into c->run.resume. Logs what is wrong. */
-hs_status_t hs__resume_load(hs_consumer_t *c, const hs_consumer_config_t *cfg);
+HS_MUST_CHECK hs_status_t hs__resume_load(hs_consumer_t *c, const hs_consumer_config_t *cfg);
 
 #endif /* HS_HANDSHAKE_INT_H */

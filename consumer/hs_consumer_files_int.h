@@ -20,6 +20,7 @@ char *hs__cli_read_state_file(const char *path);
 /* Writes the consumer's position to `path` whole (a temporary file synced
  * and renamed over it). *buf / *cap: a buffer kept between calls, grown as
  * needed; the caller frees *buf. */
-hs_status_t hs__cli_save_state(hs_consumer_t *c, const char *path, char **buf, size_t *cap);
+HS_MUST_CHECK hs_status_t hs__cli_save_state(hs_consumer_t *c, const char *path, char **buf,
+                                             size_t *cap);
 
 #endif /* HS_CONSUMER_FILES_INT_H */

@@ -568,7 +568,10 @@ int main(int argc, char **argv)
         if (o.save_state && o.save_state_interval > 0 &&
             hs_now_s() - t_state >= o.save_state_interval) {
             t_state = hs_now_s();
-            hs__cli_save_state(c, o.save_state, &state_buf, &state_cap);
+            hs_status_t saved = hs__cli_save_state(c, o.save_state, &state_buf, &state_cap);
+            if (saved != HS_OK) /* the file keeps the last state written; the exit's save decides */
+                hs_warn("--save-state %s: not updated (%s); trying again in %.0f s", o.save_state,
+                        hs_status_str(saved), o.save_state_interval);
         }
         if (g_interrupted) {
             hs_warn("interrupted: stopping before the run is complete");
@@ -578,8 +581,9 @@ int main(int argc, char **argv)
         hs_status_code_t st = hs_consumer_next(c, &b, 250);
         if (st == HS_OK) {
             if (o.train_ms) usleep(o.train_ms * 1000u);
-            hs_consumer_release(c, &b);
-            continue;
+            if (hs_consumer_release(c, &b) == HS_OK) continue;
+            exit_code = 1; /* the library said why */
+            break;
         }
         if (st == -9 /* HS_ERR_CLOSED: every batch delivered */) break;
         if (st != -11 /* HS_ERR_TIMEOUT */) {

@@ -334,6 +334,12 @@ const uint8_t *hs_journal_done(const hs_journal_t *j)
 hs_status_t hs_journal_append(hs_journal_t *j, uint32_t epoch, uint32_t batch)
 {
     if (!j->bound) return HS_ERR_INVALID;
+    if (epoch >= j->epochs || batch >= j->n_batches) { /* a line no restart could read */
+        hs_error("journal %s: batch %u of epoch %u is not in the run (%u epochs of %u batches); "
+                 "not recorded",
+                 j->path, batch, epoch, j->epochs, j->n_batches);
+        return HS_ERR_INVALID;
+    }
     if (fprintf(j->f, "%u %u\n", epoch, batch) < 0 || fflush(j->f) != 0) {
         hs_error("journal %s: write failed: %m (the run goes on; a restart may repeat batches)",
                  j->path);

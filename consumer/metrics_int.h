@@ -17,8 +17,8 @@ typedef void (*hs_metrics_stats_cb)(void *arg, hs_consumer_stats_t *s);
 /* Serves /metrics and /healthz on host:port from stats(arg). Port 0 picks
  * one (see hs_metrics_port). The endpoint knows the consumer only through
  * the callback. */
-hs_status_t hs_metrics_start(hs_metrics_stats_cb stats, void *arg, const char *host, uint16_t port,
-                             hs_metrics_t **out);
+HS_MUST_CHECK hs_status_t hs_metrics_start(hs_metrics_stats_cb stats, void *arg, const char *host,
+                                           uint16_t port, hs_metrics_t **out);
 uint16_t hs_metrics_port(const hs_metrics_t *m);
 void hs_metrics_stop(hs_metrics_t *m); /* NULL ok */
 

@@ -41,8 +41,9 @@ void hs__peer_drop(hs_consumer_t *c, peer_t *p, hs_status_t code, const char *fm
     p->dropped = true;
     hs_error("producer %s dropped: %s", p->name, text);
     size_t len;
-    if (hs_msg_error_frame(code, text, c->net.frame_buf, HS__FRAME_BUF_BYTES, &len) == HS_OK)
-        hs_tp_send(p->conn, c->net.frame_buf, len);
+    if (hs_msg_error_frame(code, text, c->net.frame_buf, HS__FRAME_BUF_BYTES, &len) == HS_OK &&
+        hs_tp_send(p->conn, c->net.frame_buf, len) != HS_OK)
+        hs_debug("producer %s: the ERROR frame could not be sent", p->name);
     hs_tp_close(p->conn, code);
     if (code != HS_ERR_CLOSED) c->net.n_dropped++;
 }
@@ -164,7 +165,12 @@ hs_status_t hs__peer_accepted(void *arg, hs_tp_conn_t *conn)
         p->bye_sent = true;
         return HS_OK;
     }
-    hs_tp_conn_set_max_frame(conn, PREAUTH_MAX_FRAME); /* raised when admitted (handshake.c) */
+    /* raised when admitted (handshake.c); a peer the limit cannot be set on
+     * (logged) is not let in with the full one */
+    if (hs_tp_conn_set_max_frame(conn, PREAUTH_MAX_FRAME) != HS_OK) {
+        hs__peer_drop(c, p, HS_ERR_INVALID, "the pre-authentication frame limit could not be set");
+        return HS_OK;
+    }
     preauth_make_room(c, p);
     hs_debug("connection from %s", hs_tp_conn_peer(conn));
     return HS_OK;

@@ -45,7 +45,7 @@ typedef enum {
 } hs_sched_order_t;
 
 /* "arrival" or "plan" (the --order flag); HS_ERR_INVALID otherwise. */
-hs_status_t hs_sched_order_parse(const char *s, hs_sched_order_t *out);
+HS_MUST_CHECK hs_status_t hs_sched_order_parse(const char *s, hs_sched_order_t *out);
 const char *hs_sched_order_str(hs_sched_order_t order);
 
 typedef struct {
@@ -121,7 +121,7 @@ typedef struct {
 
 typedef struct hs_sched hs_sched_t;
 
-hs_status_t hs_sched_create(const hs_sched_config_t *cfg, hs_sched_t **out);
+HS_MUST_CHECK hs_status_t hs_sched_create(const hs_sched_config_t *cfg, hs_sched_t **out);
 void hs_sched_destroy(hs_sched_t *s); /* accepts NULL */
 
 /* The item at the front of the queue, to ticket next; false when nothing is
@@ -131,19 +131,20 @@ bool hs_sched_peek(const hs_sched_t *s, hs_sched_item_t *out);
 /* Lease the front item to `conn` in the cache slot at `slot_offset` (which
  * must equal the item's slot when it has one). *ticket: a run-unique id > 0.
  * HS_ERR_NOT_FOUND if the queue is empty; HS_ERR_INVALID on a slot mismatch. */
-hs_status_t hs_sched_lease(hs_sched_t *s, uint64_t conn, uint64_t slot_offset, uint64_t *ticket);
+HS_MUST_CHECK hs_status_t hs_sched_lease(hs_sched_t *s, uint64_t conn, uint64_t slot_offset,
+                                         uint64_t *ticket);
 /* The item of `ticket` if `conn` holds it as a lease now; HS_ERR_NOT_FOUND
  * otherwise (unknown, stale, already filled, or held by another conn). */
-hs_status_t hs_sched_lookup(const hs_sched_t *s, uint64_t conn, uint64_t ticket,
-                            hs_sched_item_t *out);
+HS_MUST_CHECK hs_status_t hs_sched_lookup(const hs_sched_t *s, uint64_t conn, uint64_t ticket,
+                                          hs_sched_item_t *out);
 /* The item of a live ticket in any state (no holder check). */
-hs_status_t hs_sched_get(const hs_sched_t *s, uint64_t ticket, hs_sched_item_t *out);
+HS_MUST_CHECK hs_status_t hs_sched_get(const hs_sched_t *s, uint64_t ticket, hs_sched_item_t *out);
 /* The payload of `ticket` arrived and was verified: the item is ready.
  * HS_ERR_NOT_FOUND if `conn` does not hold that lease. */
-hs_status_t hs_sched_fill(hs_sched_t *s, uint64_t conn, uint64_t ticket);
+HS_MUST_CHECK hs_status_t hs_sched_fill(hs_sched_t *s, uint64_t conn, uint64_t ticket);
 /* The payload of `ticket` failed verification: the ticket is retired and the
  * item goes back to the front of the queue with its slot. */
-hs_status_t hs_sched_requeue(hs_sched_t *s, uint64_t conn, uint64_t ticket);
+HS_MUST_CHECK hs_status_t hs_sched_requeue(hs_sched_t *s, uint64_t conn, uint64_t ticket);
 /* `conn` is gone: its leases are retired and their items go back to the
  * front of the queue, in plan order, keeping their slots. Returns how many. */
 uint32_t hs_sched_return_leases(hs_sched_t *s, uint64_t conn);
@@ -157,9 +158,9 @@ uint64_t hs_sched_bytes_of(const hs_sched_t *s, uint64_t conn);
 bool hs_sched_next_ready(const hs_sched_t *s, hs_sched_item_t *out);
 /* The item of `ticket` was handed to the trainer. HS_ERR_INVALID if it is
  * not FILLED or (PLAN) not the next in plan order. */
-hs_status_t hs_sched_delivered(hs_sched_t *s, uint64_t ticket);
+HS_MUST_CHECK hs_status_t hs_sched_delivered(hs_sched_t *s, uint64_t ticket);
 /* The trainer is done with it: the record goes; the caller frees the slot. */
-hs_status_t hs_sched_release(hs_sched_t *s, uint64_t ticket);
+HS_MUST_CHECK hs_status_t hs_sched_release(hs_sched_t *s, uint64_t ticket);
 
 /* Every item of every epoch has been delivered. */
 bool hs_sched_finished(const hs_sched_t *s);

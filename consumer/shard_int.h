@@ -39,7 +39,7 @@ typedef enum {
 } hs_shard_uneven_t;
 
 /* "drop" or "repeat" (the --uneven flag); HS_ERR_INVALID otherwise. */
-hs_status_t hs_shard_uneven_parse(const char *s, hs_shard_uneven_t *out);
+HS_MUST_CHECK hs_status_t hs_shard_uneven_parse(const char *s, hs_shard_uneven_t *out);
 const char *hs_shard_uneven_str(hs_shard_uneven_t u);
 /* Batches each rank gets per epoch: n / world (drop) or ceil(n / world)
  * (repeat). 0 when world is 0 or a rank would get nothing. */
@@ -49,8 +49,9 @@ typedef struct hs_shard hs_shard_t;
 
 /* A dealer of the plan's n batches (n_tokens: [n] or NULL, copied) to
  * `world` ranks. HS_ERR_INVALID, logged, when a rank would get no batch. */
-hs_status_t hs_shard_create(uint32_t n, const uint32_t *n_tokens, uint64_t seed, uint32_t world,
-                            hs_shard_uneven_t uneven, hs_shard_t **out);
+HS_MUST_CHECK hs_status_t hs_shard_create(uint32_t n, const uint32_t *n_tokens, uint64_t seed,
+                                          uint32_t world, hs_shard_uneven_t uneven,
+                                          hs_shard_t **out);
 void hs_shard_destroy(hs_shard_t *d); /* accepts NULL */
 /* Rank `rank`'s batch ids of `epoch`, in its order, into out[per_rank]. */
 void hs_shard_deal(hs_shard_t *d, uint32_t epoch, uint32_t rank, uint32_t *out);

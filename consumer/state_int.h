@@ -49,20 +49,21 @@ typedef hs_uneven_t hs_consumer_uneven_t;
  * bitmap sizes (checked before decoding), the counts against the bitmaps.
  * HS_ERR_FORMAT with what is wrong in why; `len` bytes of `text` are read
  * (no NUL needed). */
-hs_status_t hs_state_decode(const char *text, size_t len, hs_state_t **out, char *why,
-                            size_t whycap);
+HS_MUST_CHECK hs_status_t hs_state_decode(const char *text, size_t len, hs_state_t **out, char *why,
+                                          size_t whycap);
 /* An empty state (nothing delivered, plan unknown) of a run of `epochs`. */
-hs_status_t hs_state_create_empty(uint32_t epochs, hs_state_order_t order, hs_state_t **out);
+HS_MUST_CHECK hs_status_t hs_state_create_empty(uint32_t epochs, hs_state_order_t order,
+                                                hs_state_t **out);
 void hs_state_destroy(hs_state_t *s); /* NULL ok */
 
 /* HS_ERR_MISMATCH with what differs (and what to do) in why when `s` was not
  * saved by a run of this many epochs in this order. */
-hs_status_t hs_state_check_run(const hs_state_t *s, uint32_t epochs, hs_state_order_t order,
-                               char *why, size_t whycap);
+HS_MUST_CHECK hs_status_t hs_state_check_run(const hs_state_t *s, uint32_t epochs,
+                                             hs_state_order_t order, char *why, size_t whycap);
 /* HS_ERR_MISMATCH with both values in why when `s` was saved for another
  * plan (hash or batches per epoch); a state without a plan fits any. */
-hs_status_t hs_state_check_plan(const hs_state_t *s, uint64_t plan_hash, uint32_t n_batches,
-                                char *why, size_t whycap);
+HS_MUST_CHECK hs_status_t hs_state_check_plan(const hs_state_t *s, uint64_t plan_hash,
+                                              uint32_t n_batches, char *why, size_t whycap);
 
 /* The rank this state belongs to (DESIGN §11): set on a state created empty
  * or decoded before binding; bound states keep the one of `from`. With
@@ -71,13 +72,15 @@ hs_status_t hs_state_check_plan(const hs_state_t *s, uint64_t plan_hash, uint32_
 void hs_state_set_shard(hs_state_t *s, uint32_t rank, uint32_t world, hs_consumer_uneven_t uneven);
 /* HS_ERR_MISMATCH with both in why when `s` was saved by another rank, world
  * size or --uneven mode (a state without them is rank 0 of 1). */
-hs_status_t hs_state_check_shard(const hs_state_t *s, uint32_t rank, uint32_t world,
-                                 hs_consumer_uneven_t uneven, char *why, size_t whycap);
+HS_MUST_CHECK hs_status_t hs_state_check_shard(const hs_state_t *s, uint32_t rank, uint32_t world,
+                                               hs_consumer_uneven_t uneven, char *why,
+                                               size_t whycap);
 
 /* A state bound to the run (plan_hash, n_batches, epochs, order), starting
  * from `from` (NULL: nothing delivered), which must have passed both checks. */
-hs_status_t hs_state_bind(const hs_state_t *from, uint64_t plan_hash, uint32_t n_batches,
-                          uint32_t epochs, hs_state_order_t order, hs_state_t **out);
+HS_MUST_CHECK hs_status_t hs_state_bind(const hs_state_t *from, uint64_t plan_hash,
+                                        uint32_t n_batches, uint32_t epochs, hs_state_order_t order,
+                                        hs_state_t **out);
 /* Records that (epoch, batch) went to the trainer (bound states only;
  * anything else is ignored). No allocation. */
 void hs_state_mark(hs_state_t *s, uint32_t epoch, uint32_t batch);
@@ -85,7 +88,7 @@ void hs_state_mark(hs_state_t *s, uint32_t epoch, uint32_t batch);
 /* The state as compact JSON into buf[cap] with a NUL; *len = its length
  * without the NUL. HS_ERR_NOSPACE when cap <= that length (buf may be NULL
  * then), with *len still set: call again with *len + 1 bytes. */
-hs_status_t hs_state_encode(const hs_state_t *s, char *buf, size_t cap, size_t *len);
+HS_MUST_CHECK hs_status_t hs_state_encode(const hs_state_t *s, char *buf, size_t cap, size_t *len);
 
 bool hs_state_has_plan(const hs_state_t *s);
 uint64_t hs_state_plan_hash(const hs_state_t *s);

@@ -21,11 +21,11 @@ typedef struct {
 
 /* An empty table of `cap` entries (a power of two). HS_ERR_NOMEM; the
  * table is then safe to fini. */
-hs_status_t hs__ticket_table_init(hs__ticket_table_t *t, uint32_t cap);
+HS_MUST_CHECK hs_status_t hs__ticket_table_init(hs__ticket_table_t *t, uint32_t cap);
 void hs__ticket_table_fini(hs__ticket_table_t *t);
 /* Room for `more` keys besides those in the table, growing it now if need
  * be: puts after it never allocate. HS_ERR_NOMEM (logged). */
-hs_status_t hs__ticket_table_reserve(hs__ticket_table_t *t, uint32_t more);
+HS_MUST_CHECK hs_status_t hs__ticket_table_reserve(hs__ticket_table_t *t, uint32_t more);
 /* The value of `key`, or HS__TICKET_NONE. */
 uint32_t hs__ticket_table_find(const hs__ticket_table_t *t, uint64_t key);
 /* Adds `key` (> 0, not present) into room made by reserve. */

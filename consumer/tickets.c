@@ -111,7 +111,11 @@ void hs__deliverable_push(hs_consumer_t *c)
     bool pushed = false;
     while (c->net.sched && hs_sched_next_ready(c->net.sched, &it)) {
         if (!hs__delivery_push(c, &it)) break;
-        hs_sched_delivered(c->net.sched, it.ticket);
+        if (hs_sched_delivered(c->net.sched, it.ticket) != HS_OK) { /* it was the ready one */
+            hs__consumer_fatal(c, "consumer: ticket %llu was queued for the trainer out of turn",
+                               (unsigned long long)it.ticket);
+            break;
+        }
         pushed = true;
     }
     if (pushed) pthread_cond_broadcast(&c->delivery.cond);
@@ -158,10 +162,14 @@ static void verified_one(hs_consumer_t *c, const hs__verify_job_t *j)
     if (j->status == HS_OK) {
         hs_trace("ticket %llu: verified %.1f ms after landing", (unsigned long long)j->ticket_id,
                  1e3 * (hs_now_s() - j->t_queued));
-        hs_sched_fill(c->net.sched, j->peer_id, j->ticket_id);
-        pthread_mutex_lock(&c->delivery.lock);
-        c->delivery.bytes_received += j->item.bytes;
-        pthread_mutex_unlock(&c->delivery.lock);
+        if (hs_sched_fill(c->net.sched, j->peer_id, j->ticket_id) == HS_OK) {
+            pthread_mutex_lock(&c->delivery.lock);
+            c->delivery.bytes_received += j->item.bytes;
+            pthread_mutex_unlock(&c->delivery.lock);
+        } else {
+            hs_debug("ticket %llu: verified after its producer's lease ended; it was queued again",
+                     (unsigned long long)j->ticket_id);
+        }
     } else {
         pthread_mutex_lock(&c->delivery.lock);
         c->delivery.checksum_failures++;

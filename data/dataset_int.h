@@ -30,12 +30,12 @@ typedef enum { HS_DATASET_JSONL = 1, HS_DATASET_HST = 2 } hs_dataset_format_t;
  * structure fails the whole load with HS_ERR_FORMAT, after logging
  * "file:line: what is wrong" (nothing is skipped silently). A dataset with
  * no sequences is rejected. *out is set only on success. */
-hs_status_t hs_dataset_open(const char *path, hs_dataset_t **out);
+HS_MUST_CHECK hs_status_t hs_dataset_open(const char *path, hs_dataset_t **out);
 /* Same as hs_dataset_open() for a file's bytes in memory, buf[len] (copied
  * where the dataset needs them: buf may go once this returns); `name`
  * stands for the file in messages. */
-hs_status_t hs_dataset_open_memory(const void *buf, size_t len, const char *name,
-                                   hs_dataset_t **out);
+HS_MUST_CHECK hs_status_t hs_dataset_open_memory(const void *buf, size_t len, const char *name,
+                                                 hs_dataset_t **out);
 void hs_dataset_close(hs_dataset_t *ds); /* NULL is fine */
 
 hs_dataset_format_t hs_dataset_format(const hs_dataset_t *ds);
@@ -53,7 +53,7 @@ const uint8_t *hs_dataset_mask(const hs_dataset_t *ds, uint64_t i);
  * (logged once, naming the file). Call it after reading a batch's tokens and
  * before trusting them. JSONL and in-memory datasets always pass. Costs one
  * fstat. */
-hs_status_t hs_dataset_check(const hs_dataset_t *ds);
+HS_MUST_CHECK hs_status_t hs_dataset_check(const hs_dataset_t *ds);
 
 /* XXH3-64 of the dataset's canonical body: the offsets (u64 x n+1), then
  * every input_id (i32), then every loss_mask byte, all little-endian; the
@@ -62,7 +62,7 @@ uint64_t hs_dataset_fingerprint(const hs_dataset_t *ds);
 
 /* Writes `ds` as an .hst file: to a temporary file in the same directory,
  * flushed, then renamed over `path`, so a reader never sees half a file. */
-hs_status_t hs_dataset_write_hst(const hs_dataset_t *ds, const char *path);
+HS_MUST_CHECK hs_status_t hs_dataset_write_hst(const hs_dataset_t *ds, const char *path);
 
 /* What a pass over a dataset found (hs_dataset_import, hs_dataset_summarize). */
 typedef struct {
@@ -89,21 +89,23 @@ typedef void (*hs_dataset_progress_cb)(void *arg, const char *stage, uint64_t do
  * same file, also through a link) is refused with HS_ERR_INVALID before
  * anything is written. Errors are logged as hs_dataset_open logs them.
  * *sum (may be NULL) is set on success. */
-hs_status_t hs_dataset_import(const char *in, const char *out, hs_dataset_progress_cb cb,
-                              void *cb_arg, hs_dataset_summary_t *sum);
+HS_MUST_CHECK hs_status_t hs_dataset_import(const char *in, const char *out,
+                                            hs_dataset_progress_cb cb, void *cb_arg,
+                                            hs_dataset_summary_t *sum);
 
 /* The summary of the dataset at `path` without keeping it in memory: a JSONL
  * file is streamed into an unlinked temporary .hst in $TMPDIR (default
  * /var/tmp; 5 bytes per token) to compute its fingerprint; a .hst file is
  * opened and checked as hs_dataset_open does. */
-hs_status_t hs_dataset_summarize(const char *path, hs_dataset_progress_cb cb, void *cb_arg,
-                                 hs_dataset_summary_t *sum);
+HS_MUST_CHECK hs_status_t hs_dataset_summarize(const char *path, hs_dataset_progress_cb cb,
+                                               void *cb_arg, hs_dataset_summary_t *sum);
 
 /* Builds a dataset from memory (copies everything): n sequences, lens[i]
  * tokens each, ids/mask concatenated; mask may be NULL (all ones). For
  * tests and the synthetic source. */
-hs_status_t hs_dataset_from_arrays(uint64_t n, const uint32_t *lens, const int32_t *ids,
-                                   const uint8_t *mask, hs_dataset_t **out);
+HS_MUST_CHECK hs_status_t hs_dataset_from_arrays(uint64_t n, const uint32_t *lens,
+                                                 const int32_t *ids, const uint8_t *mask,
+                                                 hs_dataset_t **out);
 
 #ifdef __cplusplus
 }

@@ -336,7 +336,7 @@ static int cmd_plan(const char *path, const opts_t *o)
     } sh[33] = {{0}};
     for (uint32_t b = 0; b < s.n_batches; b++) {
         hs_plan_batch_t pb;
-        hs_plan_batch(plan, b, &pb);
+        if (hs_plan_batch(plan, b, &pb) != HS_OK) goto out;
         int k = 31 - __builtin_clz(pb.n_seqs);
         sh[k].batches++;
         sh[k].tokens += pb.n_tokens;

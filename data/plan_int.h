@@ -28,7 +28,7 @@ typedef enum { HS_OVERFLOW_TRUNCATE = 0, HS_OVERFLOW_DROP = 1 } hs_overflow_t;
 
 /* "truncate" / "drop" */
 const char *hs_overflow_str(hs_overflow_t policy);
-hs_status_t hs_overflow_parse(const char *s, hs_overflow_t *out);
+HS_MUST_CHECK hs_status_t hs_overflow_parse(const char *s, hs_overflow_t *out);
 
 typedef struct {
     uint32_t token_budget;  /* tokens per batch, 1..INT32_MAX */
@@ -70,12 +70,13 @@ typedef struct {
 /* Builds the plan of `ds` under `cfg`. Fails with HS_ERR_INVALID (and a
  * message saying which value to change) for a budget of 0 or above
  * INT32_MAX, max_seq_len > token_budget, or a plan with no sequence left. */
-hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, hs_plan_t **out);
+HS_MUST_CHECK hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg,
+                                        hs_plan_t **out);
 void hs_plan_destroy(hs_plan_t *plan); /* NULL is fine */
 
 uint32_t hs_plan_n_batches(const hs_plan_t *plan);
 /* Batch `id` (< n_batches) into *out; HS_ERR_INVALID for a bad id. */
-hs_status_t hs_plan_batch(const hs_plan_t *plan, uint32_t id, hs_plan_batch_t *out);
+HS_MUST_CHECK hs_status_t hs_plan_batch(const hs_plan_t *plan, uint32_t id, hs_plan_batch_t *out);
 uint64_t hs_plan_hash(const hs_plan_t *plan);
 void hs_plan_stats(const hs_plan_t *plan, hs_plan_stats_t *out);
 /* The configuration the plan was built with (max_seq_len resolved). */

@@ -67,6 +67,13 @@ typedef enum {
     HS_ERR_CUDA = -15,        /* CUDA or cuBLAS call failed */
     HS_ERR_BUSY = -16,        /* resource in use */
 } hs_status_t;
+/* On a call whose status must be looked at: the compiler warns where one is
+ * dropped (a cast to void does not silence it; handle the status). */
+#if defined(__GNUC__) || defined(__clang__)
+#define HS_MUST_CHECK __attribute__((warn_unused_result))
+#else
+#define HS_MUST_CHECK
+#endif
 /* The name the API used for hs_status_t before it was public; the same type. */
 typedef hs_status_t hs_status_code_t;
 const char *hsflow_status_str(hs_status_t status);
@@ -218,7 +225,7 @@ typedef struct hs_consumer hs_consumer_t;
 void hs_consumer_config_default(hs_consumer_config_t *cfg);
 /* Validates the config, allocates the cache, starts listening and the
  * network thread. On failure nothing is left running. */
-hs_status_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer_t **out);
+HS_MUST_CHECK hs_status_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer_t **out);
 /* The port actually bound (useful with listen_port 0). */
 uint16_t hs_consumer_port(const hs_consumer_t *c);
 /* The metrics endpoint's port (0 when off). */
@@ -231,11 +238,15 @@ uint16_t hs_consumer_metrics_port(const hs_consumer_t *c);
  * the journal or resume state does not fit the plan, out of memory; logged
  * once, naming it); with a GPU (cfg.gpu >= 0) also HS_ERR_CUDA (-15) when a
  * copy to the device failed (logged). */
-hs_status_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms);
+HS_MUST_CHECK hs_status_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms);
 /* Gives the batch's cache slot back; new tickets can then be issued.
  * Returns 0, HS_ERR_INVALID (-1, logged) for a batch this consumer did not
- * hand out or one released twice, or with a GPU HS_ERR_CUDA (-15, logged). */
-hs_status_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
+ * hand out or one released twice (caught only while its slot is not in use
+ * again: release every batch exactly once), with a GPU HS_ERR_CUDA (-15, logged), and
+ * with a journal HS_ERR_IO (-3, logged) when the journal could not record
+ * the release: the batch is released all the same, and a restart from that
+ * journal may deliver it again. */
+HS_MUST_CHECK hs_status_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
 /* The consumer's position, for the trainer's checkpoint: every batch that
  * hs_consumer_next() has handed out so far (the one the trainer holds now
  * included, and those of the resume state it started from), as compact JSON
@@ -244,7 +255,8 @@ hs_status_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
  * HS_ERR_NOSPACE (-12) and still sets *len: call with cap 0 to ask for the
  * size. Call it from the trainer's thread (between next() calls the
  * position does not move). */
-hs_status_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap, size_t *len);
+HS_MUST_CHECK hs_status_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap,
+                                                 size_t *len);
 void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *out);
 /* The summary as a JSON object into buf[cap]; returns the length it needs
  * (as snprintf). Keys: batches_planned, batches_delivered, duplicates,
@@ -307,14 +319,15 @@ typedef struct {
 typedef struct hs_producer hs_producer_t;
 
 /* Loads the dataset, builds the plan, connects and starts the network thread. */
-hs_status_t hs_producer_open(const hs_producer_client_config_t *cfg, hs_producer_t **out);
+HS_MUST_CHECK hs_status_t hs_producer_open(const hs_producer_client_config_t *cfg,
+                                           hs_producer_t **out);
 /* Next ticketed batch with ids, mask and cu_seqlens filled in. HS_ERR_CLOSED
  * (-9) when the consumer said the run is over; HS_ERR_TIMEOUT (-11). */
-hs_status_t hs_producer_next(hs_producer_t *p, hs_work_t *out, int timeout_ms);
+HS_MUST_CHECK hs_status_t hs_producer_next(hs_producer_t *p, hs_work_t *out, int timeout_ms);
 /* Seals (checksum) and sends the batch; its buffer comes back to the producer.
  * HS_ERR_INVALID (logged) for a batch not taken with hs_producer_next or
  * already submitted. */
-hs_status_t hs_producer_submit(hs_producer_t *p, const hs_work_t *work);
+HS_MUST_CHECK hs_status_t hs_producer_submit(hs_producer_t *p, const hs_work_t *work);
 /* Says BYE if the run is not over, stops, frees. NULL ok. */
 void hs_producer_close(hs_producer_t *p);
 
@@ -331,7 +344,7 @@ typedef struct {
     uint64_t staging_bytes;
 } hs_producer_info_t;
 
-hs_status_t hs_producer_info(const hs_producer_t *p, hs_producer_info_t *out);
+HS_MUST_CHECK hs_status_t hs_producer_info(const hs_producer_t *p, hs_producer_info_t *out);
 
 #ifdef __cplusplus
 }

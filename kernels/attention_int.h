@@ -40,17 +40,17 @@ typedef struct {
  * least one must build, else HS_ERR_UNSUPPORTED and *out stays NULL. The
  * cuDNN library is loaded here (dlopen of libcudnn.so.9): where it is
  * missing the result is HS_ERR_UNSUPPORTED too. */
-hs_status_t hs__attn_dnn_create(const hs__attn_dnn_shape_t *shape, const int *S, const int *B,
-                                int n, int *ok, hs__attn_dnn_t **out);
+HS_MUST_CHECK hs_status_t hs__attn_dnn_create(const hs__attn_dnn_shape_t *shape, const int *S,
+                                              const int *B, int n, int *ok, hs__attn_dnn_t **out);
 void hs__attn_dnn_destroy(hs__attn_dnn_t *dnn);
 
 /* Runs bucket i (ok[i] set at create) on stream. seq_len [B[i]] and the
  * ragged offsets [B[i] + 1] (elements, from q / k and v / out) are device
  * int32 arrays; sequences past the batch have length 0. */
-hs_status_t hs__attn_dnn_run(hs__attn_dnn_t *dnn, int i, const void *q, const void *k,
-                             const void *v, void *out, const int32_t *seq_len,
-                             const int32_t *ragged_q, const int32_t *ragged_kv,
-                             const int32_t *ragged_out, void *stream);
+HS_MUST_CHECK hs_status_t hs__attn_dnn_run(hs__attn_dnn_t *dnn, int i, const void *q, const void *k,
+                                           const void *v, void *out, const int32_t *seq_len,
+                                           const int32_t *ragged_q, const int32_t *ragged_kv,
+                                           const int32_t *ragged_out, void *stream);
 
 /* cuDNN version the library reports at run time (e.g. 91900), 0 if not loaded. */
 long hs__attn_dnn_version(const hs__attn_dnn_t *dnn);

@@ -47,16 +47,16 @@ typedef struct hs_lt hs_lt_t;
 
 /* Create a handle with a workspace of workspace_bytes (0 = default) on the
  * current device. */
-hs_status_t hs_lt_create(size_t workspace_bytes, hs_lt_t **out);
+HS_MUST_CHECK hs_status_t hs_lt_create(size_t workspace_bytes, hs_lt_t **out);
 void hs_lt_destroy(hs_lt_t *lt);
 
 /* y[m, 0..n) = x[m, 0..k) · W^T (+ bias) (+ y if accumulate), for m < M.
  * ldy/ldx: row strides in elements (>= n / >= k); W is dense [N, K]. bias
  * may be NULL (bf16, N entries). All pointers 16-byte aligned, strides
  * multiples of 8. */
-hs_status_t hs_lt_linear(hs_lt_t *lt, void *y, int64_t ldy, const void *x, int64_t ldx,
-                         const void *w, const void *bias, int M, int N, int K, bool accumulate,
-                         cudaStream_t stream);
+HS_MUST_CHECK hs_status_t hs_lt_linear(hs_lt_t *lt, void *y, int64_t ldy, const void *x,
+                                       int64_t ldx, const void *w, const void *bias, int M, int N,
+                                       int K, bool accumulate, cudaStream_t stream);
 
 /* Number of cached shapes (tests check that a repeated shape adds none). */
 int hs_lt_cached_shapes(const hs_lt_t *lt);

@@ -313,8 +313,10 @@ int main(int argc, char **argv)
             goto cuda_done;
         }
 #else
-        hs_model_cuda_t *none = NULL;
-        hs_model_cuda_create(m, cuda_dev, (uint32_t)budget, (uint32_t)s.n, &none);
+        hs_model_cuda_t *none = NULL; /* fails, saying CUDA is not built in */
+        if (hs_model_cuda_create(m, cuda_dev, (uint32_t)budget, (uint32_t)s.n, &none) != HS_OK)
+            goto done;
+        hs_model_cuda_destroy(none);
         goto done;
 #endif
     }

@@ -110,7 +110,7 @@ static inline int hs_model_layer_is_linear(const hs_model_config_t *c, int l)
  * shape, unsupported dtype or truncated file: an error naming the field or
  * tensor is logged and HS_ERR_FORMAT (or HS_ERR_IO / HS_ERR_UNSUPPORTED)
  * returned. *out is set only on success. */
-hs_status_t hs_model_load(const char *dir, hs_model_t **out);
+HS_MUST_CHECK hs_status_t hs_model_load(const char *dir, hs_model_t **out);
 void hs_model_destroy(hs_model_t *m); /* NULL is fine */
 
 const hs_model_config_t *hs_model_config(const hs_model_t *m);
@@ -121,7 +121,8 @@ int hs_model_vocab_size(const hs_model_t *m);
 /* Checks a list of captured layers against a model of n_target_layers
  * decoder layers: at least one entry, each in 0..n_target_layers.
  * Logs what is wrong. */
-hs_status_t hs_model_check_layers(int n_target_layers, const int32_t *layers, int n_layers);
+HS_MUST_CHECK hs_status_t hs_model_check_layers(int n_target_layers, const int32_t *layers,
+                                                int n_layers);
 
 /* DFlash's default captured layers for a drafter of n_draft_layers layers on
  * a target of n_target_layers layers, as output_hidden_states indices (here
@@ -130,7 +131,8 @@ hs_status_t hs_model_check_layers(int n_target_layers, const int32_t *layers, in
  *   else:         { round(1 + i * (N - 4) / (n_draft - 1)) + 1 }, i = 0..n_draft-1
  * (round half to even, as Python's round()). Writes n_draft_layers entries
  * to out[cap]. E.g. N = 32, 5 draft layers: 2, 9, 16, 23, 30. */
-hs_status_t hs_model_dflash_layers(int n_target_layers, int n_draft_layers, int32_t *out, int cap);
+HS_MUST_CHECK hs_status_t hs_model_dflash_layers(int n_target_layers, int n_draft_layers,
+                                                 int32_t *out, int cap);
 
 /* CPU reference forward (fp32 activations, bf16 weights, fp32 accumulation).
  *   input_ids:  T = cu_seqlens[n_seqs] token ids, each in [0, vocab_size)
@@ -146,12 +148,13 @@ hs_status_t hs_model_dflash_layers(int n_target_layers, int n_draft_layers, int3
  * for a call with more tokens than any before. Threads may call it at once
  * on one model (each takes a set of buffers of its own).
  * Bad input: HS_ERR_INVALID with a message; nothing written to out. */
-hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids, const int32_t *cu_seqlens,
-                                 int n_seqs, const int32_t *layers, int n_layers, void *out,
-                                 int out_dtype, size_t row_stride_elems);
+HS_MUST_CHECK hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids,
+                                               const int32_t *cu_seqlens, int n_seqs,
+                                               const int32_t *layers, int n_layers, void *out,
+                                               int out_dtype, size_t row_stride_elems);
 /* Plans the CPU forward's work buffers for batches of up to max_tokens
  * tokens once, before the first batch (HS_ERR_NOMEM with a message). */
-hs_status_t hs_model_forward_cpu_reserve(hs_model_t *m, int max_tokens);
+HS_MUST_CHECK hs_status_t hs_model_forward_cpu_reserve(hs_model_t *m, int max_tokens);
 
 /* FLOPs of one forward over cu_seqlens (host, n_seqs + 1 entries) running
  * n_run decoder layers: per layer 2 * (linear parameters of a layer) * T plus
@@ -175,39 +178,41 @@ double hs_model_forward_flops(const hs_model_config_t *cfg, int n_run, const int
 /* Uploads the weights to `device` and plans every device buffer for batches
  * of up to token_budget tokens and max_seqs sequences; nothing is allocated
  * per batch afterwards. The model must outlive the returned object. */
-hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget,
-                                 uint32_t max_seqs, hs_model_cuda_t **out);
+HS_MUST_CHECK hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget,
+                                               uint32_t max_seqs, hs_model_cuda_t **out);
 /* As hs_model_cuda_create, but uploads only the decoder layers a capture up
  * to output_hidden_states index max_layer runs (min(max_layer, N) of them;
  * max_layer < 0 = all N). Forwards that ask for a layer above max_layer are
  * refused with HS_ERR_INVALID. */
-hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uint32_t token_budget,
-                                    uint32_t max_seqs, int max_layer, hs_model_cuda_t **out);
+HS_MUST_CHECK hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uint32_t token_budget,
+                                                  uint32_t max_seqs, int max_layer,
+                                                  hs_model_cuda_t **out);
 /* Device bytes hs_model_cuda_create_ex would allocate for these arguments
  * (weights, activations, cuBLASLt workspace; the same number
  * hs_model_cuda_peak_bytes reports once created), computed on the host
  * without touching a GPU. */
-hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs,
-                                     int max_layer, uint64_t *out);
+HS_MUST_CHECK hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget,
+                                                   uint32_t max_seqs, int max_layer, uint64_t *out);
 /* Runs one packed batch on `stream` (a cudaStream_t; NULL = default stream).
  * d_input_ids [T], d_cu_seqlens [n_seqs + 1] and d_out_bf16 [T,
  * row_stride_elems] are device pointers; semantics as hs_model_forward_cpu
  * with bf16 output. Asynchronous: results are ready when the stream is. */
-hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_ids,
-                                  const int32_t *d_cu_seqlens, int n_seqs, int T,
-                                  const int32_t *layers, int n_layers, void *d_out_bf16,
-                                  size_t row_stride_elems, void *stream);
+HS_MUST_CHECK hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_ids,
+                                                const int32_t *d_cu_seqlens, int n_seqs, int T,
+                                                const int32_t *layers, int n_layers,
+                                                void *d_out_bf16, size_t row_stride_elems,
+                                                void *stream);
 void hs_model_cuda_destroy(hs_model_cuda_t *mc); /* NULL is fine */
 /* Peak device memory the object uses (weights + planned buffers), bytes. */
-hs_status_t hs_model_cuda_peak_bytes(const hs_model_cuda_t *mc, uint64_t *out);
+HS_MUST_CHECK hs_status_t hs_model_cuda_peak_bytes(const hs_model_cuda_t *mc, uint64_t *out);
 
 /* Number of CUDA devices this process sees; 0 (and HS_OK) when there is no
  * GPU or no driver. */
-hs_status_t hs_model_cuda_device_count(int *out);
+HS_MUST_CHECK hs_status_t hs_model_cuda_device_count(int *out);
 /* The device's name (into name[name_cap], may be NULL), total and currently
  * free memory in bytes. */
-hs_status_t hs_model_cuda_device_info(int device, char *name, size_t name_cap,
-                                      uint64_t *total_bytes, uint64_t *free_bytes);
+HS_MUST_CHECK hs_status_t hs_model_cuda_device_info(int device, char *name, size_t name_cap,
+                                                    uint64_t *total_bytes, uint64_t *free_bytes);
 
 /* What one preflight batch measured. */
 typedef struct {
@@ -235,9 +240,10 @@ static inline uint64_t hs_model_cuda_batch_bytes(uint64_t T, uint64_t n_seqs, ui
  * [T, n_layers * H] buffer it allocates and frees. T = n_seqs * seq_len must
  * fit the token budget and n_seqs the max_seqs given at create.
  * peak_tflops <= 0 means HS_MODEL_CUDA_PEAK_TFLOPS. *out is set on success. */
-hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len,
-                                    const int32_t *layers, int n_layers, int iters,
-                                    double peak_tflops, hs_model_cuda_preflight_t *out);
+HS_MUST_CHECK hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len,
+                                                  const int32_t *layers, int n_layers, int iters,
+                                                  double peak_tflops,
+                                                  hs_model_cuda_preflight_t *out);
 
 #ifdef __cplusplus
 }

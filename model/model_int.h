@@ -68,8 +68,8 @@ struct hs_model {
 void hs__forward_cpu_free(hs_model_t *m);
 
 /* Parses config.json text (path only for messages) into *cfg. */
-hs_status_t hs__model_config_parse(const char *json, size_t len, const char *path,
-                                   hs_model_config_t *cfg);
+HS_MUST_CHECK hs_status_t hs__model_config_parse(const char *json, size_t len, const char *path,
+                                                 hs_model_config_t *cfg);
 
 #ifdef __cplusplus
 }

@@ -48,15 +48,15 @@ typedef struct {
 typedef struct hs__st_set hs__st_set_t;
 
 /* One safetensors file. */
-hs_status_t hs__st_open_file(const char *path, hs__st_set_t **out);
+HS_MUST_CHECK hs_status_t hs__st_open_file(const char *path, hs__st_set_t **out);
 /* A safetensors file image in memory, image[size], which the caller owns and
  * keeps alive (unchanged) until hs__st_close(); `name` stands for the file in
  * messages. Parsed and bounds-checked exactly as hs__st_open_file() does. */
-hs_status_t hs__st_open_memory(const void *image, size_t size, const char *name,
-                               hs__st_set_t **out);
+HS_MUST_CHECK hs_status_t hs__st_open_memory(const void *image, size_t size, const char *name,
+                                             hs__st_set_t **out);
 /* A model folder: model.safetensors.index.json (sharded) if present, else
  * model.safetensors. */
-hs_status_t hs__st_open_dir(const char *dir, hs__st_set_t **out);
+HS_MUST_CHECK hs_status_t hs__st_open_dir(const char *dir, hs__st_set_t **out);
 void hs__st_close(hs__st_set_t *st); /* NULL is fine */
 
 size_t hs__st_count(const hs__st_set_t *st);
@@ -69,14 +69,14 @@ const char *hs__st_metadata(const hs__st_set_t *st, const char *key);
  * in place when 2-byte aligned; F16/F32 (or unaligned BF16) is converted
  * into a buffer the set owns. Missing tensor: HS_ERR_NOT_FOUND; wrong shape
  * or dtype: HS_ERR_FORMAT; both logged with the tensor's name. */
-hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim, const int64_t *shape,
-                            const uint16_t **out);
+HS_MUST_CHECK hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim,
+                                          const int64_t *shape, const uint16_t **out);
 
 /* Tensor `name` as fp32 with exactly the given shape, always converted
  * (from BF16, F16 or F32) into a buffer the set owns: for the few small
  * tensors kept in full precision. Errors as hs__st_get_bf16. */
-hs_status_t hs__st_get_f32(hs__st_set_t *st, const char *name, int ndim, const int64_t *shape,
-                           const float **out);
+HS_MUST_CHECK hs_status_t hs__st_get_f32(hs__st_set_t *st, const char *name, int ndim,
+                                         const int64_t *shape, const float **out);
 
 /* Tensor description for hs__st_write(). Data is `rows` rows of row_bytes,
  * row r at data + r * src_stride (src_stride = row_bytes, or 0, for
@@ -95,8 +95,9 @@ typedef struct {
  * folder, renamed over path once complete), tensors in the given order;
  * n_meta string pairs go to __metadata__. The caller checks that path is not
  * one of its inputs (hs_outfile_check). */
-hs_status_t hs__st_write(const char *path, const hs__st_write_tensor_t *tensors, int n,
-                         const char *const *meta_keys, const char *const *meta_vals, int n_meta);
+HS_MUST_CHECK hs_status_t hs__st_write(const char *path, const hs__st_write_tensor_t *tensors,
+                                       int n, const char *const *meta_keys,
+                                       const char *const *meta_vals, int n_meta);
 
 #ifdef __cplusplus
 }

@@ -22,21 +22,22 @@ typedef struct hs__gpu_worker hs__gpu_worker_t;
 
 /* `staging` are the two host buffers of `staging_bytes` each that this
  * worker's batches are built in; they are pinned here (unpinned at destroy). */
-hs_status_t hs__gpu_worker_create(hs_model_t *model, int device, uint32_t token_budget,
-                                  uint32_t max_seqs, const hs_layout_t *layout,
-                                  void *const staging[2], uint64_t staging_bytes,
-                                  hs__gpu_worker_t **out);
+HS_MUST_CHECK hs_status_t hs__gpu_worker_create(hs_model_t *model, int device,
+                                                uint32_t token_budget, uint32_t max_seqs,
+                                                const hs_layout_t *layout, void *const staging[2],
+                                                uint64_t staging_bytes, hs__gpu_worker_t **out);
 void hs__gpu_worker_destroy(hs__gpu_worker_t *w); /* NULL ok */
 
 /* Queues batch `slot` (0/1: the staging buffer and device buffer it uses)
  * whose metadata (ids, cu_seqlens) is already in `view`. */
-hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_view_t *view,
-                                 uint32_t n_seqs, uint32_t n_tokens);
+HS_MUST_CHECK hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot,
+                                               const hs_batch_view_t *view, uint32_t n_seqs,
+                                               uint32_t n_tokens);
 /* Whether batch `slot`'s hidden states are already in its staging buffer
  * (does not wait). */
 bool hs__gpu_batch_done(hs__gpu_worker_t *w, int slot);
 /* Waits until batch `slot`'s hidden states are in its staging buffer;
  * *forward_ms is the GPU time of its forward (CUDA events). */
-hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, double *forward_ms);
+HS_MUST_CHECK hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, double *forward_ms);
 
 #endif /* HS_GPU_WORKER_INT_H */

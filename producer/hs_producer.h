@@ -32,7 +32,7 @@ typedef struct {
  * (host:7000-7007 is eight addresses), into *out. HS_ERR_INVALID, logged
  * with the part that is wrong, for a malformed list, more than
  * HS_PRODUCER_MAX_LINKS addresses, or one address given twice. */
-hs_status_t hs_producer_parse_to(const char *s, hs_producer_addrs_t *out);
+HS_MUST_CHECK hs_status_t hs_producer_parse_to(const char *s, hs_producer_addrs_t *out);
 
 /* EXTERNAL: the library caller fills the hidden states (hs_producer_next). */
 typedef enum { HS_SOURCE_SYNTHETIC = 1, HS_SOURCE_MODEL = 2, HS_SOURCE_EXTERNAL = 3 } hs_source_t;
@@ -87,7 +87,7 @@ void hs_producer_config_default(hs_producer_config_t *cfg);
  * (HS_OK, see stop_requested), or fails: HS_ERR_CLOSED when the consumer
  * vanished, HS_ERR_MISMATCH/HS_ERR_AUTH when it refused us, others
  * for local problems. Every error is logged once with what to do. */
-hs_status_t hs_producer_run(const hs_producer_config_t *cfg);
+HS_MUST_CHECK hs_status_t hs_producer_run(const hs_producer_config_t *cfg);
 
 /* Runs every batch shape the plan can produce at cfg->token_budget on each
  * GPU of cfg->gpu_ids (model from cfg->model_dir) and prints a table of peak
@@ -95,11 +95,12 @@ hs_status_t hs_producer_run(const hs_producer_config_t *cfg);
  * fit with headroom. With cfg->token_budget == 0 ("auto") it finds the largest
  * budget that fits and returns it in *budget_out. HS_ERR_UNSUPPORTED without
  * CUDA or GPUs. (producer/preflight.c) */
-hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *budget_out);
+HS_MUST_CHECK hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg,
+                                                uint32_t *budget_out);
 
 /* Parses a "--gpus" value into cfg->n_workers and cfg->gpu_ids: "cpu:N" for
  * N CPU workers, or "0,1,2" for one worker per GPU id. */
-hs_status_t hs_producer_parse_devices(const char *s, hs_producer_config_t *cfg);
+HS_MUST_CHECK hs_status_t hs_producer_parse_devices(const char *s, hs_producer_config_t *cfg);
 
 #ifdef __cplusplus
 }

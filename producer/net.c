@@ -140,7 +140,15 @@ void *hs__net_main(void *arg)
     double t_status = hs_now_s();
     double status_interval = pr->cfg->status_interval_s == 0 ? 5.0 : pr->cfg->status_interval_s;
     while (!pr->net.done) {
-        hs_tp_progress(pr->tp, pr->net.stopping ? 20 : 200);
+        hs_status_t st = hs_tp_progress(pr->tp, pr->net.stopping ? 20 : 200);
+        if (st != HS_OK) { /* the transport's event loop failed (logged there) */
+            pthread_mutex_lock(&pr->sh.lock);
+            if (pr->sh.result == HS_OK) pr->sh.result = st;
+            pr->sh.stop = true;
+            pthread_mutex_unlock(&pr->sh.lock);
+            pr->net.done = true;
+            break;
+        }
         if (!pr->net.stopping && pr->cfg->stop_requested && *pr->cfg->stop_requested)
             begin_stop(pr);
         bool welcomed = false;
@@ -179,7 +187,7 @@ void *hs__net_main(void *arg)
     }
     /* Let BYE/ERROR and the last completions go out. */
     for (int i = 0; i < 3; i++)
-        hs_tp_progress(pr->tp, 10);
+        if (hs_tp_progress(pr->tp, 10) != HS_OK) break;
     pthread_mutex_lock(&pr->sh.lock);
     pr->sh.net_done = true;
     pthread_cond_broadcast(&pr->sh.cond);

@@ -45,13 +45,14 @@ typedef hs_status_t (*hs__preflight_peak_cb)(void *ctx, uint32_t budget, uint64_
  * search (peak is called about 10 times). HS_ERR_NOSPACE when even the
  * smallest does not fit; a peak error is returned as is. *out set on
  * success. */
-hs_status_t hs__preflight_search(hs__preflight_peak_cb peak, void *ctx, uint64_t limit_bytes,
-                                 uint32_t min_budget, uint32_t *out);
+HS_MUST_CHECK hs_status_t hs__preflight_search(hs__preflight_peak_cb peak, void *ctx,
+                                               uint64_t limit_bytes, uint32_t min_budget,
+                                               uint32_t *out);
 
 /* The value of --preflight-headroom, the share of each GPU's memory kept
  * free: a fraction in [0, 1) such as 0.1, or a percentage such as 10%.
  * HS_ERR_INVALID for anything else. */
-hs_status_t hs__preflight_headroom_parse(const char *s, double *out);
+HS_MUST_CHECK hs_status_t hs__preflight_headroom_parse(const char *s, double *out);
 
 #ifdef __cplusplus
 }

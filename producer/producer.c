@@ -144,7 +144,7 @@ static hs_status_t load_inputs(producer_t *pr)
     }
     for (uint32_t b = 0; b < n; b++) {
         hs_plan_batch_t pb;
-        hs_plan_batch(pr->plan, b, &pb);
+        if ((st = hs_plan_batch(pr->plan, b, &pb)) != HS_OK) return st;
         uint64_t bytes = hs_batch_bytes(pb.n_seqs, pb.n_tokens, &cfg->layout);
         if (bytes > pr->max_batch_bytes) pr->max_batch_bytes = bytes;
         if (pb.n_seqs > pr->max_batch_seqs) pr->max_batch_seqs = pb.n_seqs;
@@ -315,7 +315,11 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
                 goto err;
             }
             memset(sg->buf, 0, pr->max_batch_bytes); /* fault the pages in now, not per batch */
-            hs_tp_mem_register(pr->tp, sg->buf, pr->max_batch_bytes);
+            hs_status_t reg = hs_tp_mem_register(pr->tp, sg->buf, pr->max_batch_bytes);
+            if (reg != HS_OK)
+                hs_warn("worker %u: staging buffer %d is not registered with the transport (%s); "
+                        "it is sent all the same, registered per send",
+                        i, k, hs_status_str(reg));
         }
         if (cfg->source == HS_SOURCE_MODEL && w->gpu >= 0) {
             void *bufs[2] = {w->staging[0].buf, w->staging[1].buf};
@@ -400,14 +404,14 @@ hs_status_t hs_producer_run(const hs_producer_config_t *config)
         }
     }
     hs__net_main(pr);
-    st = pr->sh.result;
     pthread_mutex_lock(&pr->sh.lock);
     pr->sh.stop = true;
     pthread_cond_broadcast(&pr->sh.cond);
     pthread_mutex_unlock(&pr->sh.lock);
     for (uint32_t i = 0; i < started; i++)
         pthread_join(pr->workers[i].thread, NULL);
-    if (started) hs__report_print_summary(pr);
+    if (started) hs__report_print_summary(pr); /* a summary not written fails the run */
+    st = pr->sh.result;                        /* with what the workers met at exit */
     producer_free(pr);
     return st;
 }
@@ -585,7 +589,8 @@ hs_status_code_t hs_producer_info(const hs_producer_t *pr, hs_producer_info_t *o
     info.n_batches = hs_plan_n_batches(pr->plan);
     for (uint32_t b = 0; b < info.n_batches; b++) {
         hs_plan_batch_t pb;
-        hs_plan_batch(pr->plan, b, &pb);
+        hs_status_t st = hs_plan_batch(pr->plan, b, &pb);
+        if (st != HS_OK) return st;
         if (pb.n_tokens > info.max_batch_tokens) info.max_batch_tokens = pb.n_tokens;
     }
     for (int i = 0; i < STAGING_PER_WORKER && i < 2; i++)

@@ -101,7 +101,7 @@ void hs__report_print_summary(producer_t *pr)
     double elapsed = pr->sh.t_start > 0 ? hs_now_s() - pr->sh.t_start : 0;
     uint64_t tokens = 0, batches = 0;
     hs_outfile_t *of = NULL;
-    if (cfg->summary_json) hs_outfile_open(cfg->summary_json, NULL, 0, &of);
+    hs_status_t st = cfg->summary_json ? hs_outfile_open(cfg->summary_json, NULL, 0, &of) : HS_OK;
     FILE *f = of ? hs_outfile_stream(of) : NULL;
     if (f) fprintf(f, "{\n  \"workers\": [\n");
     for (uint32_t i = 0; i < cfg->n_workers; i++) {
@@ -129,6 +129,7 @@ void hs__report_print_summary(producer_t *pr)
                 "  \"tokens_per_s\": %.1f,\n  \"status\": \"%s\"\n}\n",
                 (unsigned long long)batches, (unsigned long long)tokens, elapsed,
                 elapsed > 0 ? (double)tokens / elapsed : 0, hs_status_str(pr->sh.result));
-        hs_outfile_commit(of);
+        st = hs_outfile_commit(of);
     }
+    if (st != HS_OK && pr->sh.result == HS_OK) pr->sh.result = st; /* logged by hs_outfile */
 }

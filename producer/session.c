@@ -45,8 +45,9 @@ static void link_end(link_t *l, hs_status_t code, const char *text)
     producer_t *pr = l->pr;
     if (l->conn) {
         size_t len;
-        if (hs_msg_error_frame(code, text, pr->net.frame_buf, HS_FRAME_MAX_BODY, &len) == HS_OK)
-            hs_tp_send(l->conn, pr->net.frame_buf, len);
+        if (hs_msg_error_frame(code, text, pr->net.frame_buf, HS_FRAME_MAX_BODY, &len) == HS_OK &&
+            hs_tp_send(l->conn, pr->net.frame_buf, len) != HS_OK)
+            hs_debug("consumer %s:%u: the ERROR frame could not be sent", l->host, l->port);
         hs_tp_close(l->conn, code);
     }
     l->done = true;
@@ -122,8 +123,8 @@ static void send_plan(link_t *l)
     for (uint32_t first = 0; first < n; first += page) {
         uint32_t cnt = n - first < page ? n - first : page;
         for (uint32_t i = 0; i < cnt; i++) {
-            hs_plan_batch_t b;
-            hs_plan_batch(pr->plan, first + i, &b);
+            hs_plan_batch_t b = {0};
+            if (hs_plan_batch(pr->plan, first + i, &b) != HS_OK) break; /* ids < n: cannot */
             ns[i] = b.n_seqs;
             nt[i] = b.n_tokens;
         }
@@ -155,8 +156,11 @@ static void on_challenge(link_t *l, const uint8_t *body, uint32_t len)
     memcpy(l->server_nonce, c->server_nonce.data, HS_AUTH_NONCE_BYTES);
     hs_msg_free(m);
     uint8_t mac[HS_AUTH_MAC_BYTES];
-    hs_auth_producer_mac(&pr->key, l->server_nonce, l->client_nonce, l->hello_body, l->hello_len,
-                         mac);
+    if (hs_auth_producer_mac(&pr->key, l->server_nonce, l->client_nonce, l->hello_body,
+                             l->hello_len, mac) != HS_OK) {
+        fail(l, HS_ERR_AUTH, "libsodium could not compute the proof of the shared secret");
+        return;
+    }
     Hsflow__Auth a = HSFLOW__AUTH__INIT;
     a.mac.data = mac;
     a.mac.len = sizeof(mac);
@@ -202,8 +206,8 @@ static void on_welcome(link_t *l, const uint8_t *body, uint32_t len)
     Hsflow__Welcome *w = (Hsflow__Welcome *)m;
     if (pr->have_secret) {
         uint8_t expect[HS_AUTH_MAC_BYTES];
-        hs_auth_consumer_mac(&pr->key, l->client_nonce, l->server_nonce, expect);
-        if (w->server_mac.len != HS_AUTH_MAC_BYTES ||
+        if (hs_auth_consumer_mac(&pr->key, l->client_nonce, l->server_nonce, expect) != HS_OK ||
+            w->server_mac.len != HS_AUTH_MAC_BYTES ||
             hs_auth_verify(w->server_mac.data, expect) != HS_OK) {
             hs_msg_free(m);
             fail(l, HS_ERR_AUTH,
@@ -474,12 +478,16 @@ hs_status_t hs__link_send_hello(link_t *l)
     h.total_tokens = ps.tokens;
     h.total_seqs = ps.n_kept;
     h.target_name = cfg->source == HS_SOURCE_MODEL ? (char *)cfg->model_dir : "synthetic";
-    hs_auth_nonce(l->client_nonce);
+    hs_status_t st = hs_auth_nonce(l->client_nonce);
+    if (st != HS_OK) {
+        hs_error("libsodium could not draw the handshake's nonce: %s", hs_status_str(st));
+        return st;
+    }
     h.client_nonce.data = l->client_nonce;
     h.client_nonce.len = HS_AUTH_NONCE_BYTES;
     size_t len;
-    hs_status_t st = hs_msg_pack(HS_MSG_HELLO, &h.base, pr->net.frame_buf,
-                                 HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES, &len);
+    st = hs_msg_pack(HS_MSG_HELLO, &h.base, pr->net.frame_buf,
+                     HS_FRAME_MAX_BODY + HS_FRAME_HEADER_BYTES, &len);
     if (st != HS_OK) return st;
     /* The AUTH proof covers the HELLO body exactly as sent. */
     uint8_t *body = realloc(l->hello_body, len - HS_FRAME_HEADER_BYTES);

@@ -296,10 +296,13 @@ void *hs__worker_gpu_main(void *arg)
     }
     pthread_mutex_unlock(&pr->sh.lock);
     if (pending.st) {
+        /* the GPU must be done with the buffers; the batch is not sent, so a
+         * failure here loses nothing, but says the GPU is in trouble */
         double ms;
-        /* the GPU is done with the buffers; the batch is not sent, a failure
-         * here changes nothing */
-        (void)hs__gpu_batch_wait(w->gpu_w, pending.slot, &ms);
+        hs_status_t wait = hs__gpu_batch_wait(w->gpu_w, pending.slot, &ms);
+        if (wait != HS_OK)
+            hs_warn("worker %u (gpu %d): the batch in flight at exit failed: %s", w->index, w->gpu,
+                    hs_status_str(wait));
     }
     return NULL;
 }

@@ -20,7 +20,7 @@ void *hs__worker_gpu_main(void *arg);
  * records (HS_ERR_NOMEM); get takes one, adding records only when every
  * one is in use (NULL when out of memory); put gives one back; pool_free
  * frees them all, queued ones included, once no thread runs. */
-hs_status_t hs__ticket_pool_grow(producer_t *pr, uint32_t n);
+HS_MUST_CHECK hs_status_t hs__ticket_pool_grow(producer_t *pr, uint32_t n);
 ticket_t *hs__ticket_get(producer_t *pr);
 void hs__ticket_put(producer_t *pr, ticket_t *t);
 void hs__ticket_pool_free(producer_t *pr);
@@ -33,7 +33,7 @@ void hs__ticket_pop(producer_t *pr, ticket_t *out);
  * header and the metadata from the plan (ids, mask, cu_seqlens); hidden
  * states and checksum are left to the caller. The status of
  * hs_plan_fill_batch, logged there. */
-hs_status_t hs__worker_fill_meta(producer_t *pr, const ticket_t *t, uint8_t *region,
-                                 hs_batch_view_t *v);
+HS_MUST_CHECK hs_status_t hs__worker_fill_meta(producer_t *pr, const ticket_t *t, uint8_t *region,
+                                               hs_batch_view_t *v);
 
 #endif /* HS_WORKER_INT_H */

@@ -37,9 +37,9 @@ typedef struct {
 
 /* Validates ranges (H in 1..65536, k in 1..HS_MAX_LAYERS, indices >= 0 and
  * strictly increasing, known dtype). */
-hs_status_t hs_layout_check(const hs_layout_t *layout);
+HS_MUST_CHECK hs_status_t hs_layout_check(const hs_layout_t *layout);
 /* Same checks, without logging: the reason goes to why[whycap]. */
-hs_status_t hs_layout_validate(const hs_layout_t *layout, char *why, size_t whycap);
+HS_MUST_CHECK hs_status_t hs_layout_validate(const hs_layout_t *layout, char *why, size_t whycap);
 /* Stable 64-bit id of a layout (XXH3 of its canonical little-endian form). */
 uint64_t hs_layout_id(const hs_layout_t *layout);
 /* "H=4096 dtype=bf16 layers=[2,16,29]" into buf. */
@@ -117,9 +117,9 @@ void hs_batch_seal(void *region, uint64_t total_bytes);
  * magic, version, epoch, index, n, T, layout id, total size, cu_seqlens
  * monotone from 0 to T, and the checksum. Returns HS_ERR_FORMAT,
  * HS_ERR_MISMATCH or HS_ERR_CHECKSUM with the reason in why[whycap]. */
-hs_status_t hs_batch_verify(const void *region, uint64_t bytes, uint32_t epoch, uint32_t index,
-                            uint32_t n_seqs, uint32_t n_tokens, const hs_layout_t *layout,
-                            char *why, size_t whycap);
+HS_MUST_CHECK hs_status_t hs_batch_verify(const void *region, uint64_t bytes, uint32_t epoch,
+                                          uint32_t index, uint32_t n_seqs, uint32_t n_tokens,
+                                          const hs_layout_t *layout, char *why, size_t whycap);
 
 /* Synthetic hidden states: bf16 bits that are a deterministic function of
  * (sample id, layer index, token position within its sequence, channel).
@@ -133,8 +133,8 @@ void hs_batch_synth_fill(hs_batch_view_t *v, const hs_layout_t *layout);
  * must be initialised; `cs` is scratch owned by the caller. */
 void hs_batch_synth_fill_seal(hs_batch_view_t *v, const hs_layout_t *layout, uint64_t total_bytes,
                               hs_checksum_stream_t *cs);
-hs_status_t hs_batch_synth_check(const hs_batch_view_t *v, const hs_layout_t *layout, char *why,
-                                 size_t whycap);
+HS_MUST_CHECK hs_status_t hs_batch_synth_check(const hs_batch_view_t *v, const hs_layout_t *layout,
+                                               char *why, size_t whycap);
 
 /* ======================================================================
  * Control frames (DESIGN §3):
@@ -177,11 +177,12 @@ void hs_frame_header_encode(uint8_t out[HS_FRAME_HEADER_BYTES], uint16_t type, c
                             uint32_t body_len);
 /* Parses and checks magic, version, type range and body_len <= max_body.
  * On failure says what was wrong in why[whycap]; `out` is set only on success. */
-hs_status_t hs_frame_header_decode(const uint8_t in[HS_FRAME_HEADER_BYTES], uint32_t max_body,
-                                   hs_frame_header_t *out, char *why, size_t whycap);
+HS_MUST_CHECK hs_status_t hs_frame_header_decode(const uint8_t in[HS_FRAME_HEADER_BYTES],
+                                                 uint32_t max_body, hs_frame_header_t *out,
+                                                 char *why, size_t whycap);
 /* Checks the body's crc32c against the header. */
-hs_status_t hs_frame_body_check(const hs_frame_header_t *h, const void *body, char *why,
-                                size_t whycap);
+HS_MUST_CHECK hs_status_t hs_frame_body_check(const hs_frame_header_t *h, const void *body,
+                                              char *why, size_t whycap);
 
 /* ======================================================================
  * Control messages: the Hsflow__* messages of hsflow.proto packed into and
@@ -213,25 +214,26 @@ size_t hs_msg_frame_size(const ProtobufCMessage *msg);
  * is not the message of `type` or fails validation (logged: a local bug),
  * HS_ERR_NOSPACE when the frame does not fit cap or the body exceeds
  * HS_FRAME_MAX_BODY. */
-hs_status_t hs_msg_pack(uint16_t type, const ProtobufCMessage *msg, uint8_t *buf, size_t cap,
-                        size_t *frame_len);
+HS_MUST_CHECK hs_status_t hs_msg_pack(uint16_t type, const ProtobufCMessage *msg, uint8_t *buf,
+                                      size_t cap, size_t *frame_len);
 
 /* Field checks for a decoded message of `type`: lengths of nonces and MACs,
  * layout layer counts, plan page arrays, string sizes, counts. Names the bad
  * field in why. HS_ERR_FORMAT on failure. */
-hs_status_t hs_msg_validate(uint16_t type, const ProtobufCMessage *msg, char *why, size_t whycap);
+HS_MUST_CHECK hs_status_t hs_msg_validate(uint16_t type, const ProtobufCMessage *msg, char *why,
+                                          size_t whycap);
 
 /* Decodes the body of a frame of `type` (header already decoded and body crc
  * checked) and validates it. On success *out is a new message the caller
  * frees with hs_msg_free(); cast it to the Hsflow__* type of `type`.
  * HS_ERR_FORMAT (undecodable or invalid, reason in why) or HS_ERR_NOMEM. */
-hs_status_t hs_msg_unpack(uint16_t type, const uint8_t *body, uint32_t len, ProtobufCMessage **out,
-                          char *why, size_t whycap);
+HS_MUST_CHECK hs_status_t hs_msg_unpack(uint16_t type, const uint8_t *body, uint32_t len,
+                                        ProtobufCMessage **out, char *why, size_t whycap);
 
 /* Everything at once for a complete frame in frame[len]: header decode, body
  * length, crc and unpack. *type and *out are set only on success. */
-hs_status_t hs_msg_decode_frame(const uint8_t *frame, size_t len, uint16_t *type,
-                                ProtobufCMessage **out, char *why, size_t whycap);
+HS_MUST_CHECK hs_status_t hs_msg_decode_frame(const uint8_t *frame, size_t len, uint16_t *type,
+                                              ProtobufCMessage **out, char *why, size_t whycap);
 
 /* Frees a message from hs_msg_unpack; NULL is fine. */
 void hs_msg_free(ProtobufCMessage *msg);
@@ -260,14 +262,15 @@ void hs_msg_arena_init(hs_msg_arena_t *a);
 
 /* hs_msg_unpack() with the message's memory from arena `a` (NULL: the heap,
  * as hs_msg_unpack). The caller frees *out with hs_msg_free_in(a, *out). */
-hs_status_t hs_msg_unpack_in(hs_msg_arena_t *a, uint16_t type, const uint8_t *body, uint32_t len,
-                             ProtobufCMessage **out, char *why, size_t whycap);
+HS_MUST_CHECK hs_status_t hs_msg_unpack_in(hs_msg_arena_t *a, uint16_t type, const uint8_t *body,
+                                           uint32_t len, ProtobufCMessage **out, char *why,
+                                           size_t whycap);
 /* Frees a message from hs_msg_unpack_in(a, ...); NULL is fine. */
 void hs_msg_free_in(hs_msg_arena_t *a, ProtobufCMessage *msg);
 
 /* An ERROR frame with `code` and `text` (cut to HS_MSG_TEXT_MAX - 1 bytes). */
-hs_status_t hs_msg_error_frame(hs_status_t code, const char *text, uint8_t *buf, size_t cap,
-                               size_t *frame_len);
+HS_MUST_CHECK hs_status_t hs_msg_error_frame(hs_status_t code, const char *text, uint8_t *buf,
+                                             size_t cap, size_t *frame_len);
 
 /* Fills `msg` (initialised here) from `layout`, including its layout id.
  * msg->layers points into layers_storage[HS_MAX_LAYERS], which the caller
@@ -275,8 +278,8 @@ hs_status_t hs_msg_error_frame(hs_status_t code, const char *text, uint8_t *buf,
 void hs_layout_to_msg(const hs_layout_t *layout, Hsflow__Layout *msg, int32_t *layers_storage);
 /* Converts and checks a received layout: ranges (HS_ERR_FORMAT) and that its
  * layout_id is the id of its fields (HS_ERR_MISMATCH). *out set on success. */
-hs_status_t hs_layout_from_msg(const Hsflow__Layout *msg, hs_layout_t *out, char *why,
-                               size_t whycap);
+HS_MUST_CHECK hs_status_t hs_layout_from_msg(const Hsflow__Layout *msg, hs_layout_t *out, char *why,
+                                             size_t whycap);
 
 /* ======================================================================
  * Authentication over a shared secret (libsodium).
@@ -297,29 +300,30 @@ typedef struct {
 } hs_auth_key_t;
 
 /* Initialises libsodium once (thread-safe); every hs_auth_* calls it. */
-hs_status_t hs_auth_init(void);
+HS_MUST_CHECK hs_status_t hs_auth_init(void);
 /* Reads the shared secret from `path`: at least 16 bytes once a trailing
  * newline is removed, hashed into *key. HS_ERR_IO when it cannot be read,
  * HS_ERR_INVALID when too short or too long (both logged). Warns when group
  * or others may read the file. */
-hs_status_t hs_auth_load_secret(const char *path, hs_auth_key_t *key);
+HS_MUST_CHECK hs_status_t hs_auth_load_secret(const char *path, hs_auth_key_t *key);
 /* Wipes a key; NULL is fine. */
 void hs_auth_key_clear(hs_auth_key_t *key);
 /* HS_AUTH_NONCE_BYTES random bytes. */
-hs_status_t hs_auth_nonce(uint8_t out[HS_AUTH_NONCE_BYTES]);
+HS_MUST_CHECK hs_status_t hs_auth_nonce(uint8_t out[HS_AUTH_NONCE_BYTES]);
 /* The producer's proof over the consumer's challenge (see above). */
-hs_status_t hs_auth_producer_mac(const hs_auth_key_t *key,
-                                 const uint8_t server_nonce[HS_AUTH_NONCE_BYTES],
-                                 const uint8_t client_nonce[HS_AUTH_NONCE_BYTES],
-                                 const void *hello_body, size_t hello_len,
-                                 uint8_t mac[HS_AUTH_MAC_BYTES]);
+HS_MUST_CHECK hs_status_t hs_auth_producer_mac(const hs_auth_key_t *key,
+                                               const uint8_t server_nonce[HS_AUTH_NONCE_BYTES],
+                                               const uint8_t client_nonce[HS_AUTH_NONCE_BYTES],
+                                               const void *hello_body, size_t hello_len,
+                                               uint8_t mac[HS_AUTH_MAC_BYTES]);
 /* The consumer's proof, returned in WELCOME. */
-hs_status_t hs_auth_consumer_mac(const hs_auth_key_t *key,
-                                 const uint8_t client_nonce[HS_AUTH_NONCE_BYTES],
-                                 const uint8_t server_nonce[HS_AUTH_NONCE_BYTES],
-                                 uint8_t mac[HS_AUTH_MAC_BYTES]);
+HS_MUST_CHECK hs_status_t hs_auth_consumer_mac(const hs_auth_key_t *key,
+                                               const uint8_t client_nonce[HS_AUTH_NONCE_BYTES],
+                                               const uint8_t server_nonce[HS_AUTH_NONCE_BYTES],
+                                               uint8_t mac[HS_AUTH_MAC_BYTES]);
 /* Constant-time comparison: HS_OK when equal, HS_ERR_AUTH otherwise. */
-hs_status_t hs_auth_verify(const uint8_t a[HS_AUTH_MAC_BYTES], const uint8_t b[HS_AUTH_MAC_BYTES]);
+HS_MUST_CHECK hs_status_t hs_auth_verify(const uint8_t a[HS_AUTH_MAC_BYTES],
+                                         const uint8_t b[HS_AUTH_MAC_BYTES]);
 
 #ifdef __cplusplus
 }

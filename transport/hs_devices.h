@@ -45,11 +45,11 @@ typedef struct {
 
 /* Every port of every RDMA device libibverbs lists (*n = 0 and *out = NULL
  * when there is none, which is not an error). */
-hs_status_t hs_dev_rdma_list(hs_rdma_port_t **out, size_t *n);
+HS_MUST_CHECK hs_status_t hs_dev_rdma_list(hs_rdma_port_t **out, size_t *n);
 
 /* NVIDIA GPUs (vendor 0x10de, class 0x0300/0x0302) under sysfs_root
  * ("/sys"; NULL = "/sys" or $HS_SYSFS_ROOT), sorted by PCI address. */
-hs_status_t hs_dev_gpu_list(const char *sysfs_root, hs_gpu_pci_t **out, size_t *n);
+HS_MUST_CHECK hs_status_t hs_dev_gpu_list(const char *sysfs_root, hs_gpu_pci_t **out, size_t *n);
 
 /* The GPU a process calls `cuda_index`: with CUDA_VISIBLE_DEVICES set to
  * indices, the index-th of that list; NULL when it cannot be told (index
@@ -77,8 +77,8 @@ int hs_dev_nearest_port(const hs_rdma_port_t *ports, size_t n, const hs_gpu_pci_
  * for UCX's choice; the caller frees it. HS_ERR_NOT_FOUND for an unknown
  * device or port (the error, logged, lists the known ones), HS_ERR_INVALID
  * for a malformed value. */
-hs_status_t hs_dev_nic_resolve(const char *spec, const hs_rdma_port_t *ports, size_t n,
-                               const hs_gpu_pci_t *gpu, char **out);
+HS_MUST_CHECK hs_status_t hs_dev_nic_resolve(const char *spec, const hs_rdma_port_t *ports,
+                                             size_t n, const hs_gpu_pci_t *gpu, char **out);
 
 /* Prints the --list-devices report: each port, then for each GPU its
  * nearest port. */
@@ -86,10 +86,10 @@ void hs_dev_print(FILE *f, const hs_rdma_port_t *ports, size_t n, const hs_gpu_p
                   size_t n_gpus);
 
 /* Convenience for the CLIs: discover and print (--list-devices). */
-hs_status_t hs_dev_list_print(FILE *f);
+HS_MUST_CHECK hs_status_t hs_dev_list_print(FILE *f);
 /* Discover and resolve --nic for the process that uses CUDA device
  * `cuda_gpu` (-1 = none); logs what was picked and why. */
-hs_status_t hs_dev_nic_select(const char *spec, int cuda_gpu, char **out);
+HS_MUST_CHECK hs_status_t hs_dev_nic_select(const char *spec, int cuda_gpu, char **out);
 /* Number of RDMA devices libibverbs sees (0 on failure). */
 size_t hs_dev_rdma_count(void);
 

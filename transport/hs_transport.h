@@ -109,8 +109,8 @@ void hs_tp_config_describe(const hs_tp_config_t *cfg, char *buf, size_t cap);
 
 /* Creates a transport with its event loop; `cb` is copied, `arg` is passed
  * to every callback. Fails with HS_ERR_UNSUPPORTED for a kind not built in. */
-hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb, void *arg,
-                         hs_tp_t **out);
+HS_MUST_CHECK hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb,
+                                       void *arg, hs_tp_t **out);
 /* Closes every connection (on_close runs for each, after the failure
  * callbacks of its pending sends and receive), then frees. NULL is ok. Not
  * from inside a callback. */
@@ -120,7 +120,8 @@ void hs_tp_destroy(hs_tp_t *tp);
  * The bound port is returned in *bound_port when not NULL. Both kinds listen
  * on a TCP port; UCX swaps worker addresses there, then carries the
  * connection over whatever UCX selects (RDMA, shared memory, its own TCP). */
-hs_status_t hs_tp_listen(hs_tp_t *tp, const char *host, uint16_t port, uint16_t *bound_port);
+HS_MUST_CHECK hs_status_t hs_tp_listen(hs_tp_t *tp, const char *host, uint16_t port,
+                                       uint16_t *bound_port);
 /* Connects (blocking, up to timeout_ms, retrying while the peer is not yet
  * listening; timeout_ms < 0 waits forever). Fails with HS_ERR_TIMEOUT when
  * nobody answered in time. UCX: returns once the endpoint is wired up, which
@@ -128,16 +129,17 @@ hs_status_t hs_tp_listen(hs_tp_t *tp, const char *host, uint16_t port, uint16_t 
  * connections may be delivered meanwhile, so connect before serving others.
  * With require_rdma, a connection without an RDMA lane fails with
  * HS_ERR_UNSUPPORTED. */
-hs_status_t hs_tp_connect(hs_tp_t *tp, const char *host, uint16_t port, int timeout_ms,
-                          hs_tp_conn_t **out);
+HS_MUST_CHECK hs_status_t hs_tp_connect(hs_tp_t *tp, const char *host, uint16_t port,
+                                        int timeout_ms, hs_tp_conn_t **out);
 
-hs_status_t hs_tp_send(hs_tp_conn_t *conn, const void *frame, size_t frame_len);
-hs_status_t hs_tp_send_payload(hs_tp_conn_t *conn, const void *frame, size_t frame_len,
-                               const void *payload, uint64_t payload_len, hs_tp_send_cb cb,
-                               void *cb_arg);
+HS_MUST_CHECK hs_status_t hs_tp_send(hs_tp_conn_t *conn, const void *frame, size_t frame_len);
+HS_MUST_CHECK hs_status_t hs_tp_send_payload(hs_tp_conn_t *conn, const void *frame,
+                                             size_t frame_len, const void *payload,
+                                             uint64_t payload_len, hs_tp_send_cb cb, void *cb_arg);
 /* Only inside on_frame() for a frame with payload_bytes > 0, and only with
  * bytes == payload_bytes. */
-hs_status_t hs_tp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie);
+HS_MUST_CHECK hs_status_t hs_tp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes,
+                                             uint64_t cookie);
 
 /* Sends what is queued (best effort, bounded by a short linger), then closes;
  * on_close runs from a later hs_tp_progress(). */
@@ -146,7 +148,7 @@ void hs_tp_close(hs_tp_conn_t *conn, hs_status_t reason);
 /* Runs the loop for at most timeout_ms (-1 = until something happens,
  * 0 = poll). Returns HS_OK or an error of the transport itself; HS_ERR_BUSY
  * when called from inside a callback. */
-hs_status_t hs_tp_progress(hs_tp_t *tp, int timeout_ms);
+HS_MUST_CHECK hs_status_t hs_tp_progress(hs_tp_t *tp, int timeout_ms);
 /* Thread-safe: makes the current or next hs_tp_progress() return soon. */
 void hs_tp_wakeup(hs_tp_t *tp);
 
@@ -154,7 +156,7 @@ void hs_tp_wakeup(hs_tp_t *tp);
  * maps it once and passes the handle with every payload inside it; TCP does
  * nothing). Unregistered memory still works, slower. Stays registered until
  * hs_tp_destroy(). */
-hs_status_t hs_tp_mem_register(hs_tp_t *tp, void *addr, size_t len);
+HS_MUST_CHECK hs_status_t hs_tp_mem_register(hs_tp_t *tp, void *addr, size_t len);
 
 /* Peer address as "1.2.3.4:5678", and whether it is a loopback address. */
 const char *hs_tp_conn_peer(const hs_tp_conn_t *conn);
@@ -167,12 +169,13 @@ const char *hs_tp_conn_describe(const hs_tp_conn_t *conn);
  * a small limit, so that an unauthenticated connection cannot make the
  * transport buffer a maximal frame. A frame over the limit closes the
  * connection with HS_ERR_FORMAT, as an oversized one always did. */
-hs_status_t hs_tp_conn_set_max_frame(hs_tp_conn_t *conn, uint32_t max_body);
+HS_MUST_CHECK hs_status_t hs_tp_conn_set_max_frame(hs_tp_conn_t *conn, uint32_t max_body);
 /* Opaque per-connection pointer for the owner of the callbacks. */
 void hs_tp_conn_set_user(hs_tp_conn_t *conn, void *user);
 void *hs_tp_conn_get_user(const hs_tp_conn_t *conn);
 
-hs_status_t hs_tp_kind_parse(const char *s, hs_tp_kind_t *out); /* "tcp", "ucx", "auto" */
+HS_MUST_CHECK hs_status_t hs_tp_kind_parse(const char *s,
+                                           hs_tp_kind_t *out); /* "tcp", "ucx", "auto" */
 const char *hs_tp_kind_str(hs_tp_kind_t kind);
 bool hs_tp_kind_available(hs_tp_kind_t kind);
 

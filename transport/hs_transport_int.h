@@ -27,8 +27,8 @@ typedef struct hs_tp_ops hs_tp_ops_t;
 /* Fault injection for tests (fault.c, hs_tp_config_t.fault): wraps the
  * callbacks when `spec` names a fault, else leaves them and sets *out NULL. */
 typedef struct hs__tp_fault hs__tp_fault_t;
-hs_status_t hs__tp_fault_wrap(const char *spec, hs_tp_callbacks_t *cb, void **arg,
-                              hs__tp_fault_t **out);
+HS_MUST_CHECK hs_status_t hs__tp_fault_wrap(const char *spec, hs_tp_callbacks_t *cb, void **arg,
+                                            hs__tp_fault_t **out);
 void hs__tp_fault_note_recv(hs__tp_fault_t *f, hs_tp_conn_t *conn, void *dest, uint64_t bytes,
                             uint64_t cookie);
 void hs__tp_fault_free(hs__tp_fault_t *f);
@@ -120,7 +120,8 @@ extern const hs_tp_ops_t hs__tp_ucx_ops;
 /* Checks an outgoing frame: at least a header, a header that decodes with
  * `max_body`, and frame_len == header + body_len. The frame's own crc is not
  * recomputed (the receiver checks it). */
-hs_status_t hs__tp_frame_check(const void *frame, size_t frame_len, uint32_t max_body);
+HS_MUST_CHECK hs_status_t hs__tp_frame_check(const void *frame, size_t frame_len,
+                                             uint32_t max_body);
 
 /* Fills conn->peer_addr and conn->peer ("1.2.3.4:5678", "[::1]:5678"). */
 void hs__tp_conn_set_peer(hs_tp_conn_t *conn, const struct sockaddr *sa, socklen_t len);

@@ -30,7 +30,8 @@ typedef void (*hs__sock_tune_cb)(int fd, void *arg);
 /* Resolves host:port for listening (passive) or connecting; "[::1]" as
  * given on a command line works too. The caller frees *out with
  * freeaddrinfo(). Logs what was wrong (HS_ERR_INVALID). */
-hs_status_t hs__sock_resolve(const char *host, uint16_t port, bool passive, struct addrinfo **out);
+HS_MUST_CHECK hs_status_t hs__sock_resolve(const char *host, uint16_t port, bool passive,
+                                           struct addrinfo **out);
 
 /* Listens on host:port: the first resolved address that binds, with
  * SO_REUSEADDR (and an IPv6 "::" taking IPv4 too). tune (NULL: none) runs
@@ -38,8 +39,9 @@ hs_status_t hs__sock_resolve(const char *host, uint16_t port, bool passive, stru
  * On success *fd is the caller's, *bound_port (may be NULL) the port bound
  * (the one the system chose for port 0), and "<what> listening on ADDR" is
  * logged. On failure nothing is left open and the reason is logged. */
-hs_status_t hs__sock_listen(const char *what, const char *host, uint16_t port,
-                            hs__sock_tune_cb tune, void *arg, int *fd, uint16_t *bound_port);
+HS_MUST_CHECK hs_status_t hs__sock_listen(const char *what, const char *host, uint16_t port,
+                                          hs__sock_tune_cb tune, void *arg, int *fd,
+                                          uint16_t *bound_port);
 
 /* One accept4() on a non-blocking listener, through EINTR and ECONNABORTED
  * (a client that gave up in the queue). The accepted socket, or -1 with
@@ -67,9 +69,9 @@ bool hs__sock_errno_retryable(int err);
  * a failure that does not mend by waiting. On failure why[cap] says what
  * failed last ("Connection refused"...) and nothing is logged: the caller
  * logs it once, with what it was connecting for. */
-hs_status_t hs__sock_connect(const struct addrinfo *ai, uint64_t deadline_ns, hs__sock_tune_cb tune,
-                             void *arg, int *fd, const struct addrinfo **used, char *why,
-                             size_t whycap);
+HS_MUST_CHECK hs_status_t hs__sock_connect(const struct addrinfo *ai, uint64_t deadline_ns,
+                                           hs__sock_tune_cb tune, void *arg, int *fd,
+                                           const struct addrinfo **used, char *why, size_t whycap);
 
 /* Milliseconds until deadline_ns for poll(): -1 for none, 0 once passed. */
 int hs__sock_ms_left(uint64_t deadline_ns);

@@ -153,11 +153,13 @@ void hs__tcp_conn_begin_close(tcp_conn_t *c, hs_status_t reason, const char *why
 tcp_conn_t *hs__tcp_conn_new(tcp_tp_t *tp, int fd, const struct sockaddr *sa, socklen_t salen);
 void hs__tcp_run_finalizers(tcp_tp_t *tp);
 void hs__tcp_conn_flush(tcp_conn_t *c);
-hs_status_t hs__tcp_send(hs_tp_conn_t *conn, const void *frame, size_t frame_len);
-hs_status_t hs__tcp_send_payload(hs_tp_conn_t *conn, const void *frame, size_t frame_len,
-                                 const void *payload, uint64_t payload_len, hs_tp_send_cb cb,
-                                 void *cb_arg);
-hs_status_t hs__tcp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie);
+HS_MUST_CHECK hs_status_t hs__tcp_send(hs_tp_conn_t *conn, const void *frame, size_t frame_len);
+HS_MUST_CHECK hs_status_t hs__tcp_send_payload(hs_tp_conn_t *conn, const void *frame,
+                                               size_t frame_len, const void *payload,
+                                               uint64_t payload_len, hs_tp_send_cb cb,
+                                               void *cb_arg);
+HS_MUST_CHECK hs_status_t hs__tcp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes,
+                                               uint64_t cookie);
 void hs__tcp_conn_read(tcp_conn_t *c);
 void hs__tcp_close(hs_tp_conn_t *conn, hs_status_t reason);
 

@@ -116,7 +116,12 @@ static hs_status_t boot_exchange(ucx_tp_t *tp, int fd, uint64_t deadline, uint8_
     rec = NULL;
 
     uint8_t mac[HS__UCX_BOOT_MAC] = {0};
-    if (key) hs_auth_producer_mac(key, server_nonce, client_nonce, hello, sizeof hello, mac);
+    if (key &&
+        hs_auth_producer_mac(key, server_nonce, client_nonce, hello, sizeof hello, mac) != HS_OK) {
+        snprintf(last, lastcap, "libsodium could not compute the proof of the shared secret");
+        st = HS_ERR_AUTH;
+        goto out;
+    }
     uint8_t head[HS__UCX_BOOT_HEAD];
     hs__ucx_boot_head_pack(head, HS__UCX_BOOT_AUTH, (uint32_t)(sizeof mac + tp->my_addr_len));
     if (!hs__sock_io(fd, head, sizeof head, true, deadline) ||
@@ -129,8 +134,8 @@ static hs_status_t boot_exchange(ucx_tp_t *tp, int fd, uint64_t deadline, uint8_
     if (st != HS_OK) goto out;
     if (key) {
         uint8_t expect[HS_AUTH_MAC_BYTES];
-        hs_auth_consumer_mac(key, client_nonce, server_nonce, expect);
-        if (hs_auth_verify(m.mac, expect) != HS_OK) {
+        if (hs_auth_consumer_mac(key, client_nonce, server_nonce, expect) != HS_OK ||
+            hs_auth_verify(m.mac, expect) != HS_OK) {
             snprintf(last, lastcap,
                      "the consumer could not prove it holds the shared secret: wrong peer or a "
                      "different --secret-file");
@@ -333,7 +338,8 @@ hs_status_t hs__ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int tim
                  "check the RDMA NIC, its link and UCX_NET_DEVICES/UCX_TLS, or run without "
                  "--require-rdma",
                  c->base.peer, c->base.describe);
-        (void)hs__ucx_send_am(c, AM_CLOSE, NULL, 0);
+        if (hs__ucx_send_am(c, AM_CLOSE, NULL, 0) != HS_OK)
+            hs_debug("connection %s: the close notice could not be sent", c->base.peer);
         tp->in_progress = true;
         conn_discard(tp, c);
         tp->in_progress = false;

@@ -182,7 +182,10 @@ static void pending_on_auth(ucx_tp_t *tp, ucx_pending_t *p, const hs__ucx_boot_m
                            "consumer's");
             return;
         }
-        hs_auth_consumer_mac(key, client_nonce, p->server_nonce, mac);
+        if (hs_auth_consumer_mac(key, client_nonce, p->server_nonce, mac) != HS_OK) {
+            pending_refuse(tp, p, HS_ERR_AUTH, "the consumer could not compute its proof");
+            return;
+        }
     }
     tp->base.boot_passed++;
     hs_debug("ucx bootstrap: %s passed (%s); creating its endpoint", p->name,

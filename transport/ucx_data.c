@@ -228,7 +228,8 @@ hs_status_t hs__ucx_send_am(ucx_conn_t *c, unsigned id, const void *frame, size_
 void hs__ucx_conn_begin_close(ucx_conn_t *c, hs_status_t reason, const char *why, bool send_bye)
 {
     if (c->closing) return;
-    if (send_bye && !c->failed) (void)hs__ucx_send_am(c, AM_CLOSE, NULL, 0);
+    if (send_bye && !c->failed && hs__ucx_send_am(c, AM_CLOSE, NULL, 0) != HS_OK)
+        hs_debug("connection %s: the close notice could not be sent", c->base.peer);
     c->closing = true;
     c->close_reason = reason;
     snprintf(c->close_why, sizeof c->close_why, "%s", why);
@@ -242,7 +243,8 @@ static void conn_fail_peer(ucx_conn_t *c, hs_status_t st, const char *why)
     hs_warn("connection %s: %s; closing it", c->base.peer, why);
     uint8_t buf[512];
     size_t n = hs__tp_error_frame(st, why, buf, sizeof buf);
-    if (n > 0) (void)hs__ucx_send_am(c, AM_FRAME, buf, n);
+    if (n > 0 && hs__ucx_send_am(c, AM_FRAME, buf, n) != HS_OK)
+        hs_debug("connection %s: the ERROR frame could not be sent", c->base.peer);
     hs__ucx_conn_begin_close(c, st, why, true); /* the peer learns of it from AM_CLOSE */
 }
 

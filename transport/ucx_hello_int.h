@@ -74,13 +74,14 @@ typedef struct {
  * type allows (so the caller may allocate body_len bytes). HS_ERR_FORMAT for
  * anything malformed, HS_ERR_MISMATCH for another version; `why` says what
  * was wrong. *out set on success. */
-hs_status_t hs__ucx_boot_head_parse(const uint8_t head[HS__UCX_BOOT_HEAD], hs__ucx_boot_head_t *out,
-                                    char *why, size_t whycap);
+HS_MUST_CHECK hs_status_t hs__ucx_boot_head_parse(const uint8_t head[HS__UCX_BOOT_HEAD],
+                                                  hs__ucx_boot_head_t *out, char *why,
+                                                  size_t whycap);
 /* Checks one complete record, buf[0, len): the head as above and
  * len == HS__UCX_BOOT_HEAD + body_len, then the body by type. Any bytes are
  * safe to give. *out set on success. */
-hs_status_t hs__ucx_hello_parse(const uint8_t *buf, size_t len, hs__ucx_boot_msg_t *out, char *why,
-                                size_t whycap);
+HS_MUST_CHECK hs_status_t hs__ucx_hello_parse(const uint8_t *buf, size_t len,
+                                              hs__ucx_boot_msg_t *out, char *why, size_t whycap);
 
 /* Writes a record head into out[HS__UCX_BOOT_HEAD]. */
 void hs__ucx_boot_head_pack(uint8_t out[HS__UCX_BOOT_HEAD], uint16_t type, uint32_t body_len);

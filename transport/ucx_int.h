@@ -127,7 +127,8 @@ void hs__ucx_send_cb(void *request, ucs_status_t status, void *user_data);
 ucx_conn_t *hs__ucx_conn_alloc(ucx_tp_t *tp);
 void hs__ucx_conn_link(ucx_tp_t *tp, ucx_conn_t *c);
 void hs__ucx_conn_unlink(ucx_tp_t *tp, ucx_conn_t *c);
-hs_status_t hs__ucx_send_am(ucx_conn_t *c, unsigned id, const void *frame, size_t len);
+HS_MUST_CHECK hs_status_t hs__ucx_send_am(ucx_conn_t *c, unsigned id, const void *frame,
+                                          size_t len);
 void hs__ucx_conn_begin_close(ucx_conn_t *c, hs_status_t reason, const char *why, bool send_bye);
 void hs__ucx_conn_force_close(ucx_conn_t *c);
 void hs__ucx_advance_closes(ucx_tp_t *tp);
@@ -137,26 +138,29 @@ ucs_status_t hs__ucx_am_payload_cb(void *arg, const void *header, size_t header_
                                    size_t length, const ucp_am_recv_param_t *param);
 ucs_status_t hs__ucx_am_close_cb(void *arg, const void *header, size_t header_length, void *data,
                                  size_t length, const ucp_am_recv_param_t *param);
-hs_status_t hs__ucx_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie);
-hs_status_t hs__ucx_send(hs_tp_conn_t *conn, const void *frame, size_t frame_len);
-hs_status_t hs__ucx_send_payload(hs_tp_conn_t *conn, const void *frame, size_t frame_len,
-                                 const void *payload, uint64_t payload_len, hs_tp_send_cb cb,
-                                 void *cb_arg);
+HS_MUST_CHECK hs_status_t hs__ucx_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes,
+                                               uint64_t cookie);
+HS_MUST_CHECK hs_status_t hs__ucx_send(hs_tp_conn_t *conn, const void *frame, size_t frame_len);
+HS_MUST_CHECK hs_status_t hs__ucx_send_payload(hs_tp_conn_t *conn, const void *frame,
+                                               size_t frame_len, const void *payload,
+                                               uint64_t payload_len, hs_tp_send_cb cb,
+                                               void *cb_arg);
 void hs__ucx_close(hs_tp_conn_t *conn, hs_status_t reason);
 ucs_status_t hs__ucx_ep_create_to(ucx_tp_t *tp, ucx_conn_t *c, const void *addr);
 
 /* ucx_boot_server.c */
 void hs__ucx_pending_free(ucx_tp_t *tp, ucx_pending_t *p);
-hs_status_t hs__ucx_sockets_poll(ucx_tp_t *tp, int ms, bool with_efd);
-hs_status_t hs__ucx_listen(hs_tp_t *t, const char *host, uint16_t port, uint16_t *bound_port);
+HS_MUST_CHECK hs_status_t hs__ucx_sockets_poll(ucx_tp_t *tp, int ms, bool with_efd);
+HS_MUST_CHECK hs_status_t hs__ucx_listen(hs_tp_t *t, const char *host, uint16_t port,
+                                         uint16_t *bound_port);
 
 /* ucx_boot_client.c */
-hs_status_t hs__ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int timeout_ms,
-                            hs_tp_conn_t **out);
+HS_MUST_CHECK hs_status_t hs__ucx_connect(hs_tp_t *t, const char *host, uint16_t port,
+                                          int timeout_ms, hs_tp_conn_t **out);
 
 /* ucx_mem.c */
 ucp_mem_h hs__ucx_region_memh(ucx_tp_t *tp, const void *p, uint64_t len);
-hs_status_t hs__ucx_mem_register(hs_tp_t *t, void *addr, size_t len);
+HS_MUST_CHECK hs_status_t hs__ucx_mem_register(hs_tp_t *t, void *addr, size_t len);
 
 #ifdef __cplusplus
 }

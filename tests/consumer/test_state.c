@@ -363,6 +363,33 @@ START_TEST(journal_of_another_rank_is_refused_naming_both)
 }
 END_TEST
 
+START_TEST(journal_refuses_a_batch_outside_the_run_and_stays_readable)
+{
+    /* A release of a batch outside the run (a trainer's bad hs_batch_t) once
+     * wrote a line the next open refused, so the restart lost the journal. */
+    char path[] = "/tmp/hs-test-journal-range-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    unlink(path);
+    hs_journal_t *j;
+    char why[512];
+    ck_assert_int_eq(hs_journal_open(path, &j), HS_OK);
+    ck_assert_msg(hs_journal_bind(j, PLAN, 3, 2, why, sizeof(why)) == HS_OK, "%s", why);
+    ck_assert_int_eq(hs_journal_append(j, 0, 1), HS_OK);
+    ck_assert_int_eq(hs_journal_append(j, 0, 3), HS_ERR_INVALID); /* batch 3 of 3 */
+    ck_assert_int_eq(hs_journal_append(j, 2, 0), HS_ERR_INVALID); /* epoch 2 of 2 */
+    ck_assert_int_eq(hs_journal_append(j, UINT32_MAX, UINT32_MAX), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_journal_append(j, 1, 2), HS_OK);
+    hs_journal_close(j);
+    ck_assert_int_eq(hs_journal_open(path, &j), HS_OK);
+    ck_assert_msg(hs_journal_bind(j, PLAN, 3, 2, why, sizeof(why)) == HS_OK, "%s", why);
+    ck_assert_uint_eq(hs_journal_count(j), 2);
+    hs_journal_close(j);
+    unlink(path);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("state");
@@ -377,6 +404,7 @@ int main(void)
     tcase_add_test(
         tc, state_of_a_rank_names_it_completes_its_epoch_with_its_shard_and_refuses_another_rank);
     tcase_add_test(tc, journal_of_another_rank_is_refused_naming_both);
+    tcase_add_test(tc, journal_refuses_a_batch_outside_the_run_and_stays_readable);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

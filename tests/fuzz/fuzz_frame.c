@@ -41,9 +41,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     hs_frame_header_t h;
     if (hs_frame_header_decode(data, HS_FRAME_MAX_BODY, &h, why, sizeof why) == HS_OK) {
         if (h.body_len <= size - HS_FRAME_HEADER_BYTES)
-            (void)hs_frame_body_check(&h, data + HS_FRAME_HEADER_BYTES, why, sizeof why);
+            if (hs_frame_body_check(&h, data + HS_FRAME_HEADER_BYTES, why, sizeof why) != HS_OK)
+                return 0; /* refused with a reason: what most inputs get */
     }
-    (void)hs_frame_header_decode(data, 64, &h, why, sizeof why);
+    if (hs_frame_header_decode(data, 64, &h, why, sizeof why) != HS_OK)
+        why[0] = 0; /* refused with a reason: what most inputs get */
 
     /* Length and crc consistent with the bytes that follow. */
     uint8_t *f = malloc(size);

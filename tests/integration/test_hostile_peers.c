@@ -135,7 +135,7 @@ static void *trainer_main(void *arg)
             if (v != HS_OK && atomic_fetch_add(&h->bad, 1) == 0)
                 snprintf(h->bad_why, sizeof h->bad_why, "batch %u/%u: %s", b.epoch, b.batch, why);
         }
-        hs_consumer_release(h->c, &b);
+        ck_assert_int_eq(hs_consumer_release(h->c, &b), HS_OK);
     }
     return NULL;
 }
@@ -944,7 +944,7 @@ START_TEST(test_well_framed_but_invalid_messages_are_refused)
         uint32_t *ns = calloc(n, sizeof *ns), *nt = calloc(n, sizeof *nt);
         for (uint32_t i = 0; i < n; i++) {
             hs_plan_batch_t b;
-            hs_plan_batch(g_plan, i, &b);
+            ck_assert_int_eq(hs_plan_batch(g_plan, i, &b), HS_OK);
             ns[i] = b.n_seqs;
             nt[i] = b.n_tokens;
         }
@@ -986,7 +986,7 @@ START_TEST(test_bad_peers_beside_verified_batches_write_nothing_outside_their_sl
     uint64_t run_bytes = 0;
     for (uint32_t i = 0; i < h.n_batches; i++) {
         hs_plan_batch_t pb;
-        hs_plan_batch(g_plan, i, &pb);
+        ck_assert_int_eq(hs_plan_batch(g_plan, i, &pb), HS_OK);
         run_bytes += EPOCHS * hs_batch_bytes(pb.n_seqs, pb.n_tokens, &g_layout);
     }
     producer_arg_t pa = {.port = port, .result = HS_ERR_INVALID};
@@ -1240,7 +1240,7 @@ START_TEST(test_a_peer_claiming_4096_workers_gets_a_fair_share_of_the_cache)
     uint64_t max_batch = 0;
     for (uint32_t i = 0; i < h.n_batches; i++) {
         hs_plan_batch_t pb;
-        hs_plan_batch(g_plan, i, &pb);
+        ck_assert_int_eq(hs_plan_batch(g_plan, i, &pb), HS_OK);
         uint64_t b = hs_batch_bytes(pb.n_seqs, pb.n_tokens, &g_layout);
         if (b > max_batch) max_batch = b;
     }

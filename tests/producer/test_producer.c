@@ -636,7 +636,7 @@ START_TEST(random_plans_respect_the_budget_and_keep_every_sample_once)
         uint32_t min_before = UINT32_MAX;
         for (uint32_t b = 0; b < hs_plan_n_batches(p); b++) {
             hs_plan_batch_t pb;
-            hs_plan_batch(p, b, &pb);
+            ck_assert_int_eq(hs_plan_batch(p, b, &pb), HS_OK);
             if (b) ck_assert_uint_gt((uint64_t)min_before + pb.n_tokens, cfg.token_budget);
             if (pb.n_tokens < min_before) min_before = pb.n_tokens;
         }
@@ -747,7 +747,7 @@ START_TEST(fill_batch_writes_cu_seqlens_ids_and_masks_of_the_plan)
     /* another dataset or a batch that does not exist */
     hs_dataset_t *other = random_dataset(78, 400, 1, 900);
     hs_plan_batch_t b;
-    hs_plan_batch(p, 0, &b);
+    ck_assert_int_eq(hs_plan_batch(p, 0, &b), HS_OK);
     void *region = hs_aligned_alloc(HS_BATCH_ALIGN, hs_batch_bytes(b.n_seqs, b.n_tokens, &layout));
     hs_batch_view_t v = hs_batch_view(region, b.n_seqs, b.n_tokens, &layout);
     ck_assert_int_eq(hs_plan_fill_batch(p, other, 0, &v), HS_ERR_MISMATCH);

@@ -51,7 +51,7 @@ static void *rx_main(void *arg)
 {
     rx_t *r = arg;
     while (r->got < r->want && r->closes == 0)
-        hs_tp_progress(r->tp, 100);
+        if (hs_tp_progress(r->tp, 100) != HS_OK) break;
     return NULL;
 }
 
@@ -86,8 +86,9 @@ int main(int argc, char **argv)
         hs_tp_listen(r.tp, "127.0.0.1", 0, &port))
         return 1;
     if (!getenv("HS_BENCH_NOREG")) {
-        hs_tp_mem_register(r.tp, r.dest, r.len);
-        hs_tp_mem_register(tx, src, r.len);
+        if (hs_tp_mem_register(r.tp, r.dest, r.len) != HS_OK ||
+            hs_tp_mem_register(tx, src, r.len) != HS_OK)
+            fprintf(stderr, "bench: registration failed; measuring unregistered buffers\n");
     }
     pthread_t th;
     pthread_create(&th, NULL, rx_main, &r);
@@ -103,7 +104,7 @@ int main(int argc, char **argv)
             if (hs_tp_send_payload(c, frame, sizeof frame, src, r.len, tx_done, NULL)) return 1;
             sent++;
         }
-        hs_tp_progress(tx, 10);
+        if (hs_tp_progress(tx, 10) != HS_OK) break;
     }
     pthread_join(th, NULL);
     double dt = r.t_last - r.t_first;
