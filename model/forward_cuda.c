@@ -555,7 +555,6 @@ static hs_status_t attention_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
                                    const int32_t *d_cu_seqlens, int n_seqs, int T, cudaStream_t s)
 {
     hs_status_t st;
-    const hs_model_config_t *c = &mc->m->cfg;
     const int H = mc->H, d = mc->d, ld = mc->qkv_dim, kvd = mc->nkv * d;
     char *qkv = mc->big;
     TRY(hs_lt_linear(mc->lt, qkv, ld, mc->xa, H, w->qkv, w->qkv_b, T, ld, H, false, s));
