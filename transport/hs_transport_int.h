@@ -55,6 +55,7 @@ struct hs_tp {
      * registration holds whole (UCX then registers it on the fly, on the
      * data path: slower; rendezvous receives and every payload send). */
     uint64_t mem_registrations, payloads_unregistered;
+    uint64_t payloads_with_memh; /* UCX: payloads that went with their memory handle */
     /* Listeners pause after a failed accept (hs__tp_accept_failed). */
     uint64_t accept_refused, accept_last_log_ns;
 };
@@ -144,6 +145,11 @@ void hs__tp_accept_failed(hs_tp_t *tp, int err, uint64_t *resume_ns);
  * protocol error, encoded into buf[cap]; returns its length or 0 when it
  * cannot be built (then the connection is just closed). */
 size_t hs__tp_error_frame(hs_status_t code, const char *text, uint8_t *buf, size_t cap);
+
+/* UCX (ucx.c): whether a connection's lanes as hs_tp_conn_describe() gives
+ * them ("ucx: rc_mlx5/mlx5_0:1[am,bw] ...") include an RDMA transport (rc,
+ * dc or ud verbs; not the rdmacm connection manager). */
+bool hs__ucx_describe_has_rdma(const char *d);
 
 #ifdef __cplusplus
 }

@@ -82,7 +82,8 @@ void hs_tp_config_describe(const hs_tp_config_t *cfg, char *buf, size_t cap)
     else
         snprintf(sockbuf, sizeof sockbuf, "16 MiB where net.core allows, else autotuned");
     snprintf(buf, cap, "tcp socket buffers %s, ucx memory handles %s, fault %s", sockbuf,
-             cfg->ucx_no_memh ? "off" : "on", cfg->fault && *cfg->fault ? cfg->fault : "none");
+             cfg->ucx_no_memh ? "off" : "on RDMA lanes",
+             cfg->fault && *cfg->fault ? cfg->fault : "none");
 }
 
 hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb, void *arg,

@@ -117,6 +117,8 @@ void hs__ucx_conn_refresh_describe(ucx_conn_t *c)
     }
     free(text);
     if (n > 4) snprintf(c->base.describe, sizeof c->base.describe, "%s", out);
+    c->lanes_known = true;
+    c->memh_lanes = n <= 4 || hs__ucx_describe_has_rdma(out); /* unread lanes: as if RDMA */
 }
 
 bool hs__ucx_describe_has_rdma(const char *d)

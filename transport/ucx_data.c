@@ -459,7 +459,7 @@ ucs_status_t hs__ucx_am_payload_cb(void *arg, const void *header, size_t header_
         .cb.recv_am = recv_cb,
         .user_data = op,
     };
-    ucp_mem_h memh = hs__ucx_region_memh(tp, c->pl_dest, length);
+    ucp_mem_h memh = hs__ucx_region_memh(tp, c, c->pl_dest, length);
     if (memh) {
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
         prm.memh = memh;
@@ -538,7 +538,7 @@ hs_status_t hs__ucx_send_payload(hs_tp_conn_t *conn, const void *frame, size_t f
         .cb.send = hs__ucx_send_cb,
         .user_data = op,
     };
-    ucp_mem_h memh = hs__ucx_region_memh(tp, payload, payload_len);
+    ucp_mem_h memh = hs__ucx_region_memh(tp, c, payload, payload_len);
     if (memh) {
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
         prm.memh = memh;

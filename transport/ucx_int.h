@@ -71,6 +71,11 @@ struct ucx_conn {
     bool failed;    /* UCX reported an error on the endpoint */
     bool closing, flush_started, flushed, ep_closed, close_done;
     bool lanes_checked;
+    /* lanes_known: the endpoint's lanes were read (describe); memh_lanes:
+     * one of them is an RDMA transport, or they could not be told apart, so
+     * payloads go with their memory handle. Over TCP alone a handle buys no
+     * zero copy and costs UCX work on every message. */
+    bool lanes_known, memh_lanes;
     bool announced; /* the user knows it: on_close is owed */
     hs_status_t close_reason;
     char close_why[256];
@@ -115,7 +120,6 @@ static inline ucx_tp_t *tp_of(hs_tp_t *t)
 
 /* ucx.c */
 void hs__ucx_conn_refresh_describe(ucx_conn_t *c);
-bool hs__ucx_describe_has_rdma(const char *d);
 void hs__ucx_worker_wait(ucx_tp_t *tp, int ms);
 void hs__ucx_worker_drain(ucx_tp_t *tp);
 
@@ -159,7 +163,7 @@ HS_MUST_CHECK hs_status_t hs__ucx_connect(hs_tp_t *t, const char *host, uint16_t
                                           int timeout_ms, hs_tp_conn_t **out);
 
 /* ucx_mem.c */
-ucp_mem_h hs__ucx_region_memh(ucx_tp_t *tp, const void *p, uint64_t len);
+ucp_mem_h hs__ucx_region_memh(ucx_tp_t *tp, ucx_conn_t *c, const void *p, uint64_t len);
 HS_MUST_CHECK hs_status_t hs__ucx_mem_register(hs_tp_t *t, void *addr, size_t len);
 
 #ifdef __cplusplus

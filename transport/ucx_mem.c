@@ -18,15 +18,22 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The handle of a registration that holds [p, p+len) whole, or NULL (UCX
- * then registers the memory itself, on the data path: counted). */
-ucp_mem_h hs__ucx_region_memh(ucx_tp_t *tp, const void *p, uint64_t len)
+/* The handle of a registration that holds [p, p+len) whole, for a payload
+ * of connection c; NULL when there is none (UCX then registers the memory
+ * itself, on the data path where it needs to: counted), and NULL too when
+ * c's lanes carry no RDMA transport (the handle would only cost time). */
+ucp_mem_h hs__ucx_region_memh(ucx_tp_t *tp, ucx_conn_t *c, const void *p, uint64_t len)
 {
     if (!tp->use_memh) return NULL;
+    if (!c->lanes_known) hs__ucx_conn_refresh_describe(c);
     const uint8_t *b = p;
     for (size_t i = 0; i < tp->n_regions; i++) {
         const uint8_t *r = tp->regions[i].addr;
-        if (b >= r && b + len <= r + tp->regions[i].len) return tp->regions[i].memh;
+        if (b >= r && b + len <= r + tp->regions[i].len) {
+            if (c->lanes_known && !c->memh_lanes) return NULL;
+            tp->base.payloads_with_memh++;
+            return tp->regions[i].memh;
+        }
     }
     tp->base.payloads_unregistered++;
     return NULL;

@@ -415,6 +415,11 @@ START_TEST(ucx_payloads_in_registered_memory_are_not_registered_on_the_fly)
     ck_assert_mem_eq(region + 4096, src, len);
     ck_assert_uint_eq(S.tp->payloads_unregistered, 0);
     ck_assert_uint_eq(C.tp->payloads_unregistered, 0);
+    /* The handle travels only over RDMA lanes: over TCP or shared memory it
+     * buys no zero copy and costs UCX time on every message. */
+    uint64_t with = hs__ucx_describe_has_rdma(hs_tp_conn_describe(g_cc)) ? 1 : 0;
+    ck_assert_uint_eq(S.tp->payloads_with_memh, with);
+    ck_assert_uint_eq(C.tp->payloads_with_memh, with);
 
     S.dest = region + len + 4096; /* runs past the end of the registered 2 MiB */
     ck_assert_int_eq(hs_tp_send_payload(g_cc, frame, n, src, len, cb_sent, (void *)0), HS_OK);
