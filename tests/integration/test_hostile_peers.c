@@ -31,6 +31,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "common/jsonl_fixture.h"
 #include "hsflow.h"
 #include "hs_producer.h"
 #include "plan_int.h"
@@ -56,21 +57,9 @@ static hs_layout_t g_layout;
 static void fixture_setup(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    snprintf(g_dir, sizeof g_dir, "%s/hs-hostile.XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    ck_assert_ptr_nonnull(mkdtemp(g_dir));
+    hs_test_tmpdir(g_dir, sizeof g_dir, "hs-hostile");
     snprintf(g_data, sizeof g_data, "%s/data.jsonl", g_dir);
-    FILE *f = fopen(g_data, "w");
-    ck_assert_ptr_nonnull(f);
-    uint64_t rng = 12345;
-    for (uint32_t i = 0; i < N_SEQS; i++) {
-        uint32_t len = 5 + (uint32_t)(hs_splitmix64(&rng) % 180);
-        fputs("{\"input_ids\": [", f);
-        for (uint32_t t = 0; t < len; t++)
-            fprintf(f, t ? ",%u" : "%u", (unsigned)(hs_splitmix64(&rng) % 32000));
-        fputs("]}\n", f);
-    }
-    ck_assert_int_eq(fclose(f), 0);
+    hs_test_write_jsonl(g_data, N_SEQS, 180, 12345);
     ck_assert_int_eq(hs_dataset_open(g_data, &g_ds), HS_OK);
     hs_plan_config_t pc = {
         .token_budget = BUDGET, .max_seq_len = 0, .overflow = HS_OVERFLOW_TRUNCATE, .seed = 7};

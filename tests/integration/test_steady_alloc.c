@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/jsonl_fixture.h"
 #include "common/alloc_count.h"
 #include "hsflow.h"
 #include "hs_common.h"
@@ -35,22 +36,10 @@ static char g_dir[256], g_data[300], g_log[300];
 
 static void write_dataset(void)
 {
-    snprintf(g_dir, sizeof g_dir, "%s/hs-steady.XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    ck_assert_ptr_nonnull(mkdtemp(g_dir));
+    hs_test_tmpdir(g_dir, sizeof g_dir, "hs-steady");
     snprintf(g_data, sizeof g_data, "%s/data.jsonl", g_dir);
     snprintf(g_log, sizeof g_log, "%s/producer.log", g_dir);
-    FILE *f = fopen(g_data, "w");
-    ck_assert_ptr_nonnull(f);
-    uint64_t rng = 99;
-    for (uint32_t i = 0; i < N_SEQS; i++) {
-        uint32_t len = 5 + (uint32_t)(hs_splitmix64(&rng) % 180);
-        fputs("{\"input_ids\": [", f);
-        for (uint32_t t = 0; t < len; t++)
-            fprintf(f, t ? ",%u" : "%u", (unsigned)(hs_splitmix64(&rng) % 32000));
-        fputs("]}\n", f);
-    }
-    ck_assert_int_eq(fclose(f), 0);
+    hs_test_write_jsonl(g_data, N_SEQS, 180, 99);
 }
 
 static pid_t producer_spawn(uint16_t port)

@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* jsonl_fixture.h - the folder and token dataset the tests that run a
+ * producer against a consumer start from. Check assertions: for tests only. */
+#ifndef HS_TEST_JSONL_FIXTURE_H
+#define HS_TEST_JSONL_FIXTURE_H
+
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "hs_common.h" /* hs_splitmix64 */
+
+/* A new folder $TMPDIR/TAG.XXXXXX (TMPDIR defaults to /tmp) into dir. */
+static inline void hs_test_tmpdir(char *dir, size_t cap, const char *tag)
+{
+    snprintf(dir, cap, "%s/%s.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", tag);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+/* n JSONL sequences of 5 .. 5 + spread - 1 token ids below 32000, drawn
+ * from `seed`: the same file for the same arguments. */
+static inline void hs_test_write_jsonl(const char *path, uint32_t n, uint32_t spread,
+                                       uint64_t seed)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    uint64_t rng = seed;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t len = 5 + (uint32_t)(hs_splitmix64(&rng) % spread);
+        fputs("{\"input_ids\": [", f);
+        for (uint32_t t = 0; t < len; t++)
+            fprintf(f, t ? ",%u" : "%u", (unsigned)(hs_splitmix64(&rng) % 32000));
+        fputs("]}\n", f);
+    }
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+#endif /* HS_TEST_JSONL_FIXTURE_H */
