@@ -17,6 +17,7 @@
 
 #include "attention.h"
 #include "bf16.h"
+#include "cuda_test_util.h"
 #include "cublaslt.h"
 #include "embedding.h"
 #include "matmul.h"
@@ -25,92 +26,6 @@
 #include "rope.h"
 #include "sigmoid_gate.h"
 #include "swiglu.h"
-
-/* ---- helpers ------------------------------------------------------------ */
-
-static uint64_t g_rng = 0x1234;
-
-static float randn(void)
-{
-    double u1 = ((hs_splitmix64(&g_rng) >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (hs_splitmix64(&g_rng) >> 11) / 9007199254740992.0;
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
-
-/* n values ~ N(mean, scale^2), already rounded to bf16 (fp32 copy + bits). */
-static float *rand_bf16(size_t n, float mean, float scale, uint16_t **bits)
-{
-    float *f = malloc(n * sizeof(float));
-    uint16_t *b = malloc(n * sizeof(uint16_t));
-    ck_assert(f && b);
-    for (size_t i = 0; i < n; i++) {
-        b[i] = hs_f32_to_bf16(mean + scale * randn());
-        f[i] = hs_bf16_to_f32(b[i]);
-    }
-    *bits = b;
-    return f;
-}
-
-static void *dev_upload(const void *host, size_t bytes)
-{
-    void *d = NULL;
-    ck_assert_int_eq(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
-    if (bytes) ck_assert_int_eq(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-}
-
-/* Device bf16 buffer of n elements filled with NaN. */
-static void *dev_poisoned(size_t n)
-{
-    void *d = NULL;
-    ck_assert_int_eq(cudaMalloc(&d, n * 2), cudaSuccess);
-    ck_assert_int_eq(cudaMemset(d, 0xff, n * 2), cudaSuccess);
-    return d;
-}
-
-static float *dev_download_bf16(const void *d, size_t n)
-{
-    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
-    uint16_t *b = malloc(n * 2);
-    float *f = malloc(n * sizeof(float));
-    ck_assert_int_eq(cudaMemcpy(b, d, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (size_t i = 0; i < n; i++)
-        f[i] = hs_bf16_to_f32(b[i]);
-    free(b);
-    return f;
-}
-
-/* Compare rows x cols of gpu (row stride gs) with ref (row stride rs). */
-static int compare(const char *what, const float *gpu, size_t gs, const float *ref, size_t rs,
-                   size_t rows, size_t cols, float abs_tol, float rel_tol)
-{
-    size_t bad = 0, worst = 0;
-    float max_diff = 0.f;
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) {
-            float g = gpu[r * gs + c], e = ref[r * rs + c];
-            float d = fabsf(g - e);
-            if (!(d <= abs_tol + rel_tol * fabsf(e))) {
-                if (!bad) worst = r * cols + c;
-                bad++;
-            }
-            if (!(d <= max_diff)) {
-                max_diff = d;
-                if (bad) worst = r * cols + c;
-            }
-        }
-    if (bad) {
-        fprintf(
-            stderr,
-            "%s: %zu of %zu values out of bounds (abs %g + rel %g), max diff %g at [%zu, %zu]\n",
-            what, bad, rows * cols, abs_tol, rel_tol, max_diff, worst / cols, worst % cols);
-        for (size_t i = 0; i < 8 && i < cols; i++)
-            fprintf(stderr, "  [0, %zu] gpu %+.6f ref %+.6f\n", i, gpu[i], ref[i]);
-    } else {
-        printf("%s: max diff %g over %zu values\n", what, max_diff, rows * cols);
-    }
-    return bad == 0;
-}
 
 /* ---- tests --------------------------------------------------------------- */
 
@@ -129,7 +44,7 @@ START_TEST(embedding_gathers_the_rows_of_the_ids)
         float *ref = malloc((size_t)T * H * sizeof(float));
         hs_kn_embedding_ref(tb, vocab, H, ids, T, ref);
         void *dt = dev_upload(tb, (size_t)vocab * H * 2), *di = dev_upload(ids, sizeof ids);
-        void *dout = dev_poisoned((size_t)T * H);
+        void *dout = dev_poisoned_bf16((size_t)T * H);
         ck_assert_int_eq(hs_kn_embedding(dt, vocab, H, di, T, dout, H, NULL), HS_OK);
         float *got = dev_download_bf16(dout, (size_t)T * H);
         ck_assert(compare("embedding", got, H, ref, H, T, H, 0.f, 0.f));
@@ -156,7 +71,8 @@ START_TEST(rmsnorm_matches_its_twin_and_copies_the_input_row)
         float *ref = malloc((size_t)rows * dim * sizeof(float));
         hs_kn_rmsnorm_ref(xd, wb, ref, rows, dim, 1e-6f);
         void *dx = dev_upload(xb, (size_t)rows * xs * 2), *dw = dev_upload(wb, (size_t)dim * 2);
-        void *dy = dev_poisoned((size_t)rows * dim), *dc = dev_poisoned((size_t)rows * cs);
+        void *dy = dev_poisoned_bf16((size_t)rows * dim),
+             *dc = dev_poisoned_bf16((size_t)rows * cs);
         ck_assert_int_eq(hs_kn_rmsnorm(dx, xs, dw, dy, dim, rows, dim, 1e-6f, dc, cs, NULL), HS_OK);
         float *got = dev_download_bf16(dy, (size_t)rows * dim);
         float *cp = dev_download_bf16(dc, (size_t)rows * cs);
@@ -242,7 +158,8 @@ START_TEST(rmsnorm_zero_centred_scales_by_one_plus_w_over_rows_and_heads)
         float *ref = malloc((size_t)rows * dim * sizeof(float));
         hs_kn_rmsnorm_zc_ref(xd, wb, ref, rows, dim, 1e-6f);
         void *dx = dev_upload(xb, (size_t)rows * xs * 2), *dw = dev_upload(wb, (size_t)dim * 2);
-        void *dy = dev_poisoned((size_t)rows * dim), *dc = dev_poisoned((size_t)rows * cs);
+        void *dy = dev_poisoned_bf16((size_t)rows * dim),
+             *dc = dev_poisoned_bf16((size_t)rows * cs);
         ck_assert_int_eq(hs_kn_rmsnorm_zc(dx, xs, dw, dy, dim, rows, dim, 1e-6f, dc, cs, NULL),
                          HS_OK);
         float *got = dev_download_bf16(dy, (size_t)rows * dim);
@@ -352,7 +269,8 @@ START_TEST(swiglu_matches_its_twin_on_fused_gate_up_rows)
         }
         float *ref = malloc((size_t)T * I * sizeof(float));
         hs_kn_swiglu_ref(g, u, ref, (size_t)T * I);
-        void *dgu = dev_upload(gub, (size_t)T * 2 * I * 2), *dout = dev_poisoned((size_t)T * I);
+        void *dgu = dev_upload(gub, (size_t)T * 2 * I * 2),
+             *dout = dev_poisoned_bf16((size_t)T * I);
         ck_assert_int_eq(hs_kn_swiglu(dgu, 2 * I, dout, I, T, I, NULL), HS_OK);
         float *got = dev_download_bf16(dout, (size_t)T * I);
         ck_assert(compare("swiglu", got, I, ref, I, T, I, 1e-3f, 1.6e-2f));
@@ -376,7 +294,7 @@ START_TEST(residual_add_matches_its_twin)
         float *af = rand_bf16(n, 0.f, 1.f, &ab), *bf = rand_bf16(n, 0.f, 1.f, &bb);
         float *ref = malloc(n * sizeof(float));
         hs_kn_residual_add_ref(af, bf, ref, n);
-        void *da = dev_upload(ab, n * 2), *db = dev_upload(bb, n * 2), *dout = dev_poisoned(n);
+        void *da = dev_upload(ab, n * 2), *db = dev_upload(bb, n * 2), *dout = dev_poisoned_bf16(n);
         ck_assert_int_eq(hs_kn_residual_add(da, db, dout, n, NULL), HS_OK);
         float *got = dev_download_bf16(dout, n);
         ck_assert(compare("residual add", got, n, ref, n, 1, n, 1e-3f, 8e-3f));
@@ -399,7 +317,7 @@ START_TEST(linear_matches_matmul_twin_with_bias_and_accumulate)
     hs_lt_t *lt = NULL;
     ck_assert_int_eq(hs_lt_create(0, &lt), HS_OK);
     void *dx = dev_upload(xb, (size_t)M * K * 2), *dw = dev_upload(wb, (size_t)N * K * 2);
-    void *db = dev_upload(bb, N * 2), *dy = dev_poisoned((size_t)M * ldy);
+    void *db = dev_upload(bb, N * 2), *dy = dev_poisoned_bf16((size_t)M * ldy);
 
     /* y = x W^T + b */
     hs_kn_matmul_ref(xf, wb, bb, ref, M, K, N);
@@ -463,7 +381,7 @@ static void attention_case(const char *name, const int32_t *cu, int n_seqs, int 
     void *dtiles = NULL;
     ck_assert_int_eq(cudaMalloc(&dtiles, (n_seqs + 1) * sizeof(int32_t)), cudaSuccess);
     int ostride = Hq * D + 8;
-    void *dout = dev_poisoned((size_t)T * ostride);
+    void *dout = dev_poisoned_bf16((size_t)T * ostride);
     const uint16_t *dq = dx;
     ck_assert_int_eq(hs_kn_attention_schedule(dcu, n_seqs, dtiles, NULL), HS_OK);
     ck_assert_int_eq(hs_kn_attention(dq, stride, dq + Hq * D, dq + (Hq + Hkv) * D, stride, dout,
@@ -547,7 +465,7 @@ static const char *attention_plan_case(const char *name, const int *lens, int n_
             unsetenv("HS_ATTN_BACKEND");
         hs_kn_attn_plan_t *plan = NULL;
         ck_assert_int_eq(hs_kn_attn_plan_create(&desc, &plan), HS_OK);
-        void *dout = dev_poisoned((size_t)T * ostride);
+        void *dout = dev_poisoned_bf16((size_t)T * ostride);
         ck_assert_int_eq(hs_kn_attn_plan_prepare(plan, dcu, n_seqs, T, NULL), HS_OK);
         /* twice: a second run of the same batch must give the same result */
         for (int rep = 0; rep < 2; rep++)
