@@ -20,8 +20,7 @@ static inline void hs_test_tmpdir(char *dir, size_t cap, const char *tag)
 
 /* n JSONL sequences of 5 .. 5 + spread - 1 token ids below 32000, drawn
  * from `seed`: the same file for the same arguments. */
-static inline void hs_test_write_jsonl(const char *path, uint32_t n, uint32_t spread,
-                                       uint64_t seed)
+static inline void hs_test_write_jsonl(const char *path, uint32_t n, uint32_t spread, uint64_t seed)
 {
     FILE *f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);

@@ -84,8 +84,8 @@ static inline float *dev_download_f32(const void *d, size_t n)
 }
 
 /* Compare rows x cols of gpu (row stride gs) with ref (row stride rs). */
-static inline int compare(const char *what, const float *gpu, size_t gs, const float *ref, size_t rs,
-                   size_t rows, size_t cols, float abs_tol, float rel_tol)
+static inline int compare(const char *what, const float *gpu, size_t gs, const float *ref,
+                          size_t rs, size_t rows, size_t cols, float abs_tol, float rel_tol)
 {
     size_t bad = 0, worst = 0;
     float max_diff = 0.f;
