@@ -266,19 +266,40 @@ hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batc
 {
     hs_status_t st = hs_journal_check(j, plan_hash, n_batches, why, whycap);
     if (st != HS_OK) return st;
-    uint64_t *per_epoch = calloc(epochs, sizeof(uint64_t));
-    if (!per_epoch) return HS_ERR_NOMEM;
-    for (size_t i = 0; i < j->n_entries; i++) {
+    for (size_t i = 0; i < j->n_entries; i++)
         if (j->entries[i][0] >= epochs) {
             snprintf(why, whycap,
                      "journal %s has a batch of epoch %" PRIu64 ", this run has %u "
                      "epoch(s): give --epochs %" PRIu64 " or more",
                      j->path, j->entries[i][0], epochs, j->entries[i][0] + 1);
-            free(per_epoch);
             return HS_ERR_MISMATCH;
         }
-        per_epoch[j->entries[i][0]]++;
+    /* An epoch is finished when it holds every batch of it, each once: a
+     * line repeated would count for a batch that was never released. */
+    uint64_t *per_epoch = calloc(epochs, sizeof(uint64_t));
+    uint8_t *seen = calloc((uint64_t)epochs * n_batches / 8 + 1, 1);
+    if (!per_epoch || !seen) {
+        free(per_epoch);
+        free(seen);
+        return HS_ERR_NOMEM;
     }
+    for (size_t i = 0; i < j->n_entries; i++) {
+        uint64_t e = j->entries[i][0], bit = e * n_batches + j->entries[i][1];
+        if (seen[bit / 8] >> (bit % 8) & 1) {
+            snprintf(why, whycap,
+                     "journal %s records batch %" PRIu64 " of epoch %" PRIu64 " twice (entry %zu): "
+                     "a journal holds each released batch once, so this one was damaged or "
+                     "written by another process; move it away to start afresh, or resume from "
+                     "the trainer's checkpoint (--resume-state)",
+                     j->path, j->entries[i][1], e, i + 1);
+            free(per_epoch);
+            free(seen);
+            return HS_ERR_FORMAT;
+        }
+        seen[bit / 8] |= (uint8_t)(1u << (bit % 8));
+        per_epoch[e]++;
+    }
+    free(seen);
     uint32_t start = 0, want = j->world > 1 ? hs_shard_per_rank(n_batches, j->world,
                                                                 (hs_shard_uneven_t)j->uneven)
                                             : n_batches;
@@ -340,11 +361,20 @@ hs_status_t hs_journal_append(hs_journal_t *j, uint32_t epoch, uint32_t batch)
                  j->path, batch, epoch, j->epochs, j->n_batches);
         return HS_ERR_INVALID;
     }
+    uint64_t bit = (uint64_t)(epoch - j->start_epoch) * j->n_batches + batch;
+    if (epoch < j->start_epoch || (j->done[bit / 8] >> (bit % 8) & 1)) {
+        hs_error("journal %s: batch %u of epoch %u is recorded as released already; not recorded "
+                 "again",
+                 j->path, batch, epoch);
+        return HS_ERR_INVALID;
+    }
     if (fprintf(j->f, "%u %u\n", epoch, batch) < 0 || fflush(j->f) != 0) {
         hs_error("journal %s: write failed: %m (the run goes on; a restart may repeat batches)",
                  j->path);
         return HS_ERR_IO;
     }
+    j->done[bit / 8] |= (uint8_t)(1u << (bit % 8));
+    j->count++;
     double now = hs_now_s();
     if (now - j->t_sync >= 1.0) {
         j->t_sync = now;

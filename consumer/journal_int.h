@@ -41,7 +41,9 @@ HS_MUST_CHECK hs_status_t hs_journal_check(const hs_journal_t *j, uint64_t plan_
                                            uint32_t n_batches, char *why, size_t whycap);
 /* Ties the journal to the run (once its plan is complete and checked): a new journal gets its
  * header; an existing one must have been written for the same plan (HS_ERR_MISMATCH, with both plan
- * hashes in why) and its entries must fit `epochs`. */
+ * hashes in why), its entries must fit `epochs`, and it must hold each batch at most once
+ * (HS_ERR_FORMAT naming the repeated entry: an epoch counts as finished only when every batch
+ * of it was released). */
 HS_MUST_CHECK hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batches,
                                           uint32_t epochs, char *why, size_t whycap);
 /* After bind: the first epoch with a batch not yet released (== epochs when
@@ -60,8 +62,9 @@ void hs_journal_discard(hs_journal_t *j);
  * on appending to it; start epoch, count and bitmap follow `s`. */
 HS_MUST_CHECK hs_status_t hs_journal_rewrite(hs_journal_t *j, const hs_state_t *s);
 
-/* Records a released batch (after bind). HS_ERR_INVALID (logged) for an
- * epoch or batch outside the bound run, HS_ERR_IO (logged) when the write
+/* Records a released batch (after bind); count and bitmap follow.
+ * HS_ERR_INVALID (logged, nothing written) for an epoch or batch outside the
+ * bound run or one already recorded, HS_ERR_IO (logged) when the write
  * fails. */
 HS_MUST_CHECK hs_status_t hs_journal_append(hs_journal_t *j, uint32_t epoch, uint32_t batch);
 
