@@ -385,6 +385,7 @@ void hs_consumer_destroy(hs_consumer_t *c)
     hs__plan_discard(c);
     free(c->delivery.ready);
     free(c->delivery.released);
+    free(c->handed.v);
     pthread_mutex_destroy(&c->delivery.lock);
     pthread_cond_destroy(&c->delivery.cond);
     free(c->net.frame_buf);

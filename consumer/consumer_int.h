@@ -12,7 +12,8 @@
  *   verify             the checksum threads (verify.c; a lock of its own)
  *   delivery           shared by the network thread and the trainer, under
  *                      delivery.lock (delivery.c)
- *   gpu                GPU delivery, the trainer's thread (delivery.c)
+ *   gpu, handed        GPU delivery and the batches the trainer holds, the
+ *                      trainer's thread (delivery.c)
  *
  * The parts: peers.c (peer registry), handshake.c (handshake, auth and plan
  * exchange), tickets.c (tickets, payloads and verdicts), verify.c (verify
@@ -98,6 +99,7 @@ struct hs_consumer {
     hs__verify_pool_t *verify;
     hs__consumer_delivery_t delivery;
     hs__consumer_gpu_t gpu;
+    hs__consumer_handed_t handed; /* the trainer's thread */
 };
 
 /* Stops the consumer on a problem of its own configuration that no producer

@@ -134,6 +134,66 @@ static hs_status_t ready_pop(hs_consumer_t *c, hs_sched_item_t *it, int timeout_
     return st;
 }
 
+/* ---- batches the trainer holds ----------------------------------------------- */
+
+/* Records a batch handed to the trainer; HS_ERR_NOMEM (logged) when there is
+ * no room for it: the caller does not hand it out. */
+static hs_status_t handed_add(hs_consumer_t *c, const hs_sched_item_t *it)
+{
+    hs__consumer_handed_t *h = &c->handed;
+    if (h->n == h->cap) {
+        uint32_t ncap = h->cap ? h->cap * 2 : 16;
+        hs__handed_t *v = realloc(h->v, ncap * sizeof(*v));
+        if (!v) {
+            hs_error("out of memory recording the batches the trainer holds (%u)", h->n);
+            return HS_ERR_NOMEM;
+        }
+        h->v = v;
+        h->cap = ncap;
+    }
+    h->v[h->n++] = (hs__handed_t){it->ticket, it->slot_offset, it->epoch, it->batch};
+    return HS_OK;
+}
+
+/* Takes the record of the batch `b` names off the list into *out: it must
+ * be one handed out and not released, ticket, epoch, batch and (on the host)
+ * slot alike. HS_ERR_INVALID (logged) otherwise, the list unchanged. */
+static hs_status_t handed_take(hs_consumer_t *c, const hs_batch_t *b, hs__handed_t *out)
+{
+    hs__consumer_handed_t *h = &c->handed;
+    for (uint32_t i = 0; i < h->n; i++) {
+        const hs__handed_t *r = &h->v[i];
+        if (r->ticket != b->ticket) continue;
+        if (r->epoch != b->epoch || r->batch != b->batch ||
+            (!b->on_device && r->slot_offset != b->handle)) {
+            hs_error("release of batch %u of epoch %u with the identity of batch %u of epoch %u "
+                     "(ticket %llu): pass the hs_batch_t that hs_consumer_next() filled, "
+                     "unchanged",
+                     b->batch, b->epoch, r->batch, r->epoch, (unsigned long long)b->ticket);
+            return HS_ERR_INVALID;
+        }
+        *out = *r;
+        h->v[i] = h->v[--h->n];
+        return HS_OK;
+    }
+    hs_error("release of batch %u of epoch %u (ticket %llu), which the trainer does not hold: "
+             "it was released already or never handed out; nothing was freed or recorded",
+             b->batch, b->epoch, (unsigned long long)b->ticket);
+    return HS_ERR_INVALID;
+}
+
+/* Puts a batch taken by ready_pop() back at the front of the ring (it could
+ * not be handed out); the ring has room, as it just held it. */
+static void ready_unpop(hs_consumer_t *c, const hs_sched_item_t *it)
+{
+    pthread_mutex_lock(&c->delivery.lock);
+    c->delivery.ready_head =
+        (c->delivery.ready_head + c->delivery.ready_cap - 1) % c->delivery.ready_cap;
+    c->delivery.ready[c->delivery.ready_head] = *it;
+    c->delivery.ready_n++;
+    pthread_mutex_unlock(&c->delivery.lock);
+}
+
 static void batch_from_view(hs_consumer_t *c, const hs_sched_item_t *it, uint8_t *region,
                             hs_batch_t *out)
 {
@@ -222,6 +282,7 @@ static hs_status_t next_gpu(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
     void *dptr;
     st = hs__loader_hand_over(c->gpu.loader, buf, &dptr);
     if (st != HS_OK) return st;
+    if ((st = handed_add(c, &c->gpu.item[buf])) != HS_OK) return st;
     c->gpu.inflight = -1;
     c->gpu.cur = c->gpu.last = buf;
     batch_from_view(c, &c->gpu.item[buf], dptr, out);
@@ -253,6 +314,10 @@ hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout
     hs_sched_item_t it;
     hs_status_t st = ready_pop(c, &it, timeout_ms);
     if (st != HS_OK) return st;
+    if ((st = handed_add(c, &it)) != HS_OK) {
+        ready_unpop(c, &it);
+        return st;
+    }
     pthread_mutex_lock(&c->delivery.lock);
     c->delivery.batches_delivered++;
     c->delivery.tokens_delivered += it.n_tokens;
@@ -266,36 +331,35 @@ hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout
 /* The journal's line for a released batch. One that could not be recorded
  * (logged) does not hold the batch back: it was trained, and the caller
  * learns that a restart may repeat it. */
-static hs_status_t record_release(hs_consumer_t *c, const hs_batch_t *batch)
+static hs_status_t record_release(hs_consumer_t *c, const hs__handed_t *h)
 {
-    return c->journal ? hs_journal_append(c->journal, batch->epoch, batch->batch) : HS_OK;
+    return c->journal ? hs_journal_append(c->journal, h->epoch, h->batch) : HS_OK;
 }
 
 hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
 {
-    if (!c->gpu.loader &&
-        !hs_cache_contains(c->cache, (uint8_t *)hs_cache_base(c->cache) + batch->handle,
-                           batch->bytes)) {
-        hs_error("release of a batch this consumer did not hand out, or released twice (slot "
-                 "%llu)",
-                 (unsigned long long)batch->handle);
+    if (!c || !batch) {
+        hs_error("hs_consumer_release: needs a consumer and a batch");
         return HS_ERR_INVALID;
     }
+    /* Only a batch the trainer holds now: its ticket names it for good, so a
+     * stale hs_batch_t (released before, its slot granted to another batch
+     * since) frees and records nothing. */
+    hs__handed_t h;
+    if (handed_take(c, batch, &h) != HS_OK) return HS_ERR_INVALID;
     if (c->gpu.loader) {
         /* The trainer is done with it: record that first. The host slot went
          * back when its copy finished; this only ends the trainer's use of
-         * the device buffer. */
-        hs_status_t recorded = record_release(c, batch);
-        if (!batch->on_device || (int)batch->handle != c->gpu.cur) return recorded;
+         * the device buffer, if it is still the one handed out. */
+        hs_status_t recorded = record_release(c, &h);
+        if (c->gpu.cur < 0 || c->gpu.item[c->gpu.cur].ticket != h.ticket) return recorded;
+        int buf = c->gpu.cur;
         c->gpu.cur = -1;
-        hs_status_t st = hs__loader_consumed(c->gpu.loader, (int)batch->handle);
+        hs_status_t st = hs__loader_consumed(c->gpu.loader, buf);
         return st != HS_OK ? st : recorded;
     }
-    hs_status_t recorded = record_release(c, batch);
-    /* A second release is caught here only while its slot is not in use
-     * again (no slot starts there, logged); once the slot is granted anew it
-     * would free that batch's: every batch must be released exactly once. */
-    if (slot_done(c, batch->handle, batch->ticket) != HS_OK) return HS_ERR_INVALID;
+    hs_status_t recorded = record_release(c, &h);
+    if (slot_done(c, h.slot_offset, h.ticket) != HS_OK) return HS_ERR_INVALID; /* cannot happen */
     pthread_mutex_lock(&c->delivery.lock);
     c->delivery.in_trainer--;
     pthread_mutex_unlock(&c->delivery.lock);

@@ -47,6 +47,21 @@ typedef struct {
     double t_producer_seen;
 } hs__consumer_delivery_t;
 
+/* The batches handed to the trainer and not yet released, by ticket (the
+ * trainer's thread only). A release must name one of them: tickets are
+ * never reused, so a second release of a batch, or of a batch whose slot
+ * now holds another, finds nothing and frees nothing. Room grows only when
+ * the trainer holds more batches at once than ever before. */
+typedef struct {
+    uint64_t ticket, slot_offset;
+    uint32_t epoch, batch;
+} hs__handed_t;
+
+typedef struct {
+    hs__handed_t *v;
+    uint32_t n, cap;
+} hs__consumer_handed_t;
+
 /* What the copy-done callback frees: the slot and ticket of one copy. */
 typedef struct {
     hs_consumer_t *c;

@@ -240,9 +240,12 @@ uint16_t hs_consumer_metrics_port(const hs_consumer_t *c);
  * copy to the device failed (logged). */
 HS_MUST_CHECK hs_status_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms);
 /* Gives the batch's cache slot back; new tickets can then be issued.
- * Returns 0, HS_ERR_INVALID (-1, logged) for a batch this consumer did not
- * hand out or one released twice (caught only while its slot is not in use
- * again: release every batch exactly once), with a GPU HS_ERR_CUDA (-15, logged), and
+ * Returns 0, HS_ERR_INVALID (-1, logged; nothing freed, nothing journaled)
+ * for a batch the trainer does not hold now: one this consumer did not hand
+ * out, one released before (even once its slot or device buffer holds
+ * another batch: a delivery is named by its ticket, never reused), or an
+ * hs_batch_t whose epoch, batch or slot were changed; with a GPU
+ * HS_ERR_CUDA (-15, logged), and
  * with a journal HS_ERR_IO (-3, logged) when the journal could not record
  * the release: the batch is released all the same, and a restart from that
  * journal may deliver it again. */
