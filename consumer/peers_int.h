@@ -47,8 +47,10 @@ typedef struct peer {
     char name[300];
     uint32_t workers, prefetch;
     run_offer_t offer;
-    uint32_t receiving; /* payloads accepted and still landing */
-    uint32_t verifying; /* payloads with the checksum threads */
+    uint32_t receiving;       /* payloads accepted and still landing */
+    uint64_t receiving_bytes; /* ... their bytes */
+    uint64_t rx_seen;         /* payload bytes in, at the last lease check */
+    uint32_t verifying;       /* payloads with the checksum threads */
     uint8_t client_nonce[HS_AUTH_NONCE_BYTES];
     uint8_t server_nonce[HS_AUTH_NONCE_BYTES];
     uint8_t *hello_body; /* kept for the AUTH check */
@@ -56,7 +58,8 @@ typedef struct peer {
     double stall_pct, tokens_per_s;
     double t_done_frame; /* when the last DONE arrived (trace timing) */
     double t_accept;     /* when the connection arrived */
-    double t_progress;   /* last sign of progress while it holds tickets (lease clock) */
+    double t_progress;   /* last real progress while it holds tickets (lease clock) */
+    double t_beat;       /* last heartbeat from a computing worker */
     bool has_stats;
     bool bye_sent; /* told the run is over; its frames are ignored */
     bool dropped;  /* hs__peer_drop() ran: told, logged and counted once */

@@ -18,6 +18,7 @@ typedef struct {
     uint32_t link; /* next in the ready list, or in the free list */
     uint8_t state; /* hs_sched_state_t */
     bool live;
+    bool payload; /* LEASED: its payload was accepted */
 } sched_rec_t;
 
 typedef struct {
@@ -167,6 +168,7 @@ static void sched_item_from_rec(const hs_sched_t *s, const sched_rec_t *r, hs_sc
     it->ticket = r->ticket;
     it->conn = r->state == HS_SCHED_LEASED ? r->conn : 0;
     it->state = (hs_sched_state_t)r->state;
+    it->payload = r->state == HS_SCHED_LEASED && r->payload;
 }
 
 /* Room for `live` records and as many tickets, at create (the tables are
@@ -411,6 +413,7 @@ hs_status_t hs_sched_lease(hs_sched_t *s, uint64_t conn, uint64_t slot_offset, u
     r->ticket = s->next_ticket++;
     r->conn = conn;
     r->state = HS_SCHED_LEASED;
+    r->payload = false;
     hs__ticket_table_put(&s->tickets, r->ticket, idx);
     if (!c) {
         c = &s->conns[s->n_conns++];
@@ -442,6 +445,15 @@ hs_status_t hs_sched_lookup(const hs_sched_t *s, uint64_t conn, uint64_t ticket,
     return HS_OK;
 }
 
+hs_status_t hs_sched_payload_accept(hs_sched_t *s, uint64_t conn, uint64_t ticket)
+{
+    uint32_t idx = sched_leased_rec(s, conn, ticket);
+    if (idx == NIL) return HS_ERR_NOT_FOUND;
+    if (s->recs[idx].payload) return HS_ERR_BUSY;
+    s->recs[idx].payload = true;
+    return HS_OK;
+}
+
 hs_status_t hs_sched_get(const hs_sched_t *s, uint64_t ticket, hs_sched_item_t *out)
 {
     uint32_t idx = hs__ticket_table_find(&s->tickets, ticket);
@@ -460,6 +472,7 @@ static void sched_unlease(hs_sched_t *s, uint32_t idx)
     r->ticket = 0;
     r->conn = 0;
     r->state = HS_SCHED_PENDING;
+    r->payload = false;
     s->leased--;
     /* descending by seq: find the first entry with a smaller seq */
     uint32_t at = 0;

@@ -97,6 +97,7 @@ typedef struct {
     uint64_t ticket;      /* 0 when not leased yet */
     uint64_t conn;        /* holder of the lease (LEASED only) */
     hs_sched_state_t state;
+    bool payload; /* LEASED: its payload was accepted (landing or landed) */
 } hs_sched_item_t;
 
 typedef struct {
@@ -137,6 +138,12 @@ HS_MUST_CHECK hs_status_t hs_sched_lease(hs_sched_t *s, uint64_t conn, uint64_t 
  * otherwise (unknown, stale, already filled, or held by another conn). */
 HS_MUST_CHECK hs_status_t hs_sched_lookup(const hs_sched_t *s, uint64_t conn, uint64_t ticket,
                                           hs_sched_item_t *out);
+/* `conn` is about to receive the payload of its lease `ticket` into the
+ * slot: once per lease, so that nothing more is written into a slot whose
+ * payload came (a second DONE would overwrite a batch after its check).
+ * HS_ERR_NOT_FOUND if `conn` does not hold the lease, HS_ERR_BUSY if its
+ * payload was accepted already. */
+HS_MUST_CHECK hs_status_t hs_sched_payload_accept(hs_sched_t *s, uint64_t conn, uint64_t ticket);
 /* The item of a live ticket in any state (no holder check). */
 HS_MUST_CHECK hs_status_t hs_sched_get(const hs_sched_t *s, uint64_t ticket, hs_sched_item_t *out);
 /* The payload of `ticket` arrived and was verified: the item is ready.

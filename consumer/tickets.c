@@ -30,10 +30,17 @@ void hs__on_done(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len,
                       "payload of %llu bytes for ticket %llu, which granted exactly %llu",
                       (unsigned long long)payload_bytes, (unsigned long long)d->ticket_id,
                       (unsigned long long)it.bytes);
+    } else if (hs_sched_payload_accept(c->net.sched, p->id, d->ticket_id) != HS_OK) {
+        /* Its payload is landing or being checked: a second one would be
+         * written into the slot after the check, under the trainer. */
+        hs__peer_drop(c, p, HS_ERR_PROTO,
+                      "a second DONE for ticket %llu (batch %u/%u), whose payload already came",
+                      (unsigned long long)d->ticket_id, it.epoch, it.batch);
     } else {
         uint8_t *dest = (uint8_t *)hs_cache_base(c->cache) + it.slot_offset;
         if (hs_tp_recv_payload(p->conn, dest, it.bytes, d->ticket_id) == HS_OK) {
             p->receiving++;
+            p->receiving_bytes += it.bytes;
             p->t_done_frame = p->t_progress = hs_now_s();
         }
     }
@@ -48,7 +55,7 @@ void hs__on_stats(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len
     p->stall_pct = s->stall_pct;
     p->tokens_per_s = s->tokens_per_s;
     p->has_stats = true;
-    if (s->progressing) p->t_progress = hs_now_s(); /* heartbeat: renews its leases */
+    if (s->progressing) p->t_beat = hs_now_s(); /* heartbeat: see hs__leases_expire */
     hs_msg_free_in(&c->net.msg_arena, m);
 }
 
@@ -88,7 +95,7 @@ void hs__tickets_issue(hs_consumer_t *c)
             }
             uint64_t tid;
             if (hs_sched_lease(c->net.sched, p->id, offset, &tid) != HS_OK) return;
-            if (!leases) p->t_progress = now; /* its lease clock starts */
+            if (!leases) p->t_progress = p->t_beat = now; /* its lease clock starts */
             Hsflow__Ticket t = HSFLOW__TICKET__INIT;
             t.ticket_id = tid;
             t.epoch = it.epoch;
@@ -203,13 +210,16 @@ void hs__payload_landed(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_statu
     peer_t *p = hs_tp_conn_get_user(conn);
     if (!p) return;
     p->receiving--;
+    hs_sched_item_t it;
+    bool held = hs_sched_lookup(c->net.sched, p->id, cookie, &it) == HS_OK;
+    if (held) p->receiving_bytes -= it.bytes;
+    if (!p->receiving) p->receiving_bytes = 0;
     if (status != HS_OK) {
         hs__peer_reap(c, p);
         return;
     }
     p->t_progress = hs_now_s();
-    hs_sched_item_t it;
-    if (hs_sched_lookup(c->net.sched, p->id, cookie, &it) != HS_OK) return; /* cannot happen */
+    if (!held) return; /* cannot happen */
     hs_trace("ticket %llu: %.1f MiB landed in %.1f ms", (unsigned long long)cookie,
              (double)it.bytes / (1 << 20), 1e3 * (hs_now_s() - p->t_done_frame));
     hs__verify_job_t j = {
@@ -221,24 +231,60 @@ void hs__payload_landed(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_statu
     p->verifying++;
 }
 
-/* A producer that holds tickets and shows no progress for --lease-timeout
- * (no DONE, no landed payload, no heartbeat from a computing worker) is
- * stopped or hung; the transport cannot tell, the kernel still ACKs. It is
- * dropped: its tickets go back to the front of the queue once its payloads
- * settle (hs__peer_reap), and a late payload finds its connection closed. */
+/* A lease is kept by real progress: a DONE, payload bytes arriving, a
+ * payload landing. Two clocks per producer holding tickets:
+ *
+ *   silent   nothing at all, not even a heartbeat from a computing worker,
+ *            for --lease-timeout: stopped or hung (the transport cannot
+ *            tell, the kernel still ACKs);
+ *   beating  heartbeats but no real progress for --lease-timeout plus the
+ *            time the largest batch may take at the slowest rate expected
+ *            (HS_LEASE_S_PER_TOKEN): a self-report alone cannot hold
+ *            tickets forever.
+ *
+ * A payload arriving counts byte by byte where the transport sees its bytes
+ * (TCP); where it does not (UCX), the bound grows by the time the bytes in
+ * flight take at HS_LEASE_MIN_BYTES_PER_S, so a slow link is not taken for a
+ * stopped producer. A dropped producer's tickets go back to the front of the
+ * queue once its payloads settle (hs__peer_reap); a late payload finds its
+ * connection closed. */
+#define HS_LEASE_S_PER_TOKEN 2e-3          /* 500 tokens/s: below any forward we run */
+#define HS_LEASE_MIN_BYTES_PER_S (1 << 20) /* 1 MiB/s */
+
 void hs__leases_expire(hs_consumer_t *c, double now)
 {
     double limit = c->cfg.lease_timeout_s;
     if (!c->net.sched || limit <= 0) return;
+    double compute = (double)c->run.token_budget * HS_LEASE_S_PER_TOKEN;
     for (peer_t *p = c->net.peers; p; p = p->next) {
         if (p->state != PEER_READY || !p->conn || p->dropped) continue;
         uint32_t n = hs_sched_leases_of(c->net.sched, p->id);
-        if (n && now - p->t_progress > limit)
+        if (!n) continue;
+        double transfer = 0;
+        uint64_t rx;
+        if (p->receiving) {
+            if (hs_tp_conn_payload_bytes_in(p->conn, &rx)) {
+                if (rx != p->rx_seen) p->t_progress = now; /* bytes are arriving */
+            } else {
+                transfer = (double)p->receiving_bytes / HS_LEASE_MIN_BYTES_PER_S;
+            }
+        }
+        if (hs_tp_conn_payload_bytes_in(p->conn, &rx)) p->rx_seen = rx;
+        double last = p->t_beat > p->t_progress ? p->t_beat : p->t_progress;
+        if (now - last > limit + transfer)
             hs__peer_drop(c, p, HS_ERR_TIMEOUT,
-                          "no progress for %.1f s (no DONE, no heartbeat from a computing worker) "
-                          "while holding %u ticket(s); they go back to the queue. A stopped "
-                          "producer rejoins with --reconnect; a slow one needs a larger "
-                          "--lease-timeout",
-                          now - p->t_progress, n);
+                          "no progress for %.1f s (no DONE, no payload bytes, no heartbeat from a "
+                          "computing worker) while holding %u ticket(s); they go back to the "
+                          "queue. A stopped producer rejoins with --reconnect; a slow one needs a "
+                          "larger --lease-timeout",
+                          now - last, n);
+        else if (now - p->t_progress > limit + compute + transfer)
+            hs__peer_drop(c, p, HS_ERR_TIMEOUT,
+                          "no progress for %.1f s: heartbeats but no finished batch while holding "
+                          "%u ticket(s), longer than --lease-timeout %g s plus %.1f s for a "
+                          "%u-token batch at %.0f tokens/s; they go back to the queue. A producer "
+                          "this slow needs a larger --lease-timeout",
+                          now - p->t_progress, n, limit, compute, c->run.token_budget,
+                          1.0 / HS_LEASE_S_PER_TOKEN);
     }
 }

@@ -170,6 +170,11 @@ const char *hs_tp_conn_describe(const hs_tp_conn_t *conn);
  * transport buffer a maximal frame. A frame over the limit closes the
  * connection with HS_ERR_FORMAT, as an oversized one always did. */
 HS_MUST_CHECK hs_status_t hs_tp_conn_set_max_frame(hs_tp_conn_t *conn, uint32_t max_body);
+/* Payload bytes received on this connection so far, counted as they arrive
+ * (a payload still landing included), into *bytes; false when the
+ * transport sees a payload only once it has landed whole (UCX). For lease
+ * clocks: bytes arriving are progress. */
+bool hs_tp_conn_payload_bytes_in(const hs_tp_conn_t *conn, uint64_t *bytes);
 /* Opaque per-connection pointer for the owner of the callbacks. */
 void hs_tp_conn_set_user(hs_tp_conn_t *conn, void *user);
 void *hs_tp_conn_get_user(const hs_tp_conn_t *conn);

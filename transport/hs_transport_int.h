@@ -75,6 +75,10 @@ struct hs_tp_conn {
      * the backend sets it to cfg.max_frame_body when it creates the
      * connection and checks every incoming frame header against it. */
     uint32_t max_frame_body;
+    /* Payload bytes received so far, when the backend sees them arrive
+     * (payload_bytes_counted; hs_tp_conn_payload_bytes_in). */
+    uint64_t payload_bytes_in;
+    bool payload_bytes_counted;
 };
 
 /* Runs on_frame() for a checked frame. When payload_bytes > 0 it returns

@@ -135,6 +135,7 @@ tcp_conn_t *hs__tcp_conn_new(tcp_tp_t *tp, int fd, const struct sockaddr *sa, so
     c->tp = tp;
     c->fd = fd;
     c->base.max_frame_body = tp->base.cfg.max_frame_body;
+    c->base.payload_bytes_counted = true; /* counted in hs__tcp_conn_read */
     c->rx_cap = TCP_RX_INITIAL;
     size_t bound = (size_t)TCP_HEAD * 2 + tp->base.cfg.max_frame_body;
     if (c->rx_cap > bound) c->rx_cap = bound;
@@ -448,6 +449,7 @@ void hs__tcp_conn_read(tcp_conn_t *c)
                 return;
             }
             c->pl_done += (uint64_t)r;
+            c->base.payload_bytes_in += (uint64_t)r;
             if (c->pl_done == c->pl_len) {
                 c->pl_active = false;
                 c->rx_state = RX_HEAD;

@@ -296,6 +296,13 @@ bool hs_tp_conn_is_loopback(const hs_tp_conn_t *conn)
     return conn && hs__tp_addr_is_loopback((const struct sockaddr *)&conn->peer_addr);
 }
 
+bool hs_tp_conn_payload_bytes_in(const hs_tp_conn_t *conn, uint64_t *bytes)
+{
+    if (!conn->payload_bytes_counted) return false;
+    *bytes = conn->payload_bytes_in;
+    return true;
+}
+
 const char *hs_tp_conn_describe(const hs_tp_conn_t *conn)
 {
     if (!conn) return "?";
