@@ -19,47 +19,8 @@
 mode=${1:?usage: netns.sh tcp|ucx|ucx-default}
 case $mode in tcp | ucx | ucx-default) ;; *) fail "unknown mode $mode" ;; esac
 
-skip() {
-    echo "SKIP [$TEST_NAME]: $*" >&2
-    rm -rf "$SCRATCH"
-    trap - EXIT
-    exit 77
-}
-command -v ip >/dev/null || skip "the ip command (iproute2) is missing"
-
-# Unique names: tests of this file may run at the same time.
-id=$$
-ns_c=hs-c-$id ns_p=hs-p-$id veth_c=hsc$id veth_p=hsp$id
-net=10.77.$((id % 250 + 1))
-netns_cleanup() {
-    ip netns pids "$ns_c" 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip netns pids "$ns_p" 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip link del "$veth_c" 2>/dev/null # deleting one end removes both
-    ip netns del "$ns_c" 2>/dev/null
-    ip netns del "$ns_p" 2>/dev/null
-    true
-}
-# lib.sh's cleanup (kill processes, keep the scratch folder on failure) runs
-# after the namespaces are gone, with the script's exit status.
-trap 'rc=$?; netns_cleanup; (exit $rc); cleanup' EXIT
-
-ip netns add "$ns_c" 2>"$SCRATCH/ns.err" ||
-    skip "the kernel refuses network namespaces here: $(cat "$SCRATCH/ns.err")"
-ip netns add "$ns_p" 2>"$SCRATCH/ns.err" ||
-    skip "the kernel refuses a second network namespace: $(cat "$SCRATCH/ns.err")"
-ip link add "$veth_c" type veth peer name "$veth_p" 2>"$SCRATCH/ns.err" ||
-    skip "cannot create a veth pair: $(cat "$SCRATCH/ns.err")"
-# From here on a failure is a real failure: namespaces work.
-ip link set "$veth_c" netns "$ns_c" || fail "cannot move $veth_c into $ns_c"
-ip link set "$veth_p" netns "$ns_p" || fail "cannot move $veth_p into $ns_p"
-ip -n "$ns_c" link set "$veth_c" name hs0 || fail "cannot rename $veth_c"
-ip -n "$ns_p" link set "$veth_p" name hs0 || fail "cannot rename $veth_p"
-ip -n "$ns_c" addr add "$net.1/24" dev hs0 || fail "cannot address hs0 in $ns_c"
-ip -n "$ns_p" addr add "$net.2/24" dev hs0 || fail "cannot address hs0 in $ns_p"
-for ns in "$ns_c" "$ns_p"; do
-    ip -n "$ns" link set lo up || fail "cannot bring lo up in $ns"
-    ip -n "$ns" link set hs0 up || fail "cannot bring hs0 up in $ns"
-done
+. "$(dirname "$0")/netns_lib.sh"
+netns_setup
 
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 160 --min-len 16 --max-len 2000 --seed 11
