@@ -693,8 +693,9 @@ err_free:
 #define HST_HINT "re-create it with `hs-data import IN.jsonl OUT.hst`"
 
 /* Checks an .hst image p[size] field by field; when it is sound, *out is a
- * dataset whose arrays point into the image (the caller gives the dataset
- * the image to keep). */
+ * dataset whose ids and mask point into the image (the caller gives the
+ * dataset the image to keep) and whose offsets are its own copy, the one
+ * that was checked. */
 static hs_status_t hst_parse(const char *path, const uint8_t *p, uint64_t size, hs_dataset_t **out)
 {
     if (size < HST_HEADER_BYTES) {
@@ -736,14 +737,22 @@ static hs_status_t hst_parse(const char *path, const uint8_t *p, uint64_t size, 
                                                   : "that needs more bytes than the file has");
         return HS_ERR_FORMAT;
     }
-    const uint64_t *offsets = (const uint64_t *)(p + HST_HEADER_BYTES);
-    const int32_t *ids = (const int32_t *)(offsets + n + 1);
+    /* The index is copied out of the image before it is checked: the file
+     * behind a mapping can be rewritten in place while it is used, and every
+     * read of ids and mask is placed by these offsets, so they must be the
+     * ones validated here (8 bytes per sequence of private memory). */
+    const int32_t *ids = (const int32_t *)(p + HST_HEADER_BYTES + (n + 1) * 8);
     const uint8_t *mask = (const uint8_t *)(ids + total);
+    if (n + 1 > SIZE_MAX / sizeof(uint64_t)) return HS_ERR_NOMEM;
+    uint64_t *offsets = malloc((size_t)(n + 1) * sizeof(uint64_t));
+    if (!offsets) return HS_ERR_NOMEM;
+    memcpy(offsets, p + HST_HEADER_BYTES, (size_t)(n + 1) * sizeof(uint64_t));
+    hs_status_t st = HS_ERR_FORMAT;
     if (offsets[0] != 0 || offsets[n] != total) {
         hs_error("%s: corrupt .hst offsets (first %" PRIu64 ", last %" PRIu64
                  ", expected 0 and %" PRIu64 "); " HST_HINT,
                  path, offsets[0], offsets[n], total);
-        return HS_ERR_FORMAT;
+        goto err_free;
     }
     for (uint64_t i = 0; i < n; i++) {
         if (offsets[i + 1] <= offsets[i] || offsets[i + 1] > total ||
@@ -752,7 +761,7 @@ static hs_status_t hst_parse(const char *path, const uint8_t *p, uint64_t size, 
                      ") of %" PRIu64 " tokens (offsets must increase, each sequence 1..2^32-1 "
                      "tokens); " HST_HINT,
                      path, i, offsets[i], offsets[i + 1], total);
-            return HS_ERR_FORMAT;
+            goto err_free;
         }
     }
     uint64_t fp_now = body_fingerprint(offsets, n, ids, mask, total);
@@ -760,7 +769,8 @@ static hs_status_t hst_parse(const char *path, const uint8_t *p, uint64_t size, 
         hs_error("%s: .hst content checksum mismatch (XXH3 0x%016" PRIx64
                  ", header says 0x%016" PRIx64 "): the file is corrupt; " HST_HINT,
                  path, fp_now, fp);
-        return HS_ERR_CHECKSUM;
+        st = HS_ERR_CHECKSUM;
+        goto err_free;
     }
     /* values: a file with a valid checksum but written by a faulty tool */
     for (uint64_t t = 0; t < total; t++) {
@@ -768,20 +778,27 @@ static hs_status_t hst_parse(const char *path, const uint8_t *p, uint64_t size, 
             hs_error("%s: token %" PRIu64 " has input_id %d / loss_mask %u (ids must be >= 0, "
                      "mask 0 or 1); " HST_HINT,
                      path, t, ids[t], mask[t]);
-            return HS_ERR_FORMAT;
+            goto err_free;
         }
     }
 
     hs_dataset_t *ds = dataset_alloc(HS_DATASET_HST);
-    if (!ds) return HS_ERR_NOMEM;
+    if (!ds) {
+        st = HS_ERR_NOMEM;
+        goto err_free;
+    }
     ds->n = n;
     ds->total = total;
-    ds->offsets = offsets;
+    ds->offsets = ds->own_offsets = offsets;
     ds->ids = ids;
     ds->mask = mask;
     ds->fingerprint = fp;
     *out = ds;
     return HS_OK;
+
+err_free:
+    free(offsets);
+    return st;
 }
 
 static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out)
@@ -942,7 +959,9 @@ hs_status_t hs_dataset_check(const hs_dataset_t *ds)
     bool changed =
         ds->fd >= 0 && fstat(ds->fd, &now) == 0 &&
         (now.st_size != ds->opened.st_size || now.st_mtim.tv_sec != ds->opened.st_mtim.tv_sec ||
-         now.st_mtim.tv_nsec != ds->opened.st_mtim.tv_nsec);
+         now.st_mtim.tv_nsec != ds->opened.st_mtim.tv_nsec ||
+         now.st_ctim.tv_sec != ds->opened.st_ctim.tv_sec ||
+         now.st_ctim.tv_nsec != ds->opened.st_ctim.tv_nsec);
     if (!shrunk && !changed) return HS_OK;
     if (!atomic_exchange(&((hs_dataset_t *)ds)->reported, true)) {
         long long size_now = changed ? (long long)now.st_size : -1;

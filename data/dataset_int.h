@@ -6,8 +6,10 @@
  * their first bytes, not by their name:
  *   - JSONL: one object per line, {"input_ids": [...], "loss_mask": [...]}
  *     (loss_mask optional, all ones by default; blank lines skipped);
- *   - .hst: hsflow's binary token file (docs/hst-format.md), mapped read-only
- *     (guarded against the file shrinking under the mapping: hs_dataset_check).
+ *   - .hst: hsflow's binary token file (docs/hst-format.md), mapped read-only;
+ *     its offsets are copied and checked at open, so every read stays inside
+ *     the mapping whatever happens to the file later (guarded against the
+ *     file changing or shrinking under the mapping: hs_dataset_check).
  *
  * Ownership: hs_dataset_open() returns a dataset the caller releases with
  * hs_dataset_close(). Pointers returned by hs_dataset_ids()/hs_dataset_mask()
@@ -47,10 +49,12 @@ const int32_t *hs_dataset_ids(const hs_dataset_t *ds, uint64_t i);
 const uint8_t *hs_dataset_mask(const hs_dataset_t *ds, uint64_t i);
 
 /* HS_OK while the dataset's file still holds what was validated at open.
- * A .hst file is read in place through its mapping; if it is truncated or
- * rewritten in place meanwhile, reads of the lost pages see zeros instead of
- * killing the process with SIGBUS, and from then on this returns HS_ERR_IO
- * (logged once, naming the file). Call it after reading a batch's tokens and
+ * A .hst file's tokens are read in place through its mapping, placed by the
+ * offsets checked at open; if it is truncated or rewritten in place
+ * meanwhile (its size, modification or change time differ), reads stay in
+ * the mapping, reads of lost pages see zeros instead of killing the process
+ * with SIGBUS, and from then on this returns HS_ERR_IO (logged once, naming
+ * the file). Call it after reading a batch's tokens and
  * before trusting them. JSONL and in-memory datasets always pass. Costs one
  * fstat. */
 HS_MUST_CHECK hs_status_t hs_dataset_check(const hs_dataset_t *ds);

@@ -975,6 +975,65 @@ START_TEST(import_reports_progress_until_the_whole_file_is_read)
 }
 END_TEST
 
+/* A .hst file rewritten in place under an open dataset: its offsets
+ * overwritten with values far past the file (_i = 0), or a larger .hst
+ * copied over it (_i = 1). Filling batches must neither crash nor read
+ * outside the file: every fill after the change fails with HS_ERR_IO and the
+ * log names the file. */
+START_TEST(hst_rewritten_in_place_fails_the_fill_naming_the_file_without_a_crash)
+{
+    hs_dataset_t *src = random_dataset(21, 400, 1, 900);
+    const char *hp = path_in_dir("live.hst");
+    ck_assert_int_eq(hs_dataset_write_hst(src, hp), HS_OK);
+    hs_dataset_t *ds = NULL;
+    ck_assert_int_eq(hs_dataset_open(hp, &ds), HS_OK);
+    hs_plan_config_t cfg = {.token_budget = 3001, .max_seq_len = 700, .seed = 3};
+    hs_plan_t *p = NULL;
+    ck_assert_int_eq(hs_plan_build(ds, &cfg, &p), HS_OK);
+    usleep(50 * 1000); /* past the file system's timestamp granularity */
+
+    int fd = open(hp, _i == 0 ? O_WRONLY : O_WRONLY | O_TRUNC);
+    ck_assert_int_ge(fd, 0);
+    if (_i == 0) {
+        uint64_t far[400];
+        for (uint64_t k = 0; k < 400; k++)
+            far[k] = ((uint64_t)1 << 44) + k * 4096;
+        ck_assert_int_eq(pwrite(fd, far, sizeof(far), 64 + 8), (ssize_t)sizeof(far));
+    } else {
+        hs_dataset_t *big = random_dataset(22, 400, 4000, 8000);
+        const char *bp = path_in_dir("big.hst");
+        ck_assert_int_eq(hs_dataset_write_hst(big, bp), HS_OK);
+        uint8_t *img;
+        size_t len = read_file(bp, &img);
+        ck_assert_int_eq(write(fd, img, len), (ssize_t)len);
+        free(img);
+        hs_dataset_close(big);
+    }
+    close(fd);
+
+    capture_begin();
+    hs_layout_t layout = {.hidden_size = 8, .dtype = HS_DTYPE_BF16, .n_layers = 1, .layers = {1}};
+    uint32_t failed = 0;
+    for (uint32_t id = 0; id < hs_plan_n_batches(p); id++) {
+        hs_plan_batch_t b;
+        ck_assert_int_eq(hs_plan_batch(p, id, &b), HS_OK);
+        uint64_t bytes = hs_batch_bytes(b.n_seqs, b.n_tokens, &layout);
+        void *region = hs_aligned_alloc(HS_BATCH_ALIGN, bytes);
+        ck_assert_ptr_nonnull(region);
+        hs_batch_view_t v = hs_batch_view(region, b.n_seqs, b.n_tokens, &layout);
+        failed += hs_plan_fill_batch(p, ds, id, &v) == HS_ERR_IO;
+        hs_aligned_free(region);
+    }
+    char log[4096];
+    capture_end(log, sizeof(log));
+    ck_assert_uint_eq(failed, hs_plan_n_batches(p));
+    ck_assert_msg(strstr(log, hp) && strstr(log, "modified while in use"), "%s", log);
+    hs_plan_destroy(p);
+    hs_dataset_close(ds);
+    hs_dataset_close(src);
+}
+END_TEST
+
 START_TEST(to_takes_a_list_of_ranks_and_port_ranges_and_refuses_bad_ones)
 {
     hs_producer_addrs_t a;
@@ -1016,6 +1075,8 @@ int main(void)
                         (int)(sizeof(BAD_LINES) / sizeof(BAD_LINES[0])));
     tcase_add_test(tc, import_refuses_to_write_onto_its_input);
     tcase_add_test(tc, import_reports_progress_until_the_whole_file_is_read);
+    tcase_add_loop_test(tc, hst_rewritten_in_place_fails_the_fill_naming_the_file_without_a_crash,
+                        0, 2);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("plan");
