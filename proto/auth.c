@@ -39,7 +39,10 @@ hs_status_t hs_auth_load_secret(const char *path, hs_auth_key_t *key)
     if (st != HS_OK) return st;
     uint8_t buf[SECRET_MAX + 1];
     size_t len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+     * writer, deaf to every signal the binaries handle; it changes nothing
+     * for the regular file that is read below. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         hs_error("cannot open secret file '%s': %m; create it with at least %u bytes of random "
                  "text (e.g. head -c 32 /dev/urandom | base64 > '%s'; chmod 600 '%s')",
@@ -47,16 +50,26 @@ hs_status_t hs_auth_load_secret(const char *path, hs_auth_key_t *key)
         return HS_ERR_IO;
     }
     struct stat sb;
-    if (fstat(fd, &sb) == 0) {
-        if (!S_ISREG(sb.st_mode)) {
-            hs_error("secret file '%s' is not a regular file", path);
-            st = HS_ERR_INVALID;
-            goto err_close;
-        }
-        if (sb.st_mode & (S_IRWXG | S_IRWXO))
-            hs_warn("secret file '%s' is accessible by group or others (mode %03o): chmod 600 it",
-                    path, (unsigned)(sb.st_mode & 0777));
+    if (fstat(fd, &sb) != 0) {
+        hs_error("cannot stat secret file '%s': %m", path);
+        st = HS_ERR_IO;
+        goto err_close;
     }
+    if (!S_ISREG(sb.st_mode)) {
+        hs_error("secret file '%s' is %s, not a regular file: give the path of a file that holds "
+                 "the secret",
+                 path,
+                 S_ISFIFO(sb.st_mode)                         ? "a FIFO"
+                 : S_ISDIR(sb.st_mode)                        ? "a directory"
+                 : S_ISSOCK(sb.st_mode)                       ? "a socket"
+                 : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device"
+                                                              : "not a file");
+        st = HS_ERR_INVALID;
+        goto err_close;
+    }
+    if (sb.st_mode & (S_IRWXG | S_IRWXO))
+        hs_warn("secret file '%s' is accessible by group or others (mode %03o): chmod 600 it", path,
+                (unsigned)(sb.st_mode & 0777));
     for (;;) {
         ssize_t r = read(fd, buf + len, sizeof buf - len);
         if (r < 0 && errno == EINTR) continue;

@@ -303,7 +303,8 @@ typedef struct {
 HS_MUST_CHECK hs_status_t hs_auth_init(void);
 /* Reads the shared secret from `path`: at least 16 bytes once a trailing
  * newline is removed, hashed into *key. HS_ERR_IO when it cannot be read,
- * HS_ERR_INVALID when too short or too long (both logged). Warns when group
+ * HS_ERR_INVALID when too short or too long, or not a regular file (a FIFO
+ * is refused without waiting for a writer); all logged. Warns when group
  * or others may read the file. */
 HS_MUST_CHECK hs_status_t hs_auth_load_secret(const char *path, hs_auth_key_t *key);
 /* Wipes a key; NULL is fine. */

@@ -784,6 +784,26 @@ START_TEST(secret_files_are_trimmed_and_must_be_long_enough)
 }
 END_TEST
 
+/* A FIFO, a socket or a directory as the secret file is refused at once:
+ * opening a FIFO for reading used to wait for a writer, forever. */
+START_TEST(secret_file_that_is_a_fifo_is_refused_without_waiting_for_a_writer)
+{
+    make_tmpdir();
+    char path[128];
+    snprintf(path, sizeof path, "%s/secret.fifo", tmpdir);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    hs_auth_key_t b, keep;
+    memset(&keep, 0x77, sizeof keep);
+    b = keep;
+    alarm(10); /* a load that blocks ends the test (SIGALRM) */
+    ck_assert_int_eq(hs_auth_load_secret(path, &b), HS_ERR_INVALID);
+    alarm(0);
+    ck_assert_mem_eq(&b, &keep, sizeof b);
+    unlink(path);
+    rmdir(tmpdir);
+}
+END_TEST
+
 /* ---- batch region -------------------------------------------------------- */
 
 typedef struct {
@@ -1237,6 +1257,7 @@ int main(void)
     TCase *auth = tcase_create("auth");
     tcase_add_test(auth, auth_proofs_verify_with_the_right_key_only);
     tcase_add_test(auth, secret_files_are_trimmed_and_must_be_long_enough);
+    tcase_add_test(auth, secret_file_that_is_a_fifo_is_refused_without_waiting_for_a_writer);
     suite_add_tcase(s, auth);
 
     TCase *batch = tcase_create("batch");
