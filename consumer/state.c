@@ -314,7 +314,22 @@ hs_status_t hs_state_decode(const char *text, size_t len, hs_state_t **out, char
         return bad(why, whycap, "resume state is not valid JSON (at byte %zu of %zu)", at, len);
     }
     hs_status_t st = HS_ERR_FORMAT;
-    hs_state_t *s = calloc(1, sizeof(*s));
+    hs_state_t *s = NULL;
+    /* One JSON value and nothing after it but white space, as json.loads
+     * takes it: bytes appended to a state are not a state. */
+    size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : len;
+    size_t tail = at;
+    while (tail < len &&
+           (text[tail] == ' ' || text[tail] == '\t' || text[tail] == '\n' || text[tail] == '\r'))
+        tail++;
+    if (tail < len) {
+        bad(why, whycap,
+            "resume state has %zu bytes after its JSON object (from byte %zu of %zu); give the "
+            "state exactly as it was saved",
+            len - at, at, len);
+        goto err;
+    }
+    s = calloc(1, sizeof(*s));
     if (!s) {
         st = HS_ERR_NOMEM;
         goto err;

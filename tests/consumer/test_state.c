@@ -233,6 +233,35 @@ START_TEST(malformed_state_is_refused_saying_what_is_wrong)
 }
 END_TEST
 
+/* A saved state with anything but white space after its JSON object is
+ * not the state that was saved: refused, saying where the extra bytes are. */
+START_TEST(state_with_bytes_after_its_json_is_refused)
+{
+    hs_state_t *s, *d = NULL;
+    ck_assert_int_eq(hs_state_bind(NULL, PLAN, N, 2, HS_STATE_PLAN, &s), HS_OK);
+    hs_state_mark(s, 0, 5);
+    char *text = encode(s);
+    size_t len = strlen(text);
+    char *more = malloc(len + 64), why[512] = "";
+    static const char *const tails[] = {"x", "{}", " {\"hsflow_state\":1}", "\n\n0", "]"};
+    for (size_t i = 0; i < sizeof(tails) / sizeof(tails[0]); i++) {
+        snprintf(more, len + 64, "%s%s", text, tails[i]);
+        ck_assert_msg(hs_state_decode(more, strlen(more), &d, why, sizeof(why)) == HS_ERR_FORMAT,
+                      "tail '%s' accepted", tails[i]);
+        ck_assert_ptr_null(d);
+        ck_assert_msg(strstr(why, "bytes after its JSON object"), "tail '%s': %s", tails[i], why);
+    }
+    /* white space after it, as a file written with a final newline has, is fine */
+    snprintf(more, len + 64, "%s \r\n\t\n", text);
+    ck_assert_int_eq(hs_state_decode(more, strlen(more), &d, why, sizeof(why)), HS_OK);
+    ck_assert_uint_eq(hs_state_delivered(d), 1);
+    hs_state_destroy(d);
+    hs_state_destroy(s);
+    free(more);
+    free(text);
+}
+END_TEST
+
 START_TEST(oversized_or_deeply_nested_state_is_refused_before_use)
 {
     char why[512] = "";
@@ -399,6 +428,7 @@ int main(void)
     tcase_add_test(tc, state_of_another_plan_epochs_or_order_is_refused_naming_what_differs);
     tcase_add_loop_test(tc, malformed_state_is_refused_saying_what_is_wrong, 0,
                         (int)(sizeof(malformed) / sizeof(malformed[0])));
+    tcase_add_test(tc, state_with_bytes_after_its_json_is_refused);
     tcase_add_test(tc, oversized_or_deeply_nested_state_is_refused_before_use);
     tcase_add_test(tc, journal_that_gives_way_to_a_state_is_rewritten_to_its_batches);
     tcase_add_test(
