@@ -279,6 +279,22 @@ static hs_status_t jsonl_parse_line_full(const char *path, uint64_t lineno, cons
         jsonl_fail(path, lineno, "the line is not a JSON object");
         goto out;
     }
+    /* A key given twice means one thing to one reader and another to the
+     * next (cJSON takes the first, Python's json the last): refused, so no
+     * tool trains on a sequence the others would not see. */
+    for (int k = 0; k < 2; k++) {
+        const char *key = k == 0 ? "input_ids" : "loss_mask";
+        int seen = 0;
+        for (const cJSON *it = root->child; it; it = it->next)
+            seen += it->string && strcmp(it->string, key) == 0;
+        if (seen > 1) {
+            snprintf(what, sizeof(what),
+                     "\"%s\" appears %d times (readers disagree on which one counts); keep one",
+                     key, seen);
+            jsonl_fail(path, lineno, what);
+            goto out;
+        }
+    }
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
     if (!ids) {
         jsonl_fail(path, lineno, "\"input_ids\" is missing");

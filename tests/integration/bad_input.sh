@@ -14,6 +14,7 @@ printf '{"input_ids":[1,2,3]}\n\n{"input_ids":[1,2.5,3]}\n' >"$d/float.jsonl"
 printf '{"input_ids":[1,2,3]}\n{"input_ids":[1,2,3]\n' >"$d/notjson.jsonl"
 printf '{"input_ids":[1,2,3],"loss_mask":[1,1]}\n' >"$d/masklen.jsonl"
 printf '{"input_ids":[1,-2,3]}\n' >"$d/negative.jsonl"
+printf '{"input_ids":[1,2,3],"loss_mask":[0,0,0],"loss_mask":[1,1,1]}\n' >"$d/dupkey.jsonl"
 : >"$d/empty.jsonl"
 mkdir "$d/adir"
 synth "$d/ok.jsonl" --sequences 20 --min-len 8 --max-len 64 --seed 1
@@ -57,6 +58,7 @@ case_ 2 'float\.jsonl:3:.*not an integer' "${P[@]}" --data "$d/float.jsonl"
 case_ 2 'negative\.jsonl:1:.*input_ids' "${P[@]}" --data "$d/negative.jsonl"
 case_ 2 'notjson\.jsonl:2:.*JSON' "${P[@]}" --data "$d/notjson.jsonl"
 case_ 2 'masklen\.jsonl:1:.*loss_mask' "${P[@]}" --data "$d/masklen.jsonl"
+case_ 2 'dupkey\.jsonl:1:.*"loss_mask" appears 2 times' "${P[@]}" --data "$d/dupkey.jsonl"
 case_ 2 'empty\.jsonl.*no sequences' "${P[@]}" --data "$d/empty.jsonl"
 # ---- hs-producer: flags
 case_ 2 'max-seq-len 5000 .*token-budget 4096' "${P[@]}" --data "$d/ok.jsonl" --max-seq-len 5000

@@ -919,6 +919,42 @@ START_TEST(streaming_import_of_a_malformed_line_names_it_and_leaves_no_file)
 }
 END_TEST
 
+/* input_ids or loss_mask given twice in one object: cJSON would take the
+ * first, Python's json the last; the line is refused, naming it, by the
+ * reader and by the streaming import alike (also when an escape spells the
+ * key). */
+static const char *const DUP_KEY_LINES[] = {
+    "{\"input_ids\": [1, 2], \"input_ids\": [3, 4]}",
+    "{\"input_ids\": [1, 2], \"loss_mask\": [0, 1], \"loss_mask\": [1, 1]}",
+    "{\"input_ids\": [1, 2], \"loss_mask\": null, \"loss_mask\": [0, 0]}",
+    "{\"input_ids\": [1], \"meta\": 1, \"input\\u005fids\": [7]}",
+};
+
+START_TEST(jsonl_key_given_twice_is_refused_naming_the_line)
+{
+    const char *p = path_in_dir("dup.jsonl"), *out = path_in_dir("dup.hst");
+    char text[512], log[4096], want[600];
+    snprintf(text, sizeof(text), "{\"input_ids\": [1]}\n%s\n{\"input_ids\": [4]}\n",
+             DUP_KEY_LINES[_i]);
+    write_file(p, text, strlen(text));
+    snprintf(want, sizeof(want), "%s:2: ", p);
+    const char *key =
+        strstr(DUP_KEY_LINES[_i], "loss_mask\": [1") || strstr(DUP_KEY_LINES[_i], "loss_mask\": [0")
+            ? "\"loss_mask\" appears 2 times"
+            : "\"input_ids\" appears 2 times";
+    hs_dataset_t *ds = NULL;
+    ck_assert_int_eq(open_capturing(p, &ds, log, sizeof(log)), HS_ERR_FORMAT);
+    ck_assert_ptr_null(ds);
+    ck_assert_msg(strstr(log, want) && strstr(log, key), "case %d: %s", _i, log);
+    capture_begin();
+    hs_status_t st = hs_dataset_import(p, out, NULL, NULL, NULL);
+    capture_end(log, sizeof(log));
+    ck_assert_int_eq(st, HS_ERR_FORMAT);
+    ck_assert_msg(strstr(log, want) && strstr(log, key), "case %d: %s", _i, log);
+    ck_assert_int_eq(access(out, F_OK), -1);
+}
+END_TEST
+
 START_TEST(import_refuses_to_write_onto_its_input)
 {
     const char *p = path_in_dir("in.jsonl"), *link_path = path_in_dir("link.jsonl"),
@@ -1073,6 +1109,8 @@ int main(void)
     tcase_add_test(tc, streaming_import_writes_the_same_hst_as_loading_whole);
     tcase_add_loop_test(tc, streaming_import_of_a_malformed_line_names_it_and_leaves_no_file, 0,
                         (int)(sizeof(BAD_LINES) / sizeof(BAD_LINES[0])));
+    tcase_add_loop_test(tc, jsonl_key_given_twice_is_refused_naming_the_line, 0,
+                        (int)(sizeof(DUP_KEY_LINES) / sizeof(DUP_KEY_LINES[0])));
     tcase_add_test(tc, import_refuses_to_write_onto_its_input);
     tcase_add_test(tc, import_reports_progress_until_the_whole_file_is_read);
     tcase_add_loop_test(tc, hst_rewritten_in_place_fails_the_fill_naming_the_file_without_a_crash,
