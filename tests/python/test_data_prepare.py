@@ -222,6 +222,24 @@ def test_empty_conversation_no_assistant_and_malformed_records_are_counted(tmp_p
         assert f"{src}:{line}: " in text and what in text, text
 
 
+def test_a_record_giving_a_key_twice_is_malformed_naming_the_key(tmp_path, tokenizer_dirs):
+    src = tmp_path / "dup.jsonl"
+    src.write_text('{"input_ids": [1, 2], "input_ids": [3, 4]}\n'
+                   + json.dumps({"conversations": CONVERSATIONS[0]}) + "\n")
+    logs = []
+    counts, meta = prepare(str(src), str(tmp_path / "o.hst"),
+                           PrepareOptions(tokenizer=tokenizer_dirs["chatml"], progress=False),
+                           log=logs.append)
+    assert meta["counts"]["malformed"] == 1 and meta["counts"]["written"] == 1
+    text = "\n".join(logs)
+    assert f"{src}:1: " in text and "key 'input_ids' given twice" in text, text
+    arr = tmp_path / "dup.json"
+    arr.write_text('[{"text": "a", "text": "b"}]')
+    with pytest.raises(UsageError, match="given twice"):
+        prepare(str(arr), str(tmp_path / "a.hst"),
+                PrepareOptions(tokenizer=tokenizer_dirs["chatml"], progress=False), log=logs.append)
+
+
 def test_truncate_and_drop_at_max_seq_len(tmp_path, tokenizer_dirs):
     tok = load(tokenizer_dirs["chatml"])
     records = [{"conversations": c} for c in CONVERSATIONS]

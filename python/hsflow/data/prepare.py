@@ -108,6 +108,22 @@ class Counts:
 # ---- reading inputs ------------------------------------------------------------------------
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key):
+        super().__init__(f"key {key!r} given twice in one object (readers disagree on which one "
+                         "counts: json keeps the last, hs-data refuses it); keep one")
+
+
+def _unique_keys(pairs):
+    """object_pairs_hook: an object that gives a key twice is refused, not read as its last."""
+    obj = {}
+    for k, v in pairs:
+        if k in obj:
+            raise _DuplicateKey(k)
+        obj[k] = v
+    return obj
+
+
 def _jsonl_records(path):
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -117,9 +133,11 @@ def _jsonl_records(path):
                 continue
             loc = f"{path}:{lineno}"
             try:
-                yield loc, json.loads(raw.decode("utf-8"))
+                yield loc, json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
             except UnicodeDecodeError as e:
                 yield loc, Malformed(f"not valid UTF-8 (byte {e.start})")
+            except _DuplicateKey as e:
+                yield loc, Malformed(str(e))
             except json.JSONDecodeError as e:
                 yield loc, Malformed(f"not valid JSON ({e.msg} at column {e.colno})")
 
@@ -127,8 +145,8 @@ def _jsonl_records(path):
 def _json_array_records(path):
     with open(path, "rb") as f:
         try:
-            data = json.loads(f.read().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            data = json.loads(f.read().decode("utf-8"), object_pairs_hook=_unique_keys)
+        except (UnicodeDecodeError, json.JSONDecodeError, _DuplicateKey) as e:
             raise UsageError(f"{path}: not a valid JSON array ({e}); give a JSON array of "
                              "records or JSONL (one record per line)") from e
     if not isinstance(data, list):
