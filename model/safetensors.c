@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -532,6 +533,77 @@ static hs_status_t owned_reserve(hs__st_set_t *st)
     return HS_OK;
 }
 
+/* ---- non-finite weights ------------------------------------------------- *
+ * A weight that is NaN or infinite (a diverged run's save, a damaged copy)
+ * poisons every hidden state computed after it, silently: each tensor is
+ * checked once where it is read, in blocks OR-reduced first so the common
+ * case is one vectorised pass over the weights the forward reads anyway. */
+
+#define NONFINITE_BLOCK 4096
+
+/* Index of the first NaN or infinite entry of bf16 w[n], or n. */
+static size_t bf16_first_nonfinite(const uint16_t *w, size_t n)
+{
+    for (size_t b = 0; b < n; b += NONFINITE_BLOCK) {
+        size_t e = n - b < NONFINITE_BLOCK ? n : b + NONFINITE_BLOCK;
+        unsigned bad = 0;
+        for (size_t i = b; i < e; i++)
+            bad |= (w[i] & 0x7f80u) == 0x7f80u;
+        if (!bad) continue;
+        for (size_t i = b; i < e; i++)
+            if ((w[i] & 0x7f80u) == 0x7f80u) return i;
+    }
+    return n;
+}
+
+/* Index of the first NaN or infinite entry of f[n], or n. */
+static size_t f32_first_nonfinite(const float *f, size_t n)
+{
+    for (size_t b = 0; b < n; b += NONFINITE_BLOCK) {
+        size_t e = n - b < NONFINITE_BLOCK ? n : b + NONFINITE_BLOCK;
+        unsigned bad = 0;
+        for (size_t i = b; i < e; i++) {
+            uint32_t u;
+            memcpy(&u, &f[i], sizeof u);
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+        if (!bad) continue;
+        for (size_t i = b; i < e; i++)
+            if (!isfinite(f[i])) return i;
+    }
+    return n;
+}
+
+/* Logs that entry i of tensor t (of n) is `v` as the file holds it, which
+ * is not finite, or finite but too large for the bf16 it became. */
+static hs_status_t nonfinite_error(const hs__st_tensor_t *t, size_t i, size_t n, float v)
+{
+    char what[64];
+    if (isnan(v))
+        snprintf(what, sizeof what, "NaN");
+    else if (isinf(v))
+        snprintf(what, sizeof what, "%sInf", v < 0 ? "-" : "+");
+    else
+        snprintf(what, sizeof what, "%g, beyond bf16's range,", (double)v);
+    hs_error("tensor '%s' (%s) holds %s at element %zu of %zu: the checkpoint is damaged or "
+             "from a diverged run; load another checkpoint or re-export this one",
+             t->name, t->dtype_name, what, i, n);
+    return HS_ERR_FORMAT;
+}
+
+/* Entry i of tensor t as the file holds it (BF16, F16 or F32). */
+static float source_value(const hs__st_tensor_t *t, size_t i)
+{
+    const uint8_t *src = t->data;
+    if (t->dtype == HS_ST_F32) {
+        float f;
+        memcpy(&f, src + 4 * i, 4);
+        return f;
+    }
+    uint16_t h = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
+    return t->dtype == HS_ST_BF16 ? hs_bf16_to_f32(h) : f16_to_f32(h);
+}
+
 hs_status_t hs__st_get_f32(hs__st_set_t *st, const char *name, int ndim, const int64_t *shape,
                            const float **out)
 {
@@ -558,6 +630,11 @@ hs_status_t hs__st_get_f32(hs__st_set_t *st, const char *name, int ndim, const i
         else
             memcpy(&buf[i], src + 4 * i, 4);
     }
+    size_t bad = f32_first_nonfinite(buf, count);
+    if (bad < count) {
+        free(buf);
+        return nonfinite_error(t, bad, count, source_value(t, bad));
+    }
     st->owned[st->n_owned++] = buf;
     *out = buf;
     return HS_OK;
@@ -573,6 +650,8 @@ hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim, const 
     if (t->dtype == HS_ST_BF16) {
         count /= 2;
         if (((uintptr_t)t->data & 1u) == 0) {
+            size_t bad = bf16_first_nonfinite(t->data, count);
+            if (bad < count) return nonfinite_error(t, bad, count, source_value(t, bad));
             *out = t->data;
             return HS_OK;
         }
@@ -599,6 +678,11 @@ hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim, const 
             memcpy(&f, src + 4 * i, 4);
             buf[i] = hs_f32_to_bf16(f);
         }
+    }
+    size_t bad = bf16_first_nonfinite(buf, count);
+    if (bad < count) {
+        free(buf);
+        return nonfinite_error(t, bad, count, source_value(t, bad));
     }
     st->owned[st->n_owned++] = buf;
     *out = buf;

@@ -68,7 +68,8 @@ const char *hs__st_metadata(const hs__st_set_t *st, const char *key);
 /* Tensor `name` as bf16 with exactly the given shape. BF16 data is returned
  * in place when 2-byte aligned; F16/F32 (or unaligned BF16) is converted
  * into a buffer the set owns. Missing tensor: HS_ERR_NOT_FOUND; wrong shape
- * or dtype: HS_ERR_FORMAT; both logged with the tensor's name. */
+ * or dtype, or a NaN or infinite entry (also an F32 value beyond bf16's
+ * range): HS_ERR_FORMAT; all logged with the tensor's name. */
 HS_MUST_CHECK hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim,
                                           const int64_t *shape, const uint16_t **out);
 

@@ -454,9 +454,11 @@ static void copy_file(const char *from, const char *to)
 }
 
 /* tmpdir/bad: a family's config and its tensors rewritten, with tensor
- * `drop` left out or `shrink` written with its first dimension minus one. */
-static void write_family_modified(const char *fam, const char *drop, const char *shrink, char *dir,
-                                  size_t cap)
+ * `drop` left out, `shrink` written with its first dimension minus one, or
+ * entry 5 of `poison` made `poison_value` (NaN, an infinity or a float too
+ * large for bf16, in the tensor's own dtype). */
+static void write_family_edited(const char *fam, const char *drop, const char *shrink,
+                                const char *poison, float poison_value, char *dir, size_t cap)
 {
     char src[512], p[512];
     snprintf(dir, cap, "%s/bad", tmpdir);
@@ -469,6 +471,7 @@ static void write_family_modified(const char *fam, const char *drop, const char 
     ck_assert_int_eq(hs__st_open_file(src, &st), HS_OK);
     size_t n = hs__st_count(st);
     hs__st_write_tensor_t *w = calloc(n, sizeof *w);
+    uint8_t *poisoned = NULL;
     int k = 0;
     for (size_t i = 0; i < n; i++) {
         const hs__st_tensor_t *t = hs__st_at(st, i);
@@ -485,11 +488,31 @@ static void write_family_modified(const char *fam, const char *drop, const char 
             o->row_bytes = t->nbytes / (size_t)t->shape[0] * (size_t)(t->shape[0] - 1);
             o->shape[0]--;
         }
+        if (poison && strcmp(t->name, poison) == 0) {
+            ck_assert_uint_gt(t->nbytes, 24);
+            poisoned = malloc(t->nbytes);
+            memcpy(poisoned, t->data, t->nbytes);
+            if (!strcmp(t->dtype_name, "F32")) {
+                memcpy(poisoned + 20, &poison_value, 4);
+            } else {
+                uint16_t h = hs_f32_to_bf16(poison_value); /* NaN and Inf as bf16 */
+                if (!strcmp(t->dtype_name, "F16")) h = isnan(poison_value) ? 0x7e00 : 0x7c00;
+                memcpy(poisoned + 10, &h, 2);
+            }
+            o->data = poisoned;
+        }
     }
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     ck_assert_int_eq(hs__st_write(p, w, k, NULL, NULL, 0), HS_OK);
+    free(poisoned);
     free(w);
     hs__st_close(st);
+}
+
+static void write_family_modified(const char *fam, const char *drop, const char *shrink, char *dir,
+                                  size_t cap)
+{
+    write_family_edited(fam, drop, shrink, NULL, 0.0f, dir, cap);
 }
 
 static void write_modified_model(const char *drop, const char *shrink, char *dir, size_t cap)
@@ -659,6 +682,137 @@ START_TEST(safetensors_converts_f16_and_f32_to_bf16)
     ck_assert_uint_eq(w[1], 0x4049); /* 3.140625 */
     ck_assert_uint_eq(w[2], hs_f32_to_bf16(-1e-30f));
     hs__st_close(st);
+    remove_tmpdir();
+}
+END_TEST
+
+/* Runs hs__st_get_bf16 (as_f32 = 0) or hs__st_get_f32 of tensor `name`
+ * (1-D, n entries) with stderr captured into log[cap]. */
+static hs_status_t get_capturing(hs__st_set_t *st, const char *name, int64_t n, int as_f32,
+                                 char *log, size_t cap)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/stderr.txt", tmpdir);
+    fflush(stderr);
+    int saved = dup(2);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    dup2(fileno(f), 2);
+    const uint16_t *w = NULL;
+    const float *x = NULL;
+    hs_status_t rc =
+        as_f32 ? hs__st_get_f32(st, name, 1, &n, &x) : hs__st_get_bf16(st, name, 1, &n, &w);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    fclose(f);
+    f = fopen(path, "r");
+    size_t got = fread(log, 1, cap - 1, f);
+    log[got] = 0;
+    fclose(f);
+    return rc;
+}
+
+/* A NaN or infinite weight, in any stored dtype and through either getter,
+ * or an F32 weight too large for bf16, is refused naming the tensor and the
+ * element; finite tensors next to them still load. */
+START_TEST(non_finite_weights_are_refused_naming_the_tensor)
+{
+    make_tmpdir();
+    char p[512], log[2048];
+    snprintf(p, sizeof p, "%s/x.safetensors", tmpdir);
+    uint16_t ok[6] = {0x3f80, 0x4000, 0x0000, 0x8000, 0x7f7f, 0xff7f}; /* incl. +-max bf16 */
+    uint16_t b_nan[6] = {0x3f80, 0x3f80, 0x3f80, 0x7fc1, 0x3f80, 0x3f80};
+    uint16_t b_ninf[6] = {0x3f80, 0xff80, 0x3f80, 0x3f80, 0x3f80, 0x3f80};
+    uint16_t h_inf[6] = {0x3c00, 0x3c00, 0x3c00, 0x3c00, 0x7c00, 0x3c00};
+    float f_nan[6] = {1, 2, 3, 4, 5, NAN};
+    float f_big[6] = {1, 2, 3.4e38f, 4, 5, 6}; /* finite in F32, +Inf in bf16 */
+    const struct {
+        const char *name, *dtype;
+        const void *data;
+        size_t bytes;
+    } in[] = {
+        {"ok", "BF16", ok, sizeof ok},
+        {"b_nan", "BF16", b_nan, sizeof b_nan},
+        {"b_ninf", "BF16", b_ninf, sizeof b_ninf},
+        {"h_inf", "F16", h_inf, sizeof h_inf},
+        {"f_nan", "F32", f_nan, sizeof f_nan},
+        {"f_big", "F32", f_big, sizeof f_big},
+    };
+    hs__st_write_tensor_t t[6];
+    for (int i = 0; i < 6; i++)
+        t[i] = (hs__st_write_tensor_t){.name = in[i].name,
+                                       .dtype = in[i].dtype,
+                                       .ndim = 1,
+                                       .shape = {6},
+                                       .data = in[i].data,
+                                       .rows = 1,
+                                       .row_bytes = in[i].bytes};
+    ck_assert_int_eq(hs__st_write(p, t, 6, NULL, NULL, 0), HS_OK);
+    hs__st_set_t *st;
+    ck_assert_int_eq(hs__st_open_file(p, &st), HS_OK);
+    ck_assert_int_eq(get_capturing(st, "ok", 6, 0, log, sizeof log), HS_OK);
+    ck_assert_int_eq(get_capturing(st, "ok", 6, 1, log, sizeof log), HS_OK);
+    const struct {
+        const char *name;
+        int as_f32;
+        const char *says;
+    } bad[] = {
+        {"b_nan", 0, "holds NaN at element 3 of 6"},
+        {"b_nan", 1, "holds NaN at element 3 of 6"},
+        {"b_ninf", 0, "holds -Inf at element 1 of 6"},
+        {"h_inf", 0, "holds +Inf at element 4 of 6"},
+        {"h_inf", 1, "holds +Inf at element 4 of 6"},
+        {"f_nan", 0, "holds NaN at element 5 of 6"},
+        {"f_nan", 1, "holds NaN at element 5 of 6"},
+        {"f_big", 0, "beyond bf16's range, at element 2 of 6"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(get_capturing(st, bad[i].name, 6, bad[i].as_f32, log, sizeof log),
+                         HS_ERR_FORMAT);
+        char want[64];
+        snprintf(want, sizeof want, "tensor '%s'", bad[i].name);
+        ck_assert_msg(strstr(log, want) && strstr(log, bad[i].says), "%s: %s", bad[i].name, log);
+    }
+    /* f_big is fine in full precision */
+    ck_assert_int_eq(get_capturing(st, "f_big", 6, 1, log, sizeof log), HS_OK);
+    hs__st_close(st);
+    remove_tmpdir();
+}
+END_TEST
+
+/* A checkpoint with one NaN weight: hs_model_load refuses it naming the
+ * tensor, and hs-forward fails instead of writing hidden states from it. */
+START_TEST(model_with_a_nan_weight_is_refused_by_load_and_hs_forward)
+{
+    make_tmpdir();
+    char dir[512], data[600], out[600], cmd[4096], logp[600], log[4096];
+    const char *bad_w = "model.layers.1.mlp.down_proj.weight";
+    write_family_edited("mistral", NULL, NULL, bad_w, NAN, dir, sizeof dir);
+    hs_model_t *m = (hs_model_t *)0x1;
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_ERR_FORMAT);
+    ck_assert_ptr_eq(m, (hs_model_t *)0x1);
+    write_family_edited("mistral", NULL, NULL, "model.norm.weight", INFINITY, dir, sizeof dir);
+    ck_assert_int_eq(hs_model_load(dir, &m), HS_ERR_FORMAT);
+
+    write_family_edited("mistral", NULL, NULL, bad_w, NAN, dir, sizeof dir);
+    snprintf(data, sizeof data, "%s/data.jsonl", tmpdir);
+    snprintf(out, sizeof out, "%s/hs.safetensors", tmpdir);
+    snprintf(logp, sizeof logp, "%s/forward.log", tmpdir);
+    FILE *fp = fopen(data, "w");
+    fprintf(fp, "{\"input_ids\": [1, 2, 3, 4]}\n");
+    fclose(fp);
+    snprintf(cmd, sizeof cmd,
+             "'%s' --model '%s' --data '%s' --layers 1 --device cpu --out '%s' >'%s' 2>&1",
+             HS_FORWARD_BIN, dir, data, out, logp);
+    int rc = system(cmd);
+    fp = fopen(logp, "r");
+    size_t got = fread(log, 1, sizeof log - 1, fp);
+    log[got] = 0;
+    fclose(fp);
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) != 0, "hs-forward succeeded: %s", log);
+    ck_assert_msg(strstr(log, bad_w) && strstr(log, "NaN"), "%s", log);
+    ck_assert_int_eq(access(out, F_OK), -1);
     remove_tmpdir();
 }
 END_TEST
@@ -1613,6 +1767,8 @@ static Suite *model_suite(void)
     tcase_add_test(tc, load_rejects_truncated_file_and_unknown_architecture);
     tcase_add_test(tc, safetensors_bounds_checks_every_header_field);
     tcase_add_test(tc, safetensors_converts_f16_and_f32_to_bf16);
+    tcase_add_test(tc, non_finite_weights_are_refused_naming_the_tensor);
+    tcase_add_test(tc, model_with_a_nan_weight_is_refused_by_load_and_hs_forward);
     tcase_add_test(tc, sharded_index_naming_a_shard_without_the_tensor_is_rejected);
     suite_add_tcase(s, tc);
 
