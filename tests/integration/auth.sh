@@ -4,7 +4,8 @@
 #   basic:  1. a producer with a different secret is refused ("authentication
 #              failed"); 2. a producer without a secret is refused and told to
 #              use --secret-file; 4. producers with the consumer's secret
-#              complete the run; a missing secret file is a clear error.
+#              complete the run; a missing secret file, or a FIFO, is a
+#              clear error.
 #   poison: 3. peers without the secret cannot define the run: refused peers
 #              that offered another plan or layout must not lock out the real
 #              producers (then 4.).
@@ -88,4 +89,15 @@ start cnofile "$CONSUMER" --listen 127.0.0.1:$(free_port) --secret-file "$SCRATC
 wait_exit cnofile 30
 [ "${RC_OF[cnofile]}" -ne 0 ] || fail "a consumer with a missing --secret-file started"
 log_has cnofile 'missing-secret'
-pass "wrong and missing secrets refused; right secret completed"
+
+# A FIFO as secret file is refused at once on both sides (open() of a FIFO
+# used to wait for a writer, deaf to SIGTERM).
+mkfifo "$SCRATCH/fifo-secret"
+start pfifo "$PRODUCER" "${base[@]}" --secret-file "$SCRATCH/fifo-secret" --name pfifo
+start cfifo "$CONSUMER" --listen 127.0.0.1:$(free_port) --secret-file "$SCRATCH/fifo-secret"
+for p in pfifo cfifo; do
+    wait_exit $p 10
+    [ "${RC_OF[$p]}" -ne 0 ] || fail "$p with a FIFO as --secret-file succeeded"
+    log_has $p "fifo-secret' is a FIFO, not a regular file"
+done
+pass "wrong, missing and FIFO secrets refused; right secret completed"
