@@ -4,10 +4,13 @@
  * file written whole. */
 #include "hs_consumer_files_int.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* One JSON object per line: the summary's figures now, plus the time as
  * wall-clock Unix seconds ("time", for plots and for lining up with other
@@ -33,9 +36,26 @@ void hs__cli_write_stats_line(hs_consumer_t *c, FILE *f)
  * printing why. */
 char *hs__cli_read_state_file(const char *path)
 {
-    FILE *f = fopen(path, "rb");
+    /* O_NONBLOCK: a FIFO would otherwise hold open() until a writer comes */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        fprintf(stderr, "hs-consumer: --resume-state %s: cannot open it: %m\n", path);
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        fprintf(stderr,
+                "hs-consumer: --resume-state %s: not a regular file; give a file written by "
+                "--save-state or Consumer.state_dict()\n",
+                path);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
         fprintf(stderr, "hs-consumer: --resume-state %s: cannot open it: %m\n", path);
+        close(fd);
         return NULL;
     }
     size_t cap = 1 << 16, len = 0, max = HS_CONSUMER_STATE_MAX_BYTES;

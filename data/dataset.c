@@ -864,7 +864,9 @@ static hs_status_t dataset_load_hst(const char *path, int fd, hs_dataset_t **out
 hs_status_t hs_dataset_open(const char *path, hs_dataset_t **out)
 {
     if (!path || !out) return HS_ERR_INVALID;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO would otherwise hold open() until a writer comes;
+     * it changes nothing for the regular files read below. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         int e = errno;
         hs_error("%s: cannot open dataset: %s; give a JSONL or .hst file", path, strerror(e));
@@ -1365,7 +1367,9 @@ static int open_unlinked(const char *dir)
  * Returns the fd or -1 (logged, *st set). */
 static int dataset_open_fd(const char *path, bool *is_hst, uint64_t *size, hs_status_t *st)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO would otherwise hold open() until a writer comes;
+     * it changes nothing for the regular files read below. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         int e = errno;
         hs_error("%s: cannot open dataset: %s; give a JSONL or .hst file", path, strerror(e));

@@ -17,6 +17,7 @@ printf '{"input_ids":[1,-2,3]}\n' >"$d/negative.jsonl"
 printf '{"input_ids":[1,2,3],"loss_mask":[0,0,0],"loss_mask":[1,1,1]}\n' >"$d/dupkey.jsonl"
 : >"$d/empty.jsonl"
 mkdir "$d/adir"
+mkfifo "$d/afifo"
 synth "$d/ok.jsonl" --sequences 20 --min-len 8 --max-len 64 --seed 1
 if [ "$(id -u)" -ne 0 ]; then
     cp "$d/ok.jsonl" "$d/noread.jsonl"
@@ -51,6 +52,7 @@ case_() {
 # ---- hs-producer: the dataset
 case_ 2 'nonexistent\.jsonl.*(No such file|not found|cannot open)' "${P[@]}" --data "$d/nonexistent.jsonl"
 case_ 2 'adir.*(not a regular file|directory)' "${P[@]}" --data "$d/adir"
+case_ 2 'afifo.*not a regular file' "${P[@]}" --data "$d/afifo"
 [ -f "$d/noread.jsonl" ] && case_ 2 'noread\.jsonl.*(Permission denied|cannot)' "${P[@]}" --data "$d/noread.jsonl"
 case_ 2 'noids\.jsonl:3:.*input_ids' "${P[@]}" --data "$d/noids.jsonl"
 case_ 2 'nonint\.jsonl:2:.*not an integer' "${P[@]}" --data "$d/nonint.jsonl"
@@ -80,6 +82,7 @@ case_ 2 '--layers .* is required' "$PRODUCER" --to 127.0.0.1:1 --data "$d/ok.jso
 case_ 2 'model' "${P[@]}" --data "$d/ok.jsonl" --source model
 case_ 0 'usage: hs-producer' "$PRODUCER" --help
 # ---- hs-consumer: flags
+case_ 2 'resume-state .*afifo: not a regular file' "${C[@]}" --resume-state "$d/afifo"
 case_ 2 "cache-gb 'abc'" "${C[@]}" --cache-gb abc
 case_ 2 "cache-gb '-1'" "${C[@]}" --cache-gb -1
 case_ 2 "epochs '0'" "${C[@]}" --epochs 0
