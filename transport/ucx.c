@@ -150,6 +150,24 @@ void hs__ucx_worker_drain(ucx_tp_t *tp)
     }
 }
 
+hs_status_t hs__ucx_peer_addr(ucx_tp_t *tp, const uint8_t *addr, size_t len, uint8_t **out,
+                              char *why, size_t whycap)
+{
+    uint8_t *buf = calloc(1, len + HS__UCX_ADDR_PAD);
+    if (!buf) {
+        snprintf(why, whycap, "out of memory for a %zu-byte UCX worker address", len);
+        return HS_ERR_NOMEM;
+    }
+    size_t n = 0;
+    hs_status_t st = hs__ucx_addr_filter(addr, len, tp->my_parsed, buf, &n, why, whycap);
+    if (st != HS_OK) {
+        free(buf);
+        return st;
+    }
+    *out = buf;
+    return HS_OK;
+}
+
 /* ---- loop ----------------------------------------------------------------- */
 
 static void step(ucx_tp_t *tp)
@@ -255,6 +273,20 @@ static hs_status_t ucx_create(const hs_tp_config_t *cfg, hs_tp_t **out)
         hs_error("ucp_worker_get_address failed: %s", ucs_status_string(st));
         goto err_worker;
     }
+    {
+        char why[256];
+        tp->my_parsed = malloc(sizeof *tp->my_parsed);
+        if (!tp->my_parsed) goto err_worker;
+        if (hs__ucx_addr_parse((const uint8_t *)tp->my_addr, tp->my_addr_len, tp->my_parsed, why,
+                               sizeof why) != HS_OK) {
+            /* peers' addresses could not be checked: none would be safe */
+            hs_error("this UCX packs its own worker address in a layout hsflow does not know (%s): "
+                     "hsflow checks peers' addresses in UCX 1.13's layout, without "
+                     "UCX_UNIFIED_MODE; use UCX 1.13 or --transport tcp",
+                     why);
+            goto err_worker;
+        }
+    }
     ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
     tp->max_am_header = ucp_worker_query(tp->worker, &wa) == UCS_OK ? wa.max_am_header : 0;
     static const unsigned ids[] = {AM_FRAME, AM_PAYLOAD, AM_CLOSE};
@@ -280,6 +312,7 @@ static hs_status_t ucx_create(const hs_tp_config_t *cfg, hs_tp_t **out)
     return HS_OK;
 
 err_worker:
+    free(tp->my_parsed);
     if (tp->my_addr) ucp_worker_release_address(tp->worker, tp->my_addr);
     ucp_worker_destroy(tp->worker);
 err_ctx:
@@ -315,6 +348,7 @@ static void ucx_destroy(hs_tp_t *t)
     free(tp->lfds);
     free(tp->lfd_resume_ns);
     ucp_worker_release_address(tp->worker, tp->my_addr);
+    free(tp->my_parsed);
     for (size_t i = 0; i < tp->n_regions; i++)
         ucp_mem_unmap(tp->ctx, tp->regions[i].memh);
     free(tp->regions);

@@ -143,12 +143,15 @@ static hs_status_t boot_exchange(ucx_tp_t *tp, int fd, uint64_t deadline, uint8_
             goto out;
         }
     }
-    uint8_t *addr = malloc(m.addr_len);
-    if (!addr) {
-        st = HS_ERR_NOMEM;
+    uint8_t *addr = NULL;
+    char why[256];
+    st = hs__ucx_peer_addr(tp, m.addr, m.addr_len, &addr, why, sizeof why);
+    if (st != HS_OK) {
+        snprintf(last, lastcap, "bad UCX worker address in the consumer's ACCEPT: %s", why);
+        boot_refuse(fd, HS_ERR_PROTO, last);
+        if (st != HS_ERR_NOMEM) st = HS_ERR_PROTO;
         goto out;
     }
-    memcpy(addr, m.addr, m.addr_len);
     *peer_addr = addr;
     st = HS_OK;
 out:

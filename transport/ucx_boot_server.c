@@ -36,9 +36,11 @@
  * secret and not allow_remote: loopback peers only) and, with a secret,
  * checks the client's proof before it looks at the address in AUTH; the
  * client checks the server's proof before it uses the address in ACCEPT.
- * (Without a secret a loopback peer is trusted: its address goes to UCX as
- * it came, so on a shared host use a secret.) A refused peer gets a REFUSE
- * record saying why. Every length is checked
+ * Even a proven peer's address (and a loopback peer's without a secret) is
+ * then walked and cut to the transports this side has (hs__ucx_peer_addr,
+ * ucx_addr_int.h) before UCX reads it, so that a broken or hostile peer
+ * cannot abort the process. A refused peer gets a REFUSE record saying
+ * why. Every length is checked
  * before anything is allocated (hs__ucx_boot_head_parse); a connection that
  * has not finished within UCX_BOOT_TIMEOUT_MS is cut off; at most
  * UCX_PENDING_MAX are in the bootstrap at once (the oldest gives way).
@@ -187,6 +189,17 @@ static void pending_on_auth(ucx_tp_t *tp, ucx_pending_t *p, const hs__ucx_boot_m
             return;
         }
     }
+    /* UCX trusts the address completely: checked here, also a proven
+     * peer's */
+    uint8_t *addr = NULL;
+    char why[200];
+    hs_status_t ast = hs__ucx_peer_addr(tp, m->addr, m->addr_len, &addr, why, sizeof why);
+    if (ast != HS_OK) {
+        char text[HS__UCX_BOOT_TEXT_MAX + 1];
+        snprintf(text, sizeof text, "bad UCX worker address in AUTH: %s", why);
+        pending_refuse(tp, p, ast == HS_ERR_NOMEM ? HS_ERR_NOMEM : HS_ERR_PROTO, text);
+        return;
+    }
     tp->base.boot_passed++;
     hs_debug("ucx bootstrap: %s passed (%s); creating its endpoint", p->name,
              key                         ? "shared secret"
@@ -194,13 +207,14 @@ static void pending_on_auth(ucx_tp_t *tp, ucx_pending_t *p, const hs__ucx_boot_m
                                          : "loopback");
     ucx_conn_t *c = hs__ucx_conn_alloc(tp);
     if (!c) {
+        free(addr);
         pending_drop(tp, p, "out of memory");
         return;
     }
     hs__tp_conn_set_peer(&c->base, (struct sockaddr *)&p->peer, p->peer_len);
-    ucs_status_t us = hs__ucx_ep_create_to(tp, c, m->addr);
+    ucs_status_t us = hs__ucx_ep_create_to(tp, c, addr);
+    free(addr);
     if (us != UCS_OK) {
-        char why[160];
         snprintf(why, sizeof why, "cannot reach its UCX worker: %s", ucs_status_string(us));
         free(c);
         pending_drop(tp, p, why);

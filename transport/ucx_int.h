@@ -12,6 +12,7 @@
 
 #include "hs_transport_int.h"
 #include "sock_int.h"
+#include "ucx_addr_int.h"
 #include "ucx_hello_int.h"
 
 #ifdef __cplusplus
@@ -95,6 +96,7 @@ struct ucx_tp {
     size_t n_pending;
     ucp_address_t *my_addr;
     size_t my_addr_len;
+    hs__ucx_addr_t *my_parsed; /* my_addr walked: what a peer's address may hold */
     ucx_conn_t *conns;
     size_t n_closing;
     ucx_op_t *done_head, *done_tail;
@@ -122,6 +124,12 @@ static inline ucx_tp_t *tp_of(hs_tp_t *t)
 void hs__ucx_conn_refresh_describe(ucx_conn_t *c);
 void hs__ucx_worker_wait(ucx_tp_t *tp, int ms);
 void hs__ucx_worker_drain(ucx_tp_t *tp);
+/* A peer's worker address as UCX may see it (ucx_addr_int.h): checked, cut
+ * to the entries this side has too, and followed by HS__UCX_ADDR_PAD zero
+ * bytes; *out is malloc'd, the caller frees it. On failure `why` says what
+ * was wrong (HS_ERR_FORMAT, HS_ERR_UNSUPPORTED, HS_ERR_NOMEM). */
+HS_MUST_CHECK hs_status_t hs__ucx_peer_addr(ucx_tp_t *tp, const uint8_t *addr, size_t len,
+                                            uint8_t **out, char *why, size_t whycap);
 
 /* ucx_data.c */
 ucx_op_t *hs__ucx_op_get(ucx_tp_t *tp, op_kind_t kind, ucx_conn_t *c);

@@ -11,6 +11,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -24,6 +25,8 @@
 #include "hs_proto.h"
 #include "hs_transport.h"
 #include "hs_transport_int.h" /* bootstrap counters, the loopback-as-remote switch */
+#include "ucx_addr_int.h"
+#include "ucx_hello_int.h"
 
 #define PUMP_LIMIT_S 30.0 /* a guard against hanging, not a timing assertion */
 #define MAX_CONNS 8
@@ -1135,6 +1138,204 @@ START_TEST(ucx_malformed_bootstrap_records_never_reach_ucx)
 }
 END_TEST
 
+/* ---- UCX worker addresses (ucx_addr.c, no UCX needed) ---------------------- */
+
+/* A v1 worker address as UCX 1.13 packs it: header, uuid, then two devices
+ * with one transport each (a 6-byte device address and a 2-byte iface
+ * address, like tcp over IPv4; and a shared-memory-like entry without a
+ * device address). Returns its length. */
+static size_t addr_v1(uint8_t *b, uint16_t csum_a, uint16_t csum_b)
+{
+    size_t n = 0;
+    b[n++] = 0x20; /* version 1 (0), flags: worker uuid */
+    for (int i = 0; i < 8; i++)
+        b[n++] = (uint8_t)(0xa0 + i);
+    const uint16_t csums[2] = {csum_a, csum_b};
+    const uint8_t dev_len[2] = {6, 0}, iface_len[2] = {2, 8};
+    for (int d = 0; d < 2; d++) {
+        b[n++] = (uint8_t)(d + 1);                            /* md index */
+        b[n++] = (uint8_t)((d == 1 ? 0x80 : 0) | dev_len[d]); /* last device | length */
+        for (int i = 0; i < dev_len[d]; i++)
+            b[n++] = (uint8_t)(10 + i);
+        memcpy(b + n, &csums[d], 2);
+        n += 2;
+        float attr[3] = {1e-7f, 1e9f, 2e-6f};
+        memcpy(b + n, attr, sizeof attr);
+        n += sizeof attr;
+        memset(b + n, 0, 4); /* prio and capability flags */
+        n += 4;
+        b[n++] = (uint8_t)(0x80 | iface_len[d]); /* last transport | length */
+        for (int i = 0; i < iface_len[d]; i++)
+            b[n++] = (uint8_t)(40 + i);
+    }
+    return n;
+}
+
+START_TEST(ucx_worker_addresses_are_walked_within_their_bytes)
+{
+    uint8_t a[128], out[128];
+    size_t n = addr_v1(a, 0x19cf, 0x7563);
+    char why[256];
+    hs__ucx_addr_t *p = malloc(sizeof *p), *mine = malloc(sizeof *mine);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_ptr_nonnull(mine);
+    ck_assert_int_eq(hs__ucx_addr_parse(a, n, p, why, sizeof why), HS_OK);
+    ck_assert_uint_eq(p->version, 1);
+    ck_assert_uint_eq(p->n_devices, 2);
+    ck_assert_uint_eq(p->n_entries, 2);
+    ck_assert_uint_eq(p->entries[0].dev_addr_len, 6);
+    ck_assert_uint_eq(p->entries[1].iface_addr_len, 8);
+    /* every shorter prefix, and one byte more, are refused */
+    for (size_t k = 0; k < n; k++)
+        ck_assert_msg(hs__ucx_addr_parse(a, k, p, why, sizeof why) == HS_ERR_FORMAT,
+                      "a %zu-byte prefix parsed", k);
+    a[n] = 0;
+    ck_assert_int_eq(hs__ucx_addr_parse(a, n + 1, p, why, sizeof why), HS_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "after its last device"));
+    /* a 1-byte address, an unknown version, a NaN bandwidth, endpoint
+     * addresses, an md index UCX cannot hold */
+    ck_assert_int_eq(hs__ucx_addr_parse((const uint8_t *)"\x00", 1, p, why, sizeof why),
+                     HS_ERR_FORMAT);
+    ck_assert_int_eq(hs__ucx_addr_parse(NULL, 0, p, why, sizeof why), HS_ERR_FORMAT);
+    uint8_t bad[128];
+    memcpy(bad, a, n);
+    bad[0] = 0x27; /* version 8 */
+    ck_assert_int_eq(hs__ucx_addr_parse(bad, n, p, why, sizeof why), HS_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "version 8"));
+    memcpy(bad, a, n);
+    float nan_bw = NAN;
+    memcpy(bad + 9 + 2 + 6 + 2 + 4, &nan_bw, 4);
+    ck_assert_int_eq(hs__ucx_addr_parse(bad, n, p, why, sizeof why), HS_ERR_FORMAT);
+    memcpy(bad, a, n);
+    bad[9 + 2 + 6 + 2 + 16] |= 0x40; /* endpoint addresses follow */
+    ck_assert_int_eq(hs__ucx_addr_parse(bad, n, p, why, sizeof why), HS_ERR_FORMAT);
+    memcpy(bad, a, n);
+    bad[9] = 0x1f; /* md 31 is fine in v1 */
+    ck_assert_int_eq(hs__ucx_addr_parse(bad, n, p, why, sizeof why), HS_OK);
+    /* every single-bit flip parses within the buffer or is refused */
+    for (size_t k = 0; k < n * 8; k++) {
+        memcpy(bad, a, n);
+        bad[k / 8] ^= (uint8_t)(1u << (k % 8));
+        if (hs__ucx_addr_parse(bad, n, p, why, sizeof why) != HS_OK) continue;
+        for (uint32_t e = 0; e < p->n_entries; e++)
+            ck_assert(p->entries[e].end <= n && p->entries[e].dev_end <= p->entries[e].start);
+    }
+
+    /* filtering: only what this side has too */
+    ck_assert_int_eq(hs__ucx_addr_parse(a, n, mine, why, sizeof why), HS_OK);
+    size_t m = 0;
+    ck_assert_int_eq(hs__ucx_addr_filter(a, n, mine, out, &m, why, sizeof why), HS_OK);
+    ck_assert_uint_eq(m, n);
+    ck_assert_mem_eq(out, a, n);
+    uint8_t other[128];
+    size_t on = addr_v1(other, 0x19cf, 0x1234); /* the second transport unknown here */
+    ck_assert_int_eq(hs__ucx_addr_filter(other, on, mine, out, &m, why, sizeof why), HS_OK);
+    ck_assert_int_eq(hs__ucx_addr_parse(out, m, p, why, sizeof why), HS_OK);
+    ck_assert_uint_eq(p->n_entries, 1);
+    ck_assert_uint_eq(p->entries[0].tl_csum, 0x19cf);
+    ck_assert(out[p->entries[0].dev_len_at] & 0x80); /* now the last device */
+    on = addr_v1(other, 0x19cf, 0x7563);
+    other[9 + 1] = 4; /* same transport, a 4-byte device address: not ours */
+    memmove(other + 9 + 2 + 4, other + 9 + 2 + 6, on - (9 + 2 + 6));
+    on -= 2;
+    ck_assert_int_eq(hs__ucx_addr_filter(other, on, mine, out, &m, why, sizeof why), HS_OK);
+    ck_assert_int_eq(hs__ucx_addr_parse(out, m, p, why, sizeof why), HS_OK);
+    ck_assert_uint_eq(p->n_entries, 1);
+    ck_assert_uint_eq(p->entries[0].tl_csum, 0x7563);
+    on = addr_v1(other, 0x1111, 0x2222);
+    ck_assert_int_eq(hs__ucx_addr_filter(other, on, mine, out, &m, why, sizeof why),
+                     HS_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(why, "none of the 2 transports"));
+    free(p);
+    free(mine);
+}
+END_TEST
+
+/* Plays a producer that holds the secret: HELLO, the proof of the
+ * CHALLENGE, then an AUTH carrying `addr`; returns the REFUSE text the
+ * server answered with ("" when it sent none). */
+static void proven_peer_auth(const uint8_t *addr, size_t addr_len, char *text, size_t cap)
+{
+    int fd = raw_connect(g_port);
+    uint8_t nonce[HS__UCX_BOOT_NONCE], hello[HS__UCX_BOOT_HELLO_BYTES];
+    for (size_t i = 0; i < sizeof nonce; i++)
+        nonce[i] = (uint8_t)(i * 7 + 3);
+    hs__ucx_boot_pack_nonce(hello, HS__UCX_BOOT_HELLO, HS__UCX_BOOT_FLAG_KEY, nonce);
+    raw_write(fd, hello, sizeof hello);
+    uint8_t got[1024];
+    size_t len = 0;
+    bool authed = false;
+    double t0 = hs_now_s();
+    for (;;) {
+        pump2(&S, &C);
+        ck_assert_msg(hs_now_s() - t0 < PUMP_LIMIT_S, "the server never answered");
+        ssize_t r = recv(fd, got + len, sizeof got - len, MSG_DONTWAIT);
+        if (r < 0 && errno == EAGAIN) continue;
+        if (r <= 0) break;
+        len += (size_t)r;
+        if (!authed && len >= HS__UCX_BOOT_HELLO_BYTES) {
+            ck_assert_uint_eq(got[6], HS__UCX_BOOT_CHALLENGE);
+            uint8_t mac[HS_AUTH_MAC_BYTES];
+            ck_assert_int_eq(hs_auth_producer_mac(&g_key_a, got + HS__UCX_BOOT_HEAD + 4, nonce,
+                                                  hello, sizeof hello, mac),
+                             HS_OK);
+            uint8_t head[HS__UCX_BOOT_HEAD];
+            hs__ucx_boot_head_pack(head, HS__UCX_BOOT_AUTH, (uint32_t)(sizeof mac + addr_len));
+            raw_write(fd, head, sizeof head);
+            raw_write(fd, mac, sizeof mac);
+            raw_write(fd, addr, addr_len);
+            authed = true;
+        }
+    }
+    close(fd);
+    text[0] = '\0';
+    hs__ucx_boot_msg_t m;
+    char why[256];
+    if (len > HS__UCX_BOOT_HELLO_BYTES &&
+        hs__ucx_hello_parse(got + HS__UCX_BOOT_HELLO_BYTES, len - HS__UCX_BOOT_HELLO_BYTES, &m, why,
+                            sizeof why) == HS_OK &&
+        m.type == HS__UCX_BOOT_REFUSE)
+        snprintf(text, cap, "%s", m.text);
+}
+
+START_TEST(ucx_a_proven_peer_with_a_malformed_worker_address_is_refused)
+{
+    ck_assert_int_eq(boot_try(&g_key_a, false, false, &g_key_a), HS_OK);
+    uint8_t noise[300];
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < sizeof noise; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        noise[i] = (uint8_t)x;
+    }
+    noise[0] = 0x0f; /* a version UCX 1.13 asserts on */
+    uint8_t one = 0x00, foreign[128];
+    size_t fn = addr_v1(foreign, 0x1111, 0x2222);
+    struct {
+        const uint8_t *b;
+        size_t n;
+        const char *want;
+    } bad[] = {{&one, 1, "ends inside"},
+               {noise, sizeof noise, "version 16"},
+               {noise + 1, sizeof noise - 1, "bad UCX worker address"},
+               {foreign, fn, "none of the 2 transports"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[HS__UCX_BOOT_TEXT_MAX + 1];
+        proven_peer_auth(bad[i].b, bad[i].n, text, sizeof text);
+        ck_assert_msg(strstr(text, "bad UCX worker address in AUTH") && strstr(text, bad[i].want),
+                      "address %zu: REFUSE '%s', wanted '%s'", i, text, bad[i].want);
+    }
+    ck_assert_uint_eq(S.tp->boot_passed, 1); /* the real client only */
+    ck_assert_uint_eq(S.tp->boot_refused, 4);
+    ck_assert_int_eq(S.accepts, 1);
+    /* the proven connection carries on */
+    uint8_t buf[HS_FRAME_HEADER_BYTES + 16];
+    size_t n = make_frame(buf, HS_MSG_STATS, 0, 16);
+    ck_assert_int_eq(hs_tp_send(g_cc, buf, n), HS_OK);
+    PUMP_UNTIL(&S, &C, S.frames == 1);
+    pair_close_and_check_fds();
+}
+END_TEST
+
 START_TEST(transport_kinds_parse_and_print)
 {
     hs_tp_kind_t k;
@@ -1192,6 +1393,7 @@ int main(void)
     Suite *s = suite_create("transport");
     TCase *tc = tcase_create("common");
     ADD(tc, transport_kinds_parse_and_print);
+    ADD(tc, ucx_worker_addresses_are_walked_within_their_bytes);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("tcp");
@@ -1213,6 +1415,7 @@ int main(void)
         ADD(tc, ucx_a_remote_peer_without_a_secret_is_refused_before_ucx_sees_its_address);
         ADD(tc, ucx_a_shared_secret_is_proved_both_ways_in_the_bootstrap);
         ADD(tc, ucx_malformed_bootstrap_records_never_reach_ucx);
+        ADD(tc, ucx_a_proven_peer_with_a_malformed_worker_address_is_refused);
         ADD(tc, ucx_payloads_in_registered_memory_are_not_registered_on_the_fly);
         suite_add_tcase(s, tc);
     } else {
