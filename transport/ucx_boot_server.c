@@ -434,6 +434,11 @@ hs_status_t hs__ucx_listen(hs_tp_t *t, const char *host, uint16_t port, uint16_t
     int fd;
     hs_status_t st = hs__sock_listen("ucx transport", host, port, NULL, NULL, &fd, bound_port);
     if (st != HS_OK) return st;
+    st = hs__ucx_listen_devices(tp, host);
+    if (st != HS_OK) {
+        close(fd);
+        return st;
+    }
     int *n = realloc(tp->lfds, (tp->n_lfds + 1) * sizeof *n);
     if (n) tp->lfds = n;
     uint64_t *r = n ? realloc(tp->lfd_resume_ns, (tp->n_lfds + 1) * sizeof *r) : NULL;

@@ -108,6 +108,9 @@ struct ucx_tp {
     bool in_progress;
     bool destroying;
     bool use_memh;
+    /* the user chose UCX's net devices (the configuration's list or
+     * UCX_NET_DEVICES): listening leaves them as they are */
+    bool devices_chosen;
 };
 
 static inline ucx_conn_t *conn_of(hs_tp_conn_t *c)
@@ -128,6 +131,11 @@ void hs__ucx_worker_drain(ucx_tp_t *tp);
  * to the entries this side has too, and followed by HS__UCX_ADDR_PAD zero
  * bytes; *out is malloc'd, the caller frees it. On failure `why` says what
  * was wrong (HS_ERR_FORMAT, HS_ERR_UNSUPPORTED, HS_ERR_NOMEM). */
+/* Before the first listen on `host`: unless the user chose UCX's net
+ * devices, reopens UCX with only the network interfaces that hold host's
+ * address (and the RDMA ports, which open no socket), so that UCX's own TCP
+ * listeners bind only there. A wildcard host changes nothing. */
+HS_MUST_CHECK hs_status_t hs__ucx_listen_devices(ucx_tp_t *tp, const char *host);
 HS_MUST_CHECK hs_status_t hs__ucx_peer_addr(ucx_tp_t *tp, const uint8_t *addr, size_t len,
                                             uint8_t **out, char *why, size_t whycap);
 
