@@ -225,11 +225,17 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
                  cfg->status_interval_s, cfg->handshake_timeout_s, cfg->no_producer_warn_s);
         return HS_ERR_INVALID;
     }
+    hs__run_expect_t expect;
+    st = hs__expect_parse(cfg, &expect);
+    if (st != HS_OK) return st;
     st = hs_cache_check_room(cfg->cache_bytes, cfg->force);
     if (st != HS_OK) return st;
     hs_consumer_t *c = calloc(1, sizeof(*c));
     if (!c) return HS_ERR_NOMEM;
     c->cfg = *cfg;
+    c->expect = expect;
+    /* the config's strings are the caller's: none is kept past create */
+    c->cfg.expect_plan = c->cfg.expect_layout = c->cfg.expect_dataset = NULL;
     c->net.frame_buf = malloc(HS__FRAME_BUF_BYTES);
     if (!c->net.frame_buf) {
         free(c);

@@ -86,6 +86,7 @@ struct hs_consumer {
     uint16_t port;
     struct hs_metrics *metrics; /* its own thread reads hs_consumer_stats() */
     hs_journal_t *journal;      /* resume journal, or NULL; own lock */
+    hs__run_expect_t expect;    /* the run the configuration pins */
     /* from the config, defaults resolved: status line period, handshake
      * bound, how long no producer may be connected before the status line
      * says so */

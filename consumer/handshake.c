@@ -115,6 +115,81 @@ static bool offer_matches_run(hs_consumer_t *c, peer_t *p)
     return true;
 }
 
+/* A hash as hs-data prints it: 1..16 hex digits, "0x" allowed. */
+static bool parse_hash(const char *s, uint64_t *out)
+{
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s += 2;
+    size_t n = strlen(s);
+    if (n == 0 || n > 16 || strspn(s, "0123456789abcdefABCDEF") != n) return false;
+    *out = strtoull(s, NULL, 16);
+    return true;
+}
+
+hs_status_t hs__expect_parse(const hs_consumer_config_t *cfg, hs__run_expect_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (cfg->expect_plan && !(out->plan = parse_hash(cfg->expect_plan, &out->plan_hash))) {
+        hs_error("consumer: --expect-plan '%s': expected the plan hash hs-data plan prints, 16 "
+                 "hex digits such as 3f2a9c0d5e6b7a81",
+                 cfg->expect_plan);
+        return HS_ERR_INVALID;
+    }
+    if (cfg->expect_dataset &&
+        !(out->dataset = parse_hash(cfg->expect_dataset, &out->dataset_fingerprint))) {
+        hs_error("consumer: --expect-dataset '%s': expected the dataset fingerprint hs-data plan "
+                 "(or hs-data info) prints, 16 hex digits such as 9d41c07be2f35a10",
+                 cfg->expect_dataset);
+        return HS_ERR_INVALID;
+    }
+    if (cfg->expect_layout) {
+        char why[160];
+        if (hs_layout_parse(cfg->expect_layout, &out->layout_v, why, sizeof(why)) != HS_OK) {
+            hs_error("consumer: --expect-layout '%s': %s", cfg->expect_layout, why);
+            return HS_ERR_INVALID;
+        }
+        out->layout = true;
+    }
+    return HS_OK;
+}
+
+/* A peer's offer against the run the configuration pins: true when it may
+ * go on; otherwise it is dropped naming each value that differs and the one
+ * expected. The run itself is not touched: the consumer waits for others. */
+static bool offer_matches_expect(hs_consumer_t *c, peer_t *p)
+{
+    const hs__run_expect_t *e = &c->expect;
+    const run_offer_t *o = &p->offer;
+    char why[900];
+    size_t n = 0;
+    why[0] = 0;
+    if (e->dataset && o->dataset_fingerprint != e->dataset_fingerprint)
+        n += (size_t)snprintf(why + n, sizeof(why) - n,
+                              "%sits dataset fingerprint is %016llx, expected %016llx "
+                              "(--expect-dataset): give it the dataset the run was planned on",
+                              n ? "; " : "", (unsigned long long)o->dataset_fingerprint,
+                              (unsigned long long)e->dataset_fingerprint);
+    if (e->plan && o->plan_hash != e->plan_hash && n < sizeof(why))
+        n += (size_t)snprintf(why + n, sizeof(why) - n,
+                              "%sits plan hash is %016llx, expected %016llx (--expect-plan): give "
+                              "it the --data, --token-budget, --max-seq-len, --overflow and "
+                              "--seed hs-data plan was given",
+                              n ? "; " : "", (unsigned long long)o->plan_hash,
+                              (unsigned long long)e->plan_hash);
+    if (e->layout && hs_layout_id(&o->layout) != hs_layout_id(&e->layout_v) && n < sizeof(why)) {
+        char mine[160], theirs[160];
+        hs_layout_spec(&e->layout_v, mine, sizeof(mine));
+        hs_layout_spec(&o->layout, theirs, sizeof(theirs));
+        n += (size_t)snprintf(why + n, sizeof(why) - n,
+                              "%sits layout is %s, expected %s (--expect-layout): start it with "
+                              "that --hidden-size and --layers",
+                              n ? "; " : "", theirs, mine);
+    }
+    if (!n) return true;
+    hs__peer_drop(c, p, HS_ERR_MISMATCH, "producer refused, not the run this consumer expects: %s",
+                  why);
+    return false;
+}
+
 /* After HELLO (and AUTH, when a secret is set): join the run, or, before
  * there is one, send a plan or wait for the one being sent. A run exists only
  * once a plan is complete and checked (plan_complete); until then no offer
@@ -127,6 +202,7 @@ static void peer_admit(hs_consumer_t *c, peer_t *p)
         hs__peer_drop(c, p, HS_ERR_INVALID, "the frame limit could not be raised");
         return;
     }
+    if (!offer_matches_expect(c, p)) return;
     if (c->run.have_run) {
         if (offer_matches_run(c, p)) send_welcome(c, p, false);
         return;
@@ -175,6 +251,7 @@ void hs__on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len
         goto out;
     }
     o->plan_hash = h->plan_hash;
+    o->dataset_fingerprint = h->dataset_fingerprint;
     o->n_batches = h->n_batches; /* 1..HS_PLAN_MAX_BATCHES (hs_msg_unpack) */
     o->seed = h->seed;
     o->token_budget = h->token_budget;

@@ -26,6 +26,18 @@ typedef struct {
     double t_page;               /* when the last page came (or the plan was asked for) */
 } pending_plan_t;
 
+/* The run as the configuration pins it (expect_plan, expect_layout,
+ * expect_dataset): what is not pinned is not checked. Fixed at create. */
+typedef struct {
+    bool plan, layout, dataset; /* which are pinned */
+    uint64_t plan_hash, dataset_fingerprint;
+    hs_layout_t layout_v;
+} hs__run_expect_t;
+
+/* Parses the config's expectations into *out; HS_ERR_INVALID (logged,
+ * naming the field and the form expected) for a malformed one. */
+HS_MUST_CHECK hs_status_t hs__expect_parse(const hs_consumer_config_t *cfg, hs__run_expect_t *out);
+
 /* The frames of the handshake, from the network thread's frame callback. */
 void hs__on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len);
 void hs__on_auth(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len);

@@ -16,6 +16,7 @@
 #include "hsflow.h"
 #include "hs_common.h"
 #include "hs_devices.h"
+#include "hs_proto.h"
 #include "hs_consumer_files_int.h"
 #include "hs_consumer_loopback_int.h"
 
@@ -95,6 +96,13 @@ static const char usage[] =
     "                         at exit and every --save-state-interval, atomically\n"
     "  --save-state-interval S  seconds between --save-state writes (default 10; 0 = at exit\n"
     "                         only)\n"
+    "  --expect-plan HASH     pin the run: refuse every producer whose plan hash differs, the\n"
+    "                         first to connect too, and wait for the right ones (default: the\n"
+    "                         first complete plan defines the run)\n"
+    "  --expect-dataset FP    pin the dataset: refuse producers whose dataset fingerprint differs\n"
+    "  --expect-layout H=N,layers=L1,L2,...,dtype=bf16  pin the layout: refuse producers\n"
+    "                         with another --hidden-size or --layers. `hs-data plan FILE\n"
+    "                         --hidden-size H --layers L1,L2,...` prints all three flags\n"
     "  --loopback N           run N local hs-producer processes against 127.0.0.1; the\n"
     "                         arguments after -- (at least --data and the layout) go to each\n"
     "                         of them; --loopback sets their --to and --name\n"
@@ -109,6 +117,9 @@ static const char usage[] =
     "  hs-consumer --loopback 2 --cache-gb 1 --epochs 2 --save-state pos.json -- ...\n"
     "  hs-consumer --loopback 2 --cache-gb 1 --epochs 2 --resume-state pos.json -- ...\n"
     "  hs-consumer --list-devices\n"
+    "  hs-consumer --listen 0.0.0.0:7000 --cache-gb 64 --secret-file KEY \\\n"
+    "      --expect-plan 3f2a9c0d5e6b7a81 --expect-dataset 9d41c07be2f35a10 \\\n"
+    "      --expect-layout H=4096,layers=2,16,29,dtype=bf16\n"
     "  hs-consumer --listen 0.0.0.0:7000 --gpu 3 --nic auto --require-rdma --secret-file KEY\n";
 
 typedef struct {
@@ -160,6 +171,9 @@ enum {
     OPT_TCP_SOCKBUF,
     OPT_UCX_MEMH,
     OPT_FAULT,
+    OPT_EXPECT_PLAN,
+    OPT_EXPECT_LAYOUT,
+    OPT_EXPECT_DATASET,
 };
 
 static const struct option long_options[] = {
@@ -194,6 +208,9 @@ static const struct option long_options[] = {
     {"tcp-sockbuf", required_argument, NULL, OPT_TCP_SOCKBUF},
     {"ucx-memh", required_argument, NULL, OPT_UCX_MEMH},
     {"fault", required_argument, NULL, OPT_FAULT},
+    {"expect-plan", required_argument, NULL, OPT_EXPECT_PLAN},
+    {"expect-layout", required_argument, NULL, OPT_EXPECT_LAYOUT},
+    {"expect-dataset", required_argument, NULL, OPT_EXPECT_DATASET},
     {"nic", required_argument, NULL, OPT_NIC},
     {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
     {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
@@ -205,6 +222,14 @@ static int bad(const char *flag, const char *arg, const char *from, const char *
 {
     fprintf(stderr, "hs-consumer: --%s '%s' (%s): %s\n", flag, arg ? arg : "", from, expect);
     return 2;
+}
+
+/* 16 hex digits (an optional 0x, fewer digits), as hs-data plan prints a hash. */
+static bool is_hash(const char *s)
+{
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s += 2;
+    size_t n = strlen(s);
+    return n > 0 && n <= 16 && strspn(s, "0123456789abcdefABCDEF") == n;
 }
 
 static int apply(void *ctx, int opt, const char *arg, const char *from)
@@ -365,6 +390,28 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     case OPT_FAULT:
         o->cfg.fault = arg; /* checked where the transport starts */
         return 0;
+    case OPT_EXPECT_PLAN:
+        if (!is_hash(arg))
+            return bad("expect-plan", arg, from,
+                       "expected the plan hash hs-data plan prints, 16 hex digits");
+        o->cfg.expect_plan = arg;
+        return 0;
+    case OPT_EXPECT_DATASET:
+        if (!is_hash(arg))
+            return bad("expect-dataset", arg, from,
+                       "expected the dataset fingerprint hs-data plan prints, 16 hex digits");
+        o->cfg.expect_dataset = arg;
+        return 0;
+    case OPT_EXPECT_LAYOUT: {
+        hs_layout_t l;
+        char why[160], msg[256];
+        if (hs_layout_parse(arg, &l, why, sizeof(why)) != HS_OK) {
+            snprintf(msg, sizeof(msg), "%s (e.g. H=4096,layers=2,16,29,dtype=bf16)", why);
+            return bad("expect-layout", arg, from, msg);
+        }
+        o->cfg.expect_layout = arg;
+        return 0;
+    }
     case OPT_LOOPBACK:
         if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > MAX_LOOPBACK)
             return bad("loopback", arg, from, "expected 1..64 producers");
@@ -497,6 +544,11 @@ int main(int argc, char **argv)
     }
     hs_info("config: rank %u of %u, uneven %s", o.cfg.rank, o.cfg.world,
             o.cfg.uneven == HS_UNEVEN_REPEAT ? "repeat" : "drop");
+    if (o.cfg.expect_plan || o.cfg.expect_layout || o.cfg.expect_dataset)
+        hs_info("config: run pinned to plan %s, layout %s, dataset %s",
+                o.cfg.expect_plan ? o.cfg.expect_plan : "any",
+                o.cfg.expect_layout ? o.cfg.expect_layout : "any",
+                o.cfg.expect_dataset ? o.cfg.expect_dataset : "any");
     hs_info("config: listen %s:%u, cache %.3f GiB, epochs %u, gpu %d, order %s, prefetch %u, "
             "lease-timeout %g s, verify-synthetic %s, transport %s, net devices %s, require-rdma "
             "%s, loopback %d, "

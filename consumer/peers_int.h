@@ -35,6 +35,7 @@ typedef enum {
 typedef struct {
     hs_layout_t layout;
     uint64_t plan_hash, seed;
+    uint64_t dataset_fingerprint;     /* 0 from a producer that did not say */
     uint32_t n_batches, token_budget; /* n_batches in 1..HS_PLAN_MAX_BATCHES */
 } run_offer_t;
 

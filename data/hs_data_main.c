@@ -19,6 +19,7 @@
 
 #include "dataset_int.h"
 #include "hs_common.h"
+#include "hs_proto.h"
 #include "plan_int.h"
 
 enum { CMD_IMPORT = 1, CMD_INFO = 2, CMD_PLAN = 4, CMD_SYNTH = 8, CMD_ALL = 15 };
@@ -35,6 +36,8 @@ enum {
     OPT_VOCAB,
     OPT_LOG_LEVEL,
     OPT_STATUS_INTERVAL,
+    OPT_HIDDEN_SIZE,
+    OPT_LAYERS,
 };
 
 static const struct option long_opts[] = {
@@ -49,14 +52,18 @@ static const struct option long_opts[] = {
     {"vocab", required_argument, NULL, OPT_VOCAB},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
     {"status-interval", required_argument, NULL, OPT_STATUS_INTERVAL},
+    {"hidden-size", required_argument, NULL, OPT_HIDDEN_SIZE},
+    {"layers", required_argument, NULL, OPT_LAYERS},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
 /* Which commands each option applies to (indexed by option - OPT_TOKEN_BUDGET). */
 static const int opt_cmds[] = {
-    CMD_PLAN,  CMD_PLAN, CMD_PLAN, CMD_PLAN | CMD_SYNTH, CMD_PLAN, CMD_SYNTH, CMD_SYNTH, CMD_SYNTH,
-    CMD_SYNTH, CMD_ALL,  CMD_PLAN,
+    CMD_PLAN,  CMD_PLAN,  CMD_PLAN,  CMD_PLAN | CMD_SYNTH,
+    CMD_PLAN,  CMD_SYNTH, CMD_SYNTH, CMD_SYNTH,
+    CMD_SYNTH, CMD_ALL,   CMD_PLAN,  CMD_PLAN,
+    CMD_PLAN,
 };
 
 typedef struct {
@@ -68,6 +75,8 @@ typedef struct {
     uint64_t sequences; /* 0 = not given */
     uint64_t min_len, max_len, vocab;
     double status_interval; /* plan progress; 0 = 5 s, < 0 = never */
+    uint64_t hidden_size;   /* plan: the producers' layout, for --expect-layout; 0 = not given */
+    const char *layers;
 } opts_t;
 
 static void usage(FILE *f)
@@ -83,7 +92,8 @@ static void usage(FILE *f)
         "                       format; prints sequences, tokens and fingerprint\n"
         "  info FILE            format, sequences, tokens, min/mean/max length, fingerprint\n"
         "  plan FILE            pack FILE into batches as a producer would; prints batches,\n"
-        "                       fill, truncated/dropped sequences, plan hash, batch shapes\n"
+        "                       fill, truncated/dropped sequences, plan hash, batch shapes,\n"
+        "                       and the hs-consumer flags that pin the run to it\n"
         "  synth OUT.jsonl      write a random JSONL dataset (demos and tests)\n"
         "\n"
         "A JSONL dataset has one JSON object per line: {\"input_ids\": [1, 2, 3]} with an\n"
@@ -106,6 +116,8 @@ static void usage(FILE *f)
         "  --epochs E           show the batch order of the first E epochs (default 1)\n"
         "  --status-interval S  a progress line every S seconds while a large plan is\n"
         "                       built (default 5; 0 = none)\n"
+        "  --hidden-size H      the producers' hidden size and captured --layers: with both,\n"
+        "  --layers L1,L2,...   the pin line also has --expect-layout\n"
         "synth options:\n"
         "  --sequences N        how many sequences (required)\n"
         "  --min-len A          shortest sequence (default 16)\n"
@@ -125,7 +137,8 @@ static void usage(FILE *f)
         "  hs-data import demo.jsonl demo.hst\n"
         "  hs-data info demo.hst\n"
         "  hs-data plan demo.hst --token-budget 64K --max-seq-len 8192 --overflow drop --seed 7\n"
-        "  HS_TOKEN_BUDGET=32768 hs-data plan demo.hst --epochs 3\n");
+        "  HS_TOKEN_BUDGET=32768 hs-data plan demo.hst --epochs 3\n"
+        "  hs-data plan demo.hst --token-budget 64K --hidden-size 4096 --layers 2,16,29\n");
 }
 
 static int die_usage(const char *fmt, const char *a, const char *b)
@@ -177,6 +190,14 @@ static int opt_apply(opts_t *o, int id, const char *val, const char *src)
         if (hs_parse_u64(val, &v) != HS_OK || v == 0 || v > 1000000)
             return die_usage("%s: '%s' is not a number of epochs in 1..1000000", src, val);
         o->epochs = v;
+        return 0;
+    case OPT_HIDDEN_SIZE:
+        if (hs_parse_u64(val, &v) != HS_OK || v == 0 || v > 65536)
+            return die_usage("%s: '%s' is not a hidden size in 1..65536", src, val);
+        o->hidden_size = v;
+        return 0;
+    case OPT_LAYERS:
+        o->layers = val; /* checked with the hidden size (pin_layout) */
         return 0;
     case OPT_STATUS_INTERVAL: {
         double d;
@@ -292,12 +313,34 @@ static int cmd_info(const char *path)
     return 0;
 }
 
+/* The layout --hidden-size and --layers give, as --expect-layout takes it,
+ * into buf; "" when neither is given. 2 (message printed) when only one is
+ * or they are not a valid layout. */
+static int pin_layout(const opts_t *o, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    if (!o->hidden_size && !o->layers) return 0;
+    if (!o->hidden_size || !o->layers)
+        return die_usage("%s: give --hidden-size and --layers together%s (they print the "
+                         "--expect-layout of the run)",
+                         o->layers ? "--layers" : "--hidden-size", "");
+    char spec[512], why[160];
+    snprintf(spec, sizeof(spec), "H=%" PRIu64 ",layers=%s,dtype=bf16", o->hidden_size, o->layers);
+    hs_layout_t l;
+    if (hs_layout_parse(spec, &l, why, sizeof(why)) != HS_OK)
+        return die_usage("--layers %s: %s", o->layers, why);
+    hs_layout_spec(&l, buf, cap);
+    return 0;
+}
+
 static int cmd_plan(const char *path, const opts_t *o)
 {
     hs_dataset_t *ds = NULL;
     hs_plan_t *plan = NULL;
     uint32_t *order = NULL;
     int rc = 1;
+    char layout[512];
+    if (pin_layout(o, layout, sizeof(layout))) return 2;
     if (hs_dataset_open(path, &ds) != HS_OK) return 1;
     hs_plan_config_t cfg = {
         .token_budget = (uint32_t)o->token_budget,
@@ -329,6 +372,10 @@ static int cmd_plan(const char *path, const opts_t *o)
     printf("tokens lost   %" PRIu64 " (%.2f%%) to truncation and dropping\n", s.tokens_dropped,
            100.0 * (double)s.tokens_dropped / (double)hs_dataset_total_tokens(ds));
     printf("plan hash     %016" PRIx64 "\n", hs_plan_hash(plan));
+    /* What pins a consumer to this run, in the form its flags take. */
+    printf("pin           --expect-plan %016" PRIx64 " --expect-dataset %016" PRIx64 "%s%s\n",
+           hs_plan_hash(plan), hs_dataset_fingerprint(ds), *layout ? " --expect-layout " : "",
+           layout);
 
     /* batch shapes, bucketed by sequences per batch (powers of two) */
     struct {

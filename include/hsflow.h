@@ -149,6 +149,18 @@ typedef struct {
     /* Tests: faults injected into what this consumer receives,
      * "corrupt=N,cut=N,delay_ms=MS" (--fault); NULL = none. */
     const char *fault;
+    /* Pin the run (--expect-plan, --expect-layout, --expect-dataset; the
+     * values `hs-data plan` prints): a producer whose plan hash, layout or
+     * dataset fingerprint differs is refused, naming what differs and the
+     * value expected, whether it is the first to connect or not, and the
+     * consumer waits on for the right ones. NULL = not pinned (the first
+     * complete plan defines the run). Forms: expect_plan and expect_dataset
+     * 16 hex digits ("3f2a9c0d5e6b7a81"); expect_layout
+     * "H=4096,layers=2,16,29,dtype=bf16". A malformed one fails create with
+     * HS_ERR_INVALID. */
+    const char *expect_plan;
+    const char *expect_layout;
+    const char *expect_dataset;
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */

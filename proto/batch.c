@@ -95,6 +95,105 @@ void hs_layout_describe(const hs_layout_t *l, char *buf, size_t cap)
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
+void hs_layout_spec(const hs_layout_t *l, char *buf, size_t cap)
+{
+    if (!buf || !cap) return;
+    size_t n = (size_t)snprintf(buf, cap, "H=%u,layers=", l->hidden_size);
+    uint32_t k = l->n_layers <= HS_MAX_LAYERS ? l->n_layers : HS_MAX_LAYERS;
+    for (uint32_t i = 0; i < k && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%d", i ? "," : "", l->layers[i]);
+    if (n < cap) snprintf(buf + n, cap - n, ",dtype=%s", l->dtype == HS_DTYPE_BF16 ? "bf16" : "?");
+}
+
+/* One number of a layout spec: decimal digits only, at most `max`. */
+static bool spec_number(const char *s, size_t len, uint64_t max, uint64_t *out)
+{
+    if (len == 0 || len > 10) return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9') return false;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    if (v > max) return false;
+    *out = v;
+    return true;
+}
+
+hs_status_t hs_layout_parse(const char *spec, hs_layout_t *out, char *why, size_t whycap)
+{
+    hs_layout_t l;
+    memset(&l, 0, sizeof l);
+    l.dtype = HS_DTYPE_BF16;
+    bool have_h = false, have_layers = false, have_dtype = false;
+    enum { KEY_NONE, KEY_LAYERS } last = KEY_NONE;
+    if (!spec || !*spec) {
+        say(why, whycap, "empty layout; expected H=4096,layers=2,16,29,dtype=bf16");
+        return HS_ERR_INVALID;
+    }
+    const char *p = spec;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        const char *eq = memchr(p, '=', len);
+        if (eq) {
+            size_t klen = (size_t)(eq - p), vlen = len - klen - 1;
+            const char *v = eq + 1;
+            uint64_t num;
+            if (klen == 1 && (*p == 'H' || *p == 'h')) {
+                if (have_h || !spec_number(v, vlen, HS_LAYOUT_MAX_HIDDEN, &num) || num == 0) {
+                    say(why, whycap, "H= must be given once, a hidden size 1..%u",
+                        HS_LAYOUT_MAX_HIDDEN);
+                    return HS_ERR_INVALID;
+                }
+                l.hidden_size = (uint32_t)num;
+                have_h = true;
+                last = KEY_NONE;
+            } else if (klen == 6 && !strncmp(p, "layers", 6)) {
+                if (have_layers || !spec_number(v, vlen, INT32_MAX, &num)) {
+                    say(why, whycap, "layers= must be given once, layer indices such as 2,16,29");
+                    return HS_ERR_INVALID;
+                }
+                l.layers[l.n_layers++] = (int32_t)num;
+                have_layers = true;
+                last = KEY_LAYERS;
+            } else if (klen == 5 && !strncmp(p, "dtype", 5)) {
+                if (have_dtype || vlen != 4 || strncmp(v, "bf16", 4)) {
+                    say(why, whycap, "dtype= must be given once and be bf16 (the only one)");
+                    return HS_ERR_INVALID;
+                }
+                have_dtype = true;
+                last = KEY_NONE;
+            } else {
+                say(why, whycap, "unknown key '%.*s'; expected H=, layers= and dtype=", (int)klen,
+                    p);
+                return HS_ERR_INVALID;
+            }
+        } else {
+            uint64_t num;
+            if (last != KEY_LAYERS || !spec_number(p, len, INT32_MAX, &num)) {
+                say(why, whycap,
+                    "'%.*s' is not KEY=VALUE nor a layer index after layers=", (int)len, p);
+                return HS_ERR_INVALID;
+            }
+            if (l.n_layers == HS_MAX_LAYERS) {
+                say(why, whycap, "more than %d layers", HS_MAX_LAYERS);
+                return HS_ERR_INVALID;
+            }
+            l.layers[l.n_layers++] = (int32_t)num;
+        }
+        if (!p[len]) break;
+        p += len + 1;
+    }
+    if (!have_h || !have_layers) {
+        say(why, whycap, "%s missing; expected H=4096,layers=2,16,29,dtype=bf16",
+            !have_h ? "H=" : "layers=");
+        return HS_ERR_INVALID;
+    }
+    hs_status_t st = hs_layout_validate(&l, why, whycap);
+    if (st != HS_OK) return st;
+    *out = l;
+    return HS_OK;
+}
+
 /* ---- region ------------------------------------------------------------ */
 
 hs_batch_offsets_t hs_batch_offsets(uint32_t n_seqs, uint32_t n_tokens, const hs_layout_t *layout)

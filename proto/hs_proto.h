@@ -44,6 +44,15 @@ HS_MUST_CHECK hs_status_t hs_layout_validate(const hs_layout_t *layout, char *wh
 uint64_t hs_layout_id(const hs_layout_t *layout);
 /* "H=4096 dtype=bf16 layers=[2,16,29]" into buf. */
 void hs_layout_describe(const hs_layout_t *layout, char *buf, size_t cap);
+/* The layout as a flag value, "H=4096,layers=2,16,29,dtype=bf16" (the form
+ * hs-consumer --expect-layout takes and hs-data plan prints), into buf. */
+void hs_layout_spec(const hs_layout_t *layout, char *buf, size_t cap);
+/* Parses that form: H=, layers= and dtype= in any order, each once, H and
+ * layers required, dtype bf16 (the default); the numbers after layers= run
+ * up to the next key. A valid layout into *out, or HS_ERR_INVALID with the
+ * reason in why[whycap] (nothing logged). */
+HS_MUST_CHECK hs_status_t hs_layout_parse(const char *spec, hs_layout_t *out, char *why,
+                                          size_t whycap);
 /* Bytes of hidden state per token: k * H * 2. */
 static inline uint64_t hs_layout_token_bytes(const hs_layout_t *l)
 {

@@ -55,6 +55,9 @@ class ConsumerConfig(ctypes.Structure):
         ("tcp_sockbuf", _c_u64),
         ("ucx_no_memh", ctypes.c_bool),
         ("fault", ctypes.c_char_p),
+        ("expect_plan", ctypes.c_char_p),
+        ("expect_layout", ctypes.c_char_p),
+        ("expect_dataset", ctypes.c_char_p),
     ]
 
 

@@ -139,6 +139,63 @@ class Batch:
                    " released" if self._released else ""))
 
 
+_EXPECT_KEYS = ("plan", "layout", "dataset")
+_HEX = set("0123456789abcdefABCDEF")
+
+
+def _expect_pins(expect):
+    """expect= -> {'plan': b'..', 'layout': b'..', 'dataset': b'..'} (the keys given)."""
+    if expect is None:
+        return {}
+    if isinstance(expect, str):
+        words, pins = expect.split(), {}
+        i = 0
+        while i < len(words):
+            w = words[i]
+            if w.startswith("--expect-") and i + 1 < len(words):
+                key, val = w[len("--expect-"):], words[i + 1]
+                i += 2
+            elif "=" in w and not w.startswith("-"):
+                key, val = w.split("=", 1)
+                i += 1
+            else:
+                raise ValueError("expect=%r: '%s' is neither --expect-KEY VALUE nor KEY=VALUE; "
+                                 "give what `hs-data plan` prints after 'pin'" % (expect, w))
+            if key in pins:
+                raise ValueError("expect=%r: %s given twice" % (expect, key))
+            pins[key] = val
+        expect = pins
+    if not isinstance(expect, dict):
+        raise ValueError("expect=%r: expected a dict with 'plan', 'layout' and/or 'dataset', or "
+                         "the string `hs-data plan` prints after 'pin'" % (expect,))
+    out = {}
+    for key, val in expect.items():
+        if key not in _EXPECT_KEYS:
+            raise ValueError("expect: unknown key %r; expected 'plan', 'layout' or 'dataset'"
+                             % (key,))
+        if val is None:
+            continue
+        if key == "layout" and isinstance(val, dict):
+            try:
+                layers = ",".join(str(int(x)) for x in val["layers"])
+                val = "H=%d,layers=%s,dtype=%s" % (int(val["H"]), layers,
+                                                   val.get("dtype", "bf16"))
+            except (KeyError, TypeError, ValueError):
+                raise ValueError("expect['layout']=%r: expected {'H': 4096, 'layers': [2, 16, "
+                                 "29]} or 'H=4096,layers=2,16,29,dtype=bf16'" % (val,)) from None
+        if isinstance(val, int) and not isinstance(val, bool) and key != "layout":
+            val = "%016x" % val
+        if not isinstance(val, str):
+            raise ValueError("expect[%r]=%r: expected a string" % (key, val))
+        if key != "layout":
+            h = val[2:] if val.lower().startswith("0x") else val
+            if not 0 < len(h) <= 16 or not set(h) <= _HEX:
+                raise ValueError("expect[%r]=%r: expected 16 hex digits, as `hs-data plan` "
+                                 "prints it" % (key, val))
+        out[key] = val.encode()
+    return out
+
+
 def _rank_world(rank, world):
     """rank and world as given, else from torchrun's RANK / WORLD_SIZE, else 0 of 1."""
     def env(name):
@@ -205,13 +262,23 @@ class Consumer:
     They default to torchrun's RANK and WORLD_SIZE when those are set (else
     0 and 1); uneven='drop' (default) skips the batches of an epoch that do
     not divide by W, 'repeat' gives the short ranks batches from the epoch's
-    start. A journal or resume state belongs to one rank."""
+    start. A journal or resume state belongs to one rank.
+
+    expect= pins the run, so a misconfigured producer that connects first
+    cannot define it: a dict with any of 'plan' (the plan hash), 'dataset'
+    (the dataset fingerprint) and 'layout' ('H=4096,layers=2,16,29,dtype=bf16',
+    or a dict {'H': 4096, 'layers': [2, 16, 29]}), or the string `hs-data plan
+    FILE --hidden-size H --layers ...` prints after "pin" ("--expect-plan X
+    --expect-dataset Y --expect-layout Z"; "plan=X dataset=Y layout=Z" works
+    too). A producer that differs in any of them is refused, naming what
+    differs, and the consumer waits for the right ones."""
 
     def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
                  order="arrival", prefetch=2, verify_synthetic=False, secret_file=None,
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
                  arrays="auto", metrics=None, journal=None, resume=None,
-                 lease_timeout_s=60, force=False, rank=None, world=None, uneven="drop"):
+                 lease_timeout_s=60, force=False, rank=None, world=None, uneven="drop",
+                 expect=None):
         self._c = None
         lib = load()
         host, port = _parse_listen(listen)
@@ -240,6 +307,7 @@ class Consumer:
             raise ValueError("uneven=%r: expected 'drop' (skip the leftover batches of an epoch) "
                              "or 'repeat' (the short ranks take batches from its start)"
                              % (uneven,))
+        pins = _expect_pins(expect)
         self.rank, self.world = rank, world
         self._mode = _arrays.resolve_arrays(arrays)
         self._gpu = gpu
@@ -253,7 +321,8 @@ class Consumer:
                       secret_file.encode() if secret_file else None,
                       metrics.encode() if metrics else None,
                       os.fsencode(journal) if journal else None,
-                      _resume_text(resume) if resume is not None else None]
+                      _resume_text(resume) if resume is not None else None,
+                      pins.get("plan"), pins.get("layout"), pins.get("dataset")]
         cfg.listen_host = self._keep[0]
         cfg.listen_port = port
         cfg.cache_bytes = int(cache_gb * (1 << 30))
@@ -275,6 +344,7 @@ class Consumer:
         cfg.rank = rank
         cfg.world = world
         cfg.uneven = 1 if uneven == "repeat" else 0
+        cfg.expect_plan, cfg.expect_layout, cfg.expect_dataset = self._keep[6:9]
         h = ctypes.c_void_p()
         st = lib.hs_consumer_create(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK and resume is not None:

@@ -256,6 +256,42 @@ static size_t packed_ticket(void)
     return len;
 }
 
+START_TEST(layout_spec_round_trips_and_malformed_specs_are_refused)
+{
+    hs_layout_t l = test_layout(), back;
+    char spec[160], reason[160];
+    hs_layout_spec(&l, spec, sizeof(spec));
+    ck_assert_str_eq(spec, "H=83,layers=2,16,29,dtype=bf16");
+    ck_assert_int_eq(hs_layout_parse(spec, &back, reason, sizeof(reason)), HS_OK);
+    ck_assert_uint_eq(hs_layout_id(&back), hs_layout_id(&l));
+    /* any order, dtype optional */
+    ck_assert_int_eq(hs_layout_parse("layers=2,16,29,H=83", &back, reason, sizeof(reason)), HS_OK);
+    ck_assert_uint_eq(hs_layout_id(&back), hs_layout_id(&l));
+    static const char *bad[] = {
+        "",
+        "H=83",
+        "layers=2,16",
+        "H=83,layers=16,2",
+        "H=0,layers=2",
+        "H=83,layers=2,H=83",
+        "H=83,layers=2,dtype=fp8",
+        "H=83,2,layers=3",
+        "H=83,layers=2,,3",
+        "H=83,layers=-1",
+        "H=83,layers=2,colour=blue",
+        "H=99999999999,layers=2",
+        "H=8,layers=0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,"
+        "29,30,31,32",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        reason[0] = 0;
+        ck_assert_msg(hs_layout_parse(bad[i], &back, reason, sizeof(reason)) == HS_ERR_INVALID,
+                      "'%s' was accepted", bad[i]);
+        ck_assert_msg(reason[0], "'%s': no reason given", bad[i]);
+    }
+}
+END_TEST
+
 START_TEST(frame_with_bad_magic_is_rejected)
 {
     size_t len = packed_ticket();
@@ -1271,6 +1307,7 @@ int main(void)
     tcase_add_test(batch, synthetic_fill_matches_the_formula_and_checks_clean);
     tcase_add_test(batch, synthetic_check_names_a_single_flipped_element);
     tcase_add_test(batch, fused_fill_and_seal_equals_fill_then_seal);
+    tcase_add_test(batch, layout_spec_round_trips_and_malformed_specs_are_refused);
     suite_add_tcase(s, batch);
 
     SRunner *sr = srunner_create(s);

@@ -312,3 +312,41 @@ def test_rank_and_world_are_checked(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "four")
     with pytest.raises(ValueError, match="WORLD_SIZE"):
         hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02)
+
+
+def test_expect_pins_the_run_and_refuses_a_wrong_first_producer(producer_bin, dataset):
+    data, _ = dataset
+    tool = hsflow.find_tool("hs-data")
+    assert tool, "hs-data not found next to hs-producer"
+    out = subprocess.run([tool, "plan", data, "--token-budget", str(BUDGET), "--hidden-size",
+                          str(H), "--layers", ",".join(map(str, LAYERS))],
+                         capture_output=True, text=True, check=True).stdout
+    pin = [l.split(None, 1)[1] for l in out.splitlines() if l.startswith("pin ")][0]
+    words = pin.split()
+    as_dict = {"plan": words[1], "dataset": words[3],
+               "layout": {"H": H, "layers": LAYERS}}
+    for expect in (pin, as_dict):
+        with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, verify_synthetic=True,
+                             arrays="numpy", expect=expect) as c:
+            # a producer with other layers connects first: refused, the run stays open
+            wrong = start_producers(producer_bin, c.port, data, n=1, extra=("--layers", "1,4"))[0]
+            assert wrong.wait(30) == 1
+            wrong.log.seek(0)
+            text = wrong.log.read().decode(errors="replace")
+            wrong.log.close()
+            assert "expected H=%d,layers=%s,dtype=bf16" % (H, ",".join(map(str, LAYERS))) in text
+            procs = start_producers(producer_bin, c.port, data, n=1)
+            try:
+                seen = [(b.epoch, b.batch) for b in c]
+                s = c.stats()
+            finally:
+                stop(procs)
+        assert len(seen) == s["batches_planned"] == s["batches_delivered"] > 0
+
+
+def test_expect_is_checked_before_the_consumer_starts():
+    for bad in ({"plan": "xyz"}, {"colour": "blue"}, "--expect-plan", "plan=0123 plan=4567", 42):
+        with pytest.raises(ValueError, match="expect"):
+            hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, expect=bad)
+    with pytest.raises(hsflow.HsflowError):  # the library names the layers out of order
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, expect={"layout": "H=48,layers=9,4"})
