@@ -60,6 +60,14 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
         hs__on_done(c, p, body, body_len, payload_bytes);
         break;
     case HS_MSG_STATS:
+        /* A producer sends STATS only once WELCOMEd (its heartbeat); from
+         * a peer not yet admitted, each one would be decoded for nothing,
+         * without limit. */
+        if (p->state != PEER_READY && p->state != PEER_SENDING_PLAN) {
+            hs__peer_drop(c, p, HS_ERR_PROTO,
+                          "STATS before the handshake was complete (no WELCOME sent yet)");
+            break;
+        }
         hs__on_stats(c, p, body, body_len);
         break;
     case HS_MSG_BYE: {

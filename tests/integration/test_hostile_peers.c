@@ -905,6 +905,34 @@ START_TEST(test_second_hello_and_other_out_of_protocol_frames_are_refused)
 }
 END_TEST
 
+START_TEST(test_stats_before_the_handshake_is_a_protocol_error)
+{
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    uint16_t port = hs_consumer_port(h.c);
+    Hsflow__Stats st = HSFLOW__STATS__INIT;
+    st.progressing = true;
+    /* before HELLO: the first STATS ends the connection, never a stream of them */
+    int a = raw_connect(port);
+    ck_assert(raw_send_msg(a, HS_MSG_STATS, &st.base, 0));
+    for (int i = 0; i < 1000; i++)
+        if (!raw_send_unchecked(a, HS_MSG_STATS, &st.base)) break;
+    expect_refused(a, "STATS before the handshake", true);
+    /* after HELLO, while another producer's plan is still to come (admitted, not welcomed) */
+    int b = raw_connect(port);
+    hello_send(b, "raw-sender");
+    ck_assert(welcome_recv(b)); /* asked for the plan: keeps it pending */
+    int w = raw_connect(port);
+    hello_send(w, "raw-waiting");
+    ck_assert(raw_send_msg(w, HS_MSG_STATS, &st.base, 0));
+    expect_refused(w, "STATS before the handshake", true);
+    close(b);
+    hs_consumer_stats_t s;
+    harness_finish(&h, &s);
+    ck_assert_uint_ge(s.protocol_errors, 2);
+}
+END_TEST
+
 START_TEST(test_well_framed_but_invalid_messages_are_refused)
 {
     /* Correct frames (magic, length, crc) around messages whose fields are
@@ -1434,6 +1462,7 @@ static Suite *hostile_suite(void)
     tcase_add_test(tc, test_oversized_body_len_is_refused_before_allocating);
     tcase_add_test(tc, test_silent_peer_is_cut_off_after_the_handshake_timeout);
     tcase_add_test(tc, test_truncated_body_then_close_is_dropped);
+    tcase_add_test(tc, test_stats_before_the_handshake_is_a_protocol_error);
     tcase_add_test(tc, test_crc_mismatch_is_refused);
     tcase_add_test(tc, test_done_for_a_ticket_the_peer_does_not_hold_is_refused);
     tcase_add_test(tc, test_payload_of_the_wrong_size_is_refused);
