@@ -431,6 +431,40 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     return 2;
 }
 
+/* One rule for every file this command writes (--summary-json,
+ * --stats-jsonl, --save-state, and --journal, which it also reads): none may
+ * be, or link to, a file it reads (--secret-file, --resume-state, the
+ * journal) nor another of its outputs. The one exception: --save-state may
+ * be the --resume-state file, which is read whole before anything is
+ * written. Appended files are held to it as well as replaced ones. Returns 0
+ * or 2 (printed). */
+static int check_outputs(const options_t *o)
+{
+    const char *summary = o->summary_json && strcmp(o->summary_json, "-") ? o->summary_json : NULL;
+    struct {
+        const char *flag, *path;
+        const char *others[6];
+    } outs[] = {
+        {"summary-json",
+         summary,
+         {o->cfg.secret_file, o->resume_state, o->cfg.journal, o->stats_jsonl, o->save_state}},
+        {"stats-jsonl",
+         o->stats_jsonl,
+         {o->cfg.secret_file, o->resume_state, o->cfg.journal, o->save_state}},
+        {"save-state", o->save_state, {o->cfg.secret_file, o->cfg.journal}},
+        {"journal", o->cfg.journal, {o->cfg.secret_file, o->resume_state, o->save_state}},
+    };
+    for (size_t i = 0; i < sizeof(outs) / sizeof(outs[0]); i++) {
+        if (!outs[i].path) continue;
+        if (hs_outfile_check(outs[i].path, outs[i].others, 6) != HS_OK) {
+            fprintf(stderr, "hs-consumer: --%s %s: give it a file of its own\n", outs[i].flag,
+                    outs[i].path);
+            return 2;
+        }
+    }
+    return 0;
+}
+
 /* The first SIGINT/SIGTERM stops the run cleanly (summary, journal); a
  * second one exits at once. */
 static volatile sig_atomic_t g_interrupted;
@@ -502,13 +536,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (o.summary_json && strcmp(o.summary_json, "-")) {
-        const char *inputs[] = {o.cfg.journal, o.cfg.secret_file};
-        if (hs_outfile_check(o.summary_json, inputs, 2) != HS_OK) {
-            fprintf(stderr, "hs-consumer: --summary-json %s: give another file\n", o.summary_json);
-            return 2;
-        }
-    }
+    if (check_outputs(&o) != 0) return 2;
     if (o.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;
     if (o.cfg.require_rdma) {
         if (!strcmp(o.cfg.transport, "tcp")) {
@@ -570,15 +598,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "hs-consumer: --stats-jsonl %s: cannot open it for appending: %m\n",
                 o.stats_jsonl);
         return 2;
-    }
-    if (o.save_state) {
-        /* The --resume-state file may be the same: it is read whole first. */
-        const char *inputs[] = {o.cfg.journal, o.cfg.secret_file, o.summary_json};
-        if (hs_outfile_check(o.save_state, inputs, 3) != HS_OK) {
-            fprintf(stderr, "hs-consumer: --save-state %s: give the state a file of its own\n",
-                    o.save_state);
-            return 2;
-        }
     }
     char *resume_text = NULL;
     if (o.resume_state) {

@@ -15,6 +15,7 @@ import sys
 import time
 
 from . import _hf, _lib, _log
+from ._outfile import output_conflict
 from ._produce_worker import EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, worker_main
 
 PROG = "hsflow-produce"
@@ -237,6 +238,10 @@ def parse(argv):
                      "one batch" % (args.max_seq_len, args.token_budget))
     if args.secret_file and not os.path.isfile(args.secret_file):
         return _fail("--secret-file %s: no such file" % args.secret_file)
+    if args.summary_json:
+        why = output_conflict(args.summary_json, (args.data, args.secret_file, args.model))
+        if why:
+            return _fail("--summary-json %s" % why)
     try:
         info = _hf.inspect_model(args.model)
         n = info["n_layers"]

@@ -6,7 +6,9 @@
 # exit 2 before any work, and the input is byte-for-byte unchanged; a write
 # killed half way (file size limit) leaves the previous output intact and
 # nothing at a new name. The summaries of hs-consumer and hs-producer are
-# refused onto their inputs too. Every case runs; failures are listed.
+# refused onto their inputs too, and every output of hs-consumer (summary,
+# stats lines, saved state, journal; appended or replaced) onto any of its
+# inputs or other outputs. Every case runs; failures are listed.
 . "$(dirname "$0")/lib.sh"
 
 FORWARD=$HS_BIN/hs-forward
@@ -76,6 +78,31 @@ printf 'secret-secret-secret-secret-secret\n' >"$d/key"
 case_ 2 'the output is the input' "$CONSUMER" --listen 127.0.0.1:0 \
     --secret-file "$d/key" --summary-json "$d/key"
 [ "$(head -c 6 "$d/key")" = secret ] || failures+=("the consumer's --summary-json overwrote its secret")
+
+# Every output of hs-consumer, appended ones too, against every input:
+# --secret-file, --resume-state, --journal (read, then written) and each other.
+printf '{"journal":"keep"}\n' >"$d/journal"
+printf '{"state":"keep"}\n' >"$d/state.json"
+ln -s key "$d/key-link"
+ln -s journal "$d/journal-link"
+keep=$(sum "$d/key" "$d/journal" "$d/state.json")
+C=("$CONSUMER" --listen 127.0.0.1:0 --secret-file "$d/key" --journal "$d/journal"
+    --resume-state "$d/state.json")
+case_ 2 'journal: the output is the input .*journal' "${C[@]}" --stats-jsonl "$d/journal"
+case_ 2 'key-link: the output is the input .*key \(the same file by another' "${C[@]}" --stats-jsonl "$d/key-link"
+case_ 2 'state\.json: the output is the input' "${C[@]}" --stats-jsonl "$d/state.json"
+case_ 2 'state\.json: the output is the input' "${C[@]}" --summary-json "$d/state.json"
+case_ 2 'journal-link: the output is the input .*journal \(the same file by another' "${C[@]}" --summary-json "$d/journal-link"
+case_ 2 'journal: the output is the input' "${C[@]}" --save-state "$d/journal"
+case_ 2 'key-link: the output is the input .*key' "$CONSUMER" --listen 127.0.0.1:0 \
+    --secret-file "$d/key" --journal "$d/key-link"
+case_ 2 'state\.json: the output is the input' "$CONSUMER" --listen 127.0.0.1:0 \
+    --resume-state "$d/state.json" --journal "$d/state.json"
+printf '{}\n' >"$d/stats.jsonl"
+case_ 2 'stats\.jsonl: the output is the input' "${C[@]}" --stats-jsonl "$d/stats.jsonl" \
+    --summary-json "$d/stats.jsonl"
+[ "$(sum "$d/key" "$d/journal" "$d/state.json")" = "$keep" ] ||
+    failures+=("a consumer output changed its secret, journal or resume state")
 [ "$(sum "$d/tokens.jsonl" "$d"/model/*)" = "$before" ] ||
     failures+=("an input changed: tokens.jsonl or the model folder")
 

@@ -345,8 +345,30 @@ def test_cli_refuses_to_write_onto_its_input(tmp_path, tokenizer_dirs):
     os.link(src, tmp_path / "alias.jsonl")
     for out in (src, str(tmp_path / "alias.jsonl")):
         r = cli("prepare", src, out)
-        assert r.returncode == 2 and "is the input file" in r.stderr
+        assert r.returncode == 2 and "the output is the input" in r.stderr
     assert open(src).read() == before
+
+
+def test_cli_refuses_outputs_onto_the_tokenizer_or_the_chat_template(tmp_path, tokenizer_dirs):
+    src = write_jsonl(tmp_path / "c.jsonl", [{"conversations": CONVERSATIONS[0]}])
+    tok = tmp_path / "tok"
+    shutil.copytree(tokenizer_dirs["chatml"], tok)
+    template = tmp_path / "t.hst.meta.json"  # also the sidecar of an output named t.hst
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    os.symlink(template.name, tmp_path / "t-link.jinja")
+    watched = sorted(tok.iterdir()) + [template]
+    before = {p: p.read_bytes() for p in watched}
+    cases = [(tok / "tokenizer.json", "inside the input folder"),
+             (tok / "train.hst", "inside the input folder"),
+             (template, "the output is the input"),
+             (tmp_path / "t-link.jinja", "by another name or link"),
+             (tmp_path / "t.hst", "the output is the input")]  # its sidecar is the template
+    for out, why in cases:
+        r = cli("prepare", src, str(out), "--tokenizer", str(tok), "--chat-template",
+                str(template))
+        assert r.returncode == 2 and why in r.stderr, (out, r.stderr)
+    assert {p: p.read_bytes() for p in watched} == before
+    assert sorted(tok.iterdir()) + [template] == watched
 
 
 def test_cli_help_and_usage_errors(tmp_path, tokenizer_dirs):

@@ -366,6 +366,29 @@ def test_bad_model_folders_and_layer_indices_fail_before_any_ticket(models, data
     assert s["producers_seen"] == 0 and s["tickets_out"] == 0
 
 
+def test_summary_json_onto_an_input_is_refused_before_anything_runs(models, data, tmp_path):
+    path, _ = models["llama"]
+    data_path, _ = data
+    secret = tmp_path / "key"
+    secret.write_text("secret-secret-secret-secret-secret\n")
+    os.symlink(data_path, tmp_path / "data-link.jsonl")
+    watched = [data_path, str(secret)] + sorted(os.path.join(path, f) for f in os.listdir(path))
+    before = {f: open(f, "rb").read() for f in watched}
+    cases = [(data_path, "the output is the input"),
+             (str(tmp_path / "data-link.jsonl"), "by another name or link"),
+             (str(secret), "the output is the input"),
+             (os.path.join(path, "config.json"), "inside the input folder"),
+             (os.path.join(path, "summary.json"), "inside the input folder")]
+    for out, why in cases:
+        # port 1: nothing listens; the refusal comes before any connection
+        pr = Proc(produce_cmd(1, data_path, path, "0,1", "--secret-file", str(secret),
+                              "--summary-json", out))
+        assert pr.wait() == 2, pr.text
+        assert "--summary-json" in pr.text and why in pr.text, pr.text
+    assert {f: open(f, "rb").read() for f in watched} == before
+    assert not os.path.exists(os.path.join(path, "summary.json"))
+
+
 def finish_with_hs_producer(producer_bin, port, data_path, path, layers):
     cp = Proc([producer_bin, "--to", "127.0.0.1:%d" % port, "--data", data_path,
                "--token-budget", str(BUDGET), "--source", "model", "--model", path,

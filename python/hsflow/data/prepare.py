@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .._lib import add_version_flag
+from .._outfile import output_conflict
 from .hst import HstWriter
 
 FORMATS = ("sharegpt", "messages", "text", "tokens")
@@ -617,13 +618,6 @@ def sidecar_path(out_path):
 # ---- the command ---------------------------------------------------------------------------------
 
 
-def _same_file(a, b):
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def prepare(in_path, out_path, opts, log=None):
     """Runs the whole preparation; returns (Counts, sidecar dict). Raises
     UsageError for a bad setup, Malformed under --strict."""
@@ -631,8 +625,13 @@ def prepare(in_path, out_path, opts, log=None):
     t0 = time.monotonic()
     if not os.path.exists(in_path):
         raise UsageError(f"{in_path}: no such file or folder")
-    if _same_file(in_path, out_path) or _same_file(in_path, sidecar_path(out_path)):
-        raise UsageError(f"{out_path} is the input file; give another output path")
+    # every output (OUT and its sidecar) against every input: IN, the
+    # tokenizer's folder and the chat template
+    inputs = (in_path, opts.tokenizer, opts.chat_template)
+    for out in (out_path, sidecar_path(out_path)):
+        why = output_conflict(out, inputs)
+        if why:
+            raise UsageError(why)
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
         raise UsageError(f"{out_path}: the folder {out_dir} does not exist")
