@@ -187,6 +187,29 @@ void hs_mem_limits_at(const char *root, hs_mem_limits_t *out);
  * limit minus its usage; UINT64_MAX when neither is known. */
 uint64_t hs_mem_room(const hs_mem_limits_t *m);
 
+/* The node's registry of host memory promised to caches (memclaim.c):
+ * caches are mapped without reserving and fill later, so a consumer counts
+ * what the node's other live consumers have claimed and not yet taken.
+ * hs_mem_claim_open() takes the registry's lock and reads the other claims
+ * (stale ones, of processes gone, are removed); hs_mem_claim_commit()
+ * records this one and lets the next process in; the claim lasts until
+ * hs_mem_claim_release() (NULL ok) or the process's end. A registry that
+ * cannot be used is warned about and counts nothing; only HS_ERR_NOMEM
+ * fails open. *out is the caller's to release. The folder is
+ * $HS_MEM_REGISTRY, default /dev/shm/hsflow-cache. */
+typedef struct hs_mem_claim hs_mem_claim_t;
+HS_MUST_CHECK hs_status_t hs_mem_claim_open(hs_mem_claim_t **out);
+/* Bytes the other live claims still have to take (their size less their
+ * process's resident memory). */
+uint64_t hs_mem_claim_others(const hs_mem_claim_t *m);
+/* The largest other claim, described (who, pid, sizes); "" with none.
+ * *n_others: how many there are. Valid until release. */
+const char *hs_mem_claim_others_text(const hs_mem_claim_t *m, unsigned *n_others);
+/* Records `bytes` claimed by `who` (a line of text, e.g. the consumer's
+ * rank and address) and releases the registry's lock. */
+HS_MUST_CHECK hs_status_t hs_mem_claim_commit(hs_mem_claim_t *m, uint64_t bytes, const char *who);
+void hs_mem_claim_release(hs_mem_claim_t *m);
+
 /* ---- parsing (CLI, env) ------------------------------------------------- */
 
 /* Parse an unsigned integer with an optional K, M, G or T suffix (powers of

@@ -223,14 +223,18 @@ hs_status_t hs_cache_create(uint64_t capacity, uint32_t flags, hs_cache_t **out)
     return hs_cache_create_ex(&cfg, out);
 }
 
-hs_status_t hs_cache_check_room(uint64_t bytes, bool force)
+/* The check of hs_cache_check_room, with `others` bytes that the node's
+ * other caches still have to take (described in others_text) off the room. */
+static hs_status_t check_room(uint64_t bytes, bool force, uint64_t others, unsigned n_others,
+                              const char *others_text)
 {
     hs_mem_limits_t m;
     hs_mem_limits(&m);
-    uint64_t room = hs_mem_room(&m);
+    uint64_t sys_room = hs_mem_room(&m);
+    uint64_t room = sys_room > others ? sys_room - others : 0;
     if (bytes <= room) return HS_OK;
     const double GiB = (double)(1ull << 30);
-    char avail[64], cgroup[700];
+    char avail[64], cgroup[700], other[800] = "";
     if (m.mem_available)
         snprintf(avail, sizeof avail, "%.2f GiB", (double)m.mem_available / GiB);
     else
@@ -240,20 +244,47 @@ hs_status_t hs_cache_check_room(uint64_t bytes, bool force)
                  (double)m.cgroup_limit / GiB, (double)m.cgroup_used / GiB, m.cgroup_file);
     else
         snprintf(cgroup, sizeof cgroup, "none");
+    if (n_others)
+        snprintf(other, sizeof other,
+                 ", less %.2f GiB that %u other consumer%s on this node will still take (%s%s)",
+                 (double)others / GiB, n_others, n_others > 1 ? "s" : "", others_text,
+                 n_others > 1 ? ", the largest" : "");
     double fit = (double)room * 0.9 / GiB; /* leave the process some room of its own */
     if (force) {
         hs_warn("cache: %.2f GiB is more than this machine can give (%.2f GiB): MemAvailable %s, "
-                "cgroup limit %s; going on because of --force: expect the OOM killer once the "
-                "cache fills",
-                (double)bytes / GiB, (double)room / GiB, avail, cgroup);
+                "cgroup limit %s%s; going on because of --force: expect the OOM killer once the "
+                "caches fill",
+                (double)bytes / GiB, (double)room / GiB, avail, cgroup, other);
         return HS_OK;
     }
     hs_error("cache: --cache-gb %.2f is more than this machine can give (%.2f GiB): MemAvailable "
-             "%s, cgroup limit %s; the cache would start and be OOM-killed once it fills. Give "
-             "--cache-gb (cache_gb) %.1f or less (free memory or raise the limit for more), or "
-             "add --force (force=True from Python) to start anyway",
-             (double)bytes / GiB, (double)room / GiB, avail, cgroup, fit);
+             "%s, cgroup limit %s%s; the cache would start and be OOM-killed once it fills. Give "
+             "--cache-gb (cache_gb) %.1f or less (free memory, raise the limit or stop another "
+             "consumer for more), or add --force (force=True from Python) to start anyway",
+             (double)bytes / GiB, (double)room / GiB, avail, cgroup, other, fit);
     return HS_ERR_NOSPACE;
+}
+
+hs_status_t hs_cache_check_room(uint64_t bytes, bool force)
+{
+    return check_room(bytes, force, 0, 0, "");
+}
+
+hs_status_t hs_cache_claim_room(uint64_t bytes, bool force, const char *who, hs_mem_claim_t **out)
+{
+    hs_mem_claim_t *m;
+    hs_status_t st = hs_mem_claim_open(&m);
+    if (st != HS_OK) return st;
+    unsigned n_others;
+    const char *text = hs_mem_claim_others_text(m, &n_others);
+    st = check_room(bytes, force, hs_mem_claim_others(m), n_others, text);
+    if (st == HS_OK) st = hs_mem_claim_commit(m, bytes, who);
+    if (st != HS_OK) {
+        hs_mem_claim_release(m);
+        return st;
+    }
+    *out = m;
+    return HS_OK;
 }
 
 hs_status_t hs_cache_create_ex(const hs_cache_config_t *cfg, hs_cache_t **out)

@@ -236,16 +236,27 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     hs__run_expect_t expect;
     st = hs__expect_parse(cfg, &expect);
     if (st != HS_OK) return st;
-    st = hs_cache_check_room(cfg->cache_bytes, cfg->force);
+    /* Claimed in the node's registry as it is checked, so a second consumer
+     * on this node counts this cache before it has filled. */
+    char who[400];
+    snprintf(who, sizeof(who), "hs consumer rank %u of %u listening on %s:%u", cfg->rank,
+             cfg->world, cfg->listen_host ? cfg->listen_host : "0.0.0.0", cfg->listen_port);
+    hs_mem_claim_t *claim;
+    st = hs_cache_claim_room(cfg->cache_bytes, cfg->force, who, &claim);
     if (st != HS_OK) return st;
     hs_consumer_t *c = calloc(1, sizeof(*c));
-    if (!c) return HS_ERR_NOMEM;
+    if (!c) {
+        hs_mem_claim_release(claim);
+        return HS_ERR_NOMEM;
+    }
+    c->mem_claim = claim;
     c->cfg = *cfg;
     c->expect = expect;
     /* the config's strings are the caller's: none is kept past create */
     c->cfg.expect_plan = c->cfg.expect_layout = c->cfg.expect_dataset = NULL;
     c->net.frame_buf = malloc(HS__FRAME_BUF_BYTES);
     if (!c->net.frame_buf) {
+        hs_mem_claim_release(c->mem_claim);
         free(c);
         return HS_ERR_NOMEM;
     }
@@ -357,6 +368,7 @@ err_free:
     hs_state_destroy(c->run.resume);
     hs__loader_destroy(c->gpu.loader);
     free(c->net.frame_buf);
+    hs_mem_claim_release(c->mem_claim);
     free(c);
     return st;
 }
@@ -392,6 +404,7 @@ void hs_consumer_destroy(hs_consumer_t *c)
     hs__peers_free(c);
     hs_sched_destroy(c->net.sched);
     hs_cache_destroy(c->cache);
+    hs_mem_claim_release(c->mem_claim); /* after the unmap: the memory is back */
     hs_journal_close(c->journal);
     hs_state_destroy(c->run.resume);
     hs_state_destroy(c->delivery.position);

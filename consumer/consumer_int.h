@@ -81,8 +81,9 @@ struct hs_consumer {
     uint64_t session_id;
     hs_auth_key_t key;
     bool have_secret;
-    hs_cache_t *cache; /* own lock */
-    hs_tp_t *tp;       /* the network thread's; hs_tp_wakeup() from any thread */
+    hs_cache_t *cache;         /* own lock */
+    hs_mem_claim_t *mem_claim; /* the cache's claim in the node's registry */
+    hs_tp_t *tp;               /* the network thread's; hs_tp_wakeup() from any thread */
     uint16_t port;
     struct hs_metrics *metrics; /* its own thread reads hs_consumer_stats() */
     hs_journal_t *journal;      /* resume journal, or NULL; own lock */

@@ -7,6 +7,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cache_int.h"
 
@@ -82,6 +84,67 @@ static void slot_check_tag(hs_cache_t *c, uint64_t off, uint64_t bytes)
     ck_assert_uint_eq(a, off);
     ck_assert_uint_eq(b, off);
 }
+
+/* A stand-in system with `avail_mib` MiB available, its own node registry. */
+static void fake_system(char *root, size_t cap, unsigned avail_mib)
+{
+    snprintf(root, cap, "%s/hs-claim.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    char path[600];
+    snprintf(path, sizeof path, "%s/proc", root);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/proc/meminfo", root);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "MemTotal: %u kB\nMemAvailable: %u kB\n", 4 * avail_mib * 1024, avail_mib * 1024);
+    fclose(f);
+    setenv("HS_SYSTEM_ROOT", root, 1);
+    unsetenv("HS_MEM_REGISTRY");
+}
+
+START_TEST(a_second_cache_on_the_node_counts_the_first_until_it_is_released)
+{
+    char root[512], path[700];
+    fake_system(root, sizeof root, 1024);
+    const uint64_t MiB = 1ull << 20;
+    hs_mem_claim_t *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    ck_assert_int_eq(hs_cache_claim_room(600 * MiB, false, "hs consumer rank 0 of 2", &a), HS_OK);
+    /* each alone fits in 1 GiB; both do not, and the second is told why */
+    ck_assert_int_eq(hs_cache_claim_room(600 * MiB, false, "hs consumer rank 1 of 2", &b),
+                     HS_ERR_NOSPACE);
+    ck_assert_ptr_null(b);
+    hs_mem_claim_t *probe;
+    ck_assert_int_eq(hs_mem_claim_open(&probe), HS_OK);
+    unsigned n;
+    const char *text = hs_mem_claim_others_text(probe, &n);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_msg(strstr(text, "hs consumer rank 0 of 2") && strstr(text, "0.59 GiB"),
+                  "the other claim is described as '%s'", text);
+    ck_assert_uint_gt(hs_mem_claim_others(probe), 400 * MiB);
+    hs_mem_claim_release(probe);
+    /* --force starts anyway, and what is left still fits a small one */
+    ck_assert_int_eq(hs_cache_claim_room(600 * MiB, true, "forced", &b), HS_OK);
+    hs_mem_claim_release(b);
+    ck_assert_int_eq(hs_cache_claim_room(300 * MiB, false, "small", &b), HS_OK);
+    hs_mem_claim_release(b);
+    hs_mem_claim_release(a);
+    ck_assert_int_eq(hs_cache_claim_room(600 * MiB, false, "after", &c), HS_OK);
+    hs_mem_claim_release(c);
+    /* a claim nobody holds locked is of a process gone: ignored and removed */
+    snprintf(path, sizeof path, "%s/dev/shm/hsflow-cache/99999.0.claim", root);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "pid %d\nbytes %llu\nwho ghost\n", (int)getpid(), 900ull * MiB);
+    fclose(f);
+    ck_assert_int_eq(hs_cache_claim_room(600 * MiB, false, "after the ghost", &d), HS_OK);
+    ck_assert_int_ne(access(path, F_OK), 0);
+    hs_mem_claim_release(d);
+    unsetenv("HS_SYSTEM_ROOT");
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
 
 START_TEST(random_reserve_free_never_exceeds_capacity_and_matches_a_shadow_model)
 {
@@ -661,6 +724,7 @@ int main(void)
     tcase_add_test(tc, background_preparation_makes_the_whole_cache_usable);
     tcase_add_test(tc, without_prepare_flags_everything_is_usable_at_once);
     tcase_add_test(tc, reserve_on_one_thread_and_free_on_another_keep_the_books);
+    tcase_add_test(tc, a_second_cache_on_the_node_counts_the_first_until_it_is_released);
     tcase_add_test(tc, a_registered_cache_hands_out_only_slots_inside_one_registration);
     tcase_add_test(tc, a_registered_cache_of_one_chunk_is_registered_once);
 #ifdef HS_HAVE_CUDA
