@@ -216,6 +216,12 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
                  cfg->rank, cfg->world);
         return HS_ERR_INVALID;
     }
+    if (cfg->deliver != 0 && cfg->deliver != HS_HIDDEN_BF16 && cfg->deliver != HS_HIDDEN_FP8) {
+        hs_error("consumer: deliver %d: expected HS_HIDDEN_BF16 or HS_HIDDEN_FP8 (--deliver bf16 "
+                 "or fp8)",
+                 (int)cfg->deliver);
+        return HS_ERR_INVALID;
+    }
     if (cfg->uneven != HS_UNEVEN_DROP && cfg->uneven != HS_UNEVEN_REPEAT) {
         hs_error("consumer: --uneven %d: expected drop or repeat", (int)cfg->uneven);
         return HS_ERR_INVALID;
@@ -412,6 +418,11 @@ void hs_consumer_destroy(hs_consumer_t *c)
     hs__plan_discard(c);
     free(c->delivery.ready);
     free(c->delivery.released);
+    for (uint32_t i = 0; i < c->handed.n; i++)
+        hs_aligned_free(c->handed.v[i].rows);
+    for (uint32_t i = 0; i < c->handed.n_free; i++)
+        hs_aligned_free(c->handed.free_rows[i]);
+    free(c->handed.free_rows);
     free(c->handed.v);
     pthread_mutex_destroy(&c->delivery.lock);
     pthread_cond_destroy(&c->delivery.cond);

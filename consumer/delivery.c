@@ -138,7 +138,7 @@ static hs_status_t ready_pop(hs_consumer_t *c, hs_sched_item_t *it, int timeout_
 
 /* Records a batch handed to the trainer; HS_ERR_NOMEM (logged) when there is
  * no room for it: the caller does not hand it out. */
-static hs_status_t handed_add(hs_consumer_t *c, const hs_sched_item_t *it)
+static hs_status_t handed_add(hs_consumer_t *c, const hs_sched_item_t *it, uint16_t *rows)
 {
     hs__consumer_handed_t *h = &c->handed;
     if (h->n == h->cap) {
@@ -151,8 +151,39 @@ static hs_status_t handed_add(hs_consumer_t *c, const hs_sched_item_t *it)
         h->v = v;
         h->cap = ncap;
     }
-    h->v[h->n++] = (hs__handed_t){it->ticket, it->slot_offset, it->epoch, it->batch};
+    h->v[h->n++] = (hs__handed_t){it->ticket, it->slot_offset, it->epoch, it->batch, rows};
     return HS_OK;
+}
+
+/* Host delivery of an fp8 run: a buffer for one batch's bf16 rows, from
+ * those released before or new (only when the trainer holds more batches
+ * at once than ever); NULL (logged) when out of memory. */
+static uint16_t *rows_get(hs_consumer_t *c)
+{
+    hs__consumer_handed_t *h = &c->handed;
+    if (h->n_free) return h->free_rows[--h->n_free];
+    if (h->n_rows == h->cap_rows) {
+        uint32_t ncap = h->cap_rows ? h->cap_rows * 2 : 4;
+        uint16_t **f = realloc(h->free_rows, ncap * sizeof(*f));
+        if (!f) return NULL;
+        h->free_rows = f;
+        h->cap_rows = ncap;
+    }
+    uint64_t bytes = (uint64_t)c->run.token_budget * hs_layout_row_elems(&c->run.layout) * 2;
+    uint16_t *r = hs_aligned_alloc(256, bytes);
+    if (!r) {
+        hs_error("out of memory for %.1f MiB of dequantised rows", (double)bytes / (1 << 20));
+        return NULL;
+    }
+    h->n_rows++;
+    return r;
+}
+
+/* Gives a buffer of rows_get() back (NULL: nothing). There is room: the
+ * list holds at most the n_rows buffers ever made. */
+static void rows_put(hs_consumer_t *c, uint16_t *rows)
+{
+    if (rows) c->handed.free_rows[c->handed.n_free++] = rows;
 }
 
 /* Takes the record of the batch `b` names off the list into *out: it must
@@ -194,8 +225,16 @@ static void ready_unpop(hs_consumer_t *c, const hs_sched_item_t *it)
     pthread_mutex_unlock(&c->delivery.lock);
 }
 
+/* An fp8 run's batches reach the trainer as bf16 rows (dequantised). */
+static bool dequantising(const hs_consumer_t *c)
+{
+    return c->run.layout.dtype == HS_DTYPE_FP8 && c->cfg.deliver != HS_HIDDEN_FP8;
+}
+
+/* The hs_batch_t of the batch in `region`; `rows`: its dequantised bf16
+ * rows (fp8 run delivered as bf16), else NULL. */
 static void batch_from_view(hs_consumer_t *c, const hs_sched_item_t *it, uint8_t *region,
-                            hs_batch_t *out)
+                            const uint16_t *rows, hs_batch_t *out)
 {
     hs_batch_view_t v = hs_batch_view(region, it->n_seqs, it->n_tokens, &c->run.layout);
     memset(out, 0, sizeof(*out));
@@ -210,7 +249,12 @@ static void batch_from_view(hs_consumer_t *c, const hs_sched_item_t *it, uint8_t
     out->sample_ids = v.sample_ids;
     out->input_ids = v.input_ids;
     out->loss_mask = v.loss_mask;
-    out->hidden = v.hidden;
+    out->hidden = rows ? rows : v.hidden;
+    out->hidden_dtype = out->hidden ? HS_HIDDEN_BF16 : HS_HIDDEN_FP8;
+    if (!out->hidden) {
+        out->hidden_fp8 = v.hidden_fp8;
+        out->hidden_scales = v.scales;
+    }
     out->bytes = it->bytes;
     out->handle = it->slot_offset;
     out->ticket = it->ticket;
@@ -251,13 +295,24 @@ static hs_status_t gpu_start_copy(hs_consumer_t *c, int buf, const hs_sched_item
     pthread_mutex_unlock(&c->delivery.lock);
     hs_status_t st = hs__loader_reserve(c->gpu.loader, max_bytes);
     if (st != HS_OK) return st;
+    hs__loader_fp8_t fp8, *dq = NULL;
+    if (dequantising(c)) {
+        const hs_layout_t *l = &c->run.layout;
+        hs_batch_offsets_t o = hs_batch_offsets(it->n_seqs, it->n_tokens, l);
+        fp8 = (hs__loader_fp8_t){o.hidden, o.scales, it->n_tokens, (int64_t)hs_layout_row_elems(l)};
+        dq = &fp8;
+        st = hs__loader_reserve_rows(c->gpu.loader,
+                                     (uint64_t)c->run.token_budget * hs_layout_row_elems(l) * 2);
+        if (st != HS_OK) return st;
+    }
     c->gpu.item[buf] = *it;
     /* The copy's callback may run after this buffer has been refilled, so it
      * gets its own record of the slot to free (a small ring: at most two
      * copies are queued at once). */
     gpu_copy_done_t *d = &c->gpu.done[c->gpu.done_next++ % HS_GPU_DONE_RING];
     *d = (gpu_copy_done_t){c, it->slot_offset, it->ticket};
-    st = hs__loader_copy(c->gpu.loader, buf, c->cache, it->slot_offset, it->bytes, gpu_copied, d);
+    st = hs__loader_copy(c->gpu.loader, buf, c->cache, it->slot_offset, it->bytes, dq, gpu_copied,
+                         d);
     if (st == HS_OK) c->gpu.inflight = buf;
     return st;
 }
@@ -279,13 +334,13 @@ static hs_status_t next_gpu(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
         if (st != HS_OK) return st;
     }
     int buf = c->gpu.inflight;
-    void *dptr;
-    st = hs__loader_hand_over(c->gpu.loader, buf, &dptr);
+    void *dptr, *drows;
+    st = hs__loader_hand_over(c->gpu.loader, buf, &dptr, &drows);
     if (st != HS_OK) return st;
-    if ((st = handed_add(c, &c->gpu.item[buf])) != HS_OK) return st;
+    if ((st = handed_add(c, &c->gpu.item[buf], NULL)) != HS_OK) return st;
     c->gpu.inflight = -1;
     c->gpu.cur = c->gpu.last = buf;
-    batch_from_view(c, &c->gpu.item[buf], dptr, out);
+    batch_from_view(c, &c->gpu.item[buf], dptr, dequantising(c) ? drows : NULL, out);
     out->on_device = true;
     out->handle = (uint64_t)buf;
 
@@ -314,9 +369,19 @@ hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout
     hs_sched_item_t it;
     hs_status_t st = ready_pop(c, &it, timeout_ms);
     if (st != HS_OK) return st;
-    if ((st = handed_add(c, &it)) != HS_OK) {
+    uint8_t *region = (uint8_t *)hs_cache_base(c->cache) + it.slot_offset;
+    uint16_t *rows = NULL;
+    if (dequantising(c) && !(rows = rows_get(c))) st = HS_ERR_NOMEM;
+    if (st == HS_OK && (st = handed_add(c, &it, rows)) != HS_OK) rows_put(c, rows);
+    if (st != HS_OK) {
         ready_unpop(c, &it);
         return st;
+    }
+    if (rows) { /* no GPU to do it on: the rows are dequantised here */
+        hs_batch_view_t v = hs_batch_view(region, it.n_seqs, it.n_tokens, &c->run.layout);
+        uint64_t n = hs_layout_row_elems(&c->run.layout);
+        for (uint32_t t = 0; t < it.n_tokens; t++)
+            hs_fp8_dequantize_row_bf16(v.hidden_fp8 + t * n, n, v.scales[t], rows + t * n);
     }
     pthread_mutex_lock(&c->delivery.lock);
     c->delivery.batches_delivered++;
@@ -324,7 +389,7 @@ hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout
     c->delivery.in_trainer++;
     if (c->delivery.position) hs_state_mark(c->delivery.position, it.epoch, it.batch);
     pthread_mutex_unlock(&c->delivery.lock);
-    batch_from_view(c, &it, (uint8_t *)hs_cache_base(c->cache) + it.slot_offset, out);
+    batch_from_view(c, &it, region, rows, out);
     return HS_OK;
 }
 
@@ -359,6 +424,7 @@ hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
         return st != HS_OK ? st : recorded;
     }
     hs_status_t recorded = record_release(c, &h);
+    rows_put(c, h.rows);
     if (slot_done(c, h.slot_offset, h.ticket) != HS_OK) return HS_ERR_INVALID; /* cannot happen */
     pthread_mutex_lock(&c->delivery.lock);
     c->delivery.in_trainer--;

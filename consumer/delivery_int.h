@@ -55,11 +55,16 @@ typedef struct {
 typedef struct {
     uint64_t ticket, slot_offset;
     uint32_t epoch, batch;
+    uint16_t *rows; /* host delivery of an fp8 run: its dequantised rows, else NULL */
 } hs__handed_t;
 
 typedef struct {
     hs__handed_t *v;
     uint32_t n, cap;
+    /* host delivery of an fp8 run: bf16 row buffers (token budget x k*H),
+     * n_rows made in all, n_free of them not in use */
+    uint16_t **free_rows;
+    uint32_t n_free, cap_rows, n_rows;
 } hs__consumer_handed_t;
 
 /* What the copy-done callback frees: the slot and ticket of one copy. */

@@ -9,6 +9,8 @@
 #ifdef HS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "fp8.h"
+
 #define CU(call)                                                                                   \
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
@@ -20,7 +22,9 @@
 
 typedef struct {
     void *dptr;
+    void *drows;          /* bf16 rows of fp8 batches, or NULL */
     cudaEvent_t consumed; /* recorded on the trainer's stream */
+    cudaEvent_t ready;    /* the copy, and its dequantisation, are done */
     cudaEvent_t copy_start, copy_end;
     uint64_t copy_bytes; /* of the copy whose timing is not yet counted */
     bool timing_pending;
@@ -41,7 +45,7 @@ typedef struct {
 struct hs__loader {
     int device;
     cudaStream_t stream;
-    uint64_t capacity;
+    uint64_t capacity, rows_capacity;
     loader_buf_t buf[2];
     uint64_t bytes_copied;
     double copy_s;
@@ -76,6 +80,7 @@ hs_status_t hs__loader_create(int device, hs__loader_t **out)
     if (cudaStreamCreateWithFlags(&l->stream, cudaStreamDefault) != cudaSuccess) goto err;
     for (int i = 0; i < 2; i++) {
         if (cudaEventCreateWithFlags(&l->buf[i].consumed, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&l->buf[i].ready, cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreate(&l->buf[i].copy_start) != cudaSuccess ||
             cudaEventCreate(&l->buf[i].copy_end) != cudaSuccess)
             goto err;
@@ -96,7 +101,9 @@ void hs__loader_destroy(hs__loader_t *l)
     if (l->stream) cudaStreamSynchronize(l->stream);
     for (int i = 0; i < 2; i++) {
         cudaFree(l->buf[i].dptr);
+        cudaFree(l->buf[i].drows);
         if (l->buf[i].consumed) cudaEventDestroy(l->buf[i].consumed);
+        if (l->buf[i].ready) cudaEventDestroy(l->buf[i].ready);
         if (l->buf[i].copy_start) cudaEventDestroy(l->buf[i].copy_start);
         if (l->buf[i].copy_end) cudaEventDestroy(l->buf[i].copy_end);
     }
@@ -124,6 +131,27 @@ hs_status_t hs__loader_reserve(hs__loader_t *l, uint64_t bytes)
     return HS_OK;
 }
 
+hs_status_t hs__loader_reserve_rows(hs__loader_t *l, uint64_t bytes)
+{
+    if (bytes <= l->rows_capacity) return HS_OK;
+    CU(cudaSetDevice(l->device));
+    CU(cudaDeviceSynchronize());
+    for (int i = 0; i < 2; i++) {
+        cudaFree(l->buf[i].drows);
+        l->buf[i].drows = NULL;
+        cudaError_t e = cudaMalloc(&l->buf[i].drows, bytes);
+        if (e != cudaSuccess) {
+            hs_error("GPU %d: cannot allocate two %.2f GiB buffers for dequantised fp8 batches: "
+                     "%s",
+                     l->device, (double)bytes / (1 << 30), cudaGetErrorString(e));
+            l->rows_capacity = 0;
+            return HS_ERR_CUDA;
+        }
+    }
+    l->rows_capacity = bytes;
+    return HS_OK;
+}
+
 /* Adds the timing of buffer b's last copy once its end event has passed. */
 static void account(hs__loader_t *l, loader_buf_t *b)
 {
@@ -137,10 +165,12 @@ static void account(hs__loader_t *l, loader_buf_t *b)
 }
 
 hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, uint64_t offset,
-                            uint64_t bytes, hs__loader_copied_cb copied, void *arg)
+                            uint64_t bytes, const hs__loader_fp8_t *fp8,
+                            hs__loader_copied_cb copied, void *arg)
 {
     loader_buf_t *b = &l->buf[buf];
     if (bytes > l->capacity) return HS_ERR_INVALID;
+    if (fp8 && (uint64_t)(fp8->rows * fp8->row_elems) * 2 > l->rows_capacity) return HS_ERR_INVALID;
     CU(cudaSetDevice(l->device));
     if (b->timing_pending) {
         cudaEventSynchronize(b->copy_end);
@@ -162,15 +192,26 @@ hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, u
     b->timing_pending = true;
     CU(cudaLaunchHostFunc(l->stream, on_copied, h));
     l->issued++;
+    if (fp8) {
+        const uint8_t *base = b->dptr;
+        if (hs_kn_fp8_dequantize_rows(base + fp8->hidden_off,
+                                      (const float *)(base + fp8->scales_off), fp8->rows,
+                                      fp8->row_elems, b->drows, l->stream) != HS_OK) {
+            hs_error("GPU %d: the dequantisation of an fp8 batch could not start", l->device);
+            return HS_ERR_CUDA;
+        }
+    }
+    CU(cudaEventRecord(b->ready, l->stream));
     return HS_OK;
 }
 
-hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr)
+hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr, void **drows)
 {
     CU(cudaSetDevice(l->device));
-    CU(cudaStreamWaitEvent(0, l->buf[buf].copy_end, 0));
+    CU(cudaStreamWaitEvent(0, l->buf[buf].ready, 0));
     account(l, &l->buf[buf]);
     *dptr = l->buf[buf].dptr;
+    *drows = l->buf[buf].drows;
     return HS_OK;
 }
 
@@ -207,15 +248,21 @@ hs_status_t hs__loader_reserve(hs__loader_t *l, uint64_t bytes)
     (void)l, (void)bytes;
     return HS_ERR_UNSUPPORTED;
 }
-hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, uint64_t offset,
-                            uint64_t bytes, hs__loader_copied_cb copied, void *arg)
+hs_status_t hs__loader_reserve_rows(hs__loader_t *l, uint64_t bytes)
 {
-    (void)l, (void)buf, (void)cache, (void)offset, (void)bytes, (void)copied, (void)arg;
+    (void)l, (void)bytes;
     return HS_ERR_UNSUPPORTED;
 }
-hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr)
+hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, uint64_t offset,
+                            uint64_t bytes, const hs__loader_fp8_t *fp8,
+                            hs__loader_copied_cb copied, void *arg)
 {
-    (void)l, (void)buf, (void)dptr;
+    (void)l, (void)buf, (void)cache, (void)offset, (void)bytes, (void)fp8, (void)copied, (void)arg;
+    return HS_ERR_UNSUPPORTED;
+}
+hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr, void **drows)
+{
+    (void)l, (void)buf, (void)dptr, (void)drows;
     return HS_ERR_UNSUPPORTED;
 }
 hs_status_t hs__loader_consumed(hs__loader_t *l, int buf)

@@ -28,14 +28,28 @@ void hs__loader_destroy(hs__loader_t *l); /* NULL ok; waits for copies in flight
 /* Makes sure both device buffers hold at least `bytes` (allocates once; a
  * larger request later reallocates, after waiting for everything). */
 HS_MUST_CHECK hs_status_t hs__loader_reserve(hs__loader_t *l, uint64_t bytes);
+/* Makes sure each buffer has a second device buffer of at least `bytes` for
+ * the bf16 rows of fp8 batches (allocated on the first call). */
+HS_MUST_CHECK hs_status_t hs__loader_reserve_rows(hs__loader_t *l, uint64_t bytes);
+/* An fp8 batch's rows inside the region, to dequantise after the copy. */
+typedef struct {
+    uint64_t hidden_off, scales_off; /* from the region's start */
+    int64_t rows, row_elems;
+} hs__loader_fp8_t;
 /* Starts copying [offset, offset+bytes) of the cache into buffer `buf` (0/1)
- * once the trainer has consumed that buffer; `copied(arg)` runs when done. */
+ * once the trainer has consumed that buffer; `copied(arg)` runs when the
+ * host slot is no longer needed. With `fp8` (else NULL), the copy stream
+ * then dequantises the rows into the buffer's bf16 rows (reserved with
+ * hs__loader_reserve_rows), so the bytes cross PCIe as fp8 and no pass
+ * over host memory is added. */
 HS_MUST_CHECK hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache,
                                           uint64_t offset, uint64_t bytes,
-                                          hs__loader_copied_cb copied, void *arg);
-/* Makes the trainer's stream wait for buffer `buf`'s copy; returns its
- * device address. */
-HS_MUST_CHECK hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr);
+                                          const hs__loader_fp8_t *fp8, hs__loader_copied_cb copied,
+                                          void *arg);
+/* Makes the trainer's stream wait for buffer `buf`'s copy (and its
+ * dequantisation); returns its device address and that of its bf16 rows
+ * (NULL when none were reserved). */
+HS_MUST_CHECK hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr, void **drows);
 /* The trainer is done with buffer `buf` (as of work queued so far). */
 HS_MUST_CHECK hs_status_t hs__loader_consumed(hs__loader_t *l, int buf);
 /* Bytes copied and seconds the copy engine spent on them (events). */

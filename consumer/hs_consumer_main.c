@@ -57,6 +57,9 @@ static const char usage[] =
     "                         stopped or hangs) is dropped and its tickets go back to the queue\n"
     "                         (default 60; 0 = never)\n"
     "  --verify-synthetic     check every hidden-state element against the synthetic source\n"
+    "  --deliver bf16|fp8     how an fp8 run (producers' --hs-dtype fp8) reaches the trainer:\n"
+    "                         bf16 (default; dequantised on the --gpu as part of the copy)\n"
+    "                         or the raw e4m3 bytes and per-token scales\n"
     "  --verify-threads N     checksum threads (default 1)\n"
     "  --secret-file FILE     shared secret: producers must prove they hold it (HMAC)\n"
     "  --insecure             accept non-loopback producers without a secret\n"
@@ -145,6 +148,7 @@ enum {
     OPT_ORDER,
     OPT_PREFETCH,
     OPT_VERIFY_SYNTH,
+    OPT_DELIVER,
     OPT_VERIFY_THREADS,
     OPT_SECRET,
     OPT_INSECURE,
@@ -185,6 +189,7 @@ static const struct option long_options[] = {
     {"order", required_argument, NULL, OPT_ORDER},
     {"prefetch", required_argument, NULL, OPT_PREFETCH},
     {"verify-synthetic", no_argument, NULL, OPT_VERIFY_SYNTH},
+    {"deliver", required_argument, NULL, OPT_DELIVER},
     {"verify-threads", required_argument, NULL, OPT_VERIFY_THREADS},
     {"secret-file", required_argument, NULL, OPT_SECRET},
     {"insecure", no_argument, NULL, OPT_INSECURE},
@@ -285,6 +290,13 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     case OPT_VERIFY_SYNTH:
         o->cfg.verify_synthetic = true;
         return 0;
+    case OPT_DELIVER: {
+        uint32_t dt;
+        if (hs_dtype_parse(arg, &dt) != HS_OK)
+            return bad("deliver", arg, from, "expected bf16 or fp8");
+        o->cfg.deliver = dt == HS_DTYPE_FP8 ? HS_HIDDEN_FP8 : HS_HIDDEN_BF16;
+        return 0;
+    }
     case OPT_VERIFY_THREADS:
         if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 64)
             return bad("verify-threads", arg, from, "expected 1..64");

@@ -87,6 +87,14 @@ typedef enum {
 } hs_uneven_t;
 
 /* The longest resume state text accepted (hs_consumer_config_t.resume_state). */
+/* How hidden states travel and how they reach the trainer: bf16, or fp8
+ * (float8_e4m3fn values and one fp32 scale per token over all of its
+ * captured layers, amax / 448; half the bytes). */
+typedef enum {
+    HS_HIDDEN_BF16 = 1,
+    HS_HIDDEN_FP8 = 2,
+} hs_hidden_dtype_t;
+
 #define HS_CONSUMER_STATE_MAX_BYTES (64u << 20)
 
 typedef struct {
@@ -161,6 +169,12 @@ typedef struct {
     const char *expect_plan;
     const char *expect_layout;
     const char *expect_dataset;
+    /* How the hidden states of an fp8 run reach the trainer (--deliver):
+     * HS_HIDDEN_BF16 (0 means the same; default) dequantised, on the GPU
+     * as part of the host-to-device step; HS_HIDDEN_FP8 the raw e4m3 bytes
+     * and scales (hs_batch_t.hidden_fp8, hidden_scales). A bf16 run is
+     * delivered as bf16 either way. */
+    hs_hidden_dtype_t deliver;
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */
@@ -176,11 +190,18 @@ typedef struct {
     const uint64_t *sample_ids;
     const int32_t *input_ids; /* T */
     const uint8_t *loss_mask; /* T */
-    const uint16_t *hidden;   /* bf16 bits, [T][k*H] row-major */
+    const uint16_t *hidden;   /* bf16 bits, [T][k*H] row-major; NULL when delivered as fp8 */
     bool on_device;           /* pointers are device pointers */
     uint64_t bytes;           /* size of the whole batch region */
     uint64_t handle;          /* internal; for hs_consumer_release */
     uint64_t ticket;          /* internal; for hs_consumer_release */
+    /* An fp8 run delivered as fp8 (cfg.deliver HS_HIDDEN_FP8): hidden_dtype
+     * HS_HIDDEN_FP8, `hidden` NULL and these set; otherwise HS_HIDDEN_BF16
+     * and NULL (an fp8 run is dequantised: on the GPU as part of the copy,
+     * on the host into a buffer of the consumer's). */
+    hs_hidden_dtype_t hidden_dtype;
+    const uint8_t *hidden_fp8;  /* e4m3, [T][k*H] row-major */
+    const float *hidden_scales; /* [T]: value = e4m3 * scale */
 } hs_batch_t;
 
 typedef struct {
@@ -317,6 +338,9 @@ typedef struct {
     const char *name;           /* NULL = host:pid */
     uint32_t connect_timeout_s; /* 0 = 30 */
     bool reconnect; /* lost consumer: connect again for up to connect_timeout_s and carry on */
+    /* how the hidden states travel: HS_HIDDEN_BF16 (0 means the same) or
+     * HS_HIDDEN_FP8, filled as hs_work_t.hidden_fp8 and hidden_scales */
+    hs_hidden_dtype_t hs_dtype;
 } hs_producer_client_config_t;
 
 typedef struct {
@@ -326,9 +350,14 @@ typedef struct {
     const uint64_t *sample_ids; /* dataset indices of the sequences */
     const int32_t *input_ids;   /* T */
     const uint8_t *loss_mask;   /* T */
-    uint16_t *hidden;           /* to fill: bf16 bits, [T][k*H] row-major */
+    uint16_t *hidden;           /* to fill: bf16 bits, [T][k*H] row-major; NULL for fp8 */
     uint64_t bytes;
     uint64_t handle; /* internal */
+    /* hs_dtype HS_HIDDEN_FP8: to fill instead of `hidden`, each token's row
+     * quantised as hs_fp8_quantize_row_bf16 does (scale = amax / 448, 1 for
+     * a row of zeros; e4m3 of value / scale, nearest even, within +-448) */
+    uint8_t *hidden_fp8;  /* [T][k*H] */
+    float *hidden_scales; /* [T] */
 } hs_work_t;
 
 typedef struct hs_producer hs_producer_t;

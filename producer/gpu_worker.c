@@ -7,6 +7,8 @@
 #ifdef HS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "fp8.h"
+
 #define CU(call)                                                                                   \
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
@@ -19,6 +21,11 @@
 typedef struct {
     int32_t *d_ids, *d_cu;
     uint16_t *d_out;
+    /* fp8 layouts: the rows quantised on the device before they leave it,
+     * and a flag a non-finite value sets (1 + its row), copied back */
+    uint8_t *d_q;
+    float *d_scales;
+    int *d_bad, *h_bad;
     cudaEvent_t fwd_start, fwd_end, copied;
 } gpu_slot_t;
 
@@ -43,12 +50,19 @@ static hs_status_t create(hs__gpu_worker_t *w, hs_model_t *model, void *const st
     if (st != HS_OK) return st;
     CU(cudaStreamCreateWithFlags(&w->compute, cudaStreamNonBlocking));
     CU(cudaStreamCreateWithFlags(&w->copy, cudaStreamNonBlocking));
-    uint64_t row = hs_layout_token_bytes(&w->layout);
+    uint64_t row = hs_layout_row_elems(&w->layout);
     for (int i = 0; i < 2; i++) {
         gpu_slot_t *s = &w->slot[i];
         CU(cudaMalloc((void **)&s->d_ids, (size_t)w->budget * sizeof(int32_t)));
         CU(cudaMalloc((void **)&s->d_cu, (size_t)(w->max_seqs + 1) * sizeof(int32_t)));
-        CU(cudaMalloc((void **)&s->d_out, (size_t)w->budget * row));
+        CU(cudaMalloc((void **)&s->d_out, (size_t)w->budget * row * 2));
+        if (w->layout.dtype == HS_DTYPE_FP8) {
+            CU(cudaMalloc((void **)&s->d_q, (size_t)w->budget * row));
+            CU(cudaMalloc((void **)&s->d_scales, (size_t)w->budget * sizeof(float)));
+            CU(cudaMalloc((void **)&s->d_bad, sizeof(int)));
+            CU(cudaMallocHost((void **)&s->h_bad, sizeof(int)));
+            *s->h_bad = 0;
+        }
         CU(cudaEventCreate(&s->fwd_start));
         CU(cudaEventCreate(&s->fwd_end));
         CU(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming));
@@ -93,6 +107,10 @@ void hs__gpu_worker_destroy(hs__gpu_worker_t *w)
         cudaFree(s->d_ids);
         cudaFree(s->d_cu);
         cudaFree(s->d_out);
+        cudaFree(s->d_q);
+        cudaFree(s->d_scales);
+        cudaFree(s->d_bad);
+        cudaFreeHost(s->h_bad);
         if (s->fwd_start) cudaEventDestroy(s->fwd_start);
         if (s->fwd_end) cudaEventDestroy(s->fwd_end);
         if (s->copied) cudaEventDestroy(s->copied);
@@ -108,7 +126,7 @@ hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_v
                                  uint32_t n_seqs, uint32_t n_tokens)
 {
     gpu_slot_t *s = &w->slot[slot];
-    size_t row_elems = hs_layout_token_bytes(&w->layout) / 2;
+    size_t row_elems = hs_layout_row_elems(&w->layout);
     if (n_tokens > w->budget || n_seqs > w->max_seqs) return HS_ERR_INVALID;
     CU(cudaSetDevice(w->device));
     /* The device buffer of this slot is free once its previous D2H is done. */
@@ -122,10 +140,25 @@ hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_v
                                            w->layout.layers, (int)w->layout.n_layers, s->d_out,
                                            row_elems, w->compute);
     if (st != HS_OK) return st;
+    if (w->layout.dtype == HS_DTYPE_FP8) {
+        /* quantised on the device: half the bytes cross PCIe */
+        CU(cudaMemsetAsync(s->d_bad, 0, sizeof(int), w->compute));
+        if (hs_kn_fp8_quantize_rows(s->d_out, n_tokens, (int64_t)row_elems, s->d_q, s->d_scales,
+                                    s->d_bad, w->compute) != HS_OK)
+            return HS_ERR_CUDA;
+    }
     CU(cudaEventRecord(s->fwd_end, w->compute));
     CU(cudaStreamWaitEvent(w->copy, s->fwd_end, 0));
-    CU(cudaMemcpyAsync(view->hidden, s->d_out, (size_t)n_tokens * row_elems * 2,
-                       cudaMemcpyDeviceToHost, w->copy));
+    if (w->layout.dtype == HS_DTYPE_FP8) {
+        CU(cudaMemcpyAsync(view->hidden_fp8, s->d_q, (size_t)n_tokens * row_elems,
+                           cudaMemcpyDeviceToHost, w->copy));
+        CU(cudaMemcpyAsync(view->scales, s->d_scales, (size_t)n_tokens * sizeof(float),
+                           cudaMemcpyDeviceToHost, w->copy));
+        CU(cudaMemcpyAsync(s->h_bad, s->d_bad, sizeof(int), cudaMemcpyDeviceToHost, w->copy));
+    } else {
+        CU(cudaMemcpyAsync(view->hidden, s->d_out, (size_t)n_tokens * row_elems * 2,
+                           cudaMemcpyDeviceToHost, w->copy));
+    }
     CU(cudaEventRecord(s->copied, w->copy));
     return HS_OK;
 }
@@ -144,6 +177,12 @@ hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, double *forward_ms
     float ms = 0;
     CU(cudaEventElapsedTime(&ms, s->fwd_start, s->fwd_end));
     *forward_ms = ms;
+    if (s->h_bad && *s->h_bad) {
+        hs_error("gpu %d: token %d's hidden state is not finite; it cannot be quantised to fp8: "
+                 "check the model's weights",
+                 w->device, *s->h_bad - 1);
+        return HS_ERR_INVALID;
+    }
     return HS_OK;
 }
 

@@ -44,6 +44,9 @@ static const char usage[] =
     "                         (0 = embeddings, i = output of decoder layer i-1)\n"
     "  --dflash-layers N      DFlash's default layer set for an N-layer drafter (needs --model)\n"
     "  --hidden-size H        hidden size (taken from the model with --source model)\n"
+    "  --hs-dtype bf16|fp8    how hidden states travel and wait in the cache: bf16 (default),\n"
+    "                         or fp8 (e4m3 and one fp32 scale per token over its captured\n"
+    "                         layers, amax / 448: half the bytes); the consumer must agree\n"
     "  --source synthetic|model  synthetic: deterministic bytes the consumer can verify\n"
     "                         (--verify-synthetic); model: the built-in target forward\n"
     "  --model DIR            Hugging Face model folder (config.json + *.safetensors): Llama,\n"
@@ -107,6 +110,7 @@ enum {
     OPT_LAYERS,
     OPT_DFLASH,
     OPT_HIDDEN,
+    OPT_HS_DTYPE,
     OPT_SOURCE,
     OPT_MODEL,
     OPT_GPUS,
@@ -133,6 +137,7 @@ enum {
 static const struct option long_options[] = {
     {"to", required_argument, NULL, OPT_TO},
     {"data", required_argument, NULL, OPT_DATA},
+    {"hs-dtype", required_argument, NULL, OPT_HS_DTYPE},
     {"token-budget", required_argument, NULL, OPT_BUDGET},
     {"max-seq-len", required_argument, NULL, OPT_MAXLEN},
     {"overflow", required_argument, NULL, OPT_OVERFLOW},
@@ -245,6 +250,10 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 65536)
             return bad("hidden-size", arg, from, "expected 1..65536");
         c->layout.hidden_size = (uint32_t)u;
+        return 0;
+    case OPT_HS_DTYPE:
+        if (hs_dtype_parse(arg, &c->layout.dtype) != HS_OK)
+            return bad("hs-dtype", arg, from, "expected bf16 or fp8");
         return 0;
     case OPT_SOURCE:
         if (!strcmp(arg, "synthetic"))

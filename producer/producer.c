@@ -209,6 +209,7 @@ static void producer_free(producer_t *pr)
         for (int k = 0; k < STAGING_PER_WORKER; k++)
             hs_aligned_free(pr->workers[i].staging[k].buf);
         hs_checksum_stream_destroy(pr->workers[i].checksum);
+        free(pr->workers[i].fp8_scratch);
     }
     hs_model_destroy(pr->model);
     hs_plan_destroy(pr->plan);
@@ -320,6 +321,16 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
                 hs_warn("worker %u: staging buffer %d is not registered with the transport (%s); "
                         "it is sent all the same, registered per send",
                         i, k, hs_status_str(reg));
+        }
+        if (cfg->source == HS_SOURCE_MODEL && w->gpu < 0 && cfg->layout.dtype == HS_DTYPE_FP8) {
+            /* the CPU forward writes bf16 rows here; they are quantised into the batch */
+            uint64_t bytes = (uint64_t)cfg->token_budget * hs_layout_row_elems(&cfg->layout) * 2;
+            if (!(w->fp8_scratch = malloc(bytes))) {
+                hs_error("cannot allocate %.1f MiB of bf16 rows for worker %u's fp8 batches",
+                         (double)bytes / (1 << 20), i);
+                st = HS_ERR_NOMEM;
+                goto err;
+            }
         }
         if (cfg->source == HS_SOURCE_MODEL && w->gpu >= 0) {
             void *bufs[2] = {w->staging[0].buf, w->staging[1].buf};
@@ -444,7 +455,13 @@ hs_status_code_t hs_producer_open(const hs_producer_client_config_t *cc, hs_prod
     cfg.overflow = cc->overflow_drop ? HS_OVERFLOW_DROP : HS_OVERFLOW_TRUNCATE;
     cfg.seed = cc->seed;
     cfg.layout.hidden_size = cc->hidden_size;
-    cfg.layout.dtype = HS_DTYPE_BF16;
+    if (cc->hs_dtype != 0 && cc->hs_dtype != HS_HIDDEN_BF16 && cc->hs_dtype != HS_HIDDEN_FP8) {
+        hs_error("producer: hs_dtype %d is neither HS_HIDDEN_BF16 nor HS_HIDDEN_FP8",
+                 (int)cc->hs_dtype);
+        free(addrs);
+        return HS_ERR_INVALID;
+    }
+    cfg.layout.dtype = cc->hs_dtype == HS_HIDDEN_FP8 ? HS_DTYPE_FP8 : HS_DTYPE_BF16;
     cfg.layout.n_layers = cc->n_layers;
     memcpy(cfg.layout.layers, cc->layers, cc->n_layers * sizeof(int32_t));
     cfg.source = HS_SOURCE_EXTERNAL;
@@ -538,6 +555,8 @@ hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout
     out->input_ids = v.input_ids;
     out->loss_mask = v.loss_mask;
     out->hidden = v.hidden;
+    out->hidden_fp8 = v.hidden_fp8;
+    out->hidden_scales = v.scales;
     out->bytes = t->bytes;
     out->handle = (uint64_t)(uintptr_t)st;
     w->t_taken = hs_now_s();

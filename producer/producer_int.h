@@ -107,7 +107,8 @@ typedef struct worker {
     bool has_cpu_clock;
     uint64_t cpu_ns_seen;
     hs_checksum_stream_t *checksum; /* scratch for sealing */
-    hs__gpu_worker_t *gpu_w;        /* GPU model worker, or NULL */
+    uint16_t *fp8_scratch;   /* CPU model source, fp8 layout: the bf16 rows before quantising */
+    hs__gpu_worker_t *gpu_w; /* GPU model worker, or NULL */
 } worker_t;
 
 /* The network thread's: the links and the state of the run's end. */

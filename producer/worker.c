@@ -97,14 +97,25 @@ static hs_status_t fill_batch(producer_t *pr, worker_t *w, const ticket_t *t, ui
     if (pr->cfg->source == HS_SOURCE_SYNTHETIC) {
         hs_batch_synth_fill_seal(&v, layout, t->bytes, w->checksum);
         return HS_OK;
-    } else {
-        st = hs_model_forward_cpu(pr->model, v.input_ids, v.cu_seqlens, (int)t->n_seqs,
-                                  layout->layers, (int)layout->n_layers, v.hidden,
-                                  HS_MODEL_OUT_BF16, hs_layout_token_bytes(layout) / 2);
-        if (st != HS_OK) return st;
+    }
+    uint64_t row = hs_layout_row_elems(layout);
+    bool fp8 = layout->dtype == HS_DTYPE_FP8;
+    uint16_t *out = fp8 ? w->fp8_scratch : v.hidden;
+    st = hs_model_forward_cpu(pr->model, v.input_ids, v.cu_seqlens, (int)t->n_seqs, layout->layers,
+                              (int)layout->n_layers, out, HS_MODEL_OUT_BF16, row);
+    if (st != HS_OK) return st;
+    for (uint32_t i = 0; fp8 && i < t->n_tokens; i++) {
+        uint64_t bad;
+        if (hs_fp8_quantize_row_bf16(out + i * row, row, v.hidden_fp8 + i * row, &v.scales[i],
+                                     &bad) != HS_OK) {
+            hs_error("batch %u/%u: token %u's hidden state %llu (layer %d) is not finite; it "
+                     "cannot be quantised to fp8: check the model's weights",
+                     t->epoch, t->batch, i, (unsigned long long)bad,
+                     layout->layers[bad / layout->hidden_size]);
+            return HS_ERR_INVALID;
+        }
     }
     hs_batch_seal(region, t->bytes);
-    (void)w;
     return HS_OK;
 }
 

@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -40,8 +41,9 @@ hs_status_t hs_layout_validate(const hs_layout_t *l, char *why, size_t whycap)
             HS_LAYOUT_MAX_HIDDEN);
         return HS_ERR_INVALID;
     }
-    if (l->dtype != HS_DTYPE_BF16) {
-        say(why, whycap, "dtype %u is not supported (only bf16 = %u)", l->dtype, HS_DTYPE_BF16);
+    if (l->dtype != HS_DTYPE_BF16 && l->dtype != HS_DTYPE_FP8) {
+        say(why, whycap, "dtype %u is not supported (bf16 = %u, fp8 = %u)", l->dtype, HS_DTYPE_BF16,
+            HS_DTYPE_FP8);
         return HS_ERR_INVALID;
     }
     if (l->n_layers < 1 || l->n_layers > HS_MAX_LAYERS) {
@@ -73,6 +75,24 @@ hs_status_t hs_layout_check(const hs_layout_t *layout)
     return st;
 }
 
+const char *hs_dtype_str(uint32_t dtype)
+{
+    return dtype == HS_DTYPE_BF16 ? "bf16" : dtype == HS_DTYPE_FP8 ? "fp8" : "?";
+}
+
+hs_status_t hs_dtype_parse(const char *s, uint32_t *out)
+{
+    if (s && !strcmp(s, "bf16")) {
+        *out = HS_DTYPE_BF16;
+        return HS_OK;
+    }
+    if (s && !strcmp(s, "fp8")) {
+        *out = HS_DTYPE_FP8;
+        return HS_OK;
+    }
+    return HS_ERR_INVALID;
+}
+
 uint64_t hs_layout_id(const hs_layout_t *l)
 {
     /* Canonical form: u32 H, u32 dtype, u32 k, i32 layers[k], little-endian. */
@@ -88,7 +108,7 @@ void hs_layout_describe(const hs_layout_t *l, char *buf, size_t cap)
 {
     if (!buf || !cap) return;
     size_t n = (size_t)snprintf(buf, cap, "H=%u dtype=%s layers=[", l->hidden_size,
-                                l->dtype == HS_DTYPE_BF16 ? "bf16" : "?");
+                                hs_dtype_str(l->dtype));
     uint32_t k = l->n_layers <= HS_MAX_LAYERS ? l->n_layers : HS_MAX_LAYERS;
     for (uint32_t i = 0; i < k && n < cap; i++)
         n += (size_t)snprintf(buf + n, cap - n, "%s%d", i ? "," : "", l->layers[i]);
@@ -102,7 +122,7 @@ void hs_layout_spec(const hs_layout_t *l, char *buf, size_t cap)
     uint32_t k = l->n_layers <= HS_MAX_LAYERS ? l->n_layers : HS_MAX_LAYERS;
     for (uint32_t i = 0; i < k && n < cap; i++)
         n += (size_t)snprintf(buf + n, cap - n, "%s%d", i ? "," : "", l->layers[i]);
-    if (n < cap) snprintf(buf + n, cap - n, ",dtype=%s", l->dtype == HS_DTYPE_BF16 ? "bf16" : "?");
+    if (n < cap) snprintf(buf + n, cap - n, ",dtype=%s", hs_dtype_str(l->dtype));
 }
 
 /* One number of a layout spec: decimal digits only, at most `max`. */
@@ -156,8 +176,10 @@ hs_status_t hs_layout_parse(const char *spec, hs_layout_t *out, char *why, size_
                 have_layers = true;
                 last = KEY_LAYERS;
             } else if (klen == 5 && !strncmp(p, "dtype", 5)) {
-                if (have_dtype || vlen != 4 || strncmp(v, "bf16", 4)) {
-                    say(why, whycap, "dtype= must be given once and be bf16 (the only one)");
+                char name[8] = "";
+                if (vlen < sizeof name) memcpy(name, v, vlen);
+                if (have_dtype || vlen >= sizeof name || hs_dtype_parse(name, &l.dtype) != HS_OK) {
+                    say(why, whycap, "dtype= must be given once and be bf16 or fp8");
                     return HS_ERR_INVALID;
                 }
                 have_dtype = true;
@@ -205,7 +227,12 @@ hs_batch_offsets_t hs_batch_offsets(uint32_t n_seqs, uint32_t n_tokens, const hs
     o.input_ids = hs_align_up(o.sample_ids + 8ull * n_seqs, a);
     o.loss_mask = hs_align_up(o.input_ids + 4ull * T, a);
     o.hidden = hs_align_up(o.loss_mask + T, a);
-    o.total = hs_align_up(o.hidden + T * hs_layout_token_bytes(layout), a);
+    if (layout->dtype == HS_DTYPE_FP8) {
+        o.scales = hs_align_up(o.hidden + T * hs_layout_row_elems(layout), a);
+        o.total = hs_align_up(o.scales + 4 * T, a);
+    } else {
+        o.total = o.scales = hs_align_up(o.hidden + T * hs_layout_row_elems(layout) * 2, a);
+    }
     return o;
 }
 
@@ -225,8 +252,13 @@ hs_batch_view_t hs_batch_view(void *region, uint32_t n_seqs, uint32_t n_tokens,
         .sample_ids = (uint64_t *)(r + o.sample_ids),
         .input_ids = (int32_t *)(r + o.input_ids),
         .loss_mask = r + o.loss_mask,
-        .hidden = (uint16_t *)(r + o.hidden),
     };
+    if (layout->dtype == HS_DTYPE_FP8) {
+        v.hidden_fp8 = r + o.hidden;
+        v.scales = (float *)(r + o.scales);
+    } else {
+        v.hidden = (uint16_t *)(r + o.hidden);
+    }
     return v;
 }
 
@@ -387,27 +419,61 @@ static void seq_range(const int32_t *cu, uint32_t s, uint32_t T, uint32_t *lo, u
     *hi = (uint32_t)b;
 }
 
+/* Token t of a sequence at position pos: its k rows of synthetic values,
+ * bf16, into row[k*H]. */
+static void synth_token(uint16_t *restrict row, uint64_t sample_id, uint32_t pos,
+                        const hs_layout_t *layout)
+{
+    uint32_t H = layout->hidden_size;
+    for (uint32_t j = 0; j < layout->n_layers; j++)
+        synth_row(row + (uint64_t)j * H, synth_base(sample_id, layout->layers[j], pos), H);
+}
+
+/* fp8: the synthetic row of a token, quantised; `tmp` holds k*H bf16. */
+static void synth_token_fp8(uint8_t *restrict q, float *scale, uint16_t *restrict tmp,
+                            uint64_t sample_id, uint32_t pos, const hs_layout_t *layout)
+{
+    synth_token(tmp, sample_id, pos, layout);
+    uint64_t bad;
+    if (hs_fp8_quantize_row_bf16(tmp, hs_layout_row_elems(layout), q, scale, &bad) != HS_OK)
+        *scale = 0; /* cannot happen: synthetic values are finite by construction */
+}
+
+/* Scratch for one token's bf16 row in an fp8 layout: on the stack up to
+ * 64 KiB, else the heap (NULL when out of memory). */
+#define SYNTH_STACK_ELEMS 32768u
+
 void hs_batch_synth_fill(hs_batch_view_t *v, const hs_layout_t *layout)
 {
     uint32_t n = v->header->n_seqs, T = v->header->n_tokens;
-    uint32_t H = layout->hidden_size, k = layout->n_layers;
-    uint64_t row_elems = (uint64_t)k * H;
+    uint64_t row_elems = hs_layout_row_elems(layout);
+    uint16_t stack[SYNTH_STACK_ELEMS], *tmp = stack;
+    bool fp8 = layout->dtype == HS_DTYPE_FP8;
+    if (fp8 && row_elems > SYNTH_STACK_ELEMS && !(tmp = malloc(row_elems * 2))) return;
     for (uint32_t s = 0; s < n; s++) {
         uint32_t lo, hi;
         seq_range(v->cu_seqlens, s, T, &lo, &hi);
-        for (uint32_t t = lo; t < hi; t++)
-            for (uint32_t j = 0; j < k; j++)
-                synth_row(v->hidden + t * row_elems + (uint64_t)j * H,
-                          synth_base(v->sample_ids[s], layout->layers[j], t - lo), H);
+        for (uint32_t t = lo; t < hi; t++) {
+            if (fp8)
+                synth_token_fp8(v->hidden_fp8 + t * row_elems, &v->scales[t], tmp, v->sample_ids[s],
+                                t - lo, layout);
+            else
+                synth_token(v->hidden + t * row_elems, v->sample_ids[s], t - lo, layout);
+        }
     }
+    if (tmp != stack) free(tmp);
 }
 
 void hs_batch_synth_fill_seal(hs_batch_view_t *v, const hs_layout_t *layout, uint64_t total_bytes,
                               hs_checksum_stream_t *cs)
 {
+    if (layout->dtype == HS_DTYPE_FP8) { /* rows and scales apart: fill, then hash */
+        hs_batch_synth_fill(v, layout);
+        hs_batch_seal(v->header, total_bytes);
+        return;
+    }
     uint32_t n = v->header->n_seqs, T = v->header->n_tokens;
-    uint32_t H = layout->hidden_size, k = layout->n_layers;
-    uint64_t row_elems = (uint64_t)k * H;
+    uint64_t row_elems = hs_layout_row_elems(layout);
     const uint8_t *region = (const uint8_t *)v->header;
     const uint8_t *hidden = (const uint8_t *)v->hidden;
     hs_checksum_stream_reset(cs);
@@ -420,9 +486,7 @@ void hs_batch_synth_fill_seal(hs_batch_view_t *v, const hs_layout_t *layout, uin
         seq_range(v->cu_seqlens, s, T, &lo, &hi);
         for (uint32_t t = lo; t < hi; t++) {
             uint16_t *row = v->hidden + t * row_elems;
-            for (uint32_t j = 0; j < k; j++)
-                synth_row(row + (uint64_t)j * H,
-                          synth_base(v->sample_ids[s], layout->layers[j], t - lo), H);
+            synth_token(row, v->sample_ids[s], t - lo, layout);
             hs_checksum_stream_update(cs, row, row_elems * 2);
             done = t + 1;
         }
@@ -432,17 +496,62 @@ void hs_batch_synth_fill_seal(hs_batch_view_t *v, const hs_layout_t *layout, uin
     v->header->checksum = hs_checksum_stream_final(cs);
 }
 
+/* The first difference of an fp8 token row from its synthetic twin. */
+static hs_status_t synth_check_fp8(const hs_batch_view_t *v, const hs_layout_t *layout,
+                                   uint16_t *tmp, uint8_t *want, uint64_t sample_id, uint32_t t,
+                                   uint32_t pos, char *why, size_t whycap)
+{
+    uint64_t row_elems = hs_layout_row_elems(layout);
+    float scale;
+    synth_token_fp8(want, &scale, tmp, sample_id, pos, layout);
+    const uint8_t *row = v->hidden_fp8 + t * row_elems;
+    if (hs_f32_bits(v->scales[t]) != hs_f32_bits(scale)) {
+        say(why, whycap, "sample %" PRIu64 " pos %u: fp8 scale %.9g, expected %.9g", sample_id, pos,
+            v->scales[t], scale);
+        return HS_ERR_MISMATCH;
+    }
+    if (!memcmp(row, want, row_elems)) return HS_OK;
+    for (uint64_t i = 0; i < row_elems; i++)
+        if (row[i] != want[i]) {
+            uint32_t H = layout->hidden_size;
+            say(why, whycap,
+                "sample %" PRIu64 " layer %d pos %u channel %u: fp8 0x%02x, expected 0x%02x",
+                sample_id, layout->layers[i / H], pos, (uint32_t)(i % H), row[i], want[i]);
+            break;
+        }
+    return HS_ERR_MISMATCH;
+}
+
 hs_status_t hs_batch_synth_check(const hs_batch_view_t *v, const hs_layout_t *layout, char *why,
                                  size_t whycap)
 {
     uint32_t n = v->header->n_seqs, T = v->header->n_tokens;
     uint32_t H = layout->hidden_size, k = layout->n_layers;
-    uint64_t row_elems = (uint64_t)k * H;
+    uint64_t row_elems = hs_layout_row_elems(layout);
     hs_status_t st = check_cu_seqlens(v->cu_seqlens, n, T, why, whycap);
     if (st != HS_OK) return st;
-    for (uint32_t s = 0; s < n; s++) {
+    /* fp8: a token's expected row is rebuilt in scratch, on the stack for
+     * rows up to SYNTH_STACK_ELEMS values (no allocation per batch) */
+    uint16_t stack_tmp[SYNTH_STACK_ELEMS], *tmp = NULL;
+    uint8_t stack_want[SYNTH_STACK_ELEMS], *want = NULL;
+    bool heap = row_elems > SYNTH_STACK_ELEMS;
+    if (layout->dtype == HS_DTYPE_FP8) {
+        tmp = heap ? malloc(row_elems * 2) : stack_tmp;
+        want = heap ? malloc(row_elems) : stack_want;
+        if (!tmp || !want) {
+            if (heap) free(tmp), free(want);
+            say(why, whycap, "out of memory for a %" PRIu64 "-value row", row_elems);
+            return HS_ERR_NOMEM;
+        }
+    }
+    for (uint32_t s = 0; s < n && st == HS_OK; s++) {
         uint32_t lo = (uint32_t)v->cu_seqlens[s], hi = (uint32_t)v->cu_seqlens[s + 1];
-        for (uint32_t t = lo; t < hi; t++) {
+        for (uint32_t t = lo; t < hi && st == HS_OK; t++) {
+            if (want) {
+                st =
+                    synth_check_fp8(v, layout, tmp, want, v->sample_ids[s], t, t - lo, why, whycap);
+                continue;
+            }
             for (uint32_t j = 0; j < k; j++) {
                 const uint16_t *row = v->hidden + t * row_elems + (uint64_t)j * H;
                 uint32_t base = synth_base(v->sample_ids[s], layout->layers[j], t - lo);
@@ -458,11 +567,17 @@ hs_status_t hs_batch_synth_check(const hs_batch_view_t *v, const hs_layout_t *la
                             "expected 0x%04x",
                             v->sample_ids[s], layout->layers[j], t - lo, c, row[c],
                             synth_at(base, c));
-                        return HS_ERR_MISMATCH;
+                        st = HS_ERR_MISMATCH;
+                        break;
                     }
                 }
+                if (st != HS_OK) break;
             }
         }
     }
-    return HS_OK;
+    if (heap) {
+        free(tmp);
+        free(want);
+    }
+    return st;
 }

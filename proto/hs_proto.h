@@ -27,10 +27,13 @@ extern "C" {
 
 #define HS_MAX_LAYERS 32
 #define HS_DTYPE_BF16 1u
+/* float8_e4m3fn values and one fp32 scale per token over all of its k*H
+ * values (amax / 448, as speculators stores hidden states): half the bytes */
+#define HS_DTYPE_FP8 2u
 
 typedef struct {
     uint32_t hidden_size;          /* H */
-    uint32_t dtype;                /* HS_DTYPE_BF16 */
+    uint32_t dtype;                /* HS_DTYPE_BF16 or HS_DTYPE_FP8 */
     uint32_t n_layers;             /* k, 1..HS_MAX_LAYERS */
     int32_t layers[HS_MAX_LAYERS]; /* captured indices, strictly increasing */
 } hs_layout_t;
@@ -48,16 +51,36 @@ void hs_layout_describe(const hs_layout_t *layout, char *buf, size_t cap);
  * hs-consumer --expect-layout takes and hs-data plan prints), into buf. */
 void hs_layout_spec(const hs_layout_t *layout, char *buf, size_t cap);
 /* Parses that form: H=, layers= and dtype= in any order, each once, H and
- * layers required, dtype bf16 (the default); the numbers after layers= run
+ * layers required, dtype bf16 (the default) or fp8; the numbers after layers= run
  * up to the next key. A valid layout into *out, or HS_ERR_INVALID with the
  * reason in why[whycap] (nothing logged). */
 HS_MUST_CHECK hs_status_t hs_layout_parse(const char *spec, hs_layout_t *out, char *why,
                                           size_t whycap);
-/* Bytes of hidden state per token: k * H * 2. */
+/* "bf16", "fp8" (or "?"), and back: HS_ERR_INVALID for another name. */
+const char *hs_dtype_str(uint32_t dtype);
+HS_MUST_CHECK hs_status_t hs_dtype_parse(const char *s, uint32_t *out);
+/* Hidden-state values per token: k * H. */
+static inline uint64_t hs_layout_row_elems(const hs_layout_t *l)
+{
+    return (uint64_t)l->n_layers * l->hidden_size;
+}
+/* Bytes of hidden state per token: k * H * 2 in bf16, k * H + 4 (its
+ * scale) in fp8. */
 static inline uint64_t hs_layout_token_bytes(const hs_layout_t *l)
 {
-    return (uint64_t)l->n_layers * l->hidden_size * 2u;
+    return l->dtype == HS_DTYPE_FP8 ? hs_layout_row_elems(l) + 4u : hs_layout_row_elems(l) * 2u;
 }
+
+/* fp8 rows (HS_DTYPE_FP8): one token's n = k*H values with one scale.
+ * Quantising takes bf16 values: scale = amax / 448 (1 for a row of zeros),
+ * q[i] = e4m3(x[i] / scale) rounded to nearest even (hs_fp8_from_f32);
+ * HS_ERR_INVALID, with *bad the index, for a NaN or infinite value (nothing
+ * else written is meaningful then). Dequantising gives bf16(e4m3(q) *
+ * scale), rounded to nearest even; the CUDA twins in kernels/fp8.cu give
+ * the same bits. */
+HS_MUST_CHECK hs_status_t hs_fp8_quantize_row_bf16(const uint16_t *x, uint64_t n, uint8_t *q,
+                                                   float *scale, uint64_t *bad);
+void hs_fp8_dequantize_row_bf16(const uint8_t *q, uint64_t n, float scale, uint16_t *out);
 
 /* ======================================================================
  * Batch region: one contiguous little-endian block per batch.
@@ -95,7 +118,8 @@ typedef struct {
 
 /* Byte offsets of each part inside the region. */
 typedef struct {
-    uint64_t cu_seqlens, sample_ids, input_ids, loss_mask, hidden, total;
+    /* scales == total (no bytes) in bf16 */
+    uint64_t cu_seqlens, sample_ids, input_ids, loss_mask, hidden, scales, total;
 } hs_batch_offsets_t;
 
 /* Offsets for a batch of n sequences and T tokens in `layout`. */
@@ -110,7 +134,9 @@ typedef struct hs_batch_view {
     uint64_t *sample_ids;
     int32_t *input_ids;
     uint8_t *loss_mask;
-    uint16_t *hidden; /* bf16 bits, [T][k*H] */
+    uint16_t *hidden;    /* bf16: bf16 bits, [T][k*H]; fp8: NULL */
+    uint8_t *hidden_fp8; /* fp8: e4m3 bytes, [T][k*H]; bf16: NULL */
+    float *scales;       /* fp8: [T] one scale per token; bf16: NULL */
 } hs_batch_view_t;
 
 hs_batch_view_t hs_batch_view(void *region, uint32_t n_seqs, uint32_t n_tokens,
@@ -131,10 +157,12 @@ HS_MUST_CHECK hs_status_t hs_batch_verify(const void *region, uint64_t bytes, ui
                                           const hs_layout_t *layout, char *why, size_t whycap);
 
 /* Synthetic hidden states: bf16 bits that are a deterministic function of
- * (sample id, layer index, token position within its sequence, channel).
- * hs_batch_synth_fill writes the hidden part of a view whose cu_seqlens and
- * sample_ids are already set; hs_batch_synth_check compares every element
- * and reports the first mismatch in why. */
+ * (sample id, layer index, token position within its sequence, channel);
+ * in an fp8 layout, each token's row of them quantised as every producer
+ * quantises (hs_fp8_quantize_row_bf16). hs_batch_synth_fill writes the
+ * hidden part of a view whose cu_seqlens and sample_ids are already set;
+ * hs_batch_synth_check compares every element (and scale) and reports the
+ * first mismatch in why. */
 uint16_t hs_synth_value(uint64_t sample_id, int32_t layer, uint32_t pos, uint32_t channel);
 void hs_batch_synth_fill(hs_batch_view_t *v, const hs_layout_t *layout);
 /* hs_batch_synth_fill + hs_batch_seal in one pass: each row is hashed right

@@ -42,7 +42,7 @@ def resolve_arrays(arrays):
 
 _CTYPE = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint8): ctypes.c_uint8,
           np.dtype(np.uint16): ctypes.c_uint16, np.dtype(np.uint64): ctypes.c_uint64,
-          np.dtype(np.int16): ctypes.c_int16}
+          np.dtype(np.int16): ctypes.c_int16, np.dtype(np.float32): ctypes.c_float}
 
 
 def host_view(ptr, shape, dtype, writable):
@@ -81,7 +81,8 @@ class CudaArray:
 
 
 _TYPESTR = {np.dtype(np.int32): "<i4", np.dtype(np.uint8): "|u1",
-            np.dtype(np.uint16): "<i2", np.dtype(np.uint64): "<i8"}
+            np.dtype(np.uint16): "<i2", np.dtype(np.uint64): "<i8",
+            np.dtype(np.float32): "<f4"}
 
 
 def device_view(ptr, shape, dtype, gpu, want_torch, owner=None):

@@ -17,6 +17,8 @@ HS_ERR_NOSPACE = -12
 
 HS_ORDER_ARRIVAL = 0
 HS_ORDER_PLAN = 1
+HS_HIDDEN_BF16 = 1  # hs_hidden_dtype_t
+HS_HIDDEN_FP8 = 2
 
 _c_u16 = ctypes.c_uint16
 _c_u32 = ctypes.c_uint32
@@ -58,6 +60,7 @@ class ConsumerConfig(ctypes.Structure):
         ("expect_plan", ctypes.c_char_p),
         ("expect_layout", ctypes.c_char_p),
         ("expect_dataset", ctypes.c_char_p),
+        ("deliver", ctypes.c_int),  # hs_hidden_dtype_t
     ]
 
 
@@ -80,6 +83,9 @@ class CBatch(ctypes.Structure):
         ("bytes", _c_u64),
         ("handle", _c_u64),
         ("ticket", _c_u64),
+        ("hidden_dtype", ctypes.c_int),
+        ("hidden_fp8", ctypes.c_void_p),
+        ("hidden_scales", ctypes.c_void_p),
     ]
 
 
@@ -126,6 +132,7 @@ class ProducerClientConfig(ctypes.Structure):
         ("name", ctypes.c_char_p),
         ("connect_timeout_s", _c_u32),
         ("reconnect", ctypes.c_bool),
+        ("hs_dtype", ctypes.c_int),
     ]
 
 
@@ -157,6 +164,8 @@ class CWork(ctypes.Structure):
         ("hidden", ctypes.c_void_p),
         ("bytes", _c_u64),
         ("handle", _c_u64),
+        ("hidden_fp8", ctypes.c_void_p),
+        ("hidden_scales", ctypes.c_void_p),
     ]
 
 

@@ -9,7 +9,8 @@ import threading
 import numpy as np
 
 from . import _arrays, _log
-from ._lib import (HS_ERR_CLOSED, HS_ERR_NOSPACE, HS_ERR_TIMEOUT, HS_OK, HS_ORDER_ARRIVAL,
+from ._lib import (HS_ERR_CLOSED, HS_ERR_NOSPACE, HS_ERR_TIMEOUT, HS_HIDDEN_BF16, HS_HIDDEN_FP8,
+                   HS_OK, HS_ORDER_ARRIVAL,
                    HS_ORDER_PLAN, CBatch, ConsumerConfig, ConsumerStats, HsflowError, load)
 
 # How long one wait inside the library lasts before Python gets control back
@@ -59,10 +60,14 @@ class Batch:
 
     Attributes: epoch, batch (id in the plan), n_seqs, n_tokens (T),
     hidden_size (H), layers (tuple of the k captured layer indices),
-    on_device, nbytes; arrays: hidden_states [T, k*H] (torch.bfloat16, or
-    numpy uint16 holding bf16 bits), input_ids [T] int32, loss_mask [T]
-    uint8, cu_seqlens [n_seqs+1] int32, sample_ids [n_seqs] uint64 (always
-    numpy on the host; on the device an int64 tensor / CudaArray)."""
+    on_device, nbytes, hidden_dtype ('bf16' or 'fp8'); arrays: hidden_states
+    [T, k*H] (torch.bfloat16, or numpy uint16 holding bf16 bits), input_ids
+    [T] int32, loss_mask [T] uint8, cu_seqlens [n_seqs+1] int32, sample_ids
+    [n_seqs] uint64 (always numpy on the host; on the device an int64 tensor /
+    CudaArray). An fp8 run delivered as fp8 (Consumer(deliver='fp8')) has no
+    hidden_states but hidden_fp8 [T, k*H] (torch.float8_e4m3fn, or numpy
+    uint8 of e4m3 bytes) and hidden_scales [T] float32: value = e4m3 *
+    scale of its token."""
 
     def __init__(self, consumer, cb, mode, gpu):
         self._consumer = consumer
@@ -79,11 +84,17 @@ class Batch:
         lay = ctypes.cast(cb.layers, ctypes.POINTER(ctypes.c_int32))
         self.layers = tuple(lay[i] for i in range(cb.n_layers)) if cb.layers else ()
         T, n, kH = cb.n_tokens, cb.n_seqs, cb.n_layers * cb.hidden_size
-        spec = {"hidden_states": (cb.hidden, (T, kH), np.uint16),
+        self.hidden_dtype = "fp8" if cb.hidden_dtype == HS_HIDDEN_FP8 else "bf16"
+        if self.hidden_dtype == "fp8":
+            spec = {"hidden_fp8": (cb.hidden_fp8, (T, kH), np.uint8),
+                    "hidden_scales": (cb.hidden_scales, (T,), np.float32)}
+        else:
+            spec = {"hidden_states": (cb.hidden, (T, kH), np.uint16)}
+        spec.update({
                 "input_ids": (cb.input_ids, (T,), np.int32),
                 "loss_mask": (cb.loss_mask, (T,), np.uint8),
                 "cu_seqlens": (cb.cu_seqlens, (n + 1,), np.int32),
-                "sample_ids": (cb.sample_ids, (n,), np.uint64)}
+                "sample_ids": (cb.sample_ids, (n,), np.uint64)})
         self._views = {}
         for name, (ptr, shape, dtype) in spec.items():
             if self.on_device:
@@ -94,9 +105,15 @@ class Batch:
                     v = _arrays.torch_from_host(v)
                 elif mode == "torch":
                     v.flags.writeable = False
+            if name == "hidden_fp8" and mode == "torch":
+                v = v.view(_arrays.torch_module().float8_e4m3fn)  # the same bytes
             self._views[name] = v
 
     def _get(self, name):
+        if not self._released and name not in self._views:
+            raise HsflowError("this batch was delivered as %s: it has %s" % (
+                self.hidden_dtype, "hidden_fp8 and hidden_scales, not hidden_states"
+                if self.hidden_dtype == "fp8" else "hidden_states, not %s" % name))
         if self._released:
             raise HsflowError("batch (epoch %d, batch %d) was released; its memory now belongs "
                               "to the consumer again. Copy what you need to keep (e.g. "
@@ -105,6 +122,8 @@ class Batch:
         return self._views[name]
 
     hidden_states = property(lambda self: self._get("hidden_states"))
+    hidden_fp8 = property(lambda self: self._get("hidden_fp8"))
+    hidden_scales = property(lambda self: self._get("hidden_scales"))
     input_ids = property(lambda self: self._get("input_ids"))
     loss_mask = property(lambda self: self._get("loss_mask"))
     cu_seqlens = property(lambda self: self._get("cu_seqlens"))
@@ -117,7 +136,8 @@ class Batch:
     def pointers(self):
         """The C pointers of the views (dict name -> int); for checks."""
         cb = self._cb
-        return {"hidden_states": cb.hidden, "input_ids": cb.input_ids,
+        return {"hidden_states": cb.hidden, "hidden_fp8": cb.hidden_fp8,
+                "hidden_scales": cb.hidden_scales, "input_ids": cb.input_ids,
                 "loss_mask": cb.loss_mask, "cu_seqlens": cb.cu_seqlens,
                 "sample_ids": cb.sample_ids}
 
@@ -271,14 +291,20 @@ class Consumer:
     FILE --hidden-size H --layers ...` prints after "pin" ("--expect-plan X
     --expect-dataset Y --expect-layout Z"; "plan=X dataset=Y layout=Z" works
     too). A producer that differs in any of them is refused, naming what
-    differs, and the consumer waits for the right ones."""
+    differs, and the consumer waits for the right ones.
+
+    deliver= says how the hidden states of an fp8 run (producers'
+    --hs-dtype fp8) reach the trainer: 'bf16' (default) dequantised, on the
+    GPU as part of the copy with gpu=, or 'fp8': the raw e4m3 bytes and the
+    per-token scales (Batch.hidden_fp8, Batch.hidden_scales). A bf16 run is
+    delivered as bf16 either way."""
 
     def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
                  order="arrival", prefetch=2, verify_synthetic=False, secret_file=None,
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
                  arrays="auto", metrics=None, journal=None, resume=None,
                  lease_timeout_s=60, force=False, rank=None, world=None, uneven="drop",
-                 expect=None):
+                 expect=None, deliver="bf16"):
         self._c = None
         lib = load()
         host, port = _parse_listen(listen)
@@ -308,6 +334,9 @@ class Consumer:
                              "or 'repeat' (the short ranks take batches from its start)"
                              % (uneven,))
         pins = _expect_pins(expect)
+        if deliver not in ("bf16", "fp8"):
+            raise ValueError("deliver=%r: expected 'bf16' (fp8 runs dequantised) or 'fp8' (the "
+                             "raw e4m3 bytes and per-token scales)" % (deliver,))
         self.rank, self.world = rank, world
         self._mode = _arrays.resolve_arrays(arrays)
         self._gpu = gpu
@@ -343,6 +372,7 @@ class Consumer:
         cfg.force = bool(force)
         cfg.rank = rank
         cfg.world = world
+        cfg.deliver = HS_HIDDEN_FP8 if deliver == "fp8" else HS_HIDDEN_BF16
         cfg.uneven = 1 if uneven == "repeat" else 0
         cfg.expect_plan, cfg.expect_layout, cfg.expect_dataset = self._keep[6:9]
         h = ctypes.c_void_p()

@@ -2,6 +2,7 @@
 /* test_proto.c - control frames and messages, authentication, the batch
  * region and the synthetic hidden states. */
 #include <check.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,6 +268,13 @@ START_TEST(layout_spec_round_trips_and_malformed_specs_are_refused)
     /* any order, dtype optional */
     ck_assert_int_eq(hs_layout_parse("layers=2,16,29,H=83", &back, reason, sizeof(reason)), HS_OK);
     ck_assert_uint_eq(hs_layout_id(&back), hs_layout_id(&l));
+    /* fp8 round-trips and is another layout */
+    ck_assert_int_eq(
+        hs_layout_parse("H=83,layers=2,16,29,dtype=fp8", &back, reason, sizeof(reason)), HS_OK);
+    ck_assert_uint_eq(back.dtype, HS_DTYPE_FP8);
+    hs_layout_spec(&back, spec, sizeof(spec));
+    ck_assert_str_eq(spec, "H=83,layers=2,16,29,dtype=fp8");
+    ck_assert_uint_ne(hs_layout_id(&back), hs_layout_id(&l));
     static const char *bad[] = {
         "",
         "H=83",
@@ -274,7 +282,8 @@ START_TEST(layout_spec_round_trips_and_malformed_specs_are_refused)
         "H=83,layers=16,2",
         "H=0,layers=2",
         "H=83,layers=2,H=83",
-        "H=83,layers=2,dtype=fp8",
+        "H=83,layers=2,dtype=fp16",
+        "H=83,layers=2,dtype=fp8,dtype=fp8",
         "H=83,2,layers=3",
         "H=83,layers=2,,3",
         "H=83,layers=-1",
@@ -1073,7 +1082,7 @@ START_TEST(layout_check_validates_ranges_and_ids_differ)
     m.layers[1] = 2;
     ck_assert_int_eq(hs_layout_validate(&m, why, sizeof why), HS_ERR_INVALID);
     m = l;
-    m.dtype = 2;
+    m.dtype = 3; /* neither bf16 nor fp8 */
     ck_assert_int_eq(hs_layout_validate(&m, why, sizeof why), HS_ERR_INVALID);
 }
 END_TEST
@@ -1147,6 +1156,176 @@ START_TEST(fused_fill_and_seal_equals_fill_then_seal)
     hs_checksum_stream_destroy(cs);
     hs_aligned_free(a.region);
     hs_aligned_free(b.region);
+}
+END_TEST
+
+/* ---- fp8 rows ------------------------------------------------------------ */
+
+/* The value of e4m3 code c (0 .. 0x7e, non-negative), from its definition:
+ * bias 7, subnormals m * 2^-9. Written apart from the library's decoder. */
+static double e4m3_value(unsigned c)
+{
+    unsigned e = c >> 3, m = c & 7;
+    return e == 0 ? m * ldexp(1.0, -9) : (1.0 + m / 8.0) * ldexp(1.0, (int)e - 7);
+}
+
+/* e4m3 of a by brute force: the nearest of the 127 finite non-negative codes,
+ * a tie to the even code, saturated at 448. */
+static uint8_t e4m3_nearest(double a)
+{
+    int neg = a < 0 || (a == 0 && signbit(a));
+    a = fabs(a);
+    unsigned best = 0;
+    double best_d = INFINITY;
+    for (unsigned c = 0; c <= 0x7e; c++) {
+        double d = fabs(e4m3_value(c) - a);
+        if (d < best_d || (d == best_d && (c & 1) == 0)) {
+            best = c;
+            best_d = d;
+        }
+    }
+    if (a >= 448.0) best = 0x7e;
+    return (uint8_t)(best | (neg ? 0x80u : 0u));
+}
+
+START_TEST(fp8_e4m3_rounds_to_nearest_even_and_saturates_like_its_definition)
+{
+    /* every finite bf16 value, divided by a few scales, against brute force */
+    const float scales[] = {1.0f, 0.0078125f, 3.1f, 1.0f / 448.0f, 1e-3f};
+    for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++)
+        for (uint32_t b = 0; b < 0x10000u; b++) {
+            if ((b & 0x7f80u) == 0x7f80u) continue; /* infinities and NaN */
+            float x = hs_bf16_bits_to_f32((uint16_t)b) / scales[si];
+            if (!isfinite(x)) continue;
+            uint8_t got = hs_fp8_from_f32(x), want = e4m3_nearest(x);
+            ck_assert_msg(got == want, "e4m3(%.9g) = 0x%02x, expected 0x%02x", x, got, want);
+        }
+    /* every code decodes to its definition and encodes back to itself */
+    for (unsigned c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f) {
+            ck_assert(isnan(hs_fp8_to_f32((uint8_t)c)));
+            continue;
+        }
+        double v = e4m3_value(c & 0x7f) * ((c & 0x80) ? -1 : 1);
+        ck_assert(hs_fp8_to_f32((uint8_t)c) == (float)v);
+        if ((c & 0x7f) != 0) ck_assert_uint_eq(hs_fp8_from_f32((float)v), c);
+    }
+    /* ties: 0.5 * 2^-9 between 0 and the smallest subnormal goes to 0; 464
+     * (between 448 and the 480 e4m3 lacks) saturates */
+    ck_assert_uint_eq(hs_fp8_from_f32(ldexpf(1.0f, -10)), 0);
+    ck_assert_uint_eq(hs_fp8_from_f32(ldexpf(3.0f, -10)), 2);
+    ck_assert_uint_eq(hs_fp8_from_f32(464.0f), 0x7e);
+    ck_assert_uint_eq(hs_fp8_from_f32(-1e30f), 0xfe);
+}
+END_TEST
+
+START_TEST(fp8_rows_scale_by_their_amax_refuse_non_finite_values_and_come_back_within_e4m3)
+{
+    enum { N = 1000 };
+    uint16_t x[N], back[N];
+    uint8_t q[N];
+    float scale;
+    uint64_t bad = 0, rng = 9;
+    for (int i = 0; i < N; i++) /* values over many binades, both signs */
+        x[i] = hs_f32_to_bf16_rne((float)((int64_t)(hs_splitmix64(&rng) % 601) - 300) *
+                                  ldexpf(1.0f, -(int)(hs_splitmix64(&rng) % 20)));
+    x[17] = hs_f32_to_bf16_rne(-320.0f); /* the largest magnitude */
+    ck_assert_int_eq(hs_fp8_quantize_row_bf16(x, N, q, &scale, &bad), HS_OK);
+    float amax = 0;
+    for (int i = 0; i < N; i++)
+        amax = fmaxf(amax, fabsf(hs_bf16_bits_to_f32(x[i])));
+    ck_assert(amax == 320.0f);
+    ck_assert(scale == amax / 448.0f);
+    ck_assert_uint_eq(q[17], 0xfe); /* -448 */
+    hs_fp8_dequantize_row_bf16(q, N, scale, back);
+    for (int i = 0; i < N; i++) {
+        float xi = hs_bf16_bits_to_f32(x[i]);
+        ck_assert_uint_eq(q[i], e4m3_nearest((double)(xi / scale)));
+        /* bf16(e4m3 * scale), the product rounded to float first */
+        float prod = (float)((double)hs_fp8_to_f32(q[i]) * (double)scale);
+        ck_assert_uint_eq(back[i], hs_f32_to_bf16_rne(prod));
+        /* within half an e4m3 step (relative 2^-4) of x, or of the subnormal
+         * step (2^-9 * scale) for the smallest */
+        double err = fabs((double)hs_bf16_bits_to_f32(back[i]) - xi);
+        ck_assert_msg(err <= fabs(xi) / 16 + ldexp(scale, -10) + fabs(xi) / 256,
+                      "value %d: %.9g came back as %.9g", i, xi, hs_bf16_bits_to_f32(back[i]));
+    }
+    /* a row of zeros: scale 1, zeros */
+    uint16_t z[8] = {0, 0x8000, 0, 0, 0, 0, 0, 0};
+    ck_assert_int_eq(hs_fp8_quantize_row_bf16(z, 8, q, &scale, &bad), HS_OK);
+    ck_assert(scale == 1.0f);
+    for (int i = 0; i < 8; i++)
+        ck_assert_uint_eq(q[i] & 0x7f, 0);
+    /* NaN and infinities are refused, naming the index */
+    x[400] = 0x7fc0;
+    ck_assert_int_eq(hs_fp8_quantize_row_bf16(x, N, q, &scale, &bad), HS_ERR_INVALID);
+    ck_assert_uint_eq(bad, 400);
+    x[400] = 0xff80; /* -inf */
+    x[3] = 0x7f80;   /* +inf first */
+    ck_assert_int_eq(hs_fp8_quantize_row_bf16(x, N, q, &scale, &bad), HS_ERR_INVALID);
+    ck_assert_uint_eq(bad, 3);
+}
+END_TEST
+
+START_TEST(fp8_batches_hold_bytes_and_scales_and_check_every_value)
+{
+    hs_layout_t l = test_layout(), l8 = l;
+    l8.dtype = HS_DTYPE_FP8;
+    ck_assert_uint_ne(hs_layout_id(&l), hs_layout_id(&l8));
+    uint32_t lens[] = {5, 1, 11, 2};
+    test_batch_t a = make_batch(&l, 4, lens), b = make_batch(&l8, 4, lens);
+    hs_batch_offsets_t o = hs_batch_offsets(4, b.T, &l8);
+    ck_assert_uint_eq(o.scales % HS_BATCH_ALIGN, 0);
+    ck_assert_uint_ge(o.scales - o.hidden, (uint64_t)b.T * l.n_layers * l.hidden_size);
+    ck_assert_uint_ge(o.total - o.scales, 4ull * b.T);
+    ck_assert_ptr_null(b.v.hidden);
+    ck_assert_ptr_nonnull(b.v.hidden_fp8);
+    ck_assert_int_eq(hs_batch_verify(b.region, b.bytes, 3, 41, 4, b.T, &l8, why, sizeof why),
+                     HS_OK);
+    ck_assert_int_eq(hs_batch_synth_check(&b.v, &l8, why, sizeof why), HS_OK);
+    /* each token's row is the bf16 batch's row quantised */
+    uint64_t row = (uint64_t)l.n_layers * l.hidden_size;
+    uint8_t *q = malloc(row);
+    for (uint32_t t = 0; t < b.T; t++) {
+        float scale;
+        uint64_t bad;
+        ck_assert_int_eq(hs_fp8_quantize_row_bf16(a.v.hidden + t * row, row, q, &scale, &bad),
+                         HS_OK);
+        ck_assert(scale == b.v.scales[t]);
+        ck_assert_int_eq(memcmp(q, b.v.hidden_fp8 + t * row, row), 0);
+    }
+    free(q);
+    /* a flipped byte and a changed scale are each named */
+    b.v.hidden_fp8[9 * row + 83 + 80] ^= 1;
+    ck_assert_int_eq(hs_batch_synth_check(&b.v, &l8, why, sizeof why), HS_ERR_MISMATCH);
+    ck_assert_ptr_nonnull(strstr(why, "sample 1014 layer 16 pos 3 channel 80: fp8"));
+    b.v.hidden_fp8[9 * row + 83 + 80] ^= 1;
+    b.v.scales[b.T - 1] *= 2;
+    ck_assert_int_eq(hs_batch_synth_check(&b.v, &l8, why, sizeof why), HS_ERR_MISMATCH);
+    ck_assert_ptr_nonnull(strstr(why, "sample 1021 pos 1: fp8 scale"));
+    /* a bf16 ticket does not verify an fp8 batch */
+    ck_assert_int_eq(hs_batch_verify(b.region, b.bytes, 3, 41, 4, b.T, &l, why, sizeof why),
+                     HS_ERR_MISMATCH);
+    /* the fused fill-and-seal gives the same batch */
+    test_batch_t c = make_batch(&l8, 4, lens);
+    memset(c.v.hidden_fp8, 0, (size_t)(o.total - o.hidden));
+    hs_checksum_stream_t *cs = hs_checksum_stream_create();
+    hs_batch_synth_fill_seal(&c.v, &l8, c.bytes, cs);
+    hs_checksum_stream_destroy(cs);
+    b.v.scales[b.T - 1] /= 2;
+    ck_assert_int_eq(memcmp(b.region, c.region, b.bytes), 0);
+    /* fp8 moves about half the bytes of bf16 for the same batch */
+    hs_layout_t big = {.hidden_size = 4096,
+                       .dtype = HS_DTYPE_BF16,
+                       .n_layers = 3,
+                       .layers = {2, 16, 29}},
+                big8 = big;
+    big8.dtype = HS_DTYPE_FP8;
+    ck_assert_uint_le(hs_batch_bytes(64, 1024 * 64, &big8) * 100,
+                      hs_batch_bytes(64, 1024 * 64, &big) * 51);
+    hs_aligned_free(a.region);
+    hs_aligned_free(b.region);
+    hs_aligned_free(c.region);
 }
 END_TEST
 
@@ -1308,6 +1487,10 @@ int main(void)
     tcase_add_test(batch, synthetic_check_names_a_single_flipped_element);
     tcase_add_test(batch, fused_fill_and_seal_equals_fill_then_seal);
     tcase_add_test(batch, layout_spec_round_trips_and_malformed_specs_are_refused);
+    tcase_add_test(batch, fp8_e4m3_rounds_to_nearest_even_and_saturates_like_its_definition);
+    tcase_add_test(batch,
+                   fp8_rows_scale_by_their_amax_refuse_non_finite_values_and_come_back_within_e4m3);
+    tcase_add_test(batch, fp8_batches_hold_bytes_and_scales_and_check_every_value);
     suite_add_tcase(s, batch);
 
     SRunner *sr = srunner_create(s);

@@ -350,3 +350,72 @@ def test_expect_is_checked_before_the_consumer_starts():
             hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, expect=bad)
     with pytest.raises(hsflow.HsflowError):  # the library names the layers out of order
         hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, expect={"layout": "H=48,layers=9,4"})
+
+
+def _e4m3_values():
+    """float value of every e4m3 code (0x7f/0xff NaN), from its definition."""
+    v = np.empty(256, np.float64)
+    for c in range(256):
+        e, m = (c >> 3) & 15, c & 7
+        x = m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+        v[c] = np.nan if (c & 0x7f) == 0x7f else (-x if c & 0x80 else x)
+    return v
+
+
+def _quantize_rows(bf16_bits):
+    """The fp8 rows hsflow's producers write, computed here in numpy: per
+    token scale = amax / 448, each value to the nearest e4m3 code (ties to
+    the even code) of value / scale."""
+    x = (bf16_bits.astype(np.uint32) << 16).view(np.float32)
+    amax = np.abs(x).max(axis=1)
+    scale = np.where(amax > 0, amax / np.float32(448), np.float32(1)).astype(np.float32)
+    y = (x / scale[:, None]).astype(np.float32).astype(np.float64)
+    codes = np.arange(0x7f)  # non-negative finite codes, increasing in value
+    table = _e4m3_values()[:0x7f]
+    a = np.minimum(np.abs(y), 448.0)
+    hi = np.clip(np.searchsorted(table, a), 1, 0x7e)
+    lo = hi - 1
+    d_lo, d_hi = a - table[lo], table[hi] - a
+    pick = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (codes[hi] % 2 == 0)), hi, lo)
+    q = (pick | np.where(np.signbit(y), 0x80, 0)).astype(np.uint8)
+    return q, scale
+
+
+def _dequantize_rows(q, scale):
+    """bf16 bits of e4m3 * scale (the product rounded to float32, then to
+    bf16, nearest even)."""
+    f = (_e4m3_values()[q].astype(np.float32) * scale[:, None]).astype(np.float32)
+    u = f.view(np.uint32)
+    return ((u + 0x7fff + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("deliver", ["fp8", "bf16"])
+def test_fp8_run_delivers_raw_bytes_and_scales_or_bf16_as_numpy_quantises_the_states(
+        producer_bin, dataset, deliver):
+    """Producers with --hs-dtype fp8; the consumer checks every byte and
+    scale (verify_synthetic) and hands the trainer the e4m3 bytes and scales
+    (deliver='fp8') or their bf16 values (deliver='bf16'), each equal, bit
+    for bit, to a quantisation of the synthetic states computed here."""
+    data, _ = dataset
+    n = 0
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, verify_synthetic=True,
+                         arrays="numpy", deliver=deliver) as c:
+        procs = start_producers(producer_bin, c.port, data, extra=("--hs-dtype", "fp8"))
+        try:
+            for b in c:
+                assert b.hidden_dtype == deliver
+                want = hsflow.synthetic_hidden(b.sample_ids, b.cu_seqlens, b.layers, H)
+                q, scale = _quantize_rows(want)
+                if deliver == "fp8":
+                    assert b.hidden_fp8.dtype == np.uint8 and b.hidden_scales.dtype == np.float32
+                    assert np.array_equal(b.hidden_fp8, q)
+                    assert np.array_equal(b.hidden_scales, scale)
+                    with pytest.raises(hsflow.HsflowError, match="delivered as fp8"):
+                        b.hidden_states
+                else:
+                    assert np.array_equal(b.hidden_states, _dequantize_rows(q, scale))
+                n += 1
+            s = c.stats()
+        finally:
+            stop(procs)
+    assert n == s["batches_planned"] > 2 and s["checksum_failures"] == 0
