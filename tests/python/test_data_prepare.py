@@ -36,11 +36,13 @@ HEADERS = (
     "{%- endgeneration -%}{% else %}{{ m['content'] | trim }}<|eot|>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|start|>assistant<|sep|>{% endif %}")
 # renders earlier assistant turns differently from the last one (like
-# templates that strip reasoning from history): not prefix-stable
+# templates that strip reasoning from history): not prefix-stable; with its
+# {% generation %} blocks, for the twin transformers computes
 REWRITES = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['role'] == 'assistant' and not loop.last %}(earlier){% endif %}"
-    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if m['role'] == 'assistant' %}{% generation %}{% if not loop.last %}(earlier){% endif %}"
+    "{{ m['content'] }}<|im_end|>\n{% endgeneration %}"
+    "{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
@@ -56,7 +58,8 @@ def tokenizer_dirs(tmp_path_factory):
     dirs = {}
     for name, template in (("chatml", CHATML), ("chatml_plain", strip_generation(CHATML)),
                            ("headers", HEADERS), ("headers_plain", strip_generation(HEADERS)),
-                           ("rewrites", REWRITES)):
+                           ("rewrites", strip_generation(REWRITES)),
+                           ("rewrites_twin", REWRITES)):
         dirs[name] = save_tokenizer(tok, root / name, template)
     return dirs
 
@@ -135,28 +138,38 @@ def test_sharegpt_masks_match_transformers_token_by_token(tmp_path, tokenizer_di
 
 
 @pytest.mark.parametrize("name", ["chatml", "headers"])
-def test_prefix_method_without_generation_blocks_gives_the_same_masks(tmp_path, tokenizer_dirs,
-                                                                      name):
+def test_render_and_prefix_methods_without_generation_blocks_give_the_same_masks(
+        tmp_path, tokenizer_dirs, name):
     records = [{"conversations": c} for c in CONVERSATIONS]
     with_blocks, _ = run(tmp_path, records, tokenizer_dirs[name], out="gen.hst")
-    # the same template without the blocks: auto picks the prefix method
+    # the same template without the blocks: auto probes it and picks the render method
     plain, meta = run(tmp_path, records, tokenizer_dirs[name + "_plain"], out="plain.hst")
-    assert meta["chat_template"]["mask_method"] == "prefix"
-    # and forcing the prefix method on the template that has the blocks
-    forced, _ = run(tmp_path, records, tokenizer_dirs[name], out="forced.hst",
-                    mask_method="prefix")
+    assert meta["chat_template"]["mask_method"] == "render"
     assert plain == with_blocks
-    assert forced == with_blocks
+    # and forcing each method on the template that has the blocks
+    for method in ("prefix", "render"):
+        forced, meta = run(tmp_path, records, tokenizer_dirs[name], out=method + ".hst",
+                           mask_method=method)
+        assert meta["chat_template"]["mask_method"] == method
+        assert forced == with_blocks, method
 
 
-def test_prefix_method_reports_a_template_that_rewrites_earlier_turns(tmp_path, tokenizer_dirs):
+def test_a_template_that_rewrites_earlier_turns_gets_the_mask_of_its_twin(tmp_path,
+                                                                         tokenizer_dirs):
     records = [{"conversations": CONVERSATIONS[0]},  # two assistant turns: rewritten
                {"messages": [{"role": "user", "content": "hello"},
                              {"role": "assistant", "content": "world"}]}]
     got, meta = run(tmp_path, records, tokenizer_dirs["rewrites"])
-    assert meta["counts"]["malformed"] == 1 and meta["counts"]["written"] == 1
-    with pytest.raises(Exception, match="not prefix-stable"):
-        run(tmp_path, records, tokenizer_dirs["rewrites"], strict=True, out="strict.hst")
+    assert meta["chat_template"]["mask_method"] == "render"
+    assert meta["counts"]["written"] == 2
+    twin = load(tokenizer_dirs["rewrites_twin"])
+    assert got == [expected(twin, as_messages(CONVERSATIONS[0])),
+                   expected(twin, records[1]["messages"])]
+    assert "(earlier)I am fine" in twin.decode(got[0][0])
+    # the prefix method, forced, refuses what it cannot mark exactly, naming the turn
+    with pytest.raises(Exception, match="turn 2 .*not prefix-stable"):
+        run(tmp_path, records, tokenizer_dirs["rewrites"], strict=True, out="strict.hst",
+            mask_method="prefix")
 
 
 def test_openai_messages_and_sharegpt_give_the_same_sequences(tmp_path, tokenizer_dirs):
@@ -212,10 +225,13 @@ def test_empty_conversation_no_assistant_and_malformed_records_are_counted(tmp_p
     src = write_jsonl(tmp_path / "in.jsonl", records)
     logs = []
     counts, meta = prepare(src, str(tmp_path / "o.hst"),
-                           PrepareOptions(tokenizer=tokenizer_dirs["chatml"], progress=False),
+                           PrepareOptions(tokenizer=tokenizer_dirs["chatml"], progress=False,
+                                          max_skip="7"),
                            log=logs.append)
     assert meta["counts"] == {"read": 8, "written": 1, "truncated": 0, "dropped": 0,
                               "empty_assistant": 3, "malformed": 4}
+    assert meta["skipped"] == {"empty_assistant": 3, "bad_json": 1, "unknown_role": 1,
+                               "no_format": 1, "bad_tokens": 1}
     text = "\n".join(logs)
     for line, what in ((4, "not valid JSON"), (5, "role 'alien'"), (6, "no \"conversations\""),
                        (7, "0..2147483647")):
@@ -228,7 +244,8 @@ def test_a_record_giving_a_key_twice_is_malformed_naming_the_key(tmp_path, token
                    + json.dumps({"conversations": CONVERSATIONS[0]}) + "\n")
     logs = []
     counts, meta = prepare(str(src), str(tmp_path / "o.hst"),
-                           PrepareOptions(tokenizer=tokenizer_dirs["chatml"], progress=False),
+                           PrepareOptions(tokenizer=tokenizer_dirs["chatml"], progress=False,
+                                          max_skip="50%"),
                            log=logs.append)
     assert meta["counts"]["malformed"] == 1 and meta["counts"]["written"] == 1
     text = "\n".join(logs)
@@ -294,7 +311,7 @@ def test_workers_1_and_3_write_identical_files(tmp_path, tokenizer_dirs):
     for w in (1, 3):
         dst = str(tmp_path / f"w{w}.hst")
         prepare(src, dst, PrepareOptions(tokenizer=tokenizer_dirs["chatml"], workers=w,
-                                         progress=False), log=lambda m: None)
+                                         progress=False, max_skip="10%"), log=lambda m: None)
         outs.append(dst)
     a, b = (open(p, "rb").read() for p in outs)
     assert a == b
@@ -304,7 +321,8 @@ def test_workers_1_and_3_write_identical_files(tmp_path, tokenizer_dirs):
 
 def test_cli_writes_hst_and_sidecar_and_hs_data_reads_it(tmp_path, tokenizer_dirs):
     src = write_jsonl(tmp_path / "chat.jsonl", many_records(40))
-    r = cli("prepare", src, str(tmp_path / "train.hst"), "--tokenizer", tokenizer_dirs["chatml"])
+    r = cli("prepare", src, str(tmp_path / "train.hst"), "--tokenizer", tokenizer_dirs["chatml"],
+            "--max-skip", "3")
     assert r.returncode == 0, r.stderr
     assert "wrote" in r.stdout and "malformed 3" in r.stdout
     assert f"{src}:5: not valid JSON" in r.stderr
@@ -315,7 +333,7 @@ def test_cli_writes_hst_and_sidecar_and_hs_data_reads_it(tmp_path, tokenizer_dir
     assert meta["counts"]["read"] == 43 and meta["counts"]["written"] == 40
     # the JSONL form of the same data has the same fingerprint in hs-data
     r = cli("prepare", src, str(tmp_path / "train.jsonl"), "--tokenizer",
-            tokenizer_dirs["chatml"])
+            tokenizer_dirs["chatml"], "--max-skip", "10%")
     assert r.returncode == 0, r.stderr
     assert rows(tmp_path / "train.jsonl") == rows(tmp_path / "train.hst")
     hs_data = shutil.which("hs-data", path=os.environ.get("HSFLOW_BIN_DIR", ""))
@@ -410,3 +428,42 @@ def test_nothing_usable_is_an_error_and_writes_nothing(tmp_path):
     with pytest.raises(UsageError, match="no usable records"):
         prepare(src, str(tmp_path / "o.hst"), PrepareOptions(progress=False), log=lambda m: None)
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+def test_cli_more_skipped_than_max_skip_fails_writing_nothing_and_names_the_reasons(
+        tmp_path, tokenizer_dirs):
+    # 40 conversations and 3 broken lines: 7% skipped
+    src = write_jsonl(tmp_path / "chat.jsonl", many_records(40))
+    r = cli("prepare", src, str(tmp_path / "o.hst"), "--tokenizer", tokenizer_dirs["chatml"])
+    assert r.returncode == 1
+    assert "3 of 43 records skipped (6.98%), more than --max-skip 1% allows (0): bad_json 3" \
+        in r.stderr
+    assert f"{src}:5: not valid JSON" in r.stderr and "record skipped (bad_json)" in r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["chat.jsonl"]
+    # 7% is within --max-skip 10%, and within a count of 3
+    for limit in ("10%", "3"):
+        r = cli("prepare", src, str(tmp_path / "o.hst"), "--tokenizer",
+                tokenizer_dirs["chatml"], "--max-skip", limit)
+        assert r.returncode == 0, r.stderr
+        assert "skipped 3 of 43 records (6.98%): bad_json 3" in r.stderr
+    r = cli("prepare", src, str(tmp_path / "o.hst"), "--tokenizer", tokenizer_dirs["chatml"],
+            "--max-skip", "lots")
+    assert r.returncode == 2 and "--max-skip 'lots'" in r.stderr
+
+
+def test_truncation_is_a_warning_with_the_share_of_tokens_lost(tmp_path, tokenizer_dirs):
+    tok = load(tokenizer_dirs["chatml"])
+    full = [expected(tok, as_messages(c)) for c in CONVERSATIONS]
+    limit = min(len(i) for i, _ in full) - 1  # every sequence is cut
+    src = write_jsonl(tmp_path / "in.jsonl", [{"conversations": c} for c in CONVERSATIONS])
+    logs = []
+    _, meta = prepare(src, str(tmp_path / "o.hst"),
+                      PrepareOptions(tokenizer=tokenizer_dirs["chatml"], progress=False,
+                                     max_seq_len=limit, max_skip="100%"), log=logs.append)
+    total = sum(len(i) for i, _ in full)
+    lost = total - limit * len(full)
+    lost_loss = sum(sum(m[limit:]) for _, m in full)
+    assert meta["tokens"]["lost"] == lost and meta["tokens"]["loss_lost"] == lost_loss
+    want = (f"WARNING: {lost} of {total} tokens ({100.0 * lost / total:.2f}%) lost at "
+            f"--max-seq-len {limit}")
+    assert any(want in line for line in logs), logs

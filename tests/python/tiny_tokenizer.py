@@ -20,13 +20,13 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def train_bpe(vocab_size=400):
+def train_bpe(vocab_size=400, extra_specials=()):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(CORPUS * 10, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS,
+        vocab_size=vocab_size, special_tokens=SPECIALS + list(extra_specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return tok
 

@@ -16,21 +16,34 @@ tokens). The loss mask covers the assistant tokens:
 
   - "generation": a template with {% generation %} blocks; the mask is
     exactly transformers' apply_chat_template(..., return_assistant_tokens_mask=True).
-  - "prefix", for templates without those blocks: for each assistant turn i
-    the conversation is rendered up to turn i-1 with the generation prompt
-    (where the reply starts) and up to turn i (where it ends); the characters
-    in between are the reply, and every token that overlaps them is marked,
-    the rule transformers applies to generation spans. On a template whose
-    generation blocks enclose the reply from after the assistant header to
-    the end of the turn, both give the same masks (tests check this). A
-    template whose rendering of a prefix is not a prefix of the whole (one
-    that rewrites earlier turns) is reported per record: give it
-    {% generation %} blocks.
+  - "render", for templates without those blocks: the conversation is
+    rendered once and each reply gets loss as that render shows it, from the
+    end of its assistant header through its end-of-turn marker, both found
+    by probing the template (chat.py). Templates that rewrite earlier turns
+    (reasoning shown only after the last user turn) are covered: the mask is
+    that of the template with {% generation %} after the header and
+    {% endgeneration %} after the end marker (tests check it per family).
+  - "prefix": for each assistant turn i the conversation is rendered up to
+    turn i-1 with the generation prompt (where the reply starts) and up to
+    turn i (where it ends); for prefix-stable templates without an
+    assistant header (Mistral's [INST]).
+  - "auto" (default): generation when the template has the blocks, else
+    render when probing finds it exact, else prefix when the template is
+    prefix-stable; otherwise the template is refused at start.
+  Every token that overlaps a reply's characters is marked, the rule
+  transformers applies to generation spans.
+
+Reasoning (reasoning_content, reasoning or thinking on assistant messages,
+or <think>...</think> inline) goes to the template under the key it reads,
+or inline when it reads none; tool calls, tool results and a record's tools
+(OpenAI, and ShareGPT's function_call / observation as LLaMA-Factory writes
+them) become the messages Hugging Face templates expect (chat.py).
 
 Records with nothing to train on (no assistant turn, only empty replies, no
 text, a mask of zeros) are skipped and counted as empty_assistant; records
-that cannot be read are reported with file:line (or row) and counted as
-malformed (--strict stops at the first). With --workers N, N processes
+that cannot be read are counted as malformed by reason, the first few of
+each named with file:line (or row); --strict stops at the first, and more
+skipped records than --max-skip (default 1%) fail the command. With --workers N, N processes
 tokenise chunks of records; the results are written in input order, so the
 output does not depend on N.
 """
@@ -49,20 +62,15 @@ import numpy as np
 
 from .._lib import add_version_flag
 from .._outfile import output_conflict
+from . import chat
+from .chat import Malformed
 from .hst import HstWriter
 
 FORMATS = ("sharegpt", "messages", "text", "tokens")
-MASK_METHODS = ("auto", "generation", "prefix")
+MASK_METHODS = ("auto", "generation", "render", "prefix")
 CHUNK_RECORDS = 64
-MAX_REPORTS = 20
+MAX_REPORTS = 5  # records named per skip reason
 
-SHAREGPT_ROLES = {
-    "human": "user", "user": "user",
-    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "model": "assistant",
-    "system": "system",
-    "tool": "tool", "function": "tool", "observation": "tool",
-}
-MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
 _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _TOKENIZER_FILE_RE = re.compile(
     r"^(tokenizer|vocab|merges|special_tokens_map|added_tokens|chat_template)|"
@@ -73,8 +81,8 @@ class UsageError(Exception):
     """A problem with the command line or the tokenizer, not with one record."""
 
 
-class Malformed(Exception):
-    """One record cannot be used; the message says why."""
+class TooManySkipped(Exception):
+    """More records were skipped than --max-skip allows; nothing was written."""
 
 
 @dataclass
@@ -83,12 +91,14 @@ class PrepareOptions:
     format: str = "auto"
     chat_template: str = None  # a file; default: the tokenizer's own template
     mask_method: str = "auto"
+    template_args: dict = None  # extra template variables, e.g. {"enable_thinking": False}
     system_prompt: str = None
     max_seq_len: int = 0  # 0: no limit
     overflow: str = "truncate"
     last_turn_only: bool = False
     workers: int = 1
     strict: bool = False
+    max_skip: str = "1%"  # records skipped before the command fails: "P%" or a count
     split: str = None
     progress: bool = None  # None: when stderr is a terminal
 
@@ -103,6 +113,9 @@ class Counts:
     malformed: int = 0
     tokens: int = 0
     loss_tokens: int = 0
+    tokens_lost: int = 0  # cut by truncation or in dropped records
+    loss_tokens_lost: int = 0
+    skipped: dict = field(default_factory=dict)  # reason -> records
     by_format: dict = field(default_factory=dict)
 
 
@@ -136,11 +149,11 @@ def _jsonl_records(path):
             try:
                 yield loc, json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
             except UnicodeDecodeError as e:
-                yield loc, Malformed(f"not valid UTF-8 (byte {e.start})")
+                yield loc, Malformed(f"not valid UTF-8 (byte {e.start})", "bad_json")
             except _DuplicateKey as e:
-                yield loc, Malformed(str(e))
+                yield loc, Malformed(str(e), "duplicate_key")
             except json.JSONDecodeError as e:
-                yield loc, Malformed(f"not valid JSON ({e.msg} at column {e.colno})")
+                yield loc, Malformed(f"not valid JSON ({e.msg} at column {e.colno})", "bad_json")
 
 
 def _json_array_records(path):
@@ -228,61 +241,6 @@ def iter_records(path, split=None):
 # ---- records to conversations ----------------------------------------------------------------
 
 
-def _text_of(content, where):
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        parts = []
-        for p in content:
-            if isinstance(p, str):
-                parts.append(p)
-            elif isinstance(p, dict) and p.get("type", "text") == "text" and \
-                    isinstance(p.get("text"), str):
-                parts.append(p["text"])
-            else:
-                raise Malformed(f"{where}: content part {p!r:.60} is not text")
-        return "".join(parts)
-    raise Malformed(f"{where}: content is {type(content).__name__}, not a string")
-
-
-def _sharegpt_messages(turns):
-    if not isinstance(turns, list):
-        raise Malformed("\"conversations\" is not a list")
-    msgs = []
-    for i, t in enumerate(turns):
-        if not isinstance(t, dict):
-            raise Malformed(f"conversations[{i}] is not an object")
-        who = t.get("from", t.get("role"))
-        role = SHAREGPT_ROLES.get(str(who).lower()) if who is not None else None
-        if role is None:
-            raise Malformed(f"conversations[{i}] has role {who!r}; ShareGPT roles are human, gpt, "
-                            "system and tool")
-        text = t.get("value", t.get("content"))
-        if not isinstance(text, str):
-            raise Malformed(f"conversations[{i}] has no string \"value\"")
-        msgs.append({"role": role, "content": text})
-    return msgs
-
-
-def _openai_messages(turns):
-    if not isinstance(turns, list):
-        raise Malformed("\"messages\" is not a list")
-    msgs = []
-    for i, t in enumerate(turns):
-        if not isinstance(t, dict):
-            raise Malformed(f"messages[{i}] is not an object")
-        role = t.get("role")
-        if role not in MESSAGE_ROLES:
-            raise Malformed(f"messages[{i}] has role {role!r}; use one of "
-                            f"{', '.join(sorted(MESSAGE_ROLES))}")
-        m = {k: v for k, v in t.items() if v is not None}
-        m["content"] = _text_of(t.get("content"), f"messages[{i}]")
-        msgs.append(m)
-    return msgs
-
-
 def detect_format(rec):
     for key, fmt in (("conversations", "sharegpt"), ("messages", "messages"),
                      ("input_ids", "tokens"), ("text", "text")):
@@ -290,35 +248,37 @@ def detect_format(rec):
             return fmt
     raise Malformed("no \"conversations\", \"messages\", \"text\" or \"input_ids\" field "
                     f"(keys: {', '.join(sorted(map(str, rec)))[:80]}); give --format if the "
-                    "field has another name")
+                    "field has another name", "no_format")
 
 
 def _token_list(v, name):
     if not isinstance(v, (list, tuple, np.ndarray)):
-        raise Malformed(f"\"{name}\" is not a list")
+        raise Malformed(f"\"{name}\" is not a list", "bad_tokens")
     try:
         a = np.asarray(v)
     except (ValueError, TypeError) as e:
-        raise Malformed(f"\"{name}\" is not a flat list of integers") from e
+        raise Malformed(f"\"{name}\" is not a flat list of integers", "bad_tokens") from e
     if a.ndim != 1 or (a.size and a.dtype.kind not in "iub"):
-        raise Malformed(f"\"{name}\" is not a flat list of integers")
+        raise Malformed(f"\"{name}\" is not a flat list of integers", "bad_tokens")
     return a.astype(np.int64)
 
 
 def _tokens_record(rec):
     ids = _token_list(rec.get("input_ids"), "input_ids")
     if ids.size and (ids.min() < 0 or ids.max() > 0x7FFFFFFF):
-        raise Malformed("input_ids must be integers in 0..2147483647")
+        raise Malformed("input_ids must be integers in 0..2147483647", "bad_tokens")
     if rec.get("loss_mask") is not None:
         mask = _token_list(rec["loss_mask"], "loss_mask")
         if mask.size != ids.size:
-            raise Malformed(f"loss_mask has {mask.size} entries, input_ids has {ids.size}")
+            raise Malformed(f"loss_mask has {mask.size} entries, input_ids has {ids.size}",
+                            "bad_tokens")
         if mask.size and (mask.min() < 0 or mask.max() > 1):
-            raise Malformed("loss_mask entries must be 0 or 1")
+            raise Malformed("loss_mask entries must be 0 or 1", "bad_tokens")
     elif rec.get("labels") is not None:
         labels = _token_list(rec["labels"], "labels")
         if labels.size != ids.size:
-            raise Malformed(f"labels has {labels.size} entries, input_ids has {ids.size}")
+            raise Malformed(f"labels has {labels.size} entries, input_ids has {ids.size}",
+                            "bad_tokens")
         mask = (labels != -100).astype(np.int64)
     else:
         mask = np.ones_like(ids)
@@ -356,12 +316,36 @@ def spans_to_mask(offsets, spans):
     return mask
 
 
+_HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_tokenizer(path):
+    """--tokenizer: a folder, or a Hugging Face model id found in the local
+    cache (never downloaded) -> the folder."""
+    if os.path.isdir(path):
+        return path
+    tried = ["not a folder"]
+    if _HF_ID_RE.match(path) and not os.path.exists(path):
+        try:
+            from huggingface_hub import constants, snapshot_download
+        except ImportError:
+            tried.append("not looked up as a Hugging Face model id (huggingface_hub is not "
+                         "installed)")
+        else:
+            try:
+                return snapshot_download(path, local_files_only=True)
+            except Exception as e:  # noqa: BLE001 (not cached, or a broken cache entry)
+                tried.append(f"as a Hugging Face model id: not in the local cache "
+                             f"{constants.HF_HUB_CACHE} ({type(e).__name__}; nothing is "
+                             "downloaded)")
+    raise UsageError(f"--tokenizer {path}: {'; '.join(tried)}; give the target model's folder "
+                     "(tokenizer.json, tokenizer_config.json) or a model id downloaded "
+                     "beforehand (huggingface-cli download ID)")
+
+
 def load_tokenizer(path):
     if not path:
         return None
-    if not os.path.isdir(path):
-        raise UsageError(f"--tokenizer {path}: not a folder; give the target model's folder "
-                         "(tokenizer.json, tokenizer_config.json)")
     try:
         from transformers import AutoTokenizer
     except ImportError as e:
@@ -373,31 +357,75 @@ def load_tokenizer(path):
         raise UsageError(f"--tokenizer {path}: cannot load a tokenizer from it ({e})") from e
 
 
+_RESERVED_ARGS = {"messages", "tools", "documents", "add_generation_prompt", "chat_template",
+                  "tokenize", "return_dict", "return_assistant_tokens_mask",
+                  "continue_final_message"}
+
+
+def parse_template_arg(s):
+    """'KEY=VALUE' -> (KEY, value): VALUE read as JSON (true, 3, "x", {...}), or
+    kept as a string when it is not JSON."""
+    key, sep, value = s.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise UsageError(f"--template-arg {s!r}: give KEY=VALUE, e.g. enable_thinking=false")
+    if key in _RESERVED_ARGS:
+        raise UsageError(f"--template-arg {key}: set by hsflow.data itself; not a template "
+                         "variable to give")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 class Encoder:
     """Records -> (input_ids, loss_mask) with one tokenizer and chat template."""
 
     def __init__(self, opts):
         self.opts = opts
-        self.tok = load_tokenizer(opts.tokenizer)
+        self.tok_dir = resolve_tokenizer(opts.tokenizer) if opts.tokenizer else None
+        self.tok = load_tokenizer(self.tok_dir)
+        self.template_args = dict(opts.template_args or {})
         self.template = None
         self.method = None
+        self.shape = None
+        self.reasoning_key = None
         if opts.chat_template:
             with open(opts.chat_template, encoding="utf-8") as f:
                 self.template = f.read()
         elif self.tok is not None:
             t = self.tok.chat_template
             self.template = t.get("default", next(iter(t.values()))) if isinstance(t, dict) else t
-        if self.template is not None:
-            has_gen = bool(_GENERATION_RE.search(self.template))
-            self.method = opts.mask_method
-            if self.method == "auto":
-                self.method = "generation" if has_gen else "prefix"
-            if self.method == "generation" and not has_gen:
-                raise UsageError("--mask-method generation: the chat template has no "
-                                 "{% generation %} blocks; use --mask-method prefix (or auto)")
-            if self.method == "prefix" and self.tok is not None and not self.tok.is_fast:
-                raise UsageError(f"--tokenizer {opts.tokenizer}: the prefix mask method needs a "
-                                 "fast tokenizer (tokenizer.json) for character offsets")
+        if self.template is None:
+            return
+        self.reasoning_key = chat.reasoning_key(self.template)
+        has_gen = bool(_GENERATION_RE.search(self.template))
+        method = opts.mask_method
+        if method == "generation" and not has_gen:
+            raise UsageError("--mask-method generation: the chat template has no "
+                             "{% generation %} blocks; use --mask-method auto")
+        if method == "auto" and has_gen:
+            method = "generation"
+        if self.tok is None or method == "generation":
+            self.method = method
+            return
+        if not self.tok.is_fast:
+            raise UsageError(f"--tokenizer {opts.tokenizer}: the {method} mask method needs a "
+                             "fast tokenizer (tokenizer.json) for character offsets")
+        self.shape = chat.probe_template(lambda msgs, gp: self._render(msgs, None, gp))
+        if method == "auto":
+            method = "render" if self.shape.header else \
+                "prefix" if self.shape.prefix_stable else None
+            if method is None:
+                raise UsageError("no exact loss mask for this chat template: the render method "
+                                 f"does not apply ({self.shape.why}) and the prefix method "
+                                 f"neither ({self.shape.prefix_why}); give the template "
+                                 "{% generation %} blocks around each reply (--chat-template "
+                                 "FILE)")
+        elif method == "render" and not self.shape.header:
+            raise UsageError(f"--mask-method render: not exact for this chat template "
+                             f"({self.shape.why}); use --mask-method auto")
+        self.method = method
 
     def _need_tokenizer(self, what):
         if self.tok is None:
@@ -406,9 +434,26 @@ class Encoder:
     def _render(self, msgs, tools, add_generation_prompt):
         return self.tok.apply_chat_template(msgs, tools=tools, chat_template=self.template,
                                             tokenize=False,
-                                            add_generation_prompt=add_generation_prompt)
+                                            add_generation_prompt=add_generation_prompt,
+                                            **self.template_args)
+
+    def _prefix_spans(self, msgs, tools, full):
+        spans = []
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            head = self._render(msgs[:i], tools, True)
+            body = self._render(msgs[:i + 1], tools, False)
+            if not (full.startswith(head) and full.startswith(body) and len(head) <= len(body)):
+                raise Malformed(f"the chat template renders turn {i} differently inside the "
+                                "whole conversation than on its own (not prefix-stable); use "
+                                "--mask-method auto", "not_prefix_stable")
+            if len(body) > len(head):
+                spans.append((len(head), len(body)))
+        return spans
 
     def encode_chat(self, msgs, tools=None):
+        """Messages -> (ids, mask, rendered text or None)."""
         self._need_tokenizer("conversation")
         if self.template is None:
             raise UsageError(f"--tokenizer {self.opts.tokenizer} has no chat template; give one "
@@ -417,86 +462,92 @@ class Encoder:
             if self.method == "generation":
                 out = self.tok.apply_chat_template(msgs, tools=tools, chat_template=self.template,
                                                    tokenize=True, return_dict=True,
-                                                   return_assistant_tokens_mask=True)
+                                                   return_assistant_tokens_mask=True,
+                                                   **self.template_args)
                 ids = np.asarray(out["input_ids"], dtype=np.int64)
                 mask = np.asarray(out["assistant_masks"], dtype=np.int64)
+                return ids, mask
+            full = self._render(msgs, tools, False)
+            if self.method == "render":
+                spans = chat.reply_spans(full, self.shape.header, self.shape.end)
+                chat.check_spans(full, spans, msgs)
             else:
-                full = self._render(msgs, tools, False)
-                spans = []
-                for i, m in enumerate(msgs):
-                    if m["role"] != "assistant":
-                        continue
-                    head = self._render(msgs[:i], tools, True)
-                    body = self._render(msgs[:i + 1], tools, False)
-                    if not (full.startswith(head) and full.startswith(body)
-                            and len(head) <= len(body)):
-                        raise Malformed(f"the chat template renders turn {i} differently inside "
-                                        "the whole conversation than on its own (not prefix-"
-                                        "stable); give the template {% generation %} blocks")
-                    if len(body) > len(head):
-                        spans.append((len(head), len(body)))
-                enc = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
-                ids = np.asarray(enc["input_ids"], dtype=np.int64)
-                mask = spans_to_mask(enc["offset_mapping"], spans)
+                spans = self._prefix_spans(msgs, tools, full)
+            enc = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
+            ids = np.asarray(enc["input_ids"], dtype=np.int64)
+            return ids, spans_to_mask(enc["offset_mapping"], spans)
         except (Malformed, UsageError):
             raise
         except Exception as e:  # the template's own checks (raise_exception) and jinja errors
-            raise Malformed(f"the chat template failed on this conversation: {e}") from e
-        return ids, mask
+            raise Malformed(f"the chat template failed on this conversation: {e}",
+                            "template_error") from e
 
     def encode_text(self, text):
         self._need_tokenizer("text")
         ids = np.asarray(self.tok(text, add_special_tokens=True)["input_ids"], dtype=np.int64)
         return ids, np.ones_like(ids)
 
-    def encode(self, rec):
-        """One record -> (format, ids, mask, truncated) or raises Malformed/Skip."""
+    def tokens(self, rec):
+        """One record -> (format, ids, mask) before --last-turn-only and
+        --max-seq-len; raises Malformed or Skip."""
         if not isinstance(rec, dict):
-            raise Malformed(f"the record is a {type(rec).__name__}, not an object")
+            raise Malformed(f"the record is a {type(rec).__name__}, not an object", "bad_field")
         fmt = self.opts.format if self.opts.format != "auto" else detect_format(rec)
         if fmt in ("sharegpt", "messages"):
             key = "conversations" if fmt == "sharegpt" else "messages"
             if key not in rec:
-                raise Malformed(f"--format {fmt}: the record has no \"{key}\" field")
-            msgs = _sharegpt_messages(rec[key]) if fmt == "sharegpt" else \
-                _openai_messages(rec[key])
+                raise Malformed(f"--format {fmt}: the record has no \"{key}\" field", "no_format")
+            read = chat.sharegpt_messages if fmt == "sharegpt" else chat.openai_messages
+            msgs, tools = read(rec, self.reasoning_key)
             if self.opts.system_prompt is not None and \
                     not any(m["role"] == "system" for m in msgs):
                 msgs.insert(0, {"role": "system", "content": self.opts.system_prompt})
-            if not any(m["role"] == "assistant" and (m["content"] or m.get("tool_calls"))
-                       for m in msgs):
+            if not chat.has_reply(msgs):
                 raise Skip("empty_assistant", "no assistant turn with content")
-            ids, mask = self.encode_chat(msgs, rec.get("tools"))
+            ids, mask = self.encode_chat(msgs, tools)
         elif fmt == "text":
             text = rec.get("text")
             if not isinstance(text, str):
-                raise Malformed("\"text\" is missing or not a string")
+                raise Malformed("\"text\" is missing or not a string", "bad_field")
             if not text:
                 raise Skip("empty_assistant", "empty text")
             ids, mask = self.encode_text(text)
         else:
             if "input_ids" not in rec:
-                raise Malformed("--format tokens: the record has no \"input_ids\" field")
+                raise Malformed("--format tokens: the record has no \"input_ids\" field",
+                                "no_format")
             ids, mask = _tokens_record(rec)
+        return fmt, ids, mask
+
+    def encode(self, rec):
+        """One record -> (format, ids, mask, tokens lost to truncation, loss
+        tokens lost) or raises Malformed/Skip."""
+        fmt, ids, mask = self.tokens(rec)
         if self.opts.last_turn_only:
             mask = _last_run(mask)
-        truncated = False
+        lost = lost_loss = 0
         limit = self.opts.max_seq_len
         if limit and ids.size > limit:
             if self.opts.overflow == "drop":
-                raise Skip("dropped", f"{ids.size} tokens, above --max-seq-len {limit}")
-            ids, mask, truncated = ids[:limit], mask[:limit], True
+                raise Skip("dropped", f"{ids.size} tokens, above --max-seq-len {limit}",
+                           int(ids.size), int(mask.sum()))
+            lost, lost_loss = int(ids.size - limit), int(mask[limit:].sum())
+            ids, mask = ids[:limit], mask[:limit]
         if ids.size == 0 or not mask.any():
             raise Skip("empty_assistant", "no token has loss (nothing to train on)" +
-                       (" after truncation" if truncated else ""))
-        return fmt, ids.astype(np.int32), mask.astype(np.uint8), truncated
+                       (" after truncation" if lost else ""), int(ids.size) + lost, lost_loss)
+        return fmt, ids.astype(np.int32), mask.astype(np.uint8), lost, lost_loss
 
 
 class Skip(Exception):
-    def __init__(self, kind, why):
+    """A record with nothing to train on, or dropped; `tokens`, `loss`: what it held."""
+
+    def __init__(self, kind, why, tokens=0, loss=0):
         super().__init__(why)
         self.kind = kind
-
+        self.reason = kind
+        self.tokens = tokens
+        self.loss = loss
 
 # ---- workers -------------------------------------------------------------------------------------
 
@@ -510,18 +561,19 @@ def _worker_init(opts):
 
 def _encode_chunk(chunk):
     """[(loc, rec)] -> [(loc, outcome)]; an outcome is ("ok", fmt, ids, mask,
-    truncated), (kind, why) for a skipped record, or ("usage", why)."""
+    lost, lost_loss), (kind, reason, why, tokens, loss) for a skipped record,
+    or ("usage", why)."""
     out = []
     for loc, rec in chunk:
         if isinstance(rec, Malformed):
-            out.append((loc, ("malformed", str(rec))))
+            out.append((loc, ("malformed", rec.reason, str(rec), 0, 0)))
             continue
         try:
             out.append((loc, ("ok",) + _ENCODER.encode(rec)))
         except Malformed as e:
-            out.append((loc, ("malformed", str(e))))
+            out.append((loc, ("malformed", e.reason, str(e), 0, 0)))
         except Skip as e:
-            out.append((loc, (e.kind, str(e))))
+            out.append((loc, (e.kind, e.reason, str(e), e.tokens, e.loss)))
         except UsageError as e:
             out.append((loc, ("usage", str(e))))
             break
@@ -583,15 +635,21 @@ def _files_sha256(folder):
 def _sidecar(in_path, out_path, opts, enc, counts, fingerprint, seconds):
     tok = None
     if opts.tokenizer:
-        digest, files = _files_sha256(opts.tokenizer)
+        digest, files = _files_sha256(enc.tok_dir)
         tok = {"name": os.path.basename(os.path.normpath(opts.tokenizer)),
-               "path": os.path.abspath(opts.tokenizer),
+               "given": opts.tokenizer,
+               "path": os.path.abspath(enc.tok_dir),
                "class": type(enc.tok).__name__, "files": files, "sha256": digest}
     template = None
     if enc.template is not None:
         template = {"source": opts.chat_template or "tokenizer",
                     "sha256": hashlib.sha256(enc.template.encode("utf-8")).hexdigest(),
-                    "mask_method": enc.method}
+                    "mask_method": enc.method,
+                    "args": dict(enc.template_args),
+                    "reasoning_key": enc.reasoning_key}
+        if enc.method == "render":
+            template["reply_header"] = enc.shape.header
+            template["reply_end"] = enc.shape.end
     c = asdict(counts)
     return {
         "input": os.path.abspath(in_path),
@@ -602,13 +660,56 @@ def _sidecar(in_path, out_path, opts, enc, counts, fingerprint, seconds):
         "chat_template": template,
         "options": {k: getattr(opts, k) for k in
                     ("format", "system_prompt", "max_seq_len", "overflow", "last_turn_only",
-                     "strict", "split")},
+                     "strict", "max_skip", "split", "template_args")},
         "counts": {k: c[k] for k in ("read", "written", "truncated", "dropped",
                                      "empty_assistant", "malformed")},
-        "tokens": {"total": counts.tokens, "loss": counts.loss_tokens},
+        "skipped": dict(counts.skipped),
+        "tokens": {"total": counts.tokens, "loss": counts.loss_tokens,
+                   "lost": counts.tokens_lost, "loss_lost": counts.loss_tokens_lost},
         "by_format": counts.by_format,
         "seconds": round(seconds, 3),
     }
+
+
+def _skip_limit(max_skip, n_read):
+    """--max-skip ("P%" of the records read, or a count) -> records allowed."""
+    v = str(max_skip).strip()
+    try:
+        if v.endswith("%"):
+            p = float(v[:-1])
+            if not 0 <= p <= 100:
+                raise ValueError
+            return int(n_read * p / 100.0)
+        n = int(v)
+        if n < 0:
+            raise ValueError
+        return n
+    except ValueError:
+        raise UsageError(f"--max-skip {max_skip!r}: give a share like 1% or 0.5%, or a count of "
+                         "records like 10") from None
+
+
+def _reasons(counts):
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.skipped.items(), key=lambda x: -x[1]))
+
+
+def _loss_report(counts, opts):
+    """The lines that say what was lost: skipped records by reason, tokens cut."""
+    out = []
+    n_skipped = counts.read - counts.written
+    if n_skipped:
+        out.append(f"hsflow-data: skipped {n_skipped} of {counts.read} records "
+                   f"({100.0 * n_skipped / max(counts.read, 1):.2f}%): {_reasons(counts)}"
+                   + (f" (the first {MAX_REPORTS} of each named above)"
+                      if any(v > MAX_REPORTS for v in counts.skipped.values()) else ""))
+    if counts.tokens_lost:
+        whole = counts.tokens + counts.tokens_lost
+        out.append(f"hsflow-data: WARNING: {counts.tokens_lost} of {whole} tokens "
+                   f"({100.0 * counts.tokens_lost / whole:.2f}%) lost at --max-seq-len "
+                   f"{opts.max_seq_len} ({counts.truncated} sequences truncated, "
+                   f"{counts.dropped} dropped), {counts.loss_tokens_lost} of them with loss; "
+                   "raise --max-seq-len to keep them")
+    return out
 
 
 def sidecar_path(out_path):
@@ -642,7 +743,6 @@ def prepare(in_path, out_path, opts, log=None):
     records = iter_records(in_path, opts.split)
     writer = JsonlWriter(out_path) if out_path.endswith(".jsonl") else HstWriter(out_path)
     counts = Counts()
-    reported = {}
     pool = None
     try:
         from tqdm import tqdm
@@ -670,27 +770,43 @@ def prepare(in_path, out_path, opts, log=None):
                     raise UsageError(res[1])
                 counts.read += 1
                 if kind == "ok":
-                    _, fmt, ids, mask, truncated = res
+                    _, fmt, ids, mask, lost, lost_loss = res
                     writer.add(ids, mask)
                     counts.written += 1
-                    counts.truncated += truncated
+                    counts.truncated += lost > 0
                     counts.tokens += int(ids.size)
                     counts.loss_tokens += int(mask.sum())
+                    counts.tokens_lost += lost
+                    counts.loss_tokens_lost += lost_loss
                     counts.by_format[fmt] = counts.by_format.get(fmt, 0) + 1
                     continue
+                _, reason, why, lost, lost_loss = res
                 setattr(counts, kind, getattr(counts, kind) + 1)
+                counts.tokens_lost += lost
+                counts.loss_tokens_lost += lost_loss
                 if kind == "malformed" and opts.strict:
-                    raise Malformed(f"{loc}: {res[1]} (--strict stops at the first malformed "
-                                    "record)")
-                n = reported[kind] = reported.get(kind, 0) + 1
-                if kind == "malformed" and n <= MAX_REPORTS:
-                    log(f"hsflow-data: {loc}: {res[1]}; record skipped")
+                    raise Malformed(f"{loc}: {why} (--strict stops at the first malformed "
+                                    "record)", reason)
+                key = reason if kind == "malformed" else kind
+                n = counts.skipped[key] = counts.skipped.get(key, 0) + 1
+                if n <= MAX_REPORTS:
+                    log(f"hsflow-data: {loc}: {why}; record skipped ({key})")
             if bar is not None:
                 bar.update(len(chunk))
         if counts.written == 0:
             raise UsageError(f"{in_path}: no usable records ({counts.read} read, "
                              f"{counts.malformed} malformed, {counts.empty_assistant} with no "
                              f"assistant tokens, {counts.dropped} too long); nothing written")
+        for line in _loss_report(counts, opts):
+            log(line)
+        limit = _skip_limit(opts.max_skip, counts.read)
+        n_skipped = counts.read - counts.written
+        if n_skipped > limit:
+            raise TooManySkipped(
+                f"{n_skipped} of {counts.read} records skipped "
+                f"({100.0 * n_skipped / counts.read:.2f}%), more than --max-skip {opts.max_skip} "
+                f"allows ({limit}): {_reasons(counts)}; fix the records named above, or raise "
+                "--max-skip to accept the loss; nothing written")
         writer.close()
     except BaseException:
         writer.abort()
@@ -701,9 +817,6 @@ def prepare(in_path, out_path, opts, log=None):
         if pool is not None:
             pool.terminate()
             pool.join()
-    if reported.get("malformed", 0) > MAX_REPORTS:
-        log(f"hsflow-data: {reported['malformed'] - MAX_REPORTS} more malformed records "
-            "not shown")
     meta = _sidecar(in_path, out_path, opts, enc, counts, writer.fingerprint,
                     time.monotonic() - t0)
     side = sidecar_path(out_path)
@@ -730,6 +843,33 @@ def _positive(s):
     return v
 
 
+def _tokenizer_arg(p, extra):
+    p.add_argument("--tokenizer", metavar="DIR|ID", default=_env_default("tokenizer", None),
+                   help="the target model's folder, or its Hugging Face model id found in the "
+                        f"local cache (nothing is downloaded); {extra}")
+
+
+def _template_args(p):
+    p.add_argument("--chat-template", metavar="FILE",
+                   default=_env_default("chat-template", None),
+                   help="a Jinja chat template to use instead of the tokenizer's")
+    p.add_argument("--template-arg", metavar="KEY=VALUE", action="append", default=[],
+                   help="a variable for the chat template, VALUE as JSON (true, 3, \"x\"; "
+                        "other text is a string), e.g. enable_thinking=false; repeatable; "
+                        "recorded in the sidecar")
+    p.add_argument("--mask-method", choices=MASK_METHODS,
+                   default=_env_default("mask-method", "auto"),
+                   help="generation: the template's {%% generation %%} blocks (as "
+                        "transformers); render: render each conversation once and mark every "
+                        "reply from its header to its end-of-turn marker, both found by "
+                        "probing the template; prefix: render turn by turn (prefix-stable "
+                        "templates); default auto: generation when the template has the "
+                        "blocks, else render where probing finds it exact, else prefix")
+    p.add_argument("--system-prompt", metavar="TEXT",
+                   default=_env_default("system-prompt", None),
+                   help="a system message for conversations that have none")
+
+
 def build_parser():
     ap = argparse.ArgumentParser(
         prog="hsflow-data",
@@ -744,7 +884,7 @@ def build_parser():
                     ".hst, or pre-tokenised JSONL when OUT ends in .jsonl. The loss mask covers "
                     "the assistant tokens. A sidecar OUT.meta.json records the tokenizer, the "
                     "template and the counts.",
-        epilog="""inputs: JSONL, a JSON array, Parquet (.parquet), or a datasets folder (save_to_disk).
+        epilog="""inputs: JSONL, a JSON array, Parquet (.parquet), a datasets folder (save_to_disk).
 record formats (detected from the keys, or --format):
   sharegpt  {"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", ...}]}
   messages  {"messages": [{"role": "user", "content": "..."}, ...]}
@@ -763,23 +903,11 @@ examples:
 """)
     p.add_argument("input", metavar="IN", help="JSONL, JSON array, Parquet or datasets folder")
     p.add_argument("output", metavar="OUT", help="OUT.hst (default) or OUT.jsonl")
-    p.add_argument("--tokenizer", metavar="DIR", default=_env_default("tokenizer", None),
-                   help="the target model's folder (AutoTokenizer, local files only); not "
-                        "needed for pre-tokenised records")
+    _tokenizer_arg(p, "not needed for pre-tokenised records")
     p.add_argument("--format", choices=("auto",) + FORMATS,
                    default=_env_default("format", "auto"),
                    help="record format (default auto: per record, from its keys)")
-    p.add_argument("--chat-template", metavar="FILE",
-                   default=_env_default("chat-template", None),
-                   help="a Jinja chat template to use instead of the tokenizer's")
-    p.add_argument("--mask-method", choices=MASK_METHODS,
-                   default=_env_default("mask-method", "auto"),
-                   help="generation: the template's {%% generation %%} blocks (as "
-                        "transformers); prefix: render turn by turn (templates without the "
-                        "blocks); default auto: generation when the template has them")
-    p.add_argument("--system-prompt", metavar="TEXT",
-                   default=_env_default("system-prompt", None),
-                   help="a system message for conversations that have none")
+    _template_args(p)
     p.add_argument("--max-seq-len", metavar="N", type=_positive,
                    default=_env_default("max-seq-len", 0),
                    help="longest sequence written (default: no limit)")
@@ -794,39 +922,109 @@ examples:
                    help="tokenising processes (default 1); the output does not depend on N")
     p.add_argument("--strict", action="store_true", default=bool(_env_default("strict", "")),
                    help="fail on the first malformed record instead of skipping it")
+    p.add_argument("--max-skip", metavar="P%|N", default=_env_default("max-skip", "1%"),
+                   help="fail, writing nothing, when more records than this are skipped "
+                        "(malformed, nothing to train on, dropped): a share of the records "
+                        "read or a count (default 1%%)")
     p.add_argument("--split", default=_env_default("split", None),
                    help="the split of a DatasetDict folder (default train)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (default: shown when stderr is a terminal)")
+    q = sub.add_parser(
+        "inspect", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="print records as prepare renders them, the loss tokens marked",
+        description="Render the first N records of IN as prepare would and print them with "
+                    "the tokens that get loss marked: green on a terminal, between [[ and ]] "
+                    "otherwise (or with NO_COLOR set). The check to make before trusting a "
+                    "mask on a new template or dataset.",
+        epilog="""examples:
+  hsflow-data inspect chat.jsonl --tokenizer Qwen/Qwen3-8B -n 3
+  hsflow-data inspect chat.jsonl --tokenizer /models/r1 --template-arg enable_thinking=false
+""")
+    q.add_argument("input", metavar="IN", help="JSONL, JSON array, Parquet or datasets folder")
+    _tokenizer_arg(q, "not needed for pre-tokenised records")
+    q.add_argument("-n", type=_positive, default=3, help="records to print (default 3)")
+    q.add_argument("--format", choices=("auto",) + FORMATS, default="auto",
+                   help="record format (default auto: per record, from its keys)")
+    _template_args(q)
+    q.add_argument("--max-seq-len", metavar="N", type=_positive, default=0,
+                   help="cut as prepare would (default: no limit)")
+    q.add_argument("--last-turn-only", action="store_true",
+                   help="loss on the last assistant turn only")
+    q.add_argument("--split", default=None, help="the split of a DatasetDict folder")
     return ap
+
+
+def _inspect(args, opts, out=sys.stdout):
+    """Prints the first N records as rendered, loss tokens marked."""
+    enc = Encoder(opts)
+    colour = out.isatty() and not os.environ.get("NO_COLOR")
+    mark = ("\x1b[1;32m", "\x1b[0m") if colour else ("[[", "]]")
+    print(f"# tokenizer {opts.tokenizer}, mask method {enc.method}; loss tokens "
+          + ("in green" if colour else "between [[ and ]]"), file=out)
+    shown = 0
+    for loc, rec in iter_records(args.input, opts.split):
+        if shown >= args.n:
+            break
+        shown += 1
+        if isinstance(rec, Malformed):
+            print(f"--- {loc}: skipped ({rec.reason}): {rec}", file=out)
+            continue
+        try:
+            fmt, ids, mask, lost, _ = enc.encode(rec)
+        except (Malformed, Skip) as e:
+            print(f"--- {loc}: skipped ({e.reason}): {e}", file=out)
+            continue
+        print(f"--- {loc}: {fmt}, {ids.size} tokens, {int(mask.sum())} with loss"
+              + (f", {lost} cut at --max-seq-len" if lost else ""), file=out)
+        parts, start = [], 0
+        for i in range(1, ids.size + 1):
+            if i == ids.size or mask[i] != mask[start]:
+                text = enc.tok.decode(ids[start:i].tolist(), skip_special_tokens=False) \
+                    if enc.tok is not None else " ".join(map(str, ids[start:i].tolist()))
+                parts.append(mark[0] + text + mark[1] if mask[start] else text)
+                start = i
+        print("".join(parts), file=out)
+    return 0
 
 
 def main(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
-    if args.command != "prepare":
+    if args.command not in ("prepare", "inspect"):
         ap.print_help(sys.stderr if args.command is None else sys.stdout)
         return 2
     try:
         max_seq_len = _positive(str(args.max_seq_len))
-        workers = _positive(str(args.workers))
+        workers = _positive(str(getattr(args, "workers", 1)))
+        template_args = dict(parse_template_arg(a) for a in args.template_arg)
     except argparse.ArgumentTypeError as e:
         print(f"hsflow-data: HS_MAX_SEQ_LEN / HS_WORKERS: {e}", file=sys.stderr)
         return 2
+    except UsageError as e:
+        print(f"hsflow-data: {e}", file=sys.stderr)
+        return 2
     opts = PrepareOptions(
         tokenizer=args.tokenizer, format=args.format, chat_template=args.chat_template,
-        mask_method=args.mask_method, system_prompt=args.system_prompt,
-        max_seq_len=max_seq_len, overflow=args.overflow, last_turn_only=args.last_turn_only,
-        workers=workers, strict=args.strict, split=args.split,
-        progress=False if args.no_progress else None)
+        mask_method=args.mask_method, template_args=template_args,
+        system_prompt=args.system_prompt, max_seq_len=max_seq_len,
+        overflow=getattr(args, "overflow", "truncate"), last_turn_only=args.last_turn_only,
+        workers=workers, strict=getattr(args, "strict", False),
+        max_skip=getattr(args, "max_skip", "1%"), split=args.split,
+        progress=False if getattr(args, "no_progress", True) else None)
     t0 = time.monotonic()
     try:
+        if args.command == "inspect":
+            if not os.path.exists(args.input):
+                raise UsageError(f"{args.input}: no such file or folder")
+            return _inspect(args, opts)
         counts, meta = prepare(args.input, args.output, opts)
     except UsageError as e:
         print(f"hsflow-data: {e}", file=sys.stderr)
         return 2
-    except Malformed as e:
-        print(f"hsflow-data: {e}; nothing written", file=sys.stderr)
+    except (Malformed, TooManySkipped) as e:
+        print(f"hsflow-data: {e}" + ("" if isinstance(e, TooManySkipped) else "; nothing written"),
+              file=sys.stderr)
         return 1
     except OSError as e:
         print(f"hsflow-data: {e}", file=sys.stderr)
