@@ -305,3 +305,33 @@ def test_inspect_marks_the_loss_tokens_with_brackets_off_a_terminal(tmp_path, di
     assert "[[<think>\nthe last thought\n</think>\n\ndone<|im_end|>\n]]" in r.stdout
     assert "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n[[" in r.stdout
     assert f"{src}:2: skipped (bad_json)" in r.stdout
+
+
+def test_tokenizer_as_a_model_id_from_the_local_cache_only(tmp_path, dirs):
+    # a Hugging Face cache as the hub client lays it out: refs/main -> snapshots/<commit>
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--acme--tiny-chat"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    for f in os.listdir(dirs["qwen3"][0]):
+        (snap / f).write_bytes(open(os.path.join(dirs["qwen3"][0], f), "rb").read())
+    src = tmp_path / "c.jsonl"
+    src.write_text(json.dumps({"messages": CONVERSATIONS["three_turns_reasoning_field"]}) + "\n")
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    r = cli("prepare", str(src), str(tmp_path / "id.hst"), "--tokenizer", "acme/tiny-chat",
+            env=env)
+    assert r.returncode == 0, r.stderr
+    r2 = cli("prepare", str(src), str(tmp_path / "dir.hst"), "--tokenizer", dirs["qwen3"][0])
+    assert r2.returncode == 0, r2.stderr
+    assert rows(str(tmp_path / "id.hst")) == rows(str(tmp_path / "dir.hst"))
+    meta = json.load(open(tmp_path / "id.hst.meta.json"))
+    assert meta["tokenizer"]["given"] == "acme/tiny-chat"
+    assert meta["tokenizer"]["path"] == str(snap)
+    # an id not in the cache: an error saying what was tried, nothing fetched
+    r = cli("prepare", str(src), str(tmp_path / "no.hst"), "--tokenizer", "acme/absent",
+            env=dict(env, HF_HUB_OFFLINE="0"))
+    assert r.returncode == 2
+    assert "--tokenizer acme/absent: not a folder; as a Hugging Face model id: not in the " \
+           f"local cache {tmp_path / 'hub'}" in r.stderr, r.stderr
