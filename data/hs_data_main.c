@@ -371,6 +371,7 @@ static int cmd_plan(const char *path, const opts_t *o)
     printf("dropped       %" PRIu64 " sequences\n", s.n_dropped);
     printf("tokens lost   %" PRIu64 " (%.2f%%) to truncation and dropping\n", s.tokens_dropped,
            100.0 * (double)s.tokens_dropped / (double)hs_dataset_total_tokens(ds));
+    hs_plan_warn_lost(plan, path);
     printf("plan hash     %016" PRIx64 "\n", hs_plan_hash(plan));
     /* What pins a consumer to this run, in the form its flags take. */
     printf("pin           --expect-plan %016" PRIx64 " --expect-dataset %016" PRIx64 "%s%s\n",

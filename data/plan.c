@@ -318,6 +318,18 @@ void hs_plan_stats(const hs_plan_t *plan, hs_plan_stats_t *out)
     *out = plan->stats;
 }
 
+void hs_plan_warn_lost(const hs_plan_t *plan, const char *data)
+{
+    const hs_plan_stats_t *s = &plan->stats;
+    if (s->tokens_dropped == 0) return;
+    uint64_t total = s->tokens + s->tokens_dropped;
+    hs_warn("%s: %" PRIu64 " of %" PRIu64 " tokens (%.2f%%) are lost to max seq len %" PRIu32
+            " (%" PRIu64 " of %" PRIu64 " sequences truncated, %" PRIu64
+            " dropped): raise --max-seq-len (and --token-budget) to train on them",
+            data, s->tokens_dropped, total, 100.0 * (double)s->tokens_dropped / (double)total,
+            plan->cfg.max_seq_len, s->n_truncated, s->n_samples, s->n_dropped);
+}
+
 hs_status_t hs_plan_batch(const hs_plan_t *plan, uint32_t id, hs_plan_batch_t *out)
 {
     if (!plan || !out || id >= plan->n_batches) return HS_ERR_INVALID;

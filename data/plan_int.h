@@ -79,6 +79,11 @@ uint32_t hs_plan_n_batches(const hs_plan_t *plan);
 HS_MUST_CHECK hs_status_t hs_plan_batch(const hs_plan_t *plan, uint32_t id, hs_plan_batch_t *out);
 uint64_t hs_plan_hash(const hs_plan_t *plan);
 void hs_plan_stats(const hs_plan_t *plan, hs_plan_stats_t *out);
+/* Logs a warning when the plan loses tokens to max_seq_len (truncated or
+ * dropped sequences): how many of the dataset's tokens, their share, and
+ * which flags keep them. Silent when nothing is lost. `data` names the
+ * dataset in the message. */
+void hs_plan_warn_lost(const hs_plan_t *plan, const char *data);
 /* The configuration the plan was built with (max_seq_len resolved). */
 const hs_plan_config_t *hs_plan_config(const hs_plan_t *plan);
 /* The dataset fingerprint the plan was built from. */

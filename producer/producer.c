@@ -155,6 +155,7 @@ static hs_status_t load_inputs(producer_t *pr)
             (unsigned long long)ps.n_truncated, (unsigned long long)ps.n_dropped,
             (unsigned long long)ps.tokens, n, ps.mean_fill_pct,
             (double)pr->max_batch_bytes / (1 << 20));
+    hs_plan_warn_lost(pr->plan, cfg->data_path);
     if (cfg->source == HS_SOURCE_MODEL) {
         uint32_t h = (uint32_t)hs_model_hidden_size(pr->model);
         if (h != cfg->layout.hidden_size) {

@@ -10,6 +10,7 @@ results, non-ASCII text, truncation. Tokenizers are built offline
 (tiny_tokenizer.py)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -335,3 +336,112 @@ def test_tokenizer_as_a_model_id_from_the_local_cache_only(tmp_path, dirs):
     assert r.returncode == 2
     assert "--tokenizer acme/absent: not a folder; as a Hugging Face model id: not in the " \
            f"local cache {tmp_path / 'hub'}" in r.stderr, r.stderr
+
+
+def _bin(name):
+    d = os.environ.get("HSFLOW_BIN_DIR") or os.path.join(ROOT, "build", "bin")
+    path = os.path.join(d, name)
+    if not os.path.exists(path):
+        pytest.fail(f"{name} not found in {d}: build the project and set HSFLOW_BIN_DIR")
+    return path
+
+
+def reasoning_dataset(n):
+    """n multi-turn reasoning conversations: reasoning as a field and inline,
+    tool calls in OpenAI and LLaMA-Factory form, system prompts, non-ASCII."""
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            rec = {"messages": CONVERSATIONS["three_turns_reasoning_field"]}
+        elif kind == 1:
+            rec = {"messages": CONVERSATIONS["three_turns_reasoning_inline"]}
+        elif kind == 2:
+            rec = {"messages": CONVERSATIONS["tools"], **TOOLS}
+        else:
+            rec = {"system": "think step by step", "conversations": [
+                {"from": "human", "value": f"question {i}: café ✓"},
+                {"from": "gpt", "value": f"<think>\nthinking about {i}\n</think>\n\nanswer {i}"},
+                {"from": "human", "value": "and the weather?"},
+                {"from": "function_call", "value": json.dumps(
+                    {"name": "get_weather", "arguments": {"city": "Paris"}})},
+                {"from": "observation", "value": "sunny"},
+                {"from": "gpt", "value": "<think>it is sunny</think>sunny"}],
+                "tools": json.dumps([WEATHER_TOOL["function"]])}
+        out.append(rec)
+    return out
+
+
+def test_a_reasoning_dataset_through_prepare_plan_and_a_producer_run(tmp_path, dirs):
+    n = 64
+    src = tmp_path / "reasoning.jsonl"
+    src.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n"
+                           for r in reasoning_dataset(n)))
+    r = cli("prepare", str(src), str(tmp_path / "train.hst"), "--tokenizer", dirs["qwen3"][0])
+    assert r.returncode == 0, r.stderr
+    meta = json.load(open(tmp_path / "train.hst.meta.json"))
+    assert meta["counts"]["written"] == n and meta["skipped"] == {}, meta["counts"]
+    assert meta["chat_template"]["mask_method"] == "render"
+    longest = max(len(ids) for ids, _ in rows(str(tmp_path / "train.hst")))
+    hs_data, env = _bin("hs-data"), dict(os.environ, HS_LOG_LEVEL="info")
+    # the plan keeps every record; cut below the longest, it warns with the share lost
+    p = subprocess.run([hs_data, "plan", str(tmp_path / "train.hst"), "--token-budget", "8192"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    assert re.search(rf"kept\s+{n} sequences", p.stdout) and "WARNING" not in p.stderr
+    cut = longest // 2
+    p = subprocess.run([hs_data, "plan", str(tmp_path / "train.hst"), "--token-budget", "8192",
+                        "--max-seq-len", str(cut)], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert p.returncode == 0, p.stderr
+    assert re.search(r"tokens \(\d+\.\d\d%\) are lost to max seq len " + str(cut), p.stderr), \
+        p.stderr
+    # a run: every batch of the plan delivered once, every record in it
+    port = _free_port()
+    summary = tmp_path / "run.json"
+    cons = subprocess.Popen([_bin("hs-consumer"), "--listen", f"127.0.0.1:{port}",
+                             "--cache-gb", "1", "--epochs", "1", "--verify-synthetic",
+                             "--summary-json", str(summary)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        prod = subprocess.run([_bin("hs-producer"), "--to", f"127.0.0.1:{port}", "--data",
+                               str(tmp_path / "train.hst"), "--token-budget", "4096",
+                               "--hidden-size", "64", "--layers", "1,2", "--source",
+                               "synthetic", "--gpus", "cpu:1"],
+                              capture_output=True, text=True, timeout=120)
+        assert prod.returncode == 0, prod.stderr[-3000:]
+        assert "lost to max seq len" not in prod.stderr
+        cons.wait(timeout=60)
+    finally:
+        if cons.poll() is None:
+            cons.kill()
+        cons.communicate()
+    assert cons.returncode == 0
+    s = json.load(open(summary))
+    assert s["complete"] is True and s["batches_delivered"] == s["batches_planned"] > 0, s
+    assert s["duplicates"] == 0 and s["checksum_failures"] == 0
+    total = sum(len(ids) for ids, _ in rows(str(tmp_path / "train.hst")))
+    assert s["tokens"] == total, s  # every token of every record, once
+
+
+def test_a_producer_that_truncates_warns_at_start_with_the_share_lost(tmp_path, dirs):
+    src = tmp_path / "r.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in reasoning_dataset(8)))
+    r = cli("prepare", str(src), str(tmp_path / "t.hst"), "--tokenizer", dirs["qwen3"][0])
+    assert r.returncode == 0, r.stderr
+    # no consumer listening: the plan is made and logged before the first connect fails
+    prod = subprocess.run([_bin("hs-producer"), "--to", f"127.0.0.1:{_free_port()}", "--data",
+                           str(tmp_path / "t.hst"), "--token-budget", "100", "--hidden-size",
+                           "64", "--layers", "1", "--source", "synthetic", "--gpus", "cpu:1",
+                           "--connect-timeout", "1"],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, HS_LOG_LEVEL="warn"))
+    assert re.search(r"WARN.*tokens \(\d+\.\d\d%\) are lost to max seq len 100", prod.stderr), \
+        prod.stderr[-2000:]
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
