@@ -114,6 +114,7 @@ class Counts:
     tokens: int = 0
     loss_tokens: int = 0
     tokens_lost: int = 0  # cut by truncation or in dropped records
+    cut_empty: int = 0  # records truncated to no loss token, skipped
     loss_tokens_lost: int = 0
     skipped: dict = field(default_factory=dict)  # reason -> records
     by_format: dict = field(default_factory=dict)
@@ -707,7 +708,8 @@ def _loss_report(counts, opts):
         out.append(f"hsflow-data: WARNING: {counts.tokens_lost} of {whole} tokens "
                    f"({100.0 * counts.tokens_lost / whole:.2f}%) lost at --max-seq-len "
                    f"{opts.max_seq_len} ({counts.truncated} sequences truncated, "
-                   f"{counts.dropped} dropped), {counts.loss_tokens_lost} of them with loss; "
+                   f"{counts.dropped} dropped, {counts.cut_empty} skipped with no loss left "
+                   f"after the cut), {counts.loss_tokens_lost} of them with loss; "
                    "raise --max-seq-len to keep them")
     return out
 
@@ -782,6 +784,7 @@ def prepare(in_path, out_path, opts, log=None):
                     continue
                 _, reason, why, lost, lost_loss = res
                 setattr(counts, kind, getattr(counts, kind) + 1)
+                counts.cut_empty += kind == "empty_assistant" and lost > 0
                 counts.tokens_lost += lost
                 counts.loss_tokens_lost += lost_loss
                 if kind == "malformed" and opts.strict:
