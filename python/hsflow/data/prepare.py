@@ -305,9 +305,17 @@ def _last_run(mask):
 def spans_to_mask(offsets, spans):
     """Marks every token whose character range overlaps one of `spans` (both in
     order), the rule transformers applies to {% generation %} spans."""
-    mask = np.zeros(len(offsets), dtype=np.int64)
-    k = 0
-    for t, (a, b) in enumerate(offsets):
+    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    mask = np.zeros(len(off), dtype=np.int64)
+    if not len(off) or not spans:
+        return mask
+    starts, ends = off[:, 0], off[:, 1]
+    if np.all(starts[1:] >= starts[:-1]) and np.all(ends[1:] >= ends[:-1]):
+        for s, e in spans:  # offsets in order: the overlapping tokens are one run
+            mask[np.searchsorted(ends, s, side="right"):np.searchsorted(starts, e)] = 1
+        return mask
+    k = 0  # offsets out of order: transformers' walk, token by token
+    for t, (a, b) in enumerate(off.tolist()):
         while k < len(spans) and a >= spans[k][1]:
             k += 1
         if k == len(spans):
@@ -555,9 +563,9 @@ class Skip(Exception):
 _ENCODER = None
 
 
-def _worker_init(opts):
+def _worker_init(opts, enc=None):
     global _ENCODER
-    _ENCODER = Encoder(opts)
+    _ENCODER = enc if enc is not None else Encoder(opts)
 
 
 def _encode_chunk(chunk):
@@ -758,7 +766,7 @@ def prepare(in_path, out_path, opts, log=None):
         log = bar.write
     try:
         if opts.workers == 1:
-            _worker_init(opts)
+            _worker_init(opts, enc)
             results = map(_encode_chunk, _chunks(records))
         else:
             import multiprocessing as mp
