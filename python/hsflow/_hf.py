@@ -17,10 +17,26 @@ flex), otherwise padded: the sequences longest first, right-padded in
 [n, Lmax] calls of at most the token budget. Under the causal mask a real
 token never sees the padding after it, so no attention mask is passed and
 sdpa keeps its fastest (flash) kernel; the pads' states are dropped.
+
+Packing is exact or not used. Attention (full and sliding-window) is kept
+within each sequence by transformers from the restarting position ids: a
+[T, T] block mask for sdpa, eager and flex, cu_seqlens for flash kernels
+(passed here as cu_seq_lens_q/k, max_length_q/k). Layers that carry a state
+along the sequence (linear attention such as Gated DeltaNet, Mamba-style
+state-space mixers, short convolutions) are handed no boundary they honour
+in every transformers path (its torch fallbacks ignore cu_seqlens), so such
+a mixer runs on the packed row's sequences apart: its input is scattered
+into a right-padded [n, Lmax] batch and its output gathered back
+(per_sequence_mixers). Per-token layers (MLPs, mixture-of-experts) need
+nothing. Whether a model's packed forward then equals each sequence alone
+is not assumed: probe_packing runs a few short sequences both ways on every
+decoder layer at load, and packing is refused naming the first layer (and
+its layer types) that mixes sequences.
 """
 import glob
 import json
 import os
+import re
 
 import numpy as np
 
@@ -210,6 +226,19 @@ def load_decoder(model_dir, n_run, dtype, attn_implementation, device):
     return decoder, n_all
 
 
+def final_norm(decoder):
+    """The decoder's final norm (.norm, or .final_layernorm as in Bamba and
+    Granite hybrids, .final_norm, .ln_f); ModelError when it has none."""
+    for name in ("norm", "final_layernorm", "final_norm", "ln_f"):
+        m = getattr(decoder, name, None)
+        if m is not None:
+            return m
+    raise ModelError("%s has no final norm (.norm, .final_layernorm, .final_norm or .ln_f): "
+                     "capture index %d (the final normed output) is not available; capture "
+                     "up to %d instead" % (type(decoder).__name__, len(decoder.layers),
+                                           len(decoder.layers) - 1))
+
+
 class Capture:
     """Forward hooks writing captured layers into `out` [T, k*H] (set per
     forward call with begin()): column slice j gets layers[j]'s real tokens,
@@ -227,7 +256,7 @@ class Capture:
             elif layer < n_layers:
                 h = decoder.layers[layer - 1].register_forward_hook(self._hook(j))
             else:
-                h = decoder.norm.register_forward_hook(self._hook(j))
+                h = final_norm(decoder).register_forward_hook(self._hook(j))
             self._handles.append(h)
 
     def begin(self, out, chunk):
@@ -263,15 +292,28 @@ class Capture:
 
 class Chunk:
     """One forward call of a batch: model inputs, and where its real tokens
-    go in the batch's [T, k*H] output (dest rows; None = all, in order)."""
+    go in the batch's [T, k*H] output (dest rows; None = all, in order).
+    A packed chunk also carries its sequences' boundaries: `groups`, the
+    right-padded sub-batches a per-sequence mixer runs ((n, L, row, col)
+    index tensors, see per_sequence_mixers), and for flash kernels `varlen`,
+    transformers' cu_seq_lens_q/k and max_length_q/k."""
 
-    def __init__(self, input_ids, attention_mask, position_ids, index, dest, padded_tokens):
+    def __init__(self, input_ids, attention_mask, position_ids, index, dest, padded_tokens,
+                 groups=None, varlen=None):
         self.input_ids, self.attention_mask, self.position_ids = input_ids, attention_mask, position_ids
         self.index, self.dest, self.padded_tokens = index, dest, padded_tokens
+        self.groups, self.varlen = groups, varlen
 
     def run(self, decoder):
-        decoder(input_ids=self.input_ids, attention_mask=self.attention_mask,
-                position_ids=self.position_ids, use_cache=False)
+        ctx = getattr(decoder, "_hsflow_chunk", None)
+        if ctx is not None:
+            ctx[0] = self
+        try:
+            decoder(input_ids=self.input_ids, attention_mask=self.attention_mask,
+                    position_ids=self.position_ids, use_cache=False, **(self.varlen or {}))
+        finally:
+            if ctx is not None:
+                ctx[0] = None
 
 
 def _to(a, device):
@@ -284,31 +326,56 @@ def _to(a, device):
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def batch_chunks(input_ids, cu_seqlens, packed, token_budget, device):
+def _groups(lens, token_budget):
+    """Sequence indices longest first, in groups whose right-padded [n, Lmax]
+    holds at most max(token_budget, Lmax) tokens."""
+    order = np.argsort(-lens, kind="stable")
+    out, i = [], 0
+    while i < len(order):
+        L = int(lens[order[i]])
+        n = max(1, min(len(order) - i, max(token_budget, L) // max(L, 1)))
+        out.append(order[i:i + n])
+        i += n
+    return out
+
+
+def _grid(cu, lens, seqs):
+    """For the sequences `seqs`: (n, L, rows, cols, src): token src[j] of the
+    packed row sits at [rows[j], cols[j]] of a right-padded [n, L] grid."""
+    n, sl = len(seqs), lens[seqs]
+    L = int(sl.max())
+    rows = np.repeat(np.arange(n, dtype=np.int64), sl)
+    cols = np.arange(int(sl.sum()), dtype=np.int64) - np.repeat(np.cumsum(sl) - sl, sl)
+    src = np.repeat(cu[seqs], sl) + cols
+    return n, L, rows, cols, src
+
+
+def batch_chunks(input_ids, cu_seqlens, packed, token_budget, device, varlen=False):
     """The forward calls for one batch of the plan. Packed: one call over
-    all T tokens with position ids restarting per sequence. Padded: the
-    sequences longest first, right-padded and grouped so that each call's
-    [n, Lmax] holds at most max(token_budget, Lmax) tokens."""
+    all T tokens with position ids restarting per sequence (and, with
+    varlen=True for flash kernels, cu_seq_lens_q/k and max_length_q/k).
+    Padded: the sequences longest first, right-padded and grouped so that
+    each call's [n, Lmax] holds at most max(token_budget, Lmax) tokens."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     lens = np.diff(cu)
     T = int(cu[-1])
     ids = np.asarray(input_ids, dtype=np.int64)
     if packed:
         pos = np.arange(T, dtype=np.int64) - np.repeat(cu[:-1], lens)
+        groups = []
+        for seqs in _groups(lens, token_budget):
+            n, L, rows, cols, src = _grid(cu, lens, seqs)
+            groups.append((n, L, _to(rows, device), _to(cols, device), _to(src, device)))
+        kw = None
+        if varlen:
+            c = _to(cu.astype(np.int32), device)
+            m = int(lens.max()) if len(lens) else 0
+            kw = {"cu_seq_lens_q": c, "cu_seq_lens_k": c, "max_length_q": m, "max_length_k": m}
         return [Chunk(_to(ids, device).view(1, T), None, _to(pos, device).view(1, T), None, None,
-                      T)]
-    order = np.argsort(-lens, kind="stable")
-    chunks, i = [], 0
-    while i < len(order):
-        L = int(lens[order[i]])
-        n = max(1, min(len(order) - i, max(token_budget, L) // max(L, 1)))
-        seqs = order[i:i + n]
-        i += n
-        sl = lens[seqs]
-        rows = np.repeat(np.arange(n, dtype=np.int64), sl)
-        starts = cu[seqs]
-        cols = np.arange(int(sl.sum()), dtype=np.int64) - np.repeat(np.cumsum(sl) - sl, sl)
-        src = np.repeat(starts, sl) + cols
+                      T, groups, kw)]
+    chunks = []
+    for seqs in _groups(lens, token_budget):
+        n, L, rows, cols, src = _grid(cu, lens, seqs)
         grid = np.zeros((n, L), np.int64)
         grid[rows, cols] = ids[src]
         # Right padding under a causal mask: a real token never attends to a
@@ -319,3 +386,162 @@ def batch_chunks(input_ids, cu_seqlens, packed, token_budget, device):
         chunks.append(Chunk(_to(grid, device), None, None, _to(rows * L + cols, device),
                             _to(src, device), n * L))
     return chunks
+
+
+# ---- what each layer needs to be packed ----------------------------------------
+
+# Token mixers that carry a state along the sequence: linear attention (Gated
+# DeltaNet, lightning attention, retention), state-space and Mamba mixers,
+# short and causal convolutions, RG-LRU and RWKV blocks.
+_STATEFUL = re.compile(r"DeltaNet|Delta_?Rule|Mamba|Mixer|SSM|ShortConv|Conv|Recurrent|RgLru|"
+                       r"Rwkv|Lightning|LinearAttention|LinearAttn|Retention|Hyena|"
+                       r"TemporalBlock|Mlstm|Slstm", re.I)
+_ATTENTION = re.compile(r"Attention|Attn", re.I)
+_PER_TOKEN = re.compile(r"MLP|MoE|Moe|Expert|FeedForward|FFN|Norm|Linear|Dropout|Identity|"
+                        r"Embedding|Router|Gate|Act|Scale|Rotary", re.I)
+
+
+def layer_kinds(decoder):
+    """For each decoder layer, its direct submodules' (name, class, kind),
+    kind one of 'stateful' (a mixer carrying a state along the sequence,
+    run per sequence when packed), 'attention' (kept within each sequence by
+    transformers' packed masks or cu_seqlens), 'per-token' (MLP, MoE, norms)
+    or 'other'."""
+    out = []
+    for layer in decoder.layers:
+        row = []
+        for name, m in layer.named_children():
+            cls = type(m).__name__
+            if _STATEFUL.search(cls):
+                kind = "stateful"
+            elif _ATTENTION.search(cls):
+                kind = "attention"
+            elif _PER_TOKEN.search(cls):
+                kind = "per-token"
+            elif re.search(r"^(linear_attn|mamba|mixer|conv|short_conv|ssm|temporal_block|"
+                           r"recurrent)$", name):
+                kind = "stateful"
+            elif _ATTENTION.search(name):
+                kind = "attention"
+            elif _PER_TOKEN.search(name):
+                kind = "per-token"
+            else:
+                kind = "other"
+            row.append((name, cls, kind))
+        out.append(row)
+    return out
+
+
+def describe_layer(decoder, i):
+    """'decoder layer i (Qwen3NextDecoderLayer: linear_attn Qwen3NextGatedDeltaNet
+    (stateful), mlp Qwen3NextSparseMoeBlock (per-token))', naming its types."""
+    kinds = layer_kinds(decoder)[i]
+    parts = ["%s %s (%s)" % (n, c, k) for n, c, k in kinds if k != "per-token" or "oe" in c]
+    return "decoder layer %d (%s: %s)" % (i, type(decoder.layers[i]).__name__,
+                                          ", ".join(parts) or "no submodules")
+
+
+_BOUNDARY_KW = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx",
+                "cu_seqlens", "position_ids", "cache_position", "attention_mask")
+
+
+def per_sequence_mixers(decoder):
+    """Makes every stateful mixer of the decoder (layer_kinds) run on the
+    sequences of a packed chunk apart: its [1, T, H] input is scattered into
+    the chunk's right-padded [n, Lmax, H] groups, the mixer runs on each
+    group with no boundary arguments (each row starts its own state; causal,
+    so a real token never sees the pads after it), and the real tokens'
+    outputs are gathered back into [1, T, H]. Outside a packed chunk the
+    mixer runs as before. Returns the wrapped mixers as (layer, name, class)."""
+    ctx = getattr(decoder, "_hsflow_chunk", None)
+    if ctx is None:
+        ctx = [None]
+        decoder._hsflow_chunk = ctx
+    wrapped = []
+    for i, (layer, kinds) in enumerate(zip(decoder.layers, layer_kinds(decoder))):
+        for name, cls, kind in kinds:
+            if kind != "stateful":
+                continue
+            mod = getattr(layer, name)
+            orig = mod.forward
+
+            def forward(*args, _orig=orig, **kw):
+                c = ctx[0]
+                if c is None or c.groups is None:
+                    return _orig(*args, **kw)
+                if args:
+                    x, args = args[0], args[1:]
+                else:
+                    x = kw.pop("hidden_states")
+                for k in _BOUNDARY_KW:
+                    if k in kw:
+                        kw[k] = None
+                flat = x.reshape(x.shape[-2], x.shape[-1])
+                out, rest = None, None
+                for n, L, rows, cols, src in c.groups:
+                    g = flat.new_zeros((n, L, flat.shape[-1]))
+                    g[rows, cols] = flat.index_select(0, src)
+                    y = _orig(g, *args, **kw)
+                    if isinstance(y, (tuple, list)):
+                        y, rest = y[0], tuple(y[1:])
+                    if out is None:
+                        out = y.new_empty((1, flat.shape[0], y.shape[-1]))
+                    out[0].index_copy_(0, src, y[rows, cols])
+                return out if rest is None else (out,) + rest
+            mod.forward = forward
+            wrapped.append((i, name, cls))
+    return wrapped
+
+
+def _parity(got, ref):
+    """hs-forward's parity bound, relative to the layer's scale: (relative
+    L2 error, max error over max |ref|); within bf16 noise when the first is
+    <= 2e-2 and the second <= 6e-2."""
+    d = (got.float() - ref.float())
+    rn = float(ref.float().norm()) or 1e-30
+    rm = float(ref.float().abs().max()) or 1e-30
+    return float(d.norm()) / rn, float(d.abs().max()) / rm
+
+
+PARITY_L2, PARITY_MAX = 2e-2, 6e-2
+
+
+def probe_packing(decoder, device, lens=(5, 11, 7), seed=0):
+    """Runs a few short random sequences packed into one row and each alone,
+    hooking every decoder layer; returns None when every layer's states of
+    every sequence agree within bf16 noise (_parity), else the text naming
+    the first layer (and its types) that differs, the sequence and the
+    error."""
+    import torch
+    vocab = decoder.embed_tokens.num_embeddings
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (int(sum(lens)),), generator=g).numpy()
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    got = {}
+
+    def hook(i):
+        def h(module, args, output):
+            x = output[0] if isinstance(output, (tuple, list)) else output
+            got.setdefault(i, []).append(x.detach().reshape(-1, x.shape[-1]).clone())
+        return h
+    handles = [layer.register_forward_hook(hook(i)) for i, layer in enumerate(decoder.layers)]
+    try:
+        with torch.inference_mode():
+            varlen = getattr(decoder.config, "_attn_implementation", "") or ""
+            batch_chunks(ids, cu, True, 1 << 20, device, varlen="flash" in varlen)[0].run(decoder)
+            packed = {i: v[0] for i, v in got.items()}
+            for s in range(len(lens)):
+                got.clear()
+                batch_chunks(ids[cu[s]:cu[s + 1]], np.array([0, lens[s]]), False, 1 << 20,
+                             device)[0].run(decoder)
+                for i in range(len(decoder.layers)):
+                    l2, mx = _parity(packed[i][cu[s]:cu[s + 1]], got[i][0])
+                    if l2 > PARITY_L2 or mx > PARITY_MAX:
+                        return ("%s gives sequence %d of %d (%d tokens, after %d packed before it) "
+                                "other states packed than alone: relative error %.3g (bound %g)"
+                                % (describe_layer(decoder, i), s, len(lens), lens[s], cu[s], l2,
+                                   PARITY_L2))
+    finally:
+        for h in handles:
+            h.remove()
+    return None

@@ -29,7 +29,8 @@ class _Stop(Exception):
 def _fault(spec_text, worker):
     """HS_PRODUCE_FAULT for tests: 'oom:W:N' raises an out-of-memory error at
     worker W's N-th batch; 'hang:W:N' makes worker W stop there (holding the
-    ticket) until it is killed. Several separated by commas."""
+    ticket) until it is killed; 'leak:W:I' makes worker W's decoder layer I
+    leak across the sequences of a packed row. Several separated by commas."""
     out = {}
     for part in filter(None, (spec_text or "").split(",")):
         kind, w, n = part.split(":")
@@ -82,6 +83,13 @@ class Worker:
         self.decoder, _ = _hf.load_decoder(s["model"], s["n_run"], s["dtype"],
                                            s["attn_implementation"],
                                            "cpu" if self.gpu < 0 else "cuda:%d" % self.gpu)
+        self.impl = getattr(self.decoder.config, "_attn_implementation", None) or \
+            s["attn_implementation"]
+        self.packed, self.packing_note = bool(s["packed"]), None
+        if self.packed:
+            self.packed, self.packing_note = self._check_packing()
+        if "leak" in self.faults.values():
+            self._plant_leak([n for n, k in self.faults.items() if k == "leak"][0])
         self.capture = _hf.Capture(self.decoder, s["layers"], s["n_layers"], s["hidden_size"])
         kH = len(s["layers"]) * s["hidden_size"]
         self.out = None
@@ -91,7 +99,38 @@ class Worker:
             self.out = [torch.empty((s["token_budget"], kH), dtype=torch.bfloat16,
                                     device=self.device) for _ in range(2)]
         return {"pid": os.getpid(), "load_s": time.monotonic() - t0,
-                "params": sum(p.numel() for p in self.decoder.parameters())}
+                "params": sum(p.numel() for p in self.decoder.parameters()),
+                "batching": "packed" if self.packed else "padded", "note": self.packing_note,
+                "attn_implementation": self.impl}
+
+    def _check_packing(self):
+        """Hands packed rows' boundaries to the stateful mixers, then probes
+        that packing is exact on every layer. Returns (packed, note): with
+        --batching packed a model that mixes sequences is an error, with
+        auto it runs padded and the note says why."""
+        from . import _hf
+        wrapped = _hf.per_sequence_mixers(self.decoder)
+        why = _hf.probe_packing(self.decoder, self.device)
+        if why is None:
+            note = None
+            if wrapped:
+                note = "%d stateful mixer(s) (%s) run per sequence inside packed rows" % (
+                    len(wrapped), ", ".join(sorted({c for _, _, c in wrapped})))
+            return True, note
+        if self.spec["batching"] == "packed":
+            raise _hf.ModelError("--batching packed is not exact for this model with "
+                                 "--attn-implementation %s: %s. Use --batching padded (or auto, "
+                                 "which falls back to it)" % (self.impl, why))
+        return False, "packing refused, padded batches instead: %s" % why
+
+    def _plant_leak(self, layer):
+        """HS_PRODUCE_FAULT=leak:W:I (tests): decoder layer I adds each token's
+        predecessor in the row to its output, a packing that leaks across
+        sequences, planted after the load-time probe."""
+        def hook(module, args, output):
+            x = output[0] if isinstance(output, (tuple, list)) else output
+            x[:, 1:] += 0.5 * x[:, :-1].clone()
+        self.decoder.layers[layer].register_forward_hook(hook)
 
     def _pin_staging(self):
         """Page-locks the producer's two staging buffers once, so the
@@ -147,8 +186,8 @@ class Worker:
         import torch
         from . import _hf
         s = self.spec
-        chunks = _hf.batch_chunks(t.input_ids, t.cu_seqlens, s["packed"], s["token_budget"],
-                                  self.device)
+        chunks = _hf.batch_chunks(t.input_ids, t.cu_seqlens, self.packed, s["token_budget"],
+                                  self.device, varlen="flash" in (self.impl or ""))
         rec["padded"] = sum(c.padded_tokens for c in chunks)
         with torch.inference_mode():
             for c in chunks:

@@ -181,9 +181,11 @@ def build_parser():
       help="transformers attention: sdpa (default), eager, flash_attention_2, "
            "flash_attention_3, flex_attention or a kernels-hub name")
     a("--batching", choices=("auto", "packed", "padded"), default=_env("batching", "auto"),
-      help="packed: one padding-free row per batch (position ids restart per sequence); "
-           "padded: right-padded [n, Lmax] calls, longest first; auto (default): packed with "
-           "flash/flex/kernels attention, padded otherwise")
+      help="packed: one padding-free row per batch (position ids restart per sequence; "
+           "linear-attention and state-space mixers run per sequence), refused at load when a "
+           "layer still mixes sequences; padded: right-padded [n, Lmax] calls, longest first; "
+           "auto (default): packed with flash/flex/kernels attention when exact, padded "
+           "otherwise")
     a("--gpus", type=_gpus, default=_env("gpus", "cpu:1"),
       help="one worker process per GPU id (0,1,2) or N CPU workers (cpu:N; default cpu:1)")
     a("--prefetch", type=_uint(1, 64, "1..64"), default=_env("prefetch", "2"),
@@ -266,6 +268,7 @@ def parse(argv):
             "layers": layers, "hidden_size": info["hidden_size"], "n_layers": n,
             "n_run": _hf.layers_to_run(layers, n), "model": args.model, "dtype": args.dtype,
             "attn_implementation": args.attn_implementation, "packed": packed,
+            "batching": args.batching,
             "gpus": args.gpus, "prefetch": args.prefetch, "secret_file": args.secret_file,
             "transport": args.transport, "connect_timeout": args.connect_timeout,
             "reconnect": args.reconnect, "name": args.name, "info": info}
@@ -296,6 +299,7 @@ class Supervisor:
         self.procs = [ctx.Process(target=worker_main, args=(i, spec, self.q, self.go, self.abort),
                                   name="hsflow-produce-w%d" % i, daemon=False) for i in range(n)]
         self.fig = [None] * n
+        self.batching = [None] * n
         self.codes = [None] * n
         self.reported = [False] * n
         self.t_start = None
@@ -318,8 +322,13 @@ class Supervisor:
             if kind == "ready":
                 info = msg[2]
                 self.ready[i] = True
-                self.log.info("worker %d (%s): pid %d, model loaded in %.1f s (%.1fM parameters)",
-                              i, self.label(i), info["pid"], info["load_s"], info["params"] / 1e6)
+                self.log.info("worker %d (%s): pid %d, model loaded in %.1f s (%.1fM parameters), "
+                              "%s attention, %s batches", i, self.label(i), info["pid"],
+                              info["load_s"], info["params"] / 1e6, info["attn_implementation"],
+                              info["batching"])
+                if info["note"]:
+                    self.log.info("worker %d (%s): %s", i, self.label(i), info["note"])
+                self.batching[i] = info["batching"]
             elif kind == "error":
                 self.codes[i] = msg[2]
                 self.reported[i] = True
@@ -374,7 +383,7 @@ class Supervisor:
                       s["model"], info["architecture"], info["model_type"], s["n_layers"],
                       s["hidden_size"], ",".join(map(str, s["layers"])), s["n_run"] - 1,
                       s["dtype"], s["attn_implementation"],
-                      "packed" if s["packed"] else "padded", len(self.procs))
+                      "packed (if exact)" if s["packed"] else "padded", len(self.procs))
         self.ready = [False] * len(self.procs)
         for p in self.procs:
             p.start()
@@ -439,7 +448,7 @@ class Supervisor:
                    "padding_pct": round(100.0 * (pad - tok) / pad, 2) if pad else 0.0,
                    "plan_hash": hashes[0] if len(hashes) == 1 else hashes,
                    "model": self.spec["model"], "layers": self.spec["layers"],
-                   "batching": "packed" if self.spec["packed"] else "padded",
+                   "batching": "/".join(sorted({b for b in self.batching if b})) or "none",
                    "status": "ok" if code == EXIT_OK else "failed", "exit": code}
             try:
                 with open(self.args.summary_json, "w") as f:

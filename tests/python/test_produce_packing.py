@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: Apache-2.0
+"""hsflow-produce's model side on the CPU, without a consumer: tiny random
+models of every kind of layer transformers has (full attention, sliding
+windows, Gated DeltaNet linear attention, Mamba-2 state-space mixers,
+mixture-of-experts, attention sinks), built here and saved to a temporary
+folder, loaded the way the workers load them. A batch of sequences of
+different lengths is run packed and padded and each sequence's captured
+states are compared with transformers' output_hidden_states of that
+sequence alone: packing is exact or refused by the load-time probe naming
+the layer type, and padded is always exact."""
+import os
+
+import numpy as np
+import pytest
+
+from conftest import asan_runtime_loaded
+
+pytestmark = pytest.mark.skipif(asan_runtime_loaded(),
+                                reason="torch does not run under the preloaded ASan runtime")
+
+if os.environ.get("CI"):
+    import torch
+    import transformers
+else:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+from hsflow import _hf  # noqa: E402
+
+VOCAB = 300
+LENS = [9, 23, 4, 17, 30]  # longer than the sliding windows and the Mamba chunk
+
+
+def _config(kind):
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, tie_word_embeddings=False)
+    if kind == "llama":  # full attention
+        return "Llama", transformers.LlamaConfig(intermediate_size=96, num_hidden_layers=3,
+                                                 **common)
+    if kind == "mistral_sliding":  # every layer a sliding window of 8
+        return "Mistral", transformers.MistralConfig(intermediate_size=96, num_hidden_layers=3,
+                                                     sliding_window=8, **common)
+    if kind == "qwen3_next":  # Gated DeltaNet + gated full attention, MoE MLPs
+        return "Qwen3Next", transformers.Qwen3NextConfig(
+            intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+            num_experts=4, num_experts_per_tok=2, head_dim=16, num_hidden_layers=4,
+            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+            linear_value_head_dim=16, full_attention_interval=2, **common)
+    if kind == "bamba":  # Mamba-2 mixers with attention every other layer
+        return "Bamba", transformers.BambaConfig(
+            intermediate_size=96, num_hidden_layers=4, mamba_n_heads=8, mamba_d_head=16,
+            mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=16, mamba_expand=2,
+            attn_layer_indices=[1, 3], **common)
+    if kind == "gpt_oss":  # sliding/full alternating, attention sinks, MoE
+        return "GptOss", transformers.GptOssConfig(
+            intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, head_dim=16,
+            num_hidden_layers=2, sliding_window=8, **common)
+    raise ValueError(kind)
+
+
+def make(kind, path):
+    torch.manual_seed(7)
+    name, cfg = _config(kind)
+    model = getattr(transformers, name + "ForCausalLM")(cfg)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.15)
+    model.eval()
+    model.save_pretrained(path)
+    return model
+
+
+def reference(model, ids):
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+    return [h[0].float() for h in out.hidden_states]
+
+
+def run(decoder, n_layers, ids, cu, packed):
+    """Every index 0..N of the batch through the producer's own capture,
+    fp32 [T, (N+1)*H]."""
+    H = decoder.config.hidden_size
+    layers = list(range(n_layers + 1))
+    cap = _hf.Capture(decoder, layers, n_layers, H)
+    out = torch.zeros((int(cu[-1]), len(layers) * H))
+    try:
+        with torch.inference_mode():
+            for c in _hf.batch_chunks(ids, cu, packed, 64, "cpu"):
+                cap.begin(out, c)
+                c.run(decoder)
+    finally:
+        cap.remove()
+    return out
+
+
+def check(out, model, ids, cu, what):
+    H = model.config.hidden_size
+    for s in range(len(cu) - 1):
+        ref = reference(model, ids[cu[s]:cu[s + 1]].tolist())
+        for i, r in enumerate(ref):
+            got = out[cu[s]:cu[s + 1], i * H:(i + 1) * H]
+            err = float((got - r).abs().max() / r.abs().max())
+            assert err < 1e-4, "%s: sequence %d index %d: max error %.3g of the scale" % (
+                what, s, i, err)
+
+
+def batch():
+    rng = np.random.default_rng(3)
+    cu = np.concatenate([[0], np.cumsum(LENS)]).astype(np.int64)
+    return rng.integers(0, VOCAB, int(cu[-1])), cu
+
+
+@pytest.mark.parametrize("kind,attn,packs", [
+    ("llama", "sdpa", True),
+    ("mistral_sliding", "sdpa", True),
+    ("mistral_sliding", "eager", True),
+    ("qwen3_next", "sdpa", True),     # DeltaNet run per sequence inside the row
+    ("bamba", "sdpa", True),          # Mamba-2 likewise
+    ("gpt_oss", "eager", False),      # its masks ignore the position ids: refused
+])
+def test_each_layer_kind_packed_is_exact_or_refused_and_padded_is_exact(tmp_path, kind, attn,
+                                                                       packs):
+    model = make(kind, str(tmp_path))
+    n = model.config.num_hidden_layers
+    decoder, _ = _hf.load_decoder(str(tmp_path), n, "fp32", attn, "cpu")
+    ids, cu = batch()
+    check(run(decoder, n, ids, cu, False), model, ids, cu, "%s padded" % kind)
+    wrapped = _hf.per_sequence_mixers(decoder)
+    why = _hf.probe_packing(decoder, "cpu")
+    if packs:
+        assert why is None, why
+        check(run(decoder, n, ids, cu, True), model, ids, cu, "%s packed" % kind)
+    else:
+        assert why and "decoder layer 0 (GptOssDecoderLayer: self_attn GptOssAttention " \
+            "(attention)" in why and "relative error" in why, why
+    if kind in ("qwen3_next", "bamba"):
+        assert {c for _, _, c in wrapped} == {"Qwen3NextGatedDeltaNet" if kind == "qwen3_next"
+                                              else "BambaMixer"}, wrapped
+
+
+def test_the_probe_names_a_linear_attention_layer_that_leaks_across_sequences(tmp_path):
+    """Without the per-sequence mixers, transformers' Gated DeltaNet carries
+    its state from one packed sequence into the next: the probe refuses
+    packing, naming the layer and its type."""
+    make("qwen3_next", str(tmp_path))
+    decoder, _ = _hf.load_decoder(str(tmp_path), 4, "fp32", "sdpa", "cpu")
+    why = _hf.probe_packing(decoder, "cpu")
+    assert why and why.startswith("decoder layer 0 (Qwen3NextDecoderLayer: linear_attn "
+                                  "Qwen3NextGatedDeltaNet (stateful)"), why
+
+
+def test_layer_kinds_name_each_mixer(tmp_path):
+    make("bamba", str(tmp_path))
+    decoder, _ = _hf.load_decoder(str(tmp_path), 4, "fp32", "sdpa", "cpu")
+    kinds = _hf.layer_kinds(decoder)
+    assert ("mamba", "BambaMixer", "stateful") in kinds[0]
+    assert ("self_attn", "BambaAttention", "attention") in kinds[1]
+    assert all(k != "other" for row in kinds for _, _, k in row), kinds
