@@ -26,6 +26,11 @@ class _Stop(Exception):
     pass
 
 
+class SelfCheckError(Exception):
+    """The first batch's states of a sequence differ from that sequence run
+    alone beyond bf16 noise: nothing is streamed."""
+
+
 def _fault(spec_text, worker):
     """HS_PRODUCE_FAULT for tests: 'oom:W:N' raises an out-of-memory error at
     worker W's N-th batch; 'hang:W:N' makes worker W stop there (holding the
@@ -198,6 +203,64 @@ class Worker:
                                        "call its decoder layers as modules"
                                        % (self.capture.seen, len(s["layers"])))
 
+    def _self_check(self, t, rec):
+        """Runs up to --self-check sequences of the first batch alone and
+        compares every captured layer with the batch's own states (the
+        parity bound of hs-forward, relative to the layer's scale). Raises
+        SelfCheckError naming the layer, the sequence and the error; logs
+        its cost. The sequences are spread over the batch, the last one
+        included (the first of a packed row cannot see a neighbour)."""
+        import numpy as np
+        import torch
+        from . import _hf
+        s = self.spec
+        t0 = time.monotonic()
+        if self.gpu >= 0:
+            rec["ev1"].synchronize()
+            got_all = self.out[rec["slot"]][:t.n_tokens]
+        else:
+            got_all = t.hidden
+        cu = np.asarray(t.cu_seqlens, dtype=np.int64)
+        ids = np.asarray(t.input_ids, dtype=np.int64)
+        n = t.n_seqs
+        k = min(n, s["self_check"])
+        picks = sorted({int(round(x)) for x in np.linspace(n - 1, min(1, n - 1), k)})
+        H, layers = s["hidden_size"], s["layers"]
+        worst = (0.0, None, None)
+        with torch.inference_mode():
+            for q in picks:
+                lo, hi = int(cu[q]), int(cu[q + 1])
+                alone = torch.empty((hi - lo, len(layers) * H), dtype=torch.float32,
+                                    device=self.device)
+                c = _hf.batch_chunks(ids[lo:hi], np.array([0, hi - lo]), False,
+                                     s["token_budget"], self.device)[0]
+                self.capture.begin(alone, c)
+                c.run(self.decoder)
+                for j, layer in enumerate(layers):
+                    got = got_all[lo:hi, j * H:(j + 1) * H]
+                    l2, mx = _hf._parity(got, alone[:, j * H:(j + 1) * H])
+                    if l2 > worst[0]:
+                        worst = (l2, layer, q)
+                    if l2 > _hf.PARITY_L2 or mx > _hf.PARITY_MAX:
+                        raise SelfCheckError(
+                            "self-check: layer %d of sequence %d of batch %d/%d (sample %d, %d "
+                            "tokens, %d sequences in the batch) differs from that sequence run "
+                            "alone: relative error %.3g, max error %.3g of the layer's largest "
+                            "value (bf16 noise is below %g and %g). The %s batch mixes "
+                            "sequences: nothing was streamed. %s"
+                            % (layer, q, t.epoch, t.batch, int(t.sample_ids[q]), hi - lo, n, l2,
+                               mx, _hf.PARITY_L2, _hf.PARITY_MAX,
+                               "packed" if self.packed else "padded",
+                               "Use --batching padded" if self.packed else
+                               "Try another --attn-implementation"))
+        cost = time.monotonic() - t0
+        self.log.info("worker %d (%s): self-check passed: %d of %d sequence(s) of batch %d/%d run "
+                      "alone match the %s batch at every captured layer (worst relative error "
+                      "%.2g, layer %s, sequence %s); it took %.2f s", self.index, self.label,
+                      len(picks), n, t.epoch, t.batch, "packed" if self.packed else "padded",
+                      worst[0], worst[1], worst[2], cost)
+        self.fig["self_check_s"] = cost
+
     def finish(self, rec):
         """Waits for rec's copy, then seals and sends its batch."""
         t = rec["t"]
@@ -264,6 +327,8 @@ class Worker:
                         import torch
                         raise torch.OutOfMemoryError("CUDA out of memory (HS_PRODUCE_FAULT)")
                     rec = self.launch(t, slot)
+                    if n == 1 and s["self_check"] > 0:
+                        self._self_check(t, rec)
                 except Exception as e:
                     if not _is_oom(e):
                         raise
@@ -344,6 +409,9 @@ def worker_main(index, spec, queue, go, abort):
         code = w.run()
     except _Stop:
         code = EXIT_OK
+    except SelfCheckError as e:
+        code = EXIT_INPUT
+        queue.put(("error", index, code, "worker %d (%s): %s" % (index, w.label, e)))
     except Exception as e:
         import hsflow
         if isinstance(e, hsflow.HsflowError) and w.fig["batches"] == 0:

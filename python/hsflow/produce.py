@@ -186,6 +186,11 @@ def build_parser():
            "layer still mixes sequences; padded: right-padded [n, Lmax] calls, longest first; "
            "auto (default): packed with flash/flex/kernels attention when exact, padded "
            "otherwise")
+    a("--self-check", type=_uint(0, 1024, "a number of sequences, 0 to skip"),
+      default=_env("self-check", "4"),
+      help="before the first batch is sent, run this many of its sequences alone and compare "
+           "every captured layer with the batch's states; beyond bf16 noise the worker refuses "
+           "to stream, naming the layer, the sequence and the error (default 4; 0 = skip)")
     a("--gpus", type=_gpus, default=_env("gpus", "cpu:1"),
       help="one worker process per GPU id (0,1,2) or N CPU workers (cpu:N; default cpu:1)")
     a("--prefetch", type=_uint(1, 64, "1..64"), default=_env("prefetch", "2"),
@@ -268,7 +273,7 @@ def parse(argv):
             "layers": layers, "hidden_size": info["hidden_size"], "n_layers": n,
             "n_run": _hf.layers_to_run(layers, n), "model": args.model, "dtype": args.dtype,
             "attn_implementation": args.attn_implementation, "packed": packed,
-            "batching": args.batching,
+            "batching": args.batching, "self_check": args.self_check,
             "gpus": args.gpus, "prefetch": args.prefetch, "secret_file": args.secret_file,
             "transport": args.transport, "connect_timeout": args.connect_timeout,
             "reconnect": args.reconnect, "name": args.name, "info": info}

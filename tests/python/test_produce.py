@@ -460,6 +460,33 @@ def test_a_killed_worker_is_reported_its_tickets_go_back_and_the_others_go_on(mo
     assert len(delivered) == len(set(delivered)) == s["batches_planned"]
 
 
+def test_a_packing_that_leaks_across_sequences_is_caught_by_the_self_check_before_any_batch(
+        models, data):
+    """HS_PRODUCE_FAULT=leak plants, after the load-time probe, a decoder
+    layer 1 that adds each token's predecessor in the row to its output: in
+    a packed row the first token of every sequence but the first gets its
+    neighbour's state. The self-check runs sequences of the first batch
+    alone, finds captured index 2 off, and the worker refuses to stream:
+    exit 2 naming the layer, the sequence and the error, no batch delivered,
+    the ticket back in the queue."""
+    path, _ = models["llama"]
+    data_path, _ = data
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, arrays="numpy") as c:
+        pr = Proc(produce_cmd(c.port, data_path, path, "0,2,4", "--batching", "packed"),
+                  env={"HS_PRODUCE_FAULT": "leak:0:1"})
+        try:
+            rc = pr.wait()
+        finally:
+            pr.kill()
+        s = c.stats()
+    assert rc == 2, pr.text
+    assert re.search(r"self-check: layer 2 of sequence \d+ of batch 0/\d+ \(sample \d+, \d+ tokens, "
+                     r"\d+ sequences in the batch\) differs from that sequence run alone: relative "
+                     r"error [0-9.e+-]+, .*The packed batch mixes sequences: nothing was streamed\. "
+                     r"Use --batching padded", pr.text), pr.text
+    assert s["batches_delivered"] == 0
+
+
 def test_help_lists_hs_producers_flags_with_the_same_spellings(producer_bin):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     ours = subprocess.run([sys.executable, "-m", "hsflow.produce", "--help"], cwd=ROOT, env=env,
