@@ -159,6 +159,72 @@ def packing_masks_supported():
     return hasattr(masking_utils, "find_packed_sequence_indices")
 
 
+def _model_class(cfg):
+    """The transformers class load_decoder will build for this config, or
+    None when no auto class maps it."""
+    transformers = _transformers()
+    for name in ("AutoModelForCausalLM", "AutoModelForImageTextToText", "AutoModel"):
+        auto = getattr(transformers, name, None)
+        try:
+            return auto._model_mapping[type(cfg)]
+        except (AttributeError, KeyError, ValueError):
+            continue
+    return None
+
+
+def _importable(name):
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def attn_implementations(cfg, device):
+    """The attention implementations this model supports here, fastest
+    first: flash_attention_3 and _2 (CUDA, with their packages installed),
+    sdpa, flex_attention, eager. On the CPU: sdpa, eager (flex compiles its
+    kernels; it is listed last)."""
+    import torch
+    cls = _model_class(cfg)
+    sup = lambda a: cls is None or bool(getattr(cls, a, False))  # noqa: E731
+    cuda = device != "cpu" and torch.cuda.is_available()
+    out = []
+    if cuda and sup("_supports_flash_attn"):
+        if _importable("flash_attn_interface") and torch.cuda.get_device_capability()[0] >= 9:
+            out.append("flash_attention_3")
+        if _importable("flash_attn"):
+            out.append("flash_attention_2")
+    if sup("_supports_sdpa"):
+        out.append("sdpa")
+    if cuda and sup("_supports_flex_attn"):
+        out.append("flex_attention")
+    out.append("eager")
+    if not cuda and sup("_supports_flex_attn"):
+        out.append("flex_attention")
+    return out
+
+
+def resolve_attn_implementation(cfg, choice, device, model_dir):
+    """--attn-implementation: 'auto' takes the fastest this model supports
+    here (attn_implementations); a named one the model does not support is
+    a ModelError naming the ones that work. Kernels-hub names
+    (org/repo) and others transformers knows are passed through."""
+    works = attn_implementations(cfg, device)
+    if choice in (None, "", "auto"):
+        return works[0]
+    known = ("flash_attention_3", "flash_attention_2", "sdpa", "flex_attention", "eager")
+    if choice in known and choice not in works:
+        cls = _model_class(cfg)
+        raise ModelError("--attn-implementation %s: %s (--model %s) cannot run it here%s; the "
+                         "implementations that work: %s (or auto, which takes %s)"
+                         % (choice, cls.__name__ if cls else "this model", model_dir,
+                            " (its package is not installed or there is no CUDA device)"
+                            if choice.startswith("flash") or choice == "flex_attention" else "",
+                            ", ".join(works), works[0]))
+    return choice
+
+
 def _find_decoder(model):
     """The module holding the decoder layers (.layers, .embed_tokens, .norm):
     model.model for causal LMs, the language model of a vision-language one."""
@@ -191,6 +257,8 @@ def load_decoder(model_dir, n_run, dtype, attn_implementation, device):
         text.num_hidden_layers = n_run
         if isinstance(getattr(text, "layer_types", None), list):
             text.layer_types = text.layer_types[:n_run]
+    attn_implementation = resolve_attn_implementation(cfg, attn_implementation, device,
+                                                      model_dir)
     kw = {"config": cfg, "local_files_only": True, "attn_implementation": attn_implementation}
     major = int(transformers.__version__.split(".")[0])
     kw["dtype" if major >= 5 else "torch_dtype"] = getattr(torch, DTYPES[dtype])
@@ -208,8 +276,9 @@ def load_decoder(model_dir, n_run, dtype, attn_implementation, device):
         except ValueError as e:  # "Unrecognized configuration class ..." for this auto class
             errors.append("%s: %s" % (cls_name, str(e).splitlines()[0]))
             if "attn_implementation" in str(e) or "attention" in str(e).lower():
-                raise ModelError("--attn-implementation %s: %s" % (attn_implementation,
-                                                                   str(e).splitlines()[0]))
+                raise ModelError("--attn-implementation %s: %s; the implementations that work "
+                                 "here: %s" % (attn_implementation, str(e).splitlines()[0],
+                                               ", ".join(attn_implementations(cfg, device))))
     if model is None:
         raise ModelError("--model %s: transformers cannot build a decoder from it (%s)"
                          % (model_dir, "; ".join(errors)))

@@ -90,7 +90,8 @@ class Worker:
                                            "cpu" if self.gpu < 0 else "cuda:%d" % self.gpu)
         self.impl = getattr(self.decoder.config, "_attn_implementation", None) or \
             s["attn_implementation"]
-        self.packed, self.packing_note = bool(s["packed"]), None
+        self.packed = s["packed"] if s["packed"] is not None else _hf.packing_is_varlen(self.impl)
+        self.packing_note = None
         if self.packed:
             self.packed, self.packing_note = self._check_packing()
         if "leak" in self.faults.values():

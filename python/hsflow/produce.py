@@ -177,9 +177,11 @@ def build_parser():
       help="local Hugging Face model folder (config.json + weights)")
     a("--dtype", type=_dtype, default=_env("dtype", "bf16"),
       help="weights and activations: bf16 (default), fp16 or fp32; states travel as bf16")
-    a("--attn-implementation", default=_env("attn-implementation", "sdpa"),
-      help="transformers attention: sdpa (default), eager, flash_attention_2, "
-           "flash_attention_3, flex_attention or a kernels-hub name")
+    a("--attn-implementation", default=_env("attn-implementation", "auto"),
+      help="transformers attention: auto (default: the fastest the model supports here, "
+           "flash_attention_3 or _2 when installed on a GPU, then sdpa, flex_attention, "
+           "eager), or one of those, or a kernels-hub name; one the model cannot run is "
+           "refused naming those that work")
     a("--batching", choices=("auto", "packed", "padded"), default=_env("batching", "auto"),
       help="packed: one padding-free row per batch (position ids restart per sequence; "
            "linear-attention and state-space mixers run per sequence), refused at load when a "
@@ -260,9 +262,9 @@ def parse(argv):
         return _fail("--hidden-size %d but the model at %s has hidden size %d: drop --hidden-size "
                      "or give %d" % (args.hidden_size, args.model, info["hidden_size"],
                                      info["hidden_size"]))
+    # auto: each worker packs when its attention implementation is varlen
+    # (known once 'auto' is resolved) and the load-time probe finds it exact
     packed = {"packed": True, "padded": False}.get(args.batching)
-    if packed is None:
-        packed = _hf.packing_is_varlen(args.attn_implementation)
     if packed and not _hf.packing_is_varlen(args.attn_implementation) \
             and not _hf.packing_masks_supported():
         return _fail("--batching packed with --attn-implementation %s needs a transformers that "
@@ -388,7 +390,8 @@ class Supervisor:
                       s["model"], info["architecture"], info["model_type"], s["n_layers"],
                       s["hidden_size"], ",".join(map(str, s["layers"])), s["n_run"] - 1,
                       s["dtype"], s["attn_implementation"],
-                      "packed (if exact)" if s["packed"] else "padded", len(self.procs))
+                      {True: "packed (if exact)", False: "padded"}.get(s["packed"], "auto"),
+                      len(self.procs))
         self.ready = [False] * len(self.procs)
         for p in self.procs:
             p.start()

@@ -157,3 +157,25 @@ def test_layer_kinds_name_each_mixer(tmp_path):
     assert ("mamba", "BambaMixer", "stateful") in kinds[0]
     assert ("self_attn", "BambaAttention", "attention") in kinds[1]
     assert all(k != "other" for row in kinds for _, _, k in row), kinds
+
+
+def test_attn_implementation_auto_takes_the_fastest_the_model_supports_and_names_those_that_work(
+        tmp_path):
+    """Gemma2 and gpt-oss have no sdpa: asking for it is refused naming the
+    implementations that work (before any weight is read), and auto takes
+    eager there, sdpa for llama; a gpt-oss model loads with auto."""
+    gemma2 = transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16)
+    for cfg, name in ((gemma2, "Gemma2ForCausalLM"), (_config("gpt_oss")[1], "GptOssForCausalLM")):
+        with pytest.raises(_hf.ModelError) as e:
+            _hf.resolve_attn_implementation(cfg, "sdpa", "cpu", "/m")
+        assert str(e.value) == ("--attn-implementation sdpa: %s (--model /m) cannot run it here; "
+                                "the implementations that work: eager, flex_attention (or auto, "
+                                "which takes eager)" % name), str(e.value)
+        assert _hf.resolve_attn_implementation(cfg, "auto", "cpu", "/m") == "eager"
+    assert _hf.resolve_attn_implementation(_config("llama")[1], "auto", "cpu", "/m") == "sdpa"
+    assert _hf.resolve_attn_implementation(_config("llama")[1], "eager", "cpu", "/m") == "eager"
+    make("gpt_oss", str(tmp_path))
+    decoder, _ = _hf.load_decoder(str(tmp_path), 2, "fp32", "auto", "cpu")
+    assert decoder.config._attn_implementation == "eager"
