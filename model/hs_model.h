@@ -111,6 +111,11 @@ static inline int hs_model_layer_is_linear(const hs_model_config_t *c, int l)
  * tensor is logged and HS_ERR_FORMAT (or HS_ERR_IO / HS_ERR_UNSUPPORTED)
  * returned. *out is set only on success. */
 HS_MUST_CHECK hs_status_t hs_model_load(const char *dir, hs_model_t **out);
+
+/* Reads and checks dir/config.json alone (no weight is opened), as
+ * hs_model_load does first: layer presets are checked against the depth
+ * before any weight is read. *out is set only on success. */
+HS_MUST_CHECK hs_status_t hs_model_read_config(const char *dir, hs_model_config_t *out);
 void hs_model_destroy(hs_model_t *m); /* NULL is fine */
 
 const hs_model_config_t *hs_model_config(const hs_model_t *m);
@@ -130,9 +135,22 @@ HS_MUST_CHECK hs_status_t hs_model_check_layers(int n_target_layers, const int32
  *   n_draft == 1: { N/2 + 1 }
  *   else:         { round(1 + i * (N - 4) / (n_draft - 1)) + 1 }, i = 0..n_draft-1
  * (round half to even, as Python's round()). Writes n_draft_layers entries
- * to out[cap]. E.g. N = 32, 5 draft layers: 2, 9, 16, 23, 30. */
+ * to out[cap]. E.g. N = 32, 5 draft layers: 2, 9, 16, 23, 30. More than one
+ * draft layer needs N >= n_draft + 3 (else layers repeat): a shallower
+ * target is HS_ERR_INVALID, logged naming its depth. */
 HS_MUST_CHECK hs_status_t hs_model_dflash_layers(int n_target_layers, int n_draft_layers,
                                                  int32_t *out, int cap);
+
+/* EAGLE-3's default captured layers, as speculators and vLLM define them
+ * (target layer ids 2, N/2, N-3, whose states vLLM takes before decoder
+ * layer id runs, i.e. output_hidden_states[id]), plus the final normed
+ * state N that speculators' extraction appends: { 2, N/2, N-3, N } as
+ * output_hidden_states indices, the same numbers. Writes 4 entries to
+ * out[cap]. Needs N >= 7 (else the set repeats or is out of order): a
+ * shallower target is HS_ERR_INVALID, logged naming its depth. E.g. N = 32:
+ * 2, 16, 29, 32. */
+HS_MUST_CHECK hs_status_t hs_model_eagle3_layers(int n_target_layers, int32_t *out, int cap);
+#define HS_MODEL_EAGLE3_N_LAYERS 4
 
 /* CPU reference forward (fp32 activations, bf16 weights, fp32 accumulation).
  *   input_ids:  T = cu_seqlens[n_seqs] token ids, each in [0, vocab_size)

@@ -127,6 +127,23 @@ mlp:
     return HS_OK;
 }
 
+hs_status_t hs_model_read_config(const char *dir, hs_model_config_t *out)
+{
+    char path[PATH_MAX];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *json = read_file(path, &len);
+    if (!json) {
+        hs_error("cannot read %s: %m (is %s a Hugging Face model folder?)", path, dir);
+        return HS_ERR_IO;
+    }
+    hs_model_config_t c;
+    hs_status_t rc = hs__model_config_parse(json, len, path, &c);
+    free(json);
+    if (rc == HS_OK) *out = c;
+    return rc;
+}
+
 hs_status_t hs_model_load(const char *dir, hs_model_t **out)
 {
     hs_status_t rc = HS_ERR_NOMEM;
@@ -251,10 +268,11 @@ hs_status_t hs_model_dflash_layers(int n_target_layers, int n_draft_layers, int3
         hs_error("dflash layers: %d draft layers asked, 1..%d possible", n_draft_layers, cap);
         return HS_ERR_INVALID;
     }
-    if (n_target_layers < 4 && n_draft_layers > 1) {
-        hs_error("dflash layers: a target of %d layers is too shallow for DFlash's default set "
-                 "(needs at least 4); pass --layers explicitly",
-                 n_target_layers);
+    if (n_draft_layers > 1 && n_target_layers < n_draft_layers + 3) {
+        hs_error("dflash layers: the model has %d decoder layers, too few for DFlash's default set "
+                 "of %d draft layers (spread over decoder layers 1..N-3, it needs at least %d); "
+                 "give fewer draft layers or --layers explicitly",
+                 n_target_layers, n_draft_layers, n_draft_layers + 3);
         return HS_ERR_INVALID;
     }
     if (n_draft_layers == 1) {
@@ -266,6 +284,27 @@ hs_status_t hs_model_dflash_layers(int n_target_layers, int n_draft_layers, int3
     double start = 1.0, span = (double)(n_target_layers - 3) - start;
     for (int i = 0; i < n_draft_layers; i++)
         out[i] = (int32_t)nearbyint(start + (i * span) / (double)(n_draft_layers - 1)) + 1;
+    return HS_OK;
+}
+
+hs_status_t hs_model_eagle3_layers(int n_target_layers, int32_t *out, int cap)
+{
+    const int N = n_target_layers;
+    if (cap < HS_MODEL_EAGLE3_N_LAYERS) {
+        hs_error("eagle3 layers: room for %d layers, %d needed", cap, HS_MODEL_EAGLE3_N_LAYERS);
+        return HS_ERR_INVALID;
+    }
+    if (N < 7) {
+        hs_error("eagle3 layers: the model has %d decoder layers, too few for EAGLE-3's default "
+                 "set 2, N/2, N-3, N (it needs at least 7 for four distinct layers in order); "
+                 "give --layers explicitly",
+                 N);
+        return HS_ERR_INVALID;
+    }
+    out[0] = 2;
+    out[1] = N / 2;
+    out[2] = N - 3;
+    out[3] = N;
     return HS_OK;
 }
 

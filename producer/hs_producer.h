@@ -51,6 +51,7 @@ typedef struct {
     hs_source_t source;
     const char *model_dir; /* HS_SOURCE_MODEL */
     int dflash_layers;     /* > 0: layers = DFlash's default set for this many draft layers */
+    bool eagle3_layers;    /* layers = EAGLE-3's default set (hs_model_eagle3_layers) */
     uint32_t n_workers;
     int gpu_ids[HS_PRODUCER_MAX_WORKERS]; /* -1 = CPU worker */
     uint32_t prefetch;                    /* tickets each worker wants queued */

@@ -43,6 +43,8 @@ static const char usage[] =
     "  --layers L1,L2,...     captured layers as Hugging Face output_hidden_states indices\n"
     "                         (0 = embeddings, i = output of decoder layer i-1)\n"
     "  --dflash-layers N      DFlash's default layer set for an N-layer drafter (needs --model)\n"
+    "  --eagle3-layers        EAGLE-3's default set 2,N/2,N-3,N for an N-layer model (needs\n"
+    "                         --model; checked against the depth before any weight is read)\n"
     "  --hidden-size H        hidden size (taken from the model with --source model)\n"
     "  --hs-dtype bf16|fp8    how hidden states travel and wait in the cache: bf16 (default),\n"
     "                         or fp8 (e4m3 and one fp32 scale per token over its captured\n"
@@ -109,6 +111,7 @@ enum {
     OPT_SEED,
     OPT_LAYERS,
     OPT_DFLASH,
+    OPT_EAGLE3,
     OPT_HIDDEN,
     OPT_HS_DTYPE,
     OPT_SOURCE,
@@ -144,6 +147,7 @@ static const struct option long_options[] = {
     {"seed", required_argument, NULL, OPT_SEED},
     {"layers", required_argument, NULL, OPT_LAYERS},
     {"dflash-layers", required_argument, NULL, OPT_DFLASH},
+    {"eagle3-layers", no_argument, NULL, OPT_EAGLE3},
     {"hidden-size", required_argument, NULL, OPT_HIDDEN},
     {"source", required_argument, NULL, OPT_SOURCE},
     {"model", required_argument, NULL, OPT_MODEL},
@@ -176,6 +180,7 @@ typedef struct {
     hs_producer_addrs_t to; /* --to */
     bool have_to, have_layers, have_budget, preflight, budget_auto;
     int dflash_layers;
+    bool eagle3_layers;
     const char *layers_arg;
     const char *nic;
     bool list_devices;
@@ -301,6 +306,9 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     case OPT_RECONNECT:
         c->reconnect = true;
         return 0;
+    case OPT_EAGLE3:
+        o->eagle3_layers = true;
+        return 0;
     case OPT_STATUS_INTERVAL:
         if (hs_parse_double(arg, &d) != HS_OK || d < 0 || d > 1e6)
             return bad("status-interval", arg, from, "expected seconds >= 0 (0 = off)");
@@ -373,9 +381,15 @@ static int check(options_t *o)
         return fprintf(stderr, "hs-producer: --source model needs --model DIR\n"), 2;
     if (c->source == HS_SOURCE_SYNTHETIC && c->model_dir)
         return fprintf(stderr, "hs-producer: --model is only used with --source model\n"), 2;
-    if (o->layers_arg && o->dflash_layers)
-        return fprintf(stderr, "hs-producer: give --layers or --dflash-layers, not both\n"), 2;
-    if (!o->layers_arg && !o->dflash_layers)
+    if (!!o->layers_arg + !!o->dflash_layers + !!o->eagle3_layers > 1)
+        return fprintf(stderr, "hs-producer: give one of --layers, --dflash-layers and "
+                               "--eagle3-layers, not several\n"),
+               2;
+    if (o->eagle3_layers && c->source != HS_SOURCE_MODEL)
+        return fprintf(stderr, "hs-producer: --eagle3-layers needs --source model (the layer "
+                               "count comes from the model)\n"),
+               2;
+    if (!o->layers_arg && !o->dflash_layers && !o->eagle3_layers)
         return fprintf(stderr, "hs-producer: --layers L1,L2,... is required (e.g. 2,16,29)\n"), 2;
     if (o->dflash_layers && c->source != HS_SOURCE_MODEL)
         return fprintf(stderr, "hs-producer: --dflash-layers needs --source model (the layer "
@@ -458,6 +472,7 @@ int main(int argc, char **argv)
         hs_log_set_tag(tag);
     }
     o.cfg.dflash_layers = o.dflash_layers;
+    o.cfg.eagle3_layers = o.eagle3_layers;
     if (o.cfg.require_rdma && !o.preflight) {
         if (o.cfg.transport && !strcmp(o.cfg.transport, "tcp"))
             return fprintf(stderr, "hs-producer: --require-rdma cannot be met with --transport "

@@ -192,6 +192,9 @@ hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *bud
     if (cfg->dflash_layers > 0) {
         n_layers = cfg->dflash_layers;
         if ((st = hs_model_dflash_layers(N, n_layers, layers, HS_MAX_LAYERS))) goto out;
+    } else if (cfg->eagle3_layers) {
+        n_layers = HS_MODEL_EAGLE3_N_LAYERS;
+        if ((st = hs_model_eagle3_layers(N, layers, HS_MAX_LAYERS))) goto out;
     } else {
         n_layers = (int)cfg->layout.n_layers;
         if (n_layers < 1 || n_layers > HS_MAX_LAYERS) {

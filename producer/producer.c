@@ -175,21 +175,29 @@ static hs_status_t load_inputs(producer_t *pr)
     return HS_OK;
 }
 
-/* With --source model: load it, and take the hidden size and (with
- * --dflash-layers) the captured layers from it. */
+/* With --source model: read its config, resolve a layer preset
+ * (--dflash-layers, --eagle3-layers) against its depth before any weight is
+ * read, then load it and take the hidden size from it. */
 static hs_status_t load_model(producer_t *pr)
 {
     hs_producer_config_t *cfg = &pr->config;
-    hs_status_t st = hs_model_load(cfg->model_dir, &pr->model);
+    hs_model_config_t mc;
+    hs_status_t st = hs_model_read_config(cfg->model_dir, &mc);
+    if (st != HS_OK) return st;
+    if (cfg->dflash_layers > 0) {
+        st = hs_model_dflash_layers(mc.num_layers, cfg->dflash_layers, cfg->layout.layers,
+                                    HS_MAX_LAYERS);
+        if (st != HS_OK) return st;
+        cfg->layout.n_layers = (uint32_t)cfg->dflash_layers;
+    } else if (cfg->eagle3_layers) {
+        st = hs_model_eagle3_layers(mc.num_layers, cfg->layout.layers, HS_MAX_LAYERS);
+        if (st != HS_OK) return st;
+        cfg->layout.n_layers = HS_MODEL_EAGLE3_N_LAYERS;
+    }
+    st = hs_model_load(cfg->model_dir, &pr->model);
     if (st != HS_OK) return st;
     if (!cfg->layout.hidden_size)
         cfg->layout.hidden_size = (uint32_t)hs_model_hidden_size(pr->model);
-    if (cfg->dflash_layers > 0) {
-        st = hs_model_dflash_layers(hs_model_num_layers(pr->model), cfg->dflash_layers,
-                                    cfg->layout.layers, HS_MAX_LAYERS);
-        if (st != HS_OK) return st;
-        cfg->layout.n_layers = (uint32_t)cfg->dflash_layers;
-    }
     char desc[200];
     hs_layout_describe(&cfg->layout, desc, sizeof(desc));
     hs_info("model %s: %d layers, hidden %d; capturing %s", cfg->model_dir,

@@ -117,12 +117,33 @@ def load_config(model_dir, raw=None):
 
 def dflash_layers(n_target, n_draft):
     """DFlash's default target layers for an n_draft-layer drafter on an
-    n_target-layer target, as hsflow indices (DFlash's id + 1)."""
+    n_target-layer target, as hsflow indices (DFlash's id + 1). More than one
+    draft layer needs n_target >= n_draft + 3 (else they repeat): a
+    ModelError naming the depth (hs_model_dflash_layers in C)."""
+    if n_draft > 1 and n_target < n_draft + 3:
+        raise ModelError("--dflash-layers %d: the model has %d decoder layers, too few for "
+                         "DFlash's default set of %d draft layers (spread over decoder layers "
+                         "1..N-3, it needs at least %d); give fewer draft layers or --layers "
+                         "explicitly" % (n_draft, n_target, n_draft, n_draft + 3))
     if n_draft == 1:
         ids = [n_target // 2]
     else:
         ids = [round(1 + i * (n_target - 4) / (n_draft - 1)) for i in range(n_draft)]
     return [i + 1 for i in ids]
+
+
+def eagle3_layers(n_target):
+    """EAGLE-3's default target layers as speculators and vLLM define them:
+    layer ids 2, N//2, N-3 (vLLM captures id i as the state entering decoder
+    layer i, which is output_hidden_states[i], so hsflow's index is the same
+    number) plus the final normed state N, which speculators' extraction
+    appends. Needs N >= 7: a ModelError naming the depth
+    (hs_model_eagle3_layers in C)."""
+    if n_target < 7:
+        raise ModelError("--eagle3-layers: the model has %d decoder layers, too few for EAGLE-3's "
+                         "default set 2, N/2, N-3, N (it needs at least 7 for four distinct "
+                         "layers in order); give --layers explicitly" % n_target)
+    return [2, n_target // 2, n_target - 3, n_target]
 
 
 def check_layers(layers, n_layers, model_dir):

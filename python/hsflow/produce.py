@@ -171,6 +171,9 @@ def build_parser():
            "i = output of decoder layer i-1, N = final normed output)")
     a("--dflash-layers", type=_uint(1, 32, "1..32 draft layers"), default=_env("dflash-layers"),
       help="DFlash's default layer set for an N-layer drafter")
+    a("--eagle3-layers", action="store_true", default=_env_flag("eagle3-layers"),
+      help="EAGLE-3's default layer set as speculators and vLLM use it: 2, N/2, N-3 and the "
+           "final normed output N of an N-layer model")
     a("--hidden-size", type=_uint(1, 65536, "1..65536"), default=_env("hidden-size"),
       help="hidden size; must be the model's (default: taken from the model)")
     a("--model", default=_env("model"),
@@ -238,10 +241,11 @@ def parse(argv):
         return _fail("--data %s: no such file" % args.data)
     if not args.model:
         return _fail("--model DIR is required (a local Hugging Face model folder)")
-    if args.layers and args.dflash_layers:
-        return _fail("give --layers or --dflash-layers, not both")
-    if not args.layers and not args.dflash_layers:
-        return _fail("--layers L1,L2,... is required (e.g. 2,16,29)")
+    if bool(args.layers) + bool(args.dflash_layers) + bool(args.eagle3_layers) > 1:
+        return _fail("give one of --layers, --dflash-layers and --eagle3-layers, not several")
+    if not args.layers and not args.dflash_layers and not args.eagle3_layers:
+        return _fail("--layers L1,L2,... is required (e.g. 2,16,29), or a preset: "
+                     "--dflash-layers N or --eagle3-layers")
     if args.max_seq_len and args.max_seq_len > args.token_budget:
         return _fail("--max-seq-len %d is larger than --token-budget %d: a sequence must fit in "
                      "one batch" % (args.max_seq_len, args.token_budget))
@@ -254,7 +258,9 @@ def parse(argv):
     try:
         info = _hf.inspect_model(args.model)
         n = info["n_layers"]
-        layers = args.layers or _hf.dflash_layers(n, args.dflash_layers)
+        # presets from the config alone, before any weight is read
+        layers = args.layers or (_hf.eagle3_layers(n) if args.eagle3_layers else
+                                 _hf.dflash_layers(n, args.dflash_layers))
         _hf.check_layers(layers, n, args.model)
     except _hf.ModelError as e:
         return _fail(str(e))

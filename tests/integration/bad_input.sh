@@ -68,7 +68,18 @@ case_ 2 'frobnicate' "${P[@]}" --data "$d/ok.jsonl" --frobnicate
 case_ 2 "layers '3,2'.*increasing" "${P[@]}" --data "$d/ok.jsonl" --layers 3,2
 case_ 2 "layers '2,2'.*increasing" "${P[@]}" --data "$d/ok.jsonl" --layers 2,2
 case_ 2 "layers.*(expected|indices)" "${P[@]}" --data "$d/ok.jsonl" --layers 1,x
-case_ 2 'layers.*dflash-layers.*not both' "${P[@]}" --data "$d/ok.jsonl" --dflash-layers 3
+case_ 2 'layers.*dflash-layers.*eagle3-layers.*not several' "${P[@]}" --data "$d/ok.jsonl" --dflash-layers 3
+case_ 2 'layers.*dflash-layers.*eagle3-layers.*not several' "${P[@]}" --data "$d/ok.jsonl" --eagle3-layers
+# A layer preset is checked against the model's depth before any weight is
+# read: a 3-layer config beside unreadable weights names the depth.
+mkdir "$d/shallow"
+cp "$(dirname "$0")/../data/qwen2/config.json" "$d/shallow/"
+printf 'not safetensors' >"$d/shallow/model.safetensors"
+M=("$PRODUCER" --to 127.0.0.1:1 --connect-timeout 1 --token-budget 4096 --source model
+    --model "$d/shallow" --data "$d/ok.jsonl")
+case_ 2 'eagle3 layers: the model has 3 decoder layers, too few .*at least 7' "${M[@]}" --eagle3-layers
+case_ 2 'dflash layers: the model has 3 decoder layers, too few .*5 draft layers.*at least 8' \
+    "${M[@]}" --dflash-layers 5
 case_ 2 "token-budget 'abc'" "${P[@]}" --data "$d/ok.jsonl" --token-budget abc
 case_ 2 "hidden-size '0'" "${P[@]}" --data "$d/ok.jsonl" --hidden-size 0
 case_ 2 "gpus 'cpu:0'" "${P[@]}" --data "$d/ok.jsonl" --gpus cpu:0

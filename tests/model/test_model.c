@@ -1081,6 +1081,26 @@ END_TEST
 
 /* ---- layer indices ----------------------------------------------------- */
 
+START_TEST(eagle3_layers_are_vllm_aux_layer_ids_plus_the_final_normed_state)
+{
+    /* vLLM's aux layer id i is the state entering decoder layer i, which is
+     * output_hidden_states[i]: the same number here; speculators appends N */
+    int32_t l[8];
+    ck_assert_int_eq(hs_model_eagle3_layers(32, l, 8), HS_OK); /* Llama-3.1-8B */
+    int32_t want32[4] = {2, 16, 29, 32};
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(l[i], want32[i]);
+    ck_assert_int_eq(hs_model_eagle3_layers(7, l, 8), HS_OK); /* the shallowest */
+    int32_t want7[4] = {2, 3, 4, 7};
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(l[i], want7[i]);
+    ck_assert_int_eq(hs_model_check_layers(7, l, 4), HS_OK);
+    ck_assert_int_eq(hs_model_eagle3_layers(6, l, 8), HS_ERR_INVALID); /* 2, 3, 3, 6 */
+    ck_assert_int_eq(hs_model_eagle3_layers(4, l, 8), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_model_eagle3_layers(32, l, 3), HS_ERR_INVALID);
+}
+END_TEST
+
 START_TEST(dflash_layers_are_dflash_target_layer_ids_plus_one)
 {
     int32_t l[8];
@@ -1102,6 +1122,13 @@ START_TEST(dflash_layers_are_dflash_target_layer_ids_plus_one)
     ck_assert_int_eq(hs_model_dflash_layers(32, 0, l, 8), HS_ERR_INVALID);
     ck_assert_int_eq(hs_model_dflash_layers(32, 9, l, 8), HS_ERR_INVALID);
     ck_assert_int_eq(hs_model_dflash_layers(3, 2, l, 8), HS_ERR_INVALID);
+    /* more draft layers than decoder layers 1..N-3 hold: they would repeat
+     * (N = 4, 5 layers gave 2, 2, 2, 2, 2); N = n + 3 is the shallowest */
+    ck_assert_int_eq(hs_model_dflash_layers(4, 5, l, 8), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_model_dflash_layers(7, 5, l, 8), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_model_dflash_layers(8, 5, l, 8), HS_OK);
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(l[i], i + 2);
     int32_t ok[3] = {0, 16, 32}, bad[2] = {1, 33};
     ck_assert_int_eq(hs_model_check_layers(32, ok, 3), HS_OK);
     ck_assert_int_eq(hs_model_check_layers(32, bad, 2), HS_ERR_INVALID);
@@ -1786,6 +1813,7 @@ static Suite *model_suite(void)
 
     tc = tcase_create("layers");
     tcase_add_test(tc, dflash_layers_are_dflash_target_layer_ids_plus_one);
+    tcase_add_test(tc, eagle3_layers_are_vllm_aux_layer_ids_plus_the_final_normed_state);
     tcase_add_test(tc, cuda_entry_points_say_unsupported_without_cuda);
     suite_add_tcase(s, tc);
 

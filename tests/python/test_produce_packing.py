@@ -179,3 +179,48 @@ def test_attn_implementation_auto_takes_the_fastest_the_model_supports_and_names
     make("gpt_oss", str(tmp_path))
     decoder, _ = _hf.load_decoder(str(tmp_path), 2, "fp32", "auto", "cpu")
     assert decoder.config._attn_implementation == "eager"
+
+
+def _config_only(path, n_layers):
+    """A model folder whose config says n_layers and whose weights cannot be
+    read: what parse() decides there, it decides before any weight."""
+    os.makedirs(path, exist_ok=True)
+    transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                             num_hidden_layers=n_layers, num_attention_heads=4,
+                             num_key_value_heads=2).save_pretrained(path)
+    with open(os.path.join(path, "model.safetensors"), "wb") as f:
+        f.write(b"not safetensors")
+    return path
+
+
+def _parse(tmp_path, model, *flags):
+    from hsflow import produce
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input_ids": [1, 2, 3]}\n')
+    return produce.parse(["--to", "127.0.0.1:1", "--data", str(data), "--model", model] +
+                         list(flags))
+
+
+def test_layer_presets_are_resolved_from_the_config_and_a_preset_too_deep_names_the_depth(
+        tmp_path, capsys):
+    deep = _config_only(str(tmp_path / "deep"), 32)
+    shallow = _config_only(str(tmp_path / "shallow"), 4)
+    args, spec = _parse(tmp_path, deep, "--eagle3-layers")
+    assert spec["layers"] == [2, 16, 29, 32] and spec["n_run"] == 32
+    args, spec = _parse(tmp_path, deep, "--dflash-layers", "5")
+    assert spec["layers"] == [2, 9, 16, 23, 30]
+    assert _hf.eagle3_layers(7) == [2, 3, 4, 7]
+    cases = [
+        (["--dflash-layers", "5"], "--dflash-layers 5: the model has 4 decoder layers, too few "
+         "for DFlash's default set of 5 draft layers (spread over decoder layers 1..N-3, it needs "
+         "at least 8); give fewer draft layers or --layers explicitly"),
+        (["--eagle3-layers"], "--eagle3-layers: the model has 4 decoder layers, too few for "
+         "EAGLE-3's default set 2, N/2, N-3, N (it needs at least 7 for four distinct layers in "
+         "order); give --layers explicitly"),
+        (["--eagle3-layers", "--layers", "1"], "give one of --layers, --dflash-layers and "
+         "--eagle3-layers, not several"),
+    ]
+    for flags, msg in cases:
+        capsys.readouterr()
+        assert _parse(tmp_path, shallow, *flags) == 2
+        assert capsys.readouterr().err.strip() == "hsflow-produce: " + msg
