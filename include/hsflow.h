@@ -341,6 +341,7 @@ typedef struct {
     /* how the hidden states travel: HS_HIDDEN_BF16 (0 means the same) or
      * HS_HIDDEN_FP8, filled as hs_work_t.hidden_fp8 and hidden_scales */
     hs_hidden_dtype_t hs_dtype;
+    double status_interval_s; /* seconds between the library's status lines; 0 = 5, < 0 = off */
 } hs_producer_client_config_t;
 
 typedef struct {

@@ -482,6 +482,7 @@ hs_status_code_t hs_producer_open(const hs_producer_client_config_t *cc, hs_prod
     if (cc->connect_timeout_s) cfg.connect_timeout_s = cc->connect_timeout_s;
     cfg.name = cc->name;
     cfg.reconnect = cc->reconnect;
+    if (cc->status_interval_s) cfg.status_interval_s = cc->status_interval_s;
 
     producer_t *pr;
     hs_status_t st = producer_open(&cfg, &pr);

@@ -133,6 +133,7 @@ class ProducerClientConfig(ctypes.Structure):
         ("connect_timeout_s", _c_u32),
         ("reconnect", ctypes.c_bool),
         ("hs_dtype", ctypes.c_int),
+        ("status_interval_s", ctypes.c_double),
     ]
 
 

@@ -291,7 +291,8 @@ class Worker:
             hidden_size=s["hidden_size"], layers=s["layers"], seed=s["seed"],
             max_seq_len=s["max_seq_len"], overflow=s["overflow"], prefetch=s["prefetch"],
             secret_file=s["secret_file"], transport=s["transport"], name=name,
-            connect_timeout_s=s["connect_timeout"], arrays="torch", reconnect=s["reconnect"])
+            connect_timeout_s=s["connect_timeout"], arrays="torch", reconnect=s["reconnect"],
+            status_interval_s=s["status_interval"] if s["status_interval"] > 0 else -1)
         p = self.producer
         self.fig["plan_hash"] = "%016x" % p.plan_hash
         if p.max_batch_tokens > s["token_budget"]:

@@ -148,8 +148,10 @@ def _dtype(s):
 
 
 def build_parser():
+    # allow_abbrev=False: '--layer 2' is an unknown flag, not --layers
     p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     a = p.add_argument
     a("--to", type=_to, default=_env("to"),
       help="the consumer (hs-consumer --listen), HOST:PORT; for data-parallel ranks every "
@@ -282,6 +284,7 @@ def parse(argv):
             "n_run": _hf.layers_to_run(layers, n), "model": args.model, "dtype": args.dtype,
             "attn_implementation": args.attn_implementation, "packed": packed,
             "batching": args.batching, "self_check": args.self_check,
+            "status_interval": args.status_interval,
             "gpus": args.gpus, "prefetch": args.prefetch, "secret_file": args.secret_file,
             "transport": args.transport, "connect_timeout": args.connect_timeout,
             "reconnect": args.reconnect, "name": args.name, "info": info}

@@ -174,7 +174,7 @@ class Producer:
 
     def __init__(self, to, data, token_budget, hidden_size, layers, seed=0, max_seq_len=0,
                  overflow="truncate", prefetch=2, secret_file=None, transport="auto", name=None,
-                 connect_timeout_s=0, arrays="auto", reconnect=False):
+                 connect_timeout_s=0, arrays="auto", reconnect=False, status_interval_s=0):
         self._p = None
         lib = load()
         if not isinstance(to, str) or any(":" not in a for a in to.split(",")):
@@ -219,6 +219,7 @@ class Producer:
         cfg.prefetch = int(prefetch)
         cfg.connect_timeout_s = int(connect_timeout_s)
         cfg.reconnect = bool(reconnect)
+        cfg.status_interval_s = float(status_interval_s)
         h = ctypes.c_void_p()
         st = lib.hs_producer_open(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK:

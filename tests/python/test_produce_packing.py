@@ -224,3 +224,17 @@ def test_layer_presets_are_resolved_from_the_config_and_a_preset_too_deep_names_
         capsys.readouterr()
         assert _parse(tmp_path, shallow, *flags) == 2
         assert capsys.readouterr().err.strip() == "hsflow-produce: " + msg
+
+
+def test_flags_are_not_abbreviated_and_the_status_interval_reaches_the_library(tmp_path,
+                                                                              capsys):
+    """'--layer 2' was taken as --layers 2; now it is an unknown flag.
+    --status-interval goes to the library's status lines too (they came
+    every 5 s whatever it said); 0 turns them off (-1 to the library)."""
+    deep = _config_only(str(tmp_path / "deep"), 8)
+    assert _parse(tmp_path, deep, "--layer", "2") == 2
+    assert "unrecognized arguments: --layer 2" in capsys.readouterr().err
+    args, spec = _parse(tmp_path, deep, "--layers", "2", "--status-interval", "2")
+    assert spec["status_interval"] == 2.0
+    from hsflow import _lib
+    assert "status_interval_s" in dict(_lib.ProducerClientConfig._fields_)
