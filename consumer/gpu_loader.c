@@ -24,7 +24,6 @@ typedef struct {
     void *dptr;
     void *drows;          /* bf16 rows of fp8 batches, or NULL */
     cudaEvent_t consumed; /* recorded on the trainer's stream */
-    cudaEvent_t ready;    /* the copy, and its dequantisation, are done */
     cudaEvent_t copy_start, copy_end;
     uint64_t copy_bytes; /* of the copy whose timing is not yet counted */
     bool timing_pending;
@@ -80,7 +79,6 @@ hs_status_t hs__loader_create(int device, hs__loader_t **out)
     if (cudaStreamCreateWithFlags(&l->stream, cudaStreamDefault) != cudaSuccess) goto err;
     for (int i = 0; i < 2; i++) {
         if (cudaEventCreateWithFlags(&l->buf[i].consumed, cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&l->buf[i].ready, cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreate(&l->buf[i].copy_start) != cudaSuccess ||
             cudaEventCreate(&l->buf[i].copy_end) != cudaSuccess)
             goto err;
@@ -103,7 +101,6 @@ void hs__loader_destroy(hs__loader_t *l)
         cudaFree(l->buf[i].dptr);
         cudaFree(l->buf[i].drows);
         if (l->buf[i].consumed) cudaEventDestroy(l->buf[i].consumed);
-        if (l->buf[i].ready) cudaEventDestroy(l->buf[i].ready);
         if (l->buf[i].copy_start) cudaEventDestroy(l->buf[i].copy_start);
         if (l->buf[i].copy_end) cudaEventDestroy(l->buf[i].copy_end);
     }
@@ -187,9 +184,6 @@ hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, u
     CU(cudaEventRecord(b->copy_start, l->stream));
     hs_status_t st = hs_cache_copy_to_device(cache, b->dptr, offset, bytes, l->stream);
     if (st != HS_OK) return st;
-    CU(cudaEventRecord(b->copy_end, l->stream));
-    b->copy_bytes = bytes;
-    b->timing_pending = true;
     CU(cudaLaunchHostFunc(l->stream, on_copied, h));
     l->issued++;
     if (fp8) {
@@ -201,14 +195,17 @@ hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, u
             return HS_ERR_CUDA;
         }
     }
-    CU(cudaEventRecord(b->ready, l->stream));
+    /* The delivery's time: the copy and its dequantisation. */
+    CU(cudaEventRecord(b->copy_end, l->stream));
+    b->copy_bytes = bytes;
+    b->timing_pending = true;
     return HS_OK;
 }
 
 hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr, void **drows)
 {
     CU(cudaSetDevice(l->device));
-    CU(cudaStreamWaitEvent(0, l->buf[buf].ready, 0));
+    CU(cudaStreamWaitEvent(0, l->buf[buf].copy_end, 0));
     account(l, &l->buf[buf]);
     *dptr = l->buf[buf].dptr;
     *drows = l->buf[buf].drows;

@@ -223,7 +223,8 @@ typedef struct {
     double starve_pct;          /* trainer waited for data */
     double producer_stall_pct;  /* reported by producers (mean) */
     uint64_t h2d_bytes;         /* GPU delivery: bytes copied to the GPU */
-    double h2d_gbytes_per_s;    /* ... over the copy engine's busy time */
+    double h2d_gbytes_per_s;    /* ... over the copy time (of an fp8 run delivered as bf16: the copy
+                                   and its dequantisation) */
     uint32_t epochs;
     bool finished;
     /* Progress and the limit, from the rates since the first ticket. */

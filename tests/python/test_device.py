@@ -66,3 +66,83 @@ def test_consumer_on_gpu_delivers_every_batch_as_cuda_tensors(producer_bin, data
             stop(procs)
     assert len(seen) == len(set(seen)) == s["batches_planned"] > 2
     assert s["checksum_failures"] == 0
+
+
+@cuda
+@pytest.mark.parametrize("deliver", ["bf16", "fp8"])
+def test_fp8_run_on_gpu_is_dequantised_on_the_device_as_numpy_quantises(
+        producer_bin, dataset, deliver):
+    """An fp8 run delivered to the GPU: as bf16 (dequantised by the copy
+    stream's kernel) equal bit for bit to the numpy reference of
+    test_consumer, or as the raw e4m3 bytes and scales."""
+    import torch
+    from test_consumer import (H, _dequantize_rows, _quantize_rows, start_producers, stop)
+    data, _ = dataset
+    try:
+        c = hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, gpu=0,
+                            verify_synthetic=True, arrays="torch", deliver=deliver)
+    except hsflow.HsflowError as e:
+        pytest.skip("libhsflow has no GPU delivery (%s)" % e)
+    n = 0
+    with c:
+        procs = start_producers(producer_bin, c.port, data, extra=("--hs-dtype", "fp8"))
+        try:
+            for b in c:
+                cu = b.cu_seqlens.cpu().numpy()
+                sids = b.sample_ids.cpu().numpy().view(np.uint64)
+                q, scale = _quantize_rows(hsflow.synthetic_hidden(sids, cu, b.layers, H))
+                if deliver == "bf16":
+                    hs = b.hidden_states
+                    assert hs.is_cuda and hs.dtype == torch.bfloat16
+                    got = hs.view(torch.int16).cpu().numpy().view(np.uint16)
+                    assert np.array_equal(got, _dequantize_rows(q, scale))
+                else:
+                    assert b.hidden_fp8.dtype == torch.float8_e4m3fn and b.hidden_fp8.is_cuda
+                    assert np.array_equal(b.hidden_fp8.view(torch.uint8).cpu().numpy(), q)
+                    assert np.array_equal(b.hidden_scales.cpu().numpy(), scale)
+                n += 1
+            s = c.stats()
+        finally:
+            stop(procs)
+    assert n == s["batches_planned"] > 2 and s["checksum_failures"] == 0
+
+
+@cuda
+def test_gpu_forward_quantises_on_the_device_as_numpy_quantises_its_bf16_states(
+        producer_bin, tmp_path):
+    """hs-producer --source model on GPU 0 with --hs-dtype fp8 (the rows
+    quantised by a kernel before they leave the device) sends, for every
+    batch, the e4m3 bytes and scales numpy computes from the bf16 states the
+    same producer sends in a bf16 run of the same plan."""
+    import os
+    from conftest import write_dataset
+    from test_consumer import _quantize_rows, stop
+    import subprocess
+    import tempfile
+    model = os.path.join(os.path.dirname(__file__), "..", "data", "llama3")
+    data = str(tmp_path / "d.jsonl")
+    write_dataset(data, 40, 5, 300, 64, seed=3)
+    runs = {}
+    for dtype, deliver in (("bf16", "bf16"), ("fp8", "fp8")):
+        got = {}
+        with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.05, arrays="numpy",
+                             deliver=deliver) as c:
+            log = tempfile.TemporaryFile()
+            p = subprocess.Popen([producer_bin, "--to", "127.0.0.1:%d" % c.port, "--data", data,
+                                  "--token-budget", "512", "--source", "model", "--model", model,
+                                  "--layers", "1,2", "--gpus", "0", "--hs-dtype", dtype,
+                                  "--connect-timeout", "60"], stdout=log,
+                                 stderr=subprocess.STDOUT)
+            p.log = log
+            try:
+                for b in c:
+                    got[(b.epoch, b.batch)] = (b.hidden_states.copy() if dtype == "bf16" else
+                                               (b.hidden_fp8.copy(), b.hidden_scales.copy()))
+            finally:
+                stop([p])
+        runs[dtype] = got
+    assert runs["bf16"].keys() == runs["fp8"].keys() and len(runs["bf16"]) > 1
+    for key, hs in runs["bf16"].items():
+        q, scale = _quantize_rows(hs)
+        assert np.array_equal(runs["fp8"][key][1], scale), key
+        assert np.array_equal(runs["fp8"][key][0], q), key
