@@ -163,6 +163,7 @@ void hs_consumer_config_default(hs_consumer_config_t *cfg)
     cfg->verify_threads = 1;
     cfg->peer_timeout_s = 10;
     cfg->lease_timeout_s = 60;
+    cfg->lease_min_tokens_per_s = 200;
     cfg->status_interval_s = 5;
     cfg->handshake_timeout_s = 15;
     cfg->no_producer_warn_s = 30;
@@ -224,6 +225,11 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     }
     if (cfg->uneven != HS_UNEVEN_DROP && cfg->uneven != HS_UNEVEN_REPEAT) {
         hs_error("consumer: --uneven %d: expected drop or repeat", (int)cfg->uneven);
+        return HS_ERR_INVALID;
+    }
+    if (!(cfg->lease_min_tokens_per_s > 0 && cfg->lease_min_tokens_per_s <= 1e9)) {
+        hs_error("consumer: lease min rate %g tokens/s: expected more than 0, such as 200",
+                 cfg->lease_min_tokens_per_s);
         return HS_ERR_INVALID;
     }
     if (!(cfg->lease_timeout_s >= 0 && cfg->lease_timeout_s <= 1e6)) {

@@ -53,9 +53,12 @@ static const char usage[] =
     "                         tickets pin at most a fair share of the cache (capacity / ready\n"
     "                         producers, at least one batch), whatever workers it claims\n"
     "  --lease-timeout S      a producer holding tickets that shows no progress for S seconds\n"
-    "                         (no finished batch, no heartbeat from a computing worker: it was\n"
-    "                         stopped or hangs) is dropped and its tickets go back to the queue\n"
-    "                         (default 60; 0 = never)\n"
+    "                         (no finished batch, no payload bytes arriving, no heartbeat from a\n"
+    "                         computing worker: it was stopped or hangs) is dropped and its\n"
+    "                         tickets go back to the queue (default 60; 0 = never)\n"
+    "  --lease-min-rate R     heartbeats without a finished batch hold tickets for at most the\n"
+    "                         lease timeout plus the plan's largest batch at R tokens/s\n"
+    "                         (default 200; lower it for slow CPU forwards)\n"
     "  --verify-synthetic     check every hidden-state element against the synthetic source\n"
     "  --deliver bf16|fp8     how an fp8 run (producers' --hs-dtype fp8) reaches the trainer:\n"
     "                         bf16 (default; dequantised on the --gpu as part of the copy)\n"
@@ -167,6 +170,7 @@ enum {
     OPT_SAVE_STATE,
     OPT_SAVE_STATE_INTERVAL,
     OPT_LEASE_TIMEOUT,
+    OPT_LEASE_MIN_RATE,
     OPT_FORCE,
     OPT_RANK,
     OPT_WORLD,
@@ -205,6 +209,7 @@ static const struct option long_options[] = {
     {"save-state", required_argument, NULL, OPT_SAVE_STATE},
     {"save-state-interval", required_argument, NULL, OPT_SAVE_STATE_INTERVAL},
     {"lease-timeout", required_argument, NULL, OPT_LEASE_TIMEOUT},
+    {"lease-min-rate", required_argument, NULL, OPT_LEASE_MIN_RATE},
     {"force", no_argument, NULL, OPT_FORCE},
     {"rank", required_argument, NULL, OPT_RANK},
     {"world", required_argument, NULL, OPT_WORLD},
@@ -352,6 +357,11 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         if (hs_parse_double(arg, &d) != HS_OK || d < 0 || d > 1e6)
             return bad("lease-timeout", arg, from, "expected seconds >= 0 such as 60 (0 = never)");
         o->cfg.lease_timeout_s = d;
+        return 0;
+    case OPT_LEASE_MIN_RATE:
+        if (hs_parse_double(arg, &d) != HS_OK || !(d > 0) || d > 1e9)
+            return bad("lease-min-rate", arg, from, "expected tokens/s > 0 such as 200");
+        o->cfg.lease_min_tokens_per_s = d;
         return 0;
     case OPT_FORCE:
         o->cfg.force = true;

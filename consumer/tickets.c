@@ -238,9 +238,9 @@ void hs__payload_landed(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_statu
  *            for --lease-timeout: stopped or hung (the transport cannot
  *            tell, the kernel still ACKs);
  *   beating  heartbeats but no real progress for --lease-timeout plus the
- *            time the largest batch may take at the slowest rate expected
- *            (HS_LEASE_S_PER_TOKEN): a self-report alone cannot hold
- *            tickets forever.
+ *            time the largest batch takes at the slowest rate expected
+ *            (--lease-min-rate, 200 tokens/s): a self-report alone cannot
+ *            hold tickets forever.
  *
  * A payload arriving counts byte by byte where the transport sees its bytes
  * (TCP); where it does not (UCX), the bound grows by the time the bytes in
@@ -248,14 +248,14 @@ void hs__payload_landed(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_statu
  * stopped producer. A dropped producer's tickets go back to the front of the
  * queue once its payloads settle (hs__peer_reap); a late payload finds its
  * connection closed. */
-#define HS_LEASE_S_PER_TOKEN 2e-3          /* 500 tokens/s: below any forward we run */
 #define HS_LEASE_MIN_BYTES_PER_S (1 << 20) /* 1 MiB/s */
 
 void hs__leases_expire(hs_consumer_t *c, double now)
 {
     double limit = c->cfg.lease_timeout_s;
     if (!c->net.sched || limit <= 0) return;
-    double compute = (double)c->run.token_budget * HS_LEASE_S_PER_TOKEN;
+    double rate = c->cfg.lease_min_tokens_per_s;
+    double compute = (double)c->run.token_budget / rate;
     for (peer_t *p = c->net.peers; p; p = p->next) {
         if (p->state != PEER_READY || !p->conn || p->dropped) continue;
         uint32_t n = hs_sched_leases_of(c->net.sched, p->id);
@@ -283,8 +283,7 @@ void hs__leases_expire(hs_consumer_t *c, double now)
                           "no progress for %.1f s: heartbeats but no finished batch while holding "
                           "%u ticket(s), longer than --lease-timeout %g s plus %.1f s for a "
                           "%u-token batch at %.0f tokens/s; they go back to the queue. A producer "
-                          "this slow needs a larger --lease-timeout",
-                          now - p->t_progress, n, limit, compute, c->run.token_budget,
-                          1.0 / HS_LEASE_S_PER_TOKEN);
+                          "this slow needs a lower --lease-min-rate",
+                          now - p->t_progress, n, limit, compute, c->run.token_budget, rate);
     }
 }

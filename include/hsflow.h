@@ -123,9 +123,9 @@ typedef struct {
      * checkpoint were never trained into the weights resumed; the journal
      * is rewritten to the state's batches once the plan is known. */
     const char *resume_state;
-    /* A producer holding tickets that shows no progress (no DONE, no heartbeat
-     * from a computing worker) for this long is dropped and its tickets go
-     * back to the queue. Default 60 s; 0 = never. */
+    /* A producer holding tickets that shows no progress (no DONE, no payload
+     * bytes, no heartbeat from a computing worker) for this long is dropped
+     * and its tickets go back to the queue. Default 60 s; 0 = never. */
     double lease_timeout_s;
     /* Start even when cache_bytes is more than the memory this process can
      * get (MemAvailable, the cgroup limit less its usage): warn instead of
@@ -175,6 +175,10 @@ typedef struct {
      * and scales (hs_batch_t.hidden_fp8, hidden_scales). A bf16 run is
      * delivered as bf16 either way. */
     hs_hidden_dtype_t deliver;
+    /* Heartbeats alone (no finished batch, no payload bytes) hold a
+     * producer's tickets for at most lease_timeout_s plus the plan's largest
+     * batch at this rate (--lease-min-rate); default 200 tokens/s. */
+    double lease_min_tokens_per_s;
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */

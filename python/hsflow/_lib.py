@@ -61,6 +61,7 @@ class ConsumerConfig(ctypes.Structure):
         ("expect_layout", ctypes.c_char_p),
         ("expect_dataset", ctypes.c_char_p),
         ("deliver", ctypes.c_int),  # hs_hidden_dtype_t
+        ("lease_min_tokens_per_s", ctypes.c_double),
     ]
 
 

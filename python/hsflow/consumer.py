@@ -270,7 +270,9 @@ class Consumer:
 
     lease_timeout_s: a producer holding tickets that shows no progress (no
     finished batch, no heartbeat from a computing worker) for this many
-    seconds is dropped and its tickets go back to the queue (0 = never).
+    seconds is dropped and its tickets go back to the queue (0 = never);
+    heartbeats alone hold them for at most that plus the plan's largest batch
+    at lease_min_tokens_per_s.
 
     A cache_gb larger than the memory this process can get (MemAvailable, or
     its cgroup's limit less its usage) is refused, since it would be
@@ -304,7 +306,7 @@ class Consumer:
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
                  arrays="auto", metrics=None, journal=None, resume=None,
                  lease_timeout_s=60, force=False, rank=None, world=None, uneven="drop",
-                 expect=None, deliver="bf16"):
+                 expect=None, deliver="bf16", lease_min_tokens_per_s=200):
         self._c = None
         lib = load()
         host, port = _parse_listen(listen)
@@ -369,6 +371,11 @@ class Consumer:
         cfg.journal = self._keep[4]
         cfg.resume_state = self._keep[5]
         cfg.lease_timeout_s = float(lease_timeout_s)
+        if (not isinstance(lease_min_tokens_per_s, (int, float))
+                or isinstance(lease_min_tokens_per_s, bool) or not lease_min_tokens_per_s > 0):
+            raise ValueError("lease_min_tokens_per_s=%r: expected tokens/s > 0, e.g. 200"
+                             % (lease_min_tokens_per_s,))
+        cfg.lease_min_tokens_per_s = float(lease_min_tokens_per_s)
         cfg.force = bool(force)
         cfg.rank = rank
         cfg.world = world

@@ -109,5 +109,5 @@ log_has c7 "resume state was saved for plan [0-9a-f]{16} \([0-9]+ batches/epoch\
 start c8 "$CONSUMER" --loopback 1 --cache-gb 0.25 --epochs 2 --journal "$journal" \
     --save-state "$journal" -- "${popts[@]}"
 expect_exit c8 2 30
-log_has c8 "--save-state .*: give the state a file of its own"
+log_has c8 "--save-state .*: give it a file of its own"
 pass "resume from a saved state"

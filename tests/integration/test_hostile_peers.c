@@ -1367,7 +1367,7 @@ START_TEST(test_heartbeats_keep_tickets_past_the_lease_but_not_beyond_the_batchs
      * beats "progressing" (a worker computing a long batch), the other beats
      * without progress (its workers hang): the hung one loses its tickets
      * first. Heartbeats alone hold tickets only for the lease plus the time
-     * a 256-token batch may take at the slowest rate expected (0.5 s), not
+     * a 256-token batch takes at --lease-min-rate (200 tokens/s: 1.3 s), not
      * for as long as they come: the beating one is dropped too, while it
      * still beats. */
     harness_opts_t o = {.lease_timeout_s = 1};
