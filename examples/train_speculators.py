@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""train_speculators.py - speculators' EAGLE-3 or DFlash drafter fed by hsflow.
+
+The drafter is speculators' own (Eagle3DraftModel / DFlashDraftModel), built
+from the target folder exactly as `speculators train` builds it (its
+TrainConfig defaults, build_draft_model, from_training_args), trained with
+its optimisers (build_optimizers: Muon and AdamW by default) and its loss (the model's forward
+with get_trainer_kwargs, gradient clipping at 1.0 as its Trainer does). The
+data is hsflow's: one consumer per rank, each batch turned into the dict
+speculators' collate makes (hsflow.integrations.speculators.batches).
+
+A checkpoint (--checkpoint PATH; one file per rank under torchrun, PATH.rankR)
+holds the model, the optimiser and consumer.state_dict(); --resume starts
+from it and the consumers deliver exactly the batches not trained on yet.
+
+GPU node, 8 ranks, producers on the target nodes pointed at every rank:
+
+    torchrun --nproc_per_node 8 examples/train_speculators.py --algorithm dflash \\
+        --target /models/Qwen3-8B --listen-host 0.0.0.0 --base-port 7000 --gpu-per-rank \\
+        --cache-gb 48 --epochs 3 --checkpoint /ckpt/dflash.pt --resume
+    # it prints the producers' --layers (the drafter's target_layer_ids, then L):
+    hs-producer --to drafter:7000-7007 --data train.hst --token-budget 32768 \\
+        --model /models/Qwen3-8B --layers 2,18,33,36 --gpus 0,1,2,3
+
+One box on the CPU, N local hs-producer processes getting the arguments
+after `--` (--layers is added when not given):
+
+    python examples/train_speculators.py --algorithm eagle3 --target ./tiny-llama \\
+        --epochs 3 --loopback 1 -- --data train.jsonl --token-budget 2048 \\
+        --source model --model ./tiny-llama --gpus cpu:1
+
+Needs speculators 0.9 (pip install 'hsflow[speculators]'; its pins:
+torch <= 2.14.1, transformers <= 5.19; scripts/install-speculators-venv).
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+try:
+    import hsflow
+except ImportError:  # running from a checkout without `pip install ./python`
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import hsflow
+
+
+def parse_args(argv):
+    producer_args = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, producer_args = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(
+        description="Train speculators' EAGLE-3 or DFlash drafter on hidden states streamed by "
+                    "hsflow (one consumer per rank under torchrun).",
+        usage="[torchrun ...] %(prog)s --algorithm eagle3|dflash --target DIR [options] "
+              "[-- hs-producer options]")
+    ap.add_argument("--algorithm", required=True, choices=["eagle3", "dflash"],
+                    help="speculators' drafter to train")
+    ap.add_argument("--target", required=True,
+                    help="the target (verifier) model folder: speculators reads its config, "
+                         "embeddings, lm_head and final norm from it")
+    ap.add_argument("--listen-host", default="127.0.0.1",
+                    help="host the consumer listens on (127.0.0.1)")
+    ap.add_argument("--base-port", type=int, default=7000,
+                    help="the consumer listens on BASE_PORT + LOCAL_RANK (7000; with "
+                         "--loopback and one rank: a free port)")
+    ap.add_argument("--cache-gb", type=float, default=1.0, help="consumer cache, GiB (1)")
+    ap.add_argument("--epochs", type=int, default=1, help="epochs to train (1)")
+    ap.add_argument("--gpu-per-rank", action="store_true",
+                    help="deliver to and train on GPU LOCAL_RANK (NCCL under torchrun); "
+                         "default: the CPU")
+    ap.add_argument("--num-layers", type=int, default=None,
+                    help="draft decoder layers (speculators' default: 1 for eagle3, 5 for "
+                         "dflash)")
+    ap.add_argument("--target-layer-ids", default=None,
+                    help="comma-separated target layers the drafter reads (hsflow indices; "
+                         "default speculators': 2,N//2,N-3)")
+    ap.add_argument("--draft-attn-impl", default=None,
+                    choices=["simple_flex_attention", "sdpa", "eager"],
+                    help="draft attention (default: simple_flex_attention on a GPU, sdpa on "
+                         "the CPU)")
+    ap.add_argument("--loss-implementation", default=None, choices=["fused", "eager"],
+                    help="speculators' loss kernels (default: fused on a GPU, eager on the CPU)")
+    ap.add_argument("--mask-token-id", type=int, default=None,
+                    help="DFlash's mask token (default: from the target's tokenizer, as "
+                         "speculators resolves it)")
+    ap.add_argument("--block-size", type=int, default=None, help="DFlash block size")
+    ap.add_argument("--max-anchors", type=int, default=None, help="DFlash anchors per batch")
+    ap.add_argument("--ttt-steps", type=int, default=None, help="EAGLE-3 TTT steps (3)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="learning rate (speculators' default 1e-3; Muon's too unless "
+                         "--muon-lr)")
+    ap.add_argument("--optimizer", default=None, choices=["muon", "adamw"],
+                    help="speculators' optimiser: muon (its default: Muon for 2D weights, "
+                         "AdamW for the rest) or adamw")
+    ap.add_argument("--seed", type=int, default=0, help="seed for the drafter's init (0)")
+    ap.add_argument("--checkpoint", default=None,
+                    help="checkpoint file (model, optimiser, consumer position); written at "
+                         "the end, every --save-every batches and at --max-batches")
+    ap.add_argument("--save-every", type=int, default=0, help="checkpoint every N batches")
+    ap.add_argument("--resume", action="store_true",
+                    help="start from --checkpoint when it exists")
+    ap.add_argument("--max-batches", type=int, default=0,
+                    help="stop (checkpointing) after this many batches in this run")
+    ap.add_argument("--loopback", type=int, default=0, metavar="N",
+                    help="rank 0 starts N local hs-producer processes with the arguments "
+                         "after -- (pointed at every rank)")
+    args = ap.parse_args(argv)
+    if args.loopback and not producer_args:
+        ap.error("--loopback needs hs-producer arguments after `--` (at least --data, "
+                 "--token-budget, --source model --model DIR)")
+    if args.resume and not args.checkpoint:
+        ap.error("--resume needs --checkpoint PATH")
+    args.producer_args = producer_args
+    return args
+
+
+def speculators_config(args, on_gpu):
+    """speculators' flat training args (TrainConfig defaults and derived
+    defaults, as its CLI resolves them) for this run."""
+    from speculators.train.config.schema import TrainConfig
+    flat = {"speculator_type": args.algorithm, "verifier_name_or_path": args.target,
+            "draft_attn_impl": args.draft_attn_impl or
+            ("simple_flex_attention" if on_gpu else "sdpa"),
+            "loss_implementation": args.loss_implementation or ("fused" if on_gpu else "eager")}
+    for key in ("num_layers", "mask_token_id", "block_size", "max_anchors", "ttt_steps", "lr",
+                "optimizer"):
+        if getattr(args, key) is not None:
+            flat[key] = getattr(args, key)
+    if args.target_layer_ids:
+        flat["target_layer_ids"] = [int(x) for x in args.target_layer_ids.split(",")]
+    return TrainConfig.from_flat(flat).flatten()
+
+
+def build_model(args, flat):
+    """The drafter, built as speculators' CLI builds it (no vocab mapping:
+    the target's full vocabulary)."""
+    import argparse as _ap
+    from speculators.model import SpeculatorModel
+    from speculators.models.utils import get_verifier_config
+    from speculators.train.cli import build_draft_model
+    model_class = SpeculatorModel.registry[args.algorithm]
+    vocab = get_verifier_config(args.target).vocab_size
+    ns = _ap.Namespace(**flat)
+    model = build_draft_model(ns, model_class, None, None, vocab)
+    return model, model_class
+
+
+def checkpoint_path(args, rank, world):
+    return args.checkpoint if world == 1 else "%s.rank%d" % (args.checkpoint, rank)
+
+
+def save_checkpoint(torch, path, model, opts, consumer, step, epoch_losses):
+    tmp = path + ".tmp"
+    torch.save({"model": model.state_dict(), "optimizers": [o.state_dict() for o in opts],
+                "consumer": consumer.state_dict(), "step": step,
+                "epoch_losses": epoch_losses}, tmp)
+    os.replace(tmp, path)
+
+
+def main(argv):
+    args = parse_args(argv)
+    try:
+        import torch
+        import torch.distributed as dist
+        from speculators.train.optimizers import build_optimizers
+        from hsflow.integrations import speculators as hs_spec
+    except ImportError as e:
+        sys.exit("train_speculators: needs speculators 0.9 and torch (%s): pip install "
+                 "'hsflow[speculators]', or scripts/install-speculators-venv" % e)
+    distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    gpu = local if args.gpu_per_rank else None
+    device = torch.device("cuda:%d" % local if gpu is not None else "cpu")
+    if gpu is not None:
+        torch.cuda.set_device(device)
+    if distributed:
+        dist.init_process_group("nccl" if gpu is not None else "gloo")
+
+    torch.manual_seed(args.seed)
+    flat = speculators_config(args, gpu is not None)
+    model, model_class = build_model(args, flat)
+    model.to(device)
+    train_kwargs, _ = model_class.get_trainer_kwargs(**flat)
+    layers = hs_spec.producer_layers(model)
+    if rank == 0:
+        print("train_speculators: %s drafter, %d layers, target layers %s; the producers must "
+              "send --layers %s" % (args.algorithm, flat["num_layers"],
+                                     hs_spec.target_layers(model), ",".join(map(str, layers))),
+              flush=True)
+    # speculators' optimisers as its Trainer builds them: Muon for the 2D
+    # weights and AdamW for the rest by default (--optimizer adamw: one AdamW)
+    opts = build_optimizers(model, argparse.Namespace(**flat))
+
+    ckpt = checkpoint_path(args, rank, world) if args.checkpoint else None
+    resume, step, epoch_losses = None, 0, {}
+    if args.resume and os.path.exists(ckpt):
+        state = torch.load(ckpt, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        for o, sd in zip(opts, state["optimizers"], strict=True):
+            o.load_state_dict(sd)
+        resume, step = state["consumer"], state["step"]
+        epoch_losses = state.get("epoch_losses", {})
+        print("train_speculators rank %d: resumed from %s at step %d" % (rank, ckpt, step),
+              flush=True)
+    train_model = model
+    if distributed:
+        train_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[local] if gpu is not None else None)
+
+    port = args.base_port + local
+    if args.loopback and world == 1:
+        port = 0
+    consumer = hsflow.Consumer(listen="%s:%d" % (args.listen_host, port), gpu=gpu,
+                               cache_gb=args.cache_gb, epochs=args.epochs, arrays="torch",
+                               resume=resume)
+    procs = []
+    if args.loopback and rank == 0:
+        exe = hsflow.find_tool("hs-producer")
+        if not exe:
+            sys.exit("train_speculators: hs-producer not found next to %s, in "
+                     "$HSFLOW_BIN_DIR or on PATH" % hsflow.library_path())
+        to = "127.0.0.1:%d" % consumer.port if world == 1 else \
+            "127.0.0.1:%d-%d" % (args.base_port, args.base_port + world - 1)
+        extra = list(args.producer_args)
+        if not any(a in extra for a in ("--layers", "--dflash-layers", "--eagle3-layers")):
+            extra += ["--layers", ",".join(map(str, layers))]
+        cmd = [exe, "--to", to] + extra
+        print("train_speculators: starting %d x %s" % (args.loopback, " ".join(cmd)), flush=True)
+        procs = [subprocess.Popen(cmd + ["--name", "loopback-%d" % i])
+                 for i in range(args.loopback)]
+
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    done = tokens = 0
+    sums = {}
+    t0 = time.perf_counter()
+    rc = 0
+    try:
+        for b, d in hs_spec.batches(consumer, train_model, with_batch=True):
+            epoch = b.epoch
+            with autocast:
+                _, loss, _ = train_model(**d, **train_kwargs)
+            for o in opts:
+                o.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            for o in opts:
+                o.step()
+            step += 1
+            done += 1
+            tokens += int(d["input_ids"].shape[1])
+            lv = float(loss.item())
+            s = sums.setdefault(epoch, [0.0, 0])
+            s[0] += lv
+            s[1] += 1
+            print("step %d epoch %d loss %.4f" % (step, epoch, lv), flush=True)
+            if ckpt and args.save_every and step % args.save_every == 0:
+                save_checkpoint(torch, ckpt, model, opts, consumer, step,
+                                _merge(epoch_losses, sums))
+            if args.max_batches and done >= args.max_batches:
+                break
+        if ckpt:
+            save_checkpoint(torch, ckpt, model, opts, consumer, step, _merge(epoch_losses, sums))
+    except KeyboardInterrupt:
+        rc = 130
+    finally:
+        el = time.perf_counter() - t0
+        stats = consumer.stats()
+        consumer.close()
+        for p in procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    for e, (tot, n) in sorted(_merge(epoch_losses, sums).items()):
+        print("train_speculators rank %d: epoch %d mean loss %.4f over %d batches"
+              % (rank, e, tot / n, n), flush=True)
+    print("train_speculators rank %d/%d: %d batches this run (%d steps in all), %d tokens, "
+          "%.0f tokens/s, consumer %d/%d batches delivered"
+          % (rank, world, done, step, tokens, tokens / el if el > 0 else 0.0,
+             stats["batches_delivered"], stats["batches_planned"]), flush=True)
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return rc
+
+
+def _merge(before, now):
+    """Per-epoch [sum, count] of the loss, the checkpoint's and this run's."""
+    out = {int(e): list(v) for e, v in before.items()}
+    for e, (tot, n) in now.items():
+        s = out.setdefault(int(e), [0.0, 0])
+        s[0] += tot
+        s[1] += n
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
