@@ -84,8 +84,8 @@ def parse_args(argv):
     ap.add_argument("--loss-implementation", default=None, choices=["fused", "eager"],
                     help="speculators' loss kernels (default: fused on a GPU, eager on the CPU)")
     ap.add_argument("--mask-token-id", type=int, default=None,
-                    help="DFlash's mask token (default: from the target's tokenizer, as "
-                         "speculators resolves it)")
+                    help="the mask token (DFlash's; speculators resolves one for EAGLE-3 "
+                         "too; default: from the target's tokenizer, as speculators does)")
     ap.add_argument("--block-size", type=int, default=None, help="DFlash block size")
     ap.add_argument("--max-anchors", type=int, default=None, help="DFlash anchors per batch")
     ap.add_argument("--ttt-steps", type=int, default=None, help="EAGLE-3 TTT steps (3)")
@@ -144,7 +144,13 @@ def build_model(args, flat):
     model_class = SpeculatorModel.registry[args.algorithm]
     vocab = get_verifier_config(args.target).vocab_size
     ns = _ap.Namespace(**flat)
-    model = build_draft_model(ns, model_class, None, None, vocab)
+    try:
+        model = build_draft_model(ns, model_class, None, None, vocab)
+    except ValueError as e:
+        if ns.mask_token_id is None and "processor" in str(e):
+            sys.exit("train_speculators: speculators looks for the mask token in the target's "
+                     "tokenizer and %s has none: pass --mask-token-id ID" % args.target)
+        raise
     return model, model_class
 
 
