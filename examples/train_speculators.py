@@ -246,7 +246,14 @@ def main(argv):
     t0 = time.perf_counter()
     rc = 0
     try:
-        for b, d in hs_spec.batches(consumer, train_model, with_batch=True):
+        def producers_alive():  # with --loopback: stop when they all exited early
+            if procs and all(p.poll() is not None for p in procs):
+                raise RuntimeError("every hs-producer exited (codes %s) and batches are "
+                                   "missing; their messages are above"
+                                   % [p.returncode for p in procs])
+
+        for b, d in hs_spec.batches(consumer, train_model, with_batch=True,
+                                    idle=producers_alive if procs else None):
             epoch = b.epoch
             with autocast:
                 _, loss, _ = train_model(**d, **train_kwargs)
@@ -273,6 +280,11 @@ def main(argv):
             save_checkpoint(torch, ckpt, model, opts, consumer, step, _merge(epoch_losses, sums))
     except KeyboardInterrupt:
         rc = 130
+    except RuntimeError as e:
+        if not str(e).startswith("every hs-producer exited"):
+            raise
+        print("train_speculators: %s" % e, file=sys.stderr, flush=True)
+        rc = 1
     finally:
         el = time.perf_counter() - t0
         stats = consumer.stats()

@@ -336,3 +336,14 @@ def test_dflash_checkpoint_resumes_with_the_batches_not_trained_on(target, tmp_p
                                                      planned - 7)
     assert sorted(means) == [0, 1, 2], out[-2000:]
     assert means[2] < means[0], means
+
+
+def test_the_example_stops_naming_it_when_its_producers_exit(target, tmp_path, producer_bin):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, EXAMPLE, "--algorithm", "eagle3", "--target", target,
+                        "--mask-token-id", str(VOCAB - 1), "--cache-gb", "0.05", "--loopback",
+                        "1"] + producer_args(str(tmp_path / "missing.jsonl"), target),
+                       capture_output=True, text=True, env=env, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "every hs-producer exited (codes [2]) and batches are missing" in out, out[-3000:]

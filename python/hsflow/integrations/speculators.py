@@ -247,7 +247,7 @@ def collate(batch, shift):
     }
 
 
-def batches(consumer, model, n_target_layers=None, with_batch=False):
+def batches(consumer, model, n_target_layers=None, with_batch=False, idle=None):
     """Yields, for each batch the consumer delivers, the dict speculators'
     collate makes for its samples (see the module's text); `loss =
     model(**d, ...)[1]` works as it is. The consumer's previous batch is
@@ -260,7 +260,10 @@ def batches(consumer, model, n_target_layers=None, with_batch=False):
     give), and its verifier_norm is made to pass its input through
     (use_normed_targets). n_target_layers: the target's layer count, when
     the drafter's config names no verifier folder. with_batch=True yields
-    (hsflow.Batch, dict) pairs, for the batch's epoch, id and figures."""
+    (hsflow.Batch, dict) pairs, for the batch's epoch, id and figures.
+    idle: called about once a second while no batch has come (to check
+    that producers are still there); an exception it raises ends the
+    iteration with that exception."""
     alg = algorithm(model)
     if alg not in ALGORITHMS:
         raise TypeError("speculators' %r drafter is not served by hsflow.integrations."
@@ -269,7 +272,14 @@ def batches(consumer, model, n_target_layers=None, with_batch=False):
     want = producer_layers(model, n_target_layers)
     use_normed_targets(model)
     checked = None
-    for b in consumer:
+    while True:
+        try:
+            b = consumer.next_batch(timeout=1.0 if idle is not None else None)
+        except StopIteration:
+            return
+        if b is None:
+            idle()
+            continue
         if b.layers != checked:
             check_layout(b.layers, b.hidden_size, model, want[-1])
             checked = b.layers
