@@ -338,6 +338,33 @@ def test_dflash_checkpoint_resumes_with_the_batches_not_trained_on(target, tmp_p
     assert means[2] < means[0], means
 
 
+def test_two_gloo_ranks_each_with_its_consumer_train_and_checkpoint(target, tmp_path,
+                                                                   producer_bin):
+    from test_ddp_drafter import two_free_ports
+    data = str(tmp_path / "d.jsonl")
+    write_dataset(data, 40, 20, 100, VOCAB, seed=5)
+    ckpt = str(tmp_path / "ddp.pt")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", EXAMPLE, "--algorithm", "eagle3", "--target",
+                        target, "--mask-token-id", str(VOCAB - 1), "--num-layers", "1",
+                        "--epochs", "2", "--cache-gb", "0.05", "--base-port",
+                        str(two_free_ports()), "--checkpoint", ckpt, "--loopback", "1"]
+                       + producer_args(data, target), capture_output=True, text=True, env=env,
+                       timeout=400)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    got = {int(m.group(1)): (int(m.group(2)), int(m.group(3)), int(m.group(4))) for m in
+           re.finditer(r"train_speculators rank (\d)/2: (\d+) batches this run .* consumer "
+                       r"(\d+)/(\d+) batches delivered", out)}
+    assert set(got) == {0, 1}, out[-3000:]
+    assert got[0][0] == got[1][0] > 0  # the same number of steps on both ranks
+    assert all(done == delivered == planned for done, delivered, planned in got.values())
+    for rank in (0, 1):  # one checkpoint per rank, each with its consumer's position
+        state = torch.load("%s.rank%d" % (ckpt, rank), weights_only=False)
+        assert state["step"] == got[rank][0] and state["consumer"]
+
+
 def test_the_example_stops_naming_it_when_its_producers_exit(target, tmp_path, producer_bin):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     r = subprocess.run([sys.executable, EXAMPLE, "--algorithm", "eagle3", "--target", target,
