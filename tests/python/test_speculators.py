@@ -251,6 +251,15 @@ def test_the_drafter_called_with_the_dict_as_it_is_returns_a_loss(alg, target):
     assert m.fc.weight.grad is not None
 
 
+def test_other_drafters_and_models_are_refused_when_batches_is_called():
+    from types import SimpleNamespace as NS
+    mtp = NS(config=NS(speculators_config=NS(algorithm="mtp")))
+    with pytest.raises(TypeError, match="'mtp' drafter is not served .* dflash, eagle3"):
+        hs_spec.batches(None, mtp)
+    with pytest.raises(TypeError, match="not a speculators drafter"):
+        hs_spec.batches(None, torch.nn.Linear(2, 2))
+
+
 def test_numpy_arrays_are_refused_naming_arrays_torch():
     b = FakeBatch([4, 4], k=2, H=4)
     b.hidden_states = b.hidden_states.view(torch.int16).numpy().view(np.uint16)

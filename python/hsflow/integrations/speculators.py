@@ -268,9 +268,13 @@ def batches(consumer, model, n_target_layers=None, with_batch=False, idle=None):
     if alg not in ALGORITHMS:
         raise TypeError("speculators' %r drafter is not served by hsflow.integrations."
                         "speculators (it serves %s)" % (alg, ", ".join(sorted(ALGORITHMS))))
-    shift = ALGORITHMS[alg]
     want = producer_layers(model, n_target_layers)
     use_normed_targets(model)
+    # checked now, not at the first batch: the generator below starts late
+    return _iterate(consumer, model, ALGORITHMS[alg], want[-1], with_batch, idle)
+
+
+def _iterate(consumer, model, shift, n_target, with_batch, idle):
     checked = None
     while True:
         try:
@@ -281,7 +285,7 @@ def batches(consumer, model, n_target_layers=None, with_batch=False, idle=None):
             idle()
             continue
         if b.layers != checked:
-            check_layout(b.layers, b.hidden_size, model, want[-1])
+            check_layout(b.layers, b.hidden_size, model, n_target)
             checked = b.layers
         d = collate(b, shift)
         yield (b, d) if with_batch else d
