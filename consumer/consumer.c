@@ -116,6 +116,9 @@ static void register_ready_chunks(hs_consumer_t *c)
 static void *net_main(void *arg)
 {
     hs_consumer_t *c = arg;
+    /* A store bound to a run defines it before any producer comes: a
+     * complete store needs none, and every producer is checked against it. */
+    if (c->store && hs_store_run(c->store)) hs__run_from_store(c);
     while (!c->stop) {
         register_ready_chunks(c);
         hs_status_t st = hs_tp_progress(c->tp, c->net.cache_registered ? 200 : 20);
@@ -170,6 +173,47 @@ void hs_consumer_config_default(hs_consumer_config_t *cfg)
     cfg->rank = 0;
     cfg->world = 1;
     cfg->uneven = HS_UNEVEN_DROP;
+}
+
+/* The run a store holds against the run the configuration pins
+ * (--expect-*): HS_ERR_MISMATCH, logged naming each value, when they differ. */
+static hs_status_t store_expected(hs_consumer_t *c)
+{
+    const hs_store_run_t *r = hs_store_run(c->store);
+    const hs__run_expect_t *e = &c->expect;
+    if (!r) return HS_OK;
+    char a[160], b[160];
+    bool bad = false;
+    if (e->dataset && e->dataset_fingerprint != r->dataset_fingerprint) {
+        hs_error("store %s holds dataset %016llx, --expect-dataset is %016llx: give another "
+                 "--store, or the expectation of that run",
+                 hs_store_dir(c->store), (unsigned long long)r->dataset_fingerprint,
+                 (unsigned long long)e->dataset_fingerprint);
+        bad = true;
+    }
+    if (e->plan && e->plan_hash != r->plan_hash) {
+        hs_error("store %s holds plan %016llx, --expect-plan is %016llx: give another --store, "
+                 "or the expectation of that run",
+                 hs_store_dir(c->store), (unsigned long long)r->plan_hash,
+                 (unsigned long long)e->plan_hash);
+        bad = true;
+    }
+    if (e->layout && hs_layout_id(&e->layout_v) != hs_layout_id(&r->layout)) {
+        hs_layout_spec(&r->layout, a, sizeof(a));
+        hs_layout_spec(&e->layout_v, b, sizeof(b));
+        hs_error("store %s holds layout %s, --expect-layout is %s: give another --store, or the "
+                 "expectation of that run",
+                 hs_store_dir(c->store), a, b);
+        bad = true;
+    }
+    return bad ? HS_ERR_MISMATCH : HS_OK;
+}
+
+/* The store's writer is done with a slot the trainer released. */
+void hs__store_slot_free(void *arg, uint64_t offset)
+{
+    hs_consumer_t *c = arg;
+    if (hs_cache_free(c->cache, offset) == HS_OK) hs_tp_wakeup(c->tp);
 }
 
 /* The metrics endpoint's thread asks for the figures through this. */
@@ -313,6 +357,11 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
             goto err_free;
         }
     }
+    if (cfg->store) {
+        st = hs_store_open(cfg->store, &c->store);
+        if (st == HS_OK) st = store_expected(c);
+        if (st != HS_OK) goto err_free;
+    }
     st = hs_cache_create_ex(&cc, &c->cache);
     if (st != HS_OK) {
         hs_error("consumer: cannot map a cache of %llu bytes: %s",
@@ -376,6 +425,7 @@ err_tp:
 err_cache:
     hs_cache_destroy(c->cache);
 err_free:
+    hs_store_close(c->store);
     hs_journal_close(c->journal);
     hs_state_destroy(c->run.resume);
     hs__loader_destroy(c->gpu.loader);
@@ -409,6 +459,9 @@ void hs_consumer_destroy(hs_consumer_t *c)
     /* Copies in flight finish first: their callbacks free slots and wake the
      * transport, which must still exist. */
     hs__loader_destroy(c->gpu.loader);
+    /* The store's writer finishes what is queued: it reads cache slots and
+     * frees those the trainer released, waking the transport. */
+    hs_store_close(c->store);
     hs_tp_destroy(c->tp);
     /* Only now: the transport's last progress can still land a payload and
      * queue its job (hs__payload_landed), after the verify threads have gone. */

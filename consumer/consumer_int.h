@@ -41,6 +41,11 @@
 #include "verify_int.h"
 #include "delivery_int.h"
 #include "stats_int.h"
+#include "store_int.h"
+
+/* The scheduler's connection id for batches read from the store (peer ids
+ * count up from 1 and never reach it). */
+#define HS__STORE_CONN UINT64_MAX
 
 /* The run and its plan: written by the network thread (handshake.c); once
  * have_run is set the layout and plan are fixed, and the checksum threads
@@ -71,6 +76,10 @@ typedef struct {
     bool cache_registered;    /* the whole cache is registered with the transport */
     hs_msg_arena_t msg_arena; /* every DONE and STATS is decoded here */
     uint64_t n_seen, n_dropped, n_proto_errors, leases_returned;
+    /* the store: reads with the checksum threads now, and batches read
+     * back (hits), ticketed for want of them (misses), failing their check */
+    uint32_t store_inflight;
+    uint64_t store_hits, store_misses, store_bad;
     double t_last_status;
 } hs__consumer_net_t;
 
@@ -87,6 +96,7 @@ struct hs_consumer {
     uint16_t port;
     struct hs_metrics *metrics; /* its own thread reads hs_consumer_stats() */
     hs_journal_t *journal;      /* resume journal, or NULL; own lock */
+    hs_store_t *store;          /* --store, or NULL; own lock and writer thread */
     hs__run_expect_t expect;    /* the run the configuration pins */
     /* from the config, defaults resolved: status line period, handshake
      * bound, how long no producer may be connected before the status line
@@ -108,5 +118,8 @@ struct hs_consumer {
  * can fix; the trainer's next call returns. The network thread. */
 void hs__consumer_fatal(hs_consumer_t *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* The store's free callback (hs_store_free_cb; arg: the consumer). */
+void hs__store_slot_free(void *arg, uint64_t offset);
 
 #endif /* HS_CONSUMER_INT_H */

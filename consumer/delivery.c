@@ -265,8 +265,11 @@ static void batch_from_view(hs_consumer_t *c, const hs_sched_item_t *it, uint8_t
  * HS_ERR_NOT_FOUND (logged) for an offset where no slot in use starts. */
 static hs_status_t slot_done(hs_consumer_t *c, uint64_t offset, uint64_t ticket)
 {
-    hs_status_t st = hs_cache_free(c->cache, offset);
-    if (st != HS_OK) return st; /* nothing was given back: nothing to tell */
+    /* A slot the store's writer still reads is freed by the writer. */
+    if (!(c->store && hs_store_slot_release(c->store, offset))) {
+        hs_status_t st = hs_cache_free(c->cache, offset);
+        if (st != HS_OK) return st; /* nothing was given back: nothing to tell */
+    }
     pthread_mutex_lock(&c->delivery.lock);
     if (c->delivery.released_n == c->delivery.released_cap)
         (void)released_grow(&c->delivery,

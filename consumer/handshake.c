@@ -203,6 +203,16 @@ static void peer_admit(hs_consumer_t *c, peer_t *p)
         return;
     }
     if (!offer_matches_expect(c, p)) return;
+    if (c->store) {
+        const run_offer_t *o = &p->offer;
+        char why[900];
+        if (hs_store_check(c->store, o->dataset_fingerprint, &o->layout, o->plan_hash, o->n_batches,
+                           o->model, why, sizeof(why)) != HS_OK) {
+            hs__peer_drop(c, p, HS_ERR_MISMATCH, "producer refused, not the run of the store: %s",
+                          why);
+            return;
+        }
+    }
     if (c->run.have_run) {
         if (offer_matches_run(c, p)) send_welcome(c, p, false);
         return;
@@ -255,6 +265,7 @@ void hs__on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len
     o->n_batches = h->n_batches; /* 1..HS_PLAN_MAX_BATCHES (hs_msg_unpack) */
     o->seed = h->seed;
     o->token_budget = h->token_budget;
+    snprintf(o->model, sizeof(o->model), "%s", h->target_name ? h->target_name : "");
     p->workers = h->workers; /* 1..HS_MSG_MAX_WORKERS (hs_msg_unpack) */
     p->prefetch = c->cfg.prefetch;
     if (h->prefetch_per_worker && h->prefetch_per_worker < p->prefetch)
@@ -370,12 +381,35 @@ static void plan_complete(hs_consumer_t *c)
     c->run.token_budget = o->token_budget;
     c->run.tokens_per_epoch = tokens;
     c->run.have_run = true;
-    char desc[160];
+    char desc[160], by[1100];
     hs_layout_describe(&c->run.layout, desc, sizeof(desc));
     peer_t *sender = hs__peer_find(c, pp->sender);
-    hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens",
-            sender ? sender->name : "a producer", desc, (unsigned long long)c->run.plan_hash,
-            c->run.n_batches, c->run.token_budget);
+    if (sender)
+        snprintf(by, sizeof(by), "%s", sender->name);
+    else if (pp->sender == 0 && c->store)
+        snprintf(by, sizeof(by), "the store %s", hs_store_dir(c->store));
+    else
+        snprintf(by, sizeof(by), "a producer");
+    hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens", by, desc,
+            (unsigned long long)c->run.plan_hash, c->run.n_batches, c->run.token_budget);
+    if (c->store) {
+        hs_store_run_t sr = {.dataset_fingerprint = o->dataset_fingerprint,
+                             .plan_hash = o->plan_hash,
+                             .seed = o->seed,
+                             .layout = o->layout,
+                             .n_batches = n,
+                             .token_budget = o->token_budget,
+                             .n_seqs = pp->n_seqs,
+                             .n_tokens = pp->n_tokens};
+        snprintf(sr.model, sizeof(sr.model), "%s", o->model);
+        /* the writer holds at most a quarter of the cache */
+        if (hs_store_bind(c->store, &sr, hs_cache_base(c->cache), hs_cache_capacity(c->cache) / 4,
+                          hs__store_slot_free, c) != HS_OK) {
+            hs__consumer_fatal(c, "out of memory binding the store to a plan of %u batches", n);
+            free(bytes);
+            return;
+        }
+    }
 
     hs_sched_config_t sc = {0};
     sc.n_batches = n;
@@ -489,6 +523,46 @@ static void plan_complete(hs_consumer_t *c)
             send_welcome(c, p, false);
         }
     }
+}
+
+void hs__run_from_store(hs_consumer_t *c)
+{
+    const hs_store_run_t *r = hs_store_run(c->store);
+    char why[512];
+    if (hs_state_check_plan(c->run.resume, r->plan_hash, r->n_batches, why, sizeof(why)) != HS_OK ||
+        (c->journal &&
+         hs_journal_check(c->journal, r->plan_hash, r->n_batches, why, sizeof(why)) != HS_OK)) {
+        hs__consumer_fatal(c, "store %s: %s", hs_store_dir(c->store), why);
+        return;
+    }
+    pending_plan_t *pp = calloc(1, sizeof(*pp));
+    if (pp) {
+        pp->n_seqs = malloc(4ull * r->n_batches);
+        pp->n_tokens = malloc(4ull * r->n_batches);
+    }
+    if (!pp || !pp->n_seqs || !pp->n_tokens) {
+        if (pp) {
+            free(pp->n_seqs);
+            free(pp->n_tokens);
+        }
+        free(pp);
+        hs__consumer_fatal(c, "out of memory for the store's plan of %u batches", r->n_batches);
+        return;
+    }
+    memcpy(pp->n_seqs, r->n_seqs, 4ull * r->n_batches);
+    memcpy(pp->n_tokens, r->n_tokens, 4ull * r->n_batches);
+    pp->sender = 0; /* no peer */
+    pp->received = pp->cap = r->n_batches;
+    pp->offer = (run_offer_t){.layout = r->layout,
+                              .plan_hash = r->plan_hash,
+                              .seed = r->seed,
+                              .dataset_fingerprint = r->dataset_fingerprint,
+                              .n_batches = r->n_batches,
+                              .token_budget = r->token_budget};
+    snprintf(pp->offer.model, sizeof(pp->offer.model), "%s", r->model);
+    pp->t_page = hs_now_s();
+    c->run.pending = pp;
+    plan_complete(c);
 }
 
 void hs__on_plan(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)

@@ -43,6 +43,11 @@ void hs__on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len
 void hs__on_auth(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len);
 void hs__on_plan(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len);
 
+/* The store's run becomes this run (before any producer is admitted),
+ * bound to the journal and resume state as a producer's plan would be; a
+ * store whose run does not fit them stops the consumer, naming why. */
+void hs__run_from_store(hs_consumer_t *c);
+
 /* Discards the pending plan whole (NULL ok): its sender left, or destroy. */
 void hs__plan_discard(hs_consumer_t *c);
 /* The pending plan's sender is gone: the longest-waiting admitted peer

@@ -110,6 +110,14 @@ static const char usage[] =
     "  --expect-layout H=N,layers=L1,L2,...,dtype=bf16  pin the layout: refuse producers\n"
     "                         with another --hidden-size or --layers. `hs-data plan FILE\n"
     "                         --hidden-size H --layers L1,L2,...` prints all three flags\n"
+    "  --store DIR            keep every verified batch once on disk in DIR (made if missing),\n"
+    "                         bound to the dataset, layout (dtype included), plan and model:\n"
+    "                         later epochs and later runs of that plan read it back, verified,\n"
+    "                         instead of asking producers, which get only what DIR lacks; a\n"
+    "                         complete store needs no producer. A store of another run refuses\n"
+    "                         the producers, naming what differs. Written off the trainer's path;\n"
+    "                         a full disk stops it growing (one warning). hsflow-data store\n"
+    "                         info|verify|export DIR reads it (docs/store.md)\n"
     "  --loopback N           run N local hs-producer processes against 127.0.0.1; the\n"
     "                         arguments after -- (at least --data and the layout) go to each\n"
     "                         of them; --loopback sets their --to and --name\n"
@@ -123,6 +131,8 @@ static const char usage[] =
     "      --source synthetic --gpus cpu:1\n"
     "  hs-consumer --loopback 2 --cache-gb 1 --epochs 2 --save-state pos.json -- ...\n"
     "  hs-consumer --loopback 2 --cache-gb 1 --epochs 2 --resume-state pos.json -- ...\n"
+    "  hs-consumer --loopback 2 --cache-gb 1 --epochs 1 --store /data/hs-store -- ...\n"
+    "  hs-consumer --listen 0.0.0.0:7000 --cache-gb 64 --epochs 5 --store /data/hs-store\n"
     "  hs-consumer --list-devices\n"
     "  hs-consumer --listen 0.0.0.0:7000 --cache-gb 64 --secret-file KEY \\\n"
     "      --expect-plan 3f2a9c0d5e6b7a81 --expect-dataset 9d41c07be2f35a10 \\\n"
@@ -183,6 +193,7 @@ enum {
     OPT_EXPECT_PLAN,
     OPT_EXPECT_LAYOUT,
     OPT_EXPECT_DATASET,
+    OPT_STORE,
 };
 
 static const struct option long_options[] = {
@@ -222,6 +233,7 @@ static const struct option long_options[] = {
     {"expect-plan", required_argument, NULL, OPT_EXPECT_PLAN},
     {"expect-layout", required_argument, NULL, OPT_EXPECT_LAYOUT},
     {"expect-dataset", required_argument, NULL, OPT_EXPECT_DATASET},
+    {"store", required_argument, NULL, OPT_STORE},
     {"nic", required_argument, NULL, OPT_NIC},
     {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
     {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
@@ -435,6 +447,10 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         o->cfg.expect_layout = arg;
         return 0;
     }
+    case OPT_STORE:
+        if (!arg[0]) return bad("store", arg, from, "expected a folder, e.g. /data/hs-store");
+        o->cfg.store = arg;
+        return 0;
     case OPT_LOOPBACK:
         if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > MAX_LOOPBACK)
             return bad("loopback", arg, from, "expected 1..64 producers");
@@ -603,14 +619,14 @@ int main(int argc, char **argv)
     hs_info("config: listen %s:%u, cache %.3f GiB, epochs %u, gpu %d, order %s, prefetch %u, "
             "lease-timeout %g s, verify-synthetic %s, transport %s, net devices %s, require-rdma "
             "%s, loopback %d, "
-            "journal %s, resume-state %s, save-state %s every %.1f s",
+            "journal %s, resume-state %s, save-state %s every %.1f s, store %s",
             o.cfg.listen_host, o.cfg.listen_port, (double)o.cfg.cache_bytes / (1 << 30),
             o.cfg.epochs, o.cfg.gpu, o.cfg.order == HS_ORDER_PLAN ? "plan" : "arrival",
             o.cfg.prefetch, o.cfg.lease_timeout_s, o.cfg.verify_synthetic ? "on" : "off",
             o.cfg.transport, o.cfg.net_devices ? o.cfg.net_devices : "ucx's choice",
             o.cfg.require_rdma ? "on" : "off", o.loopback, o.cfg.journal ? o.cfg.journal : "off",
             o.resume_state ? o.resume_state : "off", o.save_state ? o.save_state : "off",
-            o.save_state_interval);
+            o.save_state_interval, o.cfg.store ? o.cfg.store : "off");
 
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, on_signal);

@@ -37,6 +37,7 @@ typedef struct {
     uint64_t plan_hash, seed;
     uint64_t dataset_fingerprint;     /* 0 from a producer that did not say */
     uint32_t n_batches, token_budget; /* n_batches in 1..HS_PLAN_MAX_BATCHES */
+    char model[256];                  /* HELLO's target name, cut to fit */
 } run_offer_t;
 
 /* One producer connection. Owned by the network thread. */

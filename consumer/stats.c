@@ -55,6 +55,9 @@ void hs__stats_snapshot(hs_consumer_t *c)
     s.producers_seen = c->net.n_seen;
     s.producers_dropped = c->net.n_dropped;
     s.leases_returned = c->net.leases_returned;
+    s.store_hits = c->net.store_hits;
+    s.store_misses = c->net.store_misses;
+    s.store_bad = c->net.store_bad;
     char waiting[sizeof(c->delivery.waiting)];
     startup_waiting(c, waiting, sizeof(waiting));
     pthread_mutex_lock(&c->delivery.lock);
@@ -132,7 +135,19 @@ void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
     s->leases_returned = c->delivery.snap.leases_returned;
     s->producers_connected = c->delivery.snap.producers_connected;
     s->producer_stall_pct = c->delivery.snap.producer_stall_pct;
+    s->store_hits = c->delivery.snap.store_hits;
+    s->store_misses = c->delivery.snap.store_misses;
+    s->store_bad = c->delivery.snap.store_bad;
     pthread_mutex_unlock(&c->delivery.lock);
+    if (c->store) {
+        hs_store_stats_t ss;
+        hs_store_stats(c->store, &ss);
+        s->store_writes = ss.writes;
+        s->store_skipped = ss.skipped;
+        s->store_batches = ss.batches;
+        s->store_bytes_written = ss.write_bytes;
+        s->store_full = ss.full;
+    }
     s->epochs = c->cfg.epochs;
     s->cache_capacity = cs.capacity;
     s->cache_used = cs.used;
@@ -222,6 +237,14 @@ void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap)
         (unsigned long long)s.tickets_out, (unsigned long long)s.producers_connected,
         s.producer_stall_pct, s.starve_pct, waiting[0] ? waiting : limit);
     size_t len = n < 0 ? cap : (size_t)n;
+    if (c->store && len < cap) {
+        n = snprintf(buf + len, cap - len,
+                     " | store hits %llu misses %llu writes %llu skipped %llu%s",
+                     (unsigned long long)s.store_hits, (unsigned long long)s.store_misses,
+                     (unsigned long long)s.store_writes, (unsigned long long)s.store_skipped,
+                     s.store_full ? " (disk full)" : "");
+        len = n < 0 ? cap : len + (size_t)n;
+    }
     if (!s.finished && !s.producers_connected && alone >= c->no_producer_warn_s && len < cap)
         snprintf(buf + len, cap - len,
                  " | no producer connected for %.0f s: waiting; start producers or stop with "
@@ -250,7 +273,10 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         "  \"h2d_bytes\": %llu,\n  \"h2d_gbytes_per_s\": %.3f,\n"
         "  \"epoch\": %u,\n  \"run_pct\": %.2f,\n  \"eta_epoch_s\": %.1f,\n  \"eta_run_s\": %.1f,\n"
         "  \"supply_batches_per_s\": %.4f,\n  \"trainer_batches_per_s\": %.4f,\n"
-        "  \"bottleneck\": \"%s\",\n  \"bottleneck_text\": \"%s\",\n  \"complete\": %s\n}\n",
+        "  \"bottleneck\": \"%s\",\n  \"bottleneck_text\": \"%s\",\n"
+        "  \"store_hits\": %llu,\n  \"store_misses\": %llu,\n  \"store_writes\": %llu,\n"
+        "  \"store_skipped\": %llu,\n  \"store_bad\": %llu,\n  \"store_batches\": %llu,\n"
+        "  \"store_bytes_written\": %llu,\n  \"store_full\": %s,\n  \"complete\": %s\n}\n",
         (unsigned long long)s->batches_planned, (unsigned long long)s->batches_resumed,
         (unsigned long long)s->batches_delivered, (unsigned long long)s->duplicates,
         (unsigned long long)s->checksum_failures, (unsigned long long)s->protocol_errors,
@@ -264,6 +290,10 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         s->cache_prepare_s, s->starve_pct, s->producer_stall_pct, (unsigned long long)s->h2d_bytes,
         s->h2d_gbytes_per_s, s->epoch, s->run_pct, s->eta_epoch_s, s->eta_run_s,
         s->supply_batches_per_s, s->trainer_batches_per_s, hs_bottleneck_str(s->bottleneck), limit,
+        (unsigned long long)s->store_hits, (unsigned long long)s->store_misses,
+        (unsigned long long)s->store_writes, (unsigned long long)s->store_skipped,
+        (unsigned long long)s->store_bad, (unsigned long long)s->store_batches,
+        (unsigned long long)s->store_bytes_written, s->store_full ? "true" : "false",
         (s->batches_planned || s->batches_resumed) && s->batches_delivered == s->batches_planned
             ? "true"
             : "false");

@@ -65,9 +65,45 @@ void hs__on_stats(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len
  * (capacity / ready producers; at least one batch): a peer claiming
  * thousands of workers cannot take every slot, and what a stopped one holds
  * comes back through the lease timeout (hs__leases_expire). */
+/* Batches at the front of the queue that the store holds are read from it
+ * into a reserved slot by the checksum threads (hs__verify_check) and
+ * verified like a payload, under the scheduler's own connection id
+ * HS__STORE_CONN; a few at a time, so producers keep cache room for what
+ * the store lacks. */
+static void store_issue(hs_consumer_t *c)
+{
+    uint32_t max_reads = 2 * c->cfg.verify_threads + 2;
+    hs_sched_item_t it;
+    while (c->net.store_inflight < max_reads && hs_sched_peek(c->net.sched, &it) &&
+           hs_store_has(c->store, it.batch)) {
+        uint64_t offset = it.slot_offset, tid;
+        if (!it.has_slot) {
+            hs_cache_slot_t slot;
+            if (hs_cache_reserve(c->cache, it.bytes, &slot) != HS_OK) return; /* full */
+            offset = slot.offset;
+        }
+        hs_sched_item_t li;
+        if (hs_sched_lease(c->net.sched, HS__STORE_CONN, offset, &tid) != HS_OK ||
+            hs_sched_payload_accept(c->net.sched, HS__STORE_CONN, tid) != HS_OK ||
+            hs_sched_get(c->net.sched, tid, &li) != HS_OK) {
+            hs__consumer_fatal(c, "consumer: out of memory leasing batch %u to the store",
+                               it.batch);
+            return;
+        }
+        hs__verify_job_t j = {
+            .peer_id = HS__STORE_CONN, .ticket_id = tid, .item = li, .t_queued = hs_now_s()};
+        if (hs__verify_pool_push(c->verify, &j) != HS_OK) {
+            hs__consumer_fatal(c, "consumer: out of memory queueing a store read");
+            return;
+        }
+        c->net.store_inflight++;
+    }
+}
+
 void hs__tickets_issue(hs_consumer_t *c)
 {
     if (!c->net.sched || c->stop) return;
+    if (c->store) store_issue(c);
     uint32_t n_ready = 0;
     for (peer_t *p = c->net.peers; p; p = p->next)
         if (p->state == PEER_READY && p->conn && !p->dropped) n_ready++;
@@ -86,6 +122,7 @@ void hs__tickets_issue(hs_consumer_t *c)
             if (held >= p->workers * p->prefetch) continue;
             hs_sched_item_t it;
             if (!hs_sched_peek(c->net.sched, &it)) return;
+            if (c->store && hs_store_has(c->store, it.batch)) return; /* read from the store */
             if (leases && hs_sched_bytes_of(c->net.sched, p->id) + it.bytes > share) continue;
             uint64_t offset = it.slot_offset;
             if (!it.has_slot) {
@@ -96,6 +133,7 @@ void hs__tickets_issue(hs_consumer_t *c)
             uint64_t tid;
             if (hs_sched_lease(c->net.sched, p->id, offset, &tid) != HS_OK) return;
             if (!leases) p->t_progress = p->t_beat = now; /* its lease clock starts */
+            if (c->store) c->net.store_misses++;
             Hsflow__Ticket t = HSFLOW__TICKET__INIT;
             t.ticket_id = tid;
             t.epoch = it.epoch;
@@ -145,7 +183,16 @@ void hs__deliverable_push(hs_consumer_t *c)
 void hs__verify_check(void *arg, hs__verify_job_t *j)
 {
     hs_consumer_t *c = arg;
-    const uint8_t *region = (const uint8_t *)hs_cache_base(c->cache) + j->item.slot_offset;
+    uint8_t *region = (uint8_t *)hs_cache_base(c->cache) + j->item.slot_offset;
+    if (j->peer_id == HS__STORE_CONN) {
+        /* read back into its slot; stored as first verified, so its header
+         * names the epoch it was computed for: this delivery's epoch
+         * replaces it (the checksum covers the body only) */
+        j->status =
+            hs_store_read(c->store, j->item.batch, region, j->item.bytes, j->why, sizeof(j->why));
+        if (j->status != HS_OK) return;
+        ((hs_batch_header_t *)region)->epoch = j->item.epoch;
+    }
     j->status = hs_batch_verify(region, j->item.bytes, j->item.epoch, j->item.batch, j->item.n_seqs,
                                 j->item.n_tokens, &c->run.layout, j->why, sizeof(j->why));
     if (j->status == HS_OK && c->cfg.verify_synthetic) {
@@ -163,8 +210,28 @@ void hs__verify_wake(void *arg)
 
 /* Settles one verdict: a good batch is filled in the scheduler; a bad one
  * drops its producer (its ticket goes back to the queue when it is reaped). */
+static void store_verified(hs_consumer_t *c, const hs__verify_job_t *j)
+{
+    c->net.store_inflight--;
+    if (j->status == HS_OK && hs_sched_fill(c->net.sched, HS__STORE_CONN, j->ticket_id) == HS_OK) {
+        c->net.store_hits++;
+        return;
+    }
+    hs_warn("store %s: batch %u read back for epoch %u failed its check (%s); it is computed "
+            "again and stored anew",
+            hs_store_dir(c->store), j->item.batch, j->item.epoch, j->why);
+    c->net.store_bad++;
+    hs_store_forget(c->store, j->item.batch);
+    if (hs_sched_requeue(c->net.sched, HS__STORE_CONN, j->ticket_id) != HS_OK)
+        hs__consumer_fatal(c, "consumer: batch %u could not go back to the queue", j->item.batch);
+}
+
 static void verified_one(hs_consumer_t *c, const hs__verify_job_t *j)
 {
+    if (j->peer_id == HS__STORE_CONN) {
+        store_verified(c, j);
+        return;
+    }
     peer_t *p = hs__peer_find(c, j->peer_id);
     if (j->status == HS_OK) {
         hs_trace("ticket %llu: verified %.1f ms after landing", (unsigned long long)j->ticket_id,
@@ -173,6 +240,9 @@ static void verified_one(hs_consumer_t *c, const hs__verify_job_t *j)
             pthread_mutex_lock(&c->delivery.lock);
             c->delivery.bytes_received += j->item.bytes;
             pthread_mutex_unlock(&c->delivery.lock);
+            /* first verified: the writer stores it (or counts it skipped) */
+            if (c->store)
+                (void)hs_store_submit(c->store, j->item.batch, j->item.slot_offset, j->item.bytes);
         } else {
             hs_debug("ticket %llu: verified after its producer's lease ended; it was queued again",
                      (unsigned long long)j->ticket_id);

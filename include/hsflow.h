@@ -179,6 +179,13 @@ typedef struct {
      * producer's tickets for at most lease_timeout_s plus the plan's largest
      * batch at this rate (--lease-min-rate); default 200 tokens/s. */
     double lease_min_tokens_per_s;
+    /* A store folder (--store; docs/store.md), or NULL for none: each
+     * batch's verified region is written there once, the first time it is
+     * delivered, bound to the dataset, layout, plan and model; later epochs
+     * and later runs of the same plan read it back (verified) instead of
+     * ticketing a producer, and a complete store needs no producer at all.
+     * A store of another run refuses its producers, naming what differs. */
+    const char *store;
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */
@@ -239,6 +246,13 @@ typedef struct {
     double supply_batches_per_s;  /* batches the producers gave */
     double trainer_batches_per_s; /* batches the trainer took while it had data */
     int32_t bottleneck;           /* hs_bottleneck_t */
+    /* With a store (cfg.store): batches read back from it and verified
+     * (hits), ticketed to a producer because it lacked them (misses),
+     * written this run, not written because the writer was busy (a later
+     * epoch stores them), read back and failing their check (computed
+     * again), held now, and whether the disk filled (0/1). */
+    uint64_t store_hits, store_misses, store_writes, store_skipped, store_bad;
+    uint64_t store_batches, store_bytes_written, store_full;
 } hs_consumer_stats_t;
 
 /* Which side limits the run, from the measured rates: the trainer waits for

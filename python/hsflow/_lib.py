@@ -62,6 +62,7 @@ class ConsumerConfig(ctypes.Structure):
         ("expect_dataset", ctypes.c_char_p),
         ("deliver", ctypes.c_int),  # hs_hidden_dtype_t
         ("lease_min_tokens_per_s", ctypes.c_double),
+        ("store", ctypes.c_char_p),
     ]
 
 
@@ -112,7 +113,9 @@ class ConsumerStats(ctypes.Structure):
         ("supply_batches_per_s", ctypes.c_double),
         ("trainer_batches_per_s", ctypes.c_double),
         ("bottleneck", ctypes.c_int32),
-    ]
+    ] + [(n, _c_u64) for n in (
+        "store_hits", "store_misses", "store_writes", "store_skipped", "store_bad",
+        "store_batches", "store_bytes_written", "store_full")]
 
 
 class ProducerClientConfig(ctypes.Structure):

@@ -299,14 +299,20 @@ class Consumer:
     --hs-dtype fp8) reach the trainer: 'bf16' (default) dequantised, on the
     GPU as part of the copy with gpu=, or 'fp8': the raw e4m3 bytes and the
     per-token scales (Batch.hidden_fp8, Batch.hidden_scales). A bf16 run is
-    delivered as bf16 either way."""
+    delivered as bf16 either way.
+
+    store= names a folder (made if missing) that keeps each verified batch
+    once on disk, bound to the dataset, layout, plan and model (docs/store.md):
+    later epochs and later runs of the same plan read it back, verified,
+    instead of asking producers, and a complete store needs no producer at
+    all. stats() counts store_hits, store_misses and store_writes."""
 
     def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
                  order="arrival", prefetch=2, verify_synthetic=False, secret_file=None,
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
                  arrays="auto", metrics=None, journal=None, resume=None,
                  lease_timeout_s=60, force=False, rank=None, world=None, uneven="drop",
-                 expect=None, deliver="bf16", lease_min_tokens_per_s=200):
+                 expect=None, deliver="bf16", lease_min_tokens_per_s=200, store=None):
         self._c = None
         lib = load()
         host, port = _parse_listen(listen)
@@ -353,7 +359,8 @@ class Consumer:
                       metrics.encode() if metrics else None,
                       os.fsencode(journal) if journal else None,
                       _resume_text(resume) if resume is not None else None,
-                      pins.get("plan"), pins.get("layout"), pins.get("dataset")]
+                      pins.get("plan"), pins.get("layout"), pins.get("dataset"),
+                      os.fsencode(store) if store else None]
         cfg.listen_host = self._keep[0]
         cfg.listen_port = port
         cfg.cache_bytes = int(cache_gb * (1 << 30))
@@ -382,6 +389,7 @@ class Consumer:
         cfg.deliver = HS_HIDDEN_FP8 if deliver == "fp8" else HS_HIDDEN_BF16
         cfg.uneven = 1 if uneven == "repeat" else 0
         cfg.expect_plan, cfg.expect_layout, cfg.expect_dataset = self._keep[6:9]
+        cfg.store = self._keep[9]
         h = ctypes.c_void_p()
         st = lib.hs_consumer_create(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK and resume is not None:

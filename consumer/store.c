@@ -1,0 +1,847 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* store.c - the consumer's hidden-state store; see store_int.h. */
+#include "store_int.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+_Static_assert(sizeof(hs_store_rec_t) == HS_STORE_REC_BYTES, "index record is 64 bytes");
+
+#define PLAN_MAGIC 0x31505348u        /* "HSP1" */
+#define MANIFEST_MAX_BYTES (1u << 20) /* store.json is a few hundred bytes */
+#define SHARD_MAX 100000u             /* shard-NNNNN */
+
+/* Where a stored batch lies. */
+typedef struct {
+    uint32_t shard; /* UINT32_MAX: not stored */
+    uint64_t offset, bytes, checksum;
+} store_loc_t;
+
+typedef struct {
+    uint32_t batch;
+    uint64_t slot, bytes;
+    bool released; /* the trainer is done with the slot: the writer frees it */
+} store_job_t;
+
+struct hs_store {
+    char dir[1024];
+    bool has_run, bound, writable;
+    hs_store_run_t run;
+    /* records read at open, kept until bind checks them against the plan */
+    hs_store_rec_t *recs;
+    size_t n_recs;
+    uint64_t index_bytes; /* valid length of index.hsi */
+    uint32_t next_shard;  /* this session writes shard-<next_shard> */
+    uint64_t dropped;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    store_loc_t *loc; /* [n_batches] after bind */
+    uint8_t *queued;  /* [n_batches] a job for it is in the queue */
+    store_job_t jobs[HS_STORE_QUEUE_MAX];
+    uint32_t head, n_jobs;
+    uint64_t queued_bytes, queue_cap;
+    bool stopping, thread_running;
+    bool halted; /* a write failed: nothing more is queued */
+    pthread_t thread;
+    const uint8_t *cache_base;
+    hs_store_free_cb free_cb;
+    void *free_arg;
+    hs_store_stats_t st;
+
+    /* the writer's own */
+    int shard_fd, index_fd;
+    uint64_t shard_end;
+    uint64_t fault_enospc, fault_kill; /* tests: the Nth write fails / kills */
+};
+
+static void path_of(const hs_store_t *s, const char *name, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s", s->dir, name);
+}
+
+uint64_t hs_store_rec_seal(const hs_store_rec_t *r)
+{
+    return hs_checksum64(r, offsetof(hs_store_rec_t, seal));
+}
+
+const char *hs_store_dir(const hs_store_t *s)
+{
+    return s->dir;
+}
+
+const hs_store_run_t *hs_store_run(const hs_store_t *s)
+{
+    return s->has_run ? &s->run : NULL;
+}
+
+/* ---- reading what is there ------------------------------------------------- */
+
+/* The whole of a small file into a new buffer (NUL-terminated), at most
+ * `max` bytes; NULL with errno set (EFBIG when larger). */
+static char *slurp(const char *path, size_t max, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = malloc(max + 1);
+    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
+    int err = ferror(f) ? EIO : 0;
+    fclose(f);
+    if (!buf) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (err || n > max) {
+        free(buf);
+        errno = err ? err : EFBIG;
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static bool json_hex(const cJSON *o, const char *key, uint64_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(v)) return false;
+    const char *t = v->valuestring;
+    size_t n = strlen(t);
+    if (n == 0 || n > 16 || strspn(t, "0123456789abcdef") != n) return false;
+    *out = strtoull(t, NULL, 16);
+    return true;
+}
+
+static bool json_u32(const cJSON *o, const char *key, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi ||
+        v->valuedouble != (double)(uint32_t)v->valuedouble)
+        return false;
+    *out = (uint32_t)v->valuedouble;
+    return true;
+}
+
+static hs_status_t read_manifest(hs_store_t *s)
+{
+    char path[1100];
+    path_of(s, "store.json", path, sizeof(path));
+    size_t len;
+    char *text = slurp(path, MANIFEST_MAX_BYTES, &len);
+    if (!text) {
+        if (errno == ENOENT) return HS_OK; /* a new store */
+        hs_error("store %s: cannot read it: %m; give --store a folder this user can read", path);
+        return HS_ERR_IO;
+    }
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    hs_store_run_t *r = &s->run;
+    const cJSON *fmt = root ? cJSON_GetObjectItemCaseSensitive(root, "format") : NULL;
+    const cJSON *layout = root ? cJSON_GetObjectItemCaseSensitive(root, "layout") : NULL;
+    const cJSON *model = root ? cJSON_GetObjectItemCaseSensitive(root, "model") : NULL;
+    uint32_t version = 0;
+    char why[160] = "";
+    bool ok = root && cJSON_IsString(fmt) && !strcmp(fmt->valuestring, "hsflow-store") &&
+              json_u32(root, "version", 1, 1, &version) &&
+              json_hex(root, "dataset_fingerprint", &r->dataset_fingerprint) &&
+              json_hex(root, "plan_hash", &r->plan_hash) && json_hex(root, "seed", &r->seed) &&
+              json_u32(root, "n_batches", 1, HS_PLAN_MAX_BATCHES, &r->n_batches) &&
+              json_u32(root, "token_budget", 1, UINT32_MAX, &r->token_budget) &&
+              cJSON_IsString(layout) && cJSON_IsString(model) &&
+              hs_layout_parse(layout->valuestring, &r->layout, why, sizeof(why)) == HS_OK;
+    if (ok) snprintf(r->model, sizeof(r->model), "%s", model->valuestring);
+    cJSON_Delete(root);
+    if (!ok) {
+        hs_error("store %s: not an hsflow store record%s%s (format, version 1, "
+                 "dataset_fingerprint, plan_hash, seed, n_batches, token_budget, layout, model); "
+                 "give --store an empty folder or one an hsflow consumer wrote",
+                 path, why[0] ? ": " : "", why);
+        return HS_ERR_FORMAT;
+    }
+    /* the plan's shape */
+    path_of(s, "plan.bin", path, sizeof(path));
+    uint64_t want = 8 + 8ull * r->n_batches + 8;
+    char *bin = slurp(path, (size_t)want, &len);
+    uint32_t head[2];
+    uint64_t seal;
+    if (!bin || len != want || (memcpy(head, bin, 8), head[0] != PLAN_MAGIC) ||
+        head[1] != r->n_batches || (memcpy(&seal, bin + want - 8, 8), 0) ||
+        seal != hs_checksum64(bin, (size_t)want - 8)) {
+        hs_error("store %s: %s; the store's plan is lost: move the store away and start a new one",
+                 path,
+                 !bin ? "cannot read it"
+                      : "not the plan of store.json (its length, count or checksum is wrong)");
+        free(bin);
+        return HS_ERR_FORMAT;
+    }
+    r->n_seqs = malloc(4ull * r->n_batches);
+    r->n_tokens = malloc(4ull * r->n_batches);
+    if (!r->n_seqs || !r->n_tokens) {
+        free(bin);
+        return HS_ERR_NOMEM;
+    }
+    memcpy(r->n_seqs, bin + 8, 4ull * r->n_batches);
+    memcpy(r->n_tokens, bin + 8 + 4ull * r->n_batches, 4ull * r->n_batches);
+    free(bin);
+    for (uint32_t b = 0; b < r->n_batches; b++)
+        if (r->n_seqs[b] == 0 || r->n_tokens[b] < r->n_seqs[b] ||
+            r->n_tokens[b] > r->token_budget) {
+            hs_error("store %s: batch %u has %u sequences and %u tokens (budget %u): the plan is "
+                     "damaged; move the store away and start a new one",
+                     path, b, r->n_seqs[b], r->n_tokens[b], r->token_budget);
+            return HS_ERR_FORMAT;
+        }
+    s->has_run = true;
+    return HS_OK;
+}
+
+/* Size of shard i, or -1 when it is missing. */
+static int64_t shard_size(const hs_store_t *s, uint32_t i)
+{
+    char name[32], path[1100];
+    snprintf(name, sizeof(name), "shard-%05u.hsd", i);
+    path_of(s, name, path, sizeof(path));
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (int64_t)sb.st_size : -1;
+}
+
+/* The next shard number: one past every shard-NNNNN.hsd in the folder. */
+static hs_status_t scan_shards(hs_store_t *s)
+{
+    DIR *d = opendir(s->dir);
+    if (!d) {
+        hs_error("store %s: cannot list it: %m", s->dir);
+        return HS_ERR_IO;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        unsigned n;
+        char tail[8];
+        if (sscanf(e->d_name, "shard-%5u.%7s", &n, tail) == 2 && !strcmp(tail, "hsd") &&
+            n + 1 > s->next_shard && n < SHARD_MAX)
+            s->next_shard = n + 1;
+    }
+    closedir(d);
+    return HS_OK;
+}
+
+/* Reads index.hsi: records whose seal, magic and plan check and whose shard
+ * holds all they name; the rest counted as dropped. A torn tail (a partial
+ * record) is left out of index_bytes, so the writer cuts it off. */
+static hs_status_t read_index(hs_store_t *s)
+{
+    char path[1100];
+    path_of(s, "index.hsi", path, sizeof(path));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return HS_OK;
+        hs_error("store %s: cannot read it: %m", path);
+        return HS_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        close(fd);
+        return HS_ERR_IO;
+    }
+    uint64_t n = (uint64_t)sb.st_size / HS_STORE_REC_BYTES;
+    if ((uint64_t)sb.st_size % HS_STORE_REC_BYTES) {
+        hs_warn("store %s: its last record is cut short (%llu bytes; a crash while writing): "
+                "it is dropped and that batch will be computed again",
+                path, (unsigned long long)((uint64_t)sb.st_size % HS_STORE_REC_BYTES));
+        s->dropped++;
+    }
+    if (n > 64ull * HS_PLAN_MAX_BATCHES) {
+        close(fd);
+        hs_error("store %s: %llu records is more than any plan has; this is not a store index",
+                 path, (unsigned long long)n);
+        return HS_ERR_FORMAT;
+    }
+    s->recs = malloc((n ? n : 1) * sizeof(*s->recs));
+    if (!s->recs) {
+        close(fd);
+        return HS_ERR_NOMEM;
+    }
+    uint64_t got = 0;
+    while (got < n * HS_STORE_REC_BYTES) {
+        ssize_t r = pread(fd, (uint8_t *)s->recs + got, n * HS_STORE_REC_BYTES - got, (off_t)got);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR) continue;
+            hs_error("store %s: read failed: %m", path);
+            close(fd);
+            return HS_ERR_IO;
+        }
+        got += (uint64_t)r;
+    }
+    close(fd);
+    s->n_recs = (size_t)n;
+    s->index_bytes = n * HS_STORE_REC_BYTES;
+    return HS_OK;
+}
+
+hs_status_t hs_store_open(const char *dir, hs_store_t **out)
+{
+    if (!dir || !dir[0] || strlen(dir) >= 1000) {
+        hs_error("store: give --store a folder path of 1 to 999 bytes");
+        return HS_ERR_INVALID;
+    }
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        hs_error("store %s: cannot make the folder: %m; give --store a folder this user can "
+                 "write",
+                 dir);
+        return HS_ERR_IO;
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        hs_error("store %s: not a folder; give --store a folder", dir);
+        return HS_ERR_IO;
+    }
+    hs_store_t *s = calloc(1, sizeof(*s));
+    if (!s) return HS_ERR_NOMEM;
+    snprintf(s->dir, sizeof(s->dir), "%s", dir);
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    s->shard_fd = s->index_fd = -1;
+    hs_status_t st = read_manifest(s);
+    if (st == HS_OK) st = scan_shards(s);
+    if (st == HS_OK && s->has_run) st = read_index(s);
+    if (st != HS_OK) {
+        hs_store_close(s);
+        return st;
+    }
+    *out = s;
+    return HS_OK;
+}
+
+/* ---- checking a run against the store ---------------------------------------- */
+
+hs_status_t hs_store_check(const hs_store_t *s, uint64_t dataset_fingerprint,
+                           const hs_layout_t *layout, uint64_t plan_hash, uint32_t n_batches,
+                           const char *model, char *why, size_t whycap)
+{
+    if (!s->has_run) return HS_OK;
+    const hs_store_run_t *r = &s->run;
+    size_t n = 0;
+    why[0] = 0;
+#define SAY(...)                                                                                   \
+    do {                                                                                           \
+        if (n < whycap) n += (size_t)snprintf(why + n, whycap - n, __VA_ARGS__);                   \
+    } while (0)
+    if (dataset_fingerprint && dataset_fingerprint != r->dataset_fingerprint)
+        SAY("%sdataset fingerprint %016" PRIx64 ", the store holds %016" PRIx64, n ? "; " : "",
+            dataset_fingerprint, r->dataset_fingerprint);
+    if (hs_layout_id(layout) != hs_layout_id(&r->layout)) {
+        char a[160], b[160];
+        hs_layout_spec(layout, a, sizeof(a));
+        hs_layout_spec(&r->layout, b, sizeof(b));
+        SAY("%slayout %s, the store holds %s", n ? "; " : "", a, b);
+    }
+    if (plan_hash != r->plan_hash || n_batches != r->n_batches)
+        SAY("%splan %016" PRIx64 " (%u batches), the store holds %016" PRIx64 " (%u batches)",
+            n ? "; " : "", plan_hash, n_batches, r->plan_hash, r->n_batches);
+    if (model && model[0] && r->model[0] && strcmp(model, r->model) != 0)
+        SAY("%smodel '%.100s', the store holds '%.100s'", n ? "; " : "", model, r->model);
+#undef SAY
+    if (!n) return HS_OK;
+    if (n < whycap)
+        snprintf(why + n, whycap - n,
+                 " (store %s): start it with that run's data, model and flags, or give "
+                 "another --store",
+                 s->dir);
+    return HS_ERR_MISMATCH;
+}
+
+/* ---- bind ------------------------------------------------------------------- */
+
+static hs_status_t write_plan(hs_store_t *s, const hs_store_run_t *r)
+{
+    char path[1100];
+    path_of(s, "plan.bin", path, sizeof(path));
+    uint64_t len = 8 + 8ull * r->n_batches;
+    uint8_t *buf = malloc(len + 8);
+    if (!buf) return HS_ERR_NOMEM;
+    uint32_t head[2] = {PLAN_MAGIC, r->n_batches};
+    memcpy(buf, head, 8);
+    memcpy(buf + 8, r->n_seqs, 4ull * r->n_batches);
+    memcpy(buf + 8 + 4ull * r->n_batches, r->n_tokens, 4ull * r->n_batches);
+    uint64_t seal = hs_checksum64(buf, (size_t)len);
+    memcpy(buf + len, &seal, 8);
+    hs_outfile_t *f;
+    hs_status_t st = hs_outfile_open(path, NULL, 0, &f);
+    if (st == HS_OK) {
+        if (fwrite(buf, 1, (size_t)len + 8, hs_outfile_stream(f)) != len + 8) {
+            hs_outfile_abort(f);
+            st = HS_ERR_IO;
+        } else {
+            st = hs_outfile_commit(f);
+        }
+    }
+    free(buf);
+    return st;
+}
+
+static hs_status_t write_manifest(hs_store_t *s, const hs_store_run_t *r)
+{
+    char path[1100], spec[160];
+    path_of(s, "store.json", path, sizeof(path));
+    hs_layout_spec(&r->layout, spec, sizeof(spec));
+    cJSON *root = cJSON_CreateObject();
+    char hex[3][20];
+    snprintf(hex[0], sizeof(hex[0]), "%016" PRIx64, r->dataset_fingerprint);
+    snprintf(hex[1], sizeof(hex[1]), "%016" PRIx64, r->plan_hash);
+    snprintf(hex[2], sizeof(hex[2]), "%016" PRIx64, r->seed);
+    bool ok = root && cJSON_AddStringToObject(root, "format", "hsflow-store") &&
+              cJSON_AddNumberToObject(root, "version", 1) &&
+              cJSON_AddStringToObject(root, "dataset_fingerprint", hex[0]) &&
+              cJSON_AddStringToObject(root, "layout", spec) &&
+              cJSON_AddStringToObject(root, "dtype", hs_dtype_str(r->layout.dtype)) &&
+              cJSON_AddStringToObject(root, "plan_hash", hex[1]) &&
+              cJSON_AddStringToObject(root, "seed", hex[2]) &&
+              cJSON_AddNumberToObject(root, "n_batches", r->n_batches) &&
+              cJSON_AddNumberToObject(root, "token_budget", r->token_budget) &&
+              cJSON_AddStringToObject(root, "model", r->model);
+    char *text = ok ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    if (!text) return HS_ERR_NOMEM;
+    hs_outfile_t *f;
+    hs_status_t st = hs_outfile_open(path, NULL, 0, &f);
+    if (st == HS_OK) {
+        if (fprintf(hs_outfile_stream(f), "%s\n", text) < 0) {
+            hs_outfile_abort(f);
+            st = HS_ERR_IO;
+        } else {
+            st = hs_outfile_commit(f);
+        }
+    }
+    cJSON_free(text);
+    return st;
+}
+
+/* The records read at open against the bound plan: each that checks gives
+ * its batch's location (a later record of a batch wins). */
+static void index_apply(hs_store_t *s)
+{
+    const hs_store_run_t *r = &s->run;
+    int64_t sizes_cache_shard = -2, size = -1;
+    for (size_t i = 0; i < s->n_recs; i++) {
+        const hs_store_rec_t *rec = &s->recs[i];
+        bool ok = rec->magic == HS_STORE_REC_MAGIC && rec->seal == hs_store_rec_seal(rec) &&
+                  rec->plan_hash == r->plan_hash && rec->batch < r->n_batches &&
+                  rec->shard < SHARD_MAX && rec->offset % HS_STORE_ALIGN == 0 &&
+                  rec->n_seqs == r->n_seqs[rec->batch] &&
+                  rec->n_tokens == r->n_tokens[rec->batch] &&
+                  rec->bytes == hs_batch_bytes(rec->n_seqs, rec->n_tokens, &r->layout);
+        if (ok) {
+            if ((int64_t)rec->shard != sizes_cache_shard) {
+                sizes_cache_shard = rec->shard;
+                size = shard_size(s, rec->shard);
+            }
+            ok = size >= 0 && rec->offset + rec->bytes <= (uint64_t)size;
+        }
+        if (!ok) {
+            s->dropped++;
+            continue;
+        }
+        store_loc_t *l = &s->loc[rec->batch];
+        if (l->shard == UINT32_MAX) {
+            s->st.batches++;
+            s->st.bytes += rec->bytes;
+        }
+        *l = (store_loc_t){rec->shard, rec->offset, rec->bytes, rec->checksum};
+    }
+    free(s->recs);
+    s->recs = NULL;
+    s->n_recs = 0;
+    s->st.dropped = s->dropped;
+    if (s->dropped)
+        hs_warn("store %s: %llu index record(s) dropped (cut short, sealed wrong, or naming bytes "
+                "their shard lacks: a crash while writing); those batches are computed again",
+                s->dir, (unsigned long long)s->dropped);
+}
+
+static void *writer_main(void *arg);
+
+/* The test hook HS_STORE_FAULT="enospc=N" or "kill=N": the Nth write of
+ * this session fails as with a full disk, or writes half its region and
+ * kills the process. */
+static void fault_parse(hs_store_t *s)
+{
+    const char *f = getenv("HS_STORE_FAULT");
+    unsigned long long n;
+    if (!f || !f[0]) return;
+    if (sscanf(f, "enospc=%llu", &n) == 1)
+        s->fault_enospc = n;
+    else if (sscanf(f, "kill=%llu", &n) == 1)
+        s->fault_kill = n;
+    else
+        hs_warn("HS_STORE_FAULT '%s' is not enospc=N or kill=N; ignored", f);
+}
+
+hs_status_t hs_store_bind(hs_store_t *s, const hs_store_run_t *run, const void *cache_base,
+                          uint64_t queue_bytes, hs_store_free_cb free_cb, void *free_arg)
+{
+    if (s->bound) return HS_OK;
+    if (!s->has_run) {
+        hs_store_run_t *r = &s->run;
+        *r = *run;
+        r->n_seqs = malloc(4ull * run->n_batches);
+        r->n_tokens = malloc(4ull * run->n_batches);
+        if (!r->n_seqs || !r->n_tokens) return HS_ERR_NOMEM;
+        memcpy(r->n_seqs, run->n_seqs, 4ull * run->n_batches);
+        memcpy(r->n_tokens, run->n_tokens, 4ull * run->n_batches);
+        s->has_run = true;
+        s->writable = write_plan(s, r) == HS_OK && write_manifest(s, r) == HS_OK;
+        if (!s->writable)
+            hs_warn("store %s: cannot record the run in it (see above); the run goes on without "
+                    "storing",
+                    s->dir);
+    } else {
+        s->writable = true;
+    }
+    s->loc = malloc((size_t)s->run.n_batches * sizeof(*s->loc));
+    s->queued = calloc(s->run.n_batches, 1);
+    if (!s->loc || !s->queued) return HS_ERR_NOMEM;
+    for (uint32_t b = 0; b < s->run.n_batches; b++)
+        s->loc[b].shard = UINT32_MAX;
+    index_apply(s);
+    s->bound = true;
+    s->cache_base = cache_base;
+    s->queue_cap = queue_bytes;
+    s->free_cb = free_cb;
+    s->free_arg = free_arg;
+    fault_parse(s);
+    hs_info("store %s: %llu of %u batches stored (%.2f GB), %s, plan %016" PRIx64 "%s", s->dir,
+            (unsigned long long)s->st.batches, s->run.n_batches, (double)s->st.bytes / 1e9,
+            hs_dtype_str(s->run.layout.dtype), s->run.plan_hash, s->writable ? "" : "; read only");
+    if (!s->writable || s->st.batches == s->run.n_batches) {
+        s->writable = s->writable && s->st.batches < s->run.n_batches;
+        return HS_OK;
+    }
+    int e = pthread_create(&s->thread, NULL, writer_main, s);
+    if (e != 0) {
+        errno = e;
+        hs_warn("store %s: cannot start its writer thread: %m; nothing more is stored", s->dir);
+        s->writable = false;
+        return HS_OK;
+    }
+    s->thread_running = true;
+    return HS_OK;
+}
+
+/* ---- lookups ------------------------------------------------------------------ */
+
+bool hs_store_has(const hs_store_t *s, uint32_t batch)
+{
+    hs_store_t *m = (hs_store_t *)s;
+    if (!s->bound || batch >= s->run.n_batches) return false;
+    pthread_mutex_lock(&m->lock);
+    bool has = s->loc[batch].shard != UINT32_MAX;
+    pthread_mutex_unlock(&m->lock);
+    return has;
+}
+
+void hs_store_forget(hs_store_t *s, uint32_t batch)
+{
+    if (!s->bound || batch >= s->run.n_batches) return;
+    pthread_mutex_lock(&s->lock);
+    if (s->loc[batch].shard != UINT32_MAX) {
+        s->st.batches--;
+        s->st.bytes -= s->loc[batch].bytes;
+        s->st.forgotten++;
+        s->loc[batch].shard = UINT32_MAX;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+hs_status_t hs_store_read(hs_store_t *s, uint32_t batch, void *dst, uint64_t bytes, char *why,
+                          size_t whycap)
+{
+    if (!s->bound || batch >= s->run.n_batches) return HS_ERR_NOT_FOUND;
+    pthread_mutex_lock(&s->lock);
+    store_loc_t l = s->loc[batch];
+    pthread_mutex_unlock(&s->lock);
+    if (l.shard == UINT32_MAX) return HS_ERR_NOT_FOUND;
+    if (l.bytes != bytes) {
+        snprintf(why, whycap,
+                 "stored region of batch %u is %" PRIu64 " bytes, the plan says %" PRIu64, batch,
+                 l.bytes, bytes);
+        return HS_ERR_FORMAT;
+    }
+    char name[32], path[1100];
+    snprintf(name, sizeof(name), "shard-%05u.hsd", l.shard);
+    path_of(s, name, path, sizeof(path));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, whycap, "cannot open %s: %s", path, strerror(errno));
+        return HS_ERR_IO;
+    }
+    uint64_t got = 0;
+    while (got < bytes) {
+        ssize_t r = pread(fd, (uint8_t *)dst + got, bytes - got, (off_t)(l.offset + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            snprintf(why, whycap, "%s: read of batch %u at %" PRIu64 " failed: %s", path, batch,
+                     l.offset + got, r < 0 ? strerror(errno) : "end of file");
+            close(fd);
+            return HS_ERR_IO;
+        }
+        got += (uint64_t)r;
+    }
+    close(fd);
+    const hs_batch_header_t *h = dst;
+    if (h->magic != HS_BATCH_MAGIC || h->index != batch || h->total_bytes != bytes ||
+        h->checksum != l.checksum) {
+        snprintf(why, whycap,
+                 "%s at %" PRIu64 ": the region's header (batch %u, %" PRIu64
+                 " bytes, checksum %016" PRIx64 ") is not the one the index recorded",
+                 path, l.offset, h->index, h->total_bytes, h->checksum);
+        return HS_ERR_FORMAT;
+    }
+    pthread_mutex_lock(&s->lock);
+    s->st.reads++;
+    s->st.read_bytes += bytes;
+    pthread_mutex_unlock(&s->lock);
+    return HS_OK;
+}
+
+void hs_store_stats(const hs_store_t *s, hs_store_stats_t *out)
+{
+    hs_store_t *m = (hs_store_t *)s;
+    pthread_mutex_lock(&m->lock);
+    *out = s->st;
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* ---- the writer ------------------------------------------------------------------ */
+
+bool hs_store_submit(hs_store_t *s, uint32_t batch, uint64_t slot_offset, uint64_t bytes)
+{
+    if (!s->thread_running || batch >= s->run.n_batches) return false;
+    bool queued = false;
+    pthread_mutex_lock(&s->lock);
+    if (!s->halted && !s->stopping && s->loc[batch].shard == UINT32_MAX && !s->queued[batch]) {
+        if (s->n_jobs == HS_STORE_QUEUE_MAX ||
+            (s->n_jobs && s->queued_bytes + bytes > s->queue_cap)) {
+            s->st.skipped++;
+        } else {
+            s->jobs[(s->head + s->n_jobs++) % HS_STORE_QUEUE_MAX] =
+                (store_job_t){batch, slot_offset, bytes, false};
+            s->queued[batch] = 1;
+            s->queued_bytes += bytes;
+            queued = true;
+            pthread_cond_signal(&s->cond);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return queued;
+}
+
+bool hs_store_slot_release(hs_store_t *s, uint64_t slot_offset)
+{
+    if (!s->thread_running) return false;
+    bool held = false;
+    pthread_mutex_lock(&s->lock);
+    for (uint32_t i = 0; i < s->n_jobs; i++) {
+        store_job_t *j = &s->jobs[(s->head + i) % HS_STORE_QUEUE_MAX];
+        if (j->slot == slot_offset && !j->released) {
+            j->released = true;
+            held = true;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return held;
+}
+
+/* pwrite all of it; false with errno set. */
+static bool write_all(int fd, const void *buf, uint64_t len, uint64_t off)
+{
+    uint64_t done = 0;
+    while (done < len) {
+        ssize_t w = pwrite(fd, (const uint8_t *)buf + done, len - done, (off_t)(off + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            if (w == 0) errno = EIO;
+            return false;
+        }
+        done += (uint64_t)w;
+    }
+    return true;
+}
+
+/* Opens this session's shard and the index (cutting a torn tail off it). */
+static bool writer_files(hs_store_t *s)
+{
+    char name[32], path[1100];
+    if (s->next_shard >= SHARD_MAX) {
+        hs_warn("store %s: %u shards already; nothing more is stored", s->dir, SHARD_MAX);
+        return false;
+    }
+    snprintf(name, sizeof(name), "shard-%05u.hsd", s->next_shard);
+    path_of(s, name, path, sizeof(path));
+    s->shard_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (s->shard_fd >= 0) {
+        path_of(s, "index.hsi", path, sizeof(path));
+        s->index_fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+        if (s->index_fd >= 0 && ftruncate(s->index_fd, (off_t)s->index_bytes) != 0) {
+            close(s->index_fd);
+            s->index_fd = -1;
+        }
+    }
+    if (s->shard_fd < 0 || s->index_fd < 0) {
+        hs_warn("store %s: cannot open %s for writing: %m; nothing more is stored", s->dir, path);
+        return false;
+    }
+    s->shard_end = 0;
+    return true;
+}
+
+/* Writes one region and its record. false when the store stops growing
+ * (logged once: a full disk, or another write error). */
+static bool writer_one(hs_store_t *s, const store_job_t *j)
+{
+    if ((s->shard_fd < 0 || s->shard_end + j->bytes > HS_STORE_SHARD_BYTES) && s->shard_fd >= 0) {
+        close(s->shard_fd);
+        s->shard_fd = -1;
+        s->next_shard++;
+    }
+    if (s->shard_fd < 0 && !writer_files(s)) return false;
+    const uint8_t *region = s->cache_base + j->slot;
+    uint64_t pos = (s->shard_end + HS_STORE_ALIGN - 1) / HS_STORE_ALIGN * HS_STORE_ALIGN;
+    uint64_t nth = s->st.writes + 1;
+    bool ok;
+    if (s->fault_kill && nth == s->fault_kill) {
+        /* tests: a crash in the middle of a region */
+        (void)!write_all(s->shard_fd, region, j->bytes / 2, pos);
+        fdatasync(s->shard_fd);
+        raise(SIGKILL);
+    }
+    if (s->fault_enospc && nth == s->fault_enospc) {
+        ok = write_all(s->shard_fd, region, j->bytes / 2, pos);
+        errno = ENOSPC;
+        ok = false;
+    } else {
+        ok = write_all(s->shard_fd, region, j->bytes, pos) && fdatasync(s->shard_fd) == 0;
+    }
+    hs_store_rec_t rec = {0};
+    if (ok) {
+        const hs_batch_header_t *h = (const hs_batch_header_t *)region;
+        rec = (hs_store_rec_t){.magic = HS_STORE_REC_MAGIC,
+                               .batch = j->batch,
+                               .shard = s->next_shard,
+                               .n_seqs = s->run.n_seqs[j->batch],
+                               .n_tokens = s->run.n_tokens[j->batch],
+                               .offset = pos,
+                               .bytes = j->bytes,
+                               .checksum = h->checksum,
+                               .plan_hash = s->run.plan_hash};
+        rec.seal = hs_store_rec_seal(&rec);
+        /* The region is on disk before its record is written, so a record
+         * lost to a crash costs a recomputation, never a torn delivery: the
+         * index is not synced per record (the kernel writes it back). */
+        ok = write_all(s->index_fd, &rec, sizeof(rec), s->index_bytes);
+        if (!ok) {
+            int e = errno;
+            (void)!ftruncate(s->index_fd, (off_t)s->index_bytes);
+            errno = e;
+        }
+    }
+    if (!ok) {
+        int e = errno;
+        (void)!ftruncate(s->shard_fd, (off_t)s->shard_end); /* no torn region left behind */
+        errno = e;
+        if (e == ENOSPC || e == EDQUOT) {
+            hs_warn("store %s: the disk is full (%m) after %llu batch(es) stored: the store stops "
+                    "growing here and the run goes on; free room (or give a larger disk) and a "
+                    "later run stores the rest",
+                    s->dir, (unsigned long long)s->st.batches);
+            pthread_mutex_lock(&s->lock);
+            s->st.full = true;
+            pthread_mutex_unlock(&s->lock);
+        } else {
+            hs_warn("store %s: writing batch %u failed: %m; nothing more is stored this run",
+                    s->dir, j->batch);
+        }
+        return false;
+    }
+    s->shard_end = pos + j->bytes;
+    s->index_bytes += sizeof(rec);
+    pthread_mutex_lock(&s->lock);
+    s->loc[j->batch] = (store_loc_t){rec.shard, pos, j->bytes, rec.checksum};
+    s->st.batches++;
+    s->st.bytes += j->bytes;
+    s->st.writes++;
+    s->st.write_bytes += j->bytes;
+    pthread_mutex_unlock(&s->lock);
+    return true;
+}
+
+static void *writer_main(void *arg)
+{
+    hs_store_t *s = arg;
+    bool growing = true;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        while (!s->n_jobs && !s->stopping)
+            pthread_cond_wait(&s->cond, &s->lock);
+        if (!s->n_jobs) break; /* stopping, and every queued region is written */
+        store_job_t j = s->jobs[s->head];
+        pthread_mutex_unlock(&s->lock);
+        if (growing) growing = writer_one(s, &j);
+        pthread_mutex_lock(&s->lock);
+        if (!growing) s->halted = true;
+        /* the job is still at the head: submit only appends */
+        j.released = s->jobs[s->head].released;
+        s->head = (s->head + 1) % HS_STORE_QUEUE_MAX;
+        s->n_jobs--;
+        s->queued[j.batch] = 0;
+        s->queued_bytes -= j.bytes;
+        if (j.released) {
+            pthread_mutex_unlock(&s->lock);
+            s->free_cb(s->free_arg, j.slot);
+            pthread_mutex_lock(&s->lock);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+void hs_store_close(hs_store_t *s)
+{
+    if (!s) return;
+    if (s->thread_running) {
+        pthread_mutex_lock(&s->lock);
+        s->stopping = true;
+        pthread_cond_signal(&s->cond);
+        pthread_mutex_unlock(&s->lock);
+        pthread_join(s->thread, NULL);
+        if (s->st.writes)
+            hs_info("store %s: %llu batch(es) written this run (%.2f GB), %llu of %u stored, "
+                    "%llu skipped (writer busy)",
+                    s->dir, (unsigned long long)s->st.writes, (double)s->st.write_bytes / 1e9,
+                    (unsigned long long)s->st.batches, s->run.n_batches,
+                    (unsigned long long)s->st.skipped);
+    }
+    if (s->shard_fd >= 0) close(s->shard_fd);
+    if (s->index_fd >= 0) {
+        fdatasync(s->index_fd);
+        close(s->index_fd);
+    }
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->lock);
+    free(s->recs);
+    free(s->loc);
+    free(s->queued);
+    free(s->run.n_seqs);
+    free(s->run.n_tokens);
+    free(s);
+}
