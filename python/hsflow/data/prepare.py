@@ -1000,6 +1000,10 @@ def _inspect(args, opts, out=sys.stdout):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["store"]:  # hsflow-data store info|verify|export DIR
+        from .store import main as store_main
+        return store_main(argv[1:])
     ap = build_parser()
     args = ap.parse_args(argv)
     if args.command not in ("prepare", "inspect"):

@@ -1,0 +1,124 @@
+# SPDX-License-Identifier: Apache-2.0
+"""hsflow.Consumer(store=...): one epoch from hs-producer stores every batch,
+two more epochs come from the store alone (no producer), every view checked
+against the dataset and the synthetic source; the store's run is pinned
+against expect=; `hsflow-data store` reports, re-checksums and exports it as
+speculators' per-sample safetensors, read back here with safetensors."""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hsflow
+from conftest import have_torch
+from test_consumer import H, LAYERS, check_batch, start_producers, stop
+
+
+def store_cli(*args):
+    return subprocess.run([sys.executable, "-m", "hsflow.data", "store", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def fill_store(producer_bin, data, rows, store):
+    """One epoch from one producer (its tickets 20 ms late, so the writer
+    keeps up and skips none); returns the batches per epoch."""
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, verify_synthetic=True,
+                         arrays="numpy", store=store) as c:
+        procs = start_producers(producer_bin, c.port, data, n=1, workers=1,
+                                extra=["--fault", "delay_ms=20"])
+        try:
+            n = 0
+            for b in c:
+                check_batch(b, rows)
+                n += 1
+        finally:
+            stop(procs)
+        s = c.stats()
+    assert s["store_misses"] == n and s["store_hits"] == 0 and s["complete"]
+    return n
+
+
+def test_one_epoch_online_then_two_from_the_store_with_no_producer(producer_bin, dataset,
+                                                                   tmp_path):
+    data, rows = dataset
+    store = str(tmp_path / "store")
+    n = fill_store(producer_bin, data, rows, store)
+    info = store_cli("info", store)
+    assert info.returncode == 0, info.stderr
+    assert "stored      %d of %d batches (100.0%%), complete" % (n, n) in info.stdout, info.stdout
+    seen = []
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, verify_synthetic=True,
+                         arrays="numpy", store=store) as c:
+        for b in c:
+            check_batch(b, rows)
+            seen.append((b.epoch, b.batch))
+        s = c.stats()
+    assert sorted(seen) == [(e, i) for e in range(2) for i in range(n)]
+    assert s["store_hits"] == 2 * n and s["store_misses"] == 0 and s["store_bad"] == 0
+    assert s["producers_seen"] == 0 and s["checksum_failures"] == 0 and s["complete"]
+
+
+def test_store_of_another_layout_is_refused_at_create_naming_both(producer_bin, dataset,
+                                                                  tmp_path):
+    data, rows = dataset
+    store = str(tmp_path / "store")
+    fill_store(producer_bin, data, rows, store)
+    with pytest.raises(hsflow.HsflowError):
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, store=store,
+                        expect={"layout": "H=%d,layers=1,4,dtype=bf16" % H})
+
+
+def read_safetensors_raw(path):
+    """name -> (dtype, shape, bytes), straight from the file's layout."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    n, = struct.unpack_from("<Q", blob)
+    header = json.loads(blob[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], blob[8 + n + v["data_offsets"][0]:
+                                            8 + n + v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
+def test_export_writes_speculators_safetensors_read_back_with_safetensors(producer_bin, dataset,
+                                                                          tmp_path):
+    safetensors = pytest.importorskip("safetensors")
+    data, rows = dataset
+    store = str(tmp_path / "store")
+    fill_store(producer_bin, data, rows, store)
+    ver = store_cli("verify", store)
+    assert ver.returncode == 0 and " 0 bad" in ver.stdout, ver.stdout + ver.stderr
+    out = str(tmp_path / "out")
+    ex = store_cli("export", store, out)
+    assert ex.returncode == 0, ex.stderr
+    folder = os.path.join(out, "hidden_states")
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    assert len(files) == len(rows)
+    lengths = json.load(open(os.path.join(folder, "sample_lengths.json")))
+    for sid in (0, 17, len(rows) - 1):
+        path = os.path.join(folder, "hs_%d.safetensors" % sid)
+        want_ids, want_mask = rows[sid]
+        with safetensors.safe_open(path, framework="numpy") as f:
+            assert sorted(f.keys()) == ["hidden_states", "loss_mask", "token_ids"]
+            assert f.get_tensor("token_ids").tolist() == want_ids
+            assert f.get_tensor("loss_mask").tolist() == want_mask
+            hs = f.get_slice("hidden_states")
+            assert hs.get_dtype() == "BF16"
+            assert hs.get_shape() == [len(want_ids), len(LAYERS), H]
+        assert lengths[str(sid)] == len(want_ids)
+        T = len(want_ids)
+        want = hsflow.synthetic_hidden(np.array([sid], np.uint64), np.array([0, T], np.int32),
+                                       tuple(LAYERS), H).reshape(T, len(LAYERS), H)
+        if have_torch():
+            from safetensors.torch import load_file
+            import torch
+            got = load_file(path)["hidden_states"]
+            assert got.dtype == torch.bfloat16
+            assert np.array_equal(got.view(torch.int16).numpy().view(np.uint16), want)
+        else:  # numpy has no bfloat16: the bytes safetensors would map
+            dtype, shape, raw = read_safetensors_raw(path)["hidden_states"]
+            assert np.array_equal(np.frombuffer(raw, "<u2").reshape(shape), want)
