@@ -1,0 +1,221 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* test_store.c - the consumer's store: a region written is read back
+ * byte for byte by a reopened store; torn and wrongly sealed index records
+ * are dropped at open; a run that differs is refused naming each field; a
+ * full disk stops the store growing with nothing torn left behind. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store_int.h"
+
+#define N_BATCHES 3
+static uint32_t n_seqs[N_BATCHES] = {2, 1, 3};
+static uint32_t n_tokens[N_BATCHES] = {10, 7, 12};
+static hs_layout_t layout = {.hidden_size = 8, .dtype = HS_DTYPE_BF16, .n_layers = 2,
+                             .layers = {1, 2}};
+
+static hs_store_run_t test_run(void)
+{
+    hs_store_run_t r = {.dataset_fingerprint = 0x1111,
+                        .plan_hash = 0x2222,
+                        .seed = 3,
+                        .layout = layout,
+                        .n_batches = N_BATCHES,
+                        .token_budget = 16,
+                        .n_seqs = n_seqs,
+                        .n_tokens = n_tokens};
+    snprintf(r.model, sizeof(r.model), "tiny");
+    return r;
+}
+
+/* A sealed synthetic region of batch b in buf (4096-aligned, zeroed). */
+static uint64_t make_region(uint8_t *buf, uint32_t b)
+{
+    uint64_t bytes = hs_batch_bytes(n_seqs[b], n_tokens[b], &layout);
+    memset(buf, 0, bytes);
+    hs_batch_header_init((hs_batch_header_t *)buf, 0, b, n_seqs[b], n_tokens[b], &layout, 0x2222);
+    hs_batch_view_t v = hs_batch_view(buf, n_seqs[b], n_tokens[b], &layout);
+    for (uint32_t s = 0; s <= n_seqs[b]; s++)
+        v.cu_seqlens[s] = (int32_t)(s == n_seqs[b] ? n_tokens[b] : s * 3);
+    for (uint32_t s = 0; s < n_seqs[b]; s++)
+        v.sample_ids[s] = 10 * b + s;
+    hs_batch_synth_fill(&v, &layout);
+    hs_batch_seal(buf, bytes);
+    return bytes;
+}
+
+static int n_freed;
+static void on_free(void *arg, uint64_t off)
+{
+    (void)arg;
+    (void)off;
+    n_freed++;
+}
+
+static void mkstore(char *dir)
+{
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void rmstore(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Writes batches [0, n) into a new store at dir and closes it. */
+static void fill(const char *dir, uint32_t n, uint8_t *cache)
+{
+    hs_store_t *s;
+    hs_store_run_t r = test_run();
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
+    ck_assert_ptr_null(hs_store_run(s));
+    ck_assert_int_eq(hs_store_bind(s, &r, cache, 1 << 20, on_free, NULL), HS_OK);
+    for (uint32_t b = 0; b < n; b++) {
+        uint64_t bytes = make_region(cache + b * 65536, b);
+        ck_assert(hs_store_submit(s, b, b * 65536, bytes));
+    }
+    hs_store_close(s); /* waits for the writer */
+}
+
+START_TEST(region_written_is_read_back_byte_for_byte_by_a_reopened_store)
+{
+    char dir[] = "/tmp/hs-test-store-XXXXXX";
+    mkstore(dir);
+    uint8_t *cache = aligned_alloc(4096, 4 * 65536), *back = aligned_alloc(4096, 65536);
+    fill(dir, 2, cache);
+    hs_store_t *s;
+    hs_store_run_t r = test_run();
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
+    const hs_store_run_t *got = hs_store_run(s);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_uint_eq(got->plan_hash, 0x2222);
+    ck_assert_str_eq(got->model, "tiny");
+    ck_assert_int_eq(hs_store_bind(s, &r, cache, 1 << 20, on_free, NULL), HS_OK);
+    ck_assert(hs_store_has(s, 0) && hs_store_has(s, 1) && !hs_store_has(s, 2));
+    char why[256] = "";
+    for (uint32_t b = 0; b < 2; b++) {
+        uint64_t bytes = hs_batch_bytes(n_seqs[b], n_tokens[b], &layout);
+        ck_assert_int_eq(hs_store_read(s, b, back, bytes, why, sizeof(why)), HS_OK);
+        ck_assert_int_eq(memcmp(back, cache + b * 65536, bytes), 0);
+    }
+    ck_assert_int_eq(hs_store_read(s, 2, back, 4096, why, sizeof(why)), HS_ERR_NOT_FOUND);
+    hs_store_forget(s, 1);
+    ck_assert(!hs_store_has(s, 1));
+    hs_store_close(s);
+    free(cache);
+    free(back);
+    rmstore(dir);
+}
+END_TEST
+
+START_TEST(torn_and_wrongly_sealed_index_records_are_dropped_at_open)
+{
+    char dir[] = "/tmp/hs-test-store-XXXXXX", path[600];
+    mkstore(dir);
+    uint8_t *cache = aligned_alloc(4096, 4 * 65536);
+    fill(dir, 3, cache);
+    snprintf(path, sizeof(path), "%s/index.hsi", dir);
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    /* record 1: one byte of its batch id changed, its seal now wrong */
+    fseek(f, 64 + 4, SEEK_SET);
+    fputc(2, f);
+    /* half a 4th record: a crash while appending */
+    fseek(f, 0, SEEK_END);
+    fwrite(cache, 1, 30, f);
+    fclose(f);
+    hs_store_t *s;
+    hs_store_run_t r = test_run();
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
+    ck_assert_int_eq(hs_store_bind(s, &r, cache, 1 << 20, on_free, NULL), HS_OK);
+    ck_assert(hs_store_has(s, 0) && !hs_store_has(s, 1) && hs_store_has(s, 2));
+    hs_store_stats_t st;
+    hs_store_stats(s, &st);
+    ck_assert_uint_eq(st.dropped, 2);
+    ck_assert_uint_eq(st.batches, 2);
+    hs_store_close(s);
+    free(cache);
+    rmstore(dir);
+}
+END_TEST
+
+START_TEST(a_run_that_differs_is_refused_naming_each_field)
+{
+    char dir[] = "/tmp/hs-test-store-XXXXXX";
+    mkstore(dir);
+    uint8_t *cache = aligned_alloc(4096, 4 * 65536);
+    fill(dir, 1, cache);
+    hs_store_t *s;
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
+    char why[900] = "";
+    ck_assert_int_eq(hs_store_check(s, 0x1111, &layout, 0x2222, N_BATCHES, "tiny", why, sizeof why),
+                     HS_OK);
+    hs_layout_t fp8 = layout;
+    fp8.dtype = HS_DTYPE_FP8;
+    ck_assert_int_eq(hs_store_check(s, 0x9999, &fp8, 0x2222, N_BATCHES, "other", why, sizeof why),
+                     HS_ERR_MISMATCH);
+    ck_assert_msg(strstr(why, "dataset fingerprint 0000000000009999, the store holds "
+                              "0000000000001111") &&
+                      strstr(why, "dtype=fp8, the store holds H=8,layers=1,2,dtype=bf16") &&
+                      strstr(why, "model 'other', the store holds 'tiny'") && !strstr(why, "plan"),
+                  "%s", why);
+    hs_store_close(s);
+    free(cache);
+    rmstore(dir);
+}
+END_TEST
+
+START_TEST(full_disk_stops_the_store_growing_with_nothing_torn_left)
+{
+    char dir[] = "/tmp/hs-test-store-XXXXXX", path[600];
+    mkstore(dir);
+    uint8_t *cache = aligned_alloc(4096, 4 * 65536);
+    setenv("HS_STORE_FAULT", "enospc=2", 1);
+    hs_store_t *s;
+    hs_store_run_t r = test_run();
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
+    ck_assert_int_eq(hs_store_bind(s, &r, cache, 1 << 20, on_free, NULL), HS_OK);
+    unsetenv("HS_STORE_FAULT");
+    n_freed = 0;
+    for (uint32_t b = 0; b < 3; b++) {
+        uint64_t bytes = make_region(cache + b * 65536, b);
+        ck_assert(hs_store_submit(s, b, b * 65536, bytes));
+    }
+    hs_store_close(s);
+    ck_assert_int_eq(n_freed, 0); /* no slot was released by a trainer */
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
+    ck_assert_int_eq(hs_store_bind(s, &r, cache, 1 << 20, on_free, NULL), HS_OK);
+    ck_assert(hs_store_has(s, 0) && !hs_store_has(s, 1) && !hs_store_has(s, 2));
+    hs_store_close(s);
+    /* the half region was cut off: the shard ends with batch 0 */
+    snprintf(path, sizeof(path), "%s/shard-00000.hsd", dir);
+    struct stat sb;
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert_uint_eq((uint64_t)sb.st_size, hs_batch_bytes(n_seqs[0], n_tokens[0], &layout));
+    free(cache);
+    rmstore(dir);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("store");
+    TCase *tc = tcase_create("store");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, region_written_is_read_back_byte_for_byte_by_a_reopened_store);
+    tcase_add_test(tc, torn_and_wrongly_sealed_index_records_are_dropped_at_open);
+    tcase_add_test(tc, a_run_that_differs_is_refused_naming_each_field);
+    tcase_add_test(tc, full_disk_stops_the_store_growing_with_nothing_torn_left);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
