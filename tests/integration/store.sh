@@ -27,7 +27,7 @@ popts=(--data "$data" --token-budget $budget --hidden-size 256 --layers 2,16,29
 copts=(--cache-gb 0.25 --verify-synthetic --transport tcp --status-interval 1)
 
 # online NAME EPOCHS: a loopback run with the store. Its producer takes
-# each ticket 50 ms late (its --fault hook), so batches come no faster than
+# each ticket 150 ms late (its --fault hook), so batches come no faster than
 # the writer stores them on any disk here and none is skipped (a writer
 # behind the producers skips batches by design: a later epoch stores them).
 online() {
@@ -35,7 +35,7 @@ online() {
     shift 2
     start "$name" "$CONSUMER" --loopback 1 "${copts[@]}" --epochs "$epochs" \
         --store "$store" --summary-json "$SCRATCH/$name.json" "$@" -- "${popts[@]}" \
-        --fault delay_ms=50
+        --fault delay_ms=150
 }
 
 # stored: batches the store holds, from its index as the consumer reads it
@@ -72,7 +72,7 @@ replay)
 killed)
     # the 5th region is half written when the consumer dies
     start first env HS_STORE_FAULT=kill=5 "$CONSUMER" --loopback 1 "${copts[@]}" --epochs 1 \
-        --store "$store" -- "${popts[@]}" --fault delay_ms=50
+        --store "$store" -- "${popts[@]}" --fault delay_ms=150
     wait_exit first 60
     [ "${RC_OF[first]}" -eq 137 ] || fail "the consumer should have been killed, exit ${RC_OF[first]}"
     [ "$(stat -c %s "$store/index.hsi")" -eq $((4 * 64)) ] ||
