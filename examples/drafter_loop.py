@@ -97,7 +97,7 @@ def main(argv):
         import torch
         import torch.nn.functional as F
     except ImportError:
-        sys.exit("drafter_loop: needs PyTorch (pip install torch; CPU-only: "
+        sys.exit('drafter_loop: needs PyTorch: pip install "hsflow[torch]" (CPU-only: '
                  "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
 
     if args.device is None:

@@ -49,12 +49,12 @@ class ModelError(ValueError):
 
 
 def _transformers():
+    from ._deps import MissingPackage, need
     try:
-        import transformers
-    except ImportError as e:
-        raise ModelError("hsflow-produce needs transformers and torch (%s): pip install -r "
-                         "python/requirements-dev.txt, or pip install 'hsflow[produce]'" % e)
-    return transformers
+        need("torch", "hsflow-produce", "produce")
+        return need("transformers", "hsflow-produce", "produce")
+    except MissingPackage as e:
+        raise ModelError(str(e)) from e
 
 
 def inspect_model(model_dir):

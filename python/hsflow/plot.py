@@ -117,8 +117,10 @@ def main(argv=None):
     try:
         import matplotlib  # noqa: F401
     except Exception as e:  # missing, or built against another numpy
-        print("hsflow.plot: matplotlib cannot be imported (%s: %s); pip install matplotlib, "
-              "or apt install python3-matplotlib" % (type(e).__name__, e), file=sys.stderr)
+        from ._deps import missing_text
+        print("hsflow.plot: %s; or apt install python3-matplotlib" % missing_text(
+            "matplotlib", "python -m hsflow.plot", "plot", "%s: %s" % (type(e).__name__, e)),
+            file=sys.stderr)
         return 2
     try:
         rows = read_stats(args.stats)

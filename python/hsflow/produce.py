@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 
-from . import _hf, _lib, _log
+from . import _deps, _hf, _lib, _log
 from ._outfile import output_conflict
 from ._produce_worker import EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, worker_main
 
@@ -265,6 +265,10 @@ def parse(argv):
                                  _hf.dflash_layers(n, args.dflash_layers))
         _hf.check_layers(layers, n, args.model)
     except _hf.ModelError as e:
+        return _fail(str(e))
+    try:  # the workers' packages, named before any process starts
+        _deps.check(("torch", "transformers"), "hsflow-produce", "produce")
+    except _deps.MissingPackage as e:
         return _fail(str(e))
     if args.hidden_size and args.hidden_size != info["hidden_size"]:
         return _fail("--hidden-size %d but the model at %s has hidden size %d: drop --hidden-size "

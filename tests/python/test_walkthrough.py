@@ -4,7 +4,9 @@
 The shell blocks between the <!-- walkthrough --> markers of README.md are
 run by bash on a small ShareGPT file, with only these substitutions: the
 tokenizer folder (a BPE built here), build/bin/ (the binaries under test),
-python3 (this interpreter), the port (a free one) and the example's path."""
+python3 (this interpreter), the port (a free one) and the example's path;
+and in a clean environment (no PYTHONPATH, no HSFLOW_*), as on a fresh clone
+after the README's two set-up commands."""
 import json
 import os
 import random
@@ -78,10 +80,28 @@ def script_for(block, tok_dir, port):
     return "set -euo pipefail\n" + s
 
 
+def clean_env():
+    """The environment of a user on a fresh clone: none of the test run's
+    PYTHONPATH, HSFLOW_* or HS_* settings, so the commands find the package
+    and the library as the README says they do. Kept: the basics of a shell,
+    a sanitizer runtime CTest preloads into an instrumented build, and, when
+    the build under test is not the checkout's build/ (which the README's
+    python3 command finds by itself), that build's library."""
+    keep = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "LD_PRELOAD", "ASAN_OPTIONS",
+            "UBSAN_OPTIONS", "TSAN_OPTIONS")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    lib = os.environ.get("HSFLOW_LIB")
+    if lib and os.path.realpath(lib) != os.path.realpath(os.path.join(ROOT, "build",
+                                                                     "libhsflow.so")):
+        env["HSFLOW_LIB"] = lib
+    env["HS_LOG_LEVEL"] = "warn"
+    return env
+
+
 def run_script(d, script, timeout=300):
     """Runs script with bash in its own process group, all of which is
     killed if it has not finished within `timeout` seconds."""
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HS_LOG_LEVEL="warn")
+    env = clean_env()
     p = subprocess.Popen(["bash", "-c", script], cwd=d, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -102,7 +122,7 @@ def run_script(d, script, timeout=300):
 def test_readme_walkthrough_from_sharegpt_to_a_run(workdir):
     d, tok_dir = workdir
     block = readme_block("walkthrough")
-    assert README_TOKENIZER in block and "hsflow.data prepare chat.jsonl train.hst" in block
+    assert README_TOKENIZER in block and "build/bin/hsflow-data prepare chat.jsonl train.hst" in block
     r = run_script(d, script_for(block, tok_dir, free_port()))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     meta = json.load(open(d / "train.hst.meta.json"))

@@ -98,7 +98,8 @@ def test_pip_install_puts_the_library_and_the_commands_inside_the_package(venv):
     assert os.path.isfile(os.path.join(pkg, "libhsflow.so"))
     for tool in ("hs-consumer", "hs-producer", "hs-data", "hs-forward"):
         assert os.access(os.path.join(pkg, "bin", tool), os.X_OK), tool
-    for script in ("hsflow-produce", "hsflow-data"):
+    for script in ("hsflow-produce", "hsflow-data", "hs-consumer", "hs-producer", "hs-data",
+                   "hs-forward"):
         assert os.access(str(env_dir / "bin" / script), os.X_OK), script
     # The wheel is the library and the binding, not the tests.
     assert not os.path.exists(os.path.join(pkg, "tests"))
@@ -139,6 +140,20 @@ def test_console_scripts_answer_help_and_version(venv):
     assert tool.startswith(str(env_dir)), tool
     r = run([tool, "--version"], cwd=outside)
     assert r.stdout.split()[:2] == ["hs-producer", want]
+
+
+def test_every_command_is_on_path_after_install(venv):
+    """The venv's bin/ (on PATH once it is activated) runs the C commands
+    through console scripts that exec the binaries in hsflow/bin/."""
+    env_dir, py, outside = venv
+    want = header_version()
+    env = user_env(PATH=str(env_dir / "bin") + os.pathsep + os.environ.get("PATH", ""))
+    for cmd in ("hs-consumer", "hs-producer", "hs-data", "hs-forward", "hsflow-produce",
+                "hsflow-data"):
+        r = run([cmd, "--version"], cwd=outside, env=env)
+        assert r.stdout.split()[:2] == [cmd, want], (cmd, r.stdout)
+    r = run(["hs-data", "synth", "d.jsonl", "--sequences", "5"], cwd=outside, env=env)
+    assert os.path.getsize(os.path.join(str(outside), "d.jsonl")) > 0
 
 
 def test_hsflow_lib_still_overrides_the_bundled_library(venv, tmp_path):

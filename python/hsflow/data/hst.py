@@ -46,11 +46,10 @@ def crc32c(data, crc=0):
 
 
 def _xxh3():
-    try:
-        import xxhash
-    except ImportError as e:
-        raise RuntimeError("writing .hst needs the xxhash package (pip install xxhash), or write "
-                           "JSONL (OUT ending in .jsonl) and convert it with `hs-data import`") from e
+    from .._deps import need
+    xxhash = need("xxhash", "hsflow-data prepare", "data",
+                  purpose="writing .hst (or write JSONL, OUT ending in .jsonl, and convert it "
+                          "with `hs-data import`)")
     return xxhash.xxh3_64()
 
 

@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .._deps import MissingPackage, need
 from .._lib import add_version_flag
 from .._outfile import output_conflict
 from . import chat
@@ -171,10 +172,8 @@ def _json_array_records(path):
 
 
 def _parquet_records(path):
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise UsageError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from e
+    pq = need("pyarrow.parquet", "hsflow-data prepare", "data", package="pyarrow",
+              purpose=f"reading Parquet ({path})")
     pf = pq.ParquetFile(path)
     row = 0
     for batch in pf.iter_batches(batch_size=1024):
@@ -184,11 +183,8 @@ def _parquet_records(path):
 
 
 def _datasets_records(path, split):
-    try:
-        import datasets
-    except ImportError as e:
-        raise UsageError(f"{path}: reading a datasets folder needs the datasets package "
-                         "(pip install datasets)") from e
+    datasets = need("datasets", "hsflow-data prepare", "data",
+                    purpose=f"reading a datasets folder ({path})")
     ds = datasets.load_from_disk(path)
     if isinstance(ds, datasets.DatasetDict):
         names = list(ds.keys())
@@ -355,11 +351,9 @@ def resolve_tokenizer(path):
 def load_tokenizer(path):
     if not path:
         return None
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as e:
-        raise UsageError("tokenising needs transformers (pip install transformers tokenizers)") \
-            from e
+    need("tokenizers", "hsflow-data", "data", purpose="tokenising")
+    AutoTokenizer = need("transformers", "hsflow-data", "data",
+                         purpose="tokenising").AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:
@@ -1035,6 +1029,9 @@ def main(argv=None):
             return _inspect(args, opts)
         counts, meta = prepare(args.input, args.output, opts)
     except UsageError as e:
+        print(f"hsflow-data: {e}", file=sys.stderr)
+        return 2
+    except MissingPackage as e:
         print(f"hsflow-data: {e}", file=sys.stderr)
         return 2
     except (Malformed, TooManySkipped) as e:
