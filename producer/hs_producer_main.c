@@ -93,6 +93,15 @@ static const char usage[] =
     "A second signal exits at once. A producer whose .hst file is truncated or rewritten in\n"
     "place while it runs stops with an error naming the file (exit 2).\n"
     "\n"
+    "exit status (the same for hsflow-produce):\n"
+    "  0  the run is over, or stopped cleanly by a signal\n"
+    "  1  the run failed: no consumer within --connect-timeout, the consumer lost, a worker\n"
+    "     failed\n"
+    "  2  bad flags, model or data, or refused by the consumer (plan, layout, dataset,\n"
+    "     version, secret): the same command fails again until they are fixed\n"
+    "  3  out of memory: the budget does not fit (lower --token-budget)\n"
+    "  128+N  a second signal N\n"
+    "\n"
     "examples:\n"
     "  hs-producer --to drafter:7000 --data train.hst --token-budget 65536 \\\n"
     "      --source model --model /models/Llama-3.1-8B --layers 2,16,29 --gpus 0,1,2\n"
@@ -424,6 +433,29 @@ static int check(options_t *o)
     return 0;
 }
 
+/* The exit status of a run, the table of --help (hsflow-produce follows it
+ * too): 2 for what the same command would meet again (flags, data, model,
+ * a refusal by the consumer), 3 out of memory, 1 a failure of the run. */
+static int exit_code(hs_status_t st)
+{
+    switch (st) {
+    case HS_OK:
+        return 0;
+    case HS_ERR_INVALID:
+    case HS_ERR_NOT_FOUND:
+    case HS_ERR_FORMAT:
+    case HS_ERR_IO:
+    case HS_ERR_MISMATCH:
+    case HS_ERR_AUTH:
+    case HS_ERR_UNSUPPORTED:
+        return 2;
+    case HS_ERR_NOMEM:
+        return 3;
+    default:
+        return 1;
+    }
+}
+
 /* The first SIGTERM/SIGINT asks the engine to stop cleanly (finish the
  * batches in progress, leave the queued tickets to the other producers, say
  * BYE, exit 0); a second one exits at once. */
@@ -499,12 +531,13 @@ int main(int argc, char **argv)
     signal(SIGINT, on_stop_signal);
     hs_status_t st;
     if (o.preflight || o.budget_auto) {
+        /* the budget does not fit: exit 3 as out of memory, see exit_code */
         uint32_t budget = o.cfg.token_budget;
         st = hs_producer_preflight(&o.cfg, &budget);
         if (st != HS_OK) {
             fprintf(stderr, "hs-producer: preflight %s: %s\n",
                     st == HS_ERR_NOSPACE ? "refused this budget" : "failed", hs_status_str(st));
-            return st == HS_ERR_NOSPACE ? 3 : 1;
+            return st == HS_ERR_NOSPACE ? 3 : exit_code(st);
         }
         if (o.preflight) return 0;
         hs_info("--token-budget auto: %u tokens", budget);
@@ -512,15 +545,5 @@ int main(int argc, char **argv)
     }
     st = hs_producer_run(&o.cfg);
     free(net_devices);
-    switch (st) {
-    case HS_OK:
-        return 0;
-    case HS_ERR_INVALID:
-    case HS_ERR_NOT_FOUND:
-    case HS_ERR_FORMAT:
-    case HS_ERR_IO:
-        return 2;
-    default:
-        return 1;
-    }
+    return exit_code(st);
 }

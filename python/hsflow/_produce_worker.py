@@ -12,14 +12,19 @@ buffer directly and the same loop runs with the copies done in place.
 
 Messages to the parent (a multiprocessing queue): ("ready", i, info),
 ("error", i, code, text), ("stats", i, figures), ("exit", i, code, figures).
-Exit codes: 0 run over, 1 failure, 2 bad model/flags or refused by the
-consumer, 3 out of memory (the ticket went back; lower the token budget).
+Exit codes, hs-producer's: 0 run over, 1 failure (no consumer, lost, a
+crash), 2 bad model/flags or refused by the consumer, 3 out of memory (the
+ticket went back; lower the token budget).
 """
 import os
 import signal
 import time
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_OOM = 0, 1, 2, 3
+# What hs-producer exits 2 for too: the consumer refused this producer (plan,
+# layout, dataset, version, secret) or the flags name what cannot work
+# (HS_ERR_INVALID, _IO, _FORMAT, _MISMATCH, _AUTH, _NOT_FOUND, _UNSUPPORTED).
+REFUSED_STATUS = (-1, -3, -4, -6, -7, -13, -14)
 
 
 class _Stop(Exception):
@@ -416,13 +421,20 @@ def worker_main(index, spec, queue, go, abort):
         queue.put(("error", index, code, "worker %d (%s): %s" % (index, w.label, e)))
     except Exception as e:
         import hsflow
-        if isinstance(e, hsflow.HsflowError) and w.fig["batches"] == 0:
+        if (isinstance(e, hsflow.HsflowError) and w.fig["batches"] == 0 and
+                e.status in REFUSED_STATUS):
             code = EXIT_INPUT
             queue.put(("error", index, code,
                        "worker %d (%s): %s. The consumer refused this producer or is not there: "
                        "every producer of a run needs the same --data, --token-budget, "
                        "--max-seq-len, --overflow, --seed and --layers, and the model's hidden "
                        "size (%d) must be the run's" % (index, w.label, e, spec["hidden_size"])))
+        elif isinstance(e, hsflow.HsflowError) and w.fig["batches"] == 0:
+            code = EXIT_FAIL  # nobody there, or lost: the same command may work later
+            queue.put(("error", index, code,
+                       "worker %d (%s): %s. No consumer took this producer at --to %s within "
+                       "--connect-timeout, or it was lost: start the consumer first, check the "
+                       "address, or give --reconnect" % (index, w.label, e, spec.get("to"))))
         else:
             code = EXIT_FAIL
             log.exception("worker %d (%s) failed", index, w.label)

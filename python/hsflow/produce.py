@@ -31,9 +31,11 @@ HS_<NAME>, e.g. HS_TOKEN_BUDGET=65536.
 
 One worker process per GPU (--gpus 0,1,2) or N CPU workers (--gpus cpu:N),
 each with its own model replica holding only the decoder layers up to the
-highest captured one (no LM head). Exit status: 0 the run is over, 1 a
-worker failed or died, 2 bad flags, model or data, or refused by the
-consumer, 3 out of memory (lower --token-budget)."""
+highest captured one (no LM head). Exit status, as hs-producer's: 0 the
+run is over, 1 the run failed (no consumer within --connect-timeout, the
+consumer lost, a worker failed or died), 2 bad flags, model or data, or
+refused by the consumer (plan, layout, dataset, version, secret), 3 out of
+memory (lower --token-budget)."""
 
 EPILOG = """\
 examples:

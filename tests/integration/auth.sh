@@ -28,21 +28,21 @@ base=(--to 127.0.0.1:$port --transport tcp --data "$data" --token-budget 4096 --
 if [ "$mode" = basic ]; then
     # 1: a wrong secret.
     start wrong "$PRODUCER" "${base[@]}" --secret-file "$SCRATCH/other-secret" --name wrong
-    expect_exit wrong 1 30
+    expect_exit wrong 2 30
     log_has wrong 'authentication failed'
     log_has consumer 'producer wrong .* dropped: authentication failed'
     # 2: no secret at all.
     start none "$PRODUCER" "${base[@]}" --name none
-    expect_exit none 1 30
+    expect_exit none 2 30
     log_has none 'consumer requires authentication.*--secret-file'
 else
     # 3: peers without the secret offer another plan (--seed 99) and another
     # layout; neither may shape the run, and each is told about the secret.
     start wrong "$PRODUCER" "${base[@]}" --seed 99 --secret-file "$SCRATCH/other-secret" --name wrong
-    expect_exit wrong 1 30
+    expect_exit wrong 2 30
     log_has wrong 'authentication failed'
     start none "$PRODUCER" "${base[@]}" --layers 1,2 --name none
-    expect_exit none 1 30
+    expect_exit none 2 30
     # Checked after the real producers ran, so a failure shows both symptoms.
     if grep -q 'mismatch' "$SCRATCH/none.log" ||
         ! grep -Eq 'consumer requires authentication.*--secret-file' "$SCRATCH/none.log"; then

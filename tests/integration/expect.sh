@@ -32,7 +32,7 @@ wait_log consumer 'run pinned to plan '"$plan_hash" 30
 base=(--to 127.0.0.1:$port --transport tcp --source synthetic --gpus cpu:1 --connect-timeout 30
     --token-budget 4096)
 
-# refused NAME REGEX... -- ARGS: a producer that must be refused (exit 1),
+# refused NAME REGEX... -- ARGS: a producer that must be refused (exit 2),
 # the consumer's and its own log naming what differs.
 refused() {
     local name=$1
@@ -44,7 +44,7 @@ refused() {
     done
     shift
     start "$name" "$PRODUCER" "${base[@]}" "$@" --name "$name"
-    expect_exit "$name" 1 30
+    expect_exit "$name" 2 30
     for re in "${res[@]}"; do
         log_has "$name" "$re"
         log_has consumer "$re"

@@ -22,7 +22,7 @@ start p1 "$PRODUCER" "${base[@]}" --token-budget 4096 --hidden-size 256 --layers
 wait_log consumer 'producer p1 .* ready' 30
 kill -STOP "$(pid_of p1)"
 
-# refused NAME REGEX...: run a producer that must be refused (exit 1), its
+# refused NAME REGEX...: run a producer that must be refused (exit 2), its
 # log matching every regex.
 n_refused=0
 refused() {
@@ -30,7 +30,7 @@ refused() {
     shift
     n_refused=$((n_refused + 1))
     start "$name" "$PRODUCER" "${base[@]}" "${ARGS[@]}" --name "$name"
-    expect_exit "$name" 1 30
+    expect_exit "$name" 2 30
     for re in "$@"; do log_has "$name" "$re"; done
     log_has consumer "producer $name .* dropped"
 }

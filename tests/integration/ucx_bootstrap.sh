@@ -120,11 +120,11 @@ n=$(grep -c 'ucx bootstrap: .* passed' "$SCRATCH/consumer.log")
 base=(--to 127.0.0.1:$port --transport ucx --data "$data" --token-budget 4096 --hidden-size 256
     --layers 2,16,29 --source synthetic --gpus cpu:1 --connect-timeout 30)
 start wrong "$PRODUCER" "${base[@]}" --secret-file "$SCRATCH/other-secret" --name wrong
-expect_exit wrong 1 30
+expect_exit wrong 2 30
 log_has wrong "refused: the consumer refused the connection: authentication failed: the producer's --secret-file differs"
 log_has consumer "refused in the UCX bootstrap: authentication failed"
 start nosecret "$PRODUCER" "${base[@]}" --name nosecret
-expect_exit nosecret 1 30
+expect_exit nosecret 2 30
 log_has nosecret 'refused: .*requires a shared secret: start the producer with --secret-file'
 running consumer || fail "the consumer died after the refused producers"
 

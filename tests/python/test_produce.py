@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -364,6 +365,37 @@ def test_bad_model_folders_and_layer_indices_fail_before_any_ticket(models, data
             assert re.search(msg, pr.text, re.S), pr.text
         s = c.stats()
     assert s["producers_seen"] == 0 and s["tickets_out"] == 0
+
+
+def test_both_producers_exit_2_when_refused_and_1_when_no_consumer_answers(models, data,
+                                                                           producer_bin):
+    """One exit-code table for hs-producer and hsflow-produce: a refusal by
+    the consumer (here another plan than the one it pins) is 2, as bad flags
+    are, since the same command fails again; no consumer within
+    --connect-timeout is 1, a failure of the run."""
+    path, _ = models["llama"]
+    data_path, _ = data
+
+    def commands(port):
+        return {"hsflow-produce": produce_cmd(port, data_path, path, "1,3",
+                                              "--connect-timeout", "3", "--self-check", "0"),
+                "hs-producer": [producer_bin, "--to", "127.0.0.1:%d" % port, "--data", data_path,
+                                "--token-budget", str(BUDGET), "--source", "model", "--model",
+                                path, "--layers", "1,3", "--connect-timeout", "3"]}
+
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, arrays="numpy",
+                         expect={"plan": "0123456789abcdef"}) as c:
+        for name, cmd in commands(c.port).items():
+            pr = Proc(cmd)
+            assert pr.wait() == 2, (name, pr.text)
+            assert re.search(r"refused", pr.text), (name, pr.text)
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for name, cmd in commands(port).items():
+        pr = Proc(cmd)
+        assert pr.wait() == 1, (name, pr.text)
+        assert "Traceback" not in pr.text, (name, pr.text)
 
 
 def test_summary_json_onto_an_input_is_refused_before_anything_runs(models, data, tmp_path):
