@@ -374,7 +374,7 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
         l->pr = pr;
         l->index = i;
         snprintf(l->consumer_name, sizeof(l->consumer_name), "%s:%u", l->host, l->port);
-        st = hs__link_connect(l, (int)cfg->connect_timeout_s * 1000);
+        st = hs__link_connect(l, (int)cfg->connect_timeout_s * 1000, 0);
         if (st != HS_OK && l->done) {
             st = HS_OK; /* told BYE (or refused, as logged) while connecting */
             hs__links_update_done(pr);

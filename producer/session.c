@@ -436,13 +436,13 @@ const hs_tp_callbacks_t hs__producer_callbacks = {
 };
 
 /* cb_frame binds a connection delivered while it connects to l. */
-hs_status_t hs__link_connect(link_t *l, int timeout_ms)
+hs_status_t hs__link_connect(link_t *l, int timeout_ms, unsigned flags)
 {
     producer_t *pr = l->pr;
     hs_tp_conn_t *conn = NULL;
     l->conn = NULL;
     pr->net.connecting = l;
-    hs_status_t st = hs_tp_connect(pr->tp, l->host, l->port, timeout_ms, &conn);
+    hs_status_t st = hs_tp_connect_flags(pr->tp, l->host, l->port, timeout_ms, flags, &conn);
     pr->net.connecting = NULL;
     l->conn = st == HS_OK ? conn : NULL;
     return st;
@@ -509,7 +509,9 @@ void hs__link_reconnect(link_t *l)
     double now = hs_now_s();
     if (now - l->t_try < 0.2) return;
     l->t_try = now;
-    hs_status_t st = hs__link_connect(l, 1000);
+    /* each failed try is expected while the consumer restarts: INFO, and
+     * one ERROR below when the time is up */
+    hs_status_t st = hs__link_connect(l, 1000, HS_TP_CONNECT_QUIET);
     if (l->done) { /* told BYE or refused while connecting */
         l->lost = false;
         hs__links_update_done(pr);

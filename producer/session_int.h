@@ -14,7 +14,7 @@ extern const hs_tp_callbacks_t hs__producer_callbacks;
 /* Connects link l within timeout_ms. The transport may deliver the
  * consumer's first frames while it connects: after a BYE or a refusal l is
  * done and l->conn already closing, so no HELLO must go. */
-HS_MUST_CHECK hs_status_t hs__link_connect(link_t *l, int timeout_ms);
+HS_MUST_CHECK hs_status_t hs__link_connect(link_t *l, int timeout_ms, unsigned flags);
 /* Sends HELLO on l, keeping its body for the AUTH proof. */
 HS_MUST_CHECK hs_status_t hs__link_send_hello(link_t *l);
 /* Packs message m into net.frame_buf and sends it on l (a failure is logged;

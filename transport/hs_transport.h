@@ -131,6 +131,14 @@ HS_MUST_CHECK hs_status_t hs_tp_listen(hs_tp_t *tp, const char *host, uint16_t p
  * HS_ERR_UNSUPPORTED. */
 HS_MUST_CHECK hs_status_t hs_tp_connect(hs_tp_t *tp, const char *host, uint16_t port,
                                         int timeout_ms, hs_tp_conn_t **out);
+/* hs_tp_connect's flags. QUIET: a peer that cannot be reached (nobody
+ * listening, no route, the timeout) is logged at INFO, not ERROR: for a
+ * caller that expects it and tries again, such as a producer's --reconnect.
+ * A refusal (authentication, another version) is an ERROR still. */
+enum { HS_TP_CONNECT_QUIET = 1u << 0 };
+/* hs_tp_connect with flags (HS_TP_CONNECT_*). */
+HS_MUST_CHECK hs_status_t hs_tp_connect_flags(hs_tp_t *tp, const char *host, uint16_t port,
+                                              int timeout_ms, unsigned flags, hs_tp_conn_t **out);
 
 HS_MUST_CHECK hs_status_t hs_tp_send(hs_tp_conn_t *conn, const void *frame, size_t frame_len);
 HS_MUST_CHECK hs_status_t hs_tp_send_payload(hs_tp_conn_t *conn, const void *frame,

@@ -100,7 +100,7 @@ struct hs_tp_ops {
     void (*destroy)(hs_tp_t *tp);
     hs_status_t (*listen)(hs_tp_t *tp, const char *host, uint16_t port, uint16_t *bound_port);
     hs_status_t (*connect)(hs_tp_t *tp, const char *host, uint16_t port, int timeout_ms,
-                           hs_tp_conn_t **out);
+                           unsigned flags, hs_tp_conn_t **out);
     hs_status_t (*send)(hs_tp_conn_t *conn, const void *frame, size_t frame_len);
     hs_status_t (*send_payload)(hs_tp_conn_t *conn, const void *frame, size_t frame_len,
                                 const void *payload, uint64_t payload_len, hs_tp_send_cb cb,

@@ -157,7 +157,7 @@ static hs_status_t tcp_listen(hs_tp_t *t, const char *host, uint16_t port, uint1
 }
 
 static hs_status_t tcp_connect(hs_tp_t *t, const char *host, uint16_t port, int timeout_ms,
-                               hs_tp_conn_t **out)
+                               unsigned flags, hs_tp_conn_t **out)
 {
     tcp_tp_t *tp = tp_of(t);
     struct addrinfo *ai = NULL;
@@ -170,13 +170,15 @@ static hs_status_t tcp_connect(hs_tp_t *t, const char *host, uint16_t port, int 
     st = hs__sock_connect(ai, deadline, tune_stream, tp, &fd, &used, why, sizeof why);
     if (st != HS_OK) {
         freeaddrinfo(ai);
+        hs_log_level_t level = flags & HS_TP_CONNECT_QUIET ? HS_LOG_INFO : HS_LOG_ERROR;
         if (st == HS_ERR_TIMEOUT)
-            hs_error("cannot connect to %s port %u before the timeout: %s; is the consumer running "
-                     "and reachable?",
-                     host, port, why);
+            hs_log(level,
+                   "cannot connect to %s port %u before the timeout: %s; is the consumer running "
+                   "and reachable?",
+                   host, port, why);
         else
-            hs_error("cannot connect to %s port %u: %s; check the address and the route to it",
-                     host, port, why);
+            hs_log(level, "cannot connect to %s port %u: %s; check the address and the route to it",
+                   host, port, why);
         return st;
     }
     tcp_conn_t *c = hs__tcp_conn_new(tp, fd, used->ai_addr, used->ai_addrlen);

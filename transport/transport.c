@@ -173,12 +173,22 @@ hs_status_t hs_tp_listen(hs_tp_t *tp, const char *host, uint16_t port, uint16_t 
 hs_status_t hs_tp_connect(hs_tp_t *tp, const char *host, uint16_t port, int timeout_ms,
                           hs_tp_conn_t **out)
 {
+    return hs_tp_connect_flags(tp, host, port, timeout_ms, 0, out);
+}
+
+hs_status_t hs_tp_connect_flags(hs_tp_t *tp, const char *host, uint16_t port, int timeout_ms,
+                                unsigned flags, hs_tp_conn_t **out)
+{
     if (!tp || !host || !out) return HS_ERR_INVALID;
     if (port == 0) {
         hs_error("cannot connect to %s port 0: give the consumer's port", host);
         return HS_ERR_INVALID;
     }
-    return tp->ops->connect(tp, host, port, timeout_ms, out);
+    if (flags & ~(unsigned)HS_TP_CONNECT_QUIET) {
+        hs_error("hs_tp_connect_flags: unknown flags 0x%x", flags & ~(unsigned)HS_TP_CONNECT_QUIET);
+        return HS_ERR_INVALID;
+    }
+    return tp->ops->connect(tp, host, port, timeout_ms, flags, out);
 }
 
 /* ---- data ----------------------------------------------------------------- */

@@ -223,7 +223,7 @@ static void conn_discard(ucx_tp_t *tp, ucx_conn_t *c)
 }
 
 hs_status_t hs__ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int timeout_ms,
-                            hs_tp_conn_t **out)
+                            unsigned flags, hs_tp_conn_t **out)
 {
     ucx_tp_t *tp = tp_of(t);
     if (tp->in_progress) {
@@ -326,9 +326,10 @@ hs_status_t hs__ucx_connect(hs_tp_t *t, const char *host, uint16_t port, int tim
         if (st == HS_ERR_AUTH || st == HS_ERR_MISMATCH || st == HS_ERR_PROTO || st == HS_ERR_FORMAT)
             hs_error("UCX connection to %s port %u refused: %s", host, port, last);
         else
-            hs_error("cannot connect with UCX to %s port %u: %s; is the consumer running and "
-                     "reachable?",
-                     host, port, last);
+            hs_log(flags & HS_TP_CONNECT_QUIET ? HS_LOG_INFO : HS_LOG_ERROR,
+                   "cannot connect with UCX to %s port %u: %s; is the consumer running and "
+                   "reachable?",
+                   host, port, last);
         return st;
     }
     c->connected = true;

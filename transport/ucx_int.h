@@ -176,7 +176,7 @@ HS_MUST_CHECK hs_status_t hs__ucx_listen(hs_tp_t *t, const char *host, uint16_t 
 
 /* ucx_boot_client.c */
 HS_MUST_CHECK hs_status_t hs__ucx_connect(hs_tp_t *t, const char *host, uint16_t port,
-                                          int timeout_ms, hs_tp_conn_t **out);
+                                          int timeout_ms, unsigned flags, hs_tp_conn_t **out);
 
 /* ucx_mem.c */
 ucp_mem_h hs__ucx_region_memh(ucx_tp_t *tp, ucx_conn_t *c, const void *p, uint64_t len);

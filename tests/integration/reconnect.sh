@@ -41,6 +41,7 @@ for k in $(seq 1 "$kills"); do
         start c$next "$CONSUMER" "${copts[@]}" --train-ms 20
         wait_delivered c$next 3 60
     else
+        sleep 2.5 # longer than a try (1 s): the producers fail at least one, logged at INFO
         start c$next "$CONSUMER" "${copts[@]}" --summary-json "$SCRATCH/s2.json"
     fi
 done
@@ -49,6 +50,11 @@ for i in 1 2; do
     expect_exit p$i 0 60
     [ "$(grep -c 'reconnected to' "$SCRATCH/p$i.log")" -ge "$kills" ] ||
         fail "p$i reconnected fewer than $kills times"
+    # the tries while the consumer was away are expected: INFO, never ERROR
+    log_has p$i 'INFO\] cannot connect'
+    if grep -q ' ERROR\]' "$SCRATCH/p$i.log"; then
+        fail "p$i logged an ERROR while reconnecting: $(grep -m 3 ' ERROR\]' "$SCRATCH/p$i.log")"
+    fi
 done
 expect_json "$SCRATCH/s2.json" "d['complete']" "d['duplicates'] == 0" "d['checksum_failures'] == 0" \
     "d['batches_planned'] + d['batches_resumed'] == 2 * $per_epoch" "d['batches_resumed'] > 0"
