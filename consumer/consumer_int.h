@@ -112,6 +112,7 @@ struct hs_consumer {
     hs__consumer_delivery_t delivery;
     hs__consumer_gpu_t gpu;
     hs__consumer_handed_t handed; /* the trainer's thread */
+    hs_window_t window;           /* recent figures (stats.c), under delivery.lock */
 };
 
 /* Stops the consumer on a problem of its own configuration that no producer

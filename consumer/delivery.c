@@ -106,6 +106,7 @@ static hs_status_t ready_pop(hs_consumer_t *c, hs_sched_item_t *it, int timeout_
     }
     hs_status_t st = HS_OK;
     pthread_mutex_lock(&c->delivery.lock);
+    c->delivery.t_wait = t0; /* the figures count a wait in progress */
     while (!c->delivery.ready_n) {
         if (c->delivery.finished || c->stop) {
             st = c->fatal[0] ? HS_ERR_NOSPACE : HS_ERR_CLOSED;
@@ -123,6 +124,7 @@ static hs_status_t ready_pop(hs_consumer_t *c, hs_sched_item_t *it, int timeout_
             break;
         }
     }
+    c->delivery.t_wait = 0;
     if (c->delivery.t_start > 0)
         c->delivery.starve_s += hs_now_s() - (t0 > c->delivery.t_start ? t0 : c->delivery.t_start);
     if (st == HS_OK) {

@@ -33,6 +33,7 @@ typedef struct {
     uint64_t batches_planned, batches_delivered, tokens_delivered, bytes_received;
     uint64_t checksum_failures, in_trainer;
     double t_start, t_end, starve_s;
+    double t_wait;            /* the trainer waits for a batch since then; 0 when it does not */
     hs_consumer_stats_t snap; /* network thread's figures */
     char waiting[160];        /* what start-up waits for ("" once running) */
     uint64_t max_batch_bytes;

@@ -754,15 +754,17 @@ int main(int argc, char **argv)
                (unsigned long long)s.batches_resumed, o.resume_state ? "resume state" : "journal");
     printf("hsflow summary: %llu/%llu batches delivered (%s), %llu duplicates, %llu checksum "
            "failures, %llu protocol errors, %.3f GB in %.2f s = %.3f GB/s, %.0f tokens/s, "
-           "%llu producers seen (%llu dropped), %llu tickets re-issued, starve %.1f%%\n",
+           "%llu producers seen (%llu dropped), %llu tickets re-issued, starve %.1f%%; "
+           "the last %.0f s: %.0f tokens/s, starve %.1f%%, verify %.0f%%\n",
            (unsigned long long)s.batches_delivered, (unsigned long long)s.batches_planned,
            complete ? "complete" : "INCOMPLETE", (unsigned long long)s.duplicates,
            (unsigned long long)s.checksum_failures, (unsigned long long)s.protocol_errors,
            (double)s.bytes_received / 1e9, s.seconds, (double)s.bytes_received / secs / 1e9,
            (double)s.tokens_delivered / secs, (unsigned long long)s.producers_seen,
            (unsigned long long)s.producers_dropped, (unsigned long long)s.leases_returned,
-           s.starve_pct);
-    char limit[200];
+           s.starve_pct, s.window_s, s.recent_tokens_per_s, s.recent_starve_pct,
+           s.recent_verify_pct);
+    char limit[256];
     hs_consumer_bottleneck_text(&s, limit, sizeof(limit));
     printf("hsflow summary: epoch %u/%u, %.1f%% of the run; producer stall %.1f%%; %s\n", s.epoch,
            s.epochs, s.run_pct, s.producer_stall_pct, limit);

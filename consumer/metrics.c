@@ -57,13 +57,29 @@ int hs_metrics_format(const hs_consumer_stats_t *s, char *buf, size_t cap)
         {"hsflow_epochs", "gauge", "Epochs in the run.", (double)s->epochs},
         {"hsflow_run_ratio", "gauge", "Share of the run's batches delivered.", s->run_pct / 100.0},
         {"hsflow_eta_epoch_seconds", "gauge",
-         "Time left in this epoch at the rate so far; -1 unknown.", s->eta_epoch_s},
-        {"hsflow_eta_run_seconds", "gauge", "Time left in the run at the rate so far; -1 unknown.",
-         s->eta_run_s},
+         "Time left in this epoch at the recent rate; -1 until that is stable.", s->eta_epoch_s},
+        {"hsflow_eta_run_seconds", "gauge",
+         "Time left in the run at the recent rate; -1 until that is stable.", s->eta_run_s},
         {"hsflow_supply_batches_per_second", "gauge", "Batches the producers gave per second.",
          s->supply_batches_per_s},
         {"hsflow_trainer_batches_per_second", "gauge",
          "Batches the trainer took per second while it had data.", s->trainer_batches_per_s},
+        {"hsflow_window_seconds", "gauge", "Span of the recent window (the last 30 s).",
+         s->window_s},
+        {"hsflow_recent_tokens_per_second", "gauge", "Tokens delivered per second, recent window.",
+         s->recent_tokens_per_s},
+        {"hsflow_recent_supply_batches_per_second", "gauge",
+         "Batches the producers gave per second, recent window.", s->recent_supply_batches_per_s},
+        {"hsflow_recent_trainer_batches_per_second", "gauge",
+         "Batches the trainer took per second while it had data, recent window.",
+         s->recent_trainer_batches_per_s},
+        {"hsflow_recent_trainer_starve_ratio", "gauge",
+         "Share of the recent window the trainer waited for data.", s->recent_starve_pct / 100.0},
+        {"hsflow_verify_busy_ratio", "gauge",
+         "Share of their time the checksum threads spent checking.", s->verify_pct / 100.0},
+        {"hsflow_recent_verify_busy_ratio", "gauge",
+         "Share of the recent window the checksum threads spent checking.",
+         s->recent_verify_pct / 100.0},
     };
     size_t len = 0;
     for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
@@ -79,7 +95,7 @@ int hs_metrics_format(const hs_consumer_stats_t *s, char *buf, size_t cap)
                      "# TYPE hsflow_bottleneck gauge\n");
     if (n < 0) return n;
     len += (size_t)n;
-    for (int32_t b = HS_BOTTLENECK_UNKNOWN; b <= HS_BOTTLENECK_NETWORK; b++) {
+    for (int32_t b = HS_BOTTLENECK_UNKNOWN; b <= HS_BOTTLENECK_BALANCED; b++) {
         n = snprintf(buf + (len < cap ? len : cap), len < cap ? cap - len : 0,
                      "hsflow_bottleneck{limit=\"%s\"} %d\n", hs_bottleneck_str(b),
                      s->bottleneck == b);
@@ -111,7 +127,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
         /* 200 while the consumer runs: its version, progress and limit. */
         hs_consumer_stats_t s;
         m->stats(m->arg, &s);
-        char limit[200];
+        char limit[256];
         hs_consumer_bottleneck_text(&s, limit, sizeof(limit));
         const char *fmt = "{\"status\": \"ok\", \"version\": \"%s\", \"epoch\": %u, "
                           "\"epochs\": %u, \"run_pct\": %.2f, \"producers_connected\": %llu, "

@@ -71,11 +71,20 @@ void hs__stats_snapshot(hs_consumer_t *c)
 
 /* A side waiting this share of the time or more is waiting on the other. */
 #define HS_WAIT_PCT_LIMIT 20.0
+/* Checksum threads busy this share of their time or more are the limit when
+ * both sides wait. */
+#define HS_VERIFY_BUSY_PCT 60.0
+/* The ETAs are shown once the window spans this long and this many batches. */
+#define HS_ETA_MIN_WINDOW_S 5.0
+#define HS_ETA_MIN_BATCHES 5
 
-/* Epoch, progress, ETAs and the bottleneck from the counted figures. The
- * rates are those since the first ticket; the trainer's own rate counts
- * only the time it had data. */
-static void stats_derive(hs_consumer_stats_t *s)
+/* The window's counters. */
+enum { W_BATCHES, W_TOKENS, W_BYTES, W_STARVE, W_VERIFY };
+
+/* Epoch, progress, the run's rates, and from the window's rates the ETAs
+ * and the bottleneck. The trainer's own rate counts only the time it had
+ * data. */
+static void stats_derive(hs_consumer_stats_t *s, double window_batches)
 {
     s->eta_epoch_s = s->eta_run_s = -1;
     uint64_t total = s->batches_planned + s->batches_resumed;
@@ -89,22 +98,30 @@ static void stats_derive(hs_consumer_stats_t *s)
     s->supply_batches_per_s = (double)s->batches_delivered / s->seconds;
     double fed_s = s->seconds * (1.0 - s->starve_pct / 100.0);
     s->trainer_batches_per_s = fed_s > 0.01 * s->seconds ? (double)s->batches_delivered / fed_s : 0;
-    if (s->supply_batches_per_s > 0) {
-        uint64_t epoch_end = (uint64_t)s->epoch * per_epoch;
-        s->eta_run_s =
-            (double)(s->batches_planned - s->batches_delivered) / s->supply_batches_per_s;
-        s->eta_epoch_s =
-            (double)(epoch_end > done ? epoch_end - done : 0) / s->supply_batches_per_s;
+    uint64_t epoch_end = (uint64_t)s->epoch * per_epoch;
+    uint64_t left_run = s->batches_planned - s->batches_delivered;
+    uint64_t left_epoch = epoch_end > done ? epoch_end - done : 0;
+    if (!left_run) {
+        s->eta_run_s = s->eta_epoch_s = 0;
+    } else if (s->window_s >= HS_ETA_MIN_WINDOW_S && window_batches >= HS_ETA_MIN_BATCHES &&
+               s->recent_supply_batches_per_s > 0) {
+        s->eta_run_s = (double)left_run / s->recent_supply_batches_per_s;
+        s->eta_epoch_s = (double)left_epoch / s->recent_supply_batches_per_s;
     }
     if (s->batches_delivered < 2 || s->seconds < 1.0) return;
-    bool starving = s->starve_pct >= HS_WAIT_PCT_LIMIT;
+    bool starving = s->recent_starve_pct >= HS_WAIT_PCT_LIMIT;
     bool stalled = s->producer_stall_pct >= HS_WAIT_PCT_LIMIT;
-    if (starving && stalled)
+    bool verifying = s->recent_verify_pct >= HS_VERIFY_BUSY_PCT;
+    if (starving && verifying)
+        s->bottleneck = HS_BOTTLENECK_VERIFY;
+    else if (starving && stalled)
         s->bottleneck = HS_BOTTLENECK_NETWORK;
     else if (starving)
         s->bottleneck = HS_BOTTLENECK_PRODUCERS;
-    else
+    else if (stalled)
         s->bottleneck = HS_BOTTLENECK_TRAINER;
+    else
+        s->bottleneck = HS_BOTTLENECK_BALANCED;
 }
 
 void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
@@ -112,6 +129,7 @@ void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
     memset(s, 0, sizeof(*s));
     hs_cache_stats_t cs;
     hs_cache_stats(c->cache, &cs);
+    double verify_s = hs__verify_pool_busy_s(c->verify); /* its own lock, taken first */
     pthread_mutex_lock(&c->delivery.lock);
     s->batches_planned = c->delivery.batches_planned;
     s->batches_resumed = c->delivery.batches_resumed;
@@ -120,9 +138,14 @@ void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
     s->bytes_received = c->delivery.bytes_received;
     s->tokens_delivered = c->delivery.tokens_delivered;
     s->finished = c->delivery.finished && !c->delivery.ready_n;
+    double t0 = c->delivery.t_start;
     double now = c->delivery.t_end > 0 ? c->delivery.t_end : hs_now_s();
-    s->seconds = c->delivery.t_start > 0 ? now - c->delivery.t_start : 0;
-    s->starve_pct = s->seconds > 0 ? 100.0 * c->delivery.starve_s / s->seconds : 0;
+    s->seconds = t0 > 0 ? now - t0 : 0;
+    /* a wait in progress counts as far as it has gone */
+    double starve_s = c->delivery.starve_s;
+    if (t0 > 0 && c->delivery.t_wait > 0 && c->delivery.t_end == 0)
+        starve_s += now - (c->delivery.t_wait > t0 ? c->delivery.t_wait : t0);
+    s->starve_pct = s->seconds > 0 ? 100.0 * starve_s / s->seconds : 0;
     s->h2d_bytes = c->delivery.h2d_bytes;
     s->h2d_gbytes_per_s =
         c->delivery.h2d_s > 0 ? (double)c->delivery.h2d_bytes / c->delivery.h2d_s / 1e9 : 0;
@@ -138,6 +161,21 @@ void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
     s->store_hits = c->delivery.snap.store_hits;
     s->store_misses = c->delivery.snap.store_misses;
     s->store_bad = c->delivery.snap.store_bad;
+    /* The window: from the first ticket (all counters 0 then) to now. */
+    hs_window_sample_t cur = {.t = now}, base = {0};
+    cur.v[W_BATCHES] = (double)s->batches_delivered;
+    cur.v[W_TOKENS] = (double)s->tokens_delivered;
+    cur.v[W_BYTES] = (double)s->bytes_received;
+    cur.v[W_STARVE] = starve_s;
+    cur.v[W_VERIFY] = verify_s;
+    bool have_base = false;
+    if (t0 > 0) {
+        if (!c->window.n) {
+            hs_window_sample_t start = {.t = t0};
+            (void)hs_window_take(&c->window, &start, &base);
+        }
+        have_base = hs_window_take(&c->window, &cur, &base);
+    }
     pthread_mutex_unlock(&c->delivery.lock);
     if (c->store) {
         hs_store_stats_t ss;
@@ -154,7 +192,25 @@ void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
     s->cache_high_water = cs.high_water;
     s->cache_ready_bytes = cs.ready_bytes;
     s->cache_prepare_s = cs.prepare_s;
-    stats_derive(s);
+    s->verify_threads = c->cfg.verify_threads;
+    double threads = s->verify_threads ? (double)s->verify_threads : 1;
+    s->verify_pct = s->seconds > 0 ? 100.0 * verify_s / (s->seconds * threads) : 0;
+    double window_batches = 0;
+    if (have_base && now > base.t) {
+        double ws = now - base.t, d[HS_WINDOW_VALUES];
+        for (int i = 0; i < HS_WINDOW_VALUES; i++)
+            d[i] = cur.v[i] - base.v[i];
+        s->window_s = ws;
+        window_batches = d[W_BATCHES];
+        s->recent_supply_batches_per_s = d[W_BATCHES] / ws;
+        s->recent_tokens_per_s = d[W_TOKENS] / ws;
+        s->recent_gbytes_per_s = d[W_BYTES] / ws / 1e9;
+        s->recent_starve_pct = 100.0 * d[W_STARVE] / ws;
+        double fed = ws - d[W_STARVE];
+        s->recent_trainer_batches_per_s = fed > 0.01 * ws ? d[W_BATCHES] / fed : 0;
+        s->recent_verify_pct = 100.0 * d[W_VERIFY] / (ws * threads);
+    }
+    stats_derive(s, window_batches);
 }
 
 const char *hs_bottleneck_str(int32_t bottleneck)
@@ -166,6 +222,10 @@ const char *hs_bottleneck_str(int32_t bottleneck)
         return "trainer";
     case HS_BOTTLENECK_NETWORK:
         return "network";
+    case HS_BOTTLENECK_VERIFY:
+        return "verify";
+    case HS_BOTTLENECK_BALANCED:
+        return "balanced";
     default:
         return "unknown";
     }
@@ -176,23 +236,38 @@ int hs_consumer_bottleneck_text(const hs_consumer_stats_t *s, char *buf, size_t 
     /* At the end of a run every producer has left: name those seen. */
     unsigned long long np =
         (unsigned long long)(s->producers_connected ? s->producers_connected : s->producers_seen);
+    /* every figure from the recent window, as the choice of the limit */
     switch (s->bottleneck) {
     case HS_BOTTLENECK_PRODUCERS:
         return snprintf(buf, cap,
                         "producers are the limit: %llu producer%s give %.3g batch/s, the trainer "
-                        "takes %.3g batch/s",
-                        np, np == 1 ? "" : "s", s->supply_batches_per_s, s->trainer_batches_per_s);
+                        "waits for data %.0f%% of the time",
+                        np, np == 1 ? "" : "s", s->recent_supply_batches_per_s,
+                        s->recent_starve_pct);
     case HS_BOTTLENECK_TRAINER:
         return snprintf(buf, cap,
                         "the trainer is the limit: it takes %.3g batch/s, producers wait for "
                         "tickets %.0f%% of the time",
-                        s->trainer_batches_per_s, s->producer_stall_pct);
+                        s->recent_trainer_batches_per_s, s->producer_stall_pct);
     case HS_BOTTLENECK_NETWORK:
         return snprintf(buf, cap,
                         "the network is the limit: %.3g GB/s arrive, producers wait for tickets "
                         "%.0f%% and the trainer for data %.0f%% of the time",
-                        s->seconds > 0 ? (double)s->bytes_received / s->seconds / 1e9 : 0,
-                        s->producer_stall_pct, s->starve_pct);
+                        s->recent_gbytes_per_s, s->producer_stall_pct, s->recent_starve_pct);
+    case HS_BOTTLENECK_VERIFY:
+        return snprintf(buf, cap,
+                        "this consumer's verification is the limit: its %u checksum thread%s "
+                        "%s busy %.0f%% of the time while the trainer waits for data %.0f%%; "
+                        "raise --verify-threads",
+                        s->verify_threads, s->verify_threads == 1 ? "" : "s",
+                        s->verify_threads == 1 ? "is" : "are", s->recent_verify_pct,
+                        s->recent_starve_pct);
+    case HS_BOTTLENECK_BALANCED:
+        return snprintf(buf, cap,
+                        "no side is the limit: the trainer waits for data %.0f%% and producers "
+                        "for tickets %.0f%% of the time, %.3g batch/s",
+                        s->recent_starve_pct, s->producer_stall_pct,
+                        s->recent_supply_batches_per_s);
     default:
         return snprintf(buf, cap, "too early to name the limit");
     }
@@ -222,20 +297,23 @@ void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap)
     memcpy(waiting, c->delivery.waiting, sizeof(waiting));
     pthread_mutex_unlock(&c->delivery.lock);
     double secs = s.seconds > 0 ? s.seconds : 1e-9;
-    char ee[32], er[32], limit[200];
+    char ee[32], er[32], limit[256];
     hs_consumer_bottleneck_text(&s, limit, sizeof(limit));
+    /* the last 30 s first, the run's averages in brackets */
     int n = snprintf(
         buf, cap,
-        "epoch %u/%u | %llu/%llu batches (%.1f%%) | %.0f tok/s | %.2f GB/s | ETA epoch %s, "
-        "run %s | cache %.0f%% | tickets out %llu | producers %llu | producer stall %.0f%% | "
-        "starve %.0f%% | %s",
+        "epoch %u/%u | %llu/%llu batches (%.1f%%) | %.0f tok/s (run %.0f) | %.2f GB/s (run %.2f) | "
+        "ETA epoch %s, run %s | cache %.0f%% | tickets out %llu | producers %llu | producer stall "
+        "%.0f%% | starve %.0f%% (run %.0f%%) | verify %.0f%% | %s",
         s.epoch, s.epochs, (unsigned long long)s.batches_delivered,
-        (unsigned long long)s.batches_planned, s.run_pct, (double)s.tokens_delivered / secs,
+        (unsigned long long)s.batches_planned, s.run_pct, s.recent_tokens_per_s,
+        (double)s.tokens_delivered / secs, s.recent_gbytes_per_s,
         (double)s.bytes_received / secs / 1e9, duration_str(s.eta_epoch_s, ee, sizeof(ee)),
         duration_str(s.eta_run_s, er, sizeof(er)),
         s.cache_capacity ? 100.0 * (double)s.cache_used / (double)s.cache_capacity : 0,
         (unsigned long long)s.tickets_out, (unsigned long long)s.producers_connected,
-        s.producer_stall_pct, s.starve_pct, waiting[0] ? waiting : limit);
+        s.producer_stall_pct, s.recent_starve_pct, s.starve_pct, s.recent_verify_pct,
+        waiting[0] ? waiting : limit);
     size_t len = n < 0 ? cap : (size_t)n;
     if (c->store && len < cap) {
         n = snprintf(buf + len, cap - len,
@@ -255,7 +333,7 @@ void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap)
 int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
 {
     double secs = s->seconds > 0 ? s->seconds : 1e-9;
-    char limit[200];
+    char limit[256];
     hs_consumer_bottleneck_text(s, limit, sizeof(limit)); /* no quote nor backslash in it */
     return snprintf(
         buf, cap,
@@ -273,6 +351,10 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         "  \"h2d_bytes\": %llu,\n  \"h2d_gbytes_per_s\": %.3f,\n"
         "  \"epoch\": %u,\n  \"run_pct\": %.2f,\n  \"eta_epoch_s\": %.1f,\n  \"eta_run_s\": %.1f,\n"
         "  \"supply_batches_per_s\": %.4f,\n  \"trainer_batches_per_s\": %.4f,\n"
+        "  \"window_s\": %.3f,\n  \"recent_tokens_per_s\": %.1f,\n"
+        "  \"recent_gbytes_per_s\": %.4f,\n  \"recent_supply_batches_per_s\": %.4f,\n"
+        "  \"recent_trainer_batches_per_s\": %.4f,\n  \"recent_starve_pct\": %.2f,\n"
+        "  \"verify_threads\": %u,\n  \"verify_pct\": %.2f,\n  \"recent_verify_pct\": %.2f,\n"
         "  \"bottleneck\": \"%s\",\n  \"bottleneck_text\": \"%s\",\n"
         "  \"store_hits\": %llu,\n  \"store_misses\": %llu,\n  \"store_writes\": %llu,\n"
         "  \"store_skipped\": %llu,\n  \"store_bad\": %llu,\n  \"store_batches\": %llu,\n"
@@ -289,11 +371,14 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         (unsigned long long)s->producers_connected, (unsigned long long)s->cache_ready_bytes,
         s->cache_prepare_s, s->starve_pct, s->producer_stall_pct, (unsigned long long)s->h2d_bytes,
         s->h2d_gbytes_per_s, s->epoch, s->run_pct, s->eta_epoch_s, s->eta_run_s,
-        s->supply_batches_per_s, s->trainer_batches_per_s, hs_bottleneck_str(s->bottleneck), limit,
-        (unsigned long long)s->store_hits, (unsigned long long)s->store_misses,
-        (unsigned long long)s->store_writes, (unsigned long long)s->store_skipped,
-        (unsigned long long)s->store_bad, (unsigned long long)s->store_batches,
-        (unsigned long long)s->store_bytes_written, s->store_full ? "true" : "false",
+        s->supply_batches_per_s, s->trainer_batches_per_s, s->window_s, s->recent_tokens_per_s,
+        s->recent_gbytes_per_s, s->recent_supply_batches_per_s, s->recent_trainer_batches_per_s,
+        s->recent_starve_pct, s->verify_threads, s->verify_pct, s->recent_verify_pct,
+        hs_bottleneck_str(s->bottleneck), limit, (unsigned long long)s->store_hits,
+        (unsigned long long)s->store_misses, (unsigned long long)s->store_writes,
+        (unsigned long long)s->store_skipped, (unsigned long long)s->store_bad,
+        (unsigned long long)s->store_batches, (unsigned long long)s->store_bytes_written,
+        s->store_full ? "true" : "false",
         (s->batches_planned || s->batches_resumed) && s->batches_delivered == s->batches_planned
             ? "true"
             : "false");

@@ -3,7 +3,13 @@
  * status line, the summary's JSON and the bottleneck's words. The network
  * thread's own figures reach them through a snapshot it publishes under
  * the delivery lock each turn; everything else is read under that lock or
- * from the cache, so any thread may ask. */
+ * from the cache, so any thread may ask.
+ *
+ * Rates and shares come twice: since the first ticket (the run's averages)
+ * and over the recent window (the last HS_WINDOW_SPAN_S seconds, from
+ * samples taken as the figures are read: hs_consumer_t.window, under the
+ * delivery lock). The limit and the ETAs use the window, so a slowdown late
+ * in a long run shows. */
 #ifndef HS_STATS_INT_H
 #define HS_STATS_INT_H
 

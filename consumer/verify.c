@@ -26,7 +26,10 @@ struct hs__verify_pool {
     pthread_cond_t cond;   /* a job was queued, or stop */
     job_ring_t todo, done; /* under lock */
     uint32_t checking;     /* jobs a thread holds now; under lock */
-    bool stop;             /* under lock */
+    /* thread-seconds spent checking, the integral of `checking` up to
+     * t_busy; under lock */
+    double busy_s, t_busy;
+    bool stop; /* under lock */
     pthread_t *threads;
     uint32_t n_threads; /* started and not yet joined */
 };
@@ -58,6 +61,25 @@ static hs_status_t ring_grow(job_ring_t *r, uint32_t cap)
     return HS_OK;
 }
 
+/* Adds the time since the last change at the current number of checks to
+ * busy_s. Under lock. */
+static void busy_advance(hs__verify_pool_t *vp)
+{
+    double now = hs_now_s();
+    if (vp->t_busy > 0) vp->busy_s += (double)vp->checking * (now - vp->t_busy);
+    vp->t_busy = now;
+}
+
+double hs__verify_pool_busy_s(hs__verify_pool_t *vp)
+{
+    if (!vp) return 0;
+    pthread_mutex_lock(&vp->lock);
+    busy_advance(vp);
+    double busy = vp->busy_s;
+    pthread_mutex_unlock(&vp->lock);
+    return busy;
+}
+
 static void *verify_main(void *arg)
 {
     hs__verify_pool_t *vp = arg;
@@ -68,12 +90,14 @@ static void *verify_main(void *arg)
             pthread_cond_wait(&vp->cond, &vp->lock);
         if (vp->stop) break;
         ring_get(&vp->todo, &j);
+        busy_advance(vp);
         vp->checking++;
         pthread_mutex_unlock(&vp->lock);
 
         vp->check(vp->arg, &j);
 
         pthread_mutex_lock(&vp->lock);
+        busy_advance(vp);
         vp->checking--;
         ring_put(&vp->done, &j); /* push left room for every job in flight */
         vp->wake(vp->arg);

@@ -51,6 +51,11 @@ void hs__verify_pool_destroy(hs__verify_pool_t *vp); /* NULL ok; stops first */
  * (logged) only when the rings had to grow and could not. */
 __attribute__((warn_unused_result)) hs_status_t hs__verify_pool_push(hs__verify_pool_t *vp,
                                                                      const hs__verify_job_t *job);
+/* The thread-seconds the checksum threads have spent checking so far (the
+ * checks in progress included), for the consumer's figures: divided by the
+ * seconds and the number of threads it is their busy share. NULL vp gives
+ * 0. Any thread. */
+double hs__verify_pool_busy_s(hs__verify_pool_t *vp);
 /* Copies up to `cap` verdicts, oldest first, into out[]; returns how many. */
 uint32_t hs__verify_pool_take(hs__verify_pool_t *vp, hs__verify_job_t *out, uint32_t cap);
 

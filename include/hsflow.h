@@ -253,23 +253,45 @@ typedef struct {
      * again), held now, and whether the disk filled (0/1). */
     uint64_t store_hits, store_misses, store_writes, store_skipped, store_bad;
     uint64_t store_batches, store_bytes_written, store_full;
+    int32_t bottleneck; /* hs_bottleneck_t, from the recent window */
+    /* The recent window: the last 30 s (less early in the run), the span of
+     * the figures below. The limit and the ETAs come from these; the ETAs
+     * stay -1 until the window is long enough to be stable (5 s and 5
+     * batches). */
+    double window_s;
+    double recent_tokens_per_s;
+    double recent_gbytes_per_s;
+    double recent_supply_batches_per_s;
+    double recent_trainer_batches_per_s; /* while it had data; 0 when it never had */
+    double recent_starve_pct;
+    /* The consumer's own verification: the share of their time its checksum
+     * threads spent checking, since the first ticket and over the window. */
+    uint32_t verify_threads;
+    double verify_pct;
+    double recent_verify_pct;
 } hs_consumer_stats_t;
 
-/* Which side limits the run, from the measured rates: the trainer waits for
- * data most of the time while producers have tickets (producers), producers
- * wait for tickets while the trainer has data (trainer), or both wait at
- * once: the batches are on the wire (network). */
+/* Which side limits the run, from the recent window's figures: the trainer
+ * waits for data most of the time while producers have tickets
+ * (producers), producers wait for tickets while the trainer has data
+ * (trainer), or both wait at once: the batches are in between, on the wire
+ * (network) or in the consumer's own checksum threads when those are busy
+ * most of the time, 60% or more (verify; --verify-threads lifts it). When neither
+ * side waits much, none is (balanced). */
 typedef enum {
     HS_BOTTLENECK_UNKNOWN = 0, /* too early to tell */
     HS_BOTTLENECK_PRODUCERS = 1,
     HS_BOTTLENECK_TRAINER = 2,
     HS_BOTTLENECK_NETWORK = 3,
+    HS_BOTTLENECK_VERIFY = 4,
+    HS_BOTTLENECK_BALANCED = 5,
 } hs_bottleneck_t;
-/* "unknown", "producers", "trainer", "network". */
+/* "unknown", "producers", "trainer", "network", "verify", "balanced". */
 const char *hs_bottleneck_str(int32_t bottleneck);
 /* The limit as one plain sentence ("producers are the limit: 3 producers
- * give 0.48 batch/s, the trainer takes 1.9 batch/s") into buf[cap]; returns
- * the length it needs (as snprintf). */
+ * give 0.48 batch/s, the trainer waits for data 81% of the time"), every
+ * figure from the recent window, into buf[cap]; returns the length it needs
+ * (as snprintf). */
 int hs_consumer_bottleneck_text(const hs_consumer_stats_t *s, char *buf, size_t cap);
 
 typedef struct hs_consumer hs_consumer_t;

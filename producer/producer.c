@@ -498,6 +498,15 @@ hs_status_code_t hs_producer_open(const hs_producer_client_config_t *cc, hs_prod
     return HS_OK;
 }
 
+/* The caller's worker waited for a ticket since t_wait: its stall, counted
+ * from the run's start. Under sh.lock. */
+static void stall_end(producer_t *pr, worker_t *w, double t_wait)
+{
+    if (pr->sh.t_start > 0)
+        w->stall_s += hs_now_s() - (t_wait > pr->sh.t_start ? t_wait : pr->sh.t_start);
+    w->t_stall = 0;
+}
+
 hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout_ms)
 {
     worker_t *w = &pr->workers[0];
@@ -511,6 +520,7 @@ hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout
             dl.tv_nsec -= 1000000000L;
         }
     }
+    double t_wait = hs_now_s();
     pthread_mutex_lock(&pr->sh.lock);
     staging_t *st = NULL;
     for (;;) {
@@ -523,13 +533,16 @@ hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout
             pthread_mutex_unlock(&pr->sh.lock);
             return r;
         }
-        if (timeout_ms < 0)
+        w->t_stall = t_wait; /* waiting for a ticket, as a worker of hs-producer does */
+        if (timeout_ms < 0) {
             pthread_cond_wait(&pr->sh.cond, &pr->sh.lock);
-        else if (pthread_cond_timedwait(&pr->sh.cond, &pr->sh.lock, &dl) == ETIMEDOUT) {
+        } else if (pthread_cond_timedwait(&pr->sh.cond, &pr->sh.lock, &dl) == ETIMEDOUT) {
+            stall_end(pr, w, t_wait);
             pthread_mutex_unlock(&pr->sh.lock);
             return HS_ERR_TIMEOUT;
         }
     }
+    if (w->t_stall > 0) stall_end(pr, w, t_wait);
     ticket_t tk, *t = &tk;
     hs__ticket_pop(pr, &tk);
     st->busy = true;

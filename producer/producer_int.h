@@ -96,6 +96,7 @@ typedef struct worker {
     /* figures (lock) */
     uint64_t batches, tokens, bytes;
     double busy_s, stall_s;
+    double t_stall; /* waits for a ticket since then (counted in the figures); 0 when not */
     double t_taken; /* external source: when the caller took its batch */
     /* progress, for the heartbeat (lock): when it last took, launched or
      * finished a batch, and whether it holds one now */
@@ -124,6 +125,7 @@ typedef struct {
     uint32_t tickets_returned; /* dropped while stopping: the consumer reissues them */
     double heartbeat_s;        /* STATS interval: a quarter of the consumer's lease timeout */
     double t_beat;             /* when the last STATS went */
+    hs_window_t window;        /* recent figures for STATS and the status line (report.c) */
 } producer_net_t;
 
 /* Shared by the workers, the network thread and the API's caller; under lock. */

@@ -8,20 +8,59 @@
 
 #include "session_int.h"
 
+/* The window's counters. */
+enum { R_TOKENS, R_BATCHES, R_BYTES, R_BUSY, R_STALL, R_N };
+
+/* The workers' totals now, a wait for a ticket in progress included, and
+ * the run's start. Under sh.lock. */
+static double totals_locked(producer_t *pr, double now, double v[R_N])
+{
+    double t0 = pr->sh.t_start;
+    for (int k = 0; k < R_N; k++)
+        v[k] = 0;
+    for (uint32_t i = 0; i < pr->cfg->n_workers; i++) {
+        const worker_t *w = &pr->workers[i];
+        v[R_TOKENS] += (double)w->tokens;
+        v[R_BATCHES] += (double)w->batches;
+        v[R_BYTES] += (double)w->bytes;
+        v[R_BUSY] += w->busy_s;
+        v[R_STALL] += w->stall_s;
+        if (t0 > 0 && w->t_stall > 0) v[R_STALL] += now - (w->t_stall > t0 ? w->t_stall : t0);
+    }
+    return t0;
+}
+
+/* The counters over the recent window into d[] (the run's, since the first
+ * WELCOME, while the window is empty); returns its span, 0 before the run.
+ * The network thread. */
+static double window_of(producer_t *pr, double now, double t0, const double v[R_N], double d[R_N])
+{
+    for (int k = 0; k < R_N; k++)
+        d[k] = v[k];
+    if (t0 <= 0 || now <= t0) return 0;
+    hs_window_sample_t cur = {.t = now}, base = {0};
+    for (int k = 0; k < R_N; k++)
+        cur.v[k] = v[k];
+    if (!pr->net.window.n) {
+        hs_window_sample_t start = {.t = t0}; /* every counter 0 */
+        (void)hs_window_take(&pr->net.window, &start, &base);
+    }
+    if (!hs_window_take(&pr->net.window, &cur, &base) || base.t >= now) return now - t0;
+    for (int k = 0; k < R_N; k++)
+        d[k] = v[k] - base.v[k];
+    return now - base.t;
+}
+
 void hs__report_send_stats(producer_t *pr)
 {
     Hsflow__Stats s = HSFLOW__STATS__INIT;
     uint32_t n = pr->cfg->n_workers;
-    double now = hs_now_s(), stall = 0;
-    uint64_t tokens = 0, batches = 0;
+    double now = hs_now_s(), v[R_N], d[R_N];
     bool progressing = false;
     pthread_mutex_lock(&pr->sh.lock);
-    double elapsed = pr->sh.t_start > 0 ? now - pr->sh.t_start : 0;
+    double t0 = totals_locked(pr, now, v);
     for (uint32_t i = 0; i < n; i++) {
         worker_t *w = &pr->workers[i];
-        stall += elapsed > 0 ? 100.0 * w->stall_s / elapsed : 0;
-        tokens += w->tokens;
-        batches += w->batches;
         /* A worker that took or finished a batch since the last beat made
          * progress; so did one inside a batch whose thread kept computing
          * (1 ms of CPU at least: a thread blocked in a wait gets none, one
@@ -37,45 +76,44 @@ void hs__report_send_stats(producer_t *pr)
     }
     pr->net.t_beat = now;
     pthread_mutex_unlock(&pr->sh.lock);
+    double elapsed = t0 > 0 ? now - t0 : 0;
+    double ws = window_of(pr, now, t0, v, d);
     s.progressing = progressing;
     s.worker_count = n;
-    s.tokens = tokens;
-    s.batches = batches;
-    s.stall_pct = n ? stall / n : 0;
-    s.tokens_per_s = elapsed > 0 ? (double)tokens / elapsed : 0;
+    s.tokens = (uint64_t)v[R_TOKENS];
+    s.batches = (uint64_t)v[R_BATCHES];
+    /* over the recent window, as the consumer's own figures: the limit it
+     * names compares the two */
+    s.stall_pct = n && ws > 0 ? 100.0 * d[R_STALL] / ws / n : 0;
+    s.tokens_per_s = ws > 0 ? d[R_TOKENS] / ws : 0;
     s.uptime_ns = (uint64_t)(elapsed * 1e9);
     for (uint32_t i = 0; i < pr->net.n_links; i++)
         if (pr->net.links[i].welcomed) hs__link_send_msg(&pr->net.links[i], HS_MSG_STATS, &s.base);
 }
 
-/* One live status line: rates since the start, worker busy and stall. */
+/* One live status line: rates, worker busy and stall over the recent
+ * window (the run's averages in brackets), and the limit from the window. */
 void hs__report_print_status(producer_t *pr)
 {
-    uint64_t tokens = 0, batches = 0, bytes = 0;
-    double busy = 0, stall = 0;
     uint32_t n = pr->cfg->n_workers;
+    double now = hs_now_s(), v[R_N], d[R_N];
     pthread_mutex_lock(&pr->sh.lock);
-    double elapsed = pr->sh.t_start > 0 ? hs_now_s() - pr->sh.t_start : 0;
-    for (uint32_t i = 0; i < n; i++) {
-        worker_t *w = &pr->workers[i];
-        tokens += w->tokens;
-        batches += w->batches;
-        bytes += w->bytes;
-        busy += w->busy_s;
-        stall += w->stall_s;
-    }
+    double t0 = totals_locked(pr, now, v);
     uint32_t queued = 0;
     for (ticket_t *t = pr->sh.tickets; t; t = t->next)
         queued++;
     uint32_t epoch = pr->sh.epoch_seen + 1, epochs = pr->sh.epochs;
     pthread_mutex_unlock(&pr->sh.lock);
-    if (elapsed <= 0) return;
-    double busy_pct = 100.0 * busy / elapsed / n, stall_pct = 100.0 * stall / elapsed / n;
+    double elapsed = t0 > 0 ? now - t0 : 0;
+    double ws = window_of(pr, now, t0, v, d);
+    if (elapsed <= 0 || ws <= 0) return;
+    double busy_pct = 100.0 * d[R_BUSY] / ws / n, stall_pct = 100.0 * d[R_STALL] / ws / n;
     /* The limit as this side sees it: workers that wait for tickets wait on
-     * the consumer (its trainer or cache); workers that compute nearly all
-     * the time are the limit; the rest of their time goes to sending. */
+     * the consumer (its trainer, its verification or its cache); workers
+     * that compute nearly all the time are the limit; the rest of their
+     * time goes to sending. */
     char limit[160];
-    if (batches < 2)
+    if (v[R_BATCHES] < 2)
         snprintf(limit, sizeof(limit), "too early to name the limit");
     else if (stall_pct >= 20.0)
         snprintf(limit, sizeof(limit),
@@ -88,11 +126,11 @@ void hs__report_print_status(producer_t *pr)
         snprintf(limit, sizeof(limit),
                  "the network is the limit: workers spend %.0f%% of the time sending",
                  100.0 - busy_pct - stall_pct);
-    hs_info("epoch %u/%u | %llu batches | %.0f tok/s | %.2f batch/s | %.2f GB/s | tickets queued "
-            "%u | worker busy %.0f%% | stall %.0f%% | %s",
-            epoch, epochs, (unsigned long long)batches, (double)tokens / elapsed,
-            (double)batches / elapsed, (double)bytes / elapsed / 1e9, queued, busy_pct, stall_pct,
-            limit);
+    hs_info("epoch %u/%u | %llu batches | %.0f tok/s (run %.0f) | %.2f batch/s | %.2f GB/s | "
+            "tickets queued %u | worker busy %.0f%% (run %.0f%%) | stall %.0f%% (run %.0f%%) | %s",
+            epoch, epochs, (unsigned long long)v[R_BATCHES], d[R_TOKENS] / ws,
+            v[R_TOKENS] / elapsed, d[R_BATCHES] / ws, d[R_BYTES] / ws / 1e9, queued, busy_pct,
+            100.0 * v[R_BUSY] / elapsed / n, stall_pct, 100.0 * v[R_STALL] / elapsed / n, limit);
 }
 
 void hs__report_print_summary(producer_t *pr)

@@ -132,8 +132,10 @@ void *hs__worker_cpu_main(void *arg)
             for (int i = 0; i < STAGING_PER_WORKER; i++)
                 if (!w->staging[i].busy) st = &w->staging[i];
             if (pr->sh.tickets && st) break;
+            w->t_stall = t_wait;
             pthread_cond_wait(&pr->sh.cond, &pr->sh.lock);
         }
+        w->t_stall = 0;
         if (pr->sh.stop) break;
         ticket_t tk, *t = &tk;
         hs__ticket_pop(pr, &tk);
@@ -270,8 +272,10 @@ void *hs__worker_gpu_main(void *arg)
                 pthread_cond_timedwait(&pr->sh.cond, &pr->sh.lock, &dl);
                 continue;
             }
+            w->t_stall = t_wait;
             pthread_cond_wait(&pr->sh.cond, &pr->sh.lock);
         }
+        w->t_stall = 0;
         if (pr->sh.stop) break;
         staging_t *st = &w->staging[slot];
         ticket_t tk, *t = &tk;

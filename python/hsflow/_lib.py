@@ -115,7 +115,17 @@ class ConsumerStats(ctypes.Structure):
         ("bottleneck", ctypes.c_int32),
     ] + [(n, _c_u64) for n in (
         "store_hits", "store_misses", "store_writes", "store_skipped", "store_bad",
-        "store_batches", "store_bytes_written", "store_full")]
+        "store_batches", "store_bytes_written", "store_full")] + [
+        ("window_s", ctypes.c_double),
+        ("recent_tokens_per_s", ctypes.c_double),
+        ("recent_gbytes_per_s", ctypes.c_double),
+        ("recent_supply_batches_per_s", ctypes.c_double),
+        ("recent_trainer_batches_per_s", ctypes.c_double),
+        ("recent_starve_pct", ctypes.c_double),
+        ("verify_threads", _c_u32),
+        ("verify_pct", ctypes.c_double),
+        ("recent_verify_pct", ctypes.c_double),
+    ]
 
 
 class ProducerClientConfig(ctypes.Structure):

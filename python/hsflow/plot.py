@@ -16,13 +16,19 @@ import os
 import sys
 
 # The panels: (title, y label, [(field or derived name, legend), ...]).
+# recent_*: over the consumer's last 30 s (older files without them plot 0).
 PANELS = [
-    ("tokens delivered", "tokens/s", [("tokens_per_s_now", "tokens/s")]),
+    ("tokens delivered", "tokens/s", [("tokens_per_s_now", "tokens/s (each second)"),
+                                      ("recent_tokens_per_s", "last 30 s"),
+                                      ("tokens_per_s", "run average")]),
     ("host-RAM cache", "GiB", [("cache_used_gib", "filled"), ("cache_ready_gib", "pinned"),
                                ("cache_capacity_gib", "capacity")]),
     ("tickets out", "tickets", [("tickets_out", "tickets out")]),
-    ("waiting", "% of the run", [("producer_stall_pct", "producer stall"),
-                                 ("starve_pct", "trainer starve")]),
+    ("waiting and verifying", "% of the time",
+     [("producer_stall_pct", "producer stall (last 30 s)"),
+      ("recent_starve_pct", "trainer starve (last 30 s)"),
+      ("starve_pct", "trainer starve (run)"),
+      ("recent_verify_pct", "checksum threads busy (last 30 s)")]),
 ]
 
 

@@ -329,11 +329,53 @@ START_TEST(le_helpers_store_least_significant_byte_first_at_any_alignment)
 }
 END_TEST
 
+/* A counter rising 10/s for 60 s, then 1/s: the window's rate is the
+ * recent one (the last 30 s), not the run's average, and the window spans
+ * from the first sample until 30 s have passed. */
+START_TEST(window_gives_the_recent_rate_not_the_average)
+{
+    hs_window_t w = {0};
+    hs_window_sample_t cur = {0}, base;
+    ck_assert(!hs_window_take(&w, &cur, &base)); /* the first sample: nothing older */
+    double v = 0;
+    for (int t = 1; t <= 100; t++) {
+        v += t <= 60 ? 10 : 1;
+        cur.t = t;
+        cur.v[0] = v;
+        ck_assert(hs_window_take(&w, &cur, &base));
+        double span = cur.t - base.t, rate = (cur.v[0] - base.v[0]) / span;
+        if (t < 30) {
+            ck_assert_double_eq(span, t); /* from the start */
+            ck_assert_double_eq_tol(rate, 10, 1e-9);
+        } else {
+            ck_assert_double_eq(span, 30);
+        }
+        if (t >= 90) ck_assert_double_eq_tol(rate, 1, 1e-9); /* the average is ~6.6 */
+    }
+    ck_assert_uint_le(w.n, HS_WINDOW_SAMPLES);
+    /* samples closer than HS_WINDOW_EVERY_S apart are not kept, and a read
+     * at the same time as the newest sample still finds the baseline */
+    uint32_t n = w.n;
+    cur.t = 100.5;
+    ck_assert(hs_window_take(&w, &cur, &base));
+    ck_assert_uint_eq(w.n, n);
+    ck_assert_double_eq(base.t, 70);
+    /* reads far apart: the baseline is the oldest sample when none is a
+     * whole window old */
+    hs_window_t sparse = {0};
+    hs_window_sample_t a = {.t = 0}, b = {.t = 45, .v = {90}}, c = {.t = 50, .v = {100}};
+    (void)hs_window_take(&sparse, &a, &base);
+    ck_assert(hs_window_take(&sparse, &b, &base) && base.t == 0);
+    ck_assert(hs_window_take(&sparse, &c, &base) && base.t == 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("common");
     TCase *tc = tcase_create("all");
     tcase_add_test(tc, crc32c_matches_the_castagnoli_check_value);
+    tcase_add_test(tc, window_gives_the_recent_rate_not_the_average);
     tcase_add_test(tc, le_helpers_store_least_significant_byte_first_at_any_alignment);
     tcase_add_test(tc, checksum64_is_the_combination_of_chunk_hashes);
     tcase_add_test(tc, checksum64_handles_more_chunks_than_its_stack_buffer);

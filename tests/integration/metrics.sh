@@ -27,7 +27,8 @@ assert "# TYPE hsflow_cache_used_bytes gauge" in text
 # The limit as an enum: one series per value, exactly one of them 1.
 limits = {k: v for k, v in values.items() if k.startswith("hsflow_bottleneck{")}
 assert sorted(limits) == ['hsflow_bottleneck{limit="%s"}' % n for n in
-                          ("network", "producers", "trainer", "unknown")], limits
+                          ("balanced", "network", "producers", "trainer", "unknown",
+                                    "verify")], limits
 assert sum(limits.values()) == 1, limits
 assert 1 <= values["hsflow_epoch"] <= values["hsflow_epochs"] == 3, values
 assert 0 < values["hsflow_run_ratio"] <= 1, values
@@ -36,7 +37,11 @@ health = urllib.request.urlopen(base + "/healthz", timeout=10)
 h = json.loads(health.read().decode())
 assert health.headers["Content-Type"] == "application/json", health.headers
 assert h["status"] == "ok" and h["epochs"] == 3 and h["version"], h
-assert h["bottleneck"] in ("unknown", "producers", "trainer", "network"), h
+assert h["bottleneck"] in ("unknown", "producers", "trainer", "network", "verify", "balanced"), h
+# the recent window beside the run's averages
+assert 0 < values["hsflow_window_seconds"] <= 30.5, values
+assert values["hsflow_recent_tokens_per_second"] > 0, values
+assert 0 <= values["hsflow_recent_verify_busy_ratio"] <= 1.01, values
 try:
     urllib.request.urlopen(base + "/other", timeout=10)
     raise SystemExit("a path other than /metrics was served")

@@ -17,10 +17,24 @@ start p1 env HS_STATUS_INTERVAL=0.2 "$PRODUCER" --to 127.0.0.1:$port --transport
     --data "$data" --token-budget 1024 --hidden-size 512 --layers 1,2 --source synthetic --gpus cpu:1
 expect_exit consumer 0 120
 expect_exit p1 0 30
-log_has consumer 'epoch 1/2 \| [0-9]+/[0-9]+ batches \([0-9.]+%\) \| .* ETA epoch [0-9hms]+, run [0-9hms]+ \| cache'
+# the ETAs once the recent window is stable (5 s), unknown before
+log_has consumer 'epoch 1/2 \| [0-9]+/[0-9]+ batches \([0-9.]+%\) \| .* ETA epoch \?, run \? \| cache'
+log_has consumer 'epoch [12]/2 \| [0-9]+/[0-9]+ batches \([0-9.]+%\) \| .* ETA epoch [0-9hms]+, run [0-9hms]+ \| cache'
 log_has consumer 'epoch 2/2 \| '
+# rates and starve over the last 30 s with the run's in brackets
+log_has consumer '\| [0-9]+ tok/s \(run [0-9]+\) \| .* \| starve [0-9]+% \(run [0-9]+%\) \| verify [0-9]+% \|'
 log_has consumer 'the trainer is the limit: it takes [0-9.e+]+ batch/s, producers wait for tickets'
 log_has consumer 'hsflow summary: epoch 2/2, 100.0% of the run; .*the trainer is the limit'
+# the summary's figures are the last status line's (not 0 batch/s after 13.3)
+python3 - "$SCRATCH/consumer.log" <<'PY' || fail "the summary's trainer rate differs from the status"
+import re, sys
+rates = [(l.startswith("hsflow summary"), float(m.group(1))) for l in open(sys.argv[1])
+         for m in [re.search(r"the trainer is the limit: it takes ([0-9.e+]+) batch/s", l)] if m]
+status = [r for summary, r in rates if not summary]
+summary = [r for s, r in rates if s]
+assert status and summary, rates
+assert 0.7 * status[-1] <= summary[-1] <= 1.3 * status[-1], (status[-3:], summary)
+PY
 log_has p1 'epoch [12]/2 \| [0-9]+ batches .* the consumer is the limit: workers wait for tickets'
 expect_json "$SCRATCH/summary.json" \
     'd["complete"] is True' \

@@ -46,6 +46,14 @@ def test_stats_lines_carry_wall_clock_time_and_plot_reads_rates(tmp_path):
     # The derived rate integrates back to the tokens delivered between lines.
     total = sum(r["tokens_per_s_now"] * (r["wall"] - p["wall"]) for p, r in zip(rows, rows[1:]))
     assert total == pytest.approx(rows[-1]["tokens"] - rows[0]["tokens"], rel=1e-6, abs=1)
+    # The recent window beside the run's averages, in every line and the
+    # plot's panels: within the first 30 s the window is the whole run.
+    for r in rows[1:]:
+        assert 0 < r["window_s"] <= 30.5, r
+        assert r["recent_tokens_per_s"] == pytest.approx(r["tokens_per_s"], rel=0.05, abs=50), r
+        assert 0 <= r["recent_starve_pct"] <= 100.5 and 0 <= r["recent_verify_pct"] <= 100.5
+    fields = {f for _, _, series in plot.PANELS for f, _ in series}
+    assert {"recent_tokens_per_s", "recent_starve_pct", "recent_verify_pct"} <= fields
 
 
 def test_plot_command_writes_a_png_of_a_real_run(tmp_path):
