@@ -330,7 +330,7 @@ def test_expect_pins_the_run_and_refuses_a_wrong_first_producer(producer_bin, da
                              arrays="numpy", expect=expect) as c:
             # a producer with other layers connects first: refused, the run stays open
             wrong = start_producers(producer_bin, c.port, data, n=1, extra=("--layers", "1,4"))[0]
-            assert wrong.wait(30) == 1
+            assert wrong.wait(30) == 2  # refused: the exit-code table's 2
             wrong.log.seek(0)
             text = wrong.log.read().decode(errors="replace")
             wrong.log.close()
