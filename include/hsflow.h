@@ -34,6 +34,14 @@
 extern "C" {
 #endif
 
+/* On every function of this header: libhsflow.so exports these and nothing
+ * else (the library is built with hidden visibility and an export map). */
+#if defined(__GNUC__) || defined(__clang__)
+#define HSFLOW_API __attribute__((visibility("default")))
+#else
+#define HSFLOW_API
+#endif
+
 /* The release; CMake reads the project version from this line. */
 #define HSFLOW_VERSION_STRING "0.1.0"
 
@@ -42,9 +50,9 @@ extern "C" {
  * checkout); the build options in one line ("CUDA on (sm_90, toolkit 12.4),
  * UCX 1.13.1, cuBLASLt 12.4, cuDNN not linked, RelWithDebInfo"). Static
  * strings, never NULL. */
-const char *hsflow_version(void);
-const char *hsflow_git_describe(void);
-const char *hsflow_build_info(void);
+HSFLOW_API const char *hsflow_version(void);
+HSFLOW_API const char *hsflow_git_describe(void);
+HSFLOW_API const char *hsflow_build_info(void);
 
 /* The one status of every call: 0 is success, every error is negative.
  * hsflow_status_str() names one. */
@@ -76,7 +84,15 @@ typedef enum {
 #endif
 /* The name the API used for hs_status_t before it was public; the same type. */
 typedef hs_status_t hs_status_code_t;
-const char *hsflow_status_str(hs_status_t status);
+HSFLOW_API const char *hsflow_status_str(hs_status_t status);
+
+/* The synthetic source's hidden states (--source synthetic): the bf16 bits
+ * of (sample id, layer index, token position within its sequence,
+ * channel), what --verify-synthetic checks every byte against; a trainer's
+ * own pipeline can be checked against it too (hsflow.synthetic_hidden is
+ * the same in numpy). */
+HSFLOW_API uint16_t hs_synth_value(uint64_t sample_id, int32_t layer, uint32_t pos,
+                                   uint32_t channel);
 
 typedef enum { HS_ORDER_ARRIVAL = 0, HS_ORDER_PLAN = 1 } hs_order_t;
 /* Ranks: what happens to the batches of an epoch that do not divide evenly
@@ -287,23 +303,24 @@ typedef enum {
     HS_BOTTLENECK_BALANCED = 5,
 } hs_bottleneck_t;
 /* "unknown", "producers", "trainer", "network", "verify", "balanced". */
-const char *hs_bottleneck_str(int32_t bottleneck);
+HSFLOW_API const char *hs_bottleneck_str(int32_t bottleneck);
 /* The limit as one plain sentence ("producers are the limit: 3 producers
  * give 0.48 batch/s, the trainer waits for data 81% of the time"), every
  * figure from the recent window, into buf[cap]; returns the length it needs
  * (as snprintf). */
-int hs_consumer_bottleneck_text(const hs_consumer_stats_t *s, char *buf, size_t cap);
+HSFLOW_API int hs_consumer_bottleneck_text(const hs_consumer_stats_t *s, char *buf, size_t cap);
 
 typedef struct hs_consumer hs_consumer_t;
 
-void hs_consumer_config_default(hs_consumer_config_t *cfg);
+HSFLOW_API void hs_consumer_config_default(hs_consumer_config_t *cfg);
 /* Validates the config, allocates the cache, starts listening and the
  * network thread. On failure nothing is left running. */
-HS_MUST_CHECK hs_status_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer_t **out);
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_consumer_create(const hs_consumer_config_t *cfg,
+                                                        hs_consumer_t **out);
 /* The port actually bound (useful with listen_port 0). */
-uint16_t hs_consumer_port(const hs_consumer_t *c);
+HSFLOW_API uint16_t hs_consumer_port(const hs_consumer_t *c);
 /* The metrics endpoint's port (0 when off). */
-uint16_t hs_consumer_metrics_port(const hs_consumer_t *c);
+HSFLOW_API uint16_t hs_consumer_metrics_port(const hs_consumer_t *c);
 /* Waits up to timeout_ms (-1 = forever) for the next verified batch.
  * Returns 0 with *out set, HS_ERR_TIMEOUT (-11), or HS_ERR_CLOSED (-9) once
  * every batch of every epoch has been delivered (or the consumer stopped);
@@ -312,7 +329,8 @@ uint16_t hs_consumer_metrics_port(const hs_consumer_t *c);
  * the journal or resume state does not fit the plan, out of memory; logged
  * once, naming it); with a GPU (cfg.gpu >= 0) also HS_ERR_CUDA (-15) when a
  * copy to the device failed (logged). */
-HS_MUST_CHECK hs_status_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms);
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out,
+                                                      int timeout_ms);
 /* Gives the batch's cache slot back; new tickets can then be issued.
  * Returns 0, HS_ERR_INVALID (-1, logged; nothing freed, nothing journaled)
  * for a batch the trainer does not hold now: one this consumer did not hand
@@ -323,7 +341,7 @@ HS_MUST_CHECK hs_status_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, in
  * with a journal HS_ERR_IO (-3, logged) when the journal could not record
  * the release: the batch is released all the same, and a restart from that
  * journal may deliver it again. */
-HS_MUST_CHECK hs_status_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
 /* The consumer's position, for the trainer's checkpoint: every batch that
  * hs_consumer_next() has handed out so far (the one the trainer holds now
  * included, and those of the resume state it started from), as compact JSON
@@ -332,17 +350,17 @@ HS_MUST_CHECK hs_status_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t
  * HS_ERR_NOSPACE (-12) and still sets *len: call with cap 0 to ask for the
  * size. Call it from the trainer's thread (between next() calls the
  * position does not move). */
-HS_MUST_CHECK hs_status_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap,
-                                                 size_t *len);
-void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *out);
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap,
+                                                            size_t *len);
+HSFLOW_API void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *out);
 /* The summary as a JSON object into buf[cap]; returns the length it needs
  * (as snprintf). Keys: batches_planned, batches_delivered, duplicates,
  * checksum_failures, bytes, seconds, tokens_per_s, gbytes_per_s, ... */
-int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap);
+HSFLOW_API int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap);
 /* One-line live status into buf. */
-void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap);
+HSFLOW_API void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap);
 /* Tells producers BYE, stops the network thread, frees everything. NULL ok. */
-void hs_consumer_destroy(hs_consumer_t *c);
+HSFLOW_API void hs_consumer_destroy(hs_consumer_t *c);
 
 /* ---- producer side, for targets the built-in decoder does not cover -------
  *
@@ -405,17 +423,18 @@ typedef struct {
 typedef struct hs_producer hs_producer_t;
 
 /* Loads the dataset, builds the plan, connects and starts the network thread. */
-HS_MUST_CHECK hs_status_t hs_producer_open(const hs_producer_client_config_t *cfg,
-                                           hs_producer_t **out);
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_producer_open(const hs_producer_client_config_t *cfg,
+                                                      hs_producer_t **out);
 /* Next ticketed batch with ids, mask and cu_seqlens filled in. HS_ERR_CLOSED
  * (-9) when the consumer said the run is over; HS_ERR_TIMEOUT (-11). */
-HS_MUST_CHECK hs_status_t hs_producer_next(hs_producer_t *p, hs_work_t *out, int timeout_ms);
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_producer_next(hs_producer_t *p, hs_work_t *out,
+                                                      int timeout_ms);
 /* Seals (checksum) and sends the batch; its buffer comes back to the producer.
  * HS_ERR_INVALID (logged) for a batch not taken with hs_producer_next or
  * already submitted. */
-HS_MUST_CHECK hs_status_t hs_producer_submit(hs_producer_t *p, const hs_work_t *work);
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_producer_submit(hs_producer_t *p, const hs_work_t *work);
 /* Says BYE if the run is not over, stops, frees. NULL ok. */
-void hs_producer_close(hs_producer_t *p);
+HSFLOW_API void hs_producer_close(hs_producer_t *p);
 
 /* What hs_producer_open() planned: the plan hash (the one every producer of
  * the run must share), batches per epoch, and the two staging buffers every
@@ -430,7 +449,8 @@ typedef struct {
     uint64_t staging_bytes;
 } hs_producer_info_t;
 
-HS_MUST_CHECK hs_status_t hs_producer_info(const hs_producer_t *p, hs_producer_info_t *out);
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_producer_info(const hs_producer_t *p,
+                                                      hs_producer_info_t *out);
 
 #ifdef __cplusplus
 }

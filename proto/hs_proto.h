@@ -163,7 +163,7 @@ HS_MUST_CHECK hs_status_t hs_batch_verify(const void *region, uint64_t bytes, ui
  * hidden part of a view whose cu_seqlens and sample_ids are already set;
  * hs_batch_synth_check compares every element (and scale) and reports the
  * first mismatch in why. */
-uint16_t hs_synth_value(uint64_t sample_id, int32_t layer, uint32_t pos, uint32_t channel);
+/* (hs_synth_value, the value of one element, is public: hsflow.h.) */
 void hs_batch_synth_fill(hs_batch_view_t *v, const hs_layout_t *layout);
 /* hs_batch_synth_fill + hs_batch_seal in one pass: each row is hashed right
  * after it is written (one trip through memory instead of two). The header
