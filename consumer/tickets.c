@@ -166,6 +166,7 @@ void hs__deliverable_push(hs_consumer_t *c)
     if (pushed) pthread_cond_broadcast(&c->delivery.cond);
     if (c->net.sched && hs_sched_finished(c->net.sched) && !c->net.all_queued) {
         c->net.all_queued = true;
+        hs__stats_snapshot(c); /* the trainer may read the figures as soon as it is told */
         hs__delivery_finish(c);
         for (peer_t *p = c->net.peers; p; p = p->next) {
             Hsflow__Bye b = HSFLOW__BYE__INIT;

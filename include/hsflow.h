@@ -94,6 +94,12 @@ HSFLOW_API const char *hsflow_status_str(hs_status_t status);
 HSFLOW_API uint16_t hs_synth_value(uint64_t sample_id, int32_t layer, uint32_t pos,
                                    uint32_t channel);
 
+/* The checksum a batch region's header holds, over the len bytes after its
+ * 256-byte header (XXH3-64 of 1 MiB chunks, combined): what the consumer
+ * verifies every batch with, for tools that check stored regions
+ * (hsflow-data store verify). */
+HSFLOW_API uint64_t hs_checksum64(const void *data, size_t len);
+
 typedef enum { HS_ORDER_ARRIVAL = 0, HS_ORDER_PLAN = 1 } hs_order_t;
 /* Ranks: what happens to the batches of an epoch that do not divide evenly
  * among the ranks (DESIGN §11). */
@@ -261,7 +267,7 @@ typedef struct {
     double eta_run_s;             /* to the end of the run; -1 while unknown */
     double supply_batches_per_s;  /* batches the producers gave */
     double trainer_batches_per_s; /* batches the trainer took while it had data */
-    int32_t bottleneck;           /* hs_bottleneck_t */
+    int32_t bottleneck;           /* hs_bottleneck_t, from the recent window */
     /* With a store (cfg.store): batches read back from it and verified
      * (hits), ticketed to a producer because it lacked them (misses),
      * written this run, not written because the writer was busy (a later
@@ -269,7 +275,6 @@ typedef struct {
      * again), held now, and whether the disk filled (0/1). */
     uint64_t store_hits, store_misses, store_writes, store_skipped, store_bad;
     uint64_t store_batches, store_bytes_written, store_full;
-    int32_t bottleneck; /* hs_bottleneck_t, from the recent window */
     /* The recent window: the last 30 s (less early in the run), the span of
      * the figures below. The limit and the ETAs come from these; the ETAs
      * stay -1 until the window is long enough to be stable (5 s and 5

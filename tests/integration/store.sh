@@ -121,14 +121,14 @@ mismatch)
     base=(--to 127.0.0.1:$port --token-budget $budget --source synthetic --gpus cpu:1
         --transport tcp --connect-timeout 30)
     start q1 "$PRODUCER" "${base[@]}" --data "$other" --hidden-size 256 --layers 2,16,29 --name q1
-    expect_exit q1 1 30
+    expect_exit q1 2 30
     log_has q1 "not the run of the store: dataset fingerprint [0-9a-f]{16}, the store holds $fp"
     start q2 "$PRODUCER" "${base[@]}" --data "$data" --hidden-size 256 --layers 2,16 --name q2
-    expect_exit q2 1 30
+    expect_exit q2 2 30
     log_has q2 'not the run of the store: layout H=256,layers=2,16,dtype=bf16, the store holds H=256,layers=2,16,29,dtype=bf16'
     start q3 "$PRODUCER" "${base[@]}" --data "$data" --hidden-size 256 --layers 2,16,29 \
         --hs-dtype fp8 --name q3
-    expect_exit q3 1 30
+    expect_exit q3 2 30
     log_has q3 'the store holds H=256,layers=2,16,29,dtype=bf16'
     log_has q3 'dtype=fp8'
     kill -TERM "$(pid_of c2)"
