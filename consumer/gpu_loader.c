@@ -184,8 +184,6 @@ hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, u
     CU(cudaEventRecord(b->copy_start, l->stream));
     hs_status_t st = hs_cache_copy_to_device(cache, b->dptr, offset, bytes, l->stream);
     if (st != HS_OK) return st;
-    CU(cudaLaunchHostFunc(l->stream, on_copied, h));
-    l->issued++;
     if (fp8) {
         const uint8_t *base = b->dptr;
         if (hs_kn_fp8_dequantize_rows(base + fp8->hidden_off,
@@ -195,10 +193,14 @@ hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, u
             return HS_ERR_CUDA;
         }
     }
-    /* The delivery's time: the copy and its dequantisation. */
+    /* The delivery's time: the copy and its dequantisation; the host slot
+     * is given back after it (a host function in the middle would stall
+     * the stream for the callback's latency). */
     CU(cudaEventRecord(b->copy_end, l->stream));
     b->copy_bytes = bytes;
     b->timing_pending = true;
+    CU(cudaLaunchHostFunc(l->stream, on_copied, h));
+    l->issued++;
     return HS_OK;
 }
 
