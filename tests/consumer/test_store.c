@@ -15,8 +15,8 @@
 #define N_BATCHES 3
 static uint32_t n_seqs[N_BATCHES] = {2, 1, 3};
 static uint32_t n_tokens[N_BATCHES] = {10, 7, 12};
-static hs_layout_t layout = {.hidden_size = 8, .dtype = HS_DTYPE_BF16, .n_layers = 2,
-                             .layers = {1, 2}};
+static hs_layout_t layout = {
+    .hidden_size = 8, .dtype = HS_DTYPE_BF16, .n_layers = 2, .layers = {1, 2}};
 
 static hs_store_run_t test_run(void)
 {
