@@ -67,11 +67,14 @@ static bool registry_dir(char *out, size_t cap)
     return false;
 }
 
-/* Resident bytes of process `pid` (VmRSS), 0 when unknown. */
+/* Resident bytes of process `pid` (VmRSS), 0 when unknown. Read from the
+ * same system as MemAvailable: under HS_SYSTEM_ROOT (a stand-in system in
+ * tests) its own /proc, so the figures of this process cannot leak in. */
 static uint64_t process_rss(long pid)
 {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%ld/status", pid);
+    char path[600], line[256];
+    const char *root = getenv("HS_SYSTEM_ROOT");
+    snprintf(path, sizeof path, "%.500s/proc/%ld/status", root && *root ? root : "", pid);
     FILE *f = fopen(path, "r");
     if (!f) return 0;
     uint64_t kb = 0;

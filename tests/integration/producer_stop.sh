@@ -33,12 +33,17 @@ log_has p1 'stop requested: finishing [0-9]+ batch\(es\) in progress, leaving [0
 # its socket when it stopped are returned by the consumer all the same.
 log_has p1 'stopped on request: told the consumer BYE \([0-9]+ ticket\(s\) returned\)'
 wait_log consumer 'producer p1 .* says goodbye: producer stopped on request; [0-9]+ ticket' 30
-wait_log consumer 'producer p1 .* gone: [1-9][0-9]* ticket\(s\) back to the front of the queue' 30
+# The tickets it had queued (not begun) go back to the others; when every one
+# it held was in progress and finished, there is none to give back.
+returned=$(grep -Eo 'told the consumer BYE \([0-9]+ ticket' "$SCRATCH/p1.log" | grep -Eo '[0-9]+' | head -n 1)
+if [ "${returned:-0}" -gt 0 ]; then
+    wait_log consumer 'producer p1 .* gone: [1-9][0-9]* ticket\(s\) back to the front of the queue' 30
+fi
 
 expect_exit consumer 0 120
 expect_json "$SCRATCH/summary.json" "d['complete']" "d['duplicates'] == 0" \
     "d['checksum_failures'] == 0" "d['batches_delivered'] == 3 * $per_epoch" \
-    "d['leases_returned'] >= 1"
+    "d['leases_returned'] >= $([ "${returned:-0}" -gt 0 ] && echo 1 || echo 0)"
 for i in 2 3; do expect_exit p$i 0 30; done
 
 # A second signal: no consumer to reach, so the first cannot finish.
