@@ -25,7 +25,6 @@
 #define BUDGET 256u
 #define N_SEQS 60u
 
-extern char **environ;
 static const char *g_producer_bin; /* argv[1] */
 
 static pid_t producer_spawn(uint16_t port, const char *data, const char *log)
@@ -37,25 +36,7 @@ static pid_t producer_spawn(uint16_t port, const char *data, const char *log)
              "--hidden-size 32 --layers 1,3 --source synthetic --gpus cpu:1 --transport tcp "
              "--connect-timeout 30 --name stale >'%s' 2>&1",
              g_producer_bin, port, data, BUDGET, log);
-    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
-    pid_t pid;
-    ck_assert_int_eq(posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ), 0);
-    return pid;
-}
-
-static int producer_reap(pid_t pid, double secs)
-{
-    double t_end = hs_now_s() + secs;
-    int status;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-        if (hs_now_s() > t_end) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        usleep(10000);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return hs_test_spawn_sh(cmd);
 }
 
 /* Lines "E B" of the journal equal to (epoch, batch). */
@@ -163,7 +144,7 @@ static void run_stale_release(int gpu)
     hs_consumer_stats_t s;
     hs_consumer_stats(c, &s);
     hs_consumer_destroy(c);
-    ck_assert_int_eq(producer_reap(prod, 60), 0);
+    ck_assert_int_eq(hs_test_reap(prod, 60), 0);
     ck_assert_uint_eq(delivered, s.batches_planned);
     ck_assert_uint_eq(s.checksum_failures, 0);
     ck_assert_uint_eq(s.duplicates, 0);

@@ -30,7 +30,6 @@
 #define BUDGET 256u
 #define N_SEQS 60u
 
-extern char **environ;
 static const char *g_producer_bin; /* argv[1] */
 static char g_dir[256], g_data[300], g_log[300];
 
@@ -51,28 +50,10 @@ static pid_t producer_spawn(uint16_t port)
              "--hidden-size 32 --layers 1,3 --source synthetic --gpus cpu:2 --transport tcp "
              "--connect-timeout 30 --name steady >'%s' 2>&1",
              g_producer_bin, port, g_data, BUDGET, g_log);
-    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
-    pid_t pid;
-    ck_assert_int_eq(posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ), 0);
-    return pid;
+    return hs_test_spawn_sh(cmd);
 }
 
 /* Waits up to `secs` for process `pid`; its exit status, or -1 (killed). */
-static int producer_reap(pid_t pid, double secs)
-{
-    double t_end = hs_now_s() + secs;
-    int status;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-        if (hs_now_s() > t_end) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        usleep(10000);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 static void run_counted(hs_order_t order)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -127,7 +108,7 @@ static void run_counted(hs_order_t order)
         if (hs_consumer_release(c, &b) != HS_OK) bad_release++;
     }
     if (counting) allocations = alloc_count_stop(), counted = true;
-    int prod_exit = producer_reap(prod, 60);
+    int prod_exit = hs_test_reap(prod, 60);
     hs_consumer_stats_t s;
     hs_consumer_stats(c, &s);
     hs_consumer_destroy(c);
