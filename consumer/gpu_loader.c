@@ -24,7 +24,8 @@ typedef struct {
     void *dptr;
     void *drows;          /* bf16 rows of fp8 batches, or NULL */
     cudaEvent_t consumed; /* recorded on the trainer's stream */
-    cudaEvent_t copy_start, copy_end;
+    cudaEvent_t copy_start;
+    cudaEvent_t ready;   /* the copy, and the dequantisation of an fp8 batch, are done */
     uint64_t copy_bytes; /* of the copy whose timing is not yet counted */
     bool timing_pending;
 } loader_buf_t;
@@ -41,9 +42,17 @@ typedef struct {
  * callbacks of earlier copies that the copy stream has not reached yet. */
 #define LOADER_RING 8
 
+/* An fp8 batch's rows cross PCIe in pieces of about this many bytes; each
+ * piece is dequantised on a second stream while the next one is copied, so
+ * only the last piece's dequantisation adds to the copy's time. */
+#define DEQUANT_PIECE_BYTES (8u << 20)
+#define DEQUANT_PIECES_MAX 64
+
 struct hs__loader {
     int device;
-    cudaStream_t stream;
+    cudaStream_t stream;         /* the copies */
+    cudaStream_t dequant_stream; /* fp8 dequantisation, then the host callbacks */
+    cudaEvent_t piece_copied[DEQUANT_PIECES_MAX];
     uint64_t capacity, rows_capacity;
     loader_buf_t buf[2];
     uint64_t bytes_copied;
@@ -76,13 +85,19 @@ hs_status_t hs__loader_create(int device, hs__loader_t **out)
         free(l);
         return HS_ERR_CUDA;
     }
-    if (cudaStreamCreateWithFlags(&l->stream, cudaStreamDefault) != cudaSuccess) goto err;
+    if (cudaStreamCreateWithFlags(&l->stream, cudaStreamDefault) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&l->dequant_stream, cudaStreamDefault) != cudaSuccess)
+        goto err;
+    for (int i = 0; i < DEQUANT_PIECES_MAX; i++)
+        if (cudaEventCreateWithFlags(&l->piece_copied[i], cudaEventDisableTiming) != cudaSuccess)
+            goto err;
     for (int i = 0; i < 2; i++) {
         if (cudaEventCreateWithFlags(&l->buf[i].consumed, cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreate(&l->buf[i].copy_start) != cudaSuccess ||
-            cudaEventCreate(&l->buf[i].copy_end) != cudaSuccess)
+            cudaEventCreate(&l->buf[i].ready) != cudaSuccess)
             goto err;
         cudaEventRecord(l->buf[i].consumed, l->stream);
+        cudaEventRecord(l->buf[i].ready, l->stream);
     }
     *out = l;
     return HS_OK;
@@ -97,13 +112,17 @@ void hs__loader_destroy(hs__loader_t *l)
     if (!l) return;
     cudaSetDevice(l->device);
     if (l->stream) cudaStreamSynchronize(l->stream);
+    if (l->dequant_stream) cudaStreamSynchronize(l->dequant_stream);
     for (int i = 0; i < 2; i++) {
         cudaFree(l->buf[i].dptr);
         cudaFree(l->buf[i].drows);
         if (l->buf[i].consumed) cudaEventDestroy(l->buf[i].consumed);
         if (l->buf[i].copy_start) cudaEventDestroy(l->buf[i].copy_start);
-        if (l->buf[i].copy_end) cudaEventDestroy(l->buf[i].copy_end);
+        if (l->buf[i].ready) cudaEventDestroy(l->buf[i].ready);
     }
+    for (int i = 0; i < DEQUANT_PIECES_MAX; i++)
+        if (l->piece_copied[i]) cudaEventDestroy(l->piece_copied[i]);
+    if (l->dequant_stream) cudaStreamDestroy(l->dequant_stream);
     if (l->stream) cudaStreamDestroy(l->stream);
     free(l);
 }
@@ -152,13 +171,55 @@ hs_status_t hs__loader_reserve_rows(hs__loader_t *l, uint64_t bytes)
 /* Adds the timing of buffer b's last copy once its end event has passed. */
 static void account(hs__loader_t *l, loader_buf_t *b)
 {
-    if (!b->timing_pending || cudaEventQuery(b->copy_end) != cudaSuccess) return;
+    if (!b->timing_pending || cudaEventQuery(b->ready) != cudaSuccess) return;
     float ms = 0;
-    if (cudaEventElapsedTime(&ms, b->copy_start, b->copy_end) == cudaSuccess) {
+    if (cudaEventElapsedTime(&ms, b->copy_start, b->ready) == cudaSuccess) {
         l->bytes_copied += b->copy_bytes;
         l->copy_s += ms * 1e-3;
     }
     b->timing_pending = false;
+}
+
+/* Copies an fp8 batch: everything but the rows first (ids, masks, scales),
+ * then the rows piece by piece on the copy stream, each piece dequantised on
+ * the dequantisation stream once it has landed. */
+static hs_status_t copy_dequantising(hs__loader_t *l, loader_buf_t *b, const hs_cache_t *cache,
+                                     uint64_t offset, uint64_t bytes, const hs__loader_fp8_t *fp8)
+{
+    uint64_t row_bytes = (uint64_t)fp8->row_elems;
+    uint64_t rows_end = fp8->hidden_off + (uint64_t)fp8->rows * row_bytes;
+    if (fp8->hidden_off > bytes || rows_end > bytes ||
+        fp8->scales_off + 4 * (uint64_t)fp8->rows > bytes)
+        return HS_ERR_INVALID;
+    hs_status_t st = hs_cache_copy_to_device(cache, b->dptr, offset, fp8->hidden_off, l->stream);
+    if (st == HS_OK)
+        st = hs_cache_copy_to_device(cache, (uint8_t *)b->dptr + rows_end, offset + rows_end,
+                                     bytes - rows_end, l->stream);
+    if (st != HS_OK) return st;
+    int64_t piece_rows = (int64_t)(DEQUANT_PIECE_BYTES / (row_bytes ? row_bytes : 1));
+    int64_t min_rows = (fp8->rows + DEQUANT_PIECES_MAX - 1) / DEQUANT_PIECES_MAX;
+    if (piece_rows < min_rows) piece_rows = min_rows;
+    if (piece_rows < 1) piece_rows = 1;
+    const uint8_t *q = (const uint8_t *)b->dptr + fp8->hidden_off;
+    const float *scales = (const float *)((const uint8_t *)b->dptr + fp8->scales_off);
+    uint16_t *out = b->drows;
+    for (int64_t r = 0, i = 0; r < fp8->rows; r += piece_rows, i++) {
+        int64_t n = fp8->rows - r < piece_rows ? fp8->rows - r : piece_rows;
+        st = hs_cache_copy_to_device(cache, (uint8_t *)b->dptr + fp8->hidden_off + r * row_bytes,
+                                     offset + fp8->hidden_off + r * row_bytes, n * row_bytes,
+                                     l->stream);
+        if (st != HS_OK) return st;
+        /* a wait takes the event as last recorded, so the pieces' events
+         * can be recorded again by the next batch */
+        CU(cudaEventRecord(l->piece_copied[i], l->stream));
+        CU(cudaStreamWaitEvent(l->dequant_stream, l->piece_copied[i], 0));
+        if (hs_kn_fp8_dequantize_rows(q + r * row_bytes, scales + r, n, fp8->row_elems,
+                                      out + r * fp8->row_elems, l->dequant_stream) != HS_OK) {
+            hs_error("GPU %d: the dequantisation of an fp8 batch could not start", l->device);
+            return HS_ERR_CUDA;
+        }
+    }
+    return HS_OK;
 }
 
 hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, uint64_t offset,
@@ -170,36 +231,32 @@ hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, u
     if (fp8 && (uint64_t)(fp8->rows * fp8->row_elems) * 2 > l->rows_capacity) return HS_ERR_INVALID;
     CU(cudaSetDevice(l->device));
     if (b->timing_pending) {
-        cudaEventSynchronize(b->copy_end);
+        cudaEventSynchronize(b->ready);
         account(l, b);
     }
-    /* a full ring (the stream is far behind) waits for its callbacks */
+    /* a full ring (the streams are far behind) waits for its callbacks */
     if (l->issued - atomic_load_explicit(&l->completed, memory_order_acquire) >= LOADER_RING)
-        CU(cudaStreamSynchronize(l->stream));
+        CU(cudaStreamSynchronize(l->dequant_stream));
     host_cb_t *h = &l->ring[l->issued % LOADER_RING];
     h->cb = copied;
     h->arg = arg;
     h->loader = l;
     CU(cudaStreamWaitEvent(l->stream, b->consumed, 0));
+    CU(cudaStreamWaitEvent(l->stream, b->ready, 0)); /* a batch never handed over */
     CU(cudaEventRecord(b->copy_start, l->stream));
-    hs_status_t st = hs_cache_copy_to_device(cache, b->dptr, offset, bytes, l->stream);
+    hs_status_t st = fp8 ? copy_dequantising(l, b, cache, offset, bytes, fp8)
+                         : hs_cache_copy_to_device(cache, b->dptr, offset, bytes, l->stream);
     if (st != HS_OK) return st;
-    if (fp8) {
-        const uint8_t *base = b->dptr;
-        if (hs_kn_fp8_dequantize_rows(base + fp8->hidden_off,
-                                      (const float *)(base + fp8->scales_off), fp8->rows,
-                                      fp8->row_elems, b->drows, l->stream) != HS_OK) {
-            hs_error("GPU %d: the dequantisation of an fp8 batch could not start", l->device);
-            return HS_ERR_CUDA;
-        }
-    }
-    /* The delivery's time: the copy and its dequantisation; the host slot
-     * is given back after it (a host function in the middle would stall
-     * the stream for the callback's latency). */
-    CU(cudaEventRecord(b->copy_end, l->stream));
+    /* The batch is ready when the dequantisation stream has passed both its
+     * own work and the copy; the host slot is given back after that, on
+     * that stream (a host function on the copy stream would stall the next
+     * copy for the callback's latency). */
+    CU(cudaEventRecord(b->ready, l->stream));
+    CU(cudaStreamWaitEvent(l->dequant_stream, b->ready, 0));
+    CU(cudaEventRecord(b->ready, l->dequant_stream));
     b->copy_bytes = bytes;
     b->timing_pending = true;
-    CU(cudaLaunchHostFunc(l->stream, on_copied, h));
+    CU(cudaLaunchHostFunc(l->dequant_stream, on_copied, h));
     l->issued++;
     return HS_OK;
 }
@@ -207,7 +264,7 @@ hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, u
 hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr, void **drows)
 {
     CU(cudaSetDevice(l->device));
-    CU(cudaStreamWaitEvent(0, l->buf[buf].copy_end, 0));
+    CU(cudaStreamWaitEvent(0, l->buf[buf].ready, 0));
     account(l, &l->buf[buf]);
     *dptr = l->buf[buf].dptr;
     *drows = l->buf[buf].drows;

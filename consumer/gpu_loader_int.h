@@ -38,10 +38,11 @@ typedef struct {
 } hs__loader_fp8_t;
 /* Starts copying [offset, offset+bytes) of the cache into buffer `buf` (0/1)
  * once the trainer has consumed that buffer; `copied(arg)` runs when the
- * host slot is no longer needed. With `fp8` (else NULL), the copy stream
- * then dequantises the rows into the buffer's bf16 rows (reserved with
- * hs__loader_reserve_rows), so the bytes cross PCIe as fp8 and no pass
- * over host memory is added. */
+ * host slot is no longer needed. With `fp8` (else NULL), the rows are
+ * dequantised into the buffer's bf16 rows (reserved with
+ * hs__loader_reserve_rows) on a second stream, piece by piece as they land,
+ * so the bytes cross PCIe as fp8, no pass over host memory is added and only
+ * the last piece's dequantisation adds to the copy's time. */
 HS_MUST_CHECK hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache,
                                           uint64_t offset, uint64_t bytes,
                                           const hs__loader_fp8_t *fp8, hs__loader_copied_cb copied,
@@ -52,7 +53,8 @@ HS_MUST_CHECK hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cac
 HS_MUST_CHECK hs_status_t hs__loader_hand_over(hs__loader_t *l, int buf, void **dptr, void **drows);
 /* The trainer is done with buffer `buf` (as of work queued so far). */
 HS_MUST_CHECK hs_status_t hs__loader_consumed(hs__loader_t *l, int buf);
-/* Bytes copied and seconds the copy engine spent on them (events). */
+/* Bytes copied and the seconds from each copy's start until its batch was
+ * ready (copied and, for fp8, dequantised), from events. */
 void hs__loader_stats(hs__loader_t *l, uint64_t *bytes, double *seconds);
 
 #endif /* HS_GPU_LOADER_INT_H */

@@ -117,6 +117,17 @@ typedef enum {
     HS_HIDDEN_FP8 = 2,
 } hs_hidden_dtype_t;
 
+/* Quantises rows of bf16 hidden states (bf16 bits, [rows][n]) to fp8 the
+ * way every hsflow producer does: per row scale = amax / 448 (1 for a row of
+ * zeros), q = e4m3(value / scale) rounded to nearest even, into q
+ * ([rows][n]) and scales ([rows]); what a library producer of an fp8 run
+ * fills hs_work_t.hidden_fp8 and hidden_scales with. HS_ERR_INVALID (-1)
+ * for a NaN or infinite value, with *bad_row (when not NULL) its row; the
+ * outputs are then meaningless. */
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_fp8_quantize_rows(const uint16_t *x, uint64_t rows,
+                                                          uint64_t n, uint8_t *q, float *scales,
+                                                          uint64_t *bad_row);
+
 #define HS_CONSUMER_STATE_MAX_BYTES (64u << 20)
 
 typedef struct {

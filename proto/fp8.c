@@ -8,6 +8,7 @@
  * division or one multiplication per value, so kernels/fp8.cu gives the
  * same bits. */
 #include "hs_proto.h"
+#include "hsflow.h"
 
 hs_status_t hs_fp8_quantize_row_bf16(const uint16_t *x, uint64_t n, uint8_t *q, float *scale,
                                      uint64_t *bad)
@@ -33,4 +34,18 @@ void hs_fp8_dequantize_row_bf16(const uint8_t *q, uint64_t n, float scale, uint1
 {
     for (uint64_t i = 0; i < n; i++)
         out[i] = hs_f32_to_bf16_rne(hs_fp8_to_f32(q[i]) * scale);
+}
+
+hs_status_t hs_fp8_quantize_rows(const uint16_t *x, uint64_t rows, uint64_t n, uint8_t *q,
+                                 float *scales, uint64_t *bad_row)
+{
+    if (rows && (!x || !q || !scales || !n)) return HS_ERR_INVALID;
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t bad;
+        if (hs_fp8_quantize_row_bf16(x + r * n, n, q + r * n, &scales[r], &bad) != HS_OK) {
+            if (bad_row) *bad_row = r;
+            return HS_ERR_INVALID;
+        }
+    }
+    return HS_OK;
 }

@@ -280,6 +280,8 @@ def _declare(lib):
         "hs_producer_submit": (i, [vp, P(CWork)]),
         "hs_producer_close": (v, [vp]),
         "hs_producer_info": (i, [vp, P(ProducerInfo)]),
+        "hs_fp8_quantize_rows": (i, [vp, ctypes.c_uint64, ctypes.c_uint64, vp, vp,
+                                     P(ctypes.c_uint64)]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

@@ -187,7 +187,14 @@ class Worker:
             rec["ev1"].record(self.compute)
         self.copy.wait_event(rec["ev1"])
         with torch.cuda.stream(self.copy):
-            t.hidden.copy_(out, non_blocking=bool(self.pinned))
+            if t.hs_dtype == "fp8":  # quantised here: half the bytes cross PCIe
+                from .producer import quantize_fp8_torch
+                q, scales, rec["finite"] = quantize_fp8_torch(out)
+                t.hidden_fp8.copy_(q, non_blocking=bool(self.pinned))
+                t.hidden_scales.copy_(scales, non_blocking=bool(self.pinned))
+                rec["fp8"] = (q, scales)  # alive until the copies are done
+            else:
+                t.hidden.copy_(out, non_blocking=bool(self.pinned))
         rec["copied"] = torch.cuda.Event()
         rec["copied"].record(self.copy)
         return rec
@@ -275,7 +282,15 @@ class Worker:
             busy = rec["ev0"].elapsed_time(rec["ev1"]) / 1e3
         else:
             busy = rec["busy"]
-        t.send()
+        if "finite" in rec:
+            if not bool(rec["finite"].all()):
+                bad = int((~rec["finite"]).nonzero()[0, 0])
+                raise ValueError("batch %d/%d: token %d has a NaN or infinite hidden state; it "
+                                 "cannot be quantised to fp8 (nothing was sent)"
+                                 % (t.epoch, t.batch, bad))
+            t.send(quantized=True)
+        else:
+            t.send()
         f = self.fig
         f["busy_s"] += busy
         f["batches"] += 1
@@ -297,7 +312,8 @@ class Worker:
             max_seq_len=s["max_seq_len"], overflow=s["overflow"], prefetch=s["prefetch"],
             secret_file=s["secret_file"], transport=s["transport"], name=name,
             connect_timeout_s=s["connect_timeout"], arrays="torch", reconnect=s["reconnect"],
-            status_interval_s=s["status_interval"] if s["status_interval"] > 0 else -1)
+            status_interval_s=s["status_interval"] if s["status_interval"] > 0 else -1,
+            hs_dtype=s.get("hs_dtype", "bf16"))
         p = self.producer
         self.fig["plan_hash"] = "%016x" % p.plan_hash
         if p.max_batch_tokens > s["token_budget"]:

@@ -183,7 +183,12 @@ def build_parser():
     a("--model", default=_env("model"),
       help="local Hugging Face model folder (config.json + weights)")
     a("--dtype", type=_dtype, default=_env("dtype", "bf16"),
-      help="weights and activations: bf16 (default), fp16 or fp32; states travel as bf16")
+      help="weights and activations: bf16 (default), fp16 or fp32; states are captured as "
+           "bf16 (and travel as --hs-dtype says)")
+    a("--hs-dtype", choices=("bf16", "fp8"), default=_env("hs-dtype", "bf16"),
+      help="how hidden states travel and wait in the consumer's cache: bf16 (default) or fp8 "
+           "(e4m3 values and one fp32 scale per token, quantised on the worker's GPU; half "
+           "the bytes; the consumer must run with the same, see docs/fp8.md)")
     a("--attn-implementation", default=_env("attn-implementation", "auto"),
       help="transformers attention: auto (default: the fastest the model supports here, "
            "flash_attention_3 or _2 when installed on a GPU, then sdpa, flex_attention, "
@@ -290,7 +295,7 @@ def parse(argv):
             "n_run": _hf.layers_to_run(layers, n), "model": args.model, "dtype": args.dtype,
             "attn_implementation": args.attn_implementation, "packed": packed,
             "batching": args.batching, "self_check": args.self_check,
-            "status_interval": args.status_interval,
+            "status_interval": args.status_interval, "hs_dtype": args.hs_dtype,
             "gpus": args.gpus, "prefetch": args.prefetch, "secret_file": args.secret_file,
             "transport": args.transport, "connect_timeout": args.connect_timeout,
             "reconnect": args.reconnect, "name": args.name, "info": info}

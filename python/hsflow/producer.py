@@ -8,8 +8,8 @@ import os
 import numpy as np
 
 from . import _arrays
-from ._lib import (HS_ERR_CLOSED, HS_ERR_TIMEOUT, HS_OK, CWork, HsflowError,
-                   ProducerClientConfig, ProducerInfo, load)
+from ._lib import (HS_ERR_CLOSED, HS_ERR_TIMEOUT, HS_HIDDEN_BF16, HS_HIDDEN_FP8, HS_OK, CWork,
+                   HsflowError, ProducerClientConfig, ProducerInfo, load)
 
 _POLL_MS = 100
 _MAX_OUT = 2  # staging buffers per producer (hsflow.h: at most two batches out)
@@ -19,12 +19,19 @@ class Ticket:
     """One ticketed batch. From the shared plan (read-only numpy, zero-copy):
     input_ids [T] int32, loss_mask [T] uint8, cu_seqlens [n_seqs+1] int32,
     sample_ids [n_seqs] uint64 (dataset indices); epoch, batch, n_seqs,
-    n_tokens (T), hidden_size (H), layers. `hidden` is the staging buffer
-    to fill, [T, k*H] bf16 (torch.bfloat16 tensor, or numpy uint16 bits in
-    numpy mode; `hidden_bits` is always the numpy view). Fill it in place
-    and call send(), or pass the states to send(hidden_states=...)."""
+    n_tokens (T), hidden_size (H), layers. `hidden` is the buffer to fill,
+    [T, k*H] bf16 (torch.bfloat16 tensor, or numpy uint16 bits in numpy
+    mode; `hidden_bits` is always the numpy view). Fill it in place and call
+    send(), or pass the states to send(hidden_states=...).
 
-    def __init__(self, producer, work, layers, mode):
+    In an fp8 run (Producer(hs_dtype="fp8")) `hidden` is a bf16 buffer of
+    the producer's that send() quantises into the staging buffer, as every
+    hsflow producer does (hsflow.quantize_fp8); a caller that quantises
+    itself (on its GPU, say) fills `hidden_fp8` [T, k*H] (uint8 e4m3 bytes;
+    numpy, or a torch.uint8 tensor in torch mode) and `hidden_scales` [T]
+    float32 and calls send(quantized=True)."""
+
+    def __init__(self, producer, work, layers, mode, scratch=None):
         self._producer = producer
         self._work = work
         self._sent = False
@@ -43,10 +50,24 @@ class Ticket:
             "loss_mask": hv(work.loss_mask, (T,), np.uint8, False),
             "cu_seqlens": hv(work.cu_seqlens, (n + 1,), np.int32, False),
             "sample_ids": hv(work.sample_ids, (n,), np.uint64, False),
-            "hidden_bits": hv(work.hidden, (T, kH), np.uint16, True),
         }
-        self._views["hidden"] = (_arrays.torch_from_host(self._views["hidden_bits"])
-                                 if mode == "torch" else self._views["hidden_bits"])
+        self.hs_dtype = "fp8" if scratch is not None else "bf16"
+        if scratch is None:
+            self._views["hidden_bits"] = hv(work.hidden, (T, kH), np.uint16, True)
+        else:
+            self._scratch = scratch
+            self._views["hidden_bits"] = scratch[:T * kH].reshape(T, kH)
+            self._views["hidden_fp8"] = hv(work.hidden_fp8, (T, kH), np.uint8, True)
+            self._views["hidden_scales"] = hv(work.hidden_scales, (T,), np.float32, True)
+        # numpy views for the library's quantiser; torch or numpy for the caller
+        self._np = dict(self._views)
+        torch_mode = mode == "torch"
+        for name in ("hidden_bits", "hidden_fp8", "hidden_scales"):
+            if name in self._np:
+                alias = "hidden" if name == "hidden_bits" else name
+                self._views[alias] = (_arrays.torch_from_host(self._np[name]) if torch_mode
+                                      else self._np[name])
+        self._views["hidden_bits"] = self._np["hidden_bits"]
 
     def _get(self, name):
         if self._sent:
@@ -60,6 +81,14 @@ class Ticket:
     sample_ids = property(lambda self: self._get("sample_ids"))
     hidden = property(lambda self: self._get("hidden"))
     hidden_bits = property(lambda self: self._get("hidden_bits"))
+    hidden_fp8 = property(lambda self: self._get_fp8("hidden_fp8"))
+    hidden_scales = property(lambda self: self._get_fp8("hidden_scales"))
+
+    def _get_fp8(self, name):
+        if self.hs_dtype != "fp8":
+            raise HsflowError("%s: this run's hidden states travel as bf16 (hs_dtype='bf16'); "
+                              "fill `hidden` instead" % name)
+        return self._get(name)
 
     @property
     def sent(self):
@@ -71,9 +100,12 @@ class Ticket:
         return {"input_ids": w.input_ids, "loss_mask": w.loss_mask, "cu_seqlens": w.cu_seqlens,
                 "sample_ids": w.sample_ids, "hidden": w.hidden}
 
-    def send(self, hidden_states=None):
+    def send(self, hidden_states=None, quantized=False):
         """Copies `hidden_states` into the staging buffer (unless None: then
-        `hidden` was filled in place), seals the batch and sends it.
+        `hidden` was filled in place), seals the batch and sends it. In an
+        fp8 run the bf16 states are quantised on the way (a NaN or infinite
+        value raises, naming the token); quantized=True sends the
+        `hidden_fp8` and `hidden_scales` the caller filled as they are.
 
         hidden_states: [T, k*H], or a list/tuple of k arrays [T, H] (one per
         captured layer, in the order of `layers`). Accepted: torch tensors
@@ -81,14 +113,71 @@ class Ticket:
         or float64 (rounded to bf16, nearest-even), numpy uint16 (bf16 bits),
         numpy arrays of an ml_dtypes bfloat16 type."""
         dst = self._get("hidden_bits")
-        if hidden_states is not None:
-            _fill(dst, hidden_states, self.n_tokens, self.n_layers, self.hidden_size)
+        if quantized:
+            if self.hs_dtype != "fp8" or hidden_states is not None:
+                raise ValueError("send(quantized=True) sends the hidden_fp8 and hidden_scales "
+                                 "filled in place, in an fp8 run (hs_dtype='fp8'), with no "
+                                 "hidden_states")
+        else:
+            if hidden_states is not None:
+                _fill(dst, hidden_states, self.n_tokens, self.n_layers, self.hidden_size)
+            if self.hs_dtype == "fp8":
+                _quantize_into(dst, self._np["hidden_fp8"], self._np["hidden_scales"],
+                               "ticket (epoch %d, batch %d)" % (self.epoch, self.batch))
         self._producer._submit(self)
 
     def __repr__(self):
         return ("<hsflow.Ticket epoch=%d batch=%d seqs=%d tokens=%d%s>"
                 % (self.epoch, self.batch, self.n_seqs, self.n_tokens,
                    " sent" if self._sent else ""))
+
+
+def _quantize_into(bits, q, scales, what):
+    """bf16 bits [T, n] to e4m3 bytes q [T, n] and scales [T], as every
+    hsflow producer quantises (the library's hs_fp8_quantize_rows)."""
+    T, n = bits.shape
+    for a, dt in ((bits, np.uint16), (q, np.uint8), (scales, np.float32)):
+        assert a.dtype == dt and a.flags.c_contiguous
+    bad = ctypes.c_uint64(0)
+    st = load().hs_fp8_quantize_rows(bits.ctypes.data, T, n, q.ctypes.data, scales.ctypes.data,
+                                     ctypes.byref(bad))
+    if st != HS_OK:
+        raise ValueError("%s: token %d of the batch has a NaN or infinite hidden state; it "
+                         "cannot be quantised to fp8 (nothing was sent)" % (what, bad.value))
+
+
+def quantize_fp8(hidden_states):
+    """(e4m3 bytes, scales) of bf16 hidden states [T, n] as every hsflow
+    producer quantises them for an fp8 run: per token scale = amax / 448 (1
+    for a row of zeros), e4m3(value / scale) rounded to nearest even.
+    hidden_states: anything Ticket.send accepts as one [T, n] array; returns
+    numpy uint8 [T, n] and float32 [T]. Raises ValueError for a NaN or
+    infinite value."""
+    if not hasattr(hidden_states, "shape") or len(hidden_states.shape) != 2:
+        raise ValueError("quantize_fp8: expected a 2-D array [T, n]")
+    T, n = (int(x) for x in hidden_states.shape)
+    bits = np.empty((T, n), np.uint16)
+    _copy_one(bits, hidden_states)
+    q, scales = np.empty((T, n), np.uint8), np.empty(T, np.float32)
+    _quantize_into(bits, q, scales, "quantize_fp8")
+    return q, scales
+
+
+def quantize_fp8_torch(x):
+    """The fp8 quantisation of quantize_fp8 in torch, on x's device: x
+    [T, n] (bf16, or a float type rounded to bf16 first) -> (q torch.uint8
+    [T, n], scales torch.float32 [T], finite torch.bool [T]: False for a row
+    with a NaN or infinite value, whose q and scale are meaningless). The
+    same bits as hs_fp8_quantize_rows (the tests compare them): true
+    divisions in float32 (a tensor divisor; torch turns a scalar one into a
+    multiplication by its reciprocal) and torch's nearest-even e4m3."""
+    torch = _arrays.torch_module()
+    xf = x.to(torch.bfloat16).float()
+    finite = torch.isfinite(xf).all(dim=1)
+    amax = xf.abs().amax(dim=1)
+    scales = torch.where(amax > 0, amax / torch.full_like(amax, 448.0), torch.ones_like(amax))
+    q = (xf / scales[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    return q, scales, finite
 
 
 def _shape_error(what, got, T, k, H):
@@ -174,7 +263,8 @@ class Producer:
 
     def __init__(self, to, data, token_budget, hidden_size, layers, seed=0, max_seq_len=0,
                  overflow="truncate", prefetch=2, secret_file=None, transport="auto", name=None,
-                 connect_timeout_s=0, arrays="auto", reconnect=False, status_interval_s=0):
+                 connect_timeout_s=0, arrays="auto", reconnect=False, status_interval_s=0,
+                 hs_dtype="bf16"):
         self._p = None
         lib = load()
         if not isinstance(to, str) or any(":" not in a for a in to.split(",")):
@@ -201,6 +291,10 @@ class Producer:
             raise ValueError("overflow=%r: expected 'truncate' or 'drop'" % (overflow,))
         if transport not in ("auto", "tcp", "ucx"):
             raise ValueError("transport=%r: expected 'auto', 'tcp' or 'ucx'" % (transport,))
+        if hs_dtype not in ("bf16", "fp8"):
+            raise ValueError("hs_dtype=%r: expected 'bf16' or 'fp8' (e4m3 values and one fp32 "
+                             "scale per token: half the bytes)" % (hs_dtype,))
+        self.hs_dtype = hs_dtype
         self._mode = _arrays.resolve_arrays(arrays)
         self._layers = layers
 
@@ -220,6 +314,7 @@ class Producer:
         cfg.connect_timeout_s = int(connect_timeout_s)
         cfg.reconnect = bool(reconnect)
         cfg.status_interval_s = float(status_interval_s)
+        cfg.hs_dtype = HS_HIDDEN_FP8 if hs_dtype == "fp8" else HS_HIDDEN_BF16
         h = ctypes.c_void_p()
         st = lib.hs_producer_open(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK:
@@ -233,6 +328,11 @@ class Producer:
         self.n_batches = int(info.n_batches)
         self.max_batch_tokens = int(info.max_batch_tokens)
         self._staging = [(int(a), int(info.staging_bytes)) for a in info.staging if a]
+        # fp8: the bf16 states of each ticket out are gathered here, then
+        # quantised into the staging buffer when sent
+        self._scratch = ([np.empty(self.max_batch_tokens * len(layers) * int(hidden_size),
+                                   np.uint16) for _ in range(_MAX_OUT)]
+                         if hs_dtype == "fp8" else [])
         self._out = []     # tickets taken and not yet sent
         self._done = False
         self._closing = False
@@ -251,7 +351,7 @@ class Producer:
             return
         for t in self._out:
             t._sent = True
-            t._views = {}
+            t._views = t._np = {}
         self._out = []
         self._lib.hs_producer_close(self._p)
         self._p = None
@@ -299,7 +399,11 @@ class Producer:
                 self._done = True
                 raise StopIteration
             raise HsflowError("hs_producer_next", st)
-        t = Ticket(self, w, self._layers, self._mode)
+        scratch = None
+        if self._scratch:
+            busy = {id(x._scratch) for x in self._out}
+            scratch = next(b for b in self._scratch if id(b) not in busy)
+        t = Ticket(self, w, self._layers, self._mode, scratch)
         self._out.append(t)
         return t
 
@@ -323,7 +427,7 @@ class Producer:
         if st != HS_OK:
             raise HsflowError("hs_producer_submit (epoch %d, batch %d)" % (t.epoch, t.batch), st)
         t._sent = True
-        t._views = {}
+        t._views = t._np = {}
         self._out.remove(t)
         self.batches_sent += 1
         self.tokens_sent += t.n_tokens

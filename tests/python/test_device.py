@@ -146,3 +146,21 @@ def test_gpu_forward_quantises_on_the_device_as_numpy_quantises_its_bf16_states(
         q, scale = _quantize_rows(hs)
         assert np.array_equal(runs["fp8"][key][1], scale), key
         assert np.array_equal(runs["fp8"][key][0], q), key
+
+
+@cuda
+def test_fp8_quantisation_in_torch_on_the_gpu_gives_the_librarys_bits():
+    """hsflow-produce's on-GPU quantiser (quantize_fp8_torch on CUDA) against
+    the library's hs_fp8_quantize_rows, over rows of many scales."""
+    import torch
+    from hsflow.producer import quantize_fp8_torch
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.standard_normal((64, 4099)) * 10.0 ** rng.integers(-6, 6, (64, 1)),
+                        np.zeros((1, 4099))]).astype(np.float32)
+    bits = hsflow.f32_to_bf16_bits(x)
+    q_ref, s_ref = hsflow.quantize_fp8(bits)
+    xt = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).cuda()
+    q, scales, finite = quantize_fp8_torch(xt)
+    assert bool(finite.all())
+    assert np.array_equal(scales.cpu().numpy(), s_ref)
+    assert np.array_equal(q.cpu().numpy(), q_ref)

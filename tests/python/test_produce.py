@@ -556,6 +556,43 @@ def test_gpu_worker_copies_through_pinned_staging_and_matches_transformers(model
     assert len(seen) == len(set(seen)) > 3
 
 
+@pytest.mark.parametrize("gpus", ["cpu:1", "0"])
+def test_fp8_run_sends_the_quantisation_of_the_bf16_runs_states(models, data, gpus):
+    """hsflow-produce --hs-dtype fp8 (on the CPU: the library's quantiser;
+    on a GPU: torch's, before the copy to the host) sends, for every batch,
+    the e4m3 bytes and scales the test's numpy quantiser computes from the
+    bf16 states a bf16 run of the same plan sends."""
+    if gpus != "cpu:1" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from test_consumer import _quantize_rows
+    path, model = models["llama"]
+    data_path, _ = data
+    runs = {}
+    for dtype in ("bf16", "fp8"):
+        got = {}
+
+        def keep(b):
+            got[(b.epoch, b.batch)] = (b.hidden_states.copy() if dtype == "bf16" else
+                                       (b.hidden_fp8.copy(), b.hidden_scales.copy()))
+        with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, arrays="numpy",
+                             deliver=dtype) as c:
+            ct = ConsumerThread(c, keep, deadline_s=240)
+            pr = Proc(produce_cmd(c.port, data_path, path, "0,2,4", "--gpus", gpus,
+                                  "--hs-dtype", dtype))
+            try:
+                rc = pr.wait()
+                assert rc == 0, pr.text
+                ct.join(240)
+            finally:
+                pr.kill()
+        runs[dtype] = got
+    assert runs["bf16"].keys() == runs["fp8"].keys() and len(runs["fp8"]) > 3
+    for key, bits in runs["bf16"].items():
+        q, scale = _quantize_rows(bits)
+        assert np.array_equal(runs["fp8"][key][1], scale), "batch %s: scales" % (key,)
+        assert np.array_equal(runs["fp8"][key][0], q), "batch %s: e4m3 bytes" % (key,)
+
+
 def test_the_package_installs_hsflow_produce_as_a_console_script():
     import tomllib
     with open(os.path.join(ROOT, "python", "pyproject.toml"), "rb") as f:

@@ -167,3 +167,94 @@ def test_python_producer_accepts_torch_tensors_and_gives_a_bf16_staging_tensor(d
                     t.send()
         seen = ct.join()
     assert len(seen) == len(set(seen)) > 2
+
+
+def test_fp8_python_producer_quantises_as_every_producer_in_every_form(dataset):
+    """hs_dtype='fp8': states given as bf16 bits, as floats written in place
+    into `hidden`, and quantised by the caller (hsflow.quantize_fp8, sent with
+    quantized=True) all arrive as the consumer's own quantisation of the
+    synthetic states (verify_synthetic checks every e4m3 byte and scale), and
+    the trainer gets the numpy reference's bytes and scales."""
+    from test_consumer import _quantize_rows
+    data, _ = dataset
+
+    def check(b):
+        q, scale = _quantize_rows(hsflow.synthetic_hidden(b.sample_ids, b.cu_seqlens, b.layers,
+                                                          H))
+        assert np.array_equal(b.hidden_fp8, q) and np.array_equal(b.hidden_scales, scale)
+
+    forms = []
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, verify_synthetic=True,
+                         arrays="numpy", deliver="fp8") as c:
+        ct = ConsumerThread(c, check)
+        with producer(c.port, data, hs_dtype="fp8") as p:
+            for i, t in enumerate(p.tickets()):
+                assert t.hs_dtype == "fp8" and t.hidden_fp8.shape == (t.n_tokens, 2 * H)
+                assert t.hidden_fp8.ctypes.data != t.hidden.ctypes.data
+                want = hsflow.synthetic_hidden(t.sample_ids, t.cu_seqlens, t.layers, H)
+                forms.append(i % 3)
+                if i % 3 == 0:
+                    t.send(hidden_states=want)
+                elif i % 3 == 1:
+                    t.hidden[:] = want
+                    t.send()
+                else:
+                    q, scales = hsflow.quantize_fp8(want)
+                    t.hidden_fp8[:] = q
+                    t.hidden_scales[:] = scales
+                    t.send(quantized=True)
+            sent = p.batches_sent
+        seen = ct.join()
+        s = c.stats()
+    assert len(seen) == len(set(seen)) == sent == s["batches_planned"] > 2
+    assert set(forms) == {0, 1, 2} and s["checksum_failures"] == 0 and s["finished"]
+
+
+def test_fp8_python_producer_refuses_a_nan_naming_the_token_and_sends_nothing(dataset):
+    data, _ = dataset
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, arrays="numpy") as c:
+        with producer(c.port, data, hs_dtype="fp8") as p:
+            t = p.next_ticket(timeout=20)
+            x = np.zeros((t.n_tokens, 2 * H), np.float32)
+            x[t.n_tokens - 1, 3] = np.nan
+            with pytest.raises(ValueError, match="token %d .*NaN or infinite" % (t.n_tokens - 1)):
+                t.send(hidden_states=x)
+            assert not t.sent and p.batches_sent == 0
+            with pytest.raises(ValueError, match="in an fp8 run"):
+                t.send(hidden_states=x, quantized=True)
+    with pytest.raises(ValueError, match="hs_dtype='int4'.*'bf16' or 'fp8'"):
+        hsflow.Producer(to="127.0.0.1:1", data=data, token_budget=BUDGET, hidden_size=H,
+                        layers=LAYERS, hs_dtype="int4")
+
+
+@pytest.mark.skipif(not have_torch(), reason="torch is not installed")
+def test_fp8_quantisation_in_torch_gives_the_librarys_bits(dataset):
+    """quantize_fp8_torch (hsflow-produce's on-GPU quantiser; here on the
+    CPU) against the library's hs_fp8_quantize_rows: random rows over many
+    scales, rows of subnormal e4m3 values, exact ties, zero rows, a row
+    whose amax is one value, and a NaN row flagged."""
+    import torch
+    from hsflow.producer import quantize_fp8_torch
+    rng = np.random.default_rng(3)
+    rows = [rng.standard_normal(257) * 10.0 ** rng.integers(-6, 6) for _ in range(200)]
+    rows.append(np.zeros(257))
+    tiny = np.zeros(257)
+    tiny[0], tiny[1:] = 448.0, rng.integers(-8, 8, 256) * 2.0 ** -9  # e4m3 subnormals
+    rows.append(tiny)
+    ties = np.full(257, 1.0)
+    ties[0], ties[1:] = 448.0, 1.0 + (2 * rng.integers(0, 8, 256) + 1) / 16.0  # halfway codes
+    rows.append(ties)
+    one = np.zeros(257)
+    one[100] = -3.5
+    rows.append(one)
+    x = hsflow.f32_to_bf16_bits(np.stack(rows).astype(np.float32))
+    q_ref, s_ref = hsflow.quantize_fp8(x)
+    xt = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    q, scales, finite = quantize_fp8_torch(xt)
+    assert finite.all()
+    assert np.array_equal(scales.numpy(), s_ref)
+    diff = np.nonzero(q.numpy() != q_ref)
+    assert diff[0].size == 0, "first differences (row, col): %s" % list(zip(*diff))[:5]
+    xt = xt.clone()
+    xt[7, 5] = float("inf")
+    assert quantize_fp8_torch(xt)[2].tolist() == [i != 7 for i in range(len(rows))]
