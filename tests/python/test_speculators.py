@@ -383,3 +383,26 @@ def test_the_example_stops_naming_it_when_its_producers_exit(target, tmp_path, p
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]
     assert "every hs-producer exited (codes [2]) and batches are missing" in out, out[-3000:]
+
+
+def test_fp8_and_bf16_streams_of_the_same_samples_give_loss_curves_within_2_percent(
+        target, tmp_path, producer_bin):
+    """speculators' EAGLE-3 trained twice on the same plan, the states
+    streamed as bf16 and as fp8 (hs-producer --hs-dtype fp8, dequantised by
+    the consumer): every step's loss within 2% of the other run's."""
+    data = str(tmp_path / "d.jsonl")
+    write_dataset(data, 40, 20, 100, VOCAB, seed=3)
+    curves = {}
+    for dtype in ("bf16", "fp8"):
+        out, _, (done, _, _, _) = run_example(
+            "--algorithm", "eagle3", "--target", target, "--num-layers", "1", "--epochs", "3",
+            "--mask-token-id", str(VOCAB - 1), "--lr", "3e-3", "--cache-gb", "0.05",
+            "--loopback", "1", *producer_args(data, target), "--hs-dtype", dtype)
+        curves[dtype] = [float(m.group(1)) for m in re.finditer(r"step \d+ epoch \d+ loss ([\d.]+)",
+                                                                out)]
+        assert len(curves[dtype]) == done > 6
+    rel = [abs(a - b) / b for a, b in zip(curves["fp8"], curves["bf16"])]
+    print("bf16 %s\nfp8  %s\nworst relative difference %.4f at step %d"
+          % (curves["bf16"], curves["fp8"], max(rel), rel.index(max(rel)) + 1))
+    assert len(curves["fp8"]) == len(curves["bf16"])
+    assert max(rel) <= 0.02, rel
