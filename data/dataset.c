@@ -23,7 +23,7 @@
  * check and the dataset fingerprint, identical for the JSONL the file was
  * imported from. Loading maps the file read-only and checks every field
  * before trusting it; the arrays are used in place, without a copy. */
-#include "dataset_int.h"
+#include "hs_data.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -17,10 +17,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "dataset_int.h"
 #include "hs_common.h"
+#include "hs_data.h"
 #include "hs_proto.h"
-#include "plan_int.h"
 
 enum { CMD_IMPORT = 1, CMD_INFO = 2, CMD_PLAN = 4, CMD_SYNTH = 8, CMD_ALL = 15 };
 

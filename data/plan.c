@@ -8,7 +8,7 @@
  * the whole plan costs O(n log n). Long sequences fill the first batches and
  * the short ones top up their leftover room, so batches come out nearly full
  * while sequences of similar length still tend to share a batch. */
-#include "plan_int.h"
+#include "hs_data.h"
 #include "hs_proto.h" /* hs_batch_view_t: its layout only, no call into proto/ */
 
 #include <inttypes.h>

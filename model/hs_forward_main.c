@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dataset_int.h"
 #include "hs_common.h"
+#include "hs_data.h"
 #include "hs_model.h"
 #include "safetensors_int.h"
 

@@ -11,7 +11,7 @@
 #include "hs_producer.h"
 #include "hs_devices.h"
 #include "hs_model.h"
-#include "plan_int.h"
+#include "hs_data.h"
 #include "preflight_int.h" /* --preflight-headroom */
 #include "hs_transport.h"  /* HS_TP_SOCKBUF_AUTOTUNE */
 

@@ -23,8 +23,7 @@
 
 #include "hs_producer.h"
 #include "hsflow.h"
-#include "dataset_int.h"
-#include "plan_int.h"
+#include "hs_data.h"
 #include "hs_transport.h"
 #include "hs_model.h"
 #include "gpu_worker_int.h"

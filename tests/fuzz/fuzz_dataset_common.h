@@ -7,7 +7,7 @@
 
 #include <stdlib.h>
 
-#include "dataset_int.h"
+#include "hs_data.h"
 
 static void fuzz_dataset_check(const hs_dataset_t *ds)
 {

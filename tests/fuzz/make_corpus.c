@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "dataset_int.h"
+#include "hs_data.h"
 #include "hs_proto.h"
 #include "safetensors_int.h"
 #include "state_int.h"

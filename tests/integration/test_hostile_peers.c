@@ -34,8 +34,7 @@
 #include "common/jsonl_fixture.h"
 #include "hsflow.h"
 #include "hs_producer.h"
-#include "plan_int.h"
-#include "dataset_int.h"
+#include "hs_data.h"
 
 #define EPOCHS 2u
 #define BUDGET 256u

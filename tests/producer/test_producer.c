@@ -12,11 +12,10 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "dataset_int.h"
 #include "hs_common.h"
+#include "hs_data.h"
 #include "hs_proto.h"
 #include "hs_producer.h"
-#include "plan_int.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
