@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* fuzz_hst.c - the .hst token file reader (producer/dataset.c): header
+/* fuzz_hst.c - the .hst token file reader (data/dataset_hst.c): header
  * magic, version, size and CRC-32C, the counts against the file size, the
  * offsets, the body fingerprint, token values.
  *

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* fuzz_jsonl.c - the JSONL dataset reader (producer/dataset.c): one
+/* fuzz_jsonl.c - the JSONL dataset reader (data/dataset_jsonl.c): one
  * {"input_ids": [...], "loss_mask": [...]} object per line, blank lines,
  * a UTF-8 BOM, NUL bytes, numbers out of range.
  *
