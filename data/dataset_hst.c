@@ -27,8 +27,14 @@
  * place while it runs. The handler below catches faults inside registered
  * .hst mappings, backs the rest of that mapping with zero pages so the read
  * completes, and flags the mapping; hs_dataset_check() then fails every batch
- * read since, naming the file. Faults elsewhere go to the handler that was
- * installed before. */
+ * read since, naming the file.
+ *
+ * The handler is installed only while a .hst mapping is registered: the
+ * first registration saves the disposition in place and installs it, the
+ * last unregistration puts the saved one back (unless the process installed
+ * another meanwhile, which stays). In between, every other SIGBUS goes to the
+ * saved handler, called from this one; a default or ignored disposition is
+ * put back for a fault to come again and get it. */
 
 #define HST_MAX_MAPS 64
 
@@ -37,32 +43,50 @@ static struct {
     size_t len;
     atomic_bool shrunk;
 } hst_maps[HST_MAX_MAPS];
-static struct sigaction hst_old_bus;
+/* Under hst_lock (the handler only reads hst_old_bus and hst_page, which
+ * are set before it is installed): */
+static int hst_n_maps;               /* registered mappings */
+static bool hst_installed;           /* hst_on_sigbus installed, hst_old_bus saved */
+static struct sigaction hst_old_bus; /* the disposition it replaced */
 static uintptr_t hst_page;
-static pthread_once_t hst_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t hst_lock = PTHREAD_MUTEX_INITIALIZER; /* registration only */
+
+/* A SIGBUS that is not ours: to the disposition that was there before.
+ * si_code <= 0: sent by kill() or sigqueue(), not raised by a fault. */
+static void hst_chain(int sig, siginfo_t *si, void *uc)
+{
+    if (hst_old_bus.sa_handler == SIG_IGN && si->si_code <= 0) return;
+    if (hst_old_bus.sa_handler == SIG_DFL || hst_old_bus.sa_handler == SIG_IGN) {
+        /* a fault comes again on return and gets it (an ignored one kills);
+         * a sent signal has to be sent again */
+        sigaction(SIGBUS, &hst_old_bus, NULL);
+        if (si->si_code <= 0) raise(sig);
+    } else if (hst_old_bus.sa_flags & SA_SIGINFO) {
+        hst_old_bus.sa_sigaction(sig, si, uc);
+    } else {
+        hst_old_bus.sa_handler(sig);
+    }
+}
 
 static void hst_on_sigbus(int sig, siginfo_t *si, void *uc)
 {
-    (void)uc;
     uintptr_t a = (uintptr_t)si->si_addr;
-    for (int i = 0; i < HST_MAX_MAPS; i++) {
+    for (int i = 0; i < HST_MAX_MAPS && si->si_code > 0; i++) {
         uintptr_t s = atomic_load(&hst_maps[i].start);
         if (!s || a < s || a >= s + hst_maps[i].len) continue;
         uintptr_t pg = a & ~(hst_page - 1);
         if (mmap((void *)pg, s + hst_maps[i].len - pg, PROT_READ,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
-            break; /* cannot patch it: die as if unhandled */
+            break; /* cannot patch it: as if unhandled */
         atomic_store(&hst_maps[i].shrunk, true);
         return; /* the faulting read now sees zeros */
     }
-    /* Not ours: restore the previous disposition; the access faults again
-     * and gets it. */
-    (void)sig;
-    sigaction(SIGBUS, &hst_old_bus, NULL);
+    hst_chain(sig, si, uc);
 }
 
-static void hst_install_handler(void)
+/* Saves the disposition in place and installs hst_on_sigbus (hst_lock
+ * held). */
+static bool hst_install_handler(void)
 {
     hst_page = (uintptr_t)sysconf(_SC_PAGESIZE);
     struct sigaction sa;
@@ -70,19 +94,33 @@ static void hst_install_handler(void)
     sa.sa_sigaction = hst_on_sigbus;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGBUS, &sa, &hst_old_bus) != 0)
+    if (sigaction(SIGBUS, NULL, &hst_old_bus) != 0 || sigaction(SIGBUS, &sa, NULL) != 0) {
         hs_warn("cannot install the SIGBUS handler that guards .hst mappings: %m");
+        return false;
+    }
+    return true;
 }
 
-/* Registers a mapping with the handler; -1 when every slot is taken (the
- * dataset still works, unguarded). */
+/* Puts back the disposition saved by hst_install_handler, unless hst_on_sigbus
+ * is no longer the one in place (hst_lock held). */
+static void hst_restore_handler(void)
+{
+    struct sigaction now;
+    if (sigaction(SIGBUS, NULL, &now) == 0 && (now.sa_flags & SA_SIGINFO) &&
+        now.sa_sigaction == hst_on_sigbus)
+        sigaction(SIGBUS, &hst_old_bus, NULL);
+}
+
+/* Registers a mapping with the handler, installing it for the first one; -1
+ * when every slot is taken (the dataset still works, unguarded). */
 static int hst_register(void *map, size_t len)
 {
-    pthread_once(&hst_once, hst_install_handler);
     int slot = -1;
     pthread_mutex_lock(&hst_lock);
     for (int i = 0; i < HST_MAX_MAPS && slot < 0; i++) {
         if (atomic_load(&hst_maps[i].start)) continue;
+        if (!hst_installed) hst_installed = hst_install_handler();
+        hst_n_maps++;
         hst_maps[i].len = len;
         atomic_store(&hst_maps[i].shrunk, false);
         atomic_store(&hst_maps[i].start, (uintptr_t)map);
@@ -98,6 +136,10 @@ void hs__hst_unregister(int slot)
     if (slot < 0) return;
     pthread_mutex_lock(&hst_lock);
     atomic_store(&hst_maps[slot].start, (uintptr_t)0);
+    if (--hst_n_maps == 0 && hst_installed) {
+        hst_restore_handler();
+        hst_installed = false;
+    }
     pthread_mutex_unlock(&hst_lock);
 }
 

@@ -73,7 +73,12 @@ const uint8_t *hs_dataset_mask(const hs_dataset_t *ds, uint64_t i);
  * with SIGBUS, and from then on this returns HS_ERR_IO (logged once, naming
  * the file). Call it after reading a batch's tokens and
  * before trusting them. JSONL and in-memory datasets always pass. Costs one
- * fstat. */
+ * fstat.
+ * The library's SIGBUS handler that catches those reads is installed only
+ * while a .hst dataset is open: the first open saves the process's handler
+ * and installs it, faults outside .hst mappings go on to the saved handler,
+ * and the last close puts it back (unless the process installed another one
+ * meanwhile: that one stays). */
 HS_MUST_CHECK hs_status_t hs_dataset_check(const hs_dataset_t *ds);
 
 /* XXH3-64 of the dataset's canonical body: the offsets (u64 x n+1), then

@@ -5,9 +5,12 @@
 #include <check.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -1069,6 +1072,110 @@ START_TEST(hst_rewritten_in_place_fails_the_fill_naming_the_file_without_a_crash
 }
 END_TEST
 
+/* The SIGBUS handler of a process embedding the library: counts the faults
+ * it gets inside read_faults() and jumps back out of the faulting read. A
+ * fault anywhere else (a .hst read the library should have caught) ends the
+ * test process, which Check reports as a failure. */
+static sigjmp_buf g_bus_jump;
+static volatile sig_atomic_t g_bus_armed, g_bus_faults;
+
+static void embedder_on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)si;
+    (void)uc;
+    if (!g_bus_armed) _exit(3);
+    g_bus_faults++;
+    siglongjmp(g_bus_jump, 1);
+}
+
+/* Reads *p; true when that raised SIGBUS and embedder_on_sigbus took it. */
+static bool read_faults(const volatile uint8_t *p)
+{
+    volatile bool faulted = false;
+    g_bus_armed = 1;
+    if (sigsetjmp(g_bus_jump, 1))
+        faulted = true;
+    else
+        (void)*p;
+    g_bus_armed = 0;
+    return faulted;
+}
+
+static bool bus_handler_is(void (*fn)(int, siginfo_t *, void *))
+{
+    struct sigaction now;
+    ck_assert_int_eq(sigaction(SIGBUS, NULL, &now), 0);
+    return (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == fn;
+}
+
+/* A process with a SIGBUS handler of its own opens a .hst, which is then
+ * truncated under its mapping. While the dataset is open (also after a
+ * second open of the file is closed), a fault in the process's own mapping
+ * still reaches its handler, reads of the lost .hst pages do not, and
+ * hs_dataset_check() reports the file; once the dataset is closed, the
+ * process's handler is the one in place again. */
+START_TEST(own_sigbus_handler_stays_and_a_truncated_hst_is_an_error_not_a_crash)
+{
+    struct sigaction mine, before;
+    memset(&mine, 0, sizeof mine);
+    mine.sa_sigaction = embedder_on_sigbus;
+    mine.sa_flags = SA_SIGINFO;
+    sigemptyset(&mine.sa_mask);
+    ck_assert_int_eq(sigaction(SIGBUS, &mine, &before), 0);
+    g_bus_faults = 0;
+
+    /* the process's own mapping, its file cut to nothing: reads fault */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const char *own_path = path_in_dir("own.bin");
+    uint8_t *zeros = calloc(1, 2 * page);
+    write_file(own_path, zeros, 2 * page);
+    free(zeros);
+    int own_fd = open(own_path, O_RDWR);
+    ck_assert_int_ge(own_fd, 0);
+    uint8_t *own = mmap(NULL, 2 * page, PROT_READ, MAP_SHARED, own_fd, 0);
+    ck_assert_ptr_ne(own, MAP_FAILED);
+    ck_assert_int_eq(ftruncate(own_fd, 0), 0);
+
+    hs_dataset_t *src = random_dataset(31, 200, 1, 900); /* some 400 KB: many pages */
+    const char *hp = path_in_dir("guarded.hst");
+    ck_assert_int_eq(hs_dataset_write_hst(src, hp), HS_OK);
+    hs_dataset_t *ds = NULL;
+    ck_assert_int_eq(hs_dataset_open(hp, &ds), HS_OK);
+    ck_assert_int_eq(hs_dataset_check(ds), HS_OK);
+    ck_assert(read_faults(own + page));
+    ck_assert_int_eq(g_bus_faults, 1);
+    hs_dataset_t *again = NULL; /* opened and closed: ds stays guarded */
+    ck_assert_int_eq(hs_dataset_open(hp, &again), HS_OK);
+    hs_dataset_close(again);
+
+    ck_assert_int_eq(truncate(hp, 64), 0); /* the header alone */
+    capture_begin();
+    for (uint64_t i = 0; i < hs_dataset_count(ds); i++) {
+        const volatile int32_t *ids = hs_dataset_ids(ds, i);
+        for (uint32_t t = 0; t < hs_dataset_seq_len(ds, i); t++)
+            (void)ids[t];
+    }
+    hs_status_t st = hs_dataset_check(ds);
+    char log[4096];
+    capture_end(log, sizeof(log));
+    ck_assert_int_eq(st, HS_ERR_IO);
+    ck_assert_msg(strstr(log, hp) && strstr(log, "truncated while in use"), "%s", log);
+    ck_assert_int_eq(g_bus_faults, 1); /* the lost .hst pages were not the process's */
+    ck_assert(read_faults(own + page));
+    ck_assert_int_eq(g_bus_faults, 2);
+    hs_dataset_close(ds);
+
+    ck_assert(bus_handler_is(embedder_on_sigbus));
+    ck_assert(read_faults(own + page));
+    ck_assert_int_eq(g_bus_faults, 3);
+    munmap(own, 2 * page);
+    close(own_fd);
+    hs_dataset_close(src);
+    sigaction(SIGBUS, &before, NULL);
+}
+END_TEST
+
 START_TEST(to_takes_a_list_of_ranks_and_port_ranges_and_refuses_bad_ones)
 {
     hs_producer_addrs_t a;
@@ -1114,6 +1221,7 @@ int main(void)
     tcase_add_test(tc, import_reports_progress_until_the_whole_file_is_read);
     tcase_add_loop_test(tc, hst_rewritten_in_place_fails_the_fill_naming_the_file_without_a_crash,
                         0, 2);
+    tcase_add_test(tc, own_sigbus_handler_stays_and_a_truncated_hst_is_an_error_not_a_crash);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("plan");
