@@ -297,6 +297,77 @@ static hs_status_t parse_qwen3_5(const cJSON *r, const char *path, hs_model_conf
     return HS_OK;
 }
 
+/* A string field of quantization_config that, when present, must be `want`. */
+static hs_status_t quant_str(const cJSON *q, const char *path, const char *key, const char *want)
+{
+    const cJSON *v = item(q, key);
+    if (!v || (cJSON_IsString(v) && strcmp(v->valuestring, want) == 0)) return HS_OK;
+    hs_error("%s: quantization_config.%s is %s%s%s; only \"%s\" is supported (block-scaled FP8 "
+             "with dynamic activation scales)",
+             path, key, cJSON_IsString(v) ? "'" : "",
+             cJSON_IsString(v) ? v->valuestring : "not a string", cJSON_IsString(v) ? "'" : "",
+             want);
+    return HS_ERR_UNSUPPORTED;
+}
+
+/* quantization_config (top level, or the text config's): absent or null is
+ * a plain checkpoint; else only Hugging Face's fine-grained FP8 is read:
+ * quant_method "fp8", weight_block_size [128, 128], activation_scheme
+ * "dynamic" and fmt "e4m3" when given, modules_to_not_convert a list of
+ * names or null (which Linear weights are FP8 is then read from each
+ * tensor's dtype). */
+static hs_status_t parse_quant(const cJSON *root, const cJSON *r, const char *path,
+                               hs_model_config_t *c)
+{
+    const cJSON *q = item(root, "quantization_config");
+    if (!q) q = item(r, "quantization_config");
+    if (!q) return HS_OK;
+    if (!cJSON_IsObject(q)) {
+        hs_error("%s: quantization_config must be an object or null", path);
+        return HS_ERR_FORMAT;
+    }
+    const cJSON *m = item(q, "quant_method");
+    if (!cJSON_IsString(m) || strcmp(m->valuestring, "fp8") != 0) {
+        hs_error("%s: quantization_config.quant_method is %s%s%s; the built-in forward reads "
+                 "block-scaled FP8 checkpoints (\"fp8\") only: load the bf16 checkpoint instead "
+                 "(--dtype fp8 quantises it at load)",
+                 path, cJSON_IsString(m) ? "'" : "", cJSON_IsString(m) ? m->valuestring : "missing",
+                 cJSON_IsString(m) ? "'" : "");
+        return HS_ERR_UNSUPPORTED;
+    }
+    const cJSON *bs = item(q, "weight_block_size");
+    const cJSON *b0 = cJSON_IsArray(bs) ? cJSON_GetArrayItem(bs, 0) : NULL;
+    const cJSON *b1 = cJSON_IsArray(bs) ? cJSON_GetArrayItem(bs, 1) : NULL;
+    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !cJSON_IsNumber(b0) ||
+        !cJSON_IsNumber(b1) || b0->valuedouble != 128 || b1->valuedouble != 128) {
+        hs_error("%s: quantization_config.weight_block_size must be [128, 128] (%s); other block "
+                 "sizes and per-tensor FP8 are not supported: load the bf16 checkpoint instead",
+                 path, bs ? "it is something else" : "it is missing");
+        return HS_ERR_UNSUPPORTED;
+    }
+    hs_status_t rc;
+    if ((rc = quant_str(q, path, "activation_scheme", "dynamic")) != HS_OK ||
+        (rc = quant_str(q, path, "fmt", "e4m3")) != HS_OK)
+        return rc;
+    const cJSON *skip = item(q, "modules_to_not_convert");
+    const cJSON *e;
+    if (skip && !cJSON_IsArray(skip)) {
+        hs_error("%s: quantization_config.modules_to_not_convert must be a list of names or null",
+                 path);
+        return HS_ERR_FORMAT;
+    }
+    cJSON_ArrayForEach(e, skip)
+    {
+        if (!cJSON_IsString(e)) {
+            hs_error("%s: quantization_config.modules_to_not_convert holds a non-string entry",
+                     path);
+            return HS_ERR_FORMAT;
+        }
+    }
+    c->fp8_checkpoint = 1;
+    return HS_OK;
+}
+
 hs_status_t hs__model_config_parse(const char *json, size_t len, const char *path,
                                    hs_model_config_t *out)
 {
@@ -344,6 +415,8 @@ hs_status_t hs__model_config_parse(const char *json, size_t len, const char *pat
     if (!dt) dt = item(root, "torch_dtype");
     if (!dt) dt = item(root, "dtype");
     if (cJSON_IsString(dt)) snprintf(c.torch_dtype, sizeof c.torch_dtype, "%s", dt->valuestring);
+
+    if ((rc = parse_quant(root, r, path, &c)) != HS_OK) goto out;
 
     const cJSON *act = item(r, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0)) {

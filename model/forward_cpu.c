@@ -210,9 +210,10 @@ static void work_put(hs_model_t *m, work_t *w)
 hs_status_t hs_model_forward_cpu_reserve(hs_model_t *m, int max_tokens)
 {
     if (!m || max_tokens < 0) return HS_ERR_INVALID;
-    if (max_tokens == 0) return HS_OK;
+    hs_status_t rc = hs__model_fp8_to_bf16(m);
+    if (rc != HS_OK || max_tokens == 0) return rc;
     work_t *w;
-    hs_status_t rc = work_get(m, max_tokens, &w);
+    rc = work_get(m, max_tokens, &w);
     if (rc == HS_OK) work_put(m, w);
     return rc;
 }
@@ -292,6 +293,7 @@ hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *input_ids, const 
     hs_status_t rc = check_inputs(m, input_ids, cu_seqlens, n_seqs, layers, n_layers, out,
                                   out_dtype, row_stride_elems);
     if (rc != HS_OK) return rc;
+    if ((rc = hs__model_fp8_to_bf16(m)) != HS_OK) return rc;
     const hs_model_config_t *c = &m->cfg;
     const int T = cu_seqlens[n_seqs];
     if (T == 0) return HS_OK;

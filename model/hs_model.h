@@ -92,6 +92,11 @@ typedef struct {
     uint8_t layer_type[HS_MODEL_MAX_HYBRID_LAYERS]; /* hs_model_layer_type_t per layer
                                                        (layer_types, or every
                                                        full_attention_interval-th full) */
+
+    /* quantization_config: quant_method "fp8", weight_block_size [128, 128],
+       dynamic activation scales. Linear weights stored F8_E4M3 carry
+       <name>_scale_inv [ceil(N/128), ceil(K/128)]; the others stay as stored. */
+    int fp8_checkpoint;
 } hs_model_config_t;
 
 /* Whether decoder layer l (0-based) is a Gated DeltaNet layer. */
@@ -100,6 +105,21 @@ static inline int hs_model_layer_is_linear(const hs_model_config_t *c, int l)
     return c->arch == HS_MODEL_QWEN3_5 && l >= 0 && l < HS_MODEL_MAX_HYBRID_LAYERS &&
            c->layer_type[l] == HS_LAYER_LINEAR_ATTENTION;
 }
+
+/* How the loader holds the Linear projections' weights (q/k/v/o,
+ * gate/up/down, and the Gated DeltaNet's in_proj_* and out_proj); the
+ * embeddings, norms and small tensors stay as the checkpoint has them. */
+typedef enum {
+    HS_MODEL_WEIGHTS_AUTO = 0, /* as stored: bf16, or FP8 where an FP8 checkpoint has it */
+    HS_MODEL_WEIGHTS_BF16 = 1, /* FP8 weights dequantised to bf16 at load */
+    HS_MODEL_WEIGHTS_FP8 = 2,  /* bf16 weights quantised at load as FP8 checkpoints are
+                                  (128x128 blocks, scale_inv = amax / 448), except the
+                                  tiny in_proj_a / in_proj_b, which FP8 checkpoints keep */
+} hs_model_weights_t;
+
+/* "auto", "bf16", "fp8" into *out; HS_ERR_INVALID for another name. */
+HS_MUST_CHECK hs_status_t hs_model_weights_parse(const char *s, hs_model_weights_t *out);
+const char *hs_model_weights_name(hs_model_weights_t w);
 
 /* Loads the model in folder `dir` (config.json plus model.safetensors, or
  * model.safetensors.index.json and its shards). Weights stored as BF16 are
@@ -111,6 +131,17 @@ static inline int hs_model_layer_is_linear(const hs_model_config_t *c, int l)
  * tensor is logged and HS_ERR_FORMAT (or HS_ERR_IO / HS_ERR_UNSUPPORTED)
  * returned. *out is set only on success. */
 HS_MUST_CHECK hs_status_t hs_model_load(const char *dir, hs_model_t **out);
+/* As hs_model_load (which is HS_MODEL_WEIGHTS_AUTO), holding the Linear
+ * weights as `weights` says. An FP8 checkpoint (config.json's
+ * quantization_config, see hs_model_config_t) stores a weight as F8_E4M3
+ * plus <name>_scale_inv (F32 or BF16, [ceil(N/128), ceil(K/128)], finite,
+ * >= 0); a missing or misshapen factor tensor, an F8_E4M3 weight without
+ * quantization_config, or an unsupported quantization_config is an error
+ * naming the tensor or field. */
+HS_MUST_CHECK hs_status_t hs_model_load_ex(const char *dir, hs_model_weights_t weights,
+                                           hs_model_t **out);
+/* Number of Linear weights the model holds in FP8 (0 for a bf16 model). */
+int hs_model_fp8_weights(const hs_model_t *m);
 
 /* Reads and checks dir/config.json alone (no weight is opened), as
  * hs_model_load does first: layer presets are checked against the depth

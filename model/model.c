@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp8_block.h"
 #include "model_int.h"
 #include "rope.h"
 
@@ -51,6 +52,130 @@ static hs_status_t get_w(hs_model_t *m, const char *name, int64_t d0, int64_t d1
     return hs__st_get_bf16(m->st, full, d1 ? 2 : 1, shape, out);
 }
 
+/* A buffer of `bytes` the model owns until it is destroyed. */
+static void *own(hs_model_t *m, size_t bytes)
+{
+    if (m->n_owned == m->cap_owned) {
+        size_t cap = m->cap_owned ? 2 * m->cap_owned : 64;
+        void **o = realloc(m->owned, cap * sizeof *o);
+        if (!o) return NULL;
+        m->owned = o;
+        m->cap_owned = cap;
+    }
+    void *p = malloc(bytes ? bytes : 1);
+    if (p) m->owned[m->n_owned++] = p;
+    return p;
+}
+
+/* An F8_E4M3 weight "<prefix><name>" [N, K] and its <name>_scale_inv. */
+static hs_status_t get_fp8(hs_model_t *m, const char *full, int64_t N, int64_t K,
+                           hs__fp8_weight_t *f8)
+{
+    if (!m->cfg.fp8_checkpoint) {
+        hs_error("tensor '%s' is F8_E4M3 but config.json has no quantization_config with "
+                 "quant_method \"fp8\" and weight_block_size [128, 128]: the checkpoint is "
+                 "incomplete; restore its config.json",
+                 full);
+        return HS_ERR_FORMAT;
+    }
+    int64_t shape[2] = {N, K}, sshape[2] = {hs_fp8_blocks(N), hs_fp8_blocks(K)};
+    hs_status_t rc = hs__st_get_fp8(m->st, full, 2, shape, &f8->w);
+    if (rc != HS_OK) return rc;
+    char sname[288];
+    snprintf(sname, sizeof sname, "%s_scale_inv", full);
+    if (!hs__st_find(m->st, sname)) {
+        hs_error("tensor '%s' is F8_E4M3 but its block factors '%s' [%lld, %lld] are missing: "
+                 "the checkpoint is incomplete; download it again",
+                 full, sname, (long long)sshape[0], (long long)sshape[1]);
+        return HS_ERR_FORMAT;
+    }
+    if ((rc = hs__st_get_f32(m->st, sname, 2, sshape, &f8->scale_inv)) != HS_OK) return rc;
+    for (int64_t i = 0; i < sshape[0] * sshape[1]; i++) {
+        if (!(f8->scale_inv[i] >= 0.0f)) {
+            hs_error("tensor '%s' holds %g at block %lld: block factors must be >= 0; the "
+                     "checkpoint is damaged",
+                     sname, (double)f8->scale_inv[i], (long long)i);
+            return HS_ERR_FORMAT;
+        }
+    }
+    f8->n = N;
+    f8->k = K;
+    return HS_OK;
+}
+
+/* A Linear weight "<prefix><name>" [N, K]: bf16 into *bf16, or FP8 into
+ * *f8 (then *bf16 = NULL), as stored and as m->weights asks. `quantize`:
+ * whether --dtype fp8 turns this weight into FP8. */
+static hs_status_t get_linear(hs_model_t *m, const char *name, int64_t N, int64_t K, int quantize,
+                              const uint16_t **bf16, hs__fp8_weight_t *f8)
+{
+    char full[256];
+    snprintf(full, sizeof full, "%s%s", prefix(m), name);
+    const hs__st_tensor_t *t = hs__st_find(m->st, full);
+    hs_status_t rc;
+    if (t && t->dtype == HS_ST_F8_E4M3) {
+        if ((rc = get_fp8(m, full, N, K, f8)) != HS_OK) return rc;
+        if (m->weights != HS_MODEL_WEIGHTS_BF16) {
+            *bf16 = NULL;
+            m->n_fp8++;
+            return HS_OK;
+        }
+        uint16_t *w = own(m, (size_t)(N * K) * 2);
+        if (!w) return HS_ERR_NOMEM;
+        hs_fp8_block_dequantize(f8->w, f8->scale_inv, N, K, w);
+        memset(f8, 0, sizeof *f8);
+        *bf16 = w;
+        return HS_OK;
+    }
+    if ((rc = get_w(m, name, N, K, bf16)) != HS_OK) return rc;
+    if (m->weights != HS_MODEL_WEIGHTS_FP8 || !quantize) return HS_OK;
+    uint8_t *q = own(m, (size_t)(N * K));
+    float *s = own(m, (size_t)(hs_fp8_blocks(N) * hs_fp8_blocks(K)) * sizeof(float));
+    if (!q || !s) return HS_ERR_NOMEM;
+    hs_fp8_block_quantize(*bf16, N, K, q, s);
+    *f8 = (hs__fp8_weight_t){q, s, N, K};
+    *bf16 = NULL;
+    m->n_fp8++;
+    return HS_OK;
+}
+
+/* The Linear fields of a layer, bf16 and FP8 side by side. */
+#define LINEAR_FIELDS(X)                                                                           \
+    X(q_proj)                                                                                      \
+    X(k_proj) X(v_proj) X(o_proj) X(gate_proj) X(up_proj) X(down_proj) X(in_proj_qkv) X(in_proj_z) \
+        X(in_proj_b) X(in_proj_a) X(out_proj)
+
+static hs_status_t dequantize_layer(hs_model_t *m, hs__layer_weights_t *w)
+{
+#define DQ(f)                                                                                      \
+    if (w->fp8.f.w && !w->f) {                                                                     \
+        uint16_t *b = own(m, (size_t)(w->fp8.f.n * w->fp8.f.k) * 2);                               \
+        if (!b) return HS_ERR_NOMEM;                                                               \
+        hs_fp8_block_dequantize(w->fp8.f.w, w->fp8.f.scale_inv, w->fp8.f.n, w->fp8.f.k, b);        \
+        w->f = b;                                                                                  \
+    }
+    LINEAR_FIELDS(DQ)
+#undef DQ
+    return HS_OK;
+}
+
+hs_status_t hs__model_fp8_to_bf16(hs_model_t *m)
+{
+    if (!m->n_fp8) return HS_OK;
+    hs_status_t rc = HS_OK;
+    pthread_mutex_lock(&m->cpu_lock);
+    for (int l = 0; !m->fp8_dequantized && l < m->cfg.num_layers && rc == HS_OK; l++)
+        rc = dequantize_layer(m, &m->layers[l]);
+    if (rc == HS_OK && !m->fp8_dequantized) {
+        hs_info("cpu forward: %d fp8 weights dequantised to bf16 for the reference forward",
+                m->n_fp8);
+        m->fp8_dequantized = 1;
+    }
+    pthread_mutex_unlock(&m->cpu_lock);
+    if (rc != HS_OK) hs_error("cpu forward: no memory for the bf16 copies of the fp8 weights");
+    return rc;
+}
+
 /* The Gated DeltaNet tensors of linear-attention layer i. */
 static hs_status_t load_linear_attn(hs_model_t *m, int i)
 {
@@ -60,18 +185,20 @@ static hs_status_t load_linear_attn(hs_model_t *m, int i)
     int64_t C = 2 * (int64_t)c->lin_num_k_heads * c->lin_k_head_dim + nv * dv;
     char n[160];
     hs_status_t rc;
-#define LW(field, fmt, d0, d1)                                                                     \
+#define LL(field, quantize, d0, d1)                                                                \
     do {                                                                                           \
-        snprintf(n, sizeof n, "layers.%d.linear_attn." fmt, i);                                    \
-        if ((rc = get_w(m, n, (d0), (d1), &w->field)) != HS_OK) return rc;                         \
+        snprintf(n, sizeof n, "layers.%d.linear_attn." #field ".weight", i);                       \
+        if ((rc = get_linear(m, n, (d0), (d1), quantize, &w->field, &w->fp8.field)) != HS_OK)      \
+            return rc;                                                                             \
     } while (0)
-    LW(in_proj_qkv, "in_proj_qkv.weight", C, H);
-    LW(in_proj_z, "in_proj_z.weight", nv * dv, H);
-    LW(in_proj_b, "in_proj_b.weight", nv, H);
-    LW(in_proj_a, "in_proj_a.weight", nv, H);
-    LW(lin_norm, "norm.weight", dv, 0);
-    LW(out_proj, "out_proj.weight", H, nv * dv);
-#undef LW
+    LL(in_proj_qkv, 1, C, H);
+    LL(in_proj_z, 1, nv * dv, H);
+    LL(in_proj_b, 0, nv, H); /* tiny: FP8 checkpoints keep them in bf16 */
+    LL(in_proj_a, 0, nv, H);
+    LL(out_proj, 1, H, nv * dv);
+#undef LL
+    snprintf(n, sizeof n, "layers.%d.linear_attn.norm.weight", i);
+    if ((rc = get_w(m, n, dv, 0, &w->lin_norm)) != HS_OK) return rc;
     int64_t conv_shape[3] = {C, 1, c->lin_conv_kernel};
     snprintf(n, sizeof n, "%slayers.%d.linear_attn.conv1d.weight", prefix(m), i);
     if ((rc = hs__st_get_bf16(m->st, n, 3, conv_shape, &w->conv1d)) != HS_OK) return rc;
@@ -94,14 +221,19 @@ static hs_status_t load_layer(hs_model_t *m, int i)
         snprintf(n, sizeof n, "layers.%d." fmt, i);                                                \
         if ((rc = get_w(m, n, (d0), (d1), &w->field)) != HS_OK) return rc;                         \
     } while (0)
+#define L(field, fmt, d0, d1)                                                                      \
+    do {                                                                                           \
+        snprintf(n, sizeof n, "layers.%d." fmt, i);                                                \
+        if ((rc = get_linear(m, n, (d0), (d1), 1, &w->field, &w->fp8.field)) != HS_OK) return rc;  \
+    } while (0)
     if (hs_model_layer_is_linear(c, i)) {
         if ((rc = load_linear_attn(m, i)) != HS_OK) return rc;
         goto mlp;
     }
-    W(q_proj, "self_attn.q_proj.weight", c->attn_output_gate ? 2 * nq : nq, H);
-    W(k_proj, "self_attn.k_proj.weight", nkv, H);
-    W(v_proj, "self_attn.v_proj.weight", nkv, H);
-    W(o_proj, "self_attn.o_proj.weight", H, nq);
+    L(q_proj, "self_attn.q_proj.weight", c->attn_output_gate ? 2 * nq : nq, H);
+    L(k_proj, "self_attn.k_proj.weight", nkv, H);
+    L(v_proj, "self_attn.v_proj.weight", nkv, H);
+    L(o_proj, "self_attn.o_proj.weight", H, nq);
     if (c->qkv_bias) {
         W(q_bias, "self_attn.q_proj.bias", nq, 0);
         W(k_bias, "self_attn.k_proj.bias", nkv, 0);
@@ -113,9 +245,9 @@ static hs_status_t load_layer(hs_model_t *m, int i)
         W(k_norm, "self_attn.k_norm.weight", d, 0);
     }
 mlp:
-    W(gate_proj, "mlp.gate_proj.weight", I, H);
-    W(up_proj, "mlp.up_proj.weight", I, H);
-    W(down_proj, "mlp.down_proj.weight", H, I);
+    L(gate_proj, "mlp.gate_proj.weight", I, H);
+    L(up_proj, "mlp.up_proj.weight", I, H);
+    L(down_proj, "mlp.down_proj.weight", H, I);
     if (c->mlp_bias) {
         W(gate_bias, "mlp.gate_proj.bias", I, 0);
         W(up_bias, "mlp.up_proj.bias", I, 0);
@@ -124,6 +256,7 @@ mlp:
     W(input_norm, "input_layernorm.weight", H, 0);
     W(post_norm, "post_attention_layernorm.weight", H, 0);
 #undef W
+#undef L
     return HS_OK;
 }
 
@@ -144,7 +277,34 @@ hs_status_t hs_model_read_config(const char *dir, hs_model_config_t *out)
     return rc;
 }
 
+hs_status_t hs_model_weights_parse(const char *s, hs_model_weights_t *out)
+{
+    static const char *names[] = {"auto", "bf16", "fp8"};
+    for (int i = 0; s && i < 3; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *out = (hs_model_weights_t)i;
+            return HS_OK;
+        }
+    }
+    return HS_ERR_INVALID;
+}
+
+const char *hs_model_weights_name(hs_model_weights_t w)
+{
+    return w == HS_MODEL_WEIGHTS_BF16 ? "bf16" : w == HS_MODEL_WEIGHTS_FP8 ? "fp8" : "auto";
+}
+
+int hs_model_fp8_weights(const hs_model_t *m)
+{
+    return m ? m->n_fp8 : 0;
+}
+
 hs_status_t hs_model_load(const char *dir, hs_model_t **out)
+{
+    return hs_model_load_ex(dir, HS_MODEL_WEIGHTS_AUTO, out);
+}
+
+hs_status_t hs_model_load_ex(const char *dir, hs_model_weights_t weights, hs_model_t **out)
 {
     hs_status_t rc = HS_ERR_NOMEM;
     char path[PATH_MAX];
@@ -158,6 +318,7 @@ hs_status_t hs_model_load(const char *dir, hs_model_t **out)
     hs_model_t *m = calloc(1, sizeof *m);
     if (!m) goto err_json;
     pthread_mutex_init(&m->cpu_lock, NULL);
+    m->weights = weights;
     rc = hs__model_config_parse(json, len, path, &m->cfg);
     if (rc != HS_OK) goto err_model;
     const hs_model_config_t *c = &m->cfg;
@@ -197,6 +358,10 @@ hs_status_t hs_model_load(const char *dir, hs_model_t **out)
                 c->lin_conv_kernel, c->num_layers - n_lin, c->rotary_dim, c->head_dim);
     }
 
+    if (m->n_fp8 || c->fp8_checkpoint || weights != HS_MODEL_WEIGHTS_AUTO)
+        hs_info("model %s: %s checkpoint, --dtype %s: %d Linear weights held in fp8 (128x128 "
+                "block factors), the rest in bf16",
+                dir, c->fp8_checkpoint ? "fp8" : "bf16", hs_model_weights_name(weights), m->n_fp8);
     hs_info("model %s: %s, H=%d I=%d layers=%d heads=%d/%d head_dim=%d vocab=%d%s%s%s rope "
             "theta=%g%s",
             dir, c->architecture, c->hidden_size, c->intermediate_size, c->num_layers, c->num_heads,
@@ -223,6 +388,9 @@ void hs_model_destroy(hs_model_t *m)
     hs__forward_cpu_free(m);
     pthread_mutex_destroy(&m->cpu_lock);
     hs__st_close(m->st);
+    for (size_t i = 0; i < m->n_owned; i++)
+        free(m->owned[i]);
+    free(m->owned);
     free(m->layers);
     free(m->inv_freq);
     free(m);

@@ -18,6 +18,22 @@
 extern "C" {
 #endif
 
+/* A Linear weight held in FP8 (kernels/fp8_block.h): e4m3 [n, k] and its
+ * 128x128 block factors scale_inv [ceil(n/128), ceil(k/128)], in the mapped
+ * file (an FP8 checkpoint) or owned by the model (--dtype fp8). w is NULL
+ * for a weight held in bf16. */
+typedef struct {
+    const uint8_t *w;
+    const float *scale_inv;
+    int64_t n, k;
+} hs__fp8_weight_t;
+
+/* The Linear weights a layer may hold in FP8, named as their bf16 fields. */
+typedef struct {
+    hs__fp8_weight_t q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+    hs__fp8_weight_t in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj;
+} hs__layer_fp8_t;
+
 typedef struct {
     const uint16_t *q_proj;    /* [num_heads * head_dim, H]; gated attention (Qwen3.5):
                                   [num_heads * 2 * head_dim, H], per head its query rows
@@ -49,6 +65,9 @@ typedef struct {
     const float *dt_bias;        /* [nv], fp32 */
     const uint16_t *lin_norm;    /* linear_attn.norm [dv] (gated RMSNorm) */
     const uint16_t *out_proj;    /* [H, nv * dv] */
+    /* Linear weights held in FP8: for each set here, its bf16 field above
+     * is NULL until the CPU forward dequantises it (hs__model_fp8_to_bf16) */
+    hs__layer_fp8_t fp8;
 } hs__layer_weights_t;
 
 struct hs_model {
@@ -58,11 +77,21 @@ struct hs_model {
     hs__layer_weights_t *layers; /* [num_layers] */
     float *inv_freq;             /* rope [rotary_dim / 2], rope scaling applied */
     hs__st_set_t *st;            /* the mapped safetensors files */
+    hs_model_weights_t weights;  /* as hs_model_load_ex was asked */
+    int n_fp8;                   /* Linear weights held in FP8 */
+    void **owned;                /* buffers of converted weights */
+    size_t n_owned, cap_owned;
+    int fp8_dequantized; /* the CPU forward's bf16 copies exist (under cpu_lock) */
     /* hs_model_forward_cpu's work buffers not in use: one set per thread
      * that calls it at once, kept for the next call (forward_cpu.c) */
     pthread_mutex_t cpu_lock;
     struct hs__cpu_work *cpu_free;
 };
+
+/* For the CPU forward: a bf16 copy of every Linear weight held in FP8
+ * (w = q * scale_inv, rounded to bf16), made once, under cpu_lock, and
+ * owned by the model. HS_ERR_NOMEM logged. */
+HS_MUST_CHECK hs_status_t hs__model_fp8_to_bf16(hs_model_t *m);
 
 /* Frees hs_model_forward_cpu's work buffers (forward_cpu.c). */
 void hs__forward_cpu_free(hs_model_t *m);

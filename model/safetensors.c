@@ -44,11 +44,11 @@ static const struct {
     hs__st_dtype_t dtype;
     size_t size;
 } st_dtypes[] = {
-    {"BF16", HS_ST_BF16, 2},  {"F16", HS_ST_F16, 2},       {"F32", HS_ST_F32, 4},
-    {"I32", HS_ST_I32, 4},    {"I64", HS_ST_I64, 8},       {"U8", HS_ST_U8, 1},
-    {"F64", HS_ST_OTHER, 8},  {"I8", HS_ST_OTHER, 1},      {"I16", HS_ST_OTHER, 2},
-    {"U16", HS_ST_OTHER, 2},  {"U32", HS_ST_OTHER, 4},     {"U64", HS_ST_OTHER, 8},
-    {"BOOL", HS_ST_OTHER, 1}, {"F8_E4M3", HS_ST_OTHER, 1}, {"F8_E5M2", HS_ST_OTHER, 1},
+    {"BF16", HS_ST_BF16, 2},  {"F16", HS_ST_F16, 2},         {"F32", HS_ST_F32, 4},
+    {"I32", HS_ST_I32, 4},    {"I64", HS_ST_I64, 8},         {"U8", HS_ST_U8, 1},
+    {"F64", HS_ST_OTHER, 8},  {"I8", HS_ST_OTHER, 1},        {"I16", HS_ST_OTHER, 2},
+    {"U16", HS_ST_OTHER, 2},  {"U32", HS_ST_OTHER, 4},       {"U64", HS_ST_OTHER, 8},
+    {"BOOL", HS_ST_OTHER, 1}, {"F8_E4M3", HS_ST_F8_E4M3, 1}, {"F8_E5M2", HS_ST_OTHER, 1},
 };
 
 static char *dup_str(const char *s)
@@ -686,6 +686,29 @@ hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, int ndim, const 
     }
     st->owned[st->n_owned++] = buf;
     *out = buf;
+    return HS_OK;
+}
+
+hs_status_t hs__st_get_fp8(hs__st_set_t *st, const char *name, int ndim, const int64_t *shape,
+                           const uint8_t **out)
+{
+    const hs__st_tensor_t *t;
+    hs_status_t rc = find_shaped(st, name, ndim, shape, &t);
+    if (rc != HS_OK) return rc;
+    if (t->dtype != HS_ST_F8_E4M3) {
+        hs_error("tensor '%s' has dtype %s where F8_E4M3 was expected", name, t->dtype_name);
+        return HS_ERR_FORMAT;
+    }
+    const uint8_t *q = t->data;
+    for (size_t i = 0; i < t->nbytes; i++) {
+        if ((q[i] & 0x7fu) == 0x7fu) {
+            hs_error("tensor '%s' (F8_E4M3) holds NaN at element %zu of %zu: the checkpoint is "
+                     "damaged; load another checkpoint or re-export this one",
+                     name, i, t->nbytes);
+            return HS_ERR_FORMAT;
+        }
+    }
+    *out = q;
     return HS_OK;
 }
 

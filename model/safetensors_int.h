@@ -32,6 +32,7 @@ typedef enum {
     HS_ST_I32,
     HS_ST_I64,
     HS_ST_U8,
+    HS_ST_F8_E4M3, /* float8_e4m3fn */
 } hs__st_dtype_t;
 
 typedef struct {
@@ -78,6 +79,13 @@ HS_MUST_CHECK hs_status_t hs__st_get_bf16(hs__st_set_t *st, const char *name, in
  * tensors kept in full precision. Errors as hs__st_get_bf16. */
 HS_MUST_CHECK hs_status_t hs__st_get_f32(hs__st_set_t *st, const char *name, int ndim,
                                          const int64_t *shape, const float **out);
+
+/* Tensor `name` as raw e4m3 bytes (dtype F8_E4M3) with exactly the given
+ * shape, in place in the mapped file. Missing: HS_ERR_NOT_FOUND; wrong shape
+ * or dtype, or a NaN code (0x7f / 0xff): HS_ERR_FORMAT; logged with the
+ * tensor's name. */
+HS_MUST_CHECK hs_status_t hs__st_get_fp8(hs__st_set_t *st, const char *name, int ndim,
+                                         const int64_t *shape, const uint8_t **out);
 
 /* Tensor description for hs__st_write(). Data is `rows` rows of row_bytes,
  * row r at data + r * src_stride (src_stride = row_bytes, or 0, for

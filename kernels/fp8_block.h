@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* fp8_block.h - block-scaled e4m3 for the FP8 forward, as Hugging Face
+ * "fp8" checkpoints define it (quant_method "fp8", weight_block_size
+ * [128, 128], dynamic activation scales).
+ *
+ * Weights W [N, K] (row-major, nn.Linear's [out, in]): one fp32 factor per
+ * 128 x 128 block, scale_inv [ceil(N/128), ceil(K/128)] row-major,
+ *   scale_inv[nb][kb] = amax(block) / 448 (1 for an all-zero block),
+ *   q = e4m3(w / scale_inv),  and back  w = q * scale_inv.
+ * Activations X [M, K] at run time: one fp32 factor per token and group of
+ * 128 columns (the last group may be shorter),
+ *   scale = amax(group) / 448 (1 for an all-zero group; NaN for a group
+ *   holding a NaN or an infinity, whose bytes are then 0, so the GEMM's
+ *   output goes NaN as the bf16 path's would),  q = e4m3(x / scale).
+ * Activation factors are stored group-major, scales[g * M + m]: the layout
+ * cuBLASLt's VEC128_32F scale mode reads. Every factor multiplies (it is
+ * the dequantisation factor). Roundings are to nearest even in IEEE single
+ * precision through hs_common.h's scalars (hs_fp8_from_f32 saturates at
+ * +-448), so the kernel and its C twin give the same bits. */
+#ifndef HS_KN_FP8_BLOCK_H
+#define HS_KN_FP8_BLOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hs_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HS_FP8_BLOCK 128
+
+/* Number of 128-blocks over n values. */
+static inline int64_t hs_fp8_blocks(int64_t n)
+{
+    return (n + HS_FP8_BLOCK - 1) / HS_FP8_BLOCK;
+}
+
+/* ---- activations: per token, per group of 128 ---- */
+
+/* C twin: x [M rows, row stride ldx] bf16 into q [M rows, stride ldq >= K]
+ * e4m3 (columns K..ldq untouched) and scales [ceil(K/128) * M]. */
+void hs_kn_fp8_quant_groups_ref(const uint16_t *x, int64_t ldx, int M, int K, uint8_t *q,
+                                int64_t ldq, float *scales);
+
+/* The same on the GPU (kernels/fp8_block.cu): device pointers, stream a
+ * cudaStream_t. HS_ERR_INVALID for bad shapes, HS_ERR_CUDA for a failed
+ * launch. */
+struct CUstream_st;
+HS_MUST_CHECK hs_status_t hs_kn_fp8_quant_groups(const uint16_t *x, int64_t ldx, int M, int K,
+                                                 uint8_t *q, int64_t ldq, float *scales,
+                                                 struct CUstream_st *stream);
+
+/* ---- weights: 128 x 128 blocks (host, fp8_block_ref.c) ---- */
+
+/* w [N, K] bf16 (finite) into q [N, K] e4m3 and scale_inv [ceil(N/128),
+ * ceil(K/128)]: what an FP8 checkpoint stores. Blocks run in parallel
+ * (OpenMP) where available. */
+void hs_fp8_block_quantize(const uint16_t *w, int64_t N, int64_t K, uint8_t *q, float *scale_inv);
+
+/* q [N, K] with scale_inv [ceil(N/128), ceil(K/128)] into bf16 w [N, K]:
+ * w = bf16(fp32(q) * scale_inv), rounded to nearest even (an F32 copy of
+ * the product, loaded as bf16, gives the same bits). */
+void hs_fp8_block_dequantize(const uint8_t *q, const float *scale_inv, int64_t N, int64_t K,
+                             uint16_t *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HS_KN_FP8_BLOCK_H */
