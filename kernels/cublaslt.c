@@ -18,6 +18,7 @@ typedef struct {
     int M, N, K;
     int64_t ldx, ldy;
     bool bias, accumulate;
+    bool fp8; /* e4m3 operands with block scales */
 } hs_lt_key_t;
 
 typedef struct {
@@ -93,11 +94,33 @@ int hs_lt_cached_shapes(const hs_lt_t *lt)
 static bool key_eq(const hs_lt_key_t *a, const hs_lt_key_t *b)
 {
     return a->M == b->M && a->N == b->N && a->K == b->K && a->ldx == b->ldx && a->ldy == b->ldy &&
-           a->bias == b->bias && a->accumulate == b->accumulate;
+           a->bias == b->bias && a->accumulate == b->accumulate && a->fp8 == b->fp8;
+}
+
+/* FP8: A (the weight) in 128x128 blocks, B (the activations) in groups of
+ * 128 along K. The heuristic wants scale pointers set: the workspace stands
+ * in until a call sets the real ones. */
+static hs_status_t set_fp8_modes(hs_lt_t *lt, cublasLtMatmulDesc_t op)
+{
+    int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const void *stand_in = lt->workspace;
+    hs_status_t st = LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                             &a_mode, sizeof(a_mode)));
+    if (!st)
+        st = LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode,
+                                                     sizeof(b_mode)));
+    if (!st)
+        st = LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                     &stand_in, sizeof(stand_in)));
+    if (!st)
+        st = LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                     &stand_in, sizeof(stand_in)));
+    return st;
 }
 
 /* Build descriptors and pick an algorithm for one shape. */
-static hs_status_t entry_build(hs_lt_t *lt, const hs_lt_key_t *k, hs_lt_entry_t *e)
+static hs_status_t entry_build(hs_lt_t *lt, const hs_lt_key_t *k, hs_lt_entry_t *e, bool quiet)
 {
     hs_status_t st;
     cublasLtMatmulPreference_t pref = NULL;
@@ -120,17 +143,18 @@ static hs_status_t entry_build(hs_lt_t *lt, const hs_lt_key_t *k, hs_lt_entry_t 
     st = LT_CHECK(
         cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     if (st) goto err;
+    if (k->fp8 && (st = set_fp8_modes(lt, e->op))) goto err;
     if (k->bias) {
         cudaDataType_t bt = CUDA_R_16BF;
         st = LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                      &bt, sizeof(bt)));
         if (st) goto err;
     }
-    st = LT_CHECK(
-        cublasLtMatrixLayoutCreate(&e->a, CUDA_R_16BF, (uint64_t)k->K, (uint64_t)k->N, k->K));
+    cudaDataType_t in_type = k->fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    st = LT_CHECK(cublasLtMatrixLayoutCreate(&e->a, in_type, (uint64_t)k->K, (uint64_t)k->N, k->K));
     if (st) goto err;
     st = LT_CHECK(
-        cublasLtMatrixLayoutCreate(&e->b, CUDA_R_16BF, (uint64_t)k->K, (uint64_t)k->M, k->ldx));
+        cublasLtMatrixLayoutCreate(&e->b, in_type, (uint64_t)k->K, (uint64_t)k->M, k->ldx));
     if (st) goto err;
     st = LT_CHECK(
         cublasLtMatrixLayoutCreate(&e->c, CUDA_R_16BF, (uint64_t)k->N, (uint64_t)k->M, k->ldy));
@@ -145,10 +169,11 @@ static hs_status_t entry_build(hs_lt_t *lt, const hs_lt_key_t *k, hs_lt_entry_t 
                                                  &heur, &n_heur));
     if (st) goto err_pref;
     if (n_heur < 1) {
-        hs_error(
-            "cublaslt: no algorithm for M=%d N=%d K=%d ldx=%lld ldy=%lld; check that strides are "
-            "multiples of 8 and pointers 16-byte aligned",
-            k->M, k->N, k->K, (long long)k->ldx, (long long)k->ldy);
+        hs_log(quiet ? HS_LOG_DEBUG : HS_LOG_ERROR,
+               "cublaslt: no %salgorithm for M=%d N=%d K=%d ldx=%lld ldy=%lld; check that strides "
+               "are multiples of 8 (fp8: 16) and pointers 16-byte aligned",
+               k->fp8 ? "fp8 block-scaled " : "", k->M, k->N, k->K, (long long)k->ldx,
+               (long long)k->ldy);
         st = HS_ERR_UNSUPPORTED;
         goto err_pref;
     }
@@ -162,7 +187,7 @@ err:
     return st;
 }
 
-static hs_status_t entry_get(hs_lt_t *lt, const hs_lt_key_t *k, hs_lt_entry_t **out)
+static hs_status_t entry_get(hs_lt_t *lt, const hs_lt_key_t *k, bool quiet, hs_lt_entry_t **out)
 {
     for (int i = 0; i < HS_LT_CACHE_CAP; i++) {
         if (lt->cache[i].used && key_eq(&lt->cache[i].key, k)) {
@@ -179,7 +204,7 @@ static hs_status_t entry_get(hs_lt_t *lt, const hs_lt_key_t *k, hs_lt_entry_t **
         entry_release(slot);
         lt->n_cached--;
     }
-    hs_status_t st = entry_build(lt, k, slot);
+    hs_status_t st = entry_build(lt, k, slot, quiet);
     if (st) return st;
     lt->n_cached++;
     hs_debug("cublaslt: cached shape M=%d N=%d K=%d bias=%d acc=%d (%d cached)", k->M, k->N, k->K,
@@ -197,9 +222,9 @@ hs_status_t hs_lt_linear(hs_lt_t *lt, void *y, int64_t ldy, const void *x, int64
                  (long long)ldx, (long long)ldy);
         return HS_ERR_INVALID;
     }
-    hs_lt_key_t key = {M, N, K, ldx, ldy, bias != NULL, accumulate};
+    hs_lt_key_t key = {M, N, K, ldx, ldy, bias != NULL, accumulate, false};
     hs_lt_entry_t *e;
-    hs_status_t st = entry_get(lt, &key, &e);
+    hs_status_t st = entry_get(lt, &key, false, &e);
     if (st) return st;
     if (bias) {
         st = LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -208,5 +233,48 @@ hs_status_t hs_lt_linear(hs_lt_t *lt, void *y, int64_t ldy, const void *x, int64
     }
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     return LT_CHECK(cublasLtMatmul(lt->handle, e->op, &alpha, w, e->a, x, e->b, &beta, y, e->c, y,
+                                   e->c, &e->algo, lt->workspace, lt->workspace_bytes, stream));
+}
+
+static bool fp8_args_ok(int64_t ldy, int64_t ldxq, int M, int N, int K)
+{
+    return M > 0 && N > 0 && K > 0 && ldy >= N && ldxq >= K && K % 16 == 0 && ldxq % 16 == 0 &&
+           ldy % 8 == 0;
+}
+
+hs_status_t hs_lt_fp8_check(hs_lt_t *lt, int64_t ldy, int64_t ldxq, bool bias, int M, int N, int K,
+                            bool accumulate)
+{
+    if (!lt || !fp8_args_ok(ldy, ldxq, M, N, K)) return HS_ERR_UNSUPPORTED;
+    hs_lt_key_t key = {M, N, K, ldxq, ldy, bias, accumulate, true};
+    hs_lt_entry_t *e;
+    return entry_get(lt, &key, true, &e);
+}
+
+hs_status_t hs_lt_linear_fp8(hs_lt_t *lt, void *y, int64_t ldy, const void *xq, int64_t ldxq,
+                             const float *xs, const void *wq, const float *ws, const void *bias,
+                             int M, int N, int K, bool accumulate, cudaStream_t stream)
+{
+    if (!lt || !y || !xq || !xs || !wq || !ws || !fp8_args_ok(ldy, ldxq, M, N, K)) {
+        hs_error("cublaslt: bad fp8 linear arguments M=%d N=%d K=%d ldxq=%lld ldy=%lld (K and "
+                 "ldxq must be multiples of 16, ldy of 8)",
+                 M, N, K, (long long)ldxq, (long long)ldy);
+        return HS_ERR_INVALID;
+    }
+    hs_lt_key_t key = {M, N, K, ldxq, ldy, bias != NULL, accumulate, true};
+    hs_lt_entry_t *e;
+    hs_status_t st = entry_get(lt, &key, false, &e);
+    if (st) return st;
+    st = LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws,
+                                                 sizeof(ws)));
+    if (!st)
+        st = LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                     &xs, sizeof(xs)));
+    if (!st && bias)
+        st = LT_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias, sizeof(bias)));
+    if (st) return st;
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    return LT_CHECK(cublasLtMatmul(lt->handle, e->op, &alpha, wq, e->a, xq, e->b, &beta, y, e->c, y,
                                    e->c, &e->algo, lt->workspace, lt->workspace_bytes, stream));
 }

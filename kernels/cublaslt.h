@@ -58,6 +58,30 @@ HS_MUST_CHECK hs_status_t hs_lt_linear(hs_lt_t *lt, void *y, int64_t ldy, const 
                                        int64_t ldx, const void *w, const void *bias, int M, int N,
                                        int K, bool accumulate, cudaStream_t stream);
 
+/* FP8 block-scaled form (sm_90, cuBLAS 12.9+): the same product with
+ * e4m3 operands and fp32 dequantisation factors (kernels/fp8_block.h),
+ *   y[m, n] = sum_k xq[m, k] xs[k/128][m] * wq[n, k] ws[n/128][k/128]
+ * (+ bias) (+ y), fp32 accumulation, bf16 out. xq [M, K] e4m3 with row
+ * stride ldxq; xs [ceil(K/128)][M] (hs_kn_fp8_quant_groups's layout); wq
+ * [N, K] e4m3 dense; ws [ceil(N/128)][hs_lt_fp8_scale_ld(K)], the
+ * checkpoint's scale_inv with its rows padded to a multiple of 4 blocks, as
+ * cuBLASLt's BLK128x128_32F mode reads them. K and ldxq multiples of 16,
+ * ldy of 8, pointers 16-byte aligned. HS_ERR_UNSUPPORTED (logged) when
+ * cuBLASLt has no algorithm for the shape. */
+static inline int64_t hs_lt_fp8_scale_ld(int64_t K)
+{
+    return ((K + 127) / 128 + 3) / 4 * 4;
+}
+HS_MUST_CHECK hs_status_t hs_lt_linear_fp8(hs_lt_t *lt, void *y, int64_t ldy, const void *xq,
+                                           int64_t ldxq, const float *xs, const void *wq,
+                                           const float *ws, const void *bias, int M, int N, int K,
+                                           bool accumulate, cudaStream_t stream);
+/* Whether cuBLASLt has an FP8 algorithm for this shape (the descriptor is
+ * built and cached as a call would): HS_OK, or HS_ERR_UNSUPPORTED logged at
+ * debug level only, for a caller that falls back. */
+HS_MUST_CHECK hs_status_t hs_lt_fp8_check(hs_lt_t *lt, int64_t ldy, int64_t ldxq, bool bias, int M,
+                                          int N, int K, bool accumulate);
+
 /* Number of cached shapes (tests check that a repeated shape adds none). */
 int hs_lt_cached_shapes(const hs_lt_t *lt);
 

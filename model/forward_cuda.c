@@ -57,6 +57,7 @@
 #include "cublaslt.h"
 #include "delta_rule.h"
 #include "embedding.h"
+#include "fp8_block.h"
 #include "gdn_gates.h"
 #include "hs_model.h"
 #include "model_int.h"
@@ -68,11 +69,32 @@
 
 #define ALIGN 256
 
+/* One GEMM of a Linear: output columns [col, col + n) from a weight [n, K]
+ * in bf16, or in e4m3 with its block factors ws [ceil(n/128),
+ * hs_lt_fp8_scale_ld(K)] (kernels/fp8_block.h). */
 typedef struct {
-    void *qkv, *qkv_b, *o, *o_b, *gu, *gu_b, *down, *down_b;
+    void *w;
+    float *ws;  /* NULL: bf16 */
+    void *bias; /* [n] bf16, or NULL */
+    int col, n;
+} dev_gemm_t;
+
+#define MAX_PARTS 4 /* q | k | v | gate */
+
+/* A Linear, maybe several fused (q|k|v(|gate), gate|up, qkv|b|a): its GEMMs
+ * in output column order. bf16 parts fuse into one GEMM; FP8 parts fuse
+ * while each ends on a 128-row block. */
+typedef struct {
+    dev_gemm_t g[MAX_PARTS];
+    int n_g, K;
+} dev_linear_t;
+
+typedef struct {
+    dev_linear_t qkv, o, gu, down;
     void *in_norm, *post_norm, *q_norm, *k_norm;
     /* Gated DeltaNet layers: [Wqkv;Wb;Wa], Wz, conv [C, K], norm [dv], Wout */
-    void *mix, *z, *conv, *lin_norm, *out;
+    dev_linear_t mix, z, out;
+    void *conv, *lin_norm;
     float *A_log, *dt_bias; /* [nv] */
 } dev_layer_t;
 
@@ -105,6 +127,12 @@ struct hs_model_cuda {
     size_t dr_bytes;
     hs_lt_t *lt;
     size_t lt_bytes;
+    /* FP8 GEMMs: the activations quantised per token and 128-group,
+     * xq [T, round_up(max K, 16)] e4m3 and xs [ceil(max K / 128), T] */
+    int n_fp8_gemms, n_fp8_fallback; /* GEMMs on FP8; FP8 weights run as bf16 */
+    int max_k;
+    uint8_t *xq;
+    float *xs;
 };
 
 /* ---- planning ------------------------------------------------------------ */
@@ -137,44 +165,196 @@ static hs_status_t put_f32(void *dst, const float *src, size_t n)
     return HS_CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
 }
 
-/* Upload the rows of a gated q_proj [n_heads * 2 * d, H] (per head d query
- * rows, then d gate rows): part 0 = the query rows, part 1 = the gate rows,
- * each head after the other, into dst [n_heads * d, H]. */
-static hs_status_t put_q_part(void *dst, const uint16_t *q_proj, int n_heads, int d, int H,
-                              int part)
+/* Upload the rows of a gated q_proj [n_heads * 2 * d, H] of esize-byte
+ * values (per head d query rows, then d gate rows): part 0 = the query
+ * rows, part 1 = the gate rows, each head after the other, into dst
+ * [n_heads * d, H]. */
+static hs_status_t put_q_part(void *dst, const void *q_proj, size_t esize, int n_heads, int d,
+                              int H, int part)
 {
     if (!dst) return HS_OK;
-    size_t head = (size_t)d * H * 2; /* bytes of d rows */
+    size_t head = (size_t)d * H * esize; /* bytes of d rows */
     return HS_CUDA_CHECK(cudaMemcpy2D(dst, head, (const char *)q_proj + (size_t)part * head,
                                       2 * head, head, (size_t)n_heads, cudaMemcpyHostToDevice));
 }
+
+/* A part of a Linear as the model holds it: bf16, or FP8 (f8->w set).
+ * head_part 1 / 2: the query / gate rows of a gated q_proj (per head d
+ * query rows then d gate rows), else 0. */
+typedef struct {
+    const uint16_t *bf16;
+    const hs__fp8_weight_t *f8;
+    const uint16_t *bias; /* [n] or NULL */
+    int n, head_part;
+} part_t;
+
+/* Whether an FP8 part can run as FP8 here: cuBLASLt's FP8 layouts want K a
+ * multiple of 16; a gated q_proj's per-head regrouping keeps whole blocks
+ * only when head_dim is a multiple of 128. */
+static int part_fp8(const hs_model_cuda_t *mc, const part_t *pt, int K)
+{
+    return pt->f8 && pt->f8->w && K % 16 == 0 && (!pt->head_part || mc->d % 128 == 0);
+}
+
+/* Source row of row r of part pt (the gated q_proj regrouping). */
+static int64_t src_row(const hs_model_cuda_t *mc, const part_t *pt, int64_t r)
+{
+    if (!pt->head_part) return r;
+    return r / mc->d * 2 * mc->d + (pt->head_part - 1) * mc->d + r % mc->d;
+}
+
+/* Groups parts into GEMMs (see dev_linear_t). A GEMM must start on a
+ * column a multiple of 8 (16-byte aligned output): where one would not, the
+ * FP8 parts on either side of that column run as bf16 and the grouping is
+ * tried again (a Gated DeltaNet's FP8 in_proj_b / in_proj_a of a few rows
+ * join the bf16 side; at worst the whole Linear is one bf16 GEMM). */
+static void group_parts(const hs_model_cuda_t *mc, const part_t *parts, int n_parts, int K,
+                        dev_linear_t *L, int *fp8_of)
+{
+    for (int i = 0; i < n_parts; i++)
+        fp8_of[i] = part_fp8(mc, &parts[i], K);
+    for (;;) {
+        memset(L, 0, sizeof *L);
+        L->K = K;
+        int col = 0, bad = -1;
+        for (int i = 0; i < n_parts && bad < 0; i++) {
+            dev_gemm_t *last = L->n_g ? &L->g[L->n_g - 1] : NULL;
+            if (last && fp8_of[i] == fp8_of[i - 1] && (!fp8_of[i] || last->n % 128 == 0))
+                last->n += parts[i].n;
+            else if (col % 8 == 0)
+                L->g[L->n_g++] = (dev_gemm_t){.col = col, .n = parts[i].n};
+            else
+                bad = i;
+            col += parts[i].n;
+        }
+        if (bad < 0) return;
+        fp8_of[bad] = fp8_of[bad - 1] = 0; /* bad >= 1: column 0 is aligned */
+    }
+}
+
+/* The rows of part pt as bf16 on the host (an FP8 part run as bf16 is
+ * dequantised), into dst [n, K]. */
+static hs_status_t part_bf16_host(const hs_model_cuda_t *mc, const part_t *pt, int K, uint16_t *dst)
+{
+    const uint16_t *src = pt->bf16;
+    uint16_t *full = NULL;
+    if (!src) {
+        full = malloc((size_t)(pt->f8->n * pt->f8->k) * 2);
+        if (!full) return HS_ERR_NOMEM;
+        hs_fp8_block_dequantize(pt->f8->w, pt->f8->scale_inv, pt->f8->n, pt->f8->k, full);
+        src = full;
+    }
+    for (int64_t r = 0; r < pt->n; r++)
+        memcpy(dst + r * K, src + src_row(mc, pt, r) * K, (size_t)K * 2);
+    free(full);
+    return HS_OK;
+}
+
+/* Uploads the GEMM g of parts [first, first + count) (all bf16 or all FP8). */
+static hs_status_t put_gemm(const hs_model_cuda_t *mc, const dev_gemm_t *g, const part_t *parts,
+                            int first, int count, int K, int fp8)
+{
+    hs_status_t st = HS_OK;
+    const int64_t ld = hs_lt_fp8_scale_ld(K), kb = hs_fp8_blocks(K);
+    size_t row = 0;
+    float *scales = NULL;
+    if (fp8) {
+        scales = calloc((size_t)(hs_fp8_blocks(g->n) * ld), sizeof *scales);
+        if (!scales) return HS_ERR_NOMEM;
+    }
+    for (int i = first; i < first + count && !st; i++) {
+        const part_t *pt = &parts[i];
+        char *dst = (char *)g->w + row * K * (fp8 ? 1 : 2);
+        if (fp8) {
+            /* whole blocks: every part but the last ends on a 128-row block */
+            if (pt->head_part)
+                st = put_q_part(dst, pt->f8->w, 1, mc->nh, mc->d, K, pt->head_part - 1);
+            else
+                st = HS_CUDA_CHECK(
+                    cudaMemcpy(dst, pt->f8->w, (size_t)pt->n * K, cudaMemcpyHostToDevice));
+            for (int64_t b = 0; b < hs_fp8_blocks(pt->n); b++)
+                memcpy(scales + (row / 128 + b) * ld,
+                       pt->f8->scale_inv + src_row(mc, pt, b * 128) / 128 * kb,
+                       (size_t)kb * sizeof(float));
+        } else if (pt->bf16 && pt->head_part) {
+            st = put_q_part(dst, pt->bf16, 2, mc->nh, mc->d, K, pt->head_part - 1);
+        } else if (pt->bf16) {
+            st = put(dst, pt->bf16, (size_t)pt->n * K);
+        } else {
+            uint16_t *tmp = malloc((size_t)pt->n * K * 2);
+            st = tmp ? part_bf16_host(mc, pt, K, tmp) : HS_ERR_NOMEM;
+            if (!st) st = put(dst, tmp, (size_t)pt->n * K);
+            free(tmp);
+        }
+        if (!st && g->bias) st = put((char *)g->bias + row * 2, pt->bias, (size_t)pt->n);
+        row += (size_t)pt->n;
+    }
+    if (!st && fp8)
+        st = HS_CUDA_CHECK(cudaMemcpy(g->ws, scales, (size_t)(hs_fp8_blocks(g->n) * ld) * 4,
+                                      cudaMemcpyHostToDevice));
+    free(scales);
+    return st;
+}
+
+/* Lays out (and with p->base set, uploads) the Linear made of parts. */
+static hs_status_t plan_linear(hs_model_cuda_t *mc, planner_t *p, dev_linear_t *L,
+                               const part_t *parts, int n_parts, int K)
+{
+    int fp8_of[MAX_PARTS], has_bias = 0;
+    group_parts(mc, parts, n_parts, K, L, fp8_of);
+    for (int i = 0; i < n_parts; i++) {
+        has_bias |= parts[i].bias != NULL;
+        if (parts[i].f8 && parts[i].f8->w && !fp8_of[i]) mc->n_fp8_fallback++;
+    }
+    int first = 0;
+    for (int j = 0; j < L->n_g; j++) {
+        dev_gemm_t *g = &L->g[j];
+        int count = 0, rows = 0;
+        while (rows < g->n)
+            rows += parts[first + count++].n;
+        const int fp8 = fp8_of[first];
+        g->w = plan_take(p, (size_t)g->n * K * (fp8 ? 1 : 2));
+        if (fp8) {
+            g->ws = plan_take(p, (size_t)(hs_fp8_blocks(g->n) * hs_lt_fp8_scale_ld(K)) * 4);
+            mc->n_fp8_gemms++;
+            if (K > mc->max_k) mc->max_k = K;
+        }
+        if (has_bias) g->bias = plan_take(p, (size_t)g->n * 2);
+        if (p->base) {
+            hs_status_t st = put_gemm(mc, g, parts, first, count, K, fp8);
+            if (st) return st;
+        }
+        first += count;
+    }
+    return HS_OK;
+}
+
+#define PART(layer, field, rows, b)                                                                \
+    {                                                                                              \
+        (layer)->field, &(layer)->fp8.field, (b), (rows), 0                                        \
+    }
 
 /* The Gated DeltaNet weights of layer l. */
 static hs_status_t plan_linear_weights(hs_model_cuda_t *mc, planner_t *p, int l)
 {
     const hs__layer_weights_t *w = &mc->m->layers[l];
     dev_layer_t *dl = &mc->layers[l];
-    const size_t H = (size_t)mc->H, C = (size_t)mc->C, nv = (size_t)mc->nv, vd = (size_t)mc->vd;
+    const int H = mc->H, C = mc->C, nv = mc->nv, vd = mc->vd;
     hs_status_t st;
-    char *mx = plan_take(p, (C + 2 * nv) * H * 2);
-    dl->mix = mx;
-    if (mx) {
-        if ((st = put(mx, w->in_proj_qkv, C * H))) return st;
-        if ((st = put(mx + C * H * 2, w->in_proj_b, nv * H))) return st;
-        if ((st = put(mx + (C + nv) * H * 2, w->in_proj_a, nv * H))) return st;
-    }
-    dl->z = plan_take(p, vd * H * 2);
-    if ((st = put(dl->z, w->in_proj_z, vd * H))) return st;
-    dl->conv = plan_take(p, C * (size_t)mc->K * 2);
-    if ((st = put(dl->conv, w->conv1d, C * (size_t)mc->K))) return st;
+    const part_t mix[] = {PART(w, in_proj_qkv, C, NULL), PART(w, in_proj_b, nv, NULL),
+                          PART(w, in_proj_a, nv, NULL)};
+    const part_t z[] = {PART(w, in_proj_z, vd, NULL)}, out[] = {PART(w, out_proj, H, NULL)};
+    if ((st = plan_linear(mc, p, &dl->mix, mix, 3, H))) return st;
+    if ((st = plan_linear(mc, p, &dl->z, z, 1, H))) return st;
+    dl->conv = plan_take(p, (size_t)C * (size_t)mc->K * 2);
+    if ((st = put(dl->conv, w->conv1d, (size_t)C * (size_t)mc->K))) return st;
     dl->lin_norm = plan_take(p, (size_t)mc->dv * 2);
     if ((st = put(dl->lin_norm, w->lin_norm, (size_t)mc->dv))) return st;
-    dl->out = plan_take(p, H * vd * 2);
-    if ((st = put(dl->out, w->out_proj, H * vd))) return st;
-    dl->A_log = plan_take(p, nv * sizeof(float));
-    if ((st = put_f32(dl->A_log, w->A_log, nv))) return st;
-    dl->dt_bias = plan_take(p, nv * sizeof(float));
-    return put_f32(dl->dt_bias, w->dt_bias, nv);
+    if ((st = plan_linear(mc, p, &dl->out, out, 1, vd))) return st;
+    dl->A_log = plan_take(p, (size_t)nv * sizeof(float));
+    if ((st = put_f32(dl->A_log, w->A_log, (size_t)nv))) return st;
+    dl->dt_bias = plan_take(p, (size_t)nv * sizeof(float));
+    return put_f32(dl->dt_bias, w->dt_bias, (size_t)nv);
 }
 
 /* Lays the weights out in p; with p->base set, uploads them too. */
@@ -182,9 +362,10 @@ static hs_status_t plan_weights(hs_model_cuda_t *mc, planner_t *p)
 {
     const hs_model_t *m = mc->m;
     const hs_model_config_t *c = &m->cfg;
-    const size_t H = (size_t)mc->H, I = (size_t)mc->I;
-    const size_t qd = (size_t)mc->q_dim, kvd = (size_t)mc->nkv * mc->d;
+    const size_t H = (size_t)mc->H;
+    const int qd = mc->q_dim, kvd = mc->nkv * mc->d, I = mc->I;
     hs_status_t st;
+    mc->n_fp8_gemms = mc->n_fp8_fallback = mc->max_k = 0;
     mc->embed = plan_take(p, (size_t)c->vocab_size * H * 2);
     if ((st = put(mc->embed, m->embed, (size_t)c->vocab_size * H))) return st;
     mc->final_norm = plan_take(p, H * 2);
@@ -198,34 +379,12 @@ static hs_status_t plan_weights(hs_model_cuda_t *mc, planner_t *p)
             if ((st = plan_linear_weights(mc, p, l))) return st;
             goto mlp;
         }
-        char *q = plan_take(p, ((mc->gate_off ? 2 : 1) * qd + 2 * kvd) * H * 2);
-        dl->qkv = q;
-        if (q && mc->gate_off) {
-            if ((st = put_q_part(q, w->q_proj, mc->nh, mc->d, mc->H, 0))) return st;
-            if ((st = put_q_part(q + (qd + 2 * kvd) * H * 2, w->q_proj, mc->nh, mc->d, mc->H, 1)))
-                return st;
-        } else if (q) {
-            if ((st = put(q, w->q_proj, qd * H))) return st;
-        }
-        if (q) {
-            if ((st = put(q + qd * H * 2, w->k_proj, kvd * H))) return st;
-            if ((st = put(q + (qd + kvd) * H * 2, w->v_proj, kvd * H))) return st;
-        }
-        if (w->q_bias || w->k_bias || w->v_bias) {
-            char *b = plan_take(p, (qd + 2 * kvd) * 2);
-            dl->qkv_b = b;
-            if (b) {
-                if ((st = put(b, w->q_bias, qd))) return st;
-                if ((st = put(b + qd * 2, w->k_bias, kvd))) return st;
-                if ((st = put(b + (qd + kvd) * 2, w->v_bias, kvd))) return st;
-            }
-        }
-        dl->o = plan_take(p, H * qd * 2);
-        if ((st = put(dl->o, w->o_proj, H * qd))) return st;
-        if (w->o_bias) {
-            dl->o_b = plan_take(p, H * 2);
-            if ((st = put(dl->o_b, w->o_bias, H))) return st;
-        }
+        part_t qkv[] = {PART(w, q_proj, qd, w->q_bias), PART(w, k_proj, kvd, w->k_bias),
+                        PART(w, v_proj, kvd, w->v_bias), PART(w, q_proj, qd, NULL)};
+        if (mc->gate_off) qkv[0].head_part = 1, qkv[3].head_part = 2;
+        const part_t o[] = {PART(w, o_proj, mc->H, w->o_bias)};
+        if ((st = plan_linear(mc, p, &dl->qkv, qkv, mc->gate_off ? 4 : 3, mc->H))) return st;
+        if ((st = plan_linear(mc, p, &dl->o, o, 1, qd))) return st;
         if (w->q_norm) {
             dl->q_norm = plan_take(p, (size_t)mc->d * 2);
             if ((st = put(dl->q_norm, w->q_norm, (size_t)mc->d))) return st;
@@ -235,26 +394,10 @@ static hs_status_t plan_weights(hs_model_cuda_t *mc, planner_t *p)
             if ((st = put(dl->k_norm, w->k_norm, (size_t)mc->d))) return st;
         }
     mlp:;
-        char *g = plan_take(p, 2 * I * H * 2);
-        dl->gu = g;
-        if (g) {
-            if ((st = put(g, w->gate_proj, I * H))) return st;
-            if ((st = put(g + I * H * 2, w->up_proj, I * H))) return st;
-        }
-        if (w->gate_bias || w->up_bias) {
-            char *b = plan_take(p, 2 * I * 2);
-            dl->gu_b = b;
-            if (b) {
-                if ((st = put(b, w->gate_bias, I))) return st;
-                if ((st = put(b + I * 2, w->up_bias, I))) return st;
-            }
-        }
-        dl->down = plan_take(p, H * I * 2);
-        if ((st = put(dl->down, w->down_proj, H * I))) return st;
-        if (w->down_bias) {
-            dl->down_b = plan_take(p, H * 2);
-            if ((st = put(dl->down_b, w->down_bias, H))) return st;
-        }
+        const part_t gu[] = {PART(w, gate_proj, I, w->gate_bias), PART(w, up_proj, I, w->up_bias)};
+        const part_t down[] = {PART(w, down_proj, mc->H, w->down_bias)};
+        if ((st = plan_linear(mc, p, &dl->gu, gu, 2, mc->H))) return st;
+        if ((st = plan_linear(mc, p, &dl->down, down, 1, I))) return st;
         dl->in_norm = plan_take(p, H * 2);
         if ((st = put(dl->in_norm, w->input_norm, H))) return st;
         dl->post_norm = plan_take(p, H * 2);
@@ -274,6 +417,10 @@ static void plan_activations(hs_model_cuda_t *mc, planner_t *p)
         mc->g = plan_take(p, T * (size_t)mc->nv * sizeof(float));
         mc->beta = plan_take(p, T * (size_t)mc->nv * sizeof(float));
         mc->dr_ws = plan_take(p, mc->dr_bytes);
+    }
+    if (mc->n_fp8_gemms) {
+        mc->xq = plan_take(p, T * hs_align_up((size_t)mc->max_k, 16));
+        mc->xs = plan_take(p, (size_t)hs_fp8_blocks(mc->max_k) * T * sizeof(float));
     }
 }
 
@@ -369,6 +516,49 @@ static hs_status_t plan_sizes(hs_model_cuda_t *mc, const hs_model_t *m, int devi
     return HS_OK;
 }
 
+/* Asks cuBLASLt, before any batch, for an algorithm for every FP8 GEMM at
+ * the smallest and the largest batch: a GPU or cuBLAS without FP8 block
+ * scaling (it takes sm_90 and cuBLAS 12.9+) is refused here, clearly. */
+static hs_status_t check_fp8_gemms(hs_model_cuda_t *mc)
+{
+    if (!mc->n_fp8_gemms) return HS_OK;
+    const int H = mc->H;
+    for (int l = 0; l < mc->n_up; l++) {
+        const dev_layer_t *dl = &mc->layers[l];
+        const struct {
+            const dev_linear_t *L;
+            int64_t ldy;
+            bool acc;
+        } lin[] = {{&dl->qkv, mc->qkv_dim, false},
+                   {&dl->o, H, true},
+                   {&dl->gu, 2 * mc->I, false},
+                   {&dl->down, H, true},
+                   {&dl->mix, mc->mix_ld, false},
+                   {&dl->z, mc->vd, false},
+                   {&dl->out, H, true}};
+        for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
+            const dev_linear_t *L = lin[i].L;
+            for (int j = 0; j < L->n_g; j++) {
+                const dev_gemm_t *g = &L->g[j];
+                if (!g->ws) continue;
+                int64_t ldq = (int64_t)hs_align_up((size_t)L->K, 16);
+                int Ms[2] = {1, (int)mc->budget};
+                for (int k = 0; k < 2; k++) {
+                    if (hs_lt_fp8_check(mc->lt, lin[i].ldy, ldq, g->bias != NULL, Ms[k], g->n, L->K,
+                                        lin[i].acc) == HS_OK)
+                        continue;
+                    hs_error("cuda:%d: cuBLASLt has no fp8 block-scaled GEMM for a [%d, %d] weight "
+                             "of layer %d at %d tokens (it needs an sm_90 GPU and cuBLAS 12.9 or "
+                             "later); run with --dtype bf16 to dequantise the fp8 weights at load",
+                             mc->device, g->n, L->K, l, Ms[k]);
+                    return HS_ERR_UNSUPPORTED;
+                }
+            }
+        }
+    }
+    return HS_OK;
+}
+
 hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs,
                                      int max_layer, uint64_t *out)
 {
@@ -434,6 +624,18 @@ hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uint32_t token_bu
     pa.off = 0;
     plan_activations(mc, &pa);
     if ((st = hs_lt_create(mc->lt_bytes, &mc->lt))) goto err;
+    if ((st = check_fp8_gemms(mc))) goto err;
+    if (mc->n_fp8_gemms || mc->n_fp8_fallback)
+        hs_info("cuda:%d forward: %d GEMMs on fp8 weights (cuBLASLt block-scaled, activations "
+                "quantised per token and 128 columns)%s",
+                device, mc->n_fp8_gemms,
+                mc->n_fp8_fallback ? "; some fp8 weights run as bf16 (see the warning)" : "");
+    if (mc->n_fp8_fallback)
+        hs_warn("cuda:%d forward: %d fp8 weights were dequantised to bf16 at upload: the CUDA fp8 "
+                "GEMM needs K a multiple of 16, 16-byte aligned output columns and, for a gated "
+                "q_proj, head_dim a multiple of 128; they run as bf16 GEMMs (results as "
+                "--dtype bf16 for them)",
+                device, mc->n_fp8_fallback);
     hs_kn_attn_desc_t ad = {(int)token_budget, (int)max_seqs, mc->nh,
                             mc->nkv,           mc->d,         mc->qkv_dim,
                             mc->qkv_dim,       mc->q_dim,     1.0f / sqrtf((float)mc->d),
@@ -530,6 +732,32 @@ static int first_capture(const int32_t *layers, int n_layers, int idx)
         if ((st = (hs_status_t)(call)) != HS_OK) return st;                                        \
     } while (0)
 
+/* y[:, 0..N) = x L^T (+ bias) (+ y when acc): each GEMM of L on its
+ * columns; an FP8 GEMM reads x quantised per token and 128-group (once for
+ * all of L's FP8 GEMMs). */
+static hs_status_t run_linear(hs_model_cuda_t *mc, const dev_linear_t *L, char *y, int64_t ldy,
+                              const void *x, int64_t ldx, int T, bool acc, cudaStream_t s)
+{
+    hs_status_t st;
+    const int64_t ldq = (int64_t)hs_align_up((size_t)L->K, 16);
+    bool quantized = false;
+    for (int i = 0; i < L->n_g; i++) {
+        const dev_gemm_t *g = &L->g[i];
+        char *yg = y + (size_t)g->col * 2;
+        if (!g->ws) {
+            TRY(hs_lt_linear(mc->lt, yg, ldy, x, ldx, g->w, g->bias, T, g->n, L->K, acc, s));
+            continue;
+        }
+        if (!quantized) {
+            TRY(hs_kn_fp8_quant_groups(x, ldx, T, L->K, mc->xq, ldq, mc->xs, s));
+            quantized = true;
+        }
+        TRY(hs_lt_linear_fp8(mc->lt, yg, ldy, mc->xq, ldq, mc->xs, g->w, g->ws, g->bias, T, g->n,
+                             L->K, acc, s));
+    }
+    return HS_OK;
+}
+
 /* The model's RMSNorm over token rows: plain, or zero-centred (Qwen3.5). */
 static hs_status_t norm_rows(const hs_model_cuda_t *mc, const void *x, int64_t x_stride,
                              const void *w, void *y, int64_t y_stride, int T, void *copy,
@@ -557,7 +785,7 @@ static hs_status_t attention_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
     hs_status_t st;
     const int H = mc->H, d = mc->d, ld = mc->qkv_dim, kvd = mc->nkv * d;
     char *qkv = mc->big;
-    TRY(hs_lt_linear(mc->lt, qkv, ld, mc->xa, H, w->qkv, w->qkv_b, T, ld, H, false, s));
+    TRY(run_linear(mc, &w->qkv, qkv, ld, mc->xa, H, T, false, s));
     if (w->q_norm) {
         TRY(norm_heads(mc, qkv, ld, T, mc->nh, w->q_norm, s));
         TRY(norm_heads(mc, qkv + (size_t)mc->q_dim * 2, ld, T, mc->nkv, w->k_norm, s));
@@ -568,8 +796,7 @@ static hs_status_t attention_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
     if (mc->gate_off)
         TRY(hs_kn_sigmoid_gate(mc->xa, mc->q_dim, qkv + (size_t)mc->gate_off * 2, ld, T, mc->q_dim,
                                s));
-    return hs_lt_linear(mc->lt, mc->h, H, mc->xa, mc->q_dim, w->o, w->o_b, T, H, mc->q_dim, true,
-                        s);
+    return run_linear(mc, &w->o, mc->h, H, mc->xa, mc->q_dim, T, true, s);
 }
 
 /* h += gated_deltanet(xa) of layer w. big holds, one after the other, mix
@@ -585,8 +812,8 @@ static hs_status_t linear_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
     char *mix = mc->big;
     char *conv = mix + hs_align_up((size_t)T * mc->mix_ld * 2, ALIGN);
     char *z = conv + hs_align_up((size_t)T * mc->conv_ld * 2, ALIGN);
-    TRY(hs_lt_linear(mc->lt, mix, mc->mix_ld, mc->xa, H, w->mix, NULL, T, C + 2 * nv, H, false, s));
-    TRY(hs_lt_linear(mc->lt, z, vd, mc->xa, H, w->z, NULL, T, vd, H, false, s));
+    TRY(run_linear(mc, &w->mix, mix, mc->mix_ld, mc->xa, H, T, false, s));
+    TRY(run_linear(mc, &w->z, z, vd, mc->xa, H, T, false, s));
     TRY(hs_kn_causal_conv1d(mix, mc->mix_ld, w->conv, conv, mc->conv_ld, d_cu_seqlens, n_seqs, T, C,
                             mc->K, 1, s));
     TRY(hs_kn_gdn_gates(mix + (size_t)(C + nv) * 2, mc->mix_ld, mix + (size_t)C * 2, mc->mix_ld,
@@ -596,7 +823,7 @@ static hs_status_t linear_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
                          mc->dr_ws, mc->dr_bytes, s));
     TRY(hs_kn_rmsnorm_gated(mc->xa, mc->dv, z, mc->dv, w->lin_norm, mc->xa, mc->dv, T * nv, mc->dv,
                             c->rms_norm_eps, s));
-    return hs_lt_linear(mc->lt, mc->h, H, mc->xa, vd, w->out, NULL, T, H, vd, true, s);
+    return run_linear(mc, &w->out, mc->h, H, mc->xa, vd, T, true, s);
 }
 
 hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_ids,
@@ -654,9 +881,9 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
         else
             TRY(attention_mixer(mc, w, d_cu_seqlens, n_seqs, T, s));
         TRY(norm_rows(mc, mc->h, H, w->post_norm, mc->xa, H, T, NULL, 0, s));
-        TRY(hs_lt_linear(mc->lt, mc->big, 2 * I, mc->xa, H, w->gu, w->gu_b, T, 2 * I, H, false, s));
+        TRY(run_linear(mc, &w->gu, mc->big, 2 * I, mc->xa, H, T, false, s));
         TRY(hs_kn_swiglu(mc->big, 2 * I, mc->big, 2 * I, T, I, s));
-        TRY(hs_lt_linear(mc->lt, mc->h, H, mc->big, 2 * I, w->down, w->down_b, T, H, I, true, s));
+        TRY(run_linear(mc, &w->down, mc->h, H, mc->big, 2 * I, T, true, s));
     }
     if (top < mc->N) {
         /* nothing reads index top (no layer runs after it): copy it */
