@@ -28,7 +28,8 @@ static void usage(FILE *fp)
 {
     fprintf(fp,
             "usage: hs-forward --model DIR --data FILE (--layers LIST | --dflash-layers N)\n"
-            "                  [--device cpu|cuda:N] [--token-budget N] --out FILE\n"
+            "                  [--device cpu|cuda:N] [--dtype auto|bf16|fp8] [--token-budget N]\n"
+            "                  --out FILE\n"
             "\n"
             "Runs the built-in forward on every sequence of FILE and writes the hidden states\n"
             "of the captured layers to a safetensors file: hidden_states.<idx> [T_total, H]\n"
@@ -42,6 +43,10 @@ static void usage(FILE *fp)
             "                      decoder layer i-1, N = final normed output\n"
             "  --dflash-layers N   DFlash's default set for an N-layer drafter instead\n"
             "  --device DEV        cpu (default) or cuda:0, cuda:1, ...\n"
+            "  --dtype W           Linear weights: auto (as stored, default: an FP8 checkpoint\n"
+            "                      runs its GEMMs in fp8), bf16 (dequantise FP8 at load) or\n"
+            "                      fp8 (quantise bf16 at load in 128x128 blocks, as FP8\n"
+            "                      checkpoints are; the GEMMs in fp8 on an H100/H200)\n"
             "  --token-budget N    tokens per forward call (default 16384)\n"
             "  --out FILE          safetensors file to write (whole or not at all: through a\n"
             "                      temporary file renamed at the end; never onto --data or\n"
@@ -148,7 +153,7 @@ int main(int argc, char **argv)
     const char *model_dir = hs_env_for_flag("model"), *data = hs_env_for_flag("data");
     const char *layers_s = hs_env_for_flag("layers"), *dflash_s = hs_env_for_flag("dflash-layers");
     const char *device = hs_env_for_flag("device"), *out_path = hs_env_for_flag("out");
-    const char *budget_s = hs_env_for_flag("token-budget");
+    const char *budget_s = hs_env_for_flag("token-budget"), *dtype_s = hs_env_for_flag("dtype");
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"data", required_argument, 0, 'd'},
@@ -156,6 +161,7 @@ int main(int argc, char **argv)
         {"dflash-layers", required_argument, 0, 'f'},
         {"device", required_argument, 0, 'D'},
         {"token-budget", required_argument, 0, 'b'},
+        {"dtype", required_argument, 0, 'w'}, /* Linear weights: auto, bf16, fp8 */
         {"out", required_argument, 0, 'o'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -180,6 +186,9 @@ int main(int argc, char **argv)
             break;
         case 'b':
             budget_s = optarg;
+            break;
+        case 'w':
+            dtype_s = optarg;
             break;
         case 'o':
             out_path = optarg;
@@ -216,6 +225,11 @@ int main(int argc, char **argv)
         cuda_dev = (int)v;
     } else if (strcmp(device, "cpu") != 0) {
         fprintf(stderr, "hs-forward: --device '%s': use cpu or cuda:N\n", device);
+        return 2;
+    }
+    hs_model_weights_t weights = HS_MODEL_WEIGHTS_AUTO;
+    if (dtype_s && hs_model_weights_parse(dtype_s, &weights) != HS_OK) {
+        fprintf(stderr, "hs-forward: --dtype '%s': use auto, bf16 or fp8\n", dtype_s);
         return 2;
     }
     uint64_t budget = 16384;
@@ -257,7 +271,7 @@ int main(int argc, char **argv)
     hs_model_cuda_t *mc = NULL;
     void *d_ids = NULL, *d_cu = NULL, *d_out = NULL;
 #endif
-    if (hs_model_load(model_dir, &m) != HS_OK) goto done;
+    if (hs_model_load_ex(model_dir, weights, &m) != HS_OK) goto done;
     int N = hs_model_num_layers(m), H = hs_model_hidden_size(m);
     if (dflash_n) {
         if (hs_model_dflash_layers(N, dflash_n, layers, MAX_CAPTURED) != HS_OK) goto done;
@@ -282,9 +296,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < k && ln < sizeof lay; i++)
         ln += (size_t)snprintf(lay + ln, sizeof lay - ln, "%s%d", i ? "," : "", layers[i]);
     hs_info("hs-forward: model=%s data=%s (%d sequences, %lld tokens) layers=%s device=%s "
-            "token-budget=%llu out=%s",
-            model_dir, data, s.n, (long long)s.T, lay, device, (unsigned long long)budget,
-            out_path);
+            "dtype=%s token-budget=%llu out=%s",
+            model_dir, data, s.n, (long long)s.T, lay, device, hs_model_weights_name(weights),
+            (unsigned long long)budget, out_path);
 
     int esize = cuda_dev >= 0 ? 2 : 4;
     size_t row = (size_t)k * (size_t)H;

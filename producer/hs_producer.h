@@ -50,6 +50,7 @@ typedef struct {
                          * hidden size of 0 means the model's */
     hs_source_t source;
     const char *model_dir; /* HS_SOURCE_MODEL */
+    int weights;           /* the model's Linear weights: hs_model_weights_t (0 = as stored) */
     int dflash_layers;     /* > 0: layers = DFlash's default set for this many draft layers */
     bool eagle3_layers;    /* layers = EAGLE-3's default set (hs_model_eagle3_layers) */
     uint32_t n_workers;

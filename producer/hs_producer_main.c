@@ -53,7 +53,11 @@ static const char usage[] =
     "                         (--verify-synthetic); model: the built-in target forward\n"
     "  --model DIR            Hugging Face model folder (config.json + *.safetensors): Llama,\n"
     "                         Qwen2/3, Mistral, or Qwen3.5/3.6 (text decoder, VL checkpoints\n"
-    "                         too)\n"
+    "                         too; FP8 checkpoints with 128x128 block scales as well)\n"
+    "  --dtype auto|bf16|fp8  the model's Linear weights: auto (as stored, default; an FP8\n"
+    "                         checkpoint runs its GEMMs in fp8), bf16 (dequantise FP8 at\n"
+    "                         load) or fp8 (quantise a bf16 checkpoint at load in 128x128\n"
+    "                         blocks; fp8 GEMMs need an H100/H200)\n"
     "  --gpus cpu:N|LIST      N CPU workers, or one worker per GPU id (default cpu:1)\n"
     "  --prefetch N           tickets each worker keeps queued (default 2)\n"
     "  --secret-file FILE     shared secret for the HMAC handshake\n"
@@ -125,6 +129,7 @@ enum {
     OPT_HS_DTYPE,
     OPT_SOURCE,
     OPT_MODEL,
+    OPT_DTYPE,
     OPT_GPUS,
     OPT_PREFETCH,
     OPT_SECRET,
@@ -160,6 +165,7 @@ static const struct option long_options[] = {
     {"hidden-size", required_argument, NULL, OPT_HIDDEN},
     {"source", required_argument, NULL, OPT_SOURCE},
     {"model", required_argument, NULL, OPT_MODEL},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
     {"gpus", required_argument, NULL, OPT_GPUS},
     {"prefetch", required_argument, NULL, OPT_PREFETCH},
     {"secret-file", required_argument, NULL, OPT_SECRET},
@@ -280,6 +286,13 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     case OPT_MODEL:
         c->model_dir = arg;
         return 0;
+    case OPT_DTYPE: {
+        hs_model_weights_t w;
+        if (hs_model_weights_parse(arg, &w) != HS_OK)
+            return bad("dtype", arg, from, "expected auto, bf16 or fp8");
+        c->weights = (int)w;
+        return 0;
+    }
     case OPT_GPUS:
         if (hs_producer_parse_devices(arg, c) != HS_OK)
             return bad("gpus", arg, from,

@@ -194,14 +194,16 @@ static hs_status_t load_model(producer_t *pr)
         if (st != HS_OK) return st;
         cfg->layout.n_layers = HS_MODEL_EAGLE3_N_LAYERS;
     }
-    st = hs_model_load(cfg->model_dir, &pr->model);
+    st = hs_model_load_ex(cfg->model_dir, (hs_model_weights_t)cfg->weights, &pr->model);
     if (st != HS_OK) return st;
     if (!cfg->layout.hidden_size)
         cfg->layout.hidden_size = (uint32_t)hs_model_hidden_size(pr->model);
     char desc[200];
     hs_layout_describe(&cfg->layout, desc, sizeof(desc));
-    hs_info("model %s: %d layers, hidden %d; capturing %s", cfg->model_dir,
-            hs_model_num_layers(pr->model), hs_model_hidden_size(pr->model), desc);
+    hs_info("model %s: %d layers, hidden %d, --dtype %s (%d fp8 weights); capturing %s",
+            cfg->model_dir, hs_model_num_layers(pr->model), hs_model_hidden_size(pr->model),
+            hs_model_weights_name((hs_model_weights_t)cfg->weights),
+            hs_model_fp8_weights(pr->model), desc);
     return HS_OK;
 }
 

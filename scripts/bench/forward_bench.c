@@ -34,6 +34,7 @@ static void usage(FILE *fp)
 {
     fprintf(fp, "usage: hs-bench-forward --model DIR --layers LIST --shapes NxL[,NxL...]\n"
                 "                        [--iters N] [--device N] [--peak-tflops F]\n"
+                "                        [--dtype auto|bf16|fp8]\n"
                 "       hs-bench-forward --attn-only [--shapes NxL[,NxL...]] [--iters N]\n"
                 "                        [--torch-script PATH | --no-torch]\n"
                 "example: hs-bench-forward --model /tmp/llama8b --layers 2,16,29 \\\n"
@@ -212,7 +213,9 @@ int main(int argc, char **argv)
     int iters = 5, device = 0, attn_only = 0;
     const char *torch_script = "scripts/bench/attn_torch.py";
     double peak = 0;
+    hs_model_weights_t weights = HS_MODEL_WEIGHTS_AUTO;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"dtype", required_argument, 0, 'w'},
                                          {"layers", required_argument, 0, 'l'},
                                          {"shapes", required_argument, 0, 's'},
                                          {"iters", required_argument, 0, 'i'},
@@ -231,6 +234,12 @@ int main(int argc, char **argv)
             break;
         case 'l':
             layers_s = optarg;
+            break;
+        case 'w':
+            if (hs_model_weights_parse(optarg, &weights) != HS_OK) {
+                fprintf(stderr, "hs-bench-forward: --dtype '%s': use auto, bf16 or fp8\n", optarg);
+                return 2;
+            }
             break;
         case 's':
             shapes_s = optarg;
@@ -332,7 +341,7 @@ int main(int argc, char **argv)
     }
     double t0 = hs_now_s();
     hs_model_t *m = NULL;
-    if (hs_model_load(model_dir, &m) != HS_OK) return 1;
+    if (hs_model_load_ex(model_dir, weights, &m) != HS_OK) return 1;
     hs_model_cuda_t *mc = NULL;
     if (hs_model_cuda_create(m, device, budget, max_seqs, &mc) != HS_OK) return 1;
     hs_info("bench: model loaded and uploaded in %.1f s", hs_now_s() - t0);
@@ -343,12 +352,13 @@ int main(int argc, char **argv)
             rc = 1;
             break;
         }
-        printf("{\"shape\": \"%dx%d\", \"tokens\": %d, \"ms\": %.3f, \"tokens_per_s\": %.1f, "
+        printf("{\"shape\": \"%dx%d\", \"dtype\": \"%s\", \"tokens\": %d, \"ms\": %.3f, "
+               "\"tokens_per_s\": %.1f, "
                "\"us_per_token\": %.3f, \"tflop\": %.3f, \"tflops\": %.1f, \"mfu\": %.4f, "
                "\"peak_gib\": %.3f, \"device_used_gib\": %.3f}\n",
-               sn[i], sl[i], sn[i] * sl[i], r.ms, r.tokens_per_s, r.us_per_token, r.tflop,
-               r.tflop / (r.ms / 1000.0), r.mfu, r.peak_bytes / 1073741824.0,
-               r.device_used_bytes / 1073741824.0);
+               sn[i], sl[i], hs_model_weights_name(weights), sn[i] * sl[i], r.ms, r.tokens_per_s,
+               r.us_per_token, r.tflop, r.tflop / (r.ms / 1000.0), r.mfu,
+               r.peak_bytes / 1073741824.0, r.device_used_bytes / 1073741824.0);
         fflush(stdout);
     }
     hs_model_cuda_destroy(mc);
