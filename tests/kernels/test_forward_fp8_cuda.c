@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <cuda_runtime_api.h>
 
 #include "bf16.h"
@@ -30,13 +29,15 @@
 #error "HS_FP8_SCRIPT must name tests/model/make_fp8_checkpoint.py"
 #endif
 
-static char tmpdir[256];
+#ifndef HS_FP8_WORK
+#error "HS_FP8_WORK must name a folder for the checkpoints (in the build tree)"
+#endif
 
+/* Written afresh by every run into HS_FP8_WORK (kept there for a look). */
 static void make_checkpoint(const char *fam, char *fp8, char *deq, size_t cap)
 {
-    snprintf(fp8, cap, "%s/%s-fp8", tmpdir, fam);
-    snprintf(deq, cap, "%s/%s-deq", tmpdir, fam);
-    if (access(fp8, F_OK) == 0) return;
+    snprintf(fp8, cap, "%s/%s-fp8", HS_FP8_WORK, fam);
+    snprintf(deq, cap, "%s/%s-deq", HS_FP8_WORK, fam);
     char cmd[1400];
     snprintf(cmd, sizeof cmd, "python3 %s %s/%s %s %s", HS_FP8_SCRIPT, HS_TEST_DATA_DIR, fam, fp8,
              deq);
@@ -46,21 +47,22 @@ static void make_checkpoint(const char *fam, char *fp8, char *deq, size_t cap)
 enum { T = 61, NSEQ = 3 };
 static const int32_t k_cu[NSEQ + 1] = {0, 17, 18, 61}; /* 17, 1 and 43 tokens */
 
-static void ids_for(const hs_model_t *m, int32_t *ids)
+/* The batch: token ids, every layer 0..N, and the output row length. */
+static size_t batch_for(const hs_model_t *m, int32_t *ids, int32_t *layers)
 {
     for (int t = 0; t < T; t++)
         ids[t] = (t * 131 + 7) % hs_model_vocab_size(m);
+    for (int l = 0; l <= hs_model_num_layers(m); l++)
+        layers[l] = l;
+    return (size_t)(hs_model_num_layers(m) + 1) * hs_model_hidden_size(m);
 }
 
 /* Every layer 0..N on the GPU, bf16 out, as floats [T, (N+1) H]. */
 static float *run_gpu(hs_model_t *m)
 {
-    const int N = hs_model_num_layers(m), H = hs_model_hidden_size(m);
+    const int N = hs_model_num_layers(m);
     int32_t ids[T], layers[64];
-    ids_for(m, ids);
-    for (int l = 0; l <= N; l++)
-        layers[l] = l;
-    const size_t row = (size_t)(N + 1) * H;
+    const size_t row = batch_for(m, ids, layers);
     hs_model_cuda_t *mc = NULL;
     ck_assert_int_eq(hs_model_cuda_create(m, 0, T, NSEQ, &mc), HS_OK);
     void *d_ids, *d_cu, *d_out;
@@ -86,12 +88,9 @@ static float *run_gpu(hs_model_t *m)
 
 static float *run_cpu(hs_model_t *m)
 {
-    const int N = hs_model_num_layers(m), H = hs_model_hidden_size(m);
+    const int N = hs_model_num_layers(m);
     int32_t ids[T], layers[64];
-    ids_for(m, ids);
-    for (int l = 0; l <= N; l++)
-        layers[l] = l;
-    const size_t row = (size_t)(N + 1) * H;
+    const size_t row = batch_for(m, ids, layers);
     float *f = malloc(T * row * sizeof(float));
     ck_assert_int_eq(
         hs_model_forward_cpu(m, ids, k_cu, NSEQ, layers, N + 1, f, HS_MODEL_OUT_F32, row), HS_OK);
@@ -186,8 +185,6 @@ int main(void)
                prop.name, prop.major, prop.minor);
         return 77;
     }
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/hs_test_forward_fp8_XXXXXX");
-    if (!mkdtemp(tmpdir)) return 1;
     Suite *s = suite_create("forward_fp8_cuda");
     TCase *tc = tcase_create("fp8");
     tcase_set_timeout(tc, 300);
@@ -200,8 +197,5 @@ int main(void)
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
     return failed ? 1 : 0;
 }

@@ -196,6 +196,7 @@ int main(void)
                prop.minor);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK); /* the CUDA context lives in this process */
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
