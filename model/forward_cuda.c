@@ -188,12 +188,14 @@ typedef struct {
     int n, head_part;
 } part_t;
 
-/* Whether an FP8 part can run as FP8 here: cuBLASLt's FP8 layouts want K a
- * multiple of 16; a gated q_proj's per-head regrouping keeps whole blocks
- * only when head_dim is a multiple of 128. */
+/* Whether an FP8 part can run as FP8 here: K whole 128-blocks (cuBLASLt's
+ * FP8 layouts want K a multiple of 16; a short last K block is not relied
+ * on until test_fp8_block_cuda shows it right on the GPU); a gated
+ * q_proj's per-head regrouping keeps whole blocks only when head_dim is a
+ * multiple of 128. */
 static int part_fp8(const hs_model_cuda_t *mc, const part_t *pt, int K)
 {
-    return pt->f8 && pt->f8->w && K % 16 == 0 && (!pt->head_part || mc->d % 128 == 0);
+    return pt->f8 && pt->f8->w && K % 128 == 0 && (!pt->head_part || mc->d % 128 == 0);
 }
 
 /* Source row of row r of part pt (the gated q_proj regrouping). */
@@ -631,9 +633,9 @@ hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uint32_t token_bu
                 device, mc->n_fp8_gemms,
                 mc->n_fp8_fallback ? "; some fp8 weights run as bf16 (see the warning)" : "");
     if (mc->n_fp8_fallback)
-        hs_warn("cuda:%d forward: %d fp8 weights were dequantised to bf16 at upload: the CUDA fp8 "
-                "GEMM needs K a multiple of 16, 16-byte aligned output columns and, for a gated "
-                "q_proj, head_dim a multiple of 128; they run as bf16 GEMMs (results as "
+        hs_warn("cuda:%d forward: %d fp8 weight parts were dequantised to bf16 at upload: the "
+                "CUDA fp8 GEMM needs K a multiple of 128, 16-byte aligned output columns and, for "
+                "a gated q_proj, head_dim a multiple of 128; they run as bf16 GEMMs (results as "
                 "--dtype bf16 for them)",
                 device, mc->n_fp8_fallback);
     hs_kn_attn_desc_t ad = {(int)token_budget, (int)max_seqs, mc->nh,

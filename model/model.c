@@ -141,20 +141,31 @@ static hs_status_t get_linear(hs_model_t *m, const char *name, int64_t N, int64_
 
 /* The Linear fields of a layer, bf16 and FP8 side by side. */
 #define LINEAR_FIELDS(X)                                                                           \
-    X(q_proj)                                                                                      \
-    X(k_proj) X(v_proj) X(o_proj) X(gate_proj) X(up_proj) X(down_proj) X(in_proj_qkv) X(in_proj_z) \
-        X(in_proj_b) X(in_proj_a) X(out_proj)
+    X(q_proj);                                                                                     \
+    X(k_proj);                                                                                     \
+    X(v_proj);                                                                                     \
+    X(o_proj);                                                                                     \
+    X(gate_proj);                                                                                  \
+    X(up_proj);                                                                                    \
+    X(down_proj);                                                                                  \
+    X(in_proj_qkv);                                                                                \
+    X(in_proj_z);                                                                                  \
+    X(in_proj_b);                                                                                  \
+    X(in_proj_a);                                                                                  \
+    X(out_proj)
 
 static hs_status_t dequantize_layer(hs_model_t *m, hs__layer_weights_t *w)
 {
 #define DQ(f)                                                                                      \
-    if (w->fp8.f.w && !w->f) {                                                                     \
-        uint16_t *b = own(m, (size_t)(w->fp8.f.n * w->fp8.f.k) * 2);                               \
-        if (!b) return HS_ERR_NOMEM;                                                               \
-        hs_fp8_block_dequantize(w->fp8.f.w, w->fp8.f.scale_inv, w->fp8.f.n, w->fp8.f.k, b);        \
-        w->f = b;                                                                                  \
-    }
-    LINEAR_FIELDS(DQ)
+    do {                                                                                           \
+        if (w->fp8.f.w && !w->f) {                                                                 \
+            uint16_t *b = own(m, (size_t)(w->fp8.f.n * w->fp8.f.k) * 2);                           \
+            if (!b) return HS_ERR_NOMEM;                                                           \
+            hs_fp8_block_dequantize(w->fp8.f.w, w->fp8.f.scale_inv, w->fp8.f.n, w->fp8.f.k, b);    \
+            w->f = b;                                                                              \
+        }                                                                                          \
+    } while (0)
+    LINEAR_FIELDS(DQ);
 #undef DQ
     return HS_OK;
 }

@@ -7,11 +7,13 @@
  * --dtype fp8 on the bf16 checkpoint against the CPU forward of the same
  * model. Per layer it prints ||gpu - ref|| / ||ref||: activation
  * quantisation (e4m3, 3 mantissa bits) costs a few percent, so the bound is
- * 0.08 (a wrong block factor, layout or transposition gives O(1)). llama3's
- * H = 1000 is not a multiple of 16: its FP8 weights run as bf16 GEMMs (the
- * fallback), held to the bf16 bound 2e-2. Before any GPU call, the planned
- * device bytes (what --preflight and --token-budget auto use) must shrink
- * with FP8 weights. Exits 77 without a GPU or without numpy. */
+ * 0.08 (a wrong block factor, layout or transposition gives O(1)). The
+ * tiny families' K (< 128) are not whole 128-blocks: their FP8 weights run
+ * as bf16 GEMMs (the fallback, dequantised at upload), which this checks
+ * end to end; the FP8 GEMMs themselves are checked by test_fp8_block_cuda
+ * and, in a whole forward, by scripts/bench/fp8_parity.py (hidden 512). Before any GPU call, the
+ * planned device bytes (what --preflight and --token-budget auto use) must shrink with FP8 weights.
+ * Exits 77 without a GPU or without numpy. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@
 
 #include "bf16.h"
 #include "hs_model.h"
+#include "safetensors_int.h"
 
 #ifndef HS_TEST_DATA_DIR
 #error "HS_TEST_DATA_DIR must point at tests/data"
@@ -33,14 +36,85 @@
 #error "HS_FP8_WORK must name a folder for the checkpoints (in the build tree)"
 #endif
 
-/* Written afresh by every run into HS_FP8_WORK (kept there for a look). */
+/* "wide": a random bf16 Llama whose Linear widths are whole 128-blocks
+ * (H 256, I 512, 2 heads of 128, 1 kv head, 2 layers, vocab 96), so its FP8
+ * weights do run as FP8 GEMMs; written into HS_FP8_WORK/wide. */
+static void write_wide(char *dir, size_t cap)
+{
+    enum { H = 256, I = 512, L = 2, V = 96, KV = 128 };
+    snprintf(dir, cap, "%s/wide", HS_FP8_WORK);
+    char cmd[600], path[600];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f,
+            "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": %d, "
+            "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": 2, "
+            "\"num_key_value_heads\": 1, \"head_dim\": 128, \"vocab_size\": %d, "
+            "\"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"hidden_act\": \"silu\"}\n",
+            H, I, L, V);
+    fclose(f);
+    static const struct {
+        const char *name;
+        int rows, cols;
+    } shapes[] = {{"self_attn.q_proj.weight", H, H},        {"self_attn.k_proj.weight", KV, H},
+                  {"self_attn.v_proj.weight", KV, H},       {"self_attn.o_proj.weight", H, H},
+                  {"mlp.gate_proj.weight", I, H},           {"mlp.up_proj.weight", I, H},
+                  {"mlp.down_proj.weight", H, I},           {"input_layernorm.weight", 1, H},
+                  {"post_attention_layernorm.weight", 1, H}};
+    enum { PER = sizeof shapes / sizeof shapes[0], NT = 2 + L * PER };
+    hs__st_write_tensor_t t[NT];
+    char names[NT][96];
+    uint16_t *bufs[NT];
+    uint64_t rng = 0xd1ce;
+    for (int i = 0; i < NT; i++) {
+        int rows = i == 0 ? V : 1, cols = H, norm = i == 1;
+        if (i >= 2) {
+            int k = (i - 2) % PER;
+            snprintf(names[i], sizeof names[i], "model.layers.%d.%s", (i - 2) / PER,
+                     shapes[k].name);
+            rows = shapes[k].rows;
+            cols = shapes[k].cols;
+            norm = k >= 7;
+        } else {
+            snprintf(names[i], sizeof names[i],
+                     i == 0 ? "model.embed_tokens.weight" : "model.norm.weight");
+        }
+        bufs[i] = malloc((size_t)rows * cols * 2);
+        for (int j = 0; j < rows * cols; j++) {
+            double u = (double)(hs_splitmix64(&rng) >> 11) / 9007199254740992.0 - 0.5;
+            bufs[i][j] =
+                hs_f32_to_bf16(norm ? 1.0f + 0.2f * (float)u : (i == 0 ? 2.0f : 0.15f) * (float)u);
+        }
+        t[i] = (hs__st_write_tensor_t){.name = names[i],
+                                       .dtype = "BF16",
+                                       .ndim = rows == 1 ? 1 : 2,
+                                       .shape = {rows == 1 ? cols : rows, cols},
+                                       .data = bufs[i],
+                                       .rows = 1,
+                                       .row_bytes = (size_t)rows * cols * 2};
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ck_assert_int_eq(hs__st_write(path, t, NT, NULL, NULL, 0), HS_OK);
+    for (int i = 0; i < NT; i++)
+        free(bufs[i]);
+}
+
+/* The FP8 checkpoint and dequantised twin of family fam (tests/data, or
+ * "wide"), written afresh by every run into HS_FP8_WORK (kept for a look). */
 static void make_checkpoint(const char *fam, char *fp8, char *deq, size_t cap)
 {
+    char src[600];
+    if (strcmp(fam, "wide") == 0)
+        write_wide(src, sizeof src);
+    else
+        snprintf(src, sizeof src, "%s/%s", HS_TEST_DATA_DIR, fam);
     snprintf(fp8, cap, "%s/%s-fp8", HS_FP8_WORK, fam);
     snprintf(deq, cap, "%s/%s-deq", HS_FP8_WORK, fam);
-    char cmd[1400];
-    snprintf(cmd, sizeof cmd, "python3 %s %s/%s %s %s", HS_FP8_SCRIPT, HS_TEST_DATA_DIR, fam, fp8,
-             deq);
+    char cmd[1600];
+    snprintf(cmd, sizeof cmd, "python3 %s %s %s %s", HS_FP8_SCRIPT, src, fp8, deq);
     ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
 }
 
@@ -117,7 +191,9 @@ static void compare(const char *what, hs_model_t *gm, hs_model_t *cm, double bou
     free(c);
 }
 
-static const char *const k_families[] = {"qwen2", "qwen3", "qwen3_5_i4", "qwen3_5_vl", "llama3"};
+/* wide: FP8 GEMMs; the tiny families' K (< 128): the bf16 fallback */
+static const char *const k_families[] = {"wide",       "qwen2",      "qwen3",
+                                         "qwen3_5_i4", "qwen3_5_vl", "llama3"};
 
 START_TEST(fp8_checkpoint_on_the_gpu_matches_the_dequantised_cpu_forward)
 {
@@ -127,7 +203,7 @@ START_TEST(fp8_checkpoint_on_the_gpu_matches_the_dequantised_cpu_forward)
     hs_model_t *mf = NULL, *md = NULL;
     ck_assert_int_eq(hs_model_load(fp8, &mf), HS_OK);
     ck_assert_int_eq(hs_model_load(deq, &md), HS_OK);
-    compare(fam, mf, md, strcmp(fam, "llama3") == 0 ? 2e-2 : 0.08);
+    compare(fam, mf, md, 0.08);
     hs_model_destroy(mf);
     hs_model_destroy(md);
 }
@@ -136,33 +212,59 @@ END_TEST
 START_TEST(dtype_fp8_on_the_gpu_matches_its_cpu_forward)
 {
     char src[512], what[64];
-    snprintf(src, sizeof src, "%s/%s", HS_TEST_DATA_DIR, k_families[_i]);
+    if (strcmp(k_families[_i], "wide") == 0)
+        write_wide(src, sizeof src);
+    else
+        snprintf(src, sizeof src, "%s/%s", HS_TEST_DATA_DIR, k_families[_i]);
     snprintf(what, sizeof what, "%s --dtype fp8", k_families[_i]);
     hs_model_t *m = NULL;
     ck_assert_int_eq(hs_model_load_ex(src, HS_MODEL_WEIGHTS_FP8, &m), HS_OK);
-    compare(what, m, m, strcmp(k_families[_i], "llama3") == 0 ? 2e-2 : 0.08);
+    compare(what, m, m, 0.08);
     hs_model_destroy(m);
 }
 END_TEST
 
-/* No GPU needed: hs_model_cuda_plan_bytes is host arithmetic. */
-static int planned_bytes_shrink_with_fp8_weights(void)
+/* No GPU needed: hs_model_cuda_plan_bytes is host arithmetic. The wide
+ * model's Linear weights are 2 x 589,824 bf16 values: FP8 must save at
+ * least 40% of their 2.4 MB, net of the factors and the quantised
+ * activations. */
+START_TEST(planned_bytes_shrink_with_fp8_weights)
 {
-    char src[512];
-    snprintf(src, sizeof src, "%s/qwen2", HS_TEST_DATA_DIR);
+    char fp8[512], deq[512];
+    make_checkpoint("wide", fp8, deq, sizeof fp8);
     hs_model_t *b = NULL, *f = NULL;
     uint64_t pb = 0, pf = 0;
-    if (hs_model_load(src, &b) || hs_model_load_ex(src, HS_MODEL_WEIGHTS_FP8, &f) ||
-        hs_model_cuda_plan_bytes(b, 16, 4, -1, &pb) ||
-        hs_model_cuda_plan_bytes(f, 16, 4, -1, &pf)) {
-        fprintf(stderr, "plan bytes: load or plan failed\n");
-        return 0;
-    }
-    printf("planned device bytes, qwen2 at 16 tokens: bf16 %llu, fp8 %llu\n",
-           (unsigned long long)pb, (unsigned long long)pf);
+    ck_assert_int_eq(hs_model_load(deq, &b), HS_OK);
+    ck_assert_int_eq(hs_model_load(fp8, &f), HS_OK);
+    ck_assert_int_eq(hs_model_cuda_plan_bytes(b, 64, 4, -1, &pb), HS_OK);
+    ck_assert_int_eq(hs_model_cuda_plan_bytes(f, 64, 4, -1, &pf), HS_OK);
+    printf("planned device bytes, wide model at 64 tokens: bf16 %llu, fp8 %llu (saves %llu)\n",
+           (unsigned long long)pb, (unsigned long long)pf, (unsigned long long)(pb - pf));
+    ck_assert_uint_gt(pb, pf + (uint64_t)(0.4 * 2 * 589824 * 2));
     hs_model_destroy(b);
     hs_model_destroy(f);
-    return pf < pb;
+}
+END_TEST
+
+static int run_suite(int gpu)
+{
+    Suite *s = suite_create("forward_fp8_cuda");
+    TCase *tc = tcase_create("fp8");
+    tcase_set_timeout(tc, 300);
+    const int nf = (int)(sizeof k_families / sizeof k_families[0]);
+    tcase_add_test(tc, planned_bytes_shrink_with_fp8_weights);
+    if (gpu) {
+        tcase_add_loop_test(tc, fp8_checkpoint_on_the_gpu_matches_the_dequantised_cpu_forward, 0,
+                            nf);
+        tcase_add_loop_test(tc, dtype_fp8_on_the_gpu_matches_its_cpu_forward, 0, nf);
+    }
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed;
 }
 
 int main(void)
@@ -171,31 +273,13 @@ int main(void)
         printf("test_forward_fp8_cuda: python3 with numpy not found: skipped\n");
         return 77;
     }
-    if (!planned_bytes_shrink_with_fp8_weights()) return 1;
     int n_dev = 0;
     struct cudaDeviceProp prop;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0 ||
-        cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
-        printf("test_forward_fp8_cuda: no CUDA device, skipped\n");
-        return 77;
-    }
-    if (prop.major != 9) {
-        printf("test_forward_fp8_cuda: %s is sm_%d%d; FP8 block-scaled GEMMs need sm_90: "
-               "skipped\n",
-               prop.name, prop.major, prop.minor);
-        return 77;
-    }
-    Suite *s = suite_create("forward_fp8_cuda");
-    TCase *tc = tcase_create("fp8");
-    tcase_set_timeout(tc, 300);
-    const int nf = (int)(sizeof k_families / sizeof k_families[0]);
-    tcase_add_loop_test(tc, fp8_checkpoint_on_the_gpu_matches_the_dequantised_cpu_forward, 0, nf);
-    tcase_add_loop_test(tc, dtype_fp8_on_the_gpu_matches_its_cpu_forward, 0, nf);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    int gpu = cudaGetDeviceCount(&n_dev) == cudaSuccess && n_dev > 0 &&
+              cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9;
+    if (!gpu)
+        printf("test_forward_fp8_cuda: no sm_90 CUDA device (FP8 block-scaled GEMMs need one): "
+               "only the planned bytes are checked\n");
+    if (run_suite(gpu)) return 1;
+    return gpu ? 0 : 77;
 }
