@@ -7,6 +7,7 @@
  * as K x M (ld ldx). The bias epilogue adds a vector along D's rows, which
  * are the output features. */
 #include "cublaslt.h"
+#include "fp8_block.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,8 @@ struct hs_lt {
     cublasLtHandle_t handle;
     void *workspace;
     size_t workspace_bytes;
+    void *tail;        /* FP8: the last M % 4 tokens' operand and output rows, as 4 */
+    size_t tail_bytes; /* (see hs_lt_linear_fp8) */
     hs_lt_entry_t cache[HS_LT_CACHE_CAP];
     int n_cached;
     int next_evict;
@@ -82,6 +85,7 @@ void hs_lt_destroy(hs_lt_t *lt)
     for (int i = 0; i < HS_LT_CACHE_CAP; i++)
         entry_release(&lt->cache[i]);
     cudaFree(lt->workspace);
+    cudaFree(lt->tail);
     cublasLtDestroy(lt->handle);
     free(lt);
 }
@@ -242,25 +246,49 @@ static bool fp8_args_ok(int64_t ldy, int64_t ldxq, int M, int N, int K)
            ldy % 8 == 0;
 }
 
+/* The tail's rows: 4 of the quantised input (ldxq) and 4 of the output
+ * (N rounded up to 8), 256-byte aligned. */
+static size_t tail_out_offset(int64_t ldxq)
+{
+    return ((size_t)4 * (size_t)ldxq + 255) / 256 * 256;
+}
+
+static hs_status_t tail_reserve(hs_lt_t *lt, int64_t ldxq, int N)
+{
+    size_t need = tail_out_offset(ldxq) + (size_t)4 * hs_align_up((size_t)N, 8) * 2;
+    if (need <= lt->tail_bytes) return HS_OK;
+    cudaFree(lt->tail);
+    lt->tail = NULL;
+    lt->tail_bytes = 0;
+    hs_status_t st = HS_CUDA_CHECK(cudaMalloc(&lt->tail, need));
+    if (st) return st;
+    st = HS_CUDA_CHECK(cudaMemset(lt->tail, 0, need));
+    if (!st) lt->tail_bytes = need;
+    return st;
+}
+
 hs_status_t hs_lt_fp8_check(hs_lt_t *lt, int64_t ldy, int64_t ldxq, bool bias, int M, int N, int K,
                             bool accumulate)
 {
     if (!lt || !fp8_args_ok(ldy, ldxq, M, N, K)) return HS_ERR_UNSUPPORTED;
-    hs_lt_key_t key = {M, N, K, ldxq, ldy, bias, accumulate, true};
     hs_lt_entry_t *e;
-    return entry_get(lt, &key, true, &e);
+    if (M >= 4) {
+        hs_lt_key_t key = {M & ~3, N, K, ldxq, ldy, bias, accumulate, true};
+        hs_status_t st = entry_get(lt, &key, true, &e);
+        if (st) return st;
+    }
+    if (M % 4 == 0) return HS_OK;
+    int64_t ldt = (int64_t)hs_align_up((size_t)N, 8);
+    hs_lt_key_t key = {4, N, K, ldxq, ldt, bias, accumulate, true};
+    hs_status_t st = entry_get(lt, &key, true, &e);
+    return st ? st : tail_reserve(lt, ldxq, N);
 }
 
-hs_status_t hs_lt_linear_fp8(hs_lt_t *lt, void *y, int64_t ldy, const void *xq, int64_t ldxq,
-                             const float *xs, const void *wq, const float *ws, const void *bias,
-                             int M, int N, int K, bool accumulate, cudaStream_t stream)
+/* One FP8 GEMM of M (a multiple of 4) tokens. */
+static hs_status_t linear_fp8(hs_lt_t *lt, void *y, int64_t ldy, const void *xq, int64_t ldxq,
+                              const float *xs, const void *wq, const float *ws, const void *bias,
+                              int M, int N, int K, bool accumulate, cudaStream_t stream)
 {
-    if (!lt || !y || !xq || !xs || !wq || !ws || !fp8_args_ok(ldy, ldxq, M, N, K)) {
-        hs_error("cublaslt: bad fp8 linear arguments M=%d N=%d K=%d ldxq=%lld ldy=%lld (K and "
-                 "ldxq must be multiples of 16, ldy of 8)",
-                 M, N, K, (long long)ldxq, (long long)ldy);
-        return HS_ERR_INVALID;
-    }
     hs_lt_key_t key = {M, N, K, ldxq, ldy, bias != NULL, accumulate, true};
     hs_lt_entry_t *e;
     hs_status_t st = entry_get(lt, &key, false, &e);
@@ -277,4 +305,42 @@ hs_status_t hs_lt_linear_fp8(hs_lt_t *lt, void *y, int64_t ldy, const void *xq, 
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     return LT_CHECK(cublasLtMatmul(lt->handle, e->op, &alpha, wq, e->a, xq, e->b, &beta, y, e->c, y,
                                    e->c, &e->algo, lt->workspace, lt->workspace_bytes, stream));
+}
+
+hs_status_t hs_lt_linear_fp8(hs_lt_t *lt, void *y, int64_t ldy, const void *xq, int64_t ldxq,
+                             const float *xs, const void *wq, const float *ws, const void *bias,
+                             int M, int N, int K, bool accumulate, cudaStream_t stream)
+{
+    if (!lt || !y || !xq || !xs || !wq || !ws || !fp8_args_ok(ldy, ldxq, M, N, K)) {
+        hs_error("cublaslt: bad fp8 linear arguments M=%d N=%d K=%d ldxq=%lld ldy=%lld (K and "
+                 "ldxq must be multiples of 16, ldy of 8)",
+                 M, N, K, (long long)ldxq, (long long)ldy);
+        return HS_ERR_INVALID;
+    }
+    const int m4 = M & ~3, r = M - m4;
+    hs_status_t st = HS_OK;
+    if (m4) st = linear_fp8(lt, y, ldy, xq, ldxq, xs, wq, ws, bias, m4, N, K, accumulate, stream);
+    if (st || !r) return st;
+    /* The last r tokens as a GEMM of 4 in the handle's rows (the caller's
+     * buffers need not hold 4): their input copied in, the output (with
+     * what it accumulates onto) out. */
+    if ((st = tail_reserve(lt, ldxq, N))) return st;
+    const int64_t ldt = (int64_t)hs_align_up((size_t)N, 8);
+    uint8_t *tq = lt->tail;
+    uint8_t *ty = tq + tail_out_offset(ldxq);
+    const uint8_t *xr = (const uint8_t *)xq + (size_t)m4 * ldxq;
+    uint8_t *yr = (uint8_t *)y + (size_t)m4 * ldy * 2;
+    st = HS_CUDA_CHECK(cudaMemcpyAsync(tq, xr, (size_t)r * ldxq, cudaMemcpyDeviceToDevice, stream));
+    if (!st && accumulate)
+        st =
+            HS_CUDA_CHECK(cudaMemcpy2DAsync(ty, (size_t)ldt * 2, yr, (size_t)ldy * 2, (size_t)N * 2,
+                                            (size_t)r, cudaMemcpyDeviceToDevice, stream));
+    if (!st)
+        st = linear_fp8(lt, ty, ldt, tq, ldxq, xs + hs_fp8_blocks(K) * m4, wq, ws, bias, 4, N, K,
+                        accumulate, stream);
+    if (!st)
+        st =
+            HS_CUDA_CHECK(cudaMemcpy2DAsync(yr, (size_t)ldy * 2, ty, (size_t)ldt * 2, (size_t)N * 2,
+                                            (size_t)r, cudaMemcpyDeviceToDevice, stream));
+    return st;
 }

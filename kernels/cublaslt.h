@@ -60,9 +60,12 @@ HS_MUST_CHECK hs_status_t hs_lt_linear(hs_lt_t *lt, void *y, int64_t ldy, const 
 
 /* FP8 block-scaled form (sm_90, cuBLAS 12.9+): the same product with
  * e4m3 operands and fp32 dequantisation factors (kernels/fp8_block.h),
- *   y[m, n] = sum_k xq[m, k] xs[k/128][m] * wq[n, k] ws[n/128][k/128]
+ *   y[m, n] = sum_k xq[m, k] xs(m, k/128) * wq[n, k] ws[n/128][k/128]
  * (+ bias) (+ y), fp32 accumulation, bf16 out. xq [M, K] e4m3 with row
- * stride ldxq; xs [ceil(K/128)][M] (hs_kn_fp8_quant_groups's layout); wq
+ * stride ldxq; xs hs_kn_fp8_quant_groups's factors, laid out as
+ * hs_fp8_act_scale_index says (sm_90's per-128-column factors need a
+ * multiple of 4 tokens: the last M % 4 run as a GEMM of 4 in rows of the
+ * handle's own, copied in and out); wq
  * [N, K] e4m3 dense; ws [ceil(N/128)][hs_lt_fp8_scale_ld(K)], the
  * checkpoint's scale_inv with its rows padded to a multiple of 4 blocks, as
  * cuBLASLt's BLK128x128_32F mode reads them. K and ldxq multiples of 16,

@@ -4,7 +4,7 @@
  *
  * One warp per (token, group): each lane reads 4 of the group's 128 bf16
  * values (coalesced), a shuffle reduction gives the amax and whether any
- * value is not finite, lane 0 writes the factor into scales[g * M + m], and
+ * value is not finite, lane 0 writes the factor (hs_fp8_act_scale_index), and
  * every lane writes its bytes. Memory-bound: 2 bytes read and 1 written per
  * value, plus 4 bytes a group. __fdiv_rn keeps the division IEEE (no fast
  * path), so the bytes are those of the C twin. */
@@ -42,7 +42,7 @@ __global__ void fp8_quant_groups_kernel(const uint16_t *__restrict__ x, int64_t 
     float s = nonfinite    ? __int_as_float(0x7fc00000)
               : amax > 0.f ? __fdiv_rn(amax, HS_FP8_MAX)
                            : 1.f;
-    if (lane == 0) scales[(int64_t)g * M + m] = s;
+    if (lane == 0) scales[hs_fp8_act_scale_index(g, m, M, G)] = s;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         int k = g * HS_FP8_BLOCK + j * 32 + lane;

@@ -39,8 +39,26 @@ static inline int64_t hs_fp8_blocks(int64_t n)
 
 /* ---- activations: per token, per group of 128 ---- */
 
+/* Where the factor of token m, group g of an M-token batch lies: on sm_90
+ * cuBLASLt's per-128-column factors (VEC128_32F) need a multiple of 4
+ * tokens, so hs_lt_linear_fp8 runs the first M4 = M & ~3 tokens as one GEMM
+ * and the last M % 4 as a GEMM of 4; the factors are laid out for both:
+ * [G][M4] for the first M4 tokens, then [G][4] for the rest (its last
+ * 4 - M % 4 entries unused), G = ceil(K/128). */
+HS_HOSTDEV static inline int64_t hs_fp8_act_scale_index(int64_t g, int64_t m, int64_t M, int64_t G)
+{
+    const int64_t m4 = M & ~(int64_t)3;
+    return m < m4 ? g * m4 + m : G * m4 + g * 4 + (m - m4);
+}
+/* Entries the factors of an M-token batch take: G * ceil4(M). */
+static inline int64_t hs_fp8_act_scale_count(int64_t M, int64_t K)
+{
+    return hs_fp8_blocks(K) * ((M + 3) & ~(int64_t)3);
+}
+
 /* C twin: x [M rows, row stride ldx] bf16 into q [M rows, stride ldq >= K]
- * e4m3 (columns K..ldq untouched) and scales [ceil(K/128) * M]. */
+ * e4m3 (columns K..ldq untouched) and scales [hs_fp8_act_scale_count]
+ * (hs_fp8_act_scale_index's layout). */
 void hs_kn_fp8_quant_groups_ref(const uint16_t *x, int64_t ldx, int M, int K, uint8_t *q,
                                 int64_t ldq, float *scales);
 

@@ -33,7 +33,7 @@ void hs_kn_fp8_quant_groups_ref(const uint16_t *x, int64_t ldx, int M, int K, ui
             float s = nonfinite ? hs_f32_from_bits(0x7fc00000u) : scale_of(amax);
             for (int64_t k = k0; k < k1; k++)
                 qr[k] = nonfinite ? 0 : hs_fp8_from_f32(hs_bf16_bits_to_f32(xr[k]) / s);
-            scales[g * M + m] = s;
+            scales[hs_fp8_act_scale_index(g, m, M, G)] = s;
         }
     }
 }

@@ -422,7 +422,7 @@ static void plan_activations(hs_model_cuda_t *mc, planner_t *p)
     }
     if (mc->n_fp8_gemms) {
         mc->xq = plan_take(p, T * hs_align_up((size_t)mc->max_k, 16));
-        mc->xs = plan_take(p, (size_t)hs_fp8_blocks(mc->max_k) * T * sizeof(float));
+        mc->xs = plan_take(p, (size_t)hs_fp8_act_scale_count((int64_t)T, mc->max_k) * 4);
     }
 }
 

@@ -18,10 +18,14 @@ transformers' own (plus 1e-3 for layers where both are ~0). Also
 hs-forward --dtype fp8 on the bf16 folder, which must give the checkpoint's
 hidden states (the same quantisation at load).
 
-When transformers' FP8 path cannot run here (no triton, an unsupported GPU,
-an older transformers), the script says so and still compares hsflow
-against ref32 built from hsflow's own quantisation (--dtype fp8), with the
-bound 0.08 per layer, and exits 3. Exits 77 without CUDA or torch.
+When transformers' FP8 path cannot run here (its fine-grained FP8 kernels
+come from the `kernels` package and the hub, an unsupported GPU, an older
+transformers), the script says so and emulates transformers' FP8Linear in
+torch instead: each FP8 Linear's input quantised per token and 128 columns
+(amax / 448, e4m3 nearest even) and multiplied in fp32 by the dequantised
+weight. hsflow's error against ref32 must stay within 2x the emulation's
+own, per layer; exits 3 when all pass that way (1 on a failure). Exits 77
+without CUDA or torch.
 
 Run on the GPU machine from the project root after building with CUDA:
     HSFLOW_BIN_DIR=build/bin python3 scripts/bench/fp8_parity.py [--keep DIR]
@@ -64,7 +68,7 @@ def tiny_qwen35():
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
         rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=4096,
         rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
-                             partial_rotary_factor=0.25, mrope_section=[11, 11, 10],
+                             partial_rotary_factor=0.25, mrope_section=[6, 5, 5],
                              mrope_interleaved=True))
     # as Qwen's FP8 checkpoints: the tiny Gated DeltaNet gate projections stay bf16
     return Qwen3_5ForCausalLM, cfg, ["lm_head", "in_proj_a", "in_proj_b"]
@@ -180,7 +184,11 @@ def one_model(name, make, bindir, work):
             log(f"{name} | {l} | {e_hs:.3e} | {e_tf:.3e} | {rel(hs[l], tf[l]):.3e} | "
                 f"{rel(hsq[l], hs[l]):.3e} | {'ok' if ok else 'FAIL'}")
         return rc
-    # fallback: hsflow's own quantisation (--dtype fp8) against fp32 of its dequantised weights
+    # Without transformers' FP8 kernels: its FP8Linear emulated in torch
+    # (each FP8 Linear's input quantised per token and 128 columns, amax /
+    # 448, e4m3 nearest even, then multiplied in fp32 by the dequantised
+    # weight), against the fp32 run of the dequantised weights; hsflow must
+    # stay within 2x the emulation's own error, layer by layer.
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "model"))
     import make_fp8_checkpoint as mk
     mk_dir, deq_dir = os.path.join(work, name + "-np-fp8"), os.path.join(work, name + "-np-deq")
@@ -188,16 +196,54 @@ def one_model(name, make, bindir, work):
     ref_model = cls(cfg).float().cuda().eval()
     ref_model.load_state_dict(dequantized_state(mk_dir), strict=False)
     ref32 = hidden(ref_model, seqs, N)
+    hooks = [m.register_forward_pre_hook(lambda mod, a: (act_qdq(a[0]),) + tuple(a[1:]))
+             for n, m in ref_model.named_modules()
+             if isinstance(m, torch.nn.Linear) and n + ".weight" in fp8_names(mk_dir)]
+    emu = hidden(ref_model, seqs, N)
+    for h in hooks:
+        h.remove()
+    del ref_model
     hs = run_hs(bindir, mk_dir, data, N, os.path.join(outdir, name + "-np.safetensors"))
     if hs is None:
         return 1
+    log(f"{name}: {len(hooks)} FP8 Linears emulated")
+    log(f"{name} | layer | hsflow~fp32 | emulated W8A8~fp32 | hsflow~emulated | verdict")
     for l in range(N + 1):
-        e = rel(hs[l], ref32[l])
-        log(f"{name} | layer {l} | hsflow~fp32 {e:.3e} | {'ok' if e <= 0.08 else 'FAIL'}")
-        rc |= e > 0.08
-    return 3 if not rc else 1
+        e_hs, e_emu = rel(hs[l], ref32[l]), rel(emu[l], ref32[l])
+        ok = e_hs <= 2 * e_emu + 1e-3
+        rc |= not ok
+        log(f"{name} | {l} | {e_hs:.3e} | {e_emu:.3e} | {rel(hs[l], emu[l]):.3e} | "
+            f"{'ok' if ok else 'FAIL'}")
+    return 1 if rc else 3
 
 
+def fp8_names(ckpt_dir):
+    """The tensors of a checkpoint stored as float8_e4m3fn."""
+    import torch
+    from safetensors import safe_open
+    names = set()
+    for f in sorted(os.listdir(ckpt_dir)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(ckpt_dir, f), "pt") as st:
+                for k in st.keys():
+                    if st.get_slice(k).get_dtype() in ("F8_E4M3", "float8_e4m3fn") or \
+                            str(st.get_slice(k).get_dtype()).lower().startswith("f8"):
+                        names.add(k)
+    return names
+
+
+def act_qdq(x):
+    """x quantised per token and group of 128 columns to e4m3 (scale = amax
+    / 448, 1 for a zero group) and back, in fp32: what an FP8 Linear feeds
+    its GEMM."""
+    import torch
+    shape, K = x.shape, x.shape[-1]
+    G = (K + 127) // 128
+    xf = torch.nn.functional.pad(x.float().reshape(-1, K), (0, G * 128 - K)).view(-1, G, 128)
+    amax = xf.abs().amax(-1, keepdim=True)
+    s = torch.where(amax > 0, amax / torch.full_like(amax, 448.0), torch.ones_like(amax))
+    q = (xf / s).to(torch.float8_e4m3fn).float() * s
+    return q.view(-1, G * 128)[:, :K].reshape(shape).to(x.dtype)
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -223,7 +269,7 @@ def main():
     for name in args.models.split(","):
         r = one_model(name, makers[name], args.bin, work)
         log(f"{name}: {'PASS' if r == 0 else 'transformers FP8 unavailable' if r == 3 else 'FAIL'}")
-        rc = max(rc, r)
+        rc = 1 if 1 in (rc, r) else max(rc, r)  # a failure is never masked by a 3
     return rc
 
 

@@ -28,20 +28,24 @@ static void quant_case(int M, int K, int64_t ldx, int64_t ldq)
     if (M > 6) x[6 * ldx] = hs_f32_to_bf16(1e30f);      /* token 6: a huge amax */
     const int G = (int)hs_fp8_blocks(K);
     uint8_t *q = calloc((size_t)M * ldq, 1), *gq = malloc((size_t)M * ldq);
-    float *s = malloc((size_t)G * M * 4), *gs = malloc((size_t)G * M * 4);
+    const size_t ns = (size_t)hs_fp8_act_scale_count(M, K);
+    float *s = malloc(ns * 4), *gs = malloc(ns * 4);
     hs_kn_fp8_quant_groups_ref(x, ldx, M, K, q, ldq, s);
     uint16_t *dx = dev_upload(x, (size_t)M * ldx * 2);
     uint8_t *dq = dev_poisoned((size_t)M * ldq);
     ck_assert_int_eq(cudaMemset(dq, 0, (size_t)M * ldq), cudaSuccess);
-    float *ds = dev_poisoned((size_t)G * M * 4);
+    float *ds = dev_poisoned(ns * 4);
     ck_assert_int_eq(hs_kn_fp8_quant_groups(dx, ldx, M, K, dq, ldq, ds, NULL), HS_OK);
     ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
     ck_assert_int_eq(cudaMemcpy(gq, dq, (size_t)M * ldq, cudaMemcpyDeviceToHost), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(gs, ds, (size_t)G * M * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (int i = 0; i < G * M; i++)
-        ck_assert_msg(memcmp(&s[i], &gs[i], 4) == 0 || (isnan(s[i]) && isnan(gs[i])),
-                      "M=%d K=%d: scale %d (group %d token %d) gpu %g twin %g", M, K, i, i / M,
-                      i % M, (double)gs[i], (double)s[i]);
+    ck_assert_int_eq(cudaMemcpy(gs, ds, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int g = 0; g < G; g++)
+        for (int m = 0; m < M; m++) {
+            int64_t i = hs_fp8_act_scale_index(g, m, M, G);
+            ck_assert_msg(memcmp(&s[i], &gs[i], 4) == 0 || (isnan(s[i]) && isnan(gs[i])),
+                          "M=%d K=%d: scale of group %d token %d gpu %g twin %g", M, K, g, m,
+                          (double)gs[i], (double)s[i]);
+        }
     for (int m = 0; m < M; m++)
         for (int k = 0; k < K; k++)
             ck_assert_msg(q[(size_t)m * ldq + k] == gq[(size_t)m * ldq + k],
@@ -84,7 +88,8 @@ static int gemm_case(hs_lt_t *lt, int M, int N, int K, int bias, int acc)
     free(rand_bf16((size_t)M * ldy, 0.f, 1.f, &y0));
     /* host: the twin's quantisation of x, the loader's of W */
     uint8_t *xq = malloc((size_t)M * ldq), *wq = malloc((size_t)N * K);
-    float *xs = malloc((size_t)hs_fp8_blocks(K) * M * 4), *ws = malloc((size_t)(NB * KB) * 4);
+    float *xs = malloc((size_t)hs_fp8_act_scale_count(M, K) * 4),
+          *ws = malloc((size_t)(NB * KB) * 4);
     float *wsp = calloc((size_t)(NB * sld), 4);
     hs_kn_fp8_quant_groups_ref(x, K, M, K, xq, ldq, xs);
     hs_fp8_block_quantize(w, N, K, wq, ws);
@@ -95,7 +100,8 @@ static int gemm_case(hs_lt_t *lt, int M, int N, int K, int bias, int acc)
         for (int n = 0; n < N; n++) {
             double acc_d = 0;
             for (int k = 0; k < K; k++)
-                acc_d += (double)hs_fp8_to_f32(xq[(size_t)m * ldq + k]) * xs[(k / 128) * M + m] *
+                acc_d += (double)hs_fp8_to_f32(xq[(size_t)m * ldq + k]) *
+                         xs[hs_fp8_act_scale_index(k / 128, m, M, KB)] *
                          (double)hs_fp8_to_f32(wq[(size_t)n * K + k]) *
                          ws[(n / 128) * KB + k / 128];
             if (bias) acc_d += hs_bf16_to_f32(b[n]);
@@ -106,7 +112,7 @@ static int gemm_case(hs_lt_t *lt, int M, int N, int K, int bias, int acc)
     uint16_t *dx = dev_upload(x, (size_t)M * K * 2), *db = dev_upload(b, (size_t)N * 2);
     uint16_t *dy = dev_upload(y0, (size_t)M * ldy * 2);
     uint8_t *dxq = dev_poisoned((size_t)M * ldq), *dwq = dev_upload(wq, (size_t)N * K);
-    float *dxs = dev_poisoned((size_t)hs_fp8_blocks(K) * M * 4),
+    float *dxs = dev_poisoned((size_t)hs_fp8_act_scale_count(M, K) * 4),
           *dws = dev_upload(wsp, (size_t)(NB * sld) * 4);
     ck_assert_int_eq(cudaMemset(dxq, 0, (size_t)M * ldq), cudaSuccess);
     ck_assert_int_eq(hs_kn_fp8_quant_groups(dx, K, M, K, dxq, ldq, dxs, NULL), HS_OK);
@@ -155,19 +161,24 @@ START_TEST(fp8_gemm_matches_the_dequantised_product)
     ck_assert_int_eq(hs_lt_create(0, &lt), HS_OK);
     /* shapes of multiples of 128 must run and be right */
     static const int must[][5] = {
-        {37, 256, 512, 0, 0},  /* odd M */
-        {1, 384, 384, 0, 0},   /* 3 K blocks: padded factor rows */
-        {37, 1000, 640, 1, 0}, /* a partial last N block, bias */
-        {37, 48, 1024, 0, 1},  /* N < 128, accumulate */
-        {129, 512, 2560, 1, 1},
+        {37, 256, 512, 0, 0},  /* odd M: 36 tokens, then 1 as a GEMM of 4 */
+        {1, 384, 384, 0, 0},   /* 3 K blocks: padded factor rows; the tail alone */
+        {64, 384, 384, 0, 0},  /* no tail */
+        {37, 1000, 640, 0, 0}, /* a partial last N block */
+        {37, 48, 1024, 0, 1},  /* N < 128, accumulate (the tail's rows copied in) */
+        {130, 512, 2560, 0, 1},
     };
     for (size_t i = 0; i < sizeof must / sizeof must[0]; i++)
         ck_assert_int_eq(gemm_case(lt, must[i][0], must[i][1], must[i][2], must[i][3], must[i][4]),
                          1);
-    /* K not a multiple of 128 (a short last K block): refused or right,
-     * never wrong (the forward runs such weights as bf16 unless this
-     * passes) */
-    static const int maybe[][5] = {{37, 256, 192, 0, 0}, {5, 128, 1008, 0, 1}};
+    /* K not a multiple of 128 (a short last K block), and a bias: refused
+     * or right, never wrong (the forward runs such weights as bf16, or
+     * refuses, unless these pass) */
+    static const int maybe[][5] = {{37, 256, 192, 0, 0},
+                                   {5, 128, 1008, 0, 1},
+                                   /* the bias epilogue with block factors */
+                                   {37, 1000, 640, 1, 0},
+                                   {129, 512, 2560, 1, 1}};
     for (size_t i = 0; i < sizeof maybe / sizeof maybe[0]; i++)
         ck_assert_int_ne(
             gemm_case(lt, maybe[i][0], maybe[i][1], maybe[i][2], maybe[i][3], maybe[i][4]), 0);
