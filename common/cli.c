@@ -35,3 +35,10 @@ int hs_cli_parse(int argc, char **argv, const char *shortopts, const struct opti
     if (first_operand) *first_operand = optind;
     return 0;
 }
+
+int hs_cli_bad(const char *prog, const char *flag, const char *arg, const char *from,
+               const char *expect)
+{
+    fprintf(stderr, "%s: --%s '%s' (%s): %s\n", prog, flag, arg ? arg : "", from, expect);
+    return 2;
+}

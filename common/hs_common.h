@@ -353,6 +353,10 @@ struct option;
 typedef int (*hs_cli_apply_cb)(void *ctx, int opt, const char *arg, const char *from);
 int hs_cli_parse(int argc, char **argv, const char *shortopts, const struct option *longopts,
                  hs_cli_apply_cb apply, void *ctx, int *first_operand);
+/* For an apply callback's bad value: prints "PROG: --FLAG 'ARG' (FROM):
+ * EXPECT" to stderr and returns 2. */
+int hs_cli_bad(const char *prog, const char *flag, const char *arg, const char *from,
+               const char *expect);
 
 #ifdef __cplusplus
 }

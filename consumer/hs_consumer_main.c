@@ -15,6 +15,7 @@
 
 #include "hsflow.h"
 #include "hs_common.h"
+#include "hs_cli_net.h"
 #include "hs_devices.h"
 #include "hs_proto.h"
 #include "hs_consumer_files_int.h"
@@ -143,13 +144,12 @@ static const char usage[] =
 
 typedef struct {
     hs_consumer_config_t cfg;
+    hs_cli_net_t net; /* --transport, --nic, --secret-file, ... */
     char host[256];
     int loopback;
     unsigned train_ms;
     const char *summary_json;
     const char *stats_jsonl;
-    const char *nic;
-    bool list_devices;
     const char *resume_state; /* file */
     const char *save_state;   /* file */
     double save_state_interval;
@@ -165,16 +165,10 @@ enum {
     OPT_VERIFY_SYNTH,
     OPT_DELIVER,
     OPT_VERIFY_THREADS,
-    OPT_SECRET,
-    OPT_INSECURE,
-    OPT_TRANSPORT,
     OPT_TRAIN_MS,
     OPT_SUMMARY,
     OPT_STATUS,
     OPT_LOOPBACK,
-    OPT_NIC,
-    OPT_REQUIRE_RDMA,
-    OPT_LIST_DEVICES,
     OPT_METRICS,
     OPT_STATS_JSONL,
     OPT_JOURNAL,
@@ -189,9 +183,6 @@ enum {
     OPT_UNEVEN,
     OPT_HANDSHAKE_TIMEOUT,
     OPT_NO_PRODUCER_WARN,
-    OPT_TCP_SOCKBUF,
-    OPT_UCX_MEMH,
-    OPT_FAULT,
     OPT_EXPECT_PLAN,
     OPT_EXPECT_LAYOUT,
     OPT_EXPECT_DATASET,
@@ -208,9 +199,6 @@ static const struct option long_options[] = {
     {"verify-synthetic", no_argument, NULL, OPT_VERIFY_SYNTH},
     {"deliver", required_argument, NULL, OPT_DELIVER},
     {"verify-threads", required_argument, NULL, OPT_VERIFY_THREADS},
-    {"secret-file", required_argument, NULL, OPT_SECRET},
-    {"insecure", no_argument, NULL, OPT_INSECURE},
-    {"transport", required_argument, NULL, OPT_TRANSPORT},
     {"train-ms", required_argument, NULL, OPT_TRAIN_MS},
     {"summary-json", required_argument, NULL, OPT_SUMMARY},
     {"status-interval", required_argument, NULL, OPT_STATUS},
@@ -229,24 +217,19 @@ static const struct option long_options[] = {
     {"uneven", required_argument, NULL, OPT_UNEVEN},
     {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
     {"no-producer-warn", required_argument, NULL, OPT_NO_PRODUCER_WARN},
-    {"tcp-sockbuf", required_argument, NULL, OPT_TCP_SOCKBUF},
-    {"ucx-memh", required_argument, NULL, OPT_UCX_MEMH},
-    {"fault", required_argument, NULL, OPT_FAULT},
     {"expect-plan", required_argument, NULL, OPT_EXPECT_PLAN},
     {"expect-layout", required_argument, NULL, OPT_EXPECT_LAYOUT},
     {"expect-dataset", required_argument, NULL, OPT_EXPECT_DATASET},
     {"store", required_argument, NULL, OPT_STORE},
-    {"nic", required_argument, NULL, OPT_NIC},
-    {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
-    {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
+    HS_CLI_NET_OPTIONS,
+    HS_CLI_NET_OPTION_INSECURE,
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
 static int bad(const char *flag, const char *arg, const char *from, const char *expect)
 {
-    fprintf(stderr, "hs-consumer: --%s '%s' (%s): %s\n", flag, arg ? arg : "", from, expect);
-    return 2;
+    return hs_cli_bad("hs-consumer", flag, arg, from, expect);
 }
 
 /* 16 hex digits (an optional 0x, fewer digits), as hs-data plan prints a hash. */
@@ -262,6 +245,8 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     options_t *o = ctx;
     uint64_t u;
     double d;
+    int net = hs_cli_net_apply(&o->net, "hs-consumer", opt, arg, from);
+    if (net >= 0) return net;
     switch (opt) {
     case 'h':
         fputs(usage, stdout);
@@ -320,17 +305,6 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 64)
             return bad("verify-threads", arg, from, "expected 1..64");
         o->cfg.verify_threads = (uint32_t)u;
-        return 0;
-    case OPT_SECRET:
-        o->cfg.secret_file = arg;
-        return 0;
-    case OPT_INSECURE:
-        o->cfg.insecure = true;
-        return 0;
-    case OPT_TRANSPORT:
-        if (strcmp(arg, "auto") && strcmp(arg, "tcp") && strcmp(arg, "ucx"))
-            return bad("transport", arg, from, "expected auto, tcp or ucx");
-        o->cfg.transport = arg;
         return 0;
     case OPT_TRAIN_MS:
         if (hs_parse_u64(arg, &u) != HS_OK || u > 600000)
@@ -414,19 +388,6 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
             return bad("no-producer-warn", arg, from, "expected seconds > 0 such as 30");
         o->cfg.no_producer_warn_s = d;
         return 0;
-    case OPT_TCP_SOCKBUF:
-        if (hs_parse_size(arg, &u) != HS_OK || u > 1ull << 30)
-            return bad("tcp-sockbuf", arg, from, "expected a size up to 1G such as 16M, or 0");
-        o->cfg.tcp_sockbuf = u ? u : UINT64_MAX; /* 0: the kernel's autotuning */
-        return 0;
-    case OPT_UCX_MEMH:
-        if (strcmp(arg, "0") && strcmp(arg, "1"))
-            return bad("ucx-memh", arg, from, "expected 1 or 0");
-        o->cfg.ucx_no_memh = !strcmp(arg, "0");
-        return 0;
-    case OPT_FAULT:
-        o->cfg.fault = arg; /* checked where the transport starts */
-        return 0;
     case OPT_EXPECT_PLAN:
         if (!is_hash(arg))
             return bad("expect-plan", arg, from,
@@ -457,16 +418,6 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > MAX_LOOPBACK)
             return bad("loopback", arg, from, "expected 1..64 producers");
         o->loopback = (int)u;
-        return 0;
-    case OPT_NIC:
-        if (!arg[0]) return bad("nic", arg, from, "expected auto or NAME[:PORT], e.g. mlx5_0:1");
-        o->nic = arg;
-        return 0;
-    case OPT_REQUIRE_RDMA:
-        o->cfg.require_rdma = true;
-        return 0;
-    case OPT_LIST_DEVICES:
-        o->list_devices = true;
         return 0;
     }
     return 2;
@@ -506,18 +457,17 @@ static int check_outputs(const options_t *o)
     return 0;
 }
 
-/* The first SIGINT/SIGTERM stops the run cleanly (summary, journal); a
- * second one exits at once. */
-static volatile sig_atomic_t g_interrupted;
-static void on_signal(int sig)
+/* The shared network flags into the consumer's configuration. */
+static void config_net(options_t *o)
 {
-    if (g_interrupted) {
-        static const char msg[] = "hs-consumer: second signal: exiting at once\n";
-        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-        (void)w;
-        _exit(128 + sig);
-    }
-    g_interrupted = sig;
+    const hs_cli_net_t *n = &o->net;
+    o->cfg.secret_file = n->secret_file;
+    o->cfg.insecure = n->insecure;
+    if (n->transport) o->cfg.transport = n->transport;
+    if (n->tcp_sockbuf) o->cfg.tcp_sockbuf = n->tcp_sockbuf;
+    o->cfg.ucx_no_memh = n->ucx_no_memh;
+    o->cfg.fault = n->fault;
+    o->cfg.require_rdma = n->require_rdma;
 }
 
 int main(int argc, char **argv)
@@ -577,29 +527,11 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    config_net(&o);
     if (check_outputs(&o) != 0) return 2;
-    if (o.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;
-    if (o.cfg.require_rdma) {
-        if (!strcmp(o.cfg.transport, "tcp")) {
-            fprintf(stderr, "hs-consumer: --require-rdma cannot be met with --transport tcp: "
-                            "use --transport ucx (or auto), or drop --require-rdma\n");
-            return 2;
-        }
-        if (hs_dev_rdma_count() == 0) {
-            fprintf(stderr, "hs-consumer: --require-rdma: no RDMA device on this machine "
-                            "(ibv_get_device_list found none); drop --require-rdma to run over "
-                            "TCP\n");
-            return 2;
-        }
-    }
-    char *net_devices = NULL;
-    if (o.nic) {
-        if (!strcmp(o.cfg.transport, "tcp"))
-            hs_warn("--nic %s is ignored with --transport tcp (it selects UCX's devices)", o.nic);
-        else if (hs_dev_nic_select(o.nic, o.cfg.gpu, &net_devices) != HS_OK)
-            return 2;
-        o.cfg.net_devices = net_devices;
-    }
+    if (o.net.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;
+    if (hs_cli_net_resolve(&o.net, "hs-consumer", o.cfg.gpu) != 0) return 2;
+    o.cfg.net_devices = o.net.net_devices;
     if (o.loopback) {
         snprintf(o.host, sizeof(o.host), "127.0.0.1");
         if (!hs_env_for_flag("listen")) o.cfg.listen_port = 0;
@@ -630,9 +562,8 @@ int main(int argc, char **argv)
             o.resume_state ? o.resume_state : "off", o.save_state ? o.save_state : "off",
             o.save_state_interval, o.cfg.store ? o.cfg.store : "off");
 
-    signal(SIGPIPE, SIG_IGN);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    /* The first SIGINT/SIGTERM stops the run cleanly (summary, journal). */
+    volatile sig_atomic_t *interrupted = hs_cli_signals_install("hs-consumer", NULL);
 
     FILE *jsonl = NULL;
     if (o.stats_jsonl && !(jsonl = fopen(o.stats_jsonl, "a"))) {
@@ -685,7 +616,7 @@ int main(int argc, char **argv)
                 hs_warn("--save-state %s: not updated (%s); trying again in %.0f s", o.save_state,
                         hs_status_str(saved), o.save_state_interval);
         }
-        if (g_interrupted) {
+        if (*interrupted) {
             hs_warn("interrupted: stopping before the run is complete");
             exit_code = 130;
             break;
@@ -739,7 +670,7 @@ int main(int argc, char **argv)
     }
     free(state_buf);
     hs_consumer_destroy(c);
-    free(net_devices);
+    hs_cli_net_fini(&o.net);
     if (o.loopback) {
         for (int i = 0; i < o.loopback; i++) {
             if (pids[i] <= 0) continue;

@@ -2,18 +2,16 @@
 /* hs_producer_main.c - the hs-producer command: computes the hidden states a
  * consumer asks for (one worker per device) and streams them to it. */
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "hs_producer.h"
+#include "hs_cli_net.h"
 #include "hs_devices.h"
 #include "hs_model.h"
 #include "hs_data.h"
 #include "preflight_int.h" /* --preflight-headroom */
-#include "hs_transport.h"  /* HS_TP_SOCKBUF_AUTOTUNE */
 
 static const char usage[] =
     "usage: hs-producer --to HOST:PORT --data FILE --token-budget N --layers L1,L2,...\n"
@@ -132,23 +130,15 @@ enum {
     OPT_DTYPE,
     OPT_GPUS,
     OPT_PREFETCH,
-    OPT_SECRET,
-    OPT_TRANSPORT,
     OPT_CONNECT_TIMEOUT,
     OPT_SUMMARY,
     OPT_NAME,
     OPT_PREFLIGHT,
-    OPT_NIC,
-    OPT_REQUIRE_RDMA,
-    OPT_LIST_DEVICES,
     OPT_RECONNECT,
     OPT_STATUS_INTERVAL,
-    OPT_TCP_SOCKBUF,
-    OPT_UCX_MEMH,
     OPT_PREFLIGHT_HEADROOM,
     OPT_PREFLIGHT_PEAK,
     OPT_PREFLIGHT_ITERS,
-    OPT_FAULT,
 };
 
 static const struct option long_options[] = {
@@ -168,23 +158,16 @@ static const struct option long_options[] = {
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"gpus", required_argument, NULL, OPT_GPUS},
     {"prefetch", required_argument, NULL, OPT_PREFETCH},
-    {"secret-file", required_argument, NULL, OPT_SECRET},
-    {"transport", required_argument, NULL, OPT_TRANSPORT},
     {"connect-timeout", required_argument, NULL, OPT_CONNECT_TIMEOUT},
     {"summary-json", required_argument, NULL, OPT_SUMMARY},
     {"name", required_argument, NULL, OPT_NAME},
     {"preflight", no_argument, NULL, OPT_PREFLIGHT},
     {"reconnect", no_argument, NULL, OPT_RECONNECT},
     {"status-interval", required_argument, NULL, OPT_STATUS_INTERVAL},
-    {"tcp-sockbuf", required_argument, NULL, OPT_TCP_SOCKBUF},
-    {"ucx-memh", required_argument, NULL, OPT_UCX_MEMH},
     {"preflight-headroom", required_argument, NULL, OPT_PREFLIGHT_HEADROOM},
     {"preflight-peak-tflops", required_argument, NULL, OPT_PREFLIGHT_PEAK},
     {"preflight-iters", required_argument, NULL, OPT_PREFLIGHT_ITERS},
-    {"fault", required_argument, NULL, OPT_FAULT},
-    {"nic", required_argument, NULL, OPT_NIC},
-    {"require-rdma", no_argument, NULL, OPT_REQUIRE_RDMA},
-    {"list-devices", no_argument, NULL, OPT_LIST_DEVICES},
+    HS_CLI_NET_OPTIONS,
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -197,14 +180,12 @@ typedef struct {
     int dflash_layers;
     bool eagle3_layers;
     const char *layers_arg;
-    const char *nic;
-    bool list_devices;
+    hs_cli_net_t net; /* --transport, --nic, --secret-file, ... */
 } options_t;
 
 static int bad(const char *flag, const char *arg, const char *from, const char *expect)
 {
-    fprintf(stderr, "hs-producer: --%s '%s' (%s): %s\n", flag, arg ? arg : "", from, expect);
-    return 2;
+    return hs_cli_bad("hs-producer", flag, arg, from, expect);
 }
 
 static int apply(void *ctx, int opt, const char *arg, const char *from)
@@ -213,6 +194,8 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     hs_producer_config_t *c = &o->cfg;
     uint64_t u;
     double d;
+    int net = hs_cli_net_apply(&o->net, "hs-producer", opt, arg, from);
+    if (net >= 0) return net;
     switch (opt) {
     case 'h':
         fputs(usage, stdout);
@@ -303,14 +286,6 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
             return bad("prefetch", arg, from, "expected 1..64");
         c->prefetch = (uint32_t)u;
         return 0;
-    case OPT_SECRET:
-        c->secret_file = arg;
-        return 0;
-    case OPT_TRANSPORT:
-        if (strcmp(arg, "auto") && strcmp(arg, "tcp") && strcmp(arg, "ucx"))
-            return bad("transport", arg, from, "expected auto, tcp or ucx");
-        c->transport = arg;
-        return 0;
     case OPT_CONNECT_TIMEOUT:
         if (hs_parse_u64(arg, &u) != HS_OK || u > 86400)
             return bad("connect-timeout", arg, from, "expected seconds");
@@ -336,16 +311,6 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
             return bad("status-interval", arg, from, "expected seconds >= 0 (0 = off)");
         c->status_interval_s = d > 0 ? d : -1;
         return 0;
-    case OPT_TCP_SOCKBUF:
-        if (hs_parse_size(arg, &u) != HS_OK || u > 1ull << 30)
-            return bad("tcp-sockbuf", arg, from, "expected a size up to 1G such as 16M, or 0");
-        c->tcp_sockbuf = u ? u : HS_TP_SOCKBUF_AUTOTUNE;
-        return 0;
-    case OPT_UCX_MEMH:
-        if (strcmp(arg, "0") && strcmp(arg, "1"))
-            return bad("ucx-memh", arg, from, "expected 1 or 0");
-        c->ucx_no_memh = !strcmp(arg, "0");
-        return 0;
     case OPT_PREFLIGHT_HEADROOM:
         if (hs__preflight_headroom_parse(arg, &c->preflight_headroom) != HS_OK)
             return bad("preflight-headroom", arg, from,
@@ -360,19 +325,6 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 100)
             return bad("preflight-iters", arg, from, "expected 1..100");
         c->preflight_iters = (uint32_t)u;
-        return 0;
-    case OPT_FAULT:
-        c->fault = arg; /* checked where the transport starts */
-        return 0;
-    case OPT_NIC:
-        if (!arg[0]) return bad("nic", arg, from, "expected auto or NAME[:PORT], e.g. mlx5_0:1");
-        o->nic = arg;
-        return 0;
-    case OPT_REQUIRE_RDMA:
-        c->require_rdma = true;
-        return 0;
-    case OPT_LIST_DEVICES:
-        o->list_devices = true;
         return 0;
     }
     return 2;
@@ -469,23 +421,16 @@ static int exit_code(hs_status_t st)
     }
 }
 
-/* The first SIGTERM/SIGINT asks the engine to stop cleanly (finish the
- * batches in progress, leave the queued tickets to the other producers, say
- * BYE, exit 0); a second one exits at once. */
-static volatile sig_atomic_t g_stop;
-static void on_stop_signal(int sig)
+/* The shared network flags into the producer's configuration. */
+static void config_net(options_t *o)
 {
-    if (g_stop) {
-        static const char msg[] = "hs-producer: second signal: exiting at once\n";
-        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-        (void)w;
-        _exit(128 + sig);
-    }
-    g_stop = sig;
-    static const char msg[] = "hs-producer: stopping: finishing the batches in progress, then "
-                              "BYE (signal again to exit at once)\n";
-    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-    (void)w;
+    const hs_cli_net_t *n = &o->net;
+    o->cfg.secret_file = n->secret_file;
+    if (n->transport) o->cfg.transport = n->transport;
+    if (n->tcp_sockbuf) o->cfg.tcp_sockbuf = n->tcp_sockbuf;
+    o->cfg.ucx_no_memh = n->ucx_no_memh;
+    o->cfg.fault = n->fault;
+    o->cfg.require_rdma = n->require_rdma;
 }
 
 int main(int argc, char **argv)
@@ -509,7 +454,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "hs-producer: unexpected argument '%s'\n", argv[first]);
         return 2;
     }
-    if (o.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;
+    config_net(&o);
+    if (o.net.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;
     if (check(&o)) return 2;
     if (o.cfg.name) {
         char tag[48];
@@ -518,30 +464,17 @@ int main(int argc, char **argv)
     }
     o.cfg.dflash_layers = o.dflash_layers;
     o.cfg.eagle3_layers = o.eagle3_layers;
-    if (o.cfg.require_rdma && !o.preflight) {
-        if (o.cfg.transport && !strcmp(o.cfg.transport, "tcp"))
-            return fprintf(stderr, "hs-producer: --require-rdma cannot be met with --transport "
-                                   "tcp: use --transport ucx (or auto), or drop --require-rdma\n"),
-                   2;
-        if (hs_dev_rdma_count() == 0)
-            return fprintf(stderr, "hs-producer: --require-rdma: no RDMA device on this machine "
-                                   "(ibv_get_device_list found none); drop --require-rdma to run "
-                                   "over TCP\n"),
-                   2;
-    }
-    char *net_devices = NULL;
-    if (o.nic && !o.preflight) {
-        if (o.cfg.transport && !strcmp(o.cfg.transport, "tcp"))
-            hs_warn("--nic %s is ignored with --transport tcp (it selects UCX's devices)", o.nic);
-        else if (hs_dev_nic_select(o.nic, o.cfg.n_workers ? o.cfg.gpu_ids[0] : -1, &net_devices) !=
-                 HS_OK)
-            return 2;
-        o.cfg.net_devices = net_devices;
-    }
-    signal(SIGPIPE, SIG_IGN);
-    o.cfg.stop_requested = &g_stop;
-    signal(SIGTERM, on_stop_signal);
-    signal(SIGINT, on_stop_signal);
+    /* --preflight opens no connection: nothing of the network to check */
+    if (!o.preflight &&
+        hs_cli_net_resolve(&o.net, "hs-producer", o.cfg.n_workers ? o.cfg.gpu_ids[0] : -1) != 0)
+        return 2;
+    o.cfg.net_devices = o.net.net_devices;
+    /* The first SIGTERM/SIGINT asks the engine to stop cleanly (finish the
+     * batches in progress, leave the queued tickets to the other producers,
+     * say BYE, exit 0). */
+    o.cfg.stop_requested = hs_cli_signals_install(
+        "hs-producer", "hs-producer: stopping: finishing the batches in progress, then BYE "
+                       "(signal again to exit at once)\n");
     hs_status_t st;
     if (o.preflight || o.budget_auto) {
         /* the budget does not fit: exit 3 as out of memory, see exit_code */
@@ -557,6 +490,6 @@ int main(int argc, char **argv)
         o.cfg.token_budget = budget;
     }
     st = hs_producer_run(&o.cfg);
-    free(net_devices);
+    hs_cli_net_fini(&o.net);
     return exit_code(st);
 }
