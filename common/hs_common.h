@@ -282,8 +282,9 @@ typedef struct {
     char cgroup_file[512];  /* the file the limit was read from */
 } hs_mem_limits_t;
 
-/* Reads /proc and /sys/fs/cgroup, or the same paths under $HS_SYSTEM_ROOT
- * when that is set (tests stand in a fake system there). */
+/* The stand-in system hsflow_set_system_root() set, "" for the real one. */
+const char *hs_sys_root(void);
+/* Reads /proc and /sys/fs/cgroup under hs_sys_root(). */
 void hs_mem_limits(hs_mem_limits_t *out);
 /* The same under `root` ("" = the real system). */
 void hs_mem_limits_at(const char *root, hs_mem_limits_t *out);
@@ -299,9 +300,14 @@ uint64_t hs_mem_room(const hs_mem_limits_t *m);
  * records this one and lets the next process in; the claim lasts until
  * hs_mem_claim_release() (NULL ok) or the process's end. A registry that
  * cannot be used is warned about and counts nothing; only HS_ERR_NOMEM
- * fails open. *out is the caller's to release. The folder is
- * $HS_MEM_REGISTRY, default /dev/shm/hsflow-cache. */
+ * fails open. *out is the caller's to release. The folder is the one
+ * hs_mem_claim_registry_set() named (hs-consumer: $HS_MEM_REGISTRY), else
+ * dev/shm/hsflow-cache under a stand-in system (hs_sys_root()), else
+ * /dev/shm/hsflow-cache, else $XDG_RUNTIME_DIR/hsflow-cache. */
 typedef struct hs_mem_claim hs_mem_claim_t;
+/* The registry's folder; NULL or "" = the default above. Copied;
+ * process-wide; before the first hs_mem_claim_open(). */
+void hs_mem_claim_registry_set(const char *dir);
 HS_MUST_CHECK hs_status_t hs_mem_claim_open(hs_mem_claim_t **out);
 /* Bytes the other live claims still have to take (their size less their
  * process's resident memory). */

@@ -5,8 +5,8 @@
  * consumer checking its size alone against MemAvailable would let several
  * on one node promise the same free memory, and all be OOM-killed as their
  * caches fill. Each claim is a file in one folder per node
- * ($HS_MEM_REGISTRY; under $HS_SYSTEM_ROOT's dev/shm when a stand-in
- * system is set; default /dev/shm/hsflow-cache, else
+ * (hs_mem_claim_registry_set(); under the stand-in system's dev/shm when
+ * hsflow_set_system_root() set one; default /dev/shm/hsflow-cache, else
  * $XDG_RUNTIME_DIR/hsflow-cache):
  *
  *   <pid>.<n>.claim    "pid PID\nbytes N\nwho TEXT\n", flock()ed (exclusive)
@@ -45,13 +45,19 @@ struct hs_mem_claim {
     char others_text[600]; /* the largest of them, described */
 };
 
+static char g_registry[512]; /* hs_mem_claim_registry_set(); "" = the default */
+
+void hs_mem_claim_registry_set(const char *dir)
+{
+    snprintf(g_registry, sizeof g_registry, "%s", dir ? dir : "");
+}
+
 /* The registry's folder into out; false when none can be named. */
 static bool registry_dir(char *out, size_t cap)
 {
-    const char *env = getenv("HS_MEM_REGISTRY");
-    if (env && *env) return (size_t)snprintf(out, cap, "%s", env) < cap;
-    const char *root = getenv("HS_SYSTEM_ROOT");
-    if (root && *root) { /* a stand-in system (tests) is a node of its own */
+    if (g_registry[0]) return (size_t)snprintf(out, cap, "%s", g_registry) < cap;
+    const char *root = hs_sys_root();
+    if (*root) { /* a stand-in system (tests) is a node of its own */
         char dev[512];
         snprintf(dev, sizeof dev, "%.490s/dev", root);
         (void)mkdir(dev, 0755);
@@ -68,13 +74,12 @@ static bool registry_dir(char *out, size_t cap)
 }
 
 /* Resident bytes of process `pid` (VmRSS), 0 when unknown. Read from the
- * same system as MemAvailable: under HS_SYSTEM_ROOT (a stand-in system in
+ * same system as MemAvailable: under a stand-in system (hs_sys_root(),
  * tests) its own /proc, so the figures of this process cannot leak in. */
 static uint64_t process_rss(long pid)
 {
     char path[600], line[256];
-    const char *root = getenv("HS_SYSTEM_ROOT");
-    snprintf(path, sizeof path, "%.500s/proc/%ld/status", root && *root ? root : "", pid);
+    snprintf(path, sizeof path, "%.500s/proc/%ld/status", hs_sys_root(), pid);
     FILE *f = fopen(path, "r");
     if (!f) return 0;
     uint64_t kb = 0;

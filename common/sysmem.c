@@ -124,10 +124,21 @@ void hs_mem_limits_at(const char *root, hs_mem_limits_t *out)
     }
 }
 
+static char g_sys_root[512]; /* "" = the real system */
+
+void hsflow_set_system_root(const char *root)
+{
+    snprintf(g_sys_root, sizeof g_sys_root, "%s", root ? root : "");
+}
+
+const char *hs_sys_root(void)
+{
+    return g_sys_root;
+}
+
 void hs_mem_limits(hs_mem_limits_t *out)
 {
-    const char *root = getenv("HS_SYSTEM_ROOT");
-    hs_mem_limits_at(root && *root ? root : "", out);
+    hs_mem_limits_at(g_sys_root, out);
 }
 
 uint64_t hs_mem_room(const hs_mem_limits_t *m)

@@ -470,20 +470,27 @@ static void index_apply(hs_store_t *s)
 
 static void *writer_main(void *arg);
 
-/* The test hook HS_STORE_FAULT="enospc=N" or "kill=N": the Nth write of
- * this session fails as with a full disk, or writes half its region and
- * kills the process. */
+static char g_fault[64]; /* hs_store_fault_set(); "" = none */
+
+void hs_store_fault_set(const char *spec)
+{
+    snprintf(g_fault, sizeof g_fault, "%s", spec ? spec : "");
+}
+
+/* The test hook of hs_store_fault_set(), "enospc=N" or "kill=N": the Nth
+ * write of this session fails as with a full disk, or writes half its
+ * region and kills the process. */
 static void fault_parse(hs_store_t *s)
 {
-    const char *f = getenv("HS_STORE_FAULT");
+    const char *f = g_fault;
     unsigned long long n;
-    if (!f || !f[0]) return;
+    if (!f[0]) return;
     if (sscanf(f, "enospc=%llu", &n) == 1)
         s->fault_enospc = n;
     else if (sscanf(f, "kill=%llu", &n) == 1)
         s->fault_kill = n;
     else
-        hs_warn("HS_STORE_FAULT '%s' is not enospc=N or kill=N; ignored", f);
+        hs_warn("store fault '%s' is not enospc=N or kill=N; ignored", f);
 }
 
 hs_status_t hs_store_bind(hs_store_t *s, const hs_store_run_t *run, const void *cache_base,

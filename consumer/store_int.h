@@ -92,6 +92,12 @@ typedef struct hs_store hs_store_t;
  * the folder cannot be made or read; HS_ERR_FORMAT for a store.json or
  * plan.bin that is not one (a folder of something else). */
 HS_MUST_CHECK hs_status_t hs_store_open(const char *dir, hs_store_t **out);
+
+/* Tests: faults of the stores bound afterwards, "enospc=N" (the Nth write
+ * fails as with a full disk) or "kill=N" (the Nth write stops half way and
+ * kills the process); NULL or "" = none. Copied; process-wide
+ * (hs-consumer: HS_STORE_FAULT). */
+void hs_store_fault_set(const char *spec);
 /* Waits for the writer to write what is queued (unless the disk filled),
  * stops it and closes everything. NULL ok. */
 void hs_store_close(hs_store_t *s);

@@ -54,6 +54,14 @@ HSFLOW_API const char *hsflow_version(void);
 HSFLOW_API const char *hsflow_git_describe(void);
 HSFLOW_API const char *hsflow_build_info(void);
 
+/* The folder standing in for / where the consumer reads the memory it may
+ * take (proc/meminfo, proc/self/cgroup, sys/fs/cgroup) and keeps the node's
+ * registry of cache claims (dev/shm/hsflow-cache): tests stand a fake
+ * system there. NULL or "" = the real system (the default). Copied;
+ * process-wide; call it before hs_consumer_create. hs-consumer and the
+ * Python binding set it from HS_SYSTEM_ROOT. */
+HSFLOW_API void hsflow_set_system_root(const char *root);
+
 /* The one status of every call: 0 is success, every error is negative.
  * hsflow_status_str() names one. */
 typedef enum {

@@ -540,9 +540,8 @@ static void plan_buckets(hs_kn_attn_plan_t *p)
 static void plan_cudnn(hs_kn_attn_plan_t *p)
 {
     const hs_kn_attn_desc_t *d = &p->desc;
-    const char *env = getenv("HS_ATTN_BACKEND");
-    if (env && strcmp(env, "mma") == 0) {
-        hs_info("attention: HS_ATTN_BACKEND=mma: the mma.sync kernel runs");
+    if (d->mma_only) {
+        hs_info("attention: the mma.sync kernel runs, as asked (mma only)");
         return;
     }
     int dev = 0, major = 0;

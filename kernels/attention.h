@@ -13,6 +13,7 @@
 #ifndef HS_KN_ATTENTION_H
 #define HS_KN_ATTENTION_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -53,8 +54,8 @@ int hs_kn_attention(const void *q, int64_t q_stride, const void *k, const void *
  * wgmma/TMA) on sm_90 where the build has cuDNN (HS_HAVE_CUDNN), libcudnn.so.9
  * loads and a bucket fits the batch; else the mma.sync kernel above. Both
  * take the same inputs and give the same results within bf16 rounding.
- * HS_ATTN_BACKEND=mma in the environment (read at create) keeps the mma.sync
- * kernel. Measured in docs/forward-bench.md. */
+ * mma_only in the description keeps the mma.sync kernel (the commands set it
+ * from HS_ATTN_BACKEND=mma). Measured in docs/forward-bench.md. */
 typedef struct hs_kn_attn_plan hs_kn_attn_plan_t;
 
 typedef struct {
@@ -62,7 +63,8 @@ typedef struct {
     int n_heads, n_kv_heads, head_dim;
     int64_t q_stride, kv_stride, out_stride; /* row strides (elements) of every run */
     float scale;
-    int window; /* as hs_kn_attention: 0 = unlimited */
+    int window;    /* as hs_kn_attention: 0 = unlimited */
+    bool mma_only; /* the mma.sync kernel even where cuDNN's could run */
 } hs_kn_attn_desc_t;
 
 /* Builds everything on the current device: the cuDNN graphs and plans of

@@ -638,10 +638,17 @@ hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uint32_t token_bu
                 "a gated q_proj, head_dim a multiple of 128; they run as bf16 GEMMs (results as "
                 "--dtype bf16 for them)",
                 device, mc->n_fp8_fallback);
-    hs_kn_attn_desc_t ad = {(int)token_budget, (int)max_seqs, mc->nh,
-                            mc->nkv,           mc->d,         mc->qkv_dim,
-                            mc->qkv_dim,       mc->q_dim,     1.0f / sqrtf((float)mc->d),
-                            c->sliding_window};
+    hs_kn_attn_desc_t ad = {.max_tokens = (int)token_budget,
+                            .max_seqs = (int)max_seqs,
+                            .n_heads = mc->nh,
+                            .n_kv_heads = mc->nkv,
+                            .head_dim = mc->d,
+                            .q_stride = mc->qkv_dim,
+                            .kv_stride = mc->qkv_dim,
+                            .out_stride = mc->q_dim,
+                            .scale = 1.0f / sqrtf((float)mc->d),
+                            .window = c->sliding_window,
+                            .mma_only = m->attn == HS_MODEL_ATTN_MMA};
     if ((st = hs_kn_attn_plan_create(&ad, &mc->attn))) goto err;
     if (strcmp(hs_kn_attn_plan_backend(mc->attn), "mma") == 0 && c->head_dim != 64 &&
         c->head_dim != 80 && c->head_dim != 96 && c->head_dim != 128)

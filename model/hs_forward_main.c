@@ -272,6 +272,7 @@ int main(int argc, char **argv)
     void *d_ids = NULL, *d_cu = NULL, *d_out = NULL;
 #endif
     if (hs_model_load_ex(model_dir, weights, &m) != HS_OK) goto done;
+    hs_model_set_attn(m, hs_model_attn_parse(getenv("HS_ATTN_BACKEND")));
     int N = hs_model_num_layers(m), H = hs_model_hidden_size(m);
     if (dflash_n) {
         if (hs_model_dflash_layers(N, dflash_n, layers, MAX_CAPTURED) != HS_OK) goto done;

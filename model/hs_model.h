@@ -149,6 +149,16 @@ int hs_model_fp8_weights(const hs_model_t *m);
 HS_MUST_CHECK hs_status_t hs_model_read_config(const char *dir, hs_model_config_t *out);
 void hs_model_destroy(hs_model_t *m); /* NULL is fine */
 
+/* Which attention kernel the CUDA forwards created afterwards run:
+ * HS_MODEL_ATTN_AUTO (the default) cuDNN's fused SDPA where the device,
+ * build and shape allow it, else the mma.sync kernel; HS_MODEL_ATTN_MMA
+ * the mma.sync kernel always (hs-forward and hs-producer: HS_ATTN_BACKEND=mma;
+ * kernels/attention.h). */
+typedef enum { HS_MODEL_ATTN_AUTO = 0, HS_MODEL_ATTN_MMA = 1 } hs_model_attn_t;
+void hs_model_set_attn(hs_model_t *m, hs_model_attn_t attn);
+/* "mma" is HS_MODEL_ATTN_MMA; anything else, NULL included, AUTO. */
+hs_model_attn_t hs_model_attn_parse(const char *name);
+
 const hs_model_config_t *hs_model_config(const hs_model_t *m);
 int hs_model_hidden_size(const hs_model_t *m);
 int hs_model_num_layers(const hs_model_t *m); /* N: valid layer indices are 0..N */

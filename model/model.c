@@ -407,6 +407,16 @@ void hs_model_destroy(hs_model_t *m)
     free(m);
 }
 
+void hs_model_set_attn(hs_model_t *m, hs_model_attn_t attn)
+{
+    m->attn = attn;
+}
+
+hs_model_attn_t hs_model_attn_parse(const char *name)
+{
+    return name && !strcmp(name, "mma") ? HS_MODEL_ATTN_MMA : HS_MODEL_ATTN_AUTO;
+}
+
 const hs_model_config_t *hs_model_config(const hs_model_t *m)
 {
     return &m->cfg;

@@ -82,6 +82,7 @@ struct hs_model {
     void **owned;                /* buffers of converted weights */
     size_t n_owned, cap_owned;
     int fp8_dequantized; /* the CPU forward's bf16 copies exist (under cpu_lock) */
+    hs_model_attn_t attn;        /* the CUDA forward's attention kernel */
     /* hs_model_forward_cpu's work buffers not in use: one set per thread
      * that calls it at once, kept for the next call (forward_cpu.c) */
     pthread_mutex_t cpu_lock;

@@ -13,6 +13,7 @@
 
 #include "hs_common.h"
 #include "hs_proto.h"
+#include "hs_model.h" /* hs_model_attn_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -81,6 +82,9 @@ typedef struct {
     double preflight_headroom;
     double preflight_peak_tflops;
     uint32_t preflight_iters;
+    /* The forward's attention kernel (hs_model_set_attn; hs-producer:
+     * HS_ATTN_BACKEND=mma); HS_MODEL_ATTN_AUTO by default. */
+    hs_model_attn_t attn;
 } hs_producer_config_t;
 
 void hs_producer_config_default(hs_producer_config_t *cfg);

@@ -442,6 +442,11 @@ int main(int argc, char **argv)
     options_t o = {0};
     hs_producer_config_default(&o.cfg);
     o.cfg.layout.dtype = HS_DTYPE_BF16;
+    /* Settings of the library's parts, read here and nowhere else: the
+     * forward's attention kernel (docs/forward-bench.md) and, for tests, a
+     * stand-in /sys for device discovery. */
+    o.cfg.attn = hs_model_attn_parse(getenv("HS_ATTN_BACKEND"));
+    hs_dev_sysfs_root_set(getenv("HS_SYSFS_ROOT"));
     hs_log_set_tag("producer");
     int first;
     int rc = hs_cli_parse(argc, argv, "h", long_options, apply, &o, &first);

@@ -186,6 +186,7 @@ hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *bud
     hs_model_t *m = NULL;
     hs_model_cuda_t *mc = NULL;
     if ((st = hs_model_load_ex(cfg->model_dir, (hs_model_weights_t)cfg->weights, &m))) return st;
+    hs_model_set_attn(m, cfg->attn);
     const int H = hs_model_hidden_size(m), N = hs_model_num_layers(m);
     int32_t layers[HS_MAX_LAYERS];
     int n_layers;

@@ -196,6 +196,7 @@ static hs_status_t load_model(producer_t *pr)
     }
     st = hs_model_load_ex(cfg->model_dir, (hs_model_weights_t)cfg->weights, &pr->model);
     if (st != HS_OK) return st;
+    hs_model_set_attn(pr->model, cfg->attn);
     if (!cfg->layout.hidden_size)
         cfg->layout.hidden_size = (uint32_t)hs_model_hidden_size(pr->model);
     char desc[200];

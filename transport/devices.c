@@ -21,11 +21,17 @@
 #include <infiniband/verbs.h>
 #endif
 
+static char g_sysfs_root[128]; /* hs_dev_sysfs_root_set(); "" = /sys */
+
+void hs_dev_sysfs_root_set(const char *root)
+{
+    snprintf(g_sysfs_root, sizeof g_sysfs_root, "%s", root ? root : "");
+}
+
 static const char *sysfs_root(const char *root)
 {
     if (root) return root;
-    const char *env = getenv("HS_SYSFS_ROOT"); /* tests point this at a fake tree */
-    return env && env[0] ? env : "/sys";
+    return g_sysfs_root[0] ? g_sysfs_root : "/sys";
 }
 
 /* First line of a small sysfs file into buf (newline stripped); false if

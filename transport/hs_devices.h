@@ -47,8 +47,14 @@ typedef struct {
  * when there is none, which is not an error). */
 HS_MUST_CHECK hs_status_t hs_dev_rdma_list(hs_rdma_port_t **out, size_t *n);
 
+/* The folder read as /sys when no other is given (tests point it at a fake
+ * tree; hs-consumer and hs-producer take it from HS_SYSFS_ROOT); NULL or ""
+ * = /sys, the default. Copied; process-wide; before discovery. */
+void hs_dev_sysfs_root_set(const char *root);
+
 /* NVIDIA GPUs (vendor 0x10de, class 0x0300/0x0302) under sysfs_root
- * ("/sys"; NULL = "/sys" or $HS_SYSFS_ROOT), sorted by PCI address. */
+ * ("/sys"; NULL = the one hs_dev_sysfs_root_set() named), sorted by PCI
+ * address. */
 HS_MUST_CHECK hs_status_t hs_dev_gpu_list(const char *sysfs_root, hs_gpu_pci_t **out, size_t *n);
 
 /* The GPU a process calls `cuda_index`: with CUDA_VISIBLE_DEVICES set to

@@ -264,6 +264,7 @@ def _declare(lib):
         "hsflow_version": (ctypes.c_char_p, []),
         "hsflow_git_describe": (ctypes.c_char_p, []),
         "hsflow_build_info": (ctypes.c_char_p, []),
+        "hsflow_set_system_root": (v, [ctypes.c_char_p]),
         "hs_consumer_config_default": (v, [P(ConsumerConfig)]),
         "hs_consumer_create": (i, [P(ConsumerConfig), P(vp)]),
         "hs_consumer_port": (ctypes.c_uint16, [vp]),

@@ -390,6 +390,8 @@ class Consumer:
         cfg.uneven = 1 if uneven == "repeat" else 0
         cfg.expect_plan, cfg.expect_layout, cfg.expect_dataset = self._keep[6:9]
         cfg.store = self._keep[9]
+        # HS_SYSTEM_ROOT: a stand-in /proc and /sys (tests), as for hs-consumer
+        lib.hsflow_set_system_root(os.environ.get("HS_SYSTEM_ROOT", "").encode())
         h = ctypes.c_void_p()
         st = lib.hs_consumer_create(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK and resume is not None:

@@ -107,15 +107,14 @@ static int attn_bench_hsflow(const int *sn, const int *sl, int n_shapes, int ite
             cudaMemcpy((uint16_t *)x + off, hb, (elems - off < blk ? elems - off : blk) * 2,
                        cudaMemcpyHostToDevice);
         hs_kn_attn_desc_t desc = {
-            max_T, max_n, hq, hkv, d, stride, stride, hq * d, 1.f / sqrtf((float)d), 0};
+            max_T, max_n, hq, hkv, d, stride, stride, hq * d, 1.f / sqrtf((float)d), 0, false};
         hs_kn_attn_plan_t *plan = NULL, *mma = NULL;
         if (hs_kn_attn_plan_create(&desc, &plan) != HS_OK) return 1;
         const int tc = d == 64 || d == 80 || d == 96 || d == 128;
         if (tc) {
-            setenv("HS_ATTN_BACKEND", "mma", 1);
-            int st = hs_kn_attn_plan_create(&desc, &mma);
-            unsetenv("HS_ATTN_BACKEND");
-            if (st != HS_OK) return 1;
+            hs_kn_attn_desc_t mma_desc = desc;
+            mma_desc.mma_only = true;
+            if (hs_kn_attn_plan_create(&mma_desc, &mma) != HS_OK) return 1;
         }
         for (int i = 0; i < n_shapes; i++) {
             const int n = sn[i], L = sl[i];
@@ -342,6 +341,7 @@ int main(int argc, char **argv)
     double t0 = hs_now_s();
     hs_model_t *m = NULL;
     if (hs_model_load_ex(model_dir, weights, &m) != HS_OK) return 1;
+    hs_model_set_attn(m, hs_model_attn_parse(getenv("HS_ATTN_BACKEND")));
     hs_model_cuda_t *mc = NULL;
     if (hs_model_cuda_create(m, device, budget, max_seqs, &mc) != HS_OK) return 1;
     hs_info("bench: model loaded and uploaded in %.1f s", hs_now_s() - t0);

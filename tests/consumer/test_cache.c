@@ -98,8 +98,8 @@ static void fake_system(char *root, size_t cap, unsigned avail_mib)
     ck_assert_ptr_nonnull(f);
     fprintf(f, "MemTotal: %u kB\nMemAvailable: %u kB\n", 4 * avail_mib * 1024, avail_mib * 1024);
     fclose(f);
-    setenv("HS_SYSTEM_ROOT", root, 1);
-    unsetenv("HS_MEM_REGISTRY");
+    hsflow_set_system_root(root);
+    hs_mem_claim_registry_set(NULL);
 }
 
 START_TEST(a_second_cache_on_the_node_counts_the_first_until_it_is_released)
@@ -139,7 +139,7 @@ START_TEST(a_second_cache_on_the_node_counts_the_first_until_it_is_released)
     ck_assert_int_eq(hs_cache_claim_room(600 * MiB, false, "after the ghost", &d), HS_OK);
     ck_assert_int_ne(access(path, F_OK), 0);
     hs_mem_claim_release(d);
-    unsetenv("HS_SYSTEM_ROOT");
+    hsflow_set_system_root(NULL);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     ck_assert_int_eq(system(cmd), 0);

@@ -176,12 +176,12 @@ START_TEST(full_disk_stops_the_store_growing_with_nothing_torn_left)
     char dir[] = "/tmp/hs-test-store-XXXXXX", path[600];
     mkstore(dir);
     uint8_t *cache = aligned_alloc(4096, 4 * 65536);
-    setenv("HS_STORE_FAULT", "enospc=2", 1);
+    hs_store_fault_set("enospc=2");
     hs_store_t *s;
     hs_store_run_t r = test_run();
     ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
     ck_assert_int_eq(hs_store_bind(s, &r, cache, 1 << 20, on_free, NULL), HS_OK);
-    unsetenv("HS_STORE_FAULT");
+    hs_store_fault_set(NULL);
     n_freed = 0;
     for (uint32_t b = 0; b < 3; b++) {
         uint64_t bytes = make_region(cache + b * 65536, b);

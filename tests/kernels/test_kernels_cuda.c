@@ -421,7 +421,7 @@ START_TEST(attention_honours_the_sliding_window)
 END_TEST
 
 /* One case of the attention plan, on both of its kernels: the mma.sync one
- * (HS_ATTN_BACKEND=mma at create) and the one the plan picks (cuDNN's SDPA
+ * (mma_only at create) and the one the plan picks (cuDNN's SDPA
  * on sm_90 where the build has cuDNN and libcudnn loads). q/k/v inside fused
  * rows, out rows wider than Hq * D. Returns the backend the plan picked. */
 static const char *attention_plan_case(const char *name, const int *lens, int n_seqs, int Hq,
@@ -455,14 +455,11 @@ static const char *attention_plan_case(const char *name, const int *lens, int n_
     void *dx = dev_upload(xb, (size_t)T * stride * 2),
          *dcu = dev_upload(cu, ((size_t)n_seqs + 1) * sizeof(int32_t));
     const uint16_t *dq = dx;
-    hs_kn_attn_desc_t desc = {max_tokens, max_seqs, Hq,      Hkv,   D,
-                              stride,     stride,   ostride, scale, window};
+    hs_kn_attn_desc_t desc = {max_tokens, max_seqs, Hq,    Hkv,    D,    stride,
+                              stride,     ostride,  scale, window, false};
     const char *picked = NULL;
     for (int pass = 0; pass < 2; pass++) {
-        if (pass == 0)
-            setenv("HS_ATTN_BACKEND", "mma", 1);
-        else
-            unsetenv("HS_ATTN_BACKEND");
+        desc.mma_only = pass == 0;
         hs_kn_attn_plan_t *plan = NULL;
         ck_assert_int_eq(hs_kn_attn_plan_create(&desc, &plan), HS_OK);
         void *dout = dev_poisoned_bf16((size_t)T * ostride);
