@@ -213,10 +213,12 @@ static hs_status_t copy_dequantising(hs__loader_t *l, loader_buf_t *b, const hs_
          * can be recorded again by the next batch */
         CU(cudaEventRecord(l->piece_copied[i], l->stream));
         CU(cudaStreamWaitEvent(l->dequant_stream, l->piece_copied[i], 0));
-        if (hs_kn_fp8_dequantize_rows(q + r * row_bytes, scales + r, n, fp8->row_elems,
-                                      out + r * fp8->row_elems, l->dequant_stream) != HS_OK) {
-            hs_error("GPU %d: the dequantisation of an fp8 batch could not start", l->device);
-            return HS_ERR_CUDA;
+        st = hs_kn_fp8_dequantize_rows(q + r * row_bytes, scales + r, n, fp8->row_elems,
+                                       out + r * fp8->row_elems, l->dequant_stream);
+        if (st != HS_OK) {
+            hs_error("GPU %d: the dequantisation of an fp8 batch could not start (%s)", l->device,
+                     hs_status_str(st));
+            return st;
         }
     }
     return HS_OK;

@@ -399,19 +399,20 @@ hs_status_t attn_launch(const void *q, const void *k, const void *v, int64_t q_s
 
 } // namespace
 
-extern "C" int hs_kn_attention_schedule(const int32_t *cu_seqlens, int n_seqs, int32_t *tile_prefix,
-                                        cudaStream_t stream)
+extern "C" hs_status_t hs_kn_attention_schedule(const int32_t *cu_seqlens, int n_seqs,
+                                                int32_t *tile_prefix, cudaStream_t stream)
 {
     if (n_seqs <= 0) return HS_OK;
     attn_schedule_kernel<<<1, 1024, 0, stream>>>(cu_seqlens, n_seqs, tile_prefix);
     return HS_CUDA_LAUNCH_CHECK("attention schedule kernel");
 }
 
-extern "C" int hs_kn_attention(const void *q, int64_t q_stride, const void *k, const void *v,
-                               int64_t kv_stride, void *out, int64_t out_stride,
-                               const int32_t *cu_seqlens, const int32_t *tile_prefix, int n_seqs,
-                               int T, int n_heads, int n_kv_heads, int head_dim, float scale,
-                               int window, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_attention(const void *q, int64_t q_stride, const void *k,
+                                       const void *v, int64_t kv_stride, void *out,
+                                       int64_t out_stride, const int32_t *cu_seqlens,
+                                       const int32_t *tile_prefix, int n_seqs, int T, int n_heads,
+                                       int n_kv_heads, int head_dim, float scale, int window,
+                                       cudaStream_t stream)
 {
     if (n_seqs <= 0 || T <= 0) return HS_OK;
     if (n_kv_heads <= 0 || n_heads % n_kv_heads) {
@@ -586,7 +587,8 @@ static void plan_cudnn(hs_kn_attn_plan_t *p)
 }
 #endif
 
-extern "C" int hs_kn_attn_plan_create(const hs_kn_attn_desc_t *desc, hs_kn_attn_plan_t **out)
+extern "C" hs_status_t hs_kn_attn_plan_create(const hs_kn_attn_desc_t *desc,
+                                              hs_kn_attn_plan_t **out)
 {
     if (!desc || !out || desc->max_tokens < 1 || desc->max_seqs < 1 || desc->n_heads < 1 ||
         desc->n_kv_heads < 1 || desc->n_heads % desc->n_kv_heads || desc->head_dim < 1 ||
@@ -635,8 +637,8 @@ extern "C" void hs_kn_attn_plan_destroy(hs_kn_attn_plan_t *plan)
     free(plan);
 }
 
-extern "C" int hs_kn_attn_plan_prepare(hs_kn_attn_plan_t *plan, const int32_t *cu_seqlens,
-                                       int n_seqs, int T, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_attn_plan_prepare(hs_kn_attn_plan_t *plan, const int32_t *cu_seqlens,
+                                               int n_seqs, int T, cudaStream_t stream)
 {
     if (!plan || !cu_seqlens || n_seqs < 0 || n_seqs > plan->desc.max_seqs || T < 0 ||
         T > plan->desc.max_tokens) {
@@ -678,8 +680,8 @@ extern "C" int hs_kn_attn_plan_prepare(hs_kn_attn_plan_t *plan, const int32_t *c
     return hs_kn_attention_schedule(cu_seqlens, n_seqs, plan->tiles, stream);
 }
 
-extern "C" int hs_kn_attn_plan_run(hs_kn_attn_plan_t *plan, const void *q, const void *k,
-                                   const void *v, void *out, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_attn_plan_run(hs_kn_attn_plan_t *plan, const void *q, const void *k,
+                                           const void *v, void *out, cudaStream_t stream)
 {
     if (!plan) return HS_ERR_INVALID;
     if (plan->n_seqs == 0 || plan->T == 0) return HS_OK;
@@ -691,7 +693,7 @@ extern "C" int hs_kn_attn_plan_run(hs_kn_attn_plan_t *plan, const void *q, const
                                 plan->rag_kv, plan->rag_o, stream);
     if (plan->bucket >= 0) {
         /* unaligned rows: the schedule of the other kernel was not made */
-        int st = hs_kn_attention_schedule(plan->cu, plan->n_seqs, plan->tiles, stream);
+        hs_status_t st = hs_kn_attention_schedule(plan->cu, plan->n_seqs, plan->tiles, stream);
         if (st) return st;
         plan->bucket = -1;
     }

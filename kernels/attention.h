@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "hsflow.h" /* hs_status_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,23 +32,26 @@ void hs_kn_attention_ref(const float *q, const float *k, const float *v, float *
 
 /* ---- CUDA launchers (kernels/attention.cu) ---- */
 /* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory;
- * stream is a cudaStream_t. They return 0 or a negative hs_status_t
+ * stream is a cudaStream_t. They return HS_OK or an error hs_status_t
  * (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad arguments). */
 struct CUstream_st;
 /* Per batch, before hs_kn_attention: tile_prefix [n_seqs + 1] (device) gets
  * the prefix sums of each sequence's 64-row query tiles. */
-int hs_kn_attention_schedule(const int32_t *cu_seqlens, int n_seqs, int32_t *tile_prefix,
-                             struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_attention_schedule(const int32_t *cu_seqlens, int n_seqs,
+                                                   int32_t *tile_prefix,
+                                                   struct CUstream_st *stream);
 /* bf16 tensor-core version: q rows of stride q_stride, k and v rows of stride
  * kv_stride (the fused qkv rows work in place), out rows of stride
  * out_stride; cu_seqlens and tile_prefix in device memory; T = total tokens.
  * head_dim 64, 80, 96 or 128 with 16-byte aligned rows runs on tensor
  * cores; any other head_dim up to 256 (or unaligned rows) on a slow generic
  * kernel. */
-int hs_kn_attention(const void *q, int64_t q_stride, const void *k, const void *v,
-                    int64_t kv_stride, void *out, int64_t out_stride, const int32_t *cu_seqlens,
-                    const int32_t *tile_prefix, int n_seqs, int T, int n_heads, int n_kv_heads,
-                    int head_dim, float scale, int window, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_attention(const void *q, int64_t q_stride, const void *k,
+                                          const void *v, int64_t kv_stride, void *out,
+                                          int64_t out_stride, const int32_t *cu_seqlens,
+                                          const int32_t *tile_prefix, int n_seqs, int T,
+                                          int n_heads, int n_kv_heads, int head_dim, float scale,
+                                          int window, struct CUstream_st *stream);
 
 /* ---- the attention of a forward: a plan built once, run per layer ---- */
 /* Which kernel runs a prepared batch: cuDNN's fused SDPA (flash attention on
@@ -75,20 +79,22 @@ typedef struct {
  * for the batch's longest sequence. A batch runs on the bucket of the
  * smallest B x S that holds it. The caller owns the plan; destroy accepts
  * NULL. Thread: one stream at a time. */
-int hs_kn_attn_plan_create(const hs_kn_attn_desc_t *desc, hs_kn_attn_plan_t **out);
+HS_MUST_CHECK hs_status_t hs_kn_attn_plan_create(const hs_kn_attn_desc_t *desc,
+                                                 hs_kn_attn_plan_t **out);
 void hs_kn_attn_plan_destroy(hs_kn_attn_plan_t *plan);
 
 /* Per batch, before its runs: cu_seqlens [n_seqs + 1] in device memory,
  * T = cu_seqlens[n_seqs] (n_seqs <= max_seqs, T <= max_tokens). On the cuDNN
  * path the batch's longest sequence is read back to pick the bucket (one
  * stream synchronisation per batch); nothing is allocated. */
-int hs_kn_attn_plan_prepare(hs_kn_attn_plan_t *plan, const int32_t *cu_seqlens, int n_seqs, int T,
-                            struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_attn_plan_prepare(hs_kn_attn_plan_t *plan,
+                                                  const int32_t *cu_seqlens, int n_seqs, int T,
+                                                  struct CUstream_st *stream);
 
 /* Per layer: attention of the prepared batch. q, k, v, out: device bf16 rows
  * of the strides given at create. */
-int hs_kn_attn_plan_run(hs_kn_attn_plan_t *plan, const void *q, const void *k, const void *v,
-                        void *out, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_attn_plan_run(hs_kn_attn_plan_t *plan, const void *q, const void *k,
+                                              const void *v, void *out, struct CUstream_st *stream);
 
 /* "cudnn" or "mma": the kernel the prepared batch runs on; before the first
  * prepare, "cudnn" when the plan built cuDNN buckets. */

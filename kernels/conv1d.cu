@@ -81,9 +81,9 @@ __global__ void conv1d_kernel(const bf16 *__restrict__ x, int64_t x_stride,
     }
 }
 
-extern "C" int hs_kn_causal_conv1d(const void *x, int64_t x_stride, const void *w, void *y,
-                                   int64_t y_stride, const int32_t *cu_seqlens, int n_seqs, int T,
-                                   int C, int K, int silu, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_causal_conv1d(const void *x, int64_t x_stride, const void *w, void *y,
+                                           int64_t y_stride, const int32_t *cu_seqlens, int n_seqs,
+                                           int T, int C, int K, int silu, cudaStream_t stream)
 {
     if (T <= 0 || C <= 0) return HS_OK;
     if (n_seqs <= 0 || K < 1 || K > CONV_MAX_K || x_stride < C || y_stride < C) {

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "hsflow.h" /* hs_status_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -26,7 +27,7 @@ void hs_kn_causal_conv1d_ref(const float *x, const uint16_t *w, float *y, const 
 
 /* ---- CUDA launchers (kernels/conv1d.cu) ---- */
 /* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory (raw
- * bf16 bits); stream is a cudaStream_t. They return 0 or a negative
+ * bf16 bits); stream is a cudaStream_t. They return HS_OK or an error
  * hs_status_t (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad
  * arguments). */
 struct CUstream_st;
@@ -34,9 +35,10 @@ struct CUstream_st;
  * reads the qkv columns of the projection's rows in place); w bf16 [C, K];
  * cu_seqlens [n_seqs + 1] device int32 with cu_seqlens[n_seqs] == T.
  * K <= 8. y must not overlap x. fp32 sums, one rounding to bf16. */
-int hs_kn_causal_conv1d(const void *x, int64_t x_stride, const void *w, void *y, int64_t y_stride,
-                        const int32_t *cu_seqlens, int n_seqs, int T, int C, int K, int silu,
-                        struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_causal_conv1d(const void *x, int64_t x_stride, const void *w,
+                                              void *y, int64_t y_stride, const int32_t *cu_seqlens,
+                                              int n_seqs, int T, int C, int K, int silu,
+                                              struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

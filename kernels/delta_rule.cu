@@ -751,11 +751,12 @@ extern "C" size_t hs_kn_delta_rule_workspace_bytes(int max_tokens, int max_seqs,
     return dr_plan(max_tokens, max_seqs, n_k_heads, n_v_heads, dk, dv).total;
 }
 
-extern "C" int hs__kn_delta_rule_recurrent(const void *q, const void *k, const void *v,
-                                           int64_t stride, const float *g, const float *beta,
-                                           void *out, int64_t out_stride, const int32_t *cu_seqlens,
-                                           int n_seqs, int T, int n_k_heads, int n_v_heads, int dk,
-                                           int dv, cudaStream_t stream)
+extern "C" hs_status_t hs__kn_delta_rule_recurrent(const void *q, const void *k, const void *v,
+                                                   int64_t stride, const float *g,
+                                                   const float *beta, void *out, int64_t out_stride,
+                                                   const int32_t *cu_seqlens, int n_seqs, int T,
+                                                   int n_k_heads, int n_v_heads, int dk, int dv,
+                                                   cudaStream_t stream)
 {
     if (T <= 0) return HS_OK;
     hs_status_t st = check_shape(n_seqs, T, n_k_heads, n_v_heads, dk, dv, out_stride);
@@ -764,12 +765,10 @@ extern "C" int hs__kn_delta_rule_recurrent(const void *q, const void *k, const v
                             n_k_heads, n_v_heads, dk, dv, stream);
 }
 
-extern "C" int hs__kn_delta_rule_chunked(const void *q, const void *k, const void *v,
-                                         int64_t stride, const float *g, const float *beta,
-                                         void *out, int64_t out_stride, const int32_t *cu_seqlens,
-                                         int n_seqs, int T, int n_k_heads, int n_v_heads, int dk,
-                                         int dv, void *workspace, size_t workspace_bytes,
-                                         cudaStream_t stream)
+extern "C" hs_status_t hs__kn_delta_rule_chunked(
+    const void *q, const void *k, const void *v, int64_t stride, const float *g, const float *beta,
+    void *out, int64_t out_stride, const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
+    int n_v_heads, int dk, int dv, void *workspace, size_t workspace_bytes, cudaStream_t stream)
 {
     if (T <= 0) return HS_OK;
     hs_status_t st = check_shape(n_seqs, T, n_k_heads, n_v_heads, dk, dv, out_stride);
@@ -788,11 +787,12 @@ extern "C" int hs__kn_delta_rule_chunked(const void *q, const void *k, const voi
                           n_k_heads, n_v_heads, dk, dv, workspace, L, stream);
 }
 
-extern "C" int hs_kn_delta_rule(const void *q, const void *k, const void *v, int64_t stride,
-                                const float *g, const float *beta, void *out, int64_t out_stride,
-                                const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
-                                int n_v_heads, int dk, int dv, void *workspace,
-                                size_t workspace_bytes, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_delta_rule(const void *q, const void *k, const void *v, int64_t stride,
+                                        const float *g, const float *beta, void *out,
+                                        int64_t out_stride, const int32_t *cu_seqlens, int n_seqs,
+                                        int T, int n_k_heads, int n_v_heads, int dk, int dv,
+                                        void *workspace, size_t workspace_bytes,
+                                        cudaStream_t stream)
 {
     if (T <= 0) return HS_OK;
     hs_status_t st = check_shape(n_seqs, T, n_k_heads, n_v_heads, dk, dv, out_stride);

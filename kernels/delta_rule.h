@@ -24,21 +24,24 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "hsflow.h" /* hs_status_t */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* C twin. Work is shared over OpenMP threads by (sequence, value head);
- * each thread allocates its own dk * dv state. Returns 0, or -1 (nothing
- * logged) if a state cannot be allocated; out is then incomplete. */
-int hs_kn_delta_rule_ref(const float *q, const float *k, const float *v, size_t stride,
-                         const float *g, const float *beta, float *out, const int32_t *cu_seqlens,
-                         int n_seqs, int n_k_heads, int n_v_heads, int dk, int dv);
+ * each thread allocates its own dk * dv state. Returns HS_OK, or
+ * HS_ERR_NOMEM (nothing logged) if a state cannot be allocated; out is then
+ * incomplete. */
+HS_MUST_CHECK hs_status_t hs_kn_delta_rule_ref(const float *q, const float *k, const float *v,
+                                               size_t stride, const float *g, const float *beta,
+                                               float *out, const int32_t *cu_seqlens, int n_seqs,
+                                               int n_k_heads, int n_v_heads, int dk, int dv);
 
 /* ---- CUDA launchers (kernels/delta_rule.cu) ---- */
 /* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory (raw
- * bf16 bits); stream is a cudaStream_t. They return 0 or a negative
+ * bf16 bits); stream is a cudaStream_t. They return HS_OK or an error
  * hs_status_t (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad
  * arguments). */
 struct CUstream_st;
@@ -55,10 +58,12 @@ size_t hs_kn_delta_rule_workspace_bytes(int max_tokens, int max_seqs, int n_k_he
  * fp32 state. workspace (device, caller-owned) of workspace_bytes from
  * hs_kn_delta_rule_workspace_bytes for at least T tokens and n_seqs
  * sequences (HS_ERR_INVALID if smaller). dk, dv <= 256. */
-int hs_kn_delta_rule(const void *q, const void *k, const void *v, int64_t stride, const float *g,
-                     const float *beta, void *out, int64_t out_stride, const int32_t *cu_seqlens,
-                     int n_seqs, int T, int n_k_heads, int n_v_heads, int dk, int dv,
-                     void *workspace, size_t workspace_bytes, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_delta_rule(const void *q, const void *k, const void *v,
+                                           int64_t stride, const float *g, const float *beta,
+                                           void *out, int64_t out_stride, const int32_t *cu_seqlens,
+                                           int n_seqs, int T, int n_k_heads, int n_v_heads, int dk,
+                                           int dv, void *workspace, size_t workspace_bytes,
+                                           struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

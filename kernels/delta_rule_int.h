@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "hsflow.h" /* hs_status_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,15 +20,15 @@ extern "C" {
 #define HS__DELTA_RULE_CHUNKED_MIN_TOKENS 1
 
 struct CUstream_st;
-int hs__kn_delta_rule_recurrent(const void *q, const void *k, const void *v, int64_t stride,
-                                const float *g, const float *beta, void *out, int64_t out_stride,
-                                const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
-                                int n_v_heads, int dk, int dv, struct CUstream_st *stream);
-int hs__kn_delta_rule_chunked(const void *q, const void *k, const void *v, int64_t stride,
-                              const float *g, const float *beta, void *out, int64_t out_stride,
-                              const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
-                              int n_v_heads, int dk, int dv, void *workspace,
-                              size_t workspace_bytes, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs__kn_delta_rule_recurrent(
+    const void *q, const void *k, const void *v, int64_t stride, const float *g, const float *beta,
+    void *out, int64_t out_stride, const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
+    int n_v_heads, int dk, int dv, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs__kn_delta_rule_chunked(
+    const void *q, const void *k, const void *v, int64_t stride, const float *g, const float *beta,
+    void *out, int64_t out_stride, const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
+    int n_v_heads, int dk, int dv, void *workspace, size_t workspace_bytes,
+    struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

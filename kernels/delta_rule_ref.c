@@ -56,9 +56,10 @@ static void one_head(const float *q, const float *k, const float *v, size_t stri
     }
 }
 
-int hs_kn_delta_rule_ref(const float *q, const float *k, const float *v, size_t stride,
-                         const float *g, const float *beta, float *out, const int32_t *cu_seqlens,
-                         int n_seqs, int n_k_heads, int n_v_heads, int dk, int dv)
+hs_status_t hs_kn_delta_rule_ref(const float *q, const float *k, const float *v, size_t stride,
+                                 const float *g, const float *beta, float *out,
+                                 const int32_t *cu_seqlens, int n_seqs, int n_k_heads,
+                                 int n_v_heads, int dk, int dv)
 {
     int ratio = n_v_heads / n_k_heads, failed = 0;
     size_t work = (size_t)cu_seqlens[n_seqs] * (size_t)n_v_heads * (size_t)dk * (size_t)dv;
@@ -81,5 +82,5 @@ int hs_kn_delta_rule_ref(const float *q, const float *k, const float *v, size_t 
         }
         free(S);
     }
-    return failed ? -1 : 0;
+    return failed ? HS_ERR_NOMEM : HS_OK;
 }

@@ -34,8 +34,8 @@ __global__ void embedding_kernel(__nv_bfloat16 *out, int64_t out_stride, const i
         out[(int64_t)t * out_stride + i] = ok ? src[i] : __float2bfloat16(0.f);
 }
 
-extern "C" int hs_kn_embedding(const void *table, int vocab, int H, const int32_t *ids, int T,
-                               void *out, int64_t out_stride, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_embedding(const void *table, int vocab, int H, const int32_t *ids,
+                                       int T, void *out, int64_t out_stride, cudaStream_t stream)
 {
     if (T <= 0) return HS_OK;
     bool vec = H % 8 == 0 && out_stride % 8 == 0 && ((uintptr_t)out | (uintptr_t)table) % 16 == 0;

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "hsflow.h" /* hs_status_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,14 +21,15 @@ void hs_kn_embedding_ref(const uint16_t *table, int vocab, int H, const int32_t 
 
 /* ---- CUDA launchers (kernels/embedding.cu) ---- */
 /* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory;
- * stream is a cudaStream_t. They return 0 or a negative hs_status_t
+ * stream is a cudaStream_t. They return HS_OK or an error hs_status_t
  * (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad arguments). */
 struct CUstream_st;
 /* out[t, :] = table[ids[t], :] on the GPU: table bf16 [vocab, H], ids int32
  * [T], out bf16 rows of stride out_stride (elements). Device pointers; an id
  * outside [0, vocab) gives a zero row. */
-int hs_kn_embedding(const void *table, int vocab, int H, const int32_t *ids, int T, void *out,
-                    int64_t out_stride, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_embedding(const void *table, int vocab, int H, const int32_t *ids,
+                                          int T, void *out, int64_t out_stride,
+                                          struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

@@ -98,8 +98,9 @@ __global__ void fp8_dequantize_kernel(const uint8_t *__restrict__ q,
     out[row * n + i] = dequant1(q[row * n + i], scales[row]);
 }
 
-extern "C" int hs_kn_fp8_quantize_rows(const uint16_t *x, int64_t rows, int64_t n, uint8_t *q,
-                                       float *scales, int *bad, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_fp8_quantize_rows(const uint16_t *x, int64_t rows, int64_t n,
+                                               uint8_t *q, float *scales, int *bad,
+                                               cudaStream_t stream)
 {
     if (rows <= 0 || n <= 0) return HS_OK;
     for (int64_t r0 = 0; r0 < rows; r0 += 2147483647) {
@@ -110,8 +111,9 @@ extern "C" int hs_kn_fp8_quantize_rows(const uint16_t *x, int64_t rows, int64_t 
     return cudaGetLastError() == cudaSuccess ? HS_OK : HS_ERR_CUDA;
 }
 
-extern "C" int hs_kn_fp8_dequantize_rows(const uint8_t *q, const float *scales, int64_t rows,
-                                         int64_t n, uint16_t *out, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_fp8_dequantize_rows(const uint8_t *q, const float *scales,
+                                                 int64_t rows, int64_t n, uint16_t *out,
+                                                 cudaStream_t stream)
 {
     if (rows <= 0 || n <= 0) return HS_OK;
     bool vec = n % 16 == 0 && ((uintptr_t)q | (uintptr_t)out) % 16 == 0;

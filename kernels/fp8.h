@@ -13,23 +13,26 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "hsflow.h" /* hs_status_t */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ---- CUDA launchers (kernels/fp8.cu) ---- */
-/* Device buffers; stream is a cudaStream_t. They return 0 or a negative
+/* Device buffers; stream is a cudaStream_t. They return HS_OK or an error
  * hs_status_t (HS_ERR_CUDA for a failed launch). */
 struct CUstream_st;
 /* rows x n bf16 values (row stride n) into q [rows][n] and scales [rows].
  * A NaN or infinite value sets *bad (device int, left as it is otherwise)
  * to 1 + its row; that row's output is meaningless. */
-int hs_kn_fp8_quantize_rows(const uint16_t *x, int64_t rows, int64_t n, uint8_t *q, float *scales,
-                            int *bad, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_fp8_quantize_rows(const uint16_t *x, int64_t rows, int64_t n,
+                                                  uint8_t *q, float *scales, int *bad,
+                                                  struct CUstream_st *stream);
 /* q [rows][n] with scales [rows] into bf16 out [rows][n]. */
-int hs_kn_fp8_dequantize_rows(const uint8_t *q, const float *scales, int64_t rows, int64_t n,
-                              uint16_t *out, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_fp8_dequantize_rows(const uint8_t *q, const float *scales,
+                                                    int64_t rows, int64_t n, uint16_t *out,
+                                                    struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

@@ -29,9 +29,10 @@ __global__ void gdn_gates_kernel(const bf16 *__restrict__ a, int64_t a_stride,
     beta[i] = 1.f / (1.f + expf(-__bfloat162float(b[t * b_stride + h])));
 }
 
-extern "C" int hs_kn_gdn_gates(const void *a, int64_t a_stride, const void *b, int64_t b_stride,
-                               const float *A_log, const float *dt_bias, float *g, float *beta,
-                               int T, int n_heads, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_gdn_gates(const void *a, int64_t a_stride, const void *b,
+                                       int64_t b_stride, const float *A_log, const float *dt_bias,
+                                       float *g, float *beta, int T, int n_heads,
+                                       cudaStream_t stream)
 {
     if (T <= 0) return HS_OK;
     if (n_heads <= 0 || a_stride < n_heads || b_stride < n_heads) {

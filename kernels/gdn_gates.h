@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "hsflow.h" /* hs_status_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,7 +25,7 @@ void hs_kn_gdn_gates_ref(const float *a, const float *b, const float *A_log, con
 
 /* ---- CUDA launchers (kernels/gdn_gates.cu) ---- */
 /* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory (raw
- * bf16 bits); stream is a cudaStream_t. They return 0 or a negative
+ * bf16 bits); stream is a cudaStream_t. They return HS_OK or an error
  * hs_status_t (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad
  * arguments). */
 struct CUstream_st;
@@ -32,9 +33,10 @@ struct CUstream_st;
  * the projection's rows, read in place); A_log, dt_bias fp32 [n_heads]
  * (the forward widens a bf16 dt_bias at load); g, beta fp32 [T, n_heads]
  * (row stride n_heads). */
-int hs_kn_gdn_gates(const void *a, int64_t a_stride, const void *b, int64_t b_stride,
-                    const float *A_log, const float *dt_bias, float *g, float *beta, int T,
-                    int n_heads, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_gdn_gates(const void *a, int64_t a_stride, const void *b,
+                                          int64_t b_stride, const float *A_log,
+                                          const float *dt_bias, float *g, float *beta, int T,
+                                          int n_heads, struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

@@ -33,8 +33,8 @@ __global__ void residual_add_kernel(const bf16 *a, const bf16 *b, bf16 *out, siz
         out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
 }
 
-extern "C" int hs_kn_residual_add(const void *a, const void *b, void *out, size_t n,
-                                  cudaStream_t stream)
+extern "C" hs_status_t hs_kn_residual_add(const void *a, const void *b, void *out, size_t n,
+                                          cudaStream_t stream)
 {
     if (n == 0) return HS_OK;
     const int threads = 256;

@@ -52,9 +52,10 @@ __global__ void rmsnorm_gated_kernel(const bf16 *x, int64_t x_stride, const bf16
     }
 }
 
-extern "C" int hs_kn_rmsnorm_gated(const void *x, int64_t x_stride, const void *z, int64_t z_stride,
-                                   const void *w, void *y, int64_t y_stride, int rows, int dim,
-                                   float eps, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_rmsnorm_gated(const void *x, int64_t x_stride, const void *z,
+                                           int64_t z_stride, const void *w, void *y,
+                                           int64_t y_stride, int rows, int dim, float eps,
+                                           cudaStream_t stream)
 {
     if (rows <= 0) return HS_OK;
     if (dim <= 0 || x_stride < dim || z_stride < dim || y_stride < dim) {

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "hsflow.h" /* hs_status_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,7 +23,7 @@ void hs_kn_rmsnorm_gated_ref(const float *x, const float *z, const uint16_t *w, 
 
 /* ---- CUDA launchers (kernels/rmsnorm_gated.cu) ---- */
 /* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory (raw
- * bf16 bits); stream is a cudaStream_t. They return 0 or a negative
+ * bf16 bits); stream is a cudaStream_t. They return HS_OK or an error
  * hs_status_t (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad
  * arguments). */
 struct CUstream_st;
@@ -31,9 +32,10 @@ struct CUstream_st;
  * (elements; for [T, n_v_heads * dv] buffers: rows = T * n_v_heads,
  * strides = dim). y = rmsnorm(x) * w * silu(z), bf16 in and out, fp32 math,
  * one rounding at the end; y may equal x. w bf16 [dim]. */
-int hs_kn_rmsnorm_gated(const void *x, int64_t x_stride, const void *z, int64_t z_stride,
-                        const void *w, void *y, int64_t y_stride, int rows, int dim, float eps,
-                        struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_rmsnorm_gated(const void *x, int64_t x_stride, const void *z,
+                                              int64_t z_stride, const void *w, void *y,
+                                              int64_t y_stride, int rows, int dim, float eps,
+                                              struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

@@ -53,17 +53,17 @@ __global__ void rope_kernel(bf16 *x, int64_t row_stride, int n_heads, int head_d
     }
 }
 
-extern "C" int hs_kn_rope_positions(const int32_t *cu_seqlens, int n_seqs, int32_t *pos,
-                                    cudaStream_t stream)
+extern "C" hs_status_t hs_kn_rope_positions(const int32_t *cu_seqlens, int n_seqs, int32_t *pos,
+                                            cudaStream_t stream)
 {
     if (n_seqs <= 0) return HS_OK;
     rope_positions_kernel<<<n_seqs, 256, 0, stream>>>(cu_seqlens, pos);
     return HS_CUDA_LAUNCH_CHECK("rope positions kernel");
 }
 
-extern "C" int hs_kn_rope_partial(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
-                                  int rot_dim, const int32_t *pos, const float *inv_freq,
-                                  cudaStream_t stream)
+extern "C" hs_status_t hs_kn_rope_partial(void *x, int64_t row_stride, int T, int n_heads,
+                                          int head_dim, int rot_dim, const int32_t *pos,
+                                          const float *inv_freq, cudaStream_t stream)
 {
     if (T <= 0) return HS_OK;
     if (rot_dim % 2 || rot_dim < 2 || rot_dim > head_dim) {
@@ -79,8 +79,8 @@ extern "C" int hs_kn_rope_partial(void *x, int64_t row_stride, int T, int n_head
     return HS_CUDA_LAUNCH_CHECK("rope kernel");
 }
 
-extern "C" int hs_kn_rope(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
-                          const int32_t *pos, const float *inv_freq, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_rope(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
+                                  const int32_t *pos, const float *inv_freq, cudaStream_t stream)
 {
     return hs_kn_rope_partial(x, row_stride, T, n_heads, head_dim, head_dim, pos, inv_freq, stream);
 }

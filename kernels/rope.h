@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "hsflow.h" /* hs_status_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,22 +55,24 @@ void hs_kn_rope_partial_ref(float *x, const int32_t *cu_seqlens, int n_seqs, int
 
 /* ---- CUDA launchers (kernels/rope.cu) ---- */
 /* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory;
- * stream is a cudaStream_t. They return 0 or a negative hs_status_t
+ * stream is a cudaStream_t. They return HS_OK or an error hs_status_t
  * (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad arguments). */
 struct CUstream_st;
 /* pos[t] = t - cu_seqlens[s] for every token t of sequence s (device memory). */
-int hs_kn_rope_positions(const int32_t *cu_seqlens, int n_seqs, int32_t *pos,
-                         struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_rope_positions(const int32_t *cu_seqlens, int n_seqs, int32_t *pos,
+                                               struct CUstream_st *stream);
 /* In place on the first n_heads heads of each of T bf16 rows (stride
  * row_stride): q and k of the fused qkv rows in one launch. pos [T] and
  * inv_freq [head_dim / 2] are device memory. */
-int hs_kn_rope(void *x, int64_t row_stride, int T, int n_heads, int head_dim, const int32_t *pos,
-               const float *inv_freq, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_rope(void *x, int64_t row_stride, int T, int n_heads, int head_dim,
+                                     const int32_t *pos, const float *inv_freq,
+                                     struct CUstream_st *stream);
 /* As hs_kn_rope, rotating only the first rot_dim dims of each head
  * (Qwen3.5's partial rotary; inv_freq [rot_dim / 2]); the other dims are
  * left as they are. rot_dim even, 2 <= rot_dim <= head_dim. */
-int hs_kn_rope_partial(void *x, int64_t row_stride, int T, int n_heads, int head_dim, int rot_dim,
-                       const int32_t *pos, const float *inv_freq, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_rope_partial(void *x, int64_t row_stride, int T, int n_heads,
+                                             int head_dim, int rot_dim, const int32_t *pos,
+                                             const float *inv_freq, struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

@@ -47,8 +47,8 @@ __global__ void sigmoid_gate_kernel(bf16 *x, int64_t x_stride, const bf16 *gate,
     *xr = gate1(*xr, gate[(int64_t)t * gate_stride + i]);
 }
 
-extern "C" int hs_kn_sigmoid_gate(void *x, int64_t x_stride, const void *gate, int64_t gate_stride,
-                                  int T, int n, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_sigmoid_gate(void *x, int64_t x_stride, const void *gate,
+                                          int64_t gate_stride, int T, int n, cudaStream_t stream)
 {
     if (T <= 0 || n <= 0) return HS_OK;
     bool vec = n % 8 == 0 && x_stride % 8 == 0 && gate_stride % 8 == 0 &&

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "hsflow.h" /* hs_status_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,14 +20,15 @@ void hs_kn_sigmoid_gate_ref(float *x, const float *gate, size_t n);
 
 /* ---- CUDA launchers (kernels/sigmoid_gate.cu) ---- */
 /* Built only with CUDA (HS_HAVE_CUDA). bf16 buffers are device memory;
- * stream is a cudaStream_t. They return 0 or a negative hs_status_t
+ * stream is a cudaStream_t. They return HS_OK or an error hs_status_t
  * (HS_ERR_CUDA for a failed launch). */
 struct CUstream_st;
 /* x[t, i] = bf16(x[t, i] * bf16(sigmoid(gate[t, i]))) in place, for T rows
  * of n values: x rows of stride x_stride, gate rows of stride gate_stride
  * (the gate columns of the fused q_proj output). */
-int hs_kn_sigmoid_gate(void *x, int64_t x_stride, const void *gate, int64_t gate_stride, int T,
-                       int n, struct CUstream_st *stream);
+HS_MUST_CHECK hs_status_t hs_kn_sigmoid_gate(void *x, int64_t x_stride, const void *gate,
+                                             int64_t gate_stride, int T, int n,
+                                             struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

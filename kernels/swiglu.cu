@@ -47,8 +47,8 @@ __global__ void swiglu_kernel(const bf16 *gu, int64_t gu_stride, bf16 *out, int6
     out[(int64_t)t * out_stride + i] = swiglu1(g[i], g[I + i]);
 }
 
-extern "C" int hs_kn_swiglu(const void *gu, int64_t gu_stride, void *out, int64_t out_stride, int T,
-                            int I, cudaStream_t stream)
+extern "C" hs_status_t hs_kn_swiglu(const void *gu, int64_t gu_stride, void *out,
+                                    int64_t out_stride, int T, int I, cudaStream_t stream)
 {
     if (T <= 0) return HS_OK;
     bool vec = I % 8 == 0 && gu_stride % 8 == 0 && out_stride % 8 == 0 &&

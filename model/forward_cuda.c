@@ -738,7 +738,7 @@ static int first_capture(const int32_t *layers, int n_layers, int idx)
 
 #define TRY(call)                                                                                  \
     do {                                                                                           \
-        if ((st = (hs_status_t)(call)) != HS_OK) return st;                                        \
+        if ((st = (call)) != HS_OK) return st;                                                     \
     } while (0)
 
 /* y[:, 0..N) = x L^T (+ bias) (+ y when acc): each GEMM of L on its

@@ -143,9 +143,9 @@ hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_v
     if (w->layout.dtype == HS_DTYPE_FP8) {
         /* quantised on the device: half the bytes cross PCIe */
         CU(cudaMemsetAsync(s->d_bad, 0, sizeof(int), w->compute));
-        if (hs_kn_fp8_quantize_rows(s->d_out, n_tokens, (int64_t)row_elems, s->d_q, s->d_scales,
-                                    s->d_bad, w->compute) != HS_OK)
-            return HS_ERR_CUDA;
+        st = hs_kn_fp8_quantize_rows(s->d_out, n_tokens, (int64_t)row_elems, s->d_q, s->d_scales,
+                                     s->d_bad, w->compute);
+        if (st != HS_OK) return st;
     }
     CU(cudaEventRecord(s->fwd_end, w->compute));
     CU(cudaStreamWaitEvent(w->copy, s->fwd_end, 0));

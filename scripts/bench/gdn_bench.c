@@ -39,14 +39,14 @@ static void usage(FILE *fp)
         }                                                                                          \
     } while (0)
 
-typedef int (*form_fn)(const void *, const void *, const void *, int64_t, const float *,
-                       const float *, void *, int64_t, const int32_t *, int, int, int, int, int,
-                       int, void *, size_t, cudaStream_t);
+typedef hs_status_t (*form_fn)(const void *, const void *, const void *, int64_t, const float *,
+                               const float *, void *, int64_t, const int32_t *, int, int, int, int,
+                               int, int, void *, size_t, cudaStream_t);
 
-static int run_recurrent(const void *q, const void *k, const void *v, int64_t stride,
-                         const float *g, const float *beta, void *out, int64_t out_stride,
-                         const int32_t *cu, int n_seqs, int T, int nk, int nv, int dk, int dv,
-                         void *ws, size_t ws_bytes, cudaStream_t stream)
+static hs_status_t run_recurrent(const void *q, const void *k, const void *v, int64_t stride,
+                                 const float *g, const float *beta, void *out, int64_t out_stride,
+                                 const int32_t *cu, int n_seqs, int T, int nk, int nv, int dk,
+                                 int dv, void *ws, size_t ws_bytes, cudaStream_t stream)
 {
     (void)ws, (void)ws_bytes;
     return hs__kn_delta_rule_recurrent(q, k, v, stride, g, beta, out, out_stride, cu, n_seqs, T, nk,
@@ -62,7 +62,7 @@ static double time_form(form_fn f, const void *q, const void *k, const void *v, 
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    if (f(q, k, v, stride, g, beta, out, ov, cu, n, T, nk, nv, dk, dv, ws, ws_bytes, 0) != 0) {
+    if (f(q, k, v, stride, g, beta, out, ov, cu, n, T, nk, nv, dk, dv, ws, ws_bytes, 0) != HS_OK) {
         fprintf(stderr, "hs-bench-gdn: the kernel refused the shape\n");
         exit(1);
     }
