@@ -118,7 +118,8 @@ static void claim_scan_one(hs_mem_claim_t *m, const char *name, uint64_t *larges
     long pid = 0;
     uint64_t bytes = 0;
     char who[300] = "";
-    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+    char *save = NULL;
+    for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         if (!strncmp(line, "pid ", 4))
             pid = strtol(line + 4, NULL, 10);
         else if (!strncmp(line, "bytes ", 6))

@@ -80,7 +80,8 @@ void hs__ucx_conn_refresh_describe(ucx_conn_t *c)
     hs_trace("ucx endpoint to %s:\n%s", c->base.peer, text);
     char out[HS__TP_DESCRIBE_CAP];
     size_t n = (size_t)snprintf(out, sizeof out, "ucx:");
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    char *save = NULL; /* strtok_r: other threads' transports describe too */
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char *lane = strstr(line, "lane[");
         char *rndv = strstr(line, "..<rndv>");
         if (lane) {

@@ -194,7 +194,8 @@ int main(int argc, char **argv)
     char buf[256];
     snprintf(buf, sizeof buf, "%s", shapes);
     int count = 0;
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int n, L;
         if (sscanf(tok, "%dx%d", &n, &L) != 2 || n < 1 || L < 1 || n > 65535 ||
             (long long)n * L > (1LL << 20) || ++count > MAX_SHAPES) {
