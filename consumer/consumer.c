@@ -22,16 +22,6 @@
 /* Verify jobs the pool has room for at start (more grow it). */
 #define VERIFY_JOBS 256u
 
-void hs__consumer_fatal(hs_consumer_t *c, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->fatal, sizeof(c->fatal), fmt, ap);
-    va_end(ap);
-    hs_error("%s", c->fatal);
-    c->stop = true;
-}
-
 static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t *body,
                      uint32_t body_len, uint64_t payload_bytes)
 {
@@ -216,6 +206,30 @@ void hs__store_slot_free(void *arg, uint64_t offset)
     if (hs_cache_free(c->cache, offset) == HS_OK) hs_tp_wakeup(c->tp);
 }
 
+/* The transport's close callback: the peer is gone; a plan it was sending
+ * is restarted with another (handshake.c). */
+static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const char *why)
+{
+    hs_consumer_t *c = arg;
+    peer_t *p = hs_tp_conn_get_user(conn);
+    if (!p) return;
+    if (reason != HS_ERR_CLOSED && p->state != PEER_NEW)
+        hs_warn("producer %s disconnected: %s", p->name, why && *why ? why : hs_status_str(reason));
+    else if (reason != HS_ERR_CLOSED)
+        hs_warn("connection %s closed: %s", p->name, why && *why ? why : hs_status_str(reason));
+    if (reason == HS_ERR_PROTO || reason == HS_ERR_FORMAT || reason == HS_ERR_CHECKSUM)
+        c->net.n_proto_errors++;
+    p->conn = NULL;
+    p->state = PEER_GONE;
+    if (c->run.pending && c->run.pending->sender == p->id) {
+        hs_warn("producer %s left before its plan was complete (%u of %u batches); the plan is "
+                "discarded",
+                p->name, c->run.pending->received, c->run.pending->offer.n_batches);
+        hs__plan_restart(c);
+    }
+    hs__peer_reap(c, p);
+}
+
 /* The metrics endpoint's thread asks for the figures through this. */
 static void metrics_stats(void *arg, hs_consumer_stats_t *s)
 {
@@ -226,7 +240,7 @@ static const hs_tp_callbacks_t consumer_callbacks = {
     .on_accept = hs__peer_accepted,
     .on_frame = cb_frame,
     .on_payload = hs__payload_landed,
-    .on_close = hs__peer_closed,
+    .on_close = cb_close,
 };
 
 /* The tuning that is not in the listening line, defaults resolved, so every

@@ -115,11 +115,6 @@ struct hs_consumer {
     hs_window_t window;           /* recent figures (stats.c), under delivery.lock */
 };
 
-/* Stops the consumer on a problem of its own configuration that no producer
- * can fix; the trainer's next call returns. The network thread. */
-void hs__consumer_fatal(hs_consumer_t *c, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
 /* The store's free callback (hs_store_free_cb; arg: the consumer). */
 void hs__store_slot_free(void *arg, uint64_t offset);
 

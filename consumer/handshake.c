@@ -66,6 +66,18 @@ static void plan_start(hs_consumer_t *c, peer_t *p)
     send_welcome(c, p, true);
 }
 
+/* Here, beside most of its callers: a plan, store or resume state this
+ * consumer cannot run with. */
+void hs__consumer_fatal(hs_consumer_t *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->fatal, sizeof(c->fatal), fmt, ap);
+    va_end(ap);
+    hs_error("%s", c->fatal);
+    c->stop = true;
+}
+
 /* Discards the pending plan whole: its sender left before it was complete. */
 void hs__plan_discard(hs_consumer_t *c)
 {

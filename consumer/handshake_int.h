@@ -38,6 +38,11 @@ typedef struct {
  * naming the field and the form expected) for a malformed one. */
 HS_MUST_CHECK hs_status_t hs__expect_parse(const hs_consumer_config_t *cfg, hs__run_expect_t *out);
 
+/* Stops the consumer on a problem of its own configuration that no producer
+ * can fix; the trainer's next call returns. The network thread. */
+void hs__consumer_fatal(hs_consumer_t *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* The frames of the handshake, from the network thread's frame callback. */
 void hs__on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len);
 void hs__on_auth(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len);

@@ -176,28 +176,6 @@ hs_status_t hs__peer_accepted(void *arg, hs_tp_conn_t *conn)
     return HS_OK;
 }
 
-void hs__peer_closed(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const char *why)
-{
-    hs_consumer_t *c = arg;
-    peer_t *p = hs_tp_conn_get_user(conn);
-    if (!p) return;
-    if (reason != HS_ERR_CLOSED && p->state != PEER_NEW)
-        hs_warn("producer %s disconnected: %s", p->name, why && *why ? why : hs_status_str(reason));
-    else if (reason != HS_ERR_CLOSED)
-        hs_warn("connection %s closed: %s", p->name, why && *why ? why : hs_status_str(reason));
-    if (reason == HS_ERR_PROTO || reason == HS_ERR_FORMAT || reason == HS_ERR_CHECKSUM)
-        c->net.n_proto_errors++;
-    p->conn = NULL;
-    p->state = PEER_GONE;
-    if (c->run.pending && c->run.pending->sender == p->id) {
-        hs_warn("producer %s left before its plan was complete (%u of %u batches); the plan is "
-                "discarded",
-                p->name, c->run.pending->received, c->run.pending->offer.n_batches);
-        hs__plan_restart(c);
-    }
-    hs__peer_reap(c, p);
-}
-
 void hs__peers_free(hs_consumer_t *c)
 {
     while (c->net.peers) {

@@ -87,8 +87,8 @@ void hs__peer_reap(hs_consumer_t *c, peer_t *p);
 /* Frees every record, at destroy (the transport is gone). */
 void hs__peers_free(hs_consumer_t *c);
 
-/* The transport's accept and close callbacks (arg: the consumer). */
+/* The transport's accept callback (arg: the consumer); its close callback
+ * is consumer.c's. */
 HS_MUST_CHECK hs_status_t hs__peer_accepted(void *arg, hs_tp_conn_t *conn);
-void hs__peer_closed(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const char *why);
 
 #endif /* HS_PEERS_INT_H */

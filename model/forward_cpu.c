@@ -39,6 +39,25 @@
 #include "sigmoid_gate.h"
 #include "swiglu.h"
 
+/* Here, beside its first caller (the CUDA forward, hs-forward and the
+ * preflight call it too). */
+hs_status_t hs_model_check_layers(int n_target_layers, const int32_t *layers, int n_layers)
+{
+    if (n_layers < 1 || !layers) {
+        hs_error("no captured layers given: pass at least one output_hidden_states index");
+        return HS_ERR_INVALID;
+    }
+    for (int i = 0; i < n_layers; i++) {
+        if (layers[i] < 0 || layers[i] > n_target_layers) {
+            hs_error("captured layer %d is out of range: this model has %d decoder layers, so "
+                     "indices run 0 (embeddings) .. %d (final normed output)",
+                     layers[i], n_target_layers, n_target_layers);
+            return HS_ERR_INVALID;
+        }
+    }
+    return HS_OK;
+}
+
 /* Copies src [T, H] into the column slice of every captured entry equal to
  * idx. */
 static void capture(const float *src, int idx, int T, int H, const int32_t *layers, int n_layers,

@@ -434,23 +434,6 @@ int hs_model_vocab_size(const hs_model_t *m)
     return m->cfg.vocab_size;
 }
 
-hs_status_t hs_model_check_layers(int n_target_layers, const int32_t *layers, int n_layers)
-{
-    if (n_layers < 1 || !layers) {
-        hs_error("no captured layers given: pass at least one output_hidden_states index");
-        return HS_ERR_INVALID;
-    }
-    for (int i = 0; i < n_layers; i++) {
-        if (layers[i] < 0 || layers[i] > n_target_layers) {
-            hs_error("captured layer %d is out of range: this model has %d decoder layers, so "
-                     "indices run 0 (embeddings) .. %d (final normed output)",
-                     layers[i], n_target_layers, n_target_layers);
-            return HS_ERR_INVALID;
-        }
-    }
-    return HS_OK;
-}
-
 hs_status_t hs_model_dflash_layers(int n_target_layers, int n_draft_layers, int32_t *out, int cap)
 {
     if (n_draft_layers < 1 || n_draft_layers > cap) {

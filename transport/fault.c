@@ -50,9 +50,9 @@ static void fault_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint
         nanosleep(&d, NULL);
     }
     if (f->cut_at && ++f->frames == f->cut_at) {
-        hs_warn("fault injection: cutting the connection from %s at frame %llu",
-                hs_tp_conn_peer(conn), (unsigned long long)f->frames);
-        hs_tp_close(conn, HS_ERR_IO);
+        hs_warn("fault injection: cutting the connection from %s at frame %llu", conn->peer,
+                (unsigned long long)f->frames);
+        conn->tp->ops->close(conn, HS_ERR_IO); /* the backend's own close, below hs_tp_close */
         return;
     }
     f->user_cb.on_frame(f->user_arg, conn, type, body, body_len, payload_bytes);
@@ -67,7 +67,7 @@ static void fault_payload(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_sta
         if (status == HS_OK && f->corrupt_at && ++f->payloads == f->corrupt_at) {
             f->pending[i].dest[f->pending[i].bytes / 2] ^= 0x40;
             hs_warn("fault injection: flipped a byte of payload %llu from %s",
-                    (unsigned long long)f->payloads, hs_tp_conn_peer(conn));
+                    (unsigned long long)f->payloads, conn->peer);
         }
         break;
     }

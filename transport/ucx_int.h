@@ -124,9 +124,21 @@ static inline ucx_tp_t *tp_of(hs_tp_t *t)
 }
 
 /* ucx.c */
-void hs__ucx_conn_refresh_describe(ucx_conn_t *c);
 void hs__ucx_worker_wait(ucx_tp_t *tp, int ms);
 void hs__ucx_worker_drain(ucx_tp_t *tp);
+
+/* ucx_describe.c */
+/* Reads the endpoint's lanes (ucp_ep_print_info) into c->base.describe,
+ * e.g. "ucx: tcp/lo[am,bw] cm=rdmacm rndv>=8192", and whether they carry
+ * registered memory (lanes_known, memh_lanes). */
+void hs__ucx_conn_refresh_describe(ucx_conn_t *c);
+
+/* ucx_ctx.c */
+/* Opens tp's UCX context and worker with `net_devices` as UCX_NET_DEVICES
+ * (NULL: UCX's own setting). On failure tp's UCX fields are left NULL. */
+HS_MUST_CHECK hs_status_t hs__ucx_ctx_open(ucx_tp_t *tp, const char *net_devices);
+/* Undoes hs__ucx_ctx_open, the memory regions' handles included. */
+void hs__ucx_ctx_close(ucx_tp_t *tp);
 /* A peer's worker address as UCX may see it (ucx_addr_int.h): checked, cut
  * to the entries this side has too, and followed by HS__UCX_ADDR_PAD zero
  * bytes; *out is malloc'd, the caller frees it. On failure `why` says what
