@@ -188,7 +188,8 @@ def build_parser():
     a("--hs-dtype", choices=("bf16", "fp8"), default=_env("hs-dtype", "bf16"),
       help="how hidden states travel and wait in the consumer's cache: bf16 (default) or fp8 "
            "(e4m3 values and one fp32 scale per token, quantised on the worker's GPU; half "
-           "the bytes; the consumer must run with the same, see docs/fp8.md)")
+           "the bytes; every producer of a run must use the same: the consumer refuses one "
+           "that differs; docs/fp8.md)")
     a("--attn-implementation", default=_env("attn-implementation", "auto"),
       help="transformers attention: auto (default: the fastest the model supports here, "
            "flash_attention_3 or _2 when installed on a GPU, then sdpa, flex_attention, "
