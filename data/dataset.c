@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* dataset.c - the dataset object: opening a file (JSONL or .hst, told apart
- * by content) or its bytes in memory, the accessors, close, and a dataset
- * built from arrays. The readers are dataset_jsonl.c and dataset_hst.c, the
- * writers dataset_write.c; dataset_int.h has the .hst format. */
+/* dataset.c - the dataset object: its allocation, the body fingerprint,
+ * opening a file's descriptor, the accessors, close, and a dataset built
+ * from arrays. Opening by format is dataset_open.c; the readers are
+ * dataset_jsonl.c and dataset_hst.c, the writers dataset_write.c;
+ * dataset_int.h has the .hst format. */
 #include "dataset_int.h"
 
 #include <errno.h>
@@ -26,6 +27,22 @@ uint64_t hs__body_fingerprint(const uint64_t *offsets, uint64_t n, const int32_t
     XXH3_64bits_update(&st, ids, (size_t)total * sizeof(int32_t));
     XXH3_64bits_update(&st, mask, (size_t)total);
     return XXH3_64bits_digest(&st);
+}
+
+hs_status_t hs__write_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        size_t chunk = len < (1u << 30) ? len : (1u << 30);
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return HS_ERR_IO;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return HS_OK;
 }
 
 hs_dataset_t *hs__dataset_alloc(hs_dataset_format_t format)
@@ -68,68 +85,10 @@ int hs__dataset_open_fd(const char *path, bool *is_hst, uint64_t *size, hs_statu
 
 /* ---- public API ------------------------------------------------------------ */
 
-hs_status_t hs_dataset_open(const char *path, hs_dataset_t **out)
-{
-    if (!path || !out) return HS_ERR_INVALID;
-    bool is_hst = false;
-    uint64_t size = 0;
-    hs_status_t st = HS_OK;
-    int fd = hs__dataset_open_fd(path, &is_hst, &size, &st);
-    if (fd < 0) return st;
-    hs_dataset_t *ds = NULL;
-    uint64_t t0 = hs_now_ns();
-    st = is_hst ? hs__dataset_load_hst(path, fd, &ds) : hs__dataset_load_jsonl(path, fd, &ds);
-    close(fd);
-    if (st != HS_OK) return st;
-    hs_debug("dataset %s: %s, %" PRIu64 " sequences, %" PRIu64 " tokens, fingerprint %016" PRIx64
-             ", loaded in %.3f s",
-             path, ds->format == HS_DATASET_HST ? "hst" : "jsonl", ds->n, ds->total,
-             ds->fingerprint, (double)(hs_now_ns() - t0) * 1e-9);
-    *out = ds;
-    return HS_OK;
-}
-
-hs_status_t hs_dataset_open_memory(const void *buf, size_t len, const char *name,
-                                   hs_dataset_t **out)
-{
-    if ((!buf && len) || !name || !out) return HS_ERR_INVALID;
-    hs_status_t st;
-    hs_dataset_t *ds = NULL;
-    if (len >= 4 && memcmp(buf, HS__HST_MAGIC, 4) == 0) {
-        uint8_t *image = malloc(len);
-        if (!image) return HS_ERR_NOMEM;
-        memcpy(image, buf, len);
-        st = hs__hst_parse(name, image, len, &ds);
-        if (st != HS_OK) {
-            free(image);
-            return st;
-        }
-        ds->own_image = image;
-    } else {
-        /* The JSONL reader reads a descriptor: hand it one over the bytes. */
-        int fd = memfd_create("hs-dataset", MFD_CLOEXEC);
-        if (fd < 0) {
-            hs_error("%s: memfd_create failed: %m", name);
-            return HS_ERR_IO;
-        }
-        st = hs__write_all(fd, buf, len);
-        if (st != HS_OK || lseek(fd, 0, SEEK_SET) != 0) {
-            hs_error("%s: cannot copy %zu bytes into a memory file: %m", name, len);
-            close(fd);
-            return HS_ERR_IO;
-        }
-        st = hs__dataset_load_jsonl(name, fd, &ds);
-        close(fd);
-        if (st != HS_OK) return st;
-    }
-    *out = ds;
-    return HS_OK;
-}
-
 void hs_dataset_close(hs_dataset_t *ds)
 {
     if (!ds) return;
-    hs__hst_unregister(ds->map_slot);
+    if (ds->map_release) ds->map_release(ds->map_slot);
     if (ds->map) munmap(ds->map, ds->map_len);
     if (ds->fd >= 0) close(ds->fd);
     free(ds->path);

@@ -278,6 +278,7 @@ hs_status_t hs__dataset_load_hst(const char *path, int fd, hs_dataset_t **out)
     ds->map = map;
     ds->map_len = (size_t)size;
     ds->map_slot = slot;
+    ds->map_release = hs__hst_unregister;
     ds->opened = sb;
     ds->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* kept to notice changes; -1 only skips that */
     ds->path = strdup(path);

@@ -58,6 +58,9 @@ struct hs_dataset {
     void *map;
     size_t map_len;
     int map_slot; /* index in hst_maps, -1 = none */
+    /* takes map_slot off the SIGBUS guard at close (set by the .hst reader,
+     * so the dataset object needs no call into it) */
+    void (*map_release)(int slot);
     int fd;
     struct stat opened; /* size and mtime when validated */
     char *path;
@@ -134,7 +137,7 @@ hs_status_t hs__dataset_load_hst(const char *path, int fd, hs_dataset_t **out);
 /* Takes a mapping's slot (ds->map_slot, -1 = none) off the SIGBUS guard. */
 void hs__hst_unregister(int slot);
 
-/* ---- dataset_write.c ----------------------------------------------------- */
+/* ---- dataset.c ------------------------------------------------------------ */
 
 /* Writes buf[len] to fd, resuming after short writes and EINTR. */
 hs_status_t hs__write_all(int fd, const void *buf, size_t len);

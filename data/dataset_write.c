@@ -31,22 +31,6 @@ static void hst_header(uint8_t h[HS__HST_HEADER_BYTES], uint64_t n, uint64_t tot
     memcpy(h + HS__HST_CRC_OFFSET, &crc, 4);
 }
 
-hs_status_t hs__write_all(int fd, const void *buf, size_t len)
-{
-    const uint8_t *p = buf;
-    while (len > 0) {
-        size_t chunk = len < (1u << 30) ? len : (1u << 30);
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return HS_ERR_IO;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return HS_OK;
-}
-
 hs_status_t hs_dataset_write_hst(const hs_dataset_t *ds, const char *path)
 {
     if (!ds || !path) return HS_ERR_INVALID;

@@ -218,11 +218,14 @@ static hs_status_t work_get(hs_model_t *m, int T, work_t **out)
 }
 
 /* Gives a set back to the model for the next call. */
+static void forward_cpu_release(hs_model_t *m);
+
 static void work_put(hs_model_t *m, work_t *w)
 {
     pthread_mutex_lock(&m->cpu_lock);
     w->next = m->cpu_free;
     m->cpu_free = w;
+    m->cpu_release = forward_cpu_release;
     pthread_mutex_unlock(&m->cpu_lock);
 }
 
@@ -237,7 +240,7 @@ hs_status_t hs_model_forward_cpu_reserve(hs_model_t *m, int max_tokens)
     return rc;
 }
 
-void hs__forward_cpu_free(hs_model_t *m)
+static void forward_cpu_release(hs_model_t *m)
 {
     while (m->cpu_free) {
         work_t *w = m->cpu_free;

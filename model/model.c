@@ -396,7 +396,7 @@ err_json:
 void hs_model_destroy(hs_model_t *m)
 {
     if (!m) return;
-    hs__forward_cpu_free(m);
+    if (m->cpu_release) m->cpu_release(m);
     pthread_mutex_destroy(&m->cpu_lock);
     hs__st_close(m->st);
     for (size_t i = 0; i < m->n_owned; i++)

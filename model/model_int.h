@@ -81,21 +81,21 @@ struct hs_model {
     int n_fp8;                   /* Linear weights held in FP8 */
     void **owned;                /* buffers of converted weights */
     size_t n_owned, cap_owned;
-    int fp8_dequantized; /* the CPU forward's bf16 copies exist (under cpu_lock) */
-    hs_model_attn_t attn;        /* the CUDA forward's attention kernel */
+    int fp8_dequantized;  /* the CPU forward's bf16 copies exist (under cpu_lock) */
+    hs_model_attn_t attn; /* the CUDA forward's attention kernel */
     /* hs_model_forward_cpu's work buffers not in use: one set per thread
      * that calls it at once, kept for the next call (forward_cpu.c) */
     pthread_mutex_t cpu_lock;
     struct hs__cpu_work *cpu_free;
+    /* frees cpu_free; set by the CPU forward when it keeps buffers, so the
+     * model's destroy needs no call into forward_cpu.c */
+    void (*cpu_release)(hs_model_t *m);
 };
 
 /* For the CPU forward: a bf16 copy of every Linear weight held in FP8
  * (w = q * scale_inv, rounded to bf16), made once, under cpu_lock, and
  * owned by the model. HS_ERR_NOMEM logged. */
 HS_MUST_CHECK hs_status_t hs__model_fp8_to_bf16(hs_model_t *m);
-
-/* Frees hs_model_forward_cpu's work buffers (forward_cpu.c). */
-void hs__forward_cpu_free(hs_model_t *m);
 
 /* Parses config.json text (path only for messages) into *cfg. */
 HS_MUST_CHECK hs_status_t hs__model_config_parse(const char *json, size_t len, const char *path,
