@@ -458,19 +458,6 @@ static int check_outputs(const options_t *o)
     return 0;
 }
 
-/* The shared network flags into the consumer's configuration. */
-static void config_net(options_t *o)
-{
-    const hs_cli_net_t *n = &o->net;
-    o->cfg.secret_file = n->secret_file;
-    o->cfg.insecure = n->insecure;
-    if (n->transport) o->cfg.transport = n->transport;
-    if (n->tcp_sockbuf) o->cfg.tcp_sockbuf = n->tcp_sockbuf;
-    o->cfg.ucx_no_memh = n->ucx_no_memh;
-    o->cfg.fault = n->fault;
-    o->cfg.require_rdma = n->require_rdma;
-}
-
 int main(int argc, char **argv)
 {
     if (hs_cli_wants_version(argc, argv)) {
@@ -535,7 +522,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    config_net(&o);
+    HS_CLI_NET_CONFIGURE(&o.cfg, &o.net);
+    o.cfg.insecure = o.net.insecure;
     if (check_outputs(&o) != 0) return 2;
     if (o.net.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;
     if (hs_cli_net_resolve(&o.net, "hs-consumer", o.cfg.gpu) != 0) return 2;

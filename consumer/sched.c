@@ -555,14 +555,22 @@ bool hs_sched_next_ready(const hs_sched_t *s, hs_sched_item_t *out)
     return true;
 }
 
-hs_status_t hs_sched_delivered(hs_sched_t *s, uint64_t ticket)
+/* The record of `ticket` when it is in `state`, else NIL, logged as
+ * "sched: ticket N is not <state_text>, it cannot be <verb>". */
+static uint32_t sched_rec_in(const hs_sched_t *s, uint64_t ticket, int state,
+                             const char *state_text, const char *verb)
 {
     uint32_t idx = hs__ticket_table_find(&s->tickets, ticket);
-    if (idx == NIL || s->recs[idx].state != HS_SCHED_FILLED) {
-        hs_error("sched: ticket %llu is not ready, it cannot be delivered",
-                 (unsigned long long)ticket);
-        return HS_ERR_INVALID;
-    }
+    if (idx != NIL && (int)s->recs[idx].state == state) return idx;
+    hs_error("sched: ticket %llu is not %s, it cannot be %s", (unsigned long long)ticket,
+             state_text, verb);
+    return NIL;
+}
+
+hs_status_t hs_sched_delivered(hs_sched_t *s, uint64_t ticket)
+{
+    uint32_t idx = sched_rec_in(s, ticket, HS_SCHED_FILLED, "ready", "delivered");
+    if (idx == NIL) return HS_ERR_INVALID;
     sched_rec_t *r = &s->recs[idx];
     if (s->order == HS_SCHED_PLAN &&
         (idx != s->ready_head || r->seq != sched_cursor_seq(s, &s->deliver))) {
@@ -601,12 +609,8 @@ hs_status_t hs_sched_delivered(hs_sched_t *s, uint64_t ticket)
 
 hs_status_t hs_sched_release(hs_sched_t *s, uint64_t ticket)
 {
-    uint32_t idx = hs__ticket_table_find(&s->tickets, ticket);
-    if (idx == NIL || s->recs[idx].state != HS_SCHED_DELIVERED) {
-        hs_error("sched: release of ticket %llu, which is not being delivered",
-                 (unsigned long long)ticket);
-        return HS_ERR_INVALID;
-    }
+    uint32_t idx = sched_rec_in(s, ticket, HS_SCHED_DELIVERED, "being delivered", "released");
+    if (idx == NIL) return HS_ERR_INVALID;
     hs__ticket_table_del(&s->tickets, ticket);
     sched_rec_t *r = &s->recs[idx];
     r->live = false;

@@ -421,18 +421,6 @@ static int exit_code(hs_status_t st)
     }
 }
 
-/* The shared network flags into the producer's configuration. */
-static void config_net(options_t *o)
-{
-    const hs_cli_net_t *n = &o->net;
-    o->cfg.secret_file = n->secret_file;
-    if (n->transport) o->cfg.transport = n->transport;
-    if (n->tcp_sockbuf) o->cfg.tcp_sockbuf = n->tcp_sockbuf;
-    o->cfg.ucx_no_memh = n->ucx_no_memh;
-    o->cfg.fault = n->fault;
-    o->cfg.require_rdma = n->require_rdma;
-}
-
 int main(int argc, char **argv)
 {
     if (hs_cli_wants_version(argc, argv)) {
@@ -459,7 +447,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "hs-producer: unexpected argument '%s'\n", argv[first]);
         return 2;
     }
-    config_net(&o);
+    HS_CLI_NET_CONFIGURE(&o.cfg, &o.net);
     if (o.net.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;
     if (check(&o)) return 2;
     if (o.cfg.name) {

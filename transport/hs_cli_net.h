@@ -66,6 +66,19 @@ typedef struct {
     char *net_devices;       /* UCX_NET_DEVICES from --nic (hs_cli_net_resolve); owned */
 } hs_cli_net_t;
 
+/* The flags into `cfg`, a configuration with the same field names
+ * (hs_consumer_config_t, hs_producer_config_t): what was given replaces
+ * the default. --insecure, which only the consumer has, is the caller's. */
+#define HS_CLI_NET_CONFIGURE(cfg, n)                                                               \
+    do {                                                                                           \
+        (cfg)->secret_file = (n)->secret_file;                                                     \
+        if ((n)->transport) (cfg)->transport = (n)->transport;                                     \
+        if ((n)->tcp_sockbuf) (cfg)->tcp_sockbuf = (n)->tcp_sockbuf;                               \
+        (cfg)->ucx_no_memh = (n)->ucx_no_memh;                                                     \
+        (cfg)->fault = (n)->fault;                                                                 \
+        (cfg)->require_rdma = (n)->require_rdma;                                                   \
+    } while (0)
+
 /* One option of hs_cli_parse()'s callback: 0 when it was one of these flags
  * and its value is good, 2 when the value is bad (printed as
  * "PROG: --FLAG 'VALUE' (FROM): what was expected"), -1 when `opt` is not

@@ -274,13 +274,7 @@ hs_status_t hs__ucx_listen_devices(ucx_tp_t *tp, const char *host)
     if (hs__ucx_ctx_open(tp, list) != HS_OK) {
         hs_error("ucx: cannot limit UCX to the interfaces of %s (%s); set UCX_NET_DEVICES", host,
                  list);
-        tp->ctx = old.ctx;
-        tp->worker = old.worker;
-        tp->efd = old.efd;
-        tp->my_addr = old.my_addr;
-        tp->my_addr_len = old.my_addr_len;
-        tp->my_parsed = old.my_parsed;
-        tp->max_am_header = old.max_am_header;
+        *tp = old; /* nothing but the context's fields has changed since */
         return HS_ERR_IO;
     }
     /* the regions again on the new context; the old handles kept aside */
@@ -312,13 +306,7 @@ hs_status_t hs__ucx_listen_devices(ucx_tp_t *tp, const char *host)
             ucp_mem_unmap(tp->ctx, tp->regions[i].memh);
             tp->regions[i].memh = old_memh[i];
         }
-        tp->ctx = old.ctx;
-        tp->worker = old.worker;
-        tp->efd = old.efd;
-        tp->my_addr = old.my_addr;
-        tp->my_addr_len = old.my_addr_len;
-        tp->my_parsed = old.my_parsed;
-        tp->max_am_header = old.max_am_header;
+        *tp = old; /* nothing but the context's fields has changed since */
     } else {
         gone = old;
         for (size_t i = 0; i < tp->n_regions; i++)
