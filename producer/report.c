@@ -4,6 +4,8 @@
  * the summary at the end (log and --summary-json). */
 #include "report_int.h"
 
+#include <math.h>
+
 #include <stdio.h>
 
 #include "session_int.h"
@@ -84,7 +86,10 @@ void hs__report_send_stats(producer_t *pr)
     s.batches = (uint64_t)v[R_BATCHES];
     /* over the recent window, as the consumer's own figures: the limit it
      * names compares the two */
-    s.stall_pct = n && ws > 0 ? 100.0 * d[R_STALL] / ws / n : 0;
+    /* a stall that began before the window is counted whole when it ends,
+     * so the window's share can pass 100%: the message carries a
+     * percentage, which the sender checks */
+    s.stall_pct = n && ws > 0 ? fmin(100.0, 100.0 * d[R_STALL] / ws / n) : 0;
     s.tokens_per_s = ws > 0 ? d[R_TOKENS] / ws : 0;
     s.uptime_ns = (uint64_t)(elapsed * 1e9);
     for (uint32_t i = 0; i < pr->net.n_links; i++)
@@ -107,7 +112,8 @@ void hs__report_print_status(producer_t *pr)
     double elapsed = t0 > 0 ? now - t0 : 0;
     double ws = window_of(pr, now, t0, v, d);
     if (elapsed <= 0 || ws <= 0) return;
-    double busy_pct = 100.0 * d[R_BUSY] / ws / n, stall_pct = 100.0 * d[R_STALL] / ws / n;
+    double busy_pct = fmin(100.0, 100.0 * d[R_BUSY] / ws / n),
+           stall_pct = fmin(100.0, 100.0 * d[R_STALL] / ws / n);
     /* The limit as this side sees it: workers that wait for tickets wait on
      * the consumer (its trainer, its verification or its cache); workers
      * that compute nearly all the time are the limit; the rest of their
