@@ -22,6 +22,7 @@
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -477,11 +478,13 @@ namespace
 {
 
 /* Per-sequence lengths and ragged offsets for nb entries (past n_seqs:
- * length 0 at offset T), and the longest length. One block. */
+ * length 0 at offset T), and the longest length. `claimed` > 0: the longest
+ * the host picked the bucket for; a longer sequence traps (see prepare).
+ * One block. */
 __global__ void attn_meta_kernel(const int32_t *__restrict__ cu, int n_seqs, int nb,
                                  int64_t q_stride, int64_t kv_stride, int64_t out_stride,
                                  int32_t *seq_len, int32_t *rag_q, int32_t *rag_kv, int32_t *rag_o,
-                                 int32_t *longest)
+                                 int32_t *longest, int claimed)
 {
     __shared__ int32_t warp_max[32];
     const int T = cu[n_seqs];
@@ -505,6 +508,12 @@ __global__ void attn_meta_kernel(const int32_t *__restrict__ cu, int n_seqs, int
         for (int w = 1; w < (int)(blockDim.x >> 5); w++)
             mx = max(mx, warp_max[w]);
         *longest = mx;
+        if (claimed > 0 && mx > claimed) {
+            printf("hsflow attention: a sequence of %d tokens in a batch prepared for sequences "
+                   "up to %d; refusing to compute it\n",
+                   mx, claimed);
+            __trap();
+        }
     }
 }
 
@@ -638,10 +647,10 @@ extern "C" void hs_kn_attn_plan_destroy(hs_kn_attn_plan_t *plan)
 }
 
 extern "C" hs_status_t hs_kn_attn_plan_prepare(hs_kn_attn_plan_t *plan, const int32_t *cu_seqlens,
-                                               int n_seqs, int T, cudaStream_t stream)
+                                               int n_seqs, int T, int longest, cudaStream_t stream)
 {
     if (!plan || !cu_seqlens || n_seqs < 0 || n_seqs > plan->desc.max_seqs || T < 0 ||
-        T > plan->desc.max_tokens) {
+        T > plan->desc.max_tokens || longest < 0 || longest > T) {
         hs_error("attention plan: batch of %d tokens in %d sequences exceeds the plan (%d tokens, "
                  "%d sequences)",
                  T, n_seqs, plan ? plan->desc.max_tokens : 0, plan ? plan->desc.max_seqs : 0);
@@ -657,14 +666,16 @@ extern "C" hs_status_t hs_kn_attn_plan_prepare(hs_kn_attn_plan_t *plan, const in
         const hs_kn_attn_desc_t *d = &plan->desc;
         attn_meta_kernel<<<1, 1024, 0, stream>>>(
             cu_seqlens, n_seqs, plan->nb_max, d->q_stride, d->kv_stride, d->out_stride,
-            plan->seq_len, plan->rag_q, plan->rag_kv, plan->rag_o, plan->longest);
+            plan->seq_len, plan->rag_q, plan->rag_kv, plan->rag_o, plan->longest, longest);
         hs_status_t st = HS_CUDA_LAUNCH_CHECK("attention meta kernel");
         if (st) return st;
-        if ((st = HS_CUDA_CHECK(cudaMemcpyAsync(plan->h_longest, plan->longest, sizeof(int32_t),
-                                                cudaMemcpyDeviceToHost, stream))))
-            return st;
-        if ((st = HS_CUDA_CHECK(cudaStreamSynchronize(stream)))) return st;
-        int longest = *plan->h_longest;
+        if (longest == 0) {
+            if ((st = HS_CUDA_CHECK(cudaMemcpyAsync(plan->h_longest, plan->longest, sizeof(int32_t),
+                                                    cudaMemcpyDeviceToHost, stream))))
+                return st;
+            if ((st = HS_CUDA_CHECK(cudaStreamSynchronize(stream)))) return st;
+            longest = *plan->h_longest;
+        }
         /* the bucket of the smallest grid (B x S) that holds the batch */
         for (int i = 0; i < plan->n_buckets; i++)
             if (plan->ok[i] && plan->S[i] >= longest && plan->B[i] >= n_seqs &&

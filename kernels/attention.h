@@ -84,12 +84,16 @@ HS_MUST_CHECK hs_status_t hs_kn_attn_plan_create(const hs_kn_attn_desc_t *desc,
 void hs_kn_attn_plan_destroy(hs_kn_attn_plan_t *plan);
 
 /* Per batch, before its runs: cu_seqlens [n_seqs + 1] in device memory,
- * T = cu_seqlens[n_seqs] (n_seqs <= max_seqs, T <= max_tokens). On the cuDNN
- * path the batch's longest sequence is read back to pick the bucket (one
- * stream synchronisation per batch); nothing is allocated. */
+ * T = cu_seqlens[n_seqs] (n_seqs <= max_seqs, T <= max_tokens). `longest`
+ * is the batch's longest sequence as the caller knows it from its host copy
+ * of cu_seqlens: the cuDNN bucket is picked from it with no synchronisation.
+ * longest 0 means unknown: it is read back from the device (one stream
+ * synchronisation). A longest below a sequence's length is a caller's bug
+ * that would cut that sequence's attention short: the device traps rather
+ * than compute it. Nothing is allocated. */
 HS_MUST_CHECK hs_status_t hs_kn_attn_plan_prepare(hs_kn_attn_plan_t *plan,
                                                   const int32_t *cu_seqlens, int n_seqs, int T,
-                                                  struct CUstream_st *stream);
+                                                  int longest, struct CUstream_st *stream);
 
 /* Per layer: attention of the prepared batch. q, k, v, out: device bf16 rows
  * of the strides given at create. */

@@ -58,6 +58,15 @@ hs_status_t hs_model_check_layers(int n_target_layers, const int32_t *layers, in
     return HS_OK;
 }
 
+int hs_model_longest_seq(const int32_t *cu_seqlens, int n_seqs)
+{
+    int longest = 0;
+    for (int i = 0; i < n_seqs; i++)
+        if (cu_seqlens[i + 1] - cu_seqlens[i] > longest)
+            longest = cu_seqlens[i + 1] - cu_seqlens[i];
+    return longest;
+}
+
 /* Copies src [T, H] into the column slice of every captured entry equal to
  * idx. */
 static void capture(const float *src, int idx, int T, int H, const int32_t *layers, int n_layers,

@@ -836,7 +836,7 @@ static hs_status_t linear_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
 }
 
 hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_ids,
-                                  const int32_t *d_cu_seqlens, int n_seqs, int T,
+                                  const int32_t *d_cu_seqlens, int n_seqs, int T, int longest,
                                   const int32_t *layers, int n_layers, void *d_out_bf16,
                                   size_t row_stride_elems, void *stream)
 {
@@ -876,7 +876,7 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
     TRY(HS_CUDA_CHECK(cudaSetDevice(mc->device)));
     TRY(hs_kn_embedding(mc->embed, c->vocab_size, H, d_input_ids, T, mc->h, H, s));
     TRY(hs_kn_rope_positions(d_cu_seqlens, n_seqs, mc->pos, s));
-    TRY(hs_kn_attn_plan_prepare(mc->attn, d_cu_seqlens, n_seqs, T, s));
+    TRY(hs_kn_attn_plan_prepare(mc->attn, d_cu_seqlens, n_seqs, T, longest, s));
 
     for (int l = 0; l < run; l++) {
         const dev_layer_t *w = &mc->layers[l];
@@ -960,14 +960,15 @@ hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len
              HS_CUDA_CHECK(cudaMemcpy(d_cu, cu, ((size_t)n_seqs + 1) * 4, cudaMemcpyHostToDevice))))
         goto out;
     /* warm-up: picks and caches the GEMM algorithms of this shape */
-    if ((st = hs_model_cuda_forward(mc, d_ids, d_cu, n_seqs, T, layers, n_layers, d_out, row, s)))
+    if ((st = hs_model_cuda_forward(mc, d_ids, d_cu, n_seqs, T, seq_len, layers, n_layers, d_out,
+                                    row, s)))
         goto out;
     if ((st = HS_CUDA_CHECK(cudaStreamSynchronize(s)))) goto out;
     for (int i = 0; i < iters; i++) {
         float ms = 0;
         if ((st = HS_CUDA_CHECK(cudaEventRecord(e0, s)))) goto out;
-        if ((st = hs_model_cuda_forward(mc, d_ids, d_cu, n_seqs, T, layers, n_layers, d_out, row,
-                                        s)))
+        if ((st = hs_model_cuda_forward(mc, d_ids, d_cu, n_seqs, T, seq_len, layers, n_layers,
+                                        d_out, row, s)))
             goto out;
         if ((st = HS_CUDA_CHECK(cudaEventRecord(e1, s)))) goto out;
         if ((st = HS_CUDA_CHECK(cudaEventSynchronize(e1)))) goto out;

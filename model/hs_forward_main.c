@@ -130,7 +130,8 @@ static hs_status_t run_cuda_chunk(hs_model_cuda_t *mc, const int32_t *ids, const
         hs_error("cuda: copying a chunk's inputs failed");
         goto out;
     }
-    rc = hs_model_cuda_forward(mc, d_ids, d_cu, n, T, layers, k, d_out, (size_t)k * H, NULL);
+    rc = hs_model_cuda_forward(mc, d_ids, d_cu, n, T, hs_model_longest_seq(rebased, n), layers, k,
+                               d_out, (size_t)k * H, NULL);
     if (rc != HS_OK) goto out;
     if (cudaMemcpy(out_host, d_out, (size_t)T * k * H * 2, cudaMemcpyDeviceToHost) != cudaSuccess) {
         hs_error("cuda: forward or copy back failed");

@@ -170,6 +170,9 @@ int hs_model_vocab_size(const hs_model_t *m);
 HS_MUST_CHECK hs_status_t hs_model_check_layers(int n_target_layers, const int32_t *layers,
                                                 int n_layers);
 
+/* The longest of the n_seqs sequences of a host cu_seqlens [n_seqs + 1]. */
+int hs_model_longest_seq(const int32_t *cu_seqlens, int n_seqs);
+
 /* DFlash's default captured layers for a drafter of n_draft_layers layers on
  * a target of n_target_layers layers, as output_hidden_states indices (here
  * 1..N; DFlash's own target_layer_ids are these minus one):
@@ -255,10 +258,14 @@ HS_MUST_CHECK hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t
 /* Runs one packed batch on `stream` (a cudaStream_t; NULL = default stream).
  * d_input_ids [T], d_cu_seqlens [n_seqs + 1] and d_out_bf16 [T,
  * row_stride_elems] are device pointers; semantics as hs_model_forward_cpu
- * with bf16 output. Asynchronous: results are ready when the stream is. */
+ * with bf16 output. `longest`: the batch's longest sequence, from the
+ * caller's host copy of cu_seqlens (hs_model_longest_seq); with it the
+ * forward never waits for the device. 0 = unknown: read back once (one
+ * stream synchronisation). Asynchronous otherwise: results are ready when
+ * the stream is. */
 HS_MUST_CHECK hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_ids,
                                                 const int32_t *d_cu_seqlens, int n_seqs, int T,
-                                                const int32_t *layers, int n_layers,
+                                                int longest, const int32_t *layers, int n_layers,
                                                 void *d_out_bf16, size_t row_stride_elems,
                                                 void *stream);
 void hs_model_cuda_destroy(hs_model_cuda_t *mc); /* NULL is fine */

@@ -136,9 +136,10 @@ hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_v
     CU(cudaMemcpyAsync(s->d_cu, view->cu_seqlens, (size_t)(n_seqs + 1) * sizeof(int32_t),
                        cudaMemcpyHostToDevice, w->compute));
     CU(cudaEventRecord(s->fwd_start, w->compute));
-    hs_status_t st = hs_model_cuda_forward(w->mc, s->d_ids, s->d_cu, (int)n_seqs, (int)n_tokens,
-                                           w->layout.layers, (int)w->layout.n_layers, s->d_out,
-                                           row_elems, w->compute);
+    hs_status_t st =
+        hs_model_cuda_forward(w->mc, s->d_ids, s->d_cu, (int)n_seqs, (int)n_tokens,
+                              hs_model_longest_seq(view->cu_seqlens, (int)n_seqs), w->layout.layers,
+                              (int)w->layout.n_layers, s->d_out, row_elems, w->compute);
     if (st != HS_OK) return st;
     if (w->layout.dtype == HS_DTYPE_FP8) {
         /* quantised on the device: half the bytes cross PCIe */

@@ -13,6 +13,16 @@
 /* The window's counters. */
 enum { R_TOKENS, R_BATCHES, R_BYTES, R_BUSY, R_STALL, R_N };
 
+/* A share of the recent window in percent: part_s seconds of n workers'
+ * time over span_s seconds. A stall that began before the window is
+ * counted whole when it ends, so part_s can pass n * span_s: the share is
+ * capped at 100 (STATS carries a percentage, which the sender checks). */
+double hs__report_share_pct(double part_s, double span_s, uint32_t n)
+{
+    if (n == 0 || span_s <= 0 || part_s <= 0) return 0;
+    return fmin(100.0, 100.0 * part_s / span_s / n);
+}
+
 /* The workers' totals now, a wait for a ticket in progress included, and
  * the run's start. Under sh.lock. */
 static double totals_locked(producer_t *pr, double now, double v[R_N])
@@ -57,9 +67,12 @@ void hs__report_send_stats(producer_t *pr)
 {
     Hsflow__Stats s = HSFLOW__STATS__INIT;
     uint32_t n = pr->cfg->n_workers;
-    double now = hs_now_s(), v[R_N], d[R_N];
+    double v[R_N], d[R_N];
     bool progressing = false;
     pthread_mutex_lock(&pr->sh.lock);
+    /* read under the lock: a worker that ended a stall while this thread
+     * waited for it has counted time up to its own clock */
+    double now = hs_now_s();
     double t0 = totals_locked(pr, now, v);
     for (uint32_t i = 0; i < n; i++) {
         worker_t *w = &pr->workers[i];
@@ -86,10 +99,7 @@ void hs__report_send_stats(producer_t *pr)
     s.batches = (uint64_t)v[R_BATCHES];
     /* over the recent window, as the consumer's own figures: the limit it
      * names compares the two */
-    /* a stall that began before the window is counted whole when it ends,
-     * so the window's share can pass 100%: the message carries a
-     * percentage, which the sender checks */
-    s.stall_pct = n && ws > 0 ? fmin(100.0, 100.0 * d[R_STALL] / ws / n) : 0;
+    s.stall_pct = hs__report_share_pct(d[R_STALL], ws, n);
     s.tokens_per_s = ws > 0 ? d[R_TOKENS] / ws : 0;
     s.uptime_ns = (uint64_t)(elapsed * 1e9);
     for (uint32_t i = 0; i < pr->net.n_links; i++)
@@ -101,8 +111,9 @@ void hs__report_send_stats(producer_t *pr)
 void hs__report_print_status(producer_t *pr)
 {
     uint32_t n = pr->cfg->n_workers;
-    double now = hs_now_s(), v[R_N], d[R_N];
+    double v[R_N], d[R_N];
     pthread_mutex_lock(&pr->sh.lock);
+    double now = hs_now_s(); /* under the lock, as in send_stats */
     double t0 = totals_locked(pr, now, v);
     uint32_t queued = 0;
     for (ticket_t *t = pr->sh.tickets; t; t = t->next)
@@ -112,8 +123,8 @@ void hs__report_print_status(producer_t *pr)
     double elapsed = t0 > 0 ? now - t0 : 0;
     double ws = window_of(pr, now, t0, v, d);
     if (elapsed <= 0 || ws <= 0) return;
-    double busy_pct = fmin(100.0, 100.0 * d[R_BUSY] / ws / n),
-           stall_pct = fmin(100.0, 100.0 * d[R_STALL] / ws / n);
+    double busy_pct = hs__report_share_pct(d[R_BUSY], ws, n),
+           stall_pct = hs__report_share_pct(d[R_STALL], ws, n);
     /* The limit as this side sees it: workers that wait for tickets wait on
      * the consumer (its trainer, its verification or its cache); workers
      * that compute nearly all the time are the limit; the rest of their

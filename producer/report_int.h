@@ -15,5 +15,8 @@ void hs__report_print_status(producer_t *pr);
 /* Per-worker and total figures at the end, in the log and in
  * cfg->summary_json when set. After the workers are joined. */
 void hs__report_print_summary(producer_t *pr);
+/* part_s seconds of n workers' time over a span_s window, in percent,
+ * capped at 100; 0 for an empty window. */
+double hs__report_share_pct(double part_s, double span_s, uint32_t n);
 
 #endif /* HS_REPORT_INT_H */

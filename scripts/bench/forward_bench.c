@@ -124,7 +124,7 @@ static int attn_bench_hsflow(const int *sn, const int *sl, int n_shapes, int ite
             const double fl = 4.0 * hq * d * (double)L * (L + 1) / 2 * n;
             for (int which = 0; which < 1 + tc; which++) {
                 hs_kn_attn_plan_t *p = which ? mma : plan;
-                if (hs_kn_attn_plan_prepare(p, dcu, n, n * L, 0) != HS_OK) return 1;
+                if (hs_kn_attn_plan_prepare(p, dcu, n, n * L, L, 0) != HS_OK) return 1;
                 double ms = attn_time(p, x, o, hq, hkv, d, iters);
                 if (ms < 0) return 1;
                 const double tf = fl / (ms / 1e3) / 1e12;

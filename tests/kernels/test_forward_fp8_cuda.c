@@ -146,7 +146,7 @@ static float *run_gpu(hs_model_t *m)
     cudaMemcpy(d_ids, ids, sizeof ids, cudaMemcpyHostToDevice);
     cudaMemcpy(d_cu, k_cu, sizeof k_cu, cudaMemcpyHostToDevice);
     ck_assert_int_eq(
-        hs_model_cuda_forward(mc, d_ids, d_cu, NSEQ, T, layers, N + 1, d_out, row, NULL), HS_OK);
+        hs_model_cuda_forward(mc, d_ids, d_cu, NSEQ, T, 0, layers, N + 1, d_out, row, NULL), HS_OK);
     uint16_t *b = malloc(T * row * 2);
     float *f = malloc(T * row * sizeof(float));
     ck_assert_int_eq(cudaMemcpy(b, d_out, T * row * 2, cudaMemcpyDeviceToHost), cudaSuccess);

@@ -424,6 +424,14 @@ END_TEST
  * (mma_only at create) and the one the plan picks (cuDNN's SDPA
  * on sm_90 where the build has cuDNN and libcudnn loads). q/k/v inside fused
  * rows, out rows wider than Hq * D. Returns the backend the plan picked. */
+static int longest_of(const int32_t *cu, int n_seqs)
+{
+    int longest = 0;
+    for (int i = 0; i < n_seqs; i++)
+        if (cu[i + 1] - cu[i] > longest) longest = cu[i + 1] - cu[i];
+    return longest;
+}
+
 static const char *attention_plan_case(const char *name, const int *lens, int n_seqs, int Hq,
                                        int Hkv, int D, int window, int max_tokens, int max_seqs)
 {
@@ -463,11 +471,18 @@ static const char *attention_plan_case(const char *name, const int *lens, int n_
         hs_kn_attn_plan_t *plan = NULL;
         ck_assert_int_eq(hs_kn_attn_plan_create(&desc, &plan), HS_OK);
         void *dout = dev_poisoned_bf16((size_t)T * ostride);
-        ck_assert_int_eq(hs_kn_attn_plan_prepare(plan, dcu, n_seqs, T, NULL), HS_OK);
-        /* twice: a second run of the same batch must give the same result */
-        for (int rep = 0; rep < 2; rep++)
+        /* twice: a second run of the same batch must give the same result;
+         * the first prepare reads the longest sequence back from the device,
+         * the second is told it (the forward's path) and picks the same */
+        const char *first = NULL;
+        for (int rep = 0; rep < 2; rep++) {
+            int told = rep == 0 ? 0 : longest_of(cu, n_seqs);
+            ck_assert_int_eq(hs_kn_attn_plan_prepare(plan, dcu, n_seqs, T, told, NULL), HS_OK);
+            if (rep == 1) ck_assert_str_eq(hs_kn_attn_plan_backend(plan), first);
+            first = hs_kn_attn_plan_backend(plan);
             ck_assert_int_eq(
                 hs_kn_attn_plan_run(plan, dq, dq + Hq * D, dq + (Hq + Hkv) * D, dout, NULL), HS_OK);
+        }
         const char *backend = hs_kn_attn_plan_backend(plan);
         if (pass == 0) ck_assert_str_eq(backend, "mma");
         char what[160];

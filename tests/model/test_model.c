@@ -1146,7 +1146,7 @@ START_TEST(cuda_entry_points_say_unsupported_without_cuda)
     uint64_t b = 7;
     ck_assert_int_eq(hs_model_cuda_peak_bytes(NULL, &b), HS_ERR_UNSUPPORTED);
     ck_assert_uint_eq(b, 7);
-    ck_assert_int_eq(hs_model_cuda_forward(NULL, NULL, NULL, 1, 1, NULL, 1, NULL, 1, NULL),
+    ck_assert_int_eq(hs_model_cuda_forward(NULL, NULL, NULL, 1, 1, 0, NULL, 1, NULL, 1, NULL),
                      HS_ERR_UNSUPPORTED);
     hs_model_cuda_destroy(NULL);
 }

@@ -19,6 +19,7 @@
 #include "hs_data.h"
 #include "hs_proto.h"
 #include "hs_producer.h"
+#include "report_int.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
@@ -1176,6 +1177,20 @@ START_TEST(own_sigbus_handler_stays_and_a_truncated_hst_is_an_error_not_a_crash)
 }
 END_TEST
 
+/* A stall that began before the recent window is added whole when it ends:
+ * 1.5 windows of stall for one worker once read as 150% and the STATS
+ * carrying it was refused by its own sender. */
+START_TEST(a_stall_longer_than_the_window_is_a_share_of_at_most_100_percent)
+{
+    ck_assert_double_eq_tol(hs__report_share_pct(7.5, 5.0, 1), 100.0, 1e-9);
+    ck_assert_double_eq_tol(hs__report_share_pct(7.5, 5.0, 3), 50.0, 1e-9);
+    ck_assert_double_eq_tol(hs__report_share_pct(1.0, 4.0, 2), 12.5, 1e-9);
+    ck_assert_double_eq(hs__report_share_pct(1.0, 0.0, 2), 0.0); /* empty window */
+    ck_assert_double_eq(hs__report_share_pct(1.0, 4.0, 0), 0.0); /* no worker */
+    ck_assert_double_eq(hs__report_share_pct(-0.5, 4.0, 1), 0.0);
+}
+END_TEST
+
 START_TEST(to_takes_a_list_of_ranks_and_port_ranges_and_refuses_bad_ones)
 {
     hs_producer_addrs_t a;
@@ -1233,6 +1248,7 @@ int main(void)
     tcase_add_test(tc, bad_budgets_are_rejected);
     tcase_add_test(tc, fill_batch_writes_cu_seqlens_ids_and_masks_of_the_plan);
     tcase_add_test(tc, to_takes_a_list_of_ranks_and_port_ranges_and_refuses_bad_ones);
+    tcase_add_test(tc, a_stall_longer_than_the_window_is_a_share_of_at_most_100_percent);
     suite_add_tcase(s, tc);
 
     SRunner *sr = srunner_create(s);
