@@ -50,8 +50,9 @@ typedef struct {
 
 struct hs__loader {
     int device;
-    cudaStream_t stream;         /* the copies */
-    cudaStream_t dequant_stream; /* fp8 dequantisation, then the host callbacks */
+    cudaStream_t stream;          /* the copies */
+    cudaStream_t dequant_stream;  /* fp8 dequantisation, at the device's highest priority */
+    cudaStream_t callback_stream; /* the host callbacks, once a batch is ready */
     cudaEvent_t piece_copied[DEQUANT_PIECES_MAX];
     uint64_t capacity, rows_capacity;
     loader_buf_t buf[2];
@@ -85,8 +86,18 @@ hs_status_t hs__loader_create(int device, hs__loader_t **out)
         free(l);
         return HS_ERR_CUDA;
     }
-    if (cudaStreamCreateWithFlags(&l->stream, cudaStreamDefault) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&l->dequant_stream, cudaStreamDefault) != cudaSuccess)
+    /* The dequantisation shares the GPU with the trainer's kernels (or a
+     * producer's forward): at normal priority a piece's kernel waits for
+     * their blocks to drain, and the batch is late by that much. At the
+     * highest priority its blocks are scheduled first as SMs free up.
+     * Non-blocking streams: the trainer's work on the legacy default stream
+     * would otherwise wait for the next batch's copy, queued behind it. */
+    int least = 0, greatest = 0;
+    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) greatest = 0;
+    if (cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithPriority(&l->dequant_stream, cudaStreamNonBlocking, greatest) !=
+            cudaSuccess ||
+        cudaStreamCreateWithFlags(&l->callback_stream, cudaStreamNonBlocking) != cudaSuccess)
         goto err;
     for (int i = 0; i < DEQUANT_PIECES_MAX; i++)
         if (cudaEventCreateWithFlags(&l->piece_copied[i], cudaEventDisableTiming) != cudaSuccess)
@@ -113,6 +124,7 @@ void hs__loader_destroy(hs__loader_t *l)
     cudaSetDevice(l->device);
     if (l->stream) cudaStreamSynchronize(l->stream);
     if (l->dequant_stream) cudaStreamSynchronize(l->dequant_stream);
+    if (l->callback_stream) cudaStreamSynchronize(l->callback_stream);
     for (int i = 0; i < 2; i++) {
         cudaFree(l->buf[i].dptr);
         cudaFree(l->buf[i].drows);
@@ -123,6 +135,7 @@ void hs__loader_destroy(hs__loader_t *l)
     for (int i = 0; i < DEQUANT_PIECES_MAX; i++)
         if (l->piece_copied[i]) cudaEventDestroy(l->piece_copied[i]);
     if (l->dequant_stream) cudaStreamDestroy(l->dequant_stream);
+    if (l->callback_stream) cudaStreamDestroy(l->callback_stream);
     if (l->stream) cudaStreamDestroy(l->stream);
     free(l);
 }
@@ -238,7 +251,7 @@ hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, u
     }
     /* a full ring (the streams are far behind) waits for its callbacks */
     if (l->issued - atomic_load_explicit(&l->completed, memory_order_acquire) >= LOADER_RING)
-        CU(cudaStreamSynchronize(l->dequant_stream));
+        CU(cudaStreamSynchronize(l->callback_stream));
     host_cb_t *h = &l->ring[l->issued % LOADER_RING];
     h->cb = copied;
     h->arg = arg;
@@ -250,15 +263,17 @@ hs_status_t hs__loader_copy(hs__loader_t *l, int buf, const hs_cache_t *cache, u
                          : hs_cache_copy_to_device(cache, b->dptr, offset, bytes, l->stream);
     if (st != HS_OK) return st;
     /* The batch is ready when the dequantisation stream has passed both its
-     * own work and the copy; the host slot is given back after that, on
-     * that stream (a host function on the copy stream would stall the next
-     * copy for the callback's latency). */
+     * own work and the copy; the host slot is given back after that, on a
+     * stream of its own (a host function blocks its stream for the
+     * callback's latency: on the copy stream it would stall the next copy,
+     * on the dequantisation stream the next batch's first pieces). */
     CU(cudaEventRecord(b->ready, l->stream));
     CU(cudaStreamWaitEvent(l->dequant_stream, b->ready, 0));
     CU(cudaEventRecord(b->ready, l->dequant_stream));
+    CU(cudaStreamWaitEvent(l->callback_stream, b->ready, 0));
     b->copy_bytes = bytes;
     b->timing_pending = true;
-    CU(cudaLaunchHostFunc(l->dequant_stream, on_copied, h));
+    CU(cudaLaunchHostFunc(l->callback_stream, on_copied, h));
     l->issued++;
     return HS_OK;
 }

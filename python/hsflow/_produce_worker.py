@@ -66,6 +66,8 @@ class Worker:
                     "busy_s": 0.0, "stall_s": 0.0, "padded_tokens": 0, "seconds": 0.0,
                     "plan_hash": None, "pid": os.getpid()}
         self.faults = _fault(os.environ.get("HS_PRODUCE_FAULT"), index)
+        self.profile_dir = os.environ.get("HS_PRODUCE_PROFILE") if index == 0 else None
+        self.profiler = None
         self.producer = None
         self.pinned = []
 
@@ -360,6 +362,7 @@ class Worker:
                 if pending is not None:
                     self.finish(pending)
                 pending, slot = rec, slot ^ 1
+                self._profile_step(n)
                 now = time.monotonic()
                 if now - t_report >= 1.0:
                     t_report = now
@@ -370,6 +373,30 @@ class Worker:
         finally:
             self.fig["seconds"] = time.monotonic() - t_start
         return EXIT_OK
+
+    def _profile_step(self, n):
+        """HS_PRODUCE_PROFILE=DIR: worker 0's batches 3 to 6 (after the
+        warm-up and the self-check) under torch.profiler; its trace
+        (trace.json, for chrome://tracing or Perfetto) and the ops that take
+        the most host and device time (ops.txt) go into DIR."""
+        if not self.profile_dir or self.gpu < 0:
+            return
+        import torch
+        if n == 2:
+            self.profiler = torch.profiler.profile(activities=[
+                torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+            self.profiler.start()
+        elif n == 6 and self.profiler is not None:
+            torch.cuda.synchronize(self.device)
+            self.profiler.stop()
+            os.makedirs(self.profile_dir, exist_ok=True)
+            self.profiler.export_chrome_trace(os.path.join(self.profile_dir, "trace.json"))
+            ka = self.profiler.key_averages()
+            with open(os.path.join(self.profile_dir, "ops.txt"), "w") as f:
+                f.write(ka.table(sort_by="self_cpu_time_total", row_limit=40))
+                f.write(ka.table(sort_by="self_cuda_time_total", row_limit=25))
+            self.log.info("worker %d: batches 3-6 profiled into %s", self.index, self.profile_dir)
+            self.profiler = None
 
     def _on_oom(self, e, t, pending):
         import torch

@@ -149,6 +149,13 @@ def one_model(name, make, bindir, work):
             f.write(json.dumps({"input_ids": s.tolist()}) + "\n")
     outdir = os.path.join(work, "out")
     os.makedirs(outdir, exist_ok=True)
+    # the bf16 model's own states (fp32 arithmetic on its bf16 weights) and
+    # hsflow's bf16 forward of it: what FP8 states are compared with
+    bf16_ref = hidden(model.float().cuda().eval(), seqs, N)
+    del model
+    hs_bf16 = run_hs(bindir, bf16_dir, data, N, os.path.join(outdir, name + "-bf16.safetensors"))
+    if hs_bf16 is None:
+        return 1
 
     tf_ok, why = True, ""
     try:
@@ -175,6 +182,7 @@ def one_model(name, make, bindir, work):
         hsq = run_hs(bindir, bf16_dir, data, N, os.path.join(outdir, name + "-q.safetensors"), "fp8")
         if hs is None or hsq is None:
             return 1
+        bf16_distance(name, N, hs, hs_bf16, bf16_ref)
         log(f"{name} | layer | hsflow~fp32 | transformers~fp32 | hsflow~transformers | "
             f"--dtype fp8~checkpoint | verdict")
         for l in range(N + 1):
@@ -206,6 +214,7 @@ def one_model(name, make, bindir, work):
     hs = run_hs(bindir, mk_dir, data, N, os.path.join(outdir, name + "-np.safetensors"))
     if hs is None:
         return 1
+    bf16_distance(name, N, hs, hs_bf16, bf16_ref)
     log(f"{name}: {len(hooks)} FP8 Linears emulated")
     log(f"{name} | layer | hsflow~fp32 | emulated W8A8~fp32 | hsflow~emulated | verdict")
     for l in range(N + 1):
@@ -215,6 +224,15 @@ def one_model(name, make, bindir, work):
         log(f"{name} | {l} | {e_hs:.3e} | {e_emu:.3e} | {rel(hs[l], emu[l]):.3e} | "
             f"{'ok' if ok else 'FAIL'}")
     return 1 if rc else 3
+
+
+def bf16_distance(name, N, fp8, hs_bf16, bf16_ref):
+    """How far the FP8 model's states are from the bf16 model's, per layer
+    (docs/model.md), beside hsflow's own bf16 error for scale."""
+    log(f"{name} | layer | FP8 states~bf16 model | hsflow bf16~bf16 model | ratio")
+    for l in range(N + 1):
+        e8, e16 = rel(fp8[l], bf16_ref[l]), rel(hs_bf16[l], bf16_ref[l])
+        log(f"{name} | {l} | {e8:.3e} | {e16:.3e} | {e8 / max(e16, 1e-12):.1f}x")
 
 
 def fp8_names(ckpt_dir):
