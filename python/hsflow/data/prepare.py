@@ -260,22 +260,24 @@ def _token_list(v, name):
     return a.astype(np.int64)
 
 
+def _token_list_per_id(rec, name, ids):
+    """rec[name] as a token list with one entry per input id."""
+    a = _token_list(rec[name], name)
+    if a.size != ids.size:
+        raise Malformed(f"{name} has {a.size} entries, input_ids has {ids.size}", "bad_tokens")
+    return a
+
+
 def _tokens_record(rec):
     ids = _token_list(rec.get("input_ids"), "input_ids")
     if ids.size and (ids.min() < 0 or ids.max() > 0x7FFFFFFF):
         raise Malformed("input_ids must be integers in 0..2147483647", "bad_tokens")
     if rec.get("loss_mask") is not None:
-        mask = _token_list(rec["loss_mask"], "loss_mask")
-        if mask.size != ids.size:
-            raise Malformed(f"loss_mask has {mask.size} entries, input_ids has {ids.size}",
-                            "bad_tokens")
+        mask = _token_list_per_id(rec, "loss_mask", ids)
         if mask.size and (mask.min() < 0 or mask.max() > 1):
             raise Malformed("loss_mask entries must be 0 or 1", "bad_tokens")
     elif rec.get("labels") is not None:
-        labels = _token_list(rec["labels"], "labels")
-        if labels.size != ids.size:
-            raise Malformed(f"labels has {labels.size} entries, input_ids has {ids.size}",
-                            "bad_tokens")
+        labels = _token_list_per_id(rec, "labels", ids)
         mask = (labels != -100).astype(np.int64)
     else:
         mask = np.ones_like(ids)
