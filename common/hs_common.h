@@ -174,22 +174,22 @@ static inline size_t hs_align_up(size_t x, size_t a)
 #endif
 #define HS_FP8_MAX 448.0f
 
+/* A float and its bits, for the two conversions below. */
+typedef union {
+    float f;
+    uint32_t u;
+} hs__f32_bits_t;
+
 static inline HS_HOSTDEV uint32_t hs_f32_bits(float x)
 {
-    union {
-        float f;
-        uint32_t u;
-    } c;
+    hs__f32_bits_t c;
     c.f = x;
     return c.u;
 }
 
 static inline HS_HOSTDEV float hs_f32_from_bits(uint32_t u)
 {
-    union {
-        float f;
-        uint32_t u;
-    } c;
+    hs__f32_bits_t c;
     c.u = u;
     return c.f;
 }
