@@ -196,6 +196,57 @@ class HsflowError(RuntimeError):
         super().__init__(what)
 
 
+# How long one wait inside the library lasts before Python gets control back
+# (so Ctrl-C and close() from another thread are seen).
+POLL_MS = 100
+
+
+class Endpoint:
+    """What Consumer and Producer share: `with` and garbage collection call
+    close(), and the library's next batch or ticket is waited for in short
+    waits. A subclass sets _closing (close() began, maybe in another thread)
+    and _done (the run is over) to False before its first wait."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _wait_next(self, call, timeout, what):
+        """Calls call(ms) (hs_consumer_next or hs_producer_next, waiting at
+        most ms milliseconds) in waits of at most POLL_MS until it gives one.
+        True when it did; False after `timeout` seconds (None: no limit)
+        without one; StopIteration once close() began or the run is over;
+        HsflowError(what) for any other status."""
+        waited = 0.0
+        while True:
+            if self._closing:
+                raise StopIteration
+            ms = POLL_MS
+            if timeout is not None:
+                left = timeout - waited
+                if left <= 0:
+                    return False
+                ms = max(1, min(ms, int(left * 1000)))
+            st = call(ms)
+            if st == HS_OK:
+                return True
+            if st == HS_ERR_TIMEOUT:
+                waited += ms / 1000.0
+                continue
+            if st == HS_ERR_CLOSED:
+                self._done = True
+                raise StopIteration
+            raise HsflowError(what, st)
+
+
 _LIB_NAME = "libhsflow.so"
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 # The checkout this package is python/hsflow of, when it is run from one

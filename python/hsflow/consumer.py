@@ -9,13 +9,9 @@ import threading
 import numpy as np
 
 from . import _arrays, _log
-from ._lib import (HS_ERR_CLOSED, HS_ERR_NOSPACE, HS_ERR_TIMEOUT, HS_HIDDEN_BF16, HS_HIDDEN_FP8,
-                   HS_OK, HS_ORDER_ARRIVAL,
-                   HS_ORDER_PLAN, CBatch, ConsumerConfig, ConsumerStats, HsflowError, load)
-
-# How long one wait inside the library lasts before Python gets control back
-# (so Ctrl-C and close() from another thread are seen).
-_POLL_MS = 100
+from ._lib import (HS_ERR_NOSPACE, HS_HIDDEN_BF16, HS_HIDDEN_FP8, HS_OK, HS_ORDER_ARRIVAL,
+                   HS_ORDER_PLAN, CBatch, ConsumerConfig, ConsumerStats, Endpoint, HsflowError,
+                   load)
 
 
 def _resume_text(resume):
@@ -245,7 +241,7 @@ def _rank_world(rank, world):
     return rank, world
 
 
-class Consumer:
+class Consumer(Endpoint):
     """Listens for producers and yields verified batches:
 
         with hsflow.Consumer(listen="0.0.0.0:7000", cache_gb=64, epochs=2) as c:
@@ -423,18 +419,6 @@ class Consumer:
             self._lib.hs_consumer_destroy(self._c)
             self._c = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
     def _handle(self):
         if self._c is None:
             raise HsflowError("the consumer is closed")
@@ -481,26 +465,9 @@ class Consumer:
             if self._done:
                 raise StopIteration
             cb = CBatch()
-            waited = 0.0
-            while True:
-                if self._closing:
-                    raise StopIteration
-                ms = _POLL_MS
-                if timeout is not None:
-                    left = timeout - waited
-                    if left <= 0:
-                        return None
-                    ms = max(1, min(ms, int(left * 1000)))
-                st = self._lib.hs_consumer_next(h, ctypes.byref(cb), ms)
-                if st == HS_OK:
-                    break
-                if st == HS_ERR_TIMEOUT:
-                    waited += ms / 1000.0
-                    continue
-                if st == HS_ERR_CLOSED:
-                    self._done = True
-                    raise StopIteration
-                raise HsflowError("hs_consumer_next", st)
+            if not self._wait_next(lambda ms: self._lib.hs_consumer_next(h, ctypes.byref(cb), ms),
+                                   timeout, "hs_consumer_next"):
+                return None
             try:
                 b = Batch(self, cb, self._mode, self._gpu)
             except BaseException:

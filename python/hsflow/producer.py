@@ -8,10 +8,9 @@ import os
 import numpy as np
 
 from . import _arrays
-from ._lib import (HS_ERR_CLOSED, HS_ERR_TIMEOUT, HS_HIDDEN_BF16, HS_HIDDEN_FP8, HS_OK, CWork,
-                   HsflowError, ProducerClientConfig, ProducerInfo, load)
+from ._lib import (HS_HIDDEN_BF16, HS_HIDDEN_FP8, HS_OK, CWork, Endpoint, HsflowError,
+                   ProducerClientConfig, ProducerInfo, load)
 
-_POLL_MS = 100
 _MAX_OUT = 2  # staging buffers per producer (hsflow.h: at most two batches out)
 
 
@@ -234,7 +233,7 @@ def _copy_one(dst, src):
                         "(rounded to bf16), uint16 (bf16 bits) or bfloat16" % (src.dtype,))
 
 
-class Producer:
+class Producer(Endpoint):
     """Connects to a consumer and yields the tickets it hands out:
 
         with hsflow.Producer(to="drafter:7000", data="train.hst", token_budget=65536,
@@ -356,18 +355,6 @@ class Producer:
         self._lib.hs_producer_close(self._p)
         self._p = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
     def next_ticket(self, timeout=None):
         """The next ticket; None after `timeout` seconds without one; raises
         StopIteration once the consumer says the run is over."""
@@ -379,26 +366,9 @@ class Producer:
         if self._done:
             raise StopIteration
         w = CWork()
-        waited = 0.0
-        while True:
-            if self._closing:
-                raise StopIteration
-            ms = _POLL_MS
-            if timeout is not None:
-                left = timeout - waited
-                if left <= 0:
-                    return None
-                ms = max(1, min(ms, int(left * 1000)))
-            st = self._lib.hs_producer_next(self._p, ctypes.byref(w), ms)
-            if st == HS_OK:
-                break
-            if st == HS_ERR_TIMEOUT:
-                waited += ms / 1000.0
-                continue
-            if st == HS_ERR_CLOSED:
-                self._done = True
-                raise StopIteration
-            raise HsflowError("hs_producer_next", st)
+        if not self._wait_next(lambda ms: self._lib.hs_producer_next(self._p, ctypes.byref(w), ms),
+                               timeout, "hs_producer_next"):
+            return None
         scratch = None
         if self._scratch:
             busy = {id(x._scratch) for x in self._out}
