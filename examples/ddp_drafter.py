@@ -29,22 +29,14 @@ One box, 2 ranks on the CPU, rank 0 starting N local hs-producer processes
 """
 import argparse
 import os
-import subprocess
 import sys
 import time
 
-try:
-    import hsflow
-except ImportError:  # running from a checkout without `pip install ./python`
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-    import hsflow
+import _support  # examples/_support.py, next to this script: finds hsflow in a checkout
+import hsflow
 
 
 def parse_args(argv):
-    producer_args = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, producer_args = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(
         description="Data-parallel (torchrun) drafter stand-in fed by one hsflow consumer per "
                     "rank; prints per-rank tokens/s and the time spent waiting for data.",
@@ -66,11 +58,7 @@ def parse_args(argv):
     ap.add_argument("--loopback", type=int, default=0, metavar="N",
                     help="rank 0 starts N local hs-producer processes (arguments after --) "
                          "pointed at every rank")
-    args = ap.parse_args(argv)
-    if args.loopback and not producer_args:
-        ap.error("--loopback needs hs-producer arguments after `--`")
-    args.producer_args = producer_args
-    return args
+    return _support.parse_args(ap, argv)
 
 
 def main(argv):
@@ -100,10 +88,8 @@ def main(argv):
         if not exe:
             sys.exit("ddp_drafter: hs-producer not found (set HSFLOW_BIN_DIR)")
         to = "127.0.0.1:%d-%d" % (args.base_port, args.base_port + world - 1)  # one box
-        cmd = [exe, "--to", to] + args.producer_args
-        print("ddp_drafter: starting %d x %s" % (args.loopback, " ".join(cmd)), flush=True)
-        procs = [subprocess.Popen(cmd + ["--name", "loopback-%d" % i])
-                 for i in range(args.loopback)]
+        procs = _support.start_producers("ddp_drafter", exe, args.loopback, to,
+                                          args.producer_args)
 
     torch.manual_seed(0)
     model = None
@@ -148,11 +134,7 @@ def main(argv):
         el = time.perf_counter() - t_first if t_first else 0.0
         s = consumer.stats()
         consumer.close()
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _support.stop_producers(procs, 60)
     print("ddp_drafter rank %d/%d: %d batches, %d tokens, %.0f tokens/s, waited for data "
           "%.2f s (%.1f%%), loss %.4f, duplicates %d" % (
               rank, world, batches, tokens, tokens / el if el > 0 else 0.0, waited,

@@ -23,23 +23,14 @@ arguments after `--`:
         --source synthetic --gpus cpu:1
 """
 import argparse
-import os
-import subprocess
 import sys
 import time
 
-try:
-    import hsflow
-except ImportError:  # running from a checkout without `pip install ./python`
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-    import hsflow
+import _support  # examples/_support.py, next to this script: finds hsflow in a checkout
+import hsflow
 
 
 def parse_args(argv):
-    producer_args = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, producer_args = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(
         description="Train a linear+cross-entropy drafter stand-in on hidden states streamed "
                     "by hsflow; prints tokens/s and the time spent waiting for data.",
@@ -71,12 +62,9 @@ def parse_args(argv):
     ap.add_argument("--transport", default="auto", choices=["auto", "tcp", "ucx"])
     ap.add_argument("--loopback", type=int, default=0, metavar="N",
                     help="start N local hs-producer processes with the arguments after --")
-    args = ap.parse_args(argv)
-    if args.loopback and not producer_args:
-        ap.error("--loopback needs hs-producer arguments after `--` (at least --data, "
-                 "--token-budget, --hidden-size, --layers)")
+    args = _support.parse_args(ap, argv, " (at least --data, --token-budget, --hidden-size, "
+                                         "--layers)")
     args.gpu = None if args.gpu.lower() in ("none", "-1") else int(args.gpu)
-    args.producer_args = producer_args
     return args
 
 
@@ -86,9 +74,8 @@ def start_producers(n, port, producer_args):
         sys.exit("drafter_loop: hs-producer not found next to %s, in $HSFLOW_BIN_DIR or on "
                  "PATH; build it (cmake --build build --target hs-producer)"
                  % hsflow.library_path())
-    cmd = [exe, "--to", "127.0.0.1:%d" % port] + producer_args
-    print("drafter_loop: starting %d x %s" % (n, " ".join(cmd)), flush=True)
-    return [subprocess.Popen(cmd + ["--name", "loopback-%d" % i]) for i in range(n)]
+    return _support.start_producers("drafter_loop", exe, n, "127.0.0.1:%d" % port,
+                                     producer_args)
 
 
 def main(argv):
@@ -195,12 +182,7 @@ def main(argv):
         t_end = time.perf_counter()
         s = consumer.stats()
         consumer.close()  # tells producers BYE
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _support.stop_producers(procs, 30)
 
     el = (t_end - t_first) if t_first else 0.0
     print("drafter_loop: %d batches, %d tokens (%d trained) in %.2f s: %.0f tokens/s, waited "

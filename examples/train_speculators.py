@@ -35,22 +35,14 @@ torch <= 2.14.1, transformers <= 5.19; scripts/install-speculators-venv).
 """
 import argparse
 import os
-import subprocess
 import sys
 import time
 
-try:
-    import hsflow
-except ImportError:  # running from a checkout without `pip install ./python`
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-    import hsflow
+import _support  # examples/_support.py, next to this script: finds hsflow in a checkout
+import hsflow
 
 
 def parse_args(argv):
-    producer_args = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, producer_args = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(
         description="Train speculators' EAGLE-3 or DFlash drafter on hidden states streamed by "
                     "hsflow (one consumer per rank under torchrun).",
@@ -107,13 +99,10 @@ def parse_args(argv):
     ap.add_argument("--loopback", type=int, default=0, metavar="N",
                     help="rank 0 starts N local hs-producer processes with the arguments "
                          "after -- (pointed at every rank)")
-    args = ap.parse_args(argv)
-    if args.loopback and not producer_args:
-        ap.error("--loopback needs hs-producer arguments after `--` (at least --data, "
-                 "--token-budget, --source model --model DIR)")
+    args = _support.parse_args(ap, argv, " (at least --data, --token-budget, --source model "
+                                         "--model DIR)")
     if args.resume and not args.checkpoint:
         ap.error("--resume needs --checkpoint PATH")
-    args.producer_args = producer_args
     return args
 
 
@@ -235,10 +224,7 @@ def main(argv):
         extra = list(args.producer_args)
         if not any(a in extra for a in ("--layers", "--dflash-layers", "--eagle3-layers")):
             extra += ["--layers", ",".join(map(str, layers))]
-        cmd = [exe, "--to", to] + extra
-        print("train_speculators: starting %d x %s" % (args.loopback, " ".join(cmd)), flush=True)
-        procs = [subprocess.Popen(cmd + ["--name", "loopback-%d" % i])
-                 for i in range(args.loopback)]
+        procs = _support.start_producers("train_speculators", exe, args.loopback, to, extra)
 
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
     done = tokens = 0
@@ -289,12 +275,7 @@ def main(argv):
         el = time.perf_counter() - t0
         stats = consumer.stats()
         consumer.close()
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _support.stop_producers(procs, 60)
     for e, (tot, n) in sorted(_merge(epoch_losses, sums).items()):
         print("train_speculators rank %d: epoch %d mean loss %.4f over %d batches"
               % (rank, e, tot / n, n), flush=True)
