@@ -561,8 +561,8 @@ static hs_status_t check_fp8_gemms(hs_model_cuda_t *mc)
     return HS_OK;
 }
 
-hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs,
-                                     int max_layer, uint64_t *out)
+hs_status_t hs_model_cuda_plan(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs,
+                               int max_layer, hs_model_cuda_plan_t *out)
 {
     if (!out) return HS_ERR_INVALID;
     hs_status_t st = check_create(m, token_budget, max_seqs);
@@ -573,7 +573,18 @@ hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget,
     st = plan_sizes(&mc, m, 0, token_budget, max_seqs, max_layer);
     free(mc.layers);
     if (st) return st;
-    *out = (uint64_t)(mc.wbytes + mc.abytes + mc.lt_bytes);
+    *out = (hs_model_cuda_plan_t){mc.wbytes, mc.abytes, mc.lt_bytes};
+    return HS_OK;
+}
+
+hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs,
+                                     int max_layer, uint64_t *out)
+{
+    if (!out) return HS_ERR_INVALID;
+    hs_model_cuda_plan_t p;
+    hs_status_t st = hs_model_cuda_plan(m, token_budget, max_seqs, max_layer, &p);
+    if (st) return st;
+    *out = p.weights + p.activations + p.workspace;
     return HS_OK;
 }
 

@@ -32,6 +32,12 @@ hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget,
     return no_cuda("cuda forward plan");
 }
 
+hs_status_t hs_model_cuda_plan(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs,
+                               int max_layer, hs_model_cuda_plan_t *out)
+{
+    return no_cuda("cuda forward plan");
+}
+
 hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_ids,
                                   const int32_t *d_cu_seqlens, int n_seqs, int T, int longest,
                                   const int32_t *layers, int n_layers, void *d_out_bf16,

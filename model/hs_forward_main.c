@@ -30,6 +30,8 @@ static void usage(FILE *fp)
             "usage: hs-forward --model DIR --data FILE (--layers LIST | --dflash-layers N)\n"
             "                  [--device cpu|cuda:N] [--dtype auto|bf16|fp8] [--token-budget N]\n"
             "                  --out FILE\n"
+            "       hs-forward --plan --model DIR (--layers LIST | --dflash-layers N)\n"
+            "                  [--dtype auto|bf16|fp8] [--token-budget N]\n"
             "\n"
             "Runs the built-in forward on every sequence of FILE and writes the hidden states\n"
             "of the captured layers to a safetensors file: hidden_states.<idx> [T_total, H]\n"
@@ -48,6 +50,10 @@ static void usage(FILE *fp)
             "                      fp8 (quantise bf16 at load in 128x128 blocks, as FP8\n"
             "                      checkpoints are; the GEMMs in fp8 on an H100/H200)\n"
             "  --token-budget N    tokens per forward call (default 16384)\n"
+            "  --plan              print the GPU memory the CUDA forward plans for this model,\n"
+            "                      budget, layers and dtype (weights, activations, cuBLASLt\n"
+            "                      workspace; as hs-producer plans: up to --token-budget\n"
+            "                      sequences) and exit; no GPU is needed, weights are not read\n"
             "  --out FILE          safetensors file to write (whole or not at all: through a\n"
             "                      temporary file renamed at the end; never onto --data or\n"
             "                      into the --model folder)\n"
@@ -57,6 +63,33 @@ static void usage(FILE *fp)
             "example:\n"
             "  hs-forward --model ~/models/Llama-3.1-8B --data tokens.jsonl \\\n"
             "             --layers 2,16,29 --device cuda:0 --out hs.safetensors\n");
+}
+
+/* --plan: the CUDA forward's memory plan, host arithmetic only. */
+static int print_plan(const hs_model_t *m, uint32_t budget, const int32_t *layers, int k,
+                      hs_model_weights_t weights)
+{
+    int top = 0;
+    for (int i = 0; i < k; i++)
+        if (layers[i] > top) top = layers[i];
+    hs_model_cuda_plan_t p;
+    if (hs_model_cuda_plan(m, budget, budget, top, &p) != HS_OK) return 1;
+    const double gib = 1073741824.0;
+    int N = hs_model_num_layers(m), run = top < N ? top : N;
+    printf("hs-forward --plan: %d of %d decoder layers run (up to layer %d captured), --dtype %s "
+           "(%d fp8 Linear weights), --token-budget %u (up to %u sequences)\n",
+           run, N, top, hs_model_weights_name(weights), hs_model_fp8_weights(m), budget, budget);
+    printf("  weights      %8.2f GiB (%llu bytes)\n", p.weights / gib,
+           (unsigned long long)p.weights);
+    printf("  activations  %8.2f GiB (%llu bytes)\n", p.activations / gib,
+           (unsigned long long)p.activations);
+    printf("  workspace    %8.2f GiB (%llu bytes, cuBLASLt)\n", p.workspace / gib,
+           (unsigned long long)p.workspace);
+    uint64_t total = p.weights + p.activations + p.workspace;
+    printf("  total        %8.2f GiB (%llu bytes); not counted: cuDNN's attention workspace and "
+           "the caller's input and output buffers\n",
+           total / gib, (unsigned long long)total);
+    return 0;
 }
 
 typedef struct {
@@ -155,7 +188,9 @@ int main(int argc, char **argv)
     const char *layers_s = hs_env_for_flag("layers"), *dflash_s = hs_env_for_flag("dflash-layers");
     const char *device = hs_env_for_flag("device"), *out_path = hs_env_for_flag("out");
     const char *budget_s = hs_env_for_flag("token-budget"), *dtype_s = hs_env_for_flag("dtype");
+    int plan_only = 0;
     static const struct option opts[] = {
+        {"plan", no_argument, 0, 'P'},
         {"model", required_argument, 0, 'm'},
         {"data", required_argument, 0, 'd'},
         {"layers", required_argument, 0, 'l'},
@@ -170,6 +205,9 @@ int main(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
+        case 'P':
+            plan_only = 1;
+            break;
         case 'm':
             model_dir = optarg;
             break;
@@ -207,8 +245,9 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!model_dir || !data || !out_path) {
-        fprintf(stderr, "hs-forward: --model, --data and --out are required (see --help)\n");
+    if (!model_dir || (!plan_only && (!data || !out_path))) {
+        fprintf(stderr, "hs-forward: --model, --data and --out are required (--plan: --model "
+                        "only; see --help)\n");
         return 2;
     }
     if (!!layers_s == !!dflash_s) {
@@ -261,7 +300,7 @@ int main(int argc, char **argv)
     /* Before the model is loaded: writing onto the tokens or the model's own
      * files would destroy them. */
     const char *inputs[] = {data, model_dir};
-    if (hs_outfile_check(out_path, inputs, 2) != HS_OK) return 2;
+    if (!plan_only && hs_outfile_check(out_path, inputs, 2) != HS_OK) return 2;
 
     int rc = 1;
     hs_model_t *m = NULL;
@@ -290,6 +329,10 @@ int main(int argc, char **argv)
                 goto done;
             }
         }
+    }
+    if (plan_only) {
+        rc = print_plan(m, (uint32_t)budget, layers, k, weights);
+        goto done;
     }
     if (read_tokens(data, &s) != HS_OK) goto done;
     char lay[512];

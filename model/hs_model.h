@@ -255,6 +255,16 @@ HS_MUST_CHECK hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uin
  * without touching a GPU. */
 HS_MUST_CHECK hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget,
                                                    uint32_t max_seqs, int max_layer, uint64_t *out);
+/* The same plan in its parts: the weights of the layers run (FP8 Linears at
+ * one byte per value plus their block factors), the activations for
+ * token_budget tokens and the cuBLASLt workspace. Not in it: cuDNN's
+ * attention workspace and the caller's input and output buffers. */
+typedef struct {
+    uint64_t weights, activations, workspace;
+} hs_model_cuda_plan_t;
+HS_MUST_CHECK hs_status_t hs_model_cuda_plan(const hs_model_t *m, uint32_t token_budget,
+                                             uint32_t max_seqs, int max_layer,
+                                             hs_model_cuda_plan_t *out);
 /* Runs one packed batch on `stream` (a cudaStream_t; NULL = default stream).
  * d_input_ids [T], d_cu_seqlens [n_seqs + 1] and d_out_bf16 [T,
  * row_stride_elems] are device pointers; semantics as hs_model_forward_cpu

@@ -9,7 +9,8 @@
  * Planned peak of one GPU worker at budget B: the forward's plan
  * (hs_model_cuda_plan_bytes: weights of the layers run, activations for B
  * tokens, cuBLASLt workspace) plus the worker's two device batch buffers
- * (ids, cu_seqlens and the [B, k*H] bf16 output, one per slot). */
+ * (ids, cu_seqlens and the [B, k*H] bf16 output, one per slot, and with
+ * --hs-dtype fp8 the e4m3 rows and scales too: hs__preflight_worker_bytes). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,9 +99,17 @@ hs_status_t hs__preflight_headroom_parse(const char *s, double *out)
 
 /* ---- the GPU run -------------------------------------------------------------- */
 
+uint64_t hs__preflight_worker_bytes(uint32_t budget, uint32_t n_layers, uint32_t H, bool fp8)
+{
+    uint64_t slot = hs_model_cuda_batch_bytes(budget, budget, n_layers, H);
+    if (fp8) slot += (uint64_t)budget * n_layers * H + (uint64_t)budget * 4u + sizeof(int);
+    return 2 * slot;
+}
+
 typedef struct {
     const hs_model_t *m;
     int max_layer, n_layers, H;
+    bool fp8_states;
 } peak_ctx_t;
 
 /* Planned peak of one GPU worker at `budget` (see the file comment). */
@@ -110,8 +119,8 @@ static hs_status_t worker_peak(void *ctx, uint32_t budget, uint64_t *out)
     uint64_t plan;
     hs_status_t st = hs_model_cuda_plan_bytes(c->m, budget, budget, c->max_layer, &plan);
     if (st) return st;
-    *out =
-        plan + 2 * hs_model_cuda_batch_bytes(budget, budget, (uint64_t)c->n_layers, (uint64_t)c->H);
+    *out = plan +
+           hs__preflight_worker_bytes(budget, (uint32_t)c->n_layers, (uint32_t)c->H, c->fp8_states);
     return HS_OK;
 }
 
@@ -233,7 +242,7 @@ hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *bud
         limits[g] = (uint64_t)((double)totals[g] * (1.0 - headroom));
         if (limits[g] < min_limit) min_limit = limits[g];
     }
-    peak_ctx_t pc = {m, top, n_layers, H};
+    peak_ctx_t pc = {m, top, n_layers, H, cfg->layout.dtype == HS_DTYPE_FP8};
 
     uint32_t budget = cfg->token_budget;
     if (budget == 0) {

@@ -5,6 +5,7 @@
 #ifndef HS_PREFLIGHT_INT_H
 #define HS_PREFLIGHT_INT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "hs_common.h"
@@ -36,6 +37,12 @@ uint32_t hs__preflight_max_seq(uint32_t budget, uint32_t max_seq_len);
  * is enough) and returns how many; 0 for a zero budget. */
 int hs__preflight_shapes(uint32_t budget, uint32_t max_seq_len, hs__preflight_shape_t *out,
                          int cap);
+
+/* The device bytes one GPU worker adds to the forward's plan at `budget`:
+ * two batch slots (gpu_worker.c), each with the input ids, cu_seqlens and
+ * the [budget, n_layers * H] bf16 output; with fp8 states (--hs-dtype fp8)
+ * each slot also holds the e4m3 rows, one fp32 scale per token and a flag. */
+uint64_t hs__preflight_worker_bytes(uint32_t budget, uint32_t n_layers, uint32_t H, bool fp8);
 
 /* Planned peak bytes for a budget; non-decreasing in the budget. */
 typedef hs_status_t (*hs__preflight_peak_cb)(void *ctx, uint32_t budget, uint64_t *peak);

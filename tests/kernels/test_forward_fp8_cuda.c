@@ -241,6 +241,13 @@ START_TEST(planned_bytes_shrink_with_fp8_weights)
     printf("planned device bytes, wide model at 64 tokens: bf16 %llu, fp8 %llu (saves %llu)\n",
            (unsigned long long)pb, (unsigned long long)pf, (unsigned long long)(pb - pf));
     ck_assert_uint_gt(pb, pf + (uint64_t)(0.4 * 2 * 589824 * 2));
+    /* its parts: the weights shrink, and they add up to the total */
+    hs_model_cuda_plan_t parts_b, parts_f;
+    ck_assert_int_eq(hs_model_cuda_plan(b, 64, 4, -1, &parts_b), HS_OK);
+    ck_assert_int_eq(hs_model_cuda_plan(f, 64, 4, -1, &parts_f), HS_OK);
+    ck_assert_uint_eq(parts_f.weights + parts_f.activations + parts_f.workspace, pf);
+    ck_assert_uint_eq(parts_b.weights + parts_b.activations + parts_b.workspace, pb);
+    ck_assert_uint_lt(parts_f.weights + (uint64_t)(0.4 * 2 * 589824), parts_b.weights);
     hs_model_destroy(b);
     hs_model_destroy(f);
 }

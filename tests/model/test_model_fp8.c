@@ -221,6 +221,70 @@ START_TEST(malformed_fp8_checkpoints_are_refused_naming_the_tensor_or_field)
 }
 END_TEST
 
+/* hs-forward --plan on dir (layers up to 2, 64 tokens): its exit status, its
+ * stdout and stderr into out[cap]. */
+static int hs_forward_plan(const char *dir, char *out, size_t cap)
+{
+    char log[300], cmd[1200];
+    snprintf(log, sizeof log, "%s/plan.out", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s --plan --model %s --layers 1,2 --token-budget 64 >%s 2>&1",
+             HS_FORWARD_BIN, dir, log);
+    int st = system(cmd);
+    FILE *f = fopen(log, "r");
+    ck_assert_ptr_nonnull(f);
+    out[fread(out, 1, cap - 1, f)] = 0;
+    fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The bytes of a plan line ("\n  weights   1.00 GiB (123 bytes)"). */
+static uint64_t plan_line_bytes(const char *out, const char *key)
+{
+    char line[64];
+    snprintf(line, sizeof line, "\n  %s ", key);
+    const char *p = strstr(out, line);
+    ck_assert_msg(p != NULL, "no '%s' line in: %s", key, out);
+    p = strchr(p, '(');
+    ck_assert_ptr_nonnull(p);
+    return strtoull(p + 1, NULL, 10);
+}
+
+/* The CUDA forward's memory plan needs neither a GPU nor the weights' bytes:
+ * hs-forward --plan prints the library's plan. llama3's Linears have
+ * K = 1000, not a multiple of 128, so the forward runs them in bf16 (they
+ * are dequantised at upload) and the FP8 checkpoint must plan as many
+ * weight bytes as its bf16 twin, not fewer (test_forward_fp8_cuda's wide
+ * model checks that FP8 Linears count one byte a value). A build without
+ * CUDA says so. */
+START_TEST(hs_forward_plan_prints_the_librarys_plan_and_counts_upload_dequantised_weights)
+{
+    char fp8[512], deq[512], out_f[4096], out_d[4096];
+    make_checkpoint("llama3", "", fp8, deq, sizeof fp8);
+    hs_model_t *m = NULL;
+    ck_assert_int_eq(hs_model_load(fp8, &m), HS_OK);
+    hs_model_cuda_plan_t p;
+    hs_status_t st = hs_model_cuda_plan(m, 64, 64, 2, &p);
+    int rc = hs_forward_plan(fp8, out_f, sizeof out_f);
+    if (st == HS_ERR_UNSUPPORTED) {
+        ck_assert_int_ne(rc, 0);
+        ck_assert_msg(strstr(out_f, "no CUDA support"), "%s", out_f);
+        hs_model_destroy(m);
+        return;
+    }
+    ck_assert_int_eq(st, HS_OK);
+    ck_assert_msg(rc == 0, "hs-forward --plan failed: %s", out_f);
+    ck_assert_uint_eq(plan_line_bytes(out_f, "weights"), p.weights);
+    ck_assert_uint_eq(plan_line_bytes(out_f, "activations"), p.activations);
+    ck_assert_uint_eq(plan_line_bytes(out_f, "total"), p.weights + p.activations + p.workspace);
+    ck_assert_int_eq(hs_forward_plan(deq, out_d, sizeof out_d), 0);
+    uint64_t wf = plan_line_bytes(out_f, "weights"), wd = plan_line_bytes(out_d, "weights");
+    printf("hs-forward --plan, llama3 to layer 2: weights bf16 %llu, fp8 %llu bytes\n",
+           (unsigned long long)wd, (unsigned long long)wf);
+    ck_assert_uint_eq(wf, wd);
+    hs_model_destroy(m);
+}
+END_TEST
+
 /* ---- the activation quantiser's C twin ----------------------------------- */
 
 START_TEST(activation_groups_scale_by_amax_over_448_per_token_and_128_columns)
@@ -303,6 +367,8 @@ static Suite *fp8_suite(void)
                         N_FAMILIES);
     tcase_add_test(tc, dtype_bf16_dequantises_an_fp8_checkpoint_at_load);
     tcase_add_test(tc, malformed_fp8_checkpoints_are_refused_naming_the_tensor_or_field);
+    tcase_add_test(tc,
+                   hs_forward_plan_prints_the_librarys_plan_and_counts_upload_dequantised_weights);
     tcase_add_test(tc, activation_groups_scale_by_amax_over_448_per_token_and_128_columns);
     tcase_add_test(tc, activation_groups_never_produce_the_nan_code);
     suite_add_tcase(s, tc);

@@ -242,6 +242,19 @@ static void config_for(hs_producer_config_t *cfg, uint32_t budget, const char *l
     cfg->layout.dtype = HS_DTYPE_BF16;
 }
 
+/* --hs-dtype fp8: each of the worker's two slots also holds the e4m3 rows
+ * and a scale per token; a plan without them let --token-budget auto pick
+ * a budget 3 GiB short at 65,536 tokens of 5 x 5120-wide rows. */
+START_TEST(worker_bytes_count_the_fp8_rows_and_scales_of_both_slots)
+{
+    const uint32_t B = 65536, k = 5, H = 5120;
+    uint64_t bf16 = hs__preflight_worker_bytes(B, k, H, false);
+    uint64_t fp8 = hs__preflight_worker_bytes(B, k, H, true);
+    ck_assert_uint_eq(bf16, 2 * ((uint64_t)B * k * H * 2 + (uint64_t)B * 4 + (B + 1) * 4));
+    ck_assert_uint_eq(fp8 - bf16, 2 * ((uint64_t)B * k * H + (uint64_t)B * 4 + sizeof(int)));
+}
+END_TEST
+
 START_TEST(preflight_without_a_gpu_is_unsupported)
 {
     int n_dev = 0;
@@ -430,6 +443,7 @@ int main(int argc, char **argv)
         tcase_add_test(tc, headroom_reads_a_fraction_or_percentage_and_rejects_nonsense);
         tcase_add_test(tc, forward_flops_match_a_hand_count);
         tcase_add_test(tc, preflight_without_a_gpu_is_unsupported);
+        tcase_add_test(tc, worker_bytes_count_the_fp8_rows_and_scales_of_both_slots);
         tcase_add_test(tc, plan_grows_with_the_budget_and_shrinks_with_fewer_layers);
         tcase_add_test(tc, cuda_plan_counts_a_qwen3_5_hybrids_buffers);
     }
