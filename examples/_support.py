@@ -14,6 +14,14 @@ except ImportError:  # running from a checkout without `pip install ./python`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 
+def say(line):
+    """line and its newline in one write to stdout, flushed: the ranks of a
+    torchrun job share stdout, and print()'s separate write of the newline
+    lets another rank's line land in between."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def parse_args(ap, argv, needs=""):
     """ap's arguments (which include --loopback) parsed from argv up to
     `--`; what follows goes to hs-producer, as args.producer_args. --loopback

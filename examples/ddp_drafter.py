@@ -135,11 +135,11 @@ def main(argv):
         s = consumer.stats()
         consumer.close()
         _support.stop_producers(procs, 60)
-    print("ddp_drafter rank %d/%d: %d batches, %d tokens, %.0f tokens/s, waited for data "
-          "%.2f s (%.1f%%), loss %.4f, duplicates %d" % (
-              rank, world, batches, tokens, tokens / el if el > 0 else 0.0, waited,
-              100 * waited / el if el > 0 else 0.0, loss.item() if loss is not None else
-              float("nan"), s["duplicates"]), flush=True)
+    _support.say("ddp_drafter rank %d/%d: %d batches, %d tokens, %.0f tokens/s, waited for data "
+                 "%.2f s (%.1f%%), loss %.4f, duplicates %d" % (
+                     rank, world, batches, tokens, tokens / el if el > 0 else 0.0, waited,
+                     100 * waited / el if el > 0 else 0.0, loss.item() if loss is not None else
+                     float("nan"), s["duplicates"]))
     dist.barrier()
     dist.destroy_process_group()
     return 0 if s["finished"] and s["duplicates"] == 0 else 1

@@ -277,12 +277,12 @@ def main(argv):
         consumer.close()
         _support.stop_producers(procs, 60)
     for e, (tot, n) in sorted(_merge(epoch_losses, sums).items()):
-        print("train_speculators rank %d: epoch %d mean loss %.4f over %d batches"
-              % (rank, e, tot / n, n), flush=True)
-    print("train_speculators rank %d/%d: %d batches this run (%d steps in all), %d tokens, "
-          "%.0f tokens/s, consumer %d/%d batches delivered"
-          % (rank, world, done, step, tokens, tokens / el if el > 0 else 0.0,
-             stats["batches_delivered"], stats["batches_planned"]), flush=True)
+        _support.say("train_speculators rank %d: epoch %d mean loss %.4f over %d batches"
+                     % (rank, e, tot / n, n))
+    _support.say("train_speculators rank %d/%d: %d batches this run (%d steps in all), %d tokens, "
+                 "%.0f tokens/s, consumer %d/%d batches delivered"
+                 % (rank, world, done, step, tokens, tokens / el if el > 0 else 0.0,
+                    stats["batches_delivered"], stats["batches_planned"]))
     if distributed:
         dist.barrier()
         dist.destroy_process_group()

@@ -650,10 +650,16 @@ extern "C" hs_status_t hs_kn_attn_plan_prepare(hs_kn_attn_plan_t *plan, const in
                                                int n_seqs, int T, int longest, cudaStream_t stream)
 {
     if (!plan || !cu_seqlens || n_seqs < 0 || n_seqs > plan->desc.max_seqs || T < 0 ||
-        T > plan->desc.max_tokens || longest < 0 || longest > T) {
+        T > plan->desc.max_tokens) {
         hs_error("attention plan: batch of %d tokens in %d sequences exceeds the plan (%d tokens, "
                  "%d sequences)",
                  T, n_seqs, plan ? plan->desc.max_tokens : 0, plan ? plan->desc.max_seqs : 0);
+        return HS_ERR_INVALID;
+    }
+    if (longest < 0 || longest > T) {
+        hs_error("attention plan: the longest sequence given, %d tokens, is not within the "
+                 "batch's %d tokens (pass 0 to have it read back)",
+                 longest, T);
         return HS_ERR_INVALID;
     }
     plan->cu = cu_seqlens;
