@@ -42,6 +42,14 @@ import _support  # examples/_support.py, next to this script: finds hsflow in a 
 import hsflow
 
 
+def pad_to_arg(v):
+    if v == "auto":
+        return v
+    if not v.isdigit() or int(v) < 1:
+        raise argparse.ArgumentTypeError("%r: give a whole number of tokens >= 1, or auto" % v)
+    return int(v)
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(
         description="Train speculators' EAGLE-3 or DFlash drafter on hidden states streamed by "
@@ -73,6 +81,11 @@ def parse_args(argv):
                     choices=["simple_flex_attention", "sdpa", "eager"],
                     help="draft attention (default: simple_flex_attention on a GPU, sdpa on "
                          "the CPU)")
+    ap.add_argument("--pad-to", default="auto", type=pad_to_arg, metavar="N|auto",
+                    help="pad each row up to a multiple of N tokens, as speculators pads to "
+                         "--total-seq-len (a token budget here gives every step one shape); "
+                         "auto: 128 where the drafter needs whole flex blocks (EAGLE-3 on "
+                         "simple_flex_attention), else none")
     ap.add_argument("--loss-implementation", default=None, choices=["fused", "eager"],
                     help="speculators' loss kernels (default: fused on a GPU, eager on the CPU)")
     ap.add_argument("--mask-token-id", type=int, default=None,
@@ -238,7 +251,7 @@ def main(argv):
                                    "missing; their messages are above"
                                    % [p.returncode for p in procs])
 
-        for b, d in hs_spec.batches(consumer, train_model, with_batch=True,
+        for b, d in hs_spec.batches(consumer, train_model, with_batch=True, pad_to=args.pad_to,
                                     idle=producers_alive if procs else None):
             epoch = b.epoch
             with autocast:

@@ -186,10 +186,11 @@ class FakeBatch:
         self.sample_ids = np.arange(100, 100 + len(lens), dtype=np.uint64)
 
 
-def speculators_collate(b, shift):
+def speculators_collate(b, shift, pad_to=1):
     """The same samples through speculators' own path: ArrowDataset's
     per-sample dict (file layout [seq, layers, H]), BaseDataset's lengths and
-    position ids, its eagle3 preprocess, CollateFn with max_len = the tokens."""
+    position ids, its eagle3 preprocess, CollateFn with max_len = the tokens
+    rounded up to a multiple of pad_to."""
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import CollateFn
     T, k, H = b.n_tokens, b.n_layers, b.hidden_size
@@ -206,16 +207,12 @@ def speculators_collate(b, shift):
         samples.append(d)
     pre = shift_batch if shift else None
     max_len = sum(len((pre(dict(x)) if pre else x)["input_ids"]) for x in samples)
+    if pad_to > 1:
+        max_len = max(pad_to, -(-max_len // pad_to) * pad_to)
     return CollateFn(max_len, H, k - 1, preprocess=pre)(samples)
 
 
-@pytest.mark.parametrize("alg", ["eagle3", "dflash"])
-@pytest.mark.parametrize("lens", [[5, 1, 9, 3], [17], [2, 2, 1], [7, 1]])
-def test_collate_equals_speculators_collatefn_of_the_same_samples(alg, lens):
-    b = FakeBatch(lens, k=4, H=8, seed=len(lens))
-    shift = hs_spec.ALGORITHMS[alg]
-    ours = hs_spec.collate(b, shift)
-    theirs = speculators_collate(b, shift)
+def assert_same_dict(ours, theirs):
     assert set(theirs) - {"error_records"} <= set(ours)
     assert ours["error_records"] == theirs["error_records"] == 0
     for key, want in theirs.items():
@@ -225,6 +222,16 @@ def test_collate_equals_speculators_collatefn_of_the_same_samples(alg, lens):
         assert got.dtype == want.dtype, (key, got.dtype, want.dtype)
         assert got.shape == want.shape, (key, got.shape, want.shape)
         assert torch.equal(got, want), key
+
+
+@pytest.mark.parametrize("alg", ["eagle3", "dflash"])
+@pytest.mark.parametrize("lens", [[5, 1, 9, 3], [17], [2, 2, 1], [7, 1]])
+def test_collate_equals_speculators_collatefn_of_the_same_samples(alg, lens):
+    b = FakeBatch(lens, k=4, H=8, seed=len(lens))
+    shift = hs_spec.ALGORITHMS[alg]
+    ours = hs_spec.collate(b, shift)
+    theirs = speculators_collate(b, shift)
+    assert_same_dict(ours, theirs)
     n = ours["lengths"].shape[0]
     assert ours["sample_ids"].tolist() == list(range(100, 100 + n))
     if shift:
@@ -234,6 +241,28 @@ def test_collate_equals_speculators_collatefn_of_the_same_samples(alg, lens):
         assert ours["verifier_last_hidden_states"].data_ptr() == \
             b.hidden_states.data_ptr() + 3 * 8 * 2
         assert ours["position_ids"][0, :lens[0]].tolist() == list(range(lens[0]))
+
+
+@pytest.mark.parametrize("alg", ["eagle3", "dflash"])
+@pytest.mark.parametrize("lens,pad_to", [([5, 1, 9, 3], 8), ([16], 16), ([1], 4), ([7, 1], 128)])
+def test_padded_collate_equals_collatefn_padded_to_the_next_multiple(alg, lens, pad_to):
+    b = FakeBatch(lens, k=4, H=8, seed=len(lens))
+    shift = hs_spec.ALGORITHMS[alg]
+    ours = hs_spec.collate(b, shift, pad_to)
+    assert ours["input_ids"].shape[1] % pad_to == 0
+    assert_same_dict(ours, speculators_collate(b, shift, pad_to))
+
+
+def test_eagle3_on_flex_attention_is_padded_to_whole_flex_blocks_and_nothing_else_is(target):
+    # speculators' EAGLE-3 extends its flex block mask by whole blocks per
+    # draft step; an unpadded row fails in flex_attention on the GPU
+    assert hs_spec.flex_block_multiple(build("eagle3", target, "--draft-attn-impl",
+                                             "simple_flex_attention")) == 128
+    assert hs_spec.flex_block_multiple(build("eagle3", target, "--draft-attn-impl", "sdpa")) == 1
+    assert hs_spec.flex_block_multiple(build("dflash", target, "--draft-attn-impl",
+                                             "simple_flex_attention")) == 1
+    with pytest.raises(ValueError, match="pad_to"):
+        hs_spec.batches(None, build("dflash", target), n_target_layers=8, pad_to=0)
 
 
 @pytest.mark.parametrize("alg", ["eagle3", "dflash"])

@@ -32,6 +32,11 @@ per-sample preprocess for eagle3): each sample loses its first token's
 ids, mask and target state and its last token's context states, so T is
 the batch's tokens less n, and position ids start at 1.
 
+Padding: speculators' EAGLE-3 on flex attention (its default) needs a row
+of whole 128-token flex blocks; batches() pads its rows to that multiple
+as speculators' collate pads (zeros, document id -1), and no other row
+(pad_to, flex_block_multiple).
+
 Views: for DFlash the two hidden-state tensors are views of the delivered
 batch (its columns), with no copy; EAGLE-3's shift needs a gather (one
 device copy of the states). The token-sized tensors are converted to int64
@@ -201,9 +206,42 @@ def _lengths_as_collated(lengths, total):
     return out
 
 
-def collate(batch, shift):
+def flex_block_multiple(model):
+    """The multiple of tokens a row must have for this drafter. speculators'
+    EAGLE-3 on flex attention (its default, simple_flex_attention) extends
+    its block mask for each draft step by whole blocks
+    (eagle3/attention.py: extend_mask_for_draft_tokens assumes the row is a
+    whole number of flex blocks), which its collate gives by padding to
+    --total-seq-len; a row of any other length fails in flex_attention (or,
+    were it let through, would attend across the block edges). Other
+    drafters and attention implementations take any length: 1."""
+    m = _unwrap(model)
+    if algorithm(m) != "eagle3" or getattr(m, "_attn_impl", None) != "simple_flex_attention":
+        return 1
+    try:
+        from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE as block
+    except ImportError:
+        block = 128
+    return int(block)
+
+
+def _padded(a, n, value=0):
+    """a [T, ...] with rows appended up to n, filled with value (what
+    speculators' collate pads with: zeros, and -1 for document ids)."""
+    torch = _torch()
+    if a.shape[0] == n:
+        return a
+    out = torch.full((n, *a.shape[1:]), value, dtype=a.dtype, device=a.device)
+    out[:a.shape[0]] = a
+    return out
+
+
+def collate(batch, shift, pad_to=1):
     """The speculators dict for one hsflow Batch (torch arrays): see the
-    module's text. shift=True is EAGLE-3's per-sample shift."""
+    module's text. shift=True is EAGLE-3's per-sample shift. pad_to > 1
+    pads the row up to a multiple of it as speculators' collate pads up to
+    --total-seq-len (zeros; document id -1; lengths unchanged), which makes
+    the hidden states a copy instead of views."""
     torch = _torch()
     hs = batch.hidden_states
     if not torch.is_tensor(hs):
@@ -234,11 +272,14 @@ def collate(batch, shift):
     n_tok = int(pos.shape[0])
     lengths = _lengths_as_collated(lens, n_tok)
     docs = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    row = max(pad_to, -(-n_tok // pad_to) * pad_to) if pad_to > 1 else n_tok
+    pos = np.concatenate([pos, np.zeros(row - n_tok, np.int64)])
+    docs = np.concatenate([docs, np.full(row - n_tok, -1, np.int64)])
     return {
-        "hidden_states": ctx.unsqueeze(0),
-        "verifier_last_hidden_states": last.unsqueeze(0),
-        "input_ids": ids.to(torch.int64).unsqueeze(0),
-        "loss_mask": mask.to(torch.int64).unsqueeze(0),
+        "hidden_states": _padded(ctx, row).unsqueeze(0),
+        "verifier_last_hidden_states": _padded(last, row).unsqueeze(0),
+        "input_ids": _padded(ids.to(torch.int64), row).unsqueeze(0),
+        "loss_mask": _padded(mask.to(torch.int64), row).unsqueeze(0),
         "position_ids": on_dev(pos).unsqueeze(0),
         "document_ids": on_dev(docs).unsqueeze(0),
         "lengths": on_dev(np.asarray(lengths, dtype=np.int64)),
@@ -247,7 +288,8 @@ def collate(batch, shift):
     }
 
 
-def batches(consumer, model, n_target_layers=None, with_batch=False, idle=None):
+def batches(consumer, model, n_target_layers=None, with_batch=False, idle=None,
+            pad_to="auto"):
     """Yields, for each batch the consumer delivers, the dict speculators'
     collate makes for its samples (see the module's text); `loss =
     model(**d, ...)[1]` works as it is. The consumer's previous batch is
@@ -263,18 +305,24 @@ def batches(consumer, model, n_target_layers=None, with_batch=False, idle=None):
     (hsflow.Batch, dict) pairs, for the batch's epoch, id and figures.
     idle: called about once a second while no batch has come (to check
     that producers are still there); an exception it raises ends the
-    iteration with that exception."""
+    iteration with that exception. pad_to: pad each row up to a multiple
+    of it (see collate); "auto" pads where the drafter needs it
+    (flex_block_multiple: EAGLE-3 on flex attention, to 128), 1 never."""
     alg = algorithm(model)
     if alg not in ALGORITHMS:
         raise TypeError("speculators' %r drafter is not served by hsflow.integrations."
                         "speculators (it serves %s)" % (alg, ", ".join(sorted(ALGORITHMS))))
     want = producer_layers(model, n_target_layers)
     use_normed_targets(model)
+    if pad_to == "auto":
+        pad_to = flex_block_multiple(model)
+    if not isinstance(pad_to, int) or pad_to < 1:
+        raise ValueError("pad_to must be 'auto' or a whole number >= 1, not %r" % (pad_to,))
     # checked now, not at the first batch: the generator below starts late
-    return _iterate(consumer, model, ALGORITHMS[alg], want[-1], with_batch, idle)
+    return _iterate(consumer, model, ALGORITHMS[alg], want[-1], with_batch, idle, pad_to)
 
 
-def _iterate(consumer, model, shift, n_target, with_batch, idle):
+def _iterate(consumer, model, shift, n_target, with_batch, idle, pad_to):
     checked = None
     while True:
         try:
@@ -287,5 +335,5 @@ def _iterate(consumer, model, shift, n_target, with_batch, idle):
         if b.layers != checked:
             check_layout(b.layers, b.hidden_size, model, n_target)
             checked = b.layers
-        d = collate(b, shift)
+        d = collate(b, shift, pad_to)
         yield (b, d) if with_batch else d
