@@ -97,6 +97,7 @@ class Worker:
                                            "cpu" if self.gpu < 0 else "cuda:%d" % self.gpu)
         self.impl = getattr(self.decoder.config, "_attn_implementation", None) or \
             s["attn_implementation"]
+        self.sdpa_note = self._choose_sdpa_backends()
         self.packed = s["packed"] if s["packed"] is not None else _hf.packing_is_varlen(self.impl)
         self.packing_note = None
         if self.packed:
@@ -113,8 +114,30 @@ class Worker:
                                     device=self.device) for _ in range(2)]
         return {"pid": os.getpid(), "load_s": time.monotonic() - t0,
                 "params": sum(p.numel() for p in self.decoder.parameters()),
-                "batching": "packed" if self.packed else "padded", "note": self.packing_note,
+                "batching": "packed" if self.packed else "padded",
+                "note": "; ".join(x for x in (self.packing_note, self.sdpa_note) if x) or None,
                 "attn_implementation": self.impl}
+
+    def _choose_sdpa_backends(self):
+        """--sdpa-backends, for sdpa attention on a GPU: the torch kernels
+        scaled_dot_product_attention may pick in this worker process. auto
+        leaves cuDNN out: padded calls change shape every batch, and torch
+        builds cuDNN's attention graph anew for each new (rows, length),
+        tens of ms of host time per call that leave the GPU idle (seen in
+        HS_PRODUCE_PROFILE's ops table). Returns the note to log."""
+        import torch
+        want = self.spec.get("sdpa_backends", "auto")
+        if self.gpu < 0 or self.impl != "sdpa":
+            return None
+        names = ["flash", "efficient", "math"] if want == "auto" else want.split(",")
+        b = torch.backends.cuda
+        b.enable_cudnn_sdp("cudnn" in names)
+        b.enable_flash_sdp("flash" in names)
+        b.enable_mem_efficient_sdp("efficient" in names)
+        b.enable_math_sdp("math" in names)
+        return "sdpa kernels: %s%s" % (",".join(names),
+                                       " (auto: not cudnn, whose graph is rebuilt for every "
+                                       "new shape)" if want == "auto" else "")
 
     def _check_packing(self):
         """Hands packed rows' boundaries to the stateful mixers, then probes

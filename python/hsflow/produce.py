@@ -143,6 +143,20 @@ def _gpus(s):
     return ids
 
 
+SDPA_BACKENDS = ("cudnn", "flash", "efficient", "math")
+
+
+def _sdpa_backends(s):
+    if s == "auto":
+        return s
+    names = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [x for x in names if x not in SDPA_BACKENDS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError("%r: expected auto or a comma-separated list of %s"
+                                         % (s, ", ".join(SDPA_BACKENDS)))
+    return ",".join(dict.fromkeys(names))
+
+
 def _dtype(s):
     if s.lower() not in _hf.DTYPES:
         raise argparse.ArgumentTypeError("'%s': expected bf16, fp16 or fp32" % s)
@@ -195,6 +209,11 @@ def build_parser():
            "flash_attention_3 or _2 when installed on a GPU, then sdpa, flex_attention, "
            "eager), or one of those, or a kernels-hub name; one the model cannot run is "
            "refused naming those that work")
+    a("--sdpa-backends", type=_sdpa_backends, default=_env("sdpa-backends", "auto"),
+      help="with sdpa attention on a GPU, the torch kernels it may pick, comma-separated from "
+           "cudnn, flash, efficient, math; auto (default): flash, efficient, math, not cudnn: "
+           "padded calls change shape every batch and torch builds cuDNN's attention graph "
+           "anew for each new shape, tens of ms of host time per call (docs/pyproducer.md)")
     a("--batching", choices=("auto", "packed", "padded"), default=_env("batching", "auto"),
       help="packed: one padding-free row per batch (position ids restart per sequence; "
            "linear-attention and state-space mixers run per sequence), refused at load when a "
@@ -295,6 +314,7 @@ def parse(argv):
             "layers": layers, "hidden_size": info["hidden_size"], "n_layers": n,
             "n_run": _hf.layers_to_run(layers, n), "model": args.model, "dtype": args.dtype,
             "attn_implementation": args.attn_implementation, "packed": packed,
+            "sdpa_backends": args.sdpa_backends,
             "batching": args.batching, "self_check": args.self_check,
             "status_interval": args.status_interval, "hs_dtype": args.hs_dtype,
             "gpus": args.gpus, "prefetch": args.prefetch, "secret_file": args.secret_file,

@@ -532,8 +532,35 @@ def test_help_lists_hs_producers_flags_with_the_same_spellings(producer_bin):
     for flag in shared:
         assert flag in theirs.stdout, flag
         assert flag in ours.stdout, flag
-    for flag in ("--dtype", "--attn-implementation", "--batching"):
+    for flag in ("--dtype", "--attn-implementation", "--sdpa-backends", "--batching"):
         assert flag in ours.stdout
+
+
+def test_sdpa_backends_flag_leaves_cudnn_out_by_default_and_refuses_unknown_kernels():
+    # torch rebuilds cuDNN's attention graph for every new padded shape (tens
+    # of ms of host time a call), so auto keeps a GPU worker's sdpa off it
+    from hsflow import _produce_worker, produce
+    assert produce._sdpa_backends("flash, math,flash") == "flash,math"
+    with pytest.raises(Exception, match="expected auto or a comma-separated list"):
+        produce._sdpa_backends("cudnn,fast")
+    b = torch.backends.cuda
+    before = (b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(),
+              b.math_sdp_enabled())
+    try:
+        for want, enabled in (("auto", (False, True, True, True)),
+                              ("cudnn,math", (True, False, False, True))):
+            w = _produce_worker.Worker(0, {"gpus": [0], "sdpa_backends": want}, None)
+            w.impl = "sdpa"
+            assert "sdpa kernels" in w._choose_sdpa_backends()
+            assert (b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(),
+                    b.math_sdp_enabled()) == enabled, want
+        w.impl = "eager"  # other attention: left alone
+        assert w._choose_sdpa_backends() is None
+    finally:
+        b.enable_cudnn_sdp(before[0])
+        b.enable_flash_sdp(before[1])
+        b.enable_mem_efficient_sdp(before[2])
+        b.enable_math_sdp(before[3])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
