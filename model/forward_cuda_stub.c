@@ -11,12 +11,6 @@ static hs_status_t no_cuda(const char *what)
     return HS_ERR_UNSUPPORTED;
 }
 
-hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget,
-                                 uint32_t max_seqs, hs_model_cuda_t **out)
-{
-    return hs_model_cuda_create_ex(m, device, token_budget, max_seqs, -1, out);
-}
-
 hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uint32_t token_budget,
                                     uint32_t max_seqs, int max_layer, hs_model_cuda_t **out)
 {
@@ -24,12 +18,6 @@ hs_status_t hs_model_cuda_create_ex(hs_model_t *m, int device, uint32_t token_bu
              "or rebuild with -DHS_CUDA=ON",
              device);
     return HS_ERR_UNSUPPORTED;
-}
-
-hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs,
-                                     int max_layer, uint64_t *out)
-{
-    return no_cuda("cuda forward plan");
 }
 
 hs_status_t hs_model_cuda_plan(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs,

@@ -507,3 +507,22 @@ double hs_model_forward_flops(const hs_model_config_t *c, int n_run, const int32
         total += hs_model_layer_is_linear(c, l) ? linear : full;
     return total;
 }
+
+/* The CUDA forward's two shorthands, the same in every build: with CUDA they
+ * reach forward_cuda.c, without it forward_cuda_stub.c's refusals. */
+hs_status_t hs_model_cuda_create(hs_model_t *m, int device, uint32_t token_budget,
+                                 uint32_t max_seqs, hs_model_cuda_t **out)
+{
+    return hs_model_cuda_create_ex(m, device, token_budget, max_seqs, -1, out);
+}
+
+hs_status_t hs_model_cuda_plan_bytes(const hs_model_t *m, uint32_t token_budget, uint32_t max_seqs,
+                                     int max_layer, uint64_t *out)
+{
+    if (!out) return HS_ERR_INVALID;
+    hs_model_cuda_plan_t p;
+    hs_status_t st = hs_model_cuda_plan(m, token_budget, max_seqs, max_layer, &p);
+    if (st) return st;
+    *out = p.weights + p.activations + p.workspace;
+    return HS_OK;
+}
