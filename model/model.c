@@ -317,20 +317,11 @@ hs_status_t hs_model_load(const char *dir, hs_model_t **out)
 
 hs_status_t hs_model_load_ex(const char *dir, hs_model_weights_t weights, hs_model_t **out)
 {
-    hs_status_t rc = HS_ERR_NOMEM;
-    char path[PATH_MAX];
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    char *json = read_file(path, &len);
-    if (!json) {
-        hs_error("cannot read %s: %m (is %s a Hugging Face model folder?)", path, dir);
-        return HS_ERR_IO;
-    }
     hs_model_t *m = calloc(1, sizeof *m);
-    if (!m) goto err_json;
+    if (!m) return HS_ERR_NOMEM;
     pthread_mutex_init(&m->cpu_lock, NULL);
     m->weights = weights;
-    rc = hs__model_config_parse(json, len, path, &m->cfg);
+    hs_status_t rc = hs_model_read_config(dir, &m->cfg);
     if (rc != HS_OK) goto err_model;
     const hs_model_config_t *c = &m->cfg;
 
@@ -382,14 +373,11 @@ hs_status_t hs_model_load_ex(const char *dir, hs_model_weights_t weights, hs_mod
             c->rope_type == HS_ROPE_LLAMA3   ? " llama3-scaling"
             : c->rope_type == HS_ROPE_LINEAR ? " linear-scaling"
                                              : "");
-    free(json);
     *out = m;
     return HS_OK;
 
 err_model:
     hs_model_destroy(m);
-err_json:
-    free(json);
     return rc;
 }
 
