@@ -42,3 +42,33 @@ int hs_cli_bad(const char *prog, const char *flag, const char *arg, const char *
     fprintf(stderr, "%s: --%s '%s' (%s): %s\n", prog, flag, arg ? arg : "", from, expect);
     return 2;
 }
+
+/* hs_cli_parse_flags' wrapper around the program's apply: --help is its own. */
+typedef struct {
+    hs_cli_apply_cb apply;
+    void *ctx;
+    void (*usage)(FILE *out);
+} cli_flags_t;
+
+enum { CLI_HELP = -1 }; /* apply's stop value after --help (a program's own are > 0) */
+
+static int cli_flags_apply(void *ctx, int opt, const char *arg, const char *from)
+{
+    cli_flags_t *f = ctx;
+    if (opt != 'h') return f->apply(f->ctx, opt, arg, from);
+    f->usage(stdout);
+    return CLI_HELP;
+}
+
+int hs_cli_parse_flags(int argc, char **argv, const struct option *longopts, hs_cli_apply_cb apply,
+                       void *ctx, const char *prog, void (*usage)(FILE *out))
+{
+    cli_flags_t f = {apply, ctx, usage};
+    int first = argc;
+    int rc = hs_cli_parse(argc, argv, "h", longopts, cli_flags_apply, &f, &first);
+    if (rc == CLI_HELP) return 0;
+    if (rc == 0 && first >= argc) return -1;
+    if (rc == 0) fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[first]);
+    usage(stderr);
+    return 2;
+}

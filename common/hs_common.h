@@ -363,6 +363,13 @@ int hs_cli_parse(int argc, char **argv, const char *shortopts, const struct opti
  * EXPECT" to stderr and returns 2. */
 int hs_cli_bad(const char *prog, const char *flag, const char *arg, const char *from,
                const char *expect);
+/* hs_cli_parse for a program that takes flags and no operands, with -h and
+ * --help (opt 'h', which apply never sees) printing usage to stdout. An
+ * unknown flag, a bad value (apply's non-zero) or an operand prints usage to
+ * stderr. Returns -1 to go on, else the exit status for main: 0 after
+ * --help, 2 after a mistake. */
+int hs_cli_parse_flags(int argc, char **argv, const struct option *longopts, hs_cli_apply_cb apply,
+                       void *ctx, const char *prog, void (*usage)(FILE *out));
 
 #ifdef __cplusplus
 }

@@ -179,119 +179,118 @@ out:
 }
 #endif
 
+/* The flags as given (command line over HS_* environment), checked in main. */
+typedef struct {
+    const char *model, *data, *layers, *dflash, *device, *out, *budget, *dtype;
+    bool plan_only;
+} options_t;
+
+static const struct option opts[] = {
+    {"plan", no_argument, 0, 'P'},
+    {"model", required_argument, 0, 'm'},
+    {"data", required_argument, 0, 'd'},
+    {"layers", required_argument, 0, 'l'},
+    {"dflash-layers", required_argument, 0, 'f'},
+    {"device", required_argument, 0, 'D'},
+    {"token-budget", required_argument, 0, 'b'},
+    {"dtype", required_argument, 0, 'w'}, /* Linear weights: auto, bf16, fp8 */
+    {"out", required_argument, 0, 'o'},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
+
+/* hs_cli_parse_flags' callback: every flag is checked later, in main. */
+static int apply(void *ctx, int opt, const char *arg, const char *from)
+{
+    (void)from;
+    options_t *o = ctx;
+    switch (opt) {
+    case 'P':
+        o->plan_only = true;
+        break;
+    case 'm':
+        o->model = arg;
+        break;
+    case 'd':
+        o->data = arg;
+        break;
+    case 'l':
+        o->layers = arg;
+        break;
+    case 'f':
+        o->dflash = arg;
+        break;
+    case 'D':
+        o->device = arg;
+        break;
+    case 'b':
+        o->budget = arg;
+        break;
+    case 'w':
+        o->dtype = arg;
+        break;
+    case 'o':
+        o->out = arg;
+        break;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (hs_cli_wants_version(argc, argv)) {
         hs_version_print(stdout, "hs-forward");
         return 0;
     }
-    const char *model_dir = hs_env_for_flag("model"), *data = hs_env_for_flag("data");
-    const char *layers_s = hs_env_for_flag("layers"), *dflash_s = hs_env_for_flag("dflash-layers");
-    const char *device = hs_env_for_flag("device"), *out_path = hs_env_for_flag("out");
-    const char *budget_s = hs_env_for_flag("token-budget"), *dtype_s = hs_env_for_flag("dtype");
-    int plan_only = 0;
-    static const struct option opts[] = {
-        {"plan", no_argument, 0, 'P'},
-        {"model", required_argument, 0, 'm'},
-        {"data", required_argument, 0, 'd'},
-        {"layers", required_argument, 0, 'l'},
-        {"dflash-layers", required_argument, 0, 'f'},
-        {"device", required_argument, 0, 'D'},
-        {"token-budget", required_argument, 0, 'b'},
-        {"dtype", required_argument, 0, 'w'}, /* Linear weights: auto, bf16, fp8 */
-        {"out", required_argument, 0, 'o'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'P':
-            plan_only = 1;
-            break;
-        case 'm':
-            model_dir = optarg;
-            break;
-        case 'd':
-            data = optarg;
-            break;
-        case 'l':
-            layers_s = optarg;
-            break;
-        case 'f':
-            dflash_s = optarg;
-            break;
-        case 'D':
-            device = optarg;
-            break;
-        case 'b':
-            budget_s = optarg;
-            break;
-        case 'w':
-            dtype_s = optarg;
-            break;
-        case 'o':
-            out_path = optarg;
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "hs-forward: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
-    if (!model_dir || (!plan_only && (!data || !out_path))) {
+    options_t o = {0};
+    int exit_now = hs_cli_parse_flags(argc, argv, opts, apply, &o, "hs-forward", usage);
+    if (exit_now >= 0) return exit_now;
+    if (!o.model || (!o.plan_only && (!o.data || !o.out))) {
         fprintf(stderr, "hs-forward: --model, --data and --out are required (--plan: --model "
                         "only; see --help)\n");
         return 2;
     }
-    if (!!layers_s == !!dflash_s) {
+    if (!!o.layers == !!o.dflash) {
         fprintf(stderr, "hs-forward: give exactly one of --layers LIST or --dflash-layers N\n");
         return 2;
     }
-    if (!device) device = "cpu";
+    if (!o.device) o.device = "cpu";
     int cuda_dev = -1;
-    if (strncmp(device, "cuda:", 5) == 0) {
+    if (strncmp(o.device, "cuda:", 5) == 0) {
         int64_t v;
-        if (hs_parse_i64(device + 5, &v) != HS_OK || v < 0 || v > 1023) {
-            fprintf(stderr, "hs-forward: --device '%s': use cpu or cuda:N\n", device);
+        if (hs_parse_i64(o.device + 5, &v) != HS_OK || v < 0 || v > 1023) {
+            fprintf(stderr, "hs-forward: --device '%s': use cpu or cuda:N\n", o.device);
             return 2;
         }
         cuda_dev = (int)v;
-    } else if (strcmp(device, "cpu") != 0) {
-        fprintf(stderr, "hs-forward: --device '%s': use cpu or cuda:N\n", device);
+    } else if (strcmp(o.device, "cpu") != 0) {
+        fprintf(stderr, "hs-forward: --device '%s': use cpu or cuda:N\n", o.device);
         return 2;
     }
     hs_model_weights_t weights = HS_MODEL_WEIGHTS_AUTO;
-    if (dtype_s && hs_model_weights_parse(dtype_s, &weights) != HS_OK) {
-        fprintf(stderr, "hs-forward: --dtype '%s': use auto, bf16 or fp8\n", dtype_s);
+    if (o.dtype && hs_model_weights_parse(o.dtype, &weights) != HS_OK) {
+        fprintf(stderr, "hs-forward: --dtype '%s': use auto, bf16 or fp8\n", o.dtype);
         return 2;
     }
     uint64_t budget = 16384;
-    if (budget_s &&
-        (hs_parse_u64(budget_s, &budget) != HS_OK || budget < 1 || budget > 2147483647u)) {
-        fprintf(stderr, "hs-forward: --token-budget '%s' must be a positive integer\n", budget_s);
+    if (o.budget &&
+        (hs_parse_u64(o.budget, &budget) != HS_OK || budget < 1 || budget > 2147483647u)) {
+        fprintf(stderr, "hs-forward: --token-budget '%s' must be a positive integer\n", o.budget);
         return 2;
     }
     int dflash_n = 0, layer_list[MAX_CAPTURED], k = 0;
-    if (layers_s) {
-        if (hs_parse_int_list(layers_s, layer_list, MAX_CAPTURED, &k) != HS_OK || k < 1) {
+    if (o.layers) {
+        if (hs_parse_int_list(o.layers, layer_list, MAX_CAPTURED, &k) != HS_OK || k < 1) {
             fprintf(stderr,
                     "hs-forward: --layers '%s': expected a comma-separated list such as 2,16,29 "
                     "(at most %d)\n",
-                    layers_s, MAX_CAPTURED);
+                    o.layers, MAX_CAPTURED);
             return 2;
         }
     } else {
         int64_t v;
-        if (hs_parse_i64(dflash_s, &v) != HS_OK || v < 1 || v > MAX_CAPTURED) {
-            fprintf(stderr, "hs-forward: --dflash-layers '%s' must be 1..%d\n", dflash_s,
+        if (hs_parse_i64(o.dflash, &v) != HS_OK || v < 1 || v > MAX_CAPTURED) {
+            fprintf(stderr, "hs-forward: --dflash-layers '%s' must be 1..%d\n", o.dflash,
                     MAX_CAPTURED);
             return 2;
         }
@@ -300,8 +299,8 @@ int main(int argc, char **argv)
 
     /* Before the model is loaded: writing onto the tokens or the model's own
      * files would destroy them. */
-    const char *inputs[] = {data, model_dir};
-    if (!plan_only && hs_outfile_check(out_path, inputs, 2) != HS_OK) return 2;
+    const char *inputs[] = {o.data, o.model};
+    if (!o.plan_only && hs_outfile_check(o.out, inputs, 2) != HS_OK) return 2;
 
     int rc = 1;
     hs_model_t *m = NULL;
@@ -312,7 +311,7 @@ int main(int argc, char **argv)
     hs_model_cuda_t *mc = NULL;
     void *d_ids = NULL, *d_cu = NULL, *d_out = NULL;
 #endif
-    if (hs_model_load_ex(model_dir, weights, &m) != HS_OK) goto done;
+    if (hs_model_load_ex(o.model, weights, &m) != HS_OK) goto done;
     hs_model_set_attn(m, hs_model_attn_parse(getenv("HS_ATTN_BACKEND")));
     int N = hs_model_num_layers(m), H = hs_model_hidden_size(m);
     if (dflash_n) {
@@ -331,11 +330,11 @@ int main(int argc, char **argv)
             }
         }
     }
-    if (plan_only) {
+    if (o.plan_only) {
         rc = print_plan(m, (uint32_t)budget, layers, k, weights);
         goto done;
     }
-    if (read_tokens(data, &s) != HS_OK) goto done;
+    if (read_tokens(o.data, &s) != HS_OK) goto done;
     char lay[512];
     size_t ln = 0;
     lay[0] = 0;
@@ -343,8 +342,8 @@ int main(int argc, char **argv)
         ln += (size_t)snprintf(lay + ln, sizeof lay - ln, "%s%d", i ? "," : "", layers[i]);
     hs_info("hs-forward: model=%s data=%s (%d sequences, %lld tokens) layers=%s device=%s "
             "dtype=%s token-budget=%llu out=%s",
-            model_dir, data, s.n, (long long)s.T, lay, device, hs_model_weights_name(weights),
-            (unsigned long long)budget, out_path);
+            o.model, o.data, s.n, (long long)s.T, lay, o.device, hs_model_weights_name(weights),
+            (unsigned long long)budget, o.out);
 
     int esize = cuda_dev >= 0 ? 2 : 4;
     size_t row = (size_t)k * (size_t)H;
@@ -454,14 +453,13 @@ int main(int argc, char **argv)
                                            .rows = 1,
                                            .row_bytes = (size_t)s.T * 4};
         const char *mk[] = {"format", "model", "layers", "device"};
-        const char *mv[] = {"hsflow-hidden-states", model_dir, lay, device};
-        hs_status_t st = hs__st_write(out_path, t, k + 2, mk, mv, 4);
+        const char *mv[] = {"hsflow-hidden-states", o.model, lay, o.device};
+        hs_status_t st = hs__st_write(o.out, t, k + 2, mk, mv, 4);
         free(t);
         free(names);
         if (st != HS_OK) goto cuda_done;
     }
-    hs_info("hs-forward: wrote %d layers x %lld tokens x H=%d to %s", k, (long long)s.T, H,
-            out_path);
+    hs_info("hs-forward: wrote %d layers x %lld tokens x H=%d to %s", k, (long long)s.T, H, o.out);
     rc = 0;
 cuda_done:
 #ifdef HS_HAVE_CUDA

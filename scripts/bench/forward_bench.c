@@ -206,90 +206,107 @@ static void attn_cell(double v)
         printf(" - |");
 }
 
+/* The flags (command line over HS_* environment), checked in main. */
+typedef struct {
+    const char *model, *layers, *shapes, *torch_script;
+    int iters, device;
+    bool attn_only;
+    double peak;
+    hs_model_weights_t weights;
+} options_t;
+
+static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                     {"dtype", required_argument, 0, 'w'},
+                                     {"layers", required_argument, 0, 'l'},
+                                     {"shapes", required_argument, 0, 's'},
+                                     {"iters", required_argument, 0, 'i'},
+                                     {"device", required_argument, 0, 'd'},
+                                     {"peak-tflops", required_argument, 0, 'p'},
+                                     {"attn-only", no_argument, 0, 'a'},
+                                     {"torch-script", required_argument, 0, 't'},
+                                     {"no-torch", no_argument, 0, 'n'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {0, 0, 0, 0}};
+
+/* hs_cli_parse_flags' callback: 2 for a bad --dtype, else 0. */
+static int apply(void *ctx, int opt, const char *arg, const char *from)
+{
+    options_t *o = ctx;
+    switch (opt) {
+    case 'm':
+        o->model = arg;
+        break;
+    case 'l':
+        o->layers = arg;
+        break;
+    case 'w':
+        if (hs_model_weights_parse(arg, &o->weights) != HS_OK)
+            return hs_cli_bad("hs-bench-forward", "dtype", arg, from, "use auto, bf16 or fp8");
+        break;
+    case 's':
+        o->shapes = arg;
+        break;
+    case 'i':
+        o->iters = atoi(arg);
+        break;
+    case 'd':
+        o->device = atoi(arg);
+        break;
+    case 'p':
+        o->peak = atof(arg);
+        break;
+    case 'a':
+        o->attn_only = true;
+        break;
+    case 't':
+        o->torch_script = arg;
+        break;
+    case 'n':
+        o->torch_script = NULL;
+        break;
+    }
+    return 0;
+}
+
+/* --shapes "NxL,NxL,...": 0, or 2 (said why) for a bad entry or too many. */
+static int parse_shapes(const char *shapes, int *sn, int *sl, int *n_shapes)
+{
+    char *dup = strdup(shapes), *save = NULL;
+    if (!dup) return 2;
+    int rc = 0;
+    *n_shapes = 0;
+    for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int k = *n_shapes;
+        if (k == MAX_SHAPES || sscanf(tok, "%dx%d", &sn[k], &sl[k]) != 2 || sn[k] < 1 ||
+            sl[k] < 1) {
+            fprintf(stderr, "hs-bench-forward: --shapes '%s': give NxL entries such as 16x4096\n",
+                    tok);
+            rc = 2;
+            break;
+        }
+        (*n_shapes)++;
+    }
+    free(dup);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
-    const char *model_dir = NULL, *layers_s = NULL, *shapes_s = NULL;
-    int iters = 5, device = 0, attn_only = 0;
-    const char *torch_script = "scripts/bench/attn_torch.py";
-    double peak = 0;
-    hs_model_weights_t weights = HS_MODEL_WEIGHTS_AUTO;
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
-                                         {"dtype", required_argument, 0, 'w'},
-                                         {"layers", required_argument, 0, 'l'},
-                                         {"shapes", required_argument, 0, 's'},
-                                         {"iters", required_argument, 0, 'i'},
-                                         {"device", required_argument, 0, 'd'},
-                                         {"peak-tflops", required_argument, 0, 'p'},
-                                         {"attn-only", no_argument, 0, 'a'},
-                                         {"torch-script", required_argument, 0, 't'},
-                                         {"no-torch", no_argument, 0, 'n'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            model_dir = optarg;
-            break;
-        case 'l':
-            layers_s = optarg;
-            break;
-        case 'w':
-            if (hs_model_weights_parse(optarg, &weights) != HS_OK) {
-                fprintf(stderr, "hs-bench-forward: --dtype '%s': use auto, bf16 or fp8\n", optarg);
-                return 2;
-            }
-            break;
-        case 's':
-            shapes_s = optarg;
-            break;
-        case 'i':
-            iters = atoi(optarg);
-            break;
-        case 'd':
-            device = atoi(optarg);
-            break;
-        case 'p':
-            peak = atof(optarg);
-            break;
-        case 'a':
-            attn_only = 1;
-            break;
-        case 't':
-            torch_script = optarg;
-            break;
-        case 'n':
-            torch_script = NULL;
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (attn_only) {
-        if (!shapes_s) shapes_s = "64x1024,32x2048,16x4096,8x8192";
-        int sn[MAX_SHAPES], sl[MAX_SHAPES], n_shapes = 0;
-        char *d2 = strdup(shapes_s), *sv = NULL;
-        for (char *tok = strtok_r(d2, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
-            if (n_shapes == MAX_SHAPES || sscanf(tok, "%dx%d", &sn[n_shapes], &sl[n_shapes]) != 2 ||
-                sn[n_shapes] < 1 || sl[n_shapes] < 1) {
-                fprintf(stderr,
-                        "hs-bench-forward: --shapes '%s': give NxL entries such as 16x4096\n", tok);
-                return 2;
-            }
-            n_shapes++;
-        }
-        free(d2);
+    options_t o = {.torch_script = "scripts/bench/attn_torch.py", .iters = 5};
+    int exit_now = hs_cli_parse_flags(argc, argv, opts, apply, &o, "hs-bench-forward", usage);
+    if (exit_now >= 0) return exit_now;
+    if (o.attn_only) {
+        if (!o.shapes) o.shapes = "64x1024,32x2048,16x4096,8x8192";
+        int sn[MAX_SHAPES], sl[MAX_SHAPES], n_shapes;
+        if (parse_shapes(o.shapes, sn, sl, &n_shapes)) return 2;
         static attn_row_t rows[N_ATTN_HEADS][MAX_SHAPES];
-        if (cudaSetDevice(device) != cudaSuccess) {
-            fprintf(stderr, "hs-bench-forward: no CUDA device %d\n", device);
+        if (cudaSetDevice(o.device) != cudaSuccess) {
+            fprintf(stderr, "hs-bench-forward: no CUDA device %d\n", o.device);
             return 1;
         }
-        if (attn_bench_hsflow(sn, sl, n_shapes, iters, peak, rows)) return 1;
-        if (torch_script) attn_bench_torch(torch_script, shapes_s, iters, sn, sl, n_shapes, rows);
+        if (attn_bench_hsflow(sn, sl, n_shapes, o.iters, o.peak, rows)) return 1;
+        if (o.torch_script)
+            attn_bench_torch(o.torch_script, o.shapes, o.iters, sn, sl, n_shapes, rows);
         printf("\n| shape | heads/kv/d | hsflow (kernel) | hsflow mma.sync | torch flash | torch "
                "cudnn "
                "| hsflow / torch cudnn |\n|---|---|---|---|---|---|---|\n");
@@ -308,30 +325,20 @@ int main(int argc, char **argv)
             }
         return 0;
     }
-    if (!model_dir || !layers_s || !shapes_s) {
+    if (!o.model || !o.layers || !o.shapes) {
         usage(stderr);
         return 2;
     }
     int layers_i[MAX_LAYERS], n_layers = 0;
-    if (hs_parse_int_list(layers_s, layers_i, MAX_LAYERS, &n_layers) != HS_OK) {
-        fprintf(stderr, "hs-bench-forward: --layers '%s': give a comma-separated list\n", layers_s);
+    if (hs_parse_int_list(o.layers, layers_i, MAX_LAYERS, &n_layers) != HS_OK) {
+        fprintf(stderr, "hs-bench-forward: --layers '%s': give a comma-separated list\n", o.layers);
         return 2;
     }
     int32_t layers[MAX_LAYERS];
     for (int j = 0; j < n_layers; j++)
         layers[j] = layers_i[j];
-    int sn[MAX_SHAPES], sl[MAX_SHAPES], n_shapes = 0;
-    char *dup = strdup(shapes_s), *save = NULL;
-    for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (n_shapes == MAX_SHAPES || sscanf(tok, "%dx%d", &sn[n_shapes], &sl[n_shapes]) != 2 ||
-            sn[n_shapes] < 1 || sl[n_shapes] < 1) {
-            fprintf(stderr, "hs-bench-forward: --shapes '%s': give NxL entries such as 16x4096\n",
-                    tok);
-            return 2;
-        }
-        n_shapes++;
-    }
-    free(dup);
+    int sn[MAX_SHAPES], sl[MAX_SHAPES], n_shapes;
+    if (parse_shapes(o.shapes, sn, sl, &n_shapes)) return 2;
     uint32_t budget = 0, max_seqs = 0;
     for (int i = 0; i < n_shapes; i++) {
         uint32_t T = (uint32_t)sn[i] * (uint32_t)sl[i];
@@ -340,15 +347,16 @@ int main(int argc, char **argv)
     }
     double t0 = hs_now_s();
     hs_model_t *m = NULL;
-    if (hs_model_load_ex(model_dir, weights, &m) != HS_OK) return 1;
+    if (hs_model_load_ex(o.model, o.weights, &m) != HS_OK) return 1;
     hs_model_set_attn(m, hs_model_attn_parse(getenv("HS_ATTN_BACKEND")));
     hs_model_cuda_t *mc = NULL;
-    if (hs_model_cuda_create(m, device, budget, max_seqs, &mc) != HS_OK) return 1;
+    if (hs_model_cuda_create(m, o.device, budget, max_seqs, &mc) != HS_OK) return 1;
     hs_info("bench: model loaded and uploaded in %.1f s", hs_now_s() - t0);
     int rc = 0;
     for (int i = 0; i < n_shapes; i++) {
         hs_model_cuda_preflight_t r;
-        if (hs_model_cuda_preflight(mc, sn[i], sl[i], layers, n_layers, iters, peak, &r) != HS_OK) {
+        if (hs_model_cuda_preflight(mc, sn[i], sl[i], layers, n_layers, o.iters, o.peak, &r) !=
+            HS_OK) {
             rc = 1;
             break;
         }
@@ -356,7 +364,7 @@ int main(int argc, char **argv)
                "\"tokens_per_s\": %.1f, "
                "\"us_per_token\": %.3f, \"tflop\": %.3f, \"tflops\": %.1f, \"mfu\": %.4f, "
                "\"peak_gib\": %.3f, \"device_used_gib\": %.3f}\n",
-               sn[i], sl[i], hs_model_weights_name(weights), sn[i] * sl[i], r.ms, r.tokens_per_s,
+               sn[i], sl[i], hs_model_weights_name(o.weights), sn[i] * sl[i], r.ms, r.tokens_per_s,
                r.us_per_token, r.tflop, r.tflop / (r.ms / 1000.0), r.mfu,
                r.peak_bytes / 1073741824.0, r.device_used_bytes / 1073741824.0);
         fflush(stdout);

@@ -152,47 +152,51 @@ static void bench_shape(int n, int L, int iters, int nk, int nv, int d)
     cudaFree(ws);
 }
 
+/* The flags (command line over HS_* environment), checked in main. */
+typedef struct {
+    const char *shapes;
+    int iters, nk, nv, d;
+} options_t;
+
+static const struct option opts[] = {
+    {"shapes", required_argument, 0, 's'}, {"iters", required_argument, 0, 'i'},
+    {"heads", required_argument, 0, 'H'},  {"dim", required_argument, 0, 'd'},
+    {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+
+/* hs_cli_parse_flags' callback: 2 for a bad --heads, else 0. */
+static int apply(void *ctx, int opt, const char *arg, const char *from)
+{
+    options_t *o = ctx;
+    switch (opt) {
+    case 's':
+        o->shapes = arg;
+        break;
+    case 'i':
+        o->iters = atoi(arg);
+        break;
+    case 'H':
+        if (sscanf(arg, "%d/%d", &o->nk, &o->nv) != 2)
+            return hs_cli_bad("hs-bench-gdn", "heads", arg, from, "expected NK/NV, like 16/48");
+        break;
+    case 'd':
+        o->d = atoi(arg);
+        break;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"shapes", required_argument, 0, 's'}, {"iters", required_argument, 0, 'i'},
-        {"heads", required_argument, 0, 'H'},  {"dim", required_argument, 0, 'd'},
-        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
-    const char *shapes = "8x8192,64x1024";
-    int iters = 10, nk = 16, nv = 48, d = 128, c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 's':
-            shapes = optarg;
-            break;
-        case 'i':
-            iters = atoi(optarg);
-            break;
-        case 'H':
-            if (sscanf(optarg, "%d/%d", &nk, &nv) != 2) {
-                fprintf(stderr, "hs-bench-gdn: --heads wants NK/NV, like 16/48 (got '%s')\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case 'd':
-            d = atoi(optarg);
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (iters < 1 || nk < 1 || nv < nk || nv % nk || (d != 64 && d != 128)) {
+    options_t o = {.shapes = "8x8192,64x1024", .iters = 10, .nk = 16, .nv = 48, .d = 128};
+    int exit_now = hs_cli_parse_flags(argc, argv, opts, apply, &o, "hs-bench-gdn", usage);
+    if (exit_now >= 0) return exit_now;
+    if (o.iters < 1 || o.nk < 1 || o.nv < o.nk || o.nv % o.nk || (o.d != 64 && o.d != 128)) {
         fprintf(stderr, "hs-bench-gdn: --iters >= 1, --heads NK/NV with NV a multiple of NK, "
                         "--dim 64 or 128\n");
         return 2;
     }
     char buf[256];
-    snprintf(buf, sizeof buf, "%s", shapes);
+    snprintf(buf, sizeof buf, "%s", o.shapes);
     int count = 0;
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -203,7 +207,7 @@ int main(int argc, char **argv)
                     tok);
             return 2;
         }
-        bench_shape(n, L, iters, nk, nv, d);
+        bench_shape(n, L, o.iters, o.nk, o.nv, o.d);
     }
     return 0;
 }
