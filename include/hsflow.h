@@ -403,7 +403,12 @@ HSFLOW_API void hs_consumer_destroy(hs_consumer_t *c);
  *
  * Ownership: the pointers of an hs_work_t point into a staging buffer that
  * belongs to the producer; the caller may write `hidden` (and only that)
- * until hs_producer_submit(). At most two batches are out at once. */
+ * until hs_producer_submit(). At most staging_buffers batches (three by
+ * default) are taken or on the wire at once: with three, a caller that
+ * queues batch N+1's work before it submits N still has a buffer for N+2
+ * while N is sent. */
+
+#define HS_PRODUCER_STAGING_MAX 4 /* staging buffers a producer of this API may have */
 
 typedef struct {
     const char *to;        /* consumer "HOST:PORT" */
@@ -425,6 +430,10 @@ typedef struct {
      * HS_HIDDEN_FP8, filled as hs_work_t.hidden_fp8 and hidden_scales */
     hs_hidden_dtype_t hs_dtype;
     double status_interval_s; /* seconds between the library's status lines; 0 = 5, < 0 = off */
+    /* batch-sized host buffers, 2..HS_PRODUCER_STAGING_MAX; 0 = 3. Two save
+     * one batch's memory, but then a caller that computes batch N+1 before
+     * it submits N waits for N's whole send before it can take N+2. */
+    uint32_t staging_buffers;
 } hs_producer_client_config_t;
 
 typedef struct {
@@ -461,15 +470,15 @@ HSFLOW_API HS_MUST_CHECK hs_status_t hs_producer_submit(hs_producer_t *p, const 
 HSFLOW_API void hs_producer_close(hs_producer_t *p);
 
 /* What hs_producer_open() planned: the plan hash (the one every producer of
- * the run must share), batches per epoch, and the two staging buffers every
- * hs_work_t points into (each `staging_bytes` long, owned by the producer
- * until hs_producer_close()), so a caller can page-lock them once for
- * device-to-host copies straight into them. */
+ * the run must share), batches per epoch, and the staging buffers every
+ * hs_work_t points into (each `staging_bytes` long, NULL past the last,
+ * owned by the producer until hs_producer_close()), so a caller can
+ * page-lock them once for device-to-host copies straight into them. */
 typedef struct {
     uint64_t plan_hash;
     uint32_t n_batches;
     uint32_t max_batch_tokens;
-    void *staging[2];
+    void *staging[HS_PRODUCER_STAGING_MAX];
     uint64_t staging_bytes;
 } hs_producer_info_t;
 

@@ -85,6 +85,9 @@ typedef struct {
     /* The forward's attention kernel (hs_model_set_attn; hs-producer:
      * HS_ATTN_BACKEND=mma); HS_MODEL_ATTN_AUTO by default. */
     hs_model_attn_t attn;
+    /* Staging buffers per worker (2..STAGING_MAX of producer_int.h); 0 = 2.
+     * hs_producer_open() gives its caller 3 by default. */
+    uint32_t staging_buffers;
 } hs_producer_config_t;
 
 void hs_producer_config_default(hs_producer_config_t *cfg);

@@ -85,7 +85,7 @@ static void begin_stop(producer_t *pr)
     }
     pr->sh.tickets_tail = NULL;
     for (uint32_t i = 0; i < pr->cfg->n_workers; i++)
-        for (int k = 0; k < STAGING_PER_WORKER; k++)
+        for (uint32_t k = 0; k < pr->workers[i].n_staging; k++)
             busy += pr->workers[i].staging[k].busy;
     pthread_mutex_unlock(&pr->sh.lock);
     pr->net.tickets_returned += dropped;
@@ -102,7 +102,7 @@ static void drain_step(producer_t *pr)
     bool idle = true;
     pthread_mutex_lock(&pr->sh.lock);
     for (uint32_t i = 0; i < pr->cfg->n_workers && idle; i++)
-        for (int k = 0; k < STAGING_PER_WORKER; k++)
+        for (uint32_t k = 0; k < pr->workers[i].n_staging; k++)
             if (pr->workers[i].staging[k].busy) idle = false;
     if (pr->sh.outbox) idle = false;
     pthread_mutex_unlock(&pr->sh.lock);

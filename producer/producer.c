@@ -218,7 +218,7 @@ static void producer_free(producer_t *pr)
     hs__ticket_pool_free(pr);
     for (uint32_t i = 0; i < HS_PRODUCER_MAX_WORKERS; i++) {
         hs__gpu_worker_destroy(pr->workers[i].gpu_w); /* unpins staging first */
-        for (int k = 0; k < STAGING_PER_WORKER; k++)
+        for (int k = 0; k < STAGING_MAX; k++)
             hs_aligned_free(pr->workers[i].staging[k].buf);
         hs_checksum_stream_destroy(pr->workers[i].checksum);
         free(pr->workers[i].fp8_scratch);
@@ -306,18 +306,20 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
     if (st != HS_OK) goto err;
     log_effective_config(pr, &tc);
 
-    /* Staging: two batch-sized buffers per worker, registered once. */
+    /* Staging: batch-sized buffers per worker (two, or the API's three),
+     * registered once. */
     for (uint32_t i = 0; i < cfg->n_workers; i++) {
         worker_t *w = &pr->workers[i];
         w->pr = pr;
         w->index = i;
         w->gpu = cfg->gpu_ids[i];
+        w->n_staging = cfg->staging_buffers ? cfg->staging_buffers : STAGING_BUILTIN;
         w->checksum = hs_checksum_stream_create();
         if (!w->checksum) {
             st = HS_ERR_NOMEM;
             goto err;
         }
-        for (int k = 0; k < STAGING_PER_WORKER; k++) {
+        for (uint32_t k = 0; k < w->n_staging; k++) {
             staging_t *sg = &w->staging[k];
             sg->owner = w;
             sg->buf = hs_aligned_alloc(4096, pr->max_batch_bytes);
@@ -330,7 +332,7 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
             memset(sg->buf, 0, pr->max_batch_bytes); /* fault the pages in now, not per batch */
             hs_status_t reg = hs_tp_mem_register(pr->tp, sg->buf, pr->max_batch_bytes);
             if (reg != HS_OK)
-                hs_warn("worker %u: staging buffer %d is not registered with the transport (%s); "
+                hs_warn("worker %u: staging buffer %u is not registered with the transport (%s); "
                         "it is sent all the same, registered per send",
                         i, k, hs_status_str(reg));
         }
@@ -476,6 +478,13 @@ hs_status_code_t hs_producer_open(const hs_producer_client_config_t *cc, hs_prod
     cfg.layout.dtype = cc->hs_dtype == HS_HIDDEN_FP8 ? HS_DTYPE_FP8 : HS_DTYPE_BF16;
     cfg.layout.n_layers = cc->n_layers;
     memcpy(cfg.layout.layers, cc->layers, cc->n_layers * sizeof(int32_t));
+    if (cc->staging_buffers == 1 || cc->staging_buffers > HS_PRODUCER_STAGING_MAX) {
+        hs_error("producer: staging_buffers %u: give 2..%d (0 = %d)", cc->staging_buffers,
+                 HS_PRODUCER_STAGING_MAX, STAGING_API_DEFAULT);
+        free(addrs);
+        return HS_ERR_INVALID;
+    }
+    cfg.staging_buffers = cc->staging_buffers ? cc->staging_buffers : STAGING_API_DEFAULT;
     cfg.source = HS_SOURCE_EXTERNAL;
     cfg.n_workers = 1;
     cfg.gpu_ids[0] = -1;
@@ -528,7 +537,7 @@ hs_status_code_t hs_producer_next(hs_producer_t *pr, hs_work_t *out, int timeout
     staging_t *st = NULL;
     for (;;) {
         st = NULL;
-        for (int i = 0; i < STAGING_PER_WORKER; i++)
+        for (uint32_t i = 0; i < w->n_staging; i++)
             if (!w->staging[i].busy) st = &w->staging[i];
         if (pr->sh.tickets && st) break;
         if (pr->sh.net_done || pr->sh.stop) {
@@ -593,7 +602,7 @@ hs_status_code_t hs_producer_submit(hs_producer_t *pr, const hs_work_t *work)
 {
     worker_t *w = &pr->workers[0];
     staging_t *st = NULL;
-    for (int i = 0; i < STAGING_PER_WORKER; i++)
+    for (uint32_t i = 0; i < w->n_staging; i++)
         if ((uintptr_t)&w->staging[i] == work->handle) st = &w->staging[i];
     pthread_mutex_lock(&pr->sh.lock);
     bool taken = st && st->busy && !st->queued;
@@ -638,7 +647,7 @@ hs_status_code_t hs_producer_info(const hs_producer_t *pr, hs_producer_info_t *o
         if (st != HS_OK) return st;
         if (pb.n_tokens > info.max_batch_tokens) info.max_batch_tokens = pb.n_tokens;
     }
-    for (int i = 0; i < STAGING_PER_WORKER && i < 2; i++)
+    for (uint32_t i = 0; i < pr->workers[0].n_staging && i < HS_PRODUCER_STAGING_MAX; i++)
         info.staging[i] = pr->workers[0].staging[i].buf;
     info.staging_bytes = pr->max_batch_bytes;
     *out = info;

@@ -28,7 +28,15 @@
 #include "hs_model.h"
 #include "gpu_worker_int.h"
 
-#define STAGING_PER_WORKER 2
+/* Staging buffers (one batch each) per worker. A built-in worker sends one
+ * batch while it computes the next: two. A worker of the API gets three
+ * unless its config says otherwise: a GPU caller (hsflow-produce) queues
+ * batch N+1's forward before it seals and sends N, so with two buffers the
+ * ticket of N+2 would wait for N's whole send and the network would idle
+ * while the caller seals and launches (docs/pyproducer.md). */
+#define STAGING_MAX HS_PRODUCER_STAGING_MAX
+#define STAGING_BUILTIN 2
+#define STAGING_API_DEFAULT 3
 
 typedef struct ticket {
     struct ticket *next;
@@ -91,7 +99,8 @@ typedef struct worker {
     uint32_t index;
     int gpu; /* -1 = CPU */
     pthread_t thread;
-    staging_t staging[STAGING_PER_WORKER];
+    staging_t staging[STAGING_MAX];
+    uint32_t n_staging; /* of staging[] in use */
     /* figures (lock) */
     uint64_t batches, tokens, bytes;
     double busy_s, stall_s;

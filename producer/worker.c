@@ -129,7 +129,7 @@ void *hs__worker_cpu_main(void *arg)
         staging_t *st = NULL;
         while (!pr->sh.stop) {
             st = NULL;
-            for (int i = 0; i < STAGING_PER_WORKER; i++)
+            for (uint32_t i = 0; i < w->n_staging; i++)
                 if (!w->staging[i].busy) st = &w->staging[i];
             if (pr->sh.tickets && st) break;
             w->t_stall = t_wait;
@@ -243,8 +243,8 @@ void *hs__worker_gpu_main(void *arg)
         int slot = -1;
         while (!pr->sh.stop) {
             slot = -1;
-            for (int i = 0; i < STAGING_PER_WORKER; i++)
-                if (!w->staging[i].busy) slot = i;
+            for (uint32_t i = 0; i < w->n_staging; i++)
+                if (!w->staging[i].busy) slot = (int)i;
             if (pr->sh.tickets && slot >= 0) break;
             /* Nothing to launch yet. Finish the batch on the GPU once its
              * hidden states are out; until then wait in short steps for a

@@ -148,7 +148,11 @@ class ProducerClientConfig(ctypes.Structure):
         ("reconnect", ctypes.c_bool),
         ("hs_dtype", ctypes.c_int),
         ("status_interval_s", ctypes.c_double),
+        ("staging_buffers", _c_u32),
     ]
+
+
+PRODUCER_STAGING_MAX = 4  # HS_PRODUCER_STAGING_MAX
 
 
 class ProducerInfo(ctypes.Structure):
@@ -157,7 +161,7 @@ class ProducerInfo(ctypes.Structure):
         ("plan_hash", _c_u64),
         ("n_batches", _c_u32),
         ("max_batch_tokens", _c_u32),
-        ("staging", ctypes.c_void_p * 2),
+        ("staging", ctypes.c_void_p * PRODUCER_STAGING_MAX),
         ("staging_bytes", _c_u64),
     ]
 

@@ -169,7 +169,7 @@ class Worker:
         self.decoder.layers[layer].register_forward_hook(hook)
 
     def _pin_staging(self):
-        """Page-locks the producer's two staging buffers once, so the
+        """Page-locks the producer's staging buffers once, so the
         device-to-host copies are asynchronous and straight into them."""
         import torch
         cudart = torch.cuda.cudart()

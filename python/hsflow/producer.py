@@ -9,9 +9,8 @@ import numpy as np
 
 from . import _arrays
 from ._lib import (HS_HIDDEN_BF16, HS_HIDDEN_FP8, HS_OK, CWork, Endpoint, HsflowError,
-                   ProducerClientConfig, ProducerInfo, load)
+                   PRODUCER_STAGING_MAX, ProducerClientConfig, ProducerInfo, load)
 
-_MAX_OUT = 2  # staging buffers per producer (hsflow.h: at most two batches out)
 
 
 class Ticket:
@@ -257,13 +256,18 @@ class Producer(Endpoint):
 
     After construction: plan_hash (the same as hs-producer's for the same
     data and plan settings), n_batches (per epoch), max_batch_tokens, and
-    staging(): the (address, bytes) of the two staging buffers every
-    ticket's arrays live in, e.g. to page-lock them for device copies."""
+    staging(): the (address, bytes) of the staging buffers every ticket's
+    arrays live in, e.g. to page-lock them for device copies.
+
+    staging_buffers: batch-sized host buffers, 2..4; 0 = the library's 3.
+    At most that many tickets are taken or on the wire at once. Three let a
+    caller that queues batch N+1's work before it sends N take N+2 while N
+    is sent; two save one batch's memory."""
 
     def __init__(self, to, data, token_budget, hidden_size, layers, seed=0, max_seq_len=0,
                  overflow="truncate", prefetch=2, secret_file=None, transport="auto", name=None,
                  connect_timeout_s=0, arrays="auto", reconnect=False, status_interval_s=0,
-                 hs_dtype="bf16"):
+                 hs_dtype="bf16", staging_buffers=0):
         self._p = None
         lib = load()
         if not isinstance(to, str) or any(":" not in a for a in to.split(",")):
@@ -290,6 +294,10 @@ class Producer(Endpoint):
             raise ValueError("overflow=%r: expected 'truncate' or 'drop'" % (overflow,))
         if transport not in ("auto", "tcp", "ucx"):
             raise ValueError("transport=%r: expected 'auto', 'tcp' or 'ucx'" % (transport,))
+        if isinstance(staging_buffers, bool) or not isinstance(staging_buffers, (int, np.integer)) \
+                or staging_buffers not in (0,) + tuple(range(2, PRODUCER_STAGING_MAX + 1)):
+            raise ValueError("staging_buffers=%r: expected 2..%d, or 0 for the library's default "
+                             "(3)" % (staging_buffers, PRODUCER_STAGING_MAX))
         if hs_dtype not in ("bf16", "fp8"):
             raise ValueError("hs_dtype=%r: expected 'bf16' or 'fp8' (e4m3 values and one fp32 "
                              "scale per token: half the bytes)" % (hs_dtype,))
@@ -314,6 +322,7 @@ class Producer(Endpoint):
         cfg.reconnect = bool(reconnect)
         cfg.status_interval_s = float(status_interval_s)
         cfg.hs_dtype = HS_HIDDEN_FP8 if hs_dtype == "fp8" else HS_HIDDEN_BF16
+        cfg.staging_buffers = int(staging_buffers)
         h = ctypes.c_void_p()
         st = lib.hs_producer_open(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK:
@@ -327,10 +336,11 @@ class Producer(Endpoint):
         self.n_batches = int(info.n_batches)
         self.max_batch_tokens = int(info.max_batch_tokens)
         self._staging = [(int(a), int(info.staging_bytes)) for a in info.staging if a]
+        self._max_out = len(self._staging)  # tickets taken or on the wire at once
         # fp8: the bf16 states of each ticket out are gathered here, then
         # quantised into the staging buffer when sent
         self._scratch = ([np.empty(self.max_batch_tokens * len(layers) * int(hidden_size),
-                                   np.uint16) for _ in range(_MAX_OUT)]
+                                   np.uint16) for _ in range(self._max_out)]
                          if hs_dtype == "fp8" else [])
         self._out = []     # tickets taken and not yet sent
         self._done = False
@@ -360,7 +370,7 @@ class Producer(Endpoint):
         StopIteration once the consumer says the run is over."""
         if self._p is None:
             raise HsflowError("the producer is closed")
-        if len(self._out) >= _MAX_OUT:
+        if len(self._out) >= self._max_out:
             raise HsflowError("%d tickets are taken and not sent (%s); send one before taking "
                               "another" % (len(self._out), ", ".join(map(repr, self._out))))
         if self._done:

@@ -20,8 +20,10 @@ with open(sys.argv[1], "w") as f:
 ' "$data" || fail "cannot write the dataset"
 
 port=$(free_port)
+# --lease-min-rate 20: the rate floor (200 tok/s by default) is another rule;
+# under a sanitizer on a loaded two-core box this forward ran below it
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport tcp --cache-gb 0.1 --epochs 1 \
-    --lease-timeout 1 --summary-json "$SCRATCH/summary.json"
+    --lease-timeout 1 --lease-min-rate 20 --summary-json "$SCRATCH/summary.json"
 wait_log consumer 'listening on' 30
 start producer "$PRODUCER" --to 127.0.0.1:$port --transport tcp --data "$data" --token-budget 3600 \
     --source model --model "$model" --layers 1,2 --gpus cpu:1 --name slow --connect-timeout 30

@@ -109,7 +109,7 @@ def test_ticket_send_rejects_wrong_shapes_and_types_and_a_sent_ticket_is_dead(da
     data, _ = dataset
     with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, arrays="numpy") as c:
         ct = ConsumerThread(c, lambda b: None)
-        with producer(c.port, data) as p:
+        with producer(c.port, data, staging_buffers=2) as p:
             gen = p.tickets()
             t = next(gen)
             T = t.n_tokens
@@ -258,3 +258,40 @@ def test_fp8_quantisation_in_torch_gives_the_librarys_bits(dataset):
     xt = xt.clone()
     xt[7, 5] = float("inf")
     assert quantize_fp8_torch(xt)[2].tolist() == [i != 7 for i in range(len(rows))]
+
+
+@pytest.mark.parametrize("asked,buffers", [(0, 3), (2, 2)])
+def test_a_caller_holds_as_many_batches_as_staging_buffers_three_by_default(
+        dataset, asked, buffers):
+    # A GPU caller takes batch N+1 before it sends N; with three buffers it
+    # can take N+2 while N is still on the wire (docs/pyproducer.md).
+    data, _ = dataset
+
+    def states(t):
+        return hsflow.synthetic_hidden(t.sample_ids, t.cu_seqlens, t.layers, H)
+
+    # the consumer's prefetch counts tickets not yet on the wire: 4 lets this
+    # caller hold every buffer's ticket at once
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, verify_synthetic=True,
+                         arrays="numpy", prefetch=4) as c:
+        ct = ConsumerThread(c, lambda b: None)
+        with producer(c.port, data, staging_buffers=asked, prefetch=4) as p:
+            bufs = p.staging()
+            assert len(bufs) == buffers and len({a for a, _ in bufs}) == buffers
+            held = [p.next_ticket(timeout=20) for _ in range(buffers)]
+            assert all(t is not None for t in held)
+            with pytest.raises(hsflow.HsflowError, match="taken and not sent"):
+                p.next_ticket(timeout=1)
+            for t in held:
+                t.send(hidden_states=states(t))
+            for t in p.tickets():
+                t.send(hidden_states=states(t))
+        ct.join()
+        s = c.stats()
+    assert s["batches_delivered"] == s["batches_planned"] and s["checksum_failures"] == 0
+
+
+@pytest.mark.parametrize("bad", [1, 5, True, 2.0])
+def test_staging_buffers_outside_two_to_four_are_refused_before_connecting(dataset, bad):
+    with pytest.raises(ValueError, match="staging_buffers"):
+        producer(1, dataset[0], staging_buffers=bad)
