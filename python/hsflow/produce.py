@@ -229,6 +229,10 @@ def build_parser():
       help="one worker process per GPU id (0,1,2) or N CPU workers (cpu:N; default cpu:1)")
     a("--prefetch", type=_uint(1, 64, "1..64"), default=_env("prefetch", "2"),
       help="tickets each worker keeps queued (default 2)")
+    a("--staging-buffers", type=_uint(2, 4, "2..4"), default=_env("staging-buffers", "3"),
+      help="batch-sized page-locked host buffers per worker, 2..4 (default 3): with three, "
+           "the forward of batch N+2 is not held up while batch N is still on the wire; "
+           "each costs one batch of hidden states in host memory")
     a("--secret-file", default=_env("secret-file"),
       help="shared secret for the HMAC handshake")
     a("--transport", choices=("auto", "tcp", "ucx"), default=_env("transport", "auto"),
@@ -317,7 +321,8 @@ def parse(argv):
             "sdpa_backends": args.sdpa_backends,
             "batching": args.batching, "self_check": args.self_check,
             "status_interval": args.status_interval, "hs_dtype": args.hs_dtype,
-            "gpus": args.gpus, "prefetch": args.prefetch, "secret_file": args.secret_file,
+            "gpus": args.gpus, "prefetch": args.prefetch,
+            "staging_buffers": args.staging_buffers, "secret_file": args.secret_file,
             "transport": args.transport, "connect_timeout": args.connect_timeout,
             "reconnect": args.reconnect, "name": args.name, "info": info}
     return args, spec
@@ -482,7 +487,8 @@ class Supervisor:
                           self.label(i), f["batches"], f["tokens"], busy, stall)
             rows.append({"worker": i, "gpu": self.spec["gpus"][i], "batches": f["batches"],
                          "tokens": f["tokens"], "busy_pct": round(busy, 2),
-                         "stall_pct": round(stall, 2), "exit": self.codes[i]})
+                         "stall_pct": round(stall, 2), "exit": self.codes[i],
+                         "staging_buffers": f.get("staging_buffers")})
         codes = [c for c in self.codes if c]
         code = EXIT_OK if not codes else (EXIT_INPUT if EXIT_INPUT in codes else
                                           EXIT_OOM if EXIT_OOM in codes else EXIT_FAIL)

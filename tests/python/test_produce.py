@@ -212,8 +212,9 @@ class Proc:
 
 @pytest.mark.parametrize("family,layers,extra", [
     ("llama", "0,2,4", ["--gpus", "cpu:1"]),                              # embeddings .. final norm
-    ("qwen3", "1,3", ["--gpus", "cpu:1", "--batching", "packed"]),        # stops after layer 2
-    ("qwen3_moe", "2,3", ["--gpus", "cpu:2", "--attn-implementation", "eager"]),
+    ("qwen3", "1,3", ["--gpus", "cpu:1", "--batching", "packed", "--staging-buffers", "2"]),
+    ("qwen3_moe", "2,3", ["--gpus", "cpu:2", "--attn-implementation", "eager",
+                          "--staging-buffers", "4"]),
 ])
 def test_every_sample_equals_transformers_output_hidden_states(models, data, tmp_path, family,
                                                                layers, extra):
@@ -239,6 +240,9 @@ def test_every_sample_equals_transformers_output_hidden_states(models, data, tmp
     assert js["batching"] == ("packed" if "packed" in extra else "padded")
     n_workers = int(extra[1].split(":")[1])
     assert len(js["workers"]) == n_workers
+    staging = int(extra[extra.index("--staging-buffers") + 1]) if "--staging-buffers" in extra \
+        else 3  # the default
+    assert [w["staging_buffers"] for w in js["workers"]] == [staging] * n_workers
     print("%s: worst error / bound per layer: %s" % (family, worst))
 
 
@@ -396,6 +400,15 @@ def test_both_producers_exit_2_when_refused_and_1_when_no_consumer_answers(model
         pr = Proc(cmd)
         assert pr.wait() == 1, (name, pr.text)
         assert "Traceback" not in pr.text, (name, pr.text)
+
+
+@pytest.mark.parametrize("value", ["1", "5", "two"])
+def test_staging_buffers_outside_2_to_4_are_refused_before_anything_runs(models, data, value):
+    path, _ = models["llama"]
+    data_path, _ = data
+    pr = Proc(produce_cmd(1, data_path, path, "1", "--staging-buffers", value))
+    assert pr.wait(60) == 2, pr.text
+    assert "--staging-buffers" in pr.text and "2..4" in pr.text, pr.text
 
 
 def test_summary_json_onto_an_input_is_refused_before_anything_runs(models, data, tmp_path):
