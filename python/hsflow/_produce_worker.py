@@ -67,6 +67,8 @@ class Worker:
         self.label = "cpu %d" % index if self.gpu < 0 else "gpu %d" % self.gpu
         self.fig = {"worker": index, "gpu": self.gpu, "batches": 0, "tokens": 0, "bytes": 0,
                     "busy_s": 0.0, "stall_s": 0.0, "padded_tokens": 0, "seconds": 0.0,
+                    # host seconds: queueing forwards, waiting for the GPU, sealing and sending
+                    "launch_s": 0.0, "wait_s": 0.0, "send_s": 0.0,
                     "plan_hash": None, "pid": os.getpid()}
         self.faults = _fault(os.environ.get("HS_PRODUCE_FAULT"), index)
         self.profile_dir = os.environ.get("HS_PRODUCE_PROFILE") if index == 0 else None
@@ -373,11 +375,14 @@ class Worker:
     def finish(self, rec):
         """Waits for rec's copy, then seals and sends its batch."""
         t = rec["t"]
+        t_wait = time.monotonic()
         if self.gpu >= 0:
             rec["copied"].synchronize()
             busy = rec["ev0"].elapsed_time(rec["ev1"]) / 1e3
         else:
             busy = rec["busy"]
+        t_send = time.monotonic()
+        self.fig["wait_s"] += t_send - t_wait
         if "finite" in rec:
             if not bool(rec["finite"].all()):
                 bad = int((~rec["finite"]).nonzero()[0, 0])
@@ -388,6 +393,7 @@ class Worker:
         else:
             t.send()
         f = self.fig
+        f["send_s"] += time.monotonic() - t_send
         f["busy_s"] += busy
         f["batches"] += 1
         f["tokens"] += t.n_tokens
@@ -446,7 +452,9 @@ class Worker:
                     if kind == "oom":
                         import torch
                         raise torch.OutOfMemoryError("CUDA out of memory (HS_PRODUCE_FAULT)")
+                    t_launch = time.monotonic()
                     rec = self.launch(t, slot)
+                    self.fig["launch_s"] += time.monotonic() - t_launch
                     if n == 1 and s["self_check"] > 0:
                         self._self_check(t, rec)
                 except Exception as e:

@@ -483,12 +483,17 @@ class Supervisor:
             pad += f["padded_tokens"]
             busy = 100.0 * f["busy_s"] / el if el > 0 else 0.0
             stall = 100.0 * f["stall_s"] / el if el > 0 else 0.0
-            self.log.info("worker %d (%s): %d batches, %d tokens, busy %.0f%%, stall %.0f%%", i,
-                          self.label(i), f["batches"], f["tokens"], busy, stall)
+            per = {k: 1e3 * f.get(k + "_s", 0.0) / f["batches"] if f["batches"] else 0.0
+                   for k in ("launch", "wait", "send")}
+            self.log.info("worker %d (%s): %d batches, %d tokens, busy %.0f%%, stall %.0f%%; host "
+                          "ms a batch: %.1f queueing the forward, %.1f waiting for the GPU, %.1f "
+                          "sealing and sending", i, self.label(i), f["batches"], f["tokens"], busy,
+                          stall, per["launch"], per["wait"], per["send"])
             rows.append({"worker": i, "gpu": self.spec["gpus"][i], "batches": f["batches"],
                          "tokens": f["tokens"], "busy_pct": round(busy, 2),
                          "stall_pct": round(stall, 2), "exit": self.codes[i],
-                         "staging_buffers": f.get("staging_buffers")})
+                         "staging_buffers": f.get("staging_buffers"),
+                         "host_ms_per_batch": {k: round(v, 2) for k, v in per.items()}})
         codes = [c for c in self.codes if c]
         code = EXIT_OK if not codes else (EXIT_INPUT if EXIT_INPUT in codes else
                                           EXIT_OOM if EXIT_OOM in codes else EXIT_FAIL)

@@ -243,6 +243,10 @@ def test_every_sample_equals_transformers_output_hidden_states(models, data, tmp
     staging = int(extra[extra.index("--staging-buffers") + 1]) if "--staging-buffers" in extra \
         else 3  # the default
     assert [w["staging_buffers"] for w in js["workers"]] == [staging] * n_workers
+    for w in js["workers"]:  # where each worker's host time went, per batch
+        assert set(w["host_ms_per_batch"]) == {"launch", "wait", "send"}, w
+        assert all(v >= 0 for v in w["host_ms_per_batch"].values()), w
+        assert w["batches"] == 0 or w["host_ms_per_batch"]["launch"] > 0, w
     print("%s: worst error / bound per layer: %s" % (family, worst))
 
 
