@@ -6,6 +6,8 @@
  * = 0xe3069283). No Debian library packages CRC-32C, hence the 40 lines here. */
 #include "hs_common.h"
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -100,6 +102,55 @@ uint64_t hs_checksum64(const void *data, size_t len)
     XXH3_64bits_update(st, acc, n * sizeof(uint64_t));
     uint64_t h = XXH3_64bits_digest(st);
     XXH3_freeState(st);
+    return h;
+}
+
+struct chunk_job {
+    const uint8_t *data;
+    size_t len;
+    uint64_t *hashes;
+    size_t first, last; /* chunks [first, last) */
+};
+
+static void *hash_chunks(void *arg)
+{
+    struct chunk_job *j = arg;
+    for (size_t c = j->first; c < j->last; c++) {
+        size_t off = c * (size_t)HS_CHECKSUM_CHUNK;
+        size_t l = j->len - off < HS_CHECKSUM_CHUNK ? j->len - off : HS_CHECKSUM_CHUNK;
+        j->hashes[c] = hs_checksum64_chunk(j->data + off, l);
+    }
+    return NULL;
+}
+
+enum { PARALLEL_MAX_THREADS = 16 };
+
+uint64_t hs_checksum64_parallel(const void *data, size_t len, int threads)
+{
+    size_t n_chunks = (len + HS_CHECKSUM_CHUNK - 1) / HS_CHECKSUM_CHUNK;
+    if (threads < 1) threads = 1;
+    if ((size_t)threads > n_chunks) threads = (int)n_chunks; /* n_chunks may be 0 */
+    if (threads > PARALLEL_MAX_THREADS) threads = PARALLEL_MAX_THREADS;
+    uint64_t *hashes = threads > 1 ? malloc(n_chunks * sizeof(uint64_t)) : NULL;
+    if (!hashes) return hs_checksum64(data, len);
+    struct chunk_job jobs[PARALLEL_MAX_THREADS];
+    pthread_t tids[PARALLEL_MAX_THREADS];
+    bool started[PARALLEL_MAX_THREADS] = {false};
+    for (int i = 0; i < threads; i++) {
+        jobs[i] = (struct chunk_job){data, len, hashes, n_chunks * (size_t)i / (size_t)threads,
+                                     n_chunks * (size_t)(i + 1) / (size_t)threads};
+        /* job 0 runs here; a thread that does not start runs here too */
+        if (i > 0) started[i] = pthread_create(&tids[i], NULL, hash_chunks, &jobs[i]) == 0;
+    }
+    hash_chunks(&jobs[0]);
+    for (int i = 1; i < threads; i++) {
+        if (started[i])
+            pthread_join(tids[i], NULL);
+        else
+            hash_chunks(&jobs[i]);
+    }
+    uint64_t h = hs_checksum64_combine(hashes, n_chunks);
+    free(hashes);
     return h;
 }
 

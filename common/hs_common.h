@@ -85,6 +85,11 @@ uint32_t hs_crc32c(uint32_t crc, const void *data, size_t len);
  * GPU or several threads compute it in parallel with the same result. */
 #define HS_CHECKSUM_CHUNK (1u << 20)
 uint64_t hs_checksum64(const void *data, size_t len);
+/* The same value, the chunks hashed by up to `threads` threads (1 or less:
+ * this thread alone, as does any failure to start one). For the sealing
+ * of whole batches, hundreds of MB, where one thread's ~6 GB/s would hold
+ * up the caller. */
+uint64_t hs_checksum64_parallel(const void *data, size_t len, int threads);
 /* Parts of the same computation, for callers that split the work. */
 uint64_t hs_checksum64_chunk(const void *chunk, size_t len);
 uint64_t hs_checksum64_combine(const uint64_t *chunk_hashes, size_t n_chunks);

@@ -145,7 +145,8 @@ hs_batch_view_t hs_batch_view(void *region, uint32_t n_seqs, uint32_t n_tokens,
 /* Writes the header fields (everything but checksum, which is 0). */
 void hs_batch_header_init(hs_batch_header_t *h, uint32_t epoch, uint32_t index, uint32_t n_seqs,
                           uint32_t n_tokens, const hs_layout_t *layout, uint64_t plan_hash);
-/* Computes the body checksum and stores it in the header. */
+/* Computes the body checksum and stores it in the header (batches of 64 MiB
+ * and more with up to 4 threads). */
 void hs_batch_seal(void *region, uint64_t total_bytes);
 
 /* Checks a received region of `bytes` bytes against what its ticket said:

@@ -41,6 +41,27 @@ START_TEST(checksum64_is_the_combination_of_chunk_hashes)
 }
 END_TEST
 
+START_TEST(checksum64_parallel_equals_the_one_thread_value_at_every_size_and_thread_count)
+{
+    const size_t C = HS_CHECKSUM_CHUNK;
+    const size_t lens[] = {0, 1, C - 1, C, C + 1, 5 * C + 7, 70 * C - 1};
+    uint8_t *buf = malloc(70 * C);
+    for (size_t i = 0; i < 70 * C; i++)
+        buf[i] = (uint8_t)(i * 2654435761u >> 11);
+    const int threads[] = {-1, 0, 1, 2, 3, 8, 64};
+    for (size_t a = 0; a < sizeof(lens) / sizeof(lens[0]); a++) {
+        uint64_t want = hs_checksum64(buf, lens[a]);
+        for (size_t b = 0; b < sizeof(threads) / sizeof(threads[0]); b++)
+            ck_assert_msg(hs_checksum64_parallel(buf, lens[a], threads[b]) == want,
+                          "len %zu, %d threads", lens[a], threads[b]);
+    }
+    uint64_t before = hs_checksum64_parallel(buf, 70 * C - 1, 4);
+    buf[69 * C] ^= 1; /* a flipped bit in the last thread's share */
+    ck_assert_uint_ne(hs_checksum64_parallel(buf, 70 * C - 1, 4), before);
+    free(buf);
+}
+END_TEST
+
 START_TEST(checksum64_handles_more_chunks_than_its_stack_buffer)
 {
     size_t n = 70;
@@ -426,6 +447,7 @@ int main(void)
     tcase_add_test(tc, le_helpers_store_least_significant_byte_first_at_any_alignment);
     tcase_add_test(tc, checksum64_is_the_combination_of_chunk_hashes);
     tcase_add_test(tc, checksum64_handles_more_chunks_than_its_stack_buffer);
+    tcase_add_test(tc, checksum64_parallel_equals_the_one_thread_value_at_every_size_and_thread_count);
     tcase_add_test(tc, checksum_stream_equals_one_shot_for_any_split);
     tcase_add_test(tc, parsers_accept_good_input_and_reject_bad);
     tcase_add_test(tc, flags_map_to_hs_environment_variables);
