@@ -447,7 +447,8 @@ int main(void)
     tcase_add_test(tc, le_helpers_store_least_significant_byte_first_at_any_alignment);
     tcase_add_test(tc, checksum64_is_the_combination_of_chunk_hashes);
     tcase_add_test(tc, checksum64_handles_more_chunks_than_its_stack_buffer);
-    tcase_add_test(tc, checksum64_parallel_equals_the_one_thread_value_at_every_size_and_thread_count);
+    tcase_add_test(tc,
+                   checksum64_parallel_equals_the_one_thread_value_at_every_size_and_thread_count);
     tcase_add_test(tc, checksum_stream_equals_one_shot_for_any_split);
     tcase_add_test(tc, parsers_accept_good_input_and_reject_bad);
     tcase_add_test(tc, flags_map_to_hs_environment_variables);
