@@ -139,6 +139,35 @@ def test_each_layer_kind_packed_is_exact_or_refused_and_padded_is_exact(tmp_path
                                               else "BambaMixer"}, wrapped
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3_next"])
+def test_padded_calls_skip_transformers_packed_check_and_stay_exact(tmp_path, kind, monkeypatch):
+    """transformers' packed-sequence check reads a GPU value on the host
+    (a stream synchronisation per forward call: on the H200 it kept the
+    host from queueing ahead, 116 ms a call against 12). A padded call's
+    rows are each one sequence, so hsflow answers it without the read; a
+    packed call still asks transformers, whose answer it needs."""
+    from transformers import masking_utils
+    calls = []
+    orig = masking_utils.find_packed_sequence_indices
+
+    def counting(position_ids):
+        calls.append(position_ids.shape)
+        return orig(position_ids)
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", counting)
+    model = make(kind, str(tmp_path))
+    n = model.config.num_hidden_layers
+    decoder, _ = _hf.load_decoder(str(tmp_path), n, "fp32", "sdpa", "cpu")
+    ids, cu = batch()
+    padded = run(decoder, n, ids, cu, False)
+    assert calls == [], calls
+    assert masking_utils.find_packed_sequence_indices is counting  # put back after each call
+    _hf.per_sequence_mixers(decoder)
+    packed = run(decoder, n, ids, cu, True)
+    assert calls, "a packed call no longer asks transformers"
+    check(padded, model, ids, cu, "%s padded" % kind)
+    check(packed, model, ids, cu, "%s packed" % kind)
+
+
 def test_the_probe_names_a_linear_attention_layer_that_leaks_across_sequences(tmp_path):
     """Without the per-sequence mixers, transformers' Gated DeltaNet carries
     its state from one packed sequence into the next: the probe refuses
