@@ -143,23 +143,30 @@ static hs_status_t recurrent_launch(const void *q, const void *k, const void *v,
  * Two kernels after a one-block schedule:
  *   chunk_prep (parallel over chunks and value heads): gc, the norms of q and
  *     k, A and P = [exp(gc_i - gc_j) q~_i . k~_j]_{j<=i} on tensor cores, X
- *     by blocked forward substitution in fp32, then w and u on tensor cores
- *     (X split into two bf16 halves, hi + lo, so the product keeps fp32's
- *     precision of X); w, u, P, gc and the norms go to the workspace.
+ *     by blocked forward substitution in fp32, then w = Xw k and u = Xu v on
+ *     tensor cores with the row scales in X's columns, Xw = X diag(beta G
+ *     kinv), Xu = X diag(beta), each split into two bf16 halves, hi + lo,
+ *     so the product keeps fp32's precision of X and k, v are used as
+ *     loaded; w, u, P, gc and the norms go to the workspace.
  *   chunk_scan (per sequence, value head and 64 columns of dv, over the
  *     chunks in order): the state lives in fp32 accumulator fragments; per
  *     chunk v' = u - w S0, o = G (q S0) + P v', S = G_{n-1} S + (d k~)^T v'
- *     with d_j = exp(gc_{n-1} - gc_j); w and P are loaded as operand
- *     fragments ahead of their products, k, q and u by cp.async.
+ *     with d_j = exp(gc_{n-1} - gc_j); P is loaded as operand fragments
+ *     ahead of its product, w from global memory at its product, k, q and
+ *     u by cp.async.
  * q and k are read raw (bf16) and their inverse norms folded into row
  * scales, so they are never written back normalised. Matrix products are
- * wmma bf16 x bf16 -> fp32; w, u, v', P, the row-scaled k and the state as
- * a product operand are rounded to bf16, the state itself stays fp32. */
+ * wmma bf16 x bf16 -> fp32; w, u, v', P, the row-scaled k of the state's
+ * update and the state as a product operand are rounded to bf16, the state
+ * itself stays fp32. */
 #include <mma.h>
 
 using namespace nvcuda;
 
-enum { CH = 64, CH_THREADS = 128, BV = 64 };
+/* Both kernels run blocks of 8 warps, two an SM (shared memory allows no
+ * more): at 4 warps ncu on the H200 found them latency-bound, a quarter of
+ * the issue slots idle with no warp eligible. */
+enum { CH = 64, PREP_THREADS = 256, SCAN_THREADS = 256, BV = 64 };
 
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a_row;
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> frag_a_col;
@@ -231,7 +238,7 @@ __device__ __forceinline__ void load_rows(bf16 *dst, int ld_dst, const bf16 *src
                                           int n, int cols)
 {
     const int per_row = cols / 8;
-    for (int e = threadIdx.x; e < CH * per_row; e += CH_THREADS) {
+    for (int e = threadIdx.x; e < CH * per_row; e += blockDim.x) {
         int r = e / per_row, c = (e % per_row) * 8;
         unsigned d = (unsigned)__cvta_generic_to_shared(dst + r * ld_dst + c);
         const bf16 *from = r < n ? src + r * ld_src + c : src; /* 0 bytes read past n */
@@ -260,7 +267,7 @@ __device__ __forceinline__ void store_tile_bf16(const float *stage, bf16 *dst, i
 }
 
 template <int DK, int DV>
-__global__ void __launch_bounds__(CH_THREADS)
+__global__ void __launch_bounds__(PREP_THREADS, 2)
     chunk_prep_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                       const bf16 *__restrict__ v, int64_t stride, const float *__restrict__ g,
                       const float *__restrict__ beta, const int2 *__restrict__ chunks,
@@ -271,13 +278,13 @@ __global__ void __launch_bounds__(CH_THREADS)
 {
     constexpr int LDK = DK + 8, LDV = DV + 8, LDF = CH + 8, LDX = CH + 8;
     extern __shared__ __align__(128) unsigned char smem[];
-    bf16 *Ks = (bf16 *)smem;              /* raw k, then diag(beta G kinv) k */
+    bf16 *Ks = (bf16 *)smem;              /* k as loaded */
     bf16 *Qs = Ks + CH * LDK;             /* raw q, then the substitution's scratch */
-    bf16 *Vs = Qs + CH * LDK;             /* v, then diag(beta) v */
-    float *KK = (float *)(Vs + CH * LDV); /* k k^T, then A, then X hi | lo (bf16) */
-    float *QK = KK + CH * LDF;            /* q k^T, then X */
-    float *stage = QK + CH * LDF;         /* 4 warps' 16 x 20 tiles */
-    float *gcs = stage + 4 * 16 * 20, *betas = gcs + CH, *qinvs = betas + CH, *kinvs = qinvs + CH;
+    bf16 *Vs = Qs + CH * LDK;             /* v as loaded */
+    float *KK = (float *)(Vs + CH * LDV); /* k k^T, then A, then Xw hi | lo (bf16) */
+    float *QK = KK + CH * LDF;            /* q k^T, then X, then Xu hi | lo (bf16) */
+    float *stage = QK + CH * LDF;         /* 8 warps' 16 x 20 tiles */
+    float *gcs = stage + 8 * 16 * 20, *betas = gcs + CH, *qinvs = betas + CH, *kinvs = qinvs + CH;
     float *kscale = kinvs + CH; /* beta G kinv per row */
 
     const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -296,18 +303,20 @@ __global__ void __launch_bounds__(CH_THREADS)
     load_rows_wait();
     __syncthreads();
 
-    /* inverse norms: two threads per row; the cumulative gate: warp 0 */
+    /* inverse norms: four threads per row; the cumulative gate: warp 0 */
     {
-        int r = tid >> 1, half = tid & 1;
+        int r = tid >> 2, part = tid & 3;
         float sq = 0.f, sk = 0.f;
-        for (int i = half * (DK / 2); i < (half + 1) * (DK / 2); i += 2) {
+        for (int i = part * (DK / 4); i < (part + 1) * (DK / 4); i += 2) {
             float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)(Qs + r * LDK + i));
             float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)(Ks + r * LDK + i));
             sq += a.x * a.x + a.y * a.y, sk += b.x * b.x + b.y * b.y;
         }
         sq += __shfl_xor_sync(0xffffffffu, sq, 1);
         sk += __shfl_xor_sync(0xffffffffu, sk, 1);
-        if (!half) {
+        sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+        sk += __shfl_xor_sync(0xffffffffu, sk, 2);
+        if (!part) {
             qinvs[r] = rsqrtf(sq + 1e-6f) * scale;
             kinvs[r] = rsqrtf(sk + 1e-6f);
             if (h % ratio == 0 && r < n) {
@@ -329,30 +338,32 @@ __global__ void __launch_bounds__(CH_THREADS)
         if (lane + 32 < n) gc_ws[(int64_t)(t0 + lane + 32) * nv + h] = b;
     }
 
-    /* k k^T and q k^T, rows 16 warp .. 16 warp + 15 */
+    /* k k^T and q k^T: warp w takes row tile w % 4, column tiles
+     * 2 (w / 4) and 2 (w / 4) + 1 */
+    const int rt = warp & 3, half = warp >> 2;
     {
-        frag_c kk[4], qk[4];
+        frag_c kk[2], qk[2];
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-            wmma::fill_fragment(kk[nt], 0.f), wmma::fill_fragment(qk[nt], 0.f);
+        for (int x = 0; x < 2; x++)
+            wmma::fill_fragment(kk[x], 0.f), wmma::fill_fragment(qk[x], 0.f);
 #pragma unroll
         for (int kt = 0; kt < DK / 16; kt++) {
             frag_a_row ak, aq;
-            wmma::load_matrix_sync(ak, Ks + warp * 16 * LDK + kt * 16, LDK);
-            wmma::load_matrix_sync(aq, Qs + warp * 16 * LDK + kt * 16, LDK);
+            wmma::load_matrix_sync(ak, Ks + rt * 16 * LDK + kt * 16, LDK);
+            wmma::load_matrix_sync(aq, Qs + rt * 16 * LDK + kt * 16, LDK);
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
+            for (int x = 0; x < 2; x++) {
                 frag_b_col b;
-                wmma::load_matrix_sync(b, Ks + nt * 16 * LDK + kt * 16, LDK);
-                wmma::mma_sync(kk[nt], ak, b, kk[nt]);
-                wmma::mma_sync(qk[nt], aq, b, qk[nt]);
+                wmma::load_matrix_sync(b, Ks + (2 * half + x) * 16 * LDK + kt * 16, LDK);
+                wmma::mma_sync(kk[x], ak, b, kk[x]);
+                wmma::mma_sync(qk[x], aq, b, qk[x]);
             }
         }
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            wmma::store_matrix_sync(KK + warp * 16 * LDF + nt * 16, kk[nt], LDF,
+        for (int x = 0; x < 2; x++) {
+            wmma::store_matrix_sync(KK + rt * 16 * LDF + (2 * half + x) * 16, kk[x], LDF,
                                     wmma::mem_row_major);
-            wmma::store_matrix_sync(QK + warp * 16 * LDF + nt * 16, qk[nt], LDF,
+            wmma::store_matrix_sync(QK + rt * 16 * LDF + (2 * half + x) * 16, qk[x], LDF,
                                     wmma::mem_row_major);
         }
     }
@@ -360,7 +371,7 @@ __global__ void __launch_bounds__(CH_THREADS)
 
     /* A (strictly lower) in place of k k^T; P (lower with the diagonal) out */
     bf16 *p_out = p_ws + (int64_t)t0 * nv * CH + (int64_t)h * CH;
-    for (int e = tid; e < CH * CH / 2; e += CH_THREADS) {
+    for (int e = tid; e < CH * CH / 2; e += PREP_THREADS) {
         int i = e / (CH / 2), j = (e % (CH / 2)) * 2;
         float a[2], p[2];
 #pragma unroll
@@ -381,7 +392,7 @@ __global__ void __launch_bounds__(CH_THREADS)
      * thread per column; then block rows 1..3:
      * X_ib = -X_ii sum_{b <= m < i} A_im X_mb. */
     float *X = QK, *A = KK, *tmp = (float *)Qs;
-    for (int e = tid; e < CH * CH; e += CH_THREADS)
+    for (int e = tid; e < CH * CH; e += PREP_THREADS)
         X[(e / CH) * LDF + e % CH] = 0.f;
     __syncthreads();
     if (tid < CH) {
@@ -402,7 +413,7 @@ __global__ void __launch_bounds__(CH_THREADS)
     __syncthreads();
     for (int ib = 1; ib < 4; ib++) {
         /* tmp[r, 16 b + col] = sum_{16 b <= m < 16 ib} A[16 ib + r, m] X[m, 16 b + col] */
-        for (int e = tid; e < 16 * 16 * ib; e += CH_THREADS) {
+        for (int e = tid; e < 16 * 16 * ib; e += PREP_THREADS) {
             int r = e / (16 * ib), cc = e % (16 * ib), b = cc >> 4;
             float acc = 0.f;
             for (int m = 16 * b; m < 16 * ib; m++)
@@ -410,7 +421,7 @@ __global__ void __launch_bounds__(CH_THREADS)
             tmp[r * CH + cc] = acc;
         }
         __syncthreads();
-        for (int e = tid; e < 16 * 16 * ib; e += CH_THREADS) {
+        for (int e = tid; e < 16 * 16 * ib; e += PREP_THREADS) {
             int r = e / (16 * ib), cc = e % (16 * ib);
             float acc = 0.f;
 #pragma unroll
@@ -421,40 +432,46 @@ __global__ void __launch_bounds__(CH_THREADS)
         __syncthreads();
     }
 
-    /* X as hi + lo bf16 (in A's place); scaled k and v rows in place */
-    bf16 *Xh = (bf16 *)KK, *Xl = Xh + CH * LDX;
-    for (int e = tid; e < CH * CH; e += CH_THREADS) {
-        int i = e / CH, j = e % CH;
-        float x = X[i * LDF + j];
-        bf16 hi = __float2bfloat16(x);
-        Xh[i * LDX + j] = hi;
-        Xl[i * LDX + j] = __float2bfloat16(x - __bfloat162float(hi));
+    /* The row scales go into X's columns, so that k and v are used as
+     * loaded: Xw = X diag(beta G kinv), Xu = X diag(beta), each as hi + lo
+     * bf16 (Xw in A's place, Xu in X's: X is read into registers first) */
+    constexpr int PER_T = CH * CH / PREP_THREADS;
+    float xr[PER_T];
+#pragma unroll
+    for (int x = 0; x < PER_T; x++) {
+        int e = tid + x * PREP_THREADS;
+        xr[x] = X[(e / CH) * LDF + e % CH];
     }
     if (tid < CH) kscale[tid] = betas[tid] * __expf(gcs[tid]) * kinvs[tid];
     __syncthreads();
-    for (int e = tid; e < CH * DK; e += CH_THREADS) {
-        int i = e / DK, j = e % DK;
-        Ks[i * LDK + j] = __float2bfloat16(__bfloat162float(Ks[i * LDK + j]) * kscale[i]);
-    }
-    for (int e = tid; e < CH * DV; e += CH_THREADS) {
-        int i = e / DV, j = e % DV;
-        Vs[i * LDV + j] = __float2bfloat16(__bfloat162float(Vs[i * LDV + j]) * betas[i]);
+    bf16 *Xwh = (bf16 *)KK, *Xwl = Xwh + CH * LDX, *Xuh = (bf16 *)QK, *Xul = Xuh + CH * LDX;
+#pragma unroll
+    for (int x = 0; x < PER_T; x++) {
+        int e = tid + x * PREP_THREADS, i = e / CH, j = e % CH;
+        float xw = xr[x] * kscale[j], xu = xr[x] * betas[j];
+        bf16 wh = __float2bfloat16(xw), uh = __float2bfloat16(xu);
+        Xwh[i * LDX + j] = wh;
+        Xwl[i * LDX + j] = __float2bfloat16(xw - __bfloat162float(wh));
+        Xuh[i * LDX + j] = uh;
+        Xul[i * LDX + j] = __float2bfloat16(xu - __bfloat162float(uh));
     }
     __syncthreads();
 
-    /* w = X (diag(beta G kinv) k), u = X (diag(beta) v); X is lower, so
-     * k-tiles past the warp's row tile are zero and skipped */
+    /* w = Xw k, u = Xu v: warp w takes row tile w % 4 and half the
+     * columns; X is lower, so k-tiles past the row tile are zero and
+     * skipped */
     float *st = stage + warp * 16 * 20;
-    const int rows_left = n - warp * 16;
-    auto product = [&](const bf16 *B, int ldb, int ncols, bf16 *dst, int64_t ld_dst) {
-        for (int nt = 0; nt < ncols / 16; nt++) {
+    const int rows_left = n - rt * 16;
+    auto product = [&](const bf16 *Xh, const bf16 *Xl, const bf16 *B, int ldb, int ncols, bf16 *dst,
+                       int64_t ld_dst) {
+        for (int nt = half * ncols / 32; nt < (half + 1) * ncols / 32; nt++) {
             frag_c acc;
             wmma::fill_fragment(acc, 0.f);
-            for (int kt = 0; kt <= warp; kt++) {
+            for (int kt = 0; kt <= rt; kt++) {
                 frag_a_row ah, al;
                 frag_b_row b;
-                wmma::load_matrix_sync(ah, Xh + warp * 16 * LDX + kt * 16, LDX);
-                wmma::load_matrix_sync(al, Xl + warp * 16 * LDX + kt * 16, LDX);
+                wmma::load_matrix_sync(ah, Xh + rt * 16 * LDX + kt * 16, LDX);
+                wmma::load_matrix_sync(al, Xl + rt * 16 * LDX + kt * 16, LDX);
                 wmma::load_matrix_sync(b, B + kt * 16 * ldb + nt * 16, ldb);
                 wmma::mma_sync(acc, ah, b, acc);
                 wmma::mma_sync(acc, al, b, acc);
@@ -465,18 +482,24 @@ __global__ void __launch_bounds__(CH_THREADS)
             __syncwarp();
         }
     };
-    product(Ks, LDK, DK, w_ws + ((int64_t)(t0 + warp * 16) * nv + h) * DK, (int64_t)nv * DK);
-    product(Vs, LDV, DV, u_ws + ((int64_t)(t0 + warp * 16) * nv + h) * DV, (int64_t)nv * DV);
+    product(Xwh, Xwl, Ks, LDK, DK, w_ws + ((int64_t)(t0 + rt * 16) * nv + h) * DK,
+            (int64_t)nv * DK);
+    product(Xuh, Xul, Vs, LDV, DV, u_ws + ((int64_t)(t0 + rt * 16) * nv + h) * DV,
+            (int64_t)nv * DV);
 }
 
 template <int DK, int DV> static size_t chunk_prep_smem(void)
 {
     return (size_t)CH * (DK + 8) * 2 * 2 + (size_t)CH * (DV + 8) * 2 +
-           (size_t)CH * (CH + 8) * 4 * 2 + 4 * 16 * 20 * 4 + 5 * CH * 4;
+           (size_t)CH * (CH + 8) * 4 * 2 + 8 * 16 * 20 * 4 + 5 * CH * 4;
 }
 
+/* Eight warps: warp w computes the products for the chunk's rows
+ * 16 (w % 4) .. + 15 and columns 32 (w / 4) .. + 31 of the 64 (two tiles),
+ * and holds the state's tiles of its own: m-tile w % (DK / 16), DK / 32
+ * column tiles from (w / (DK / 16)) DK / 32. */
 template <int DK>
-__global__ void __launch_bounds__(CH_THREADS)
+__global__ void __launch_bounds__(SCAN_THREADS, 2)
     chunk_scan_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, int64_t stride,
                       const int32_t *__restrict__ cu, int ratio, int nk, int nv, int dv,
                       const float *__restrict__ qinv_ws, const float *__restrict__ kinv_ws,
@@ -484,7 +507,9 @@ __global__ void __launch_bounds__(CH_THREADS)
                       const bf16 *__restrict__ u_ws, const bf16 *__restrict__ p_ws,
                       bf16 *__restrict__ out, int64_t out_stride)
 {
-    constexpr int LDK = DK + 8, LDH = BV + 8, LDF = BV + 4, MT = DK / 64; /* h m-tiles a warp */
+    constexpr int LDK = DK + 8, LDH = BV + 8, LDF = BV + 4;
+    constexpr int MTILES = DK / 16,
+                  OWN = DK / 32; /* the state's m-tiles; column tiles a warp holds */
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr int F_ROWS = DK > 2 * CH ? DK : 2 * CH;
     float *Hf = (float *)smem;                     /* the state in fp32, [DK][LDF] ... */
@@ -498,23 +523,16 @@ __global__ void __launch_bounds__(CH_THREADS)
     const int vt = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, hk = h / ratio;
     const int start = cu[s], end = cu[s + 1], j0 = vt * BV;
+    const int rt = warp & 3, ch = warp >> 2;                  /* product tiles */
+    const int sm = warp % MTILES, sn = (warp / MTILES) * OWN; /* state tiles */
 
-    frag_c hf[MT][4];
+    frag_c hf[OWN];
 #pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-            wmma::fill_fragment(hf[m][nt], 0.f);
+    for (int x = 0; x < OWN; x++)
+        wmma::fill_fragment(hf[x], 0.f);
 
     for (int t0 = start; t0 < end; t0 += CH) {
         const int n = min(CH, end - t0);
-        /* the warp's rows of w as operand fragments, loaded while the
-         * shared copies and the state's conversion go on */
-        frag_a_row wa[DK / 16];
-        const bf16 *wrow = w_ws + ((int64_t)(t0 + warp * 16) * nv + h) * DK;
-#pragma unroll
-        for (int kt = 0; kt < DK / 16; kt++)
-            wmma::load_matrix_sync(wa[kt], wrow + kt * 16, nv * DK);
         load_rows(Ks, LDK, k + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n, DK);
         load_rows(Qs, LDK, q + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n, DK);
         load_rows(Us, LDH, u_ws + ((int64_t)t0 * nv + h) * dv + j0, (int64_t)nv * dv, n, BV);
@@ -525,93 +543,95 @@ __global__ void __launch_bounds__(CH_THREADS)
             kinvs[tid] = in ? kinv_ws[(int64_t)(t0 + tid) * nk + hk] : 0.f;
         }
 #pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-                wmma::store_matrix_sync(Hf + ((warp * MT + m) * 16) * LDF + nt * 16, hf[m][nt], LDF,
-                                        wmma::mem_row_major);
+        for (int x = 0; x < OWN; x++)
+            wmma::store_matrix_sync(Hf + sm * 16 * LDF + (sn + x) * 16, hf[x], LDF,
+                                    wmma::mem_row_major);
         load_rows_wait();
         __syncthreads();
-        for (int e = tid; e < DK * BV / 2; e += CH_THREADS) {
+        for (int e = tid; e < DK * BV / 2; e += SCAN_THREADS) {
             int i = e / (BV / 2), j = (e % (BV / 2)) * 2;
             *(__nv_bfloat162 *)(Hs + i * LDH + j) =
                 __floats2bfloat162_rn(Hf[i * LDF + j], Hf[i * LDF + j + 1]);
         }
         __syncthreads();
 
-        /* w S0 and q S0 for the warp's 16 rows */
+        /* w S0 and q S0 for the warp's 16 rows and 32 columns; w's rows
+         * straight from global memory (L2: the other column half's warp
+         * reads them too) */
         {
-            frag_c aw[4], aq[4];
+            const bf16 *wrow = w_ws + ((int64_t)(t0 + rt * 16) * nv + h) * DK;
+            frag_c aw[2], aq[2];
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-                wmma::fill_fragment(aw[nt], 0.f), wmma::fill_fragment(aq[nt], 0.f);
+            for (int x = 0; x < 2; x++)
+                wmma::fill_fragment(aw[x], 0.f), wmma::fill_fragment(aq[x], 0.f);
 #pragma unroll
             for (int kt = 0; kt < DK / 16; kt++) {
-                frag_a_row a2;
-                wmma::load_matrix_sync(a2, Qs + warp * 16 * LDK + kt * 16, LDK);
+                frag_a_row a2, wa;
+                wmma::load_matrix_sync(wa, wrow + kt * 16, nv * DK);
+                wmma::load_matrix_sync(a2, Qs + rt * 16 * LDK + kt * 16, LDK);
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
+                for (int x = 0; x < 2; x++) {
                     frag_b_row b;
-                    wmma::load_matrix_sync(b, Hs + kt * 16 * LDH + nt * 16, LDH);
-                    wmma::mma_sync(aw[nt], wa[kt], b, aw[nt]);
-                    wmma::mma_sync(aq[nt], a2, b, aq[nt]);
+                    wmma::load_matrix_sync(b, Hs + kt * 16 * LDH + (2 * ch + x) * 16, LDH);
+                    wmma::mma_sync(aw[x], wa, b, aw[x]);
+                    wmma::mma_sync(aq[x], a2, b, aq[x]);
                 }
             }
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                wmma::store_matrix_sync(Vf + warp * 16 * LDF + nt * 16, aw[nt], LDF,
+            for (int x = 0; x < 2; x++) {
+                wmma::store_matrix_sync(Vf + rt * 16 * LDF + (2 * ch + x) * 16, aw[x], LDF,
                                         wmma::mem_row_major);
-                wmma::store_matrix_sync(Of + warp * 16 * LDF + nt * 16, aq[nt], LDF,
+                wmma::store_matrix_sync(Of + rt * 16 * LDF + (2 * ch + x) * 16, aq[x], LDF,
                                         wmma::mem_row_major);
             }
         }
-        /* the warp's rows of P (k-tiles up to its own: P is lower), loaded
+        /* the row tile's P (k-tiles up to its own: P is lower), loaded
          * while the epilogue runs */
         frag_a_row pa[CH / 16];
-        const bf16 *prow = p_ws + ((int64_t)(t0 + warp * 16) * nv + h) * CH;
+        const bf16 *prow = p_ws + ((int64_t)(t0 + rt * 16) * nv + h) * CH;
 #pragma unroll
         for (int kt = 0; kt < CH / 16; kt++)
-            if (kt <= warp) wmma::load_matrix_sync(pa[kt], prow + kt * 16, nv * CH);
+            if (kt <= rt) wmma::load_matrix_sync(pa[kt], prow + kt * 16, nv * CH);
         __syncwarp();
         const float gl = gcs[n - 1];
-        for (int e = lane; e < 16 * BV; e += 32) {
-            int i = warp * 16 + e / BV, j = e % BV;
+        for (int e = lane; e < 16 * 32; e += 32) { /* the warp's own 16 x 32 of v' and q S0 */
+            int i = rt * 16 + e / 32, j = ch * 32 + e % 32;
             float vn = i < n ? __bfloat162float(Us[i * LDH + j]) - Vf[i * LDF + j] : 0.f;
             Vn[i * LDH + j] = __float2bfloat16(vn);
             Of[i * LDF + j] *= __expf(gcs[i]) * qinvs[i];
         }
-        for (int e = lane; e < 16 * DK / 2; e += 32) { /* the warp's rows of k, for the update */
-            int i = warp * 16 + e / (DK / 2), j = (e % (DK / 2)) * 2;
+        for (int e = lane; e < 16 * DK / 4; e += 32) { /* its rows' half of k, for the update */
+            int i = rt * 16 + e / (DK / 4), j = ch * (DK / 2) + (e % (DK / 4)) * 2;
             float d = __expf(gl - gcs[i]) * kinvs[i];
             float2 x = __bfloat1622float2(*(const __nv_bfloat162 *)(Ks + i * LDK + j));
             *(__nv_bfloat162 *)(Ks + i * LDK + j) = __floats2bfloat162_rn(x.x * d, x.y * d);
         }
         __syncthreads();
 
-        /* o = G (q S0) + P v' (P is lower: k-tiles up to the warp's own) */
+        /* o = G (q S0) + P v' (P is lower: k-tiles up to the row tile) */
         {
-            frag_c ao[4];
+            frag_c ao[2];
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-                wmma::load_matrix_sync(ao[nt], Of + warp * 16 * LDF + nt * 16, LDF,
+            for (int x = 0; x < 2; x++)
+                wmma::load_matrix_sync(ao[x], Of + rt * 16 * LDF + (2 * ch + x) * 16, LDF,
                                        wmma::mem_row_major);
 #pragma unroll
             for (int kt = 0; kt < CH / 16; kt++) {
-                if (kt > warp) continue;
+                if (kt > rt) continue;
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
+                for (int x = 0; x < 2; x++) {
                     frag_b_row b;
-                    wmma::load_matrix_sync(b, Vn + kt * 16 * LDH + nt * 16, LDH);
-                    wmma::mma_sync(ao[nt], pa[kt], b, ao[nt]);
+                    wmma::load_matrix_sync(b, Vn + kt * 16 * LDH + (2 * ch + x) * 16, LDH);
+                    wmma::mma_sync(ao[x], pa[kt], b, ao[x]);
                 }
             }
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-                wmma::store_matrix_sync(Of + warp * 16 * LDF + nt * 16, ao[nt], LDF,
+            for (int x = 0; x < 2; x++)
+                wmma::store_matrix_sync(Of + rt * 16 * LDF + (2 * ch + x) * 16, ao[x], LDF,
                                         wmma::mem_row_major);
             __syncwarp();
-            for (int e = lane; e < 16 * BV / 2; e += 32) {
-                int i = warp * 16 + e / (BV / 2), j = (e % (BV / 2)) * 2;
+            for (int e = lane; e < 16 * 16; e += 32) { /* pairs of the warp's 16 x 32 */
+                int i = rt * 16 + e / 16, j = ch * 32 + (e % 16) * 2;
                 if (i < n)
                     *(__nv_bfloat162 *)(out + (int64_t)(t0 + i) * out_stride + (int64_t)h * dv +
                                         j0 + j) =
@@ -619,25 +639,22 @@ __global__ void __launch_bounds__(CH_THREADS)
             }
         }
 
-        /* S = exp(gc_last) S + (d k)^T v' */
+        /* S = exp(gc_last) S + (d k)^T v', the warp's own tiles */
         const float decay = __expf(gl);
 #pragma unroll
-        for (int m = 0; m < MT; m++) {
+        for (int x = 0; x < OWN; x++)
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+            for (int y = 0; y < hf[x].num_elements; y++)
+                hf[x].x[y] *= decay;
 #pragma unroll
-                for (int x = 0; x < hf[m][nt].num_elements; x++)
-                    hf[m][nt].x[x] *= decay;
+        for (int kt = 0; kt < CH / 16; kt++) {
+            frag_a_col a;
+            wmma::load_matrix_sync(a, Ks + kt * 16 * LDK + sm * 16, LDK);
 #pragma unroll
-            for (int kt = 0; kt < CH / 16; kt++) {
-                frag_a_col a;
-                wmma::load_matrix_sync(a, Ks + kt * 16 * LDK + (warp * MT + m) * 16, LDK);
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
-                    frag_b_row b;
-                    wmma::load_matrix_sync(b, Vn + kt * 16 * LDH + nt * 16, LDH);
-                    wmma::mma_sync(hf[m][nt], a, b, hf[m][nt]);
-                }
+            for (int x = 0; x < OWN; x++) {
+                frag_b_row b;
+                wmma::load_matrix_sync(b, Vn + kt * 16 * LDH + (sn + x) * 16, LDH);
+                wmma::mma_sync(hf[x], a, b, hf[x]);
             }
         }
         __syncthreads();
@@ -678,11 +695,11 @@ chunked_launch_t(const void *q, const void *k, const void *v, int64_t stride, co
     chunk_schedule_kernel<<<1, 1024, 0, stream>>>(cu, n_seqs, chunks, n_chunks);
     unsigned max_chunks = (unsigned)((T + CH - 1) / CH + n_seqs);
     if (max_chunks > (unsigned)T) max_chunks = (unsigned)T;
-    chunk_prep_kernel<DK, DV><<<dim3(max_chunks, (unsigned)nv), CH_THREADS, prep_smem, stream>>>(
+    chunk_prep_kernel<DK, DV><<<dim3(max_chunks, (unsigned)nv), PREP_THREADS, prep_smem, stream>>>(
         (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, stride, g, beta, chunks, n_chunks,
         nv / nk, nk, nv, qinv, kinv, gc, w, u, p);
     chunk_scan_kernel<DK>
-        <<<dim3(DV / BV, (unsigned)nv, (unsigned)n_seqs), CH_THREADS, scan_smem, stream>>>(
+        <<<dim3(DV / BV, (unsigned)nv, (unsigned)n_seqs), SCAN_THREADS, scan_smem, stream>>>(
             (const bf16 *)q, (const bf16 *)k, stride, cu, nv / nk, nk, nv, DV, qinv, kinv, gc, w, u,
             p, (bf16 *)out, out_stride);
     return HS_CUDA_LAUNCH_CHECK("delta_rule chunked kernels");
