@@ -20,6 +20,8 @@ import math
 import os
 import signal
 import time
+import traceback
+import warnings
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_OOM = 0, 1, 2, 3
 # What hs-producer exits 2 for too: the consumer refused this producer (plan,
@@ -58,6 +60,14 @@ def _is_oom(e):
         return True
     return isinstance(e, RuntimeError) and ("out of memory" in str(e).lower() or
                                             "can't allocate memory" in str(e).lower())
+
+
+def _alloc_counts(torch, device):
+    """The CUDA caching allocator's device allocations, frees and retries
+    (a free or a retry synchronises the device)."""
+    st = torch.cuda.memory_stats(device)
+    return {k: int(st.get(k, 0)) for k in ("num_device_alloc", "num_device_free",
+                                            "num_alloc_retries")}
 
 
 class Worker:
@@ -479,17 +489,33 @@ class Worker:
 
     def _profile_step(self, n):
         """HS_PRODUCE_PROFILE=DIR: worker 0's batches 3 to 6 (after the
-        warm-up and the self-check) under torch.profiler; its trace
-        (trace.json, for chrome://tracing or Perfetto) and the ops that take
-        the most host and device time (ops.txt) go into DIR."""
+        warm-up and the self-check) under torch.profiler and torch's sync
+        debug mode; its trace (trace.json, for chrome://tracing or
+        Perfetto), the ops that take the most host and device time
+        (ops.txt), and every call site that made the host wait for the GPU,
+        with its stack and count, beside the CUDA allocator's counts of
+        device allocations, frees and retries over those batches
+        (syncs.txt) go into DIR."""
         if not self.profile_dir or self.gpu < 0:
             return
         import torch
         if n == 2:
             self.profiler = torch.profiler.profile(activities=[
                 torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+            self.sync_sites = {}
+            self.alloc_before = _alloc_counts(torch, self.device)
+            # every occurrence counted, not the first of each place only
+            self._warnings = warnings.catch_warnings()
+            self._warnings.__enter__()
+            warnings.simplefilter("always")
+            self._old_showwarning = warnings.showwarning
+            warnings.showwarning = self._note_sync
+            torch.cuda.set_sync_debug_mode("warn")
             self.profiler.start()
         elif n == 6 and self.profiler is not None:
+            torch.cuda.set_sync_debug_mode(0)
+            warnings.showwarning = self._old_showwarning
+            self._warnings.__exit__(None, None, None)
             torch.cuda.synchronize(self.device)
             self.profiler.stop()
             os.makedirs(self.profile_dir, exist_ok=True)
@@ -497,9 +523,27 @@ class Worker:
             ka = self.profiler.key_averages()
             with open(os.path.join(self.profile_dir, "ops.txt"), "w") as f:
                 f.write(ka.table(sort_by="self_cpu_time_total", row_limit=40))
-                f.write(ka.table(sort_by="self_cuda_time_total", row_limit=25))
+            after = _alloc_counts(torch, self.device)
+            with open(os.path.join(self.profile_dir, "syncs.txt"), "w") as f:
+                f.write("CUDA allocator over batches 3-6: %s\n"
+                        % ", ".join("%s +%d" % (k, after[k] - self.alloc_before[k])
+                                    for k in sorted(after)))
+                f.write("%d call site(s) made the host wait for the GPU (torch's sync debug "
+                        "mode; it does not see every kind of wait)\n" % len(self.sync_sites))
+                for stack, (count, what) in sorted(self.sync_sites.items(),
+                                                   key=lambda x: -x[1][0]):
+                    f.write("\n=== %d x %s\n%s" % (count, what, stack))
             self.log.info("worker %d: batches 3-6 profiled into %s", self.index, self.profile_dir)
             self.profiler = None
+
+    def _note_sync(self, message, category, filename, lineno, file=None, line=None):
+        """warnings.showwarning while profiling: counts each synchronising
+        call site by its stack; other warnings go where they went."""
+        if "synchronizing CUDA operation" not in str(message):
+            return self._old_showwarning(message, category, filename, lineno, file, line)
+        stack = "".join(traceback.format_stack(limit=16)[:-2])
+        site = self.sync_sites.setdefault(stack, [0, str(message).split("(")[0].strip()])
+        site[0] += 1
 
     def _on_oom(self, e, t, pending):
         import torch

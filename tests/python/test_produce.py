@@ -628,6 +628,46 @@ def test_gpu_worker_copies_through_pinned_staging_and_matches_transformers(model
     assert len(seen) == len(set(seen)) > 3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_profile_names_where_the_host_waits_for_the_gpu(models, data, tmp_path):
+    """HS_PRODUCE_PROFILE writes the ops table, the trace, and syncs.txt:
+    the allocator's counts and every call site that synchronised, with
+    its stack."""
+    path, _ = models["qwen3"]
+    data_path, _ = data
+    prof = tmp_path / "prof"
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, arrays="numpy") as c:
+        ct = ConsumerThread(c, lambda b: None, deadline_s=240)
+        pr = Proc(produce_cmd(c.port, data_path, path, "0,2,4", "--gpus", "0"),
+                  env={"HS_PRODUCE_PROFILE": str(prof)})
+        try:
+            assert pr.wait() == 0, pr.text
+            ct.join(240)
+        finally:
+            pr.kill()
+    assert (prof / "ops.txt").stat().st_size > 0 and (prof / "trace.json").exists()
+    syncs = (prof / "syncs.txt").read_text()
+    assert re.match(r"CUDA allocator over batches 3-6: num_alloc_retries \+\d+, "
+                    r"num_device_alloc \+\d+, num_device_free \+\d+\n\d+ call site", syncs), syncs
+
+
+def test_the_profiles_sync_counter_keys_sites_by_stack_and_passes_other_warnings_on():
+    from hsflow import _produce_worker
+    w = _produce_worker.Worker(0, {"gpus": [-1]}, None)
+    w.sync_sites, passed = {}, []
+    w._old_showwarning = lambda *a: passed.append(a[0])
+
+    def site(msg):
+        w._note_sync(UserWarning(msg), UserWarning, "f.py", 1)
+    for _ in range(3):
+        site("called a synchronizing CUDA operation (Triggered internally at x.cpp:1.)")
+    site("called a synchronizing CUDA operation (Triggered internally at x.cpp:1.)")
+    site("something else")
+    assert sorted(c for c, _ in w.sync_sites.values()) == [1, 3]  # two call sites, by stack
+    assert {m for _, m in w.sync_sites.values()} == {"called a synchronizing CUDA operation"}
+    assert [str(m) for m in passed] == ["something else"]
+
+
 @pytest.mark.parametrize("gpus", ["cpu:1", "0"])
 def test_fp8_run_sends_the_quantisation_of_the_bf16_runs_states(models, data, gpus):
     """hsflow-produce --hs-dtype fp8 (on the CPU: the library's quantiser;
