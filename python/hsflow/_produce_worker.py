@@ -306,6 +306,11 @@ class Worker:
         H, layers = s["hidden_size"], s["layers"]
         worst = (0.0, None, None, None)
 
+        def rows(buf, q):
+            """The captured layers' [tokens, H] of sequence q in buf."""
+            lo, hi = int(cu[q]), int(cu[q + 1])
+            return [buf[lo:hi, j * H:(j + 1) * H] for j in range(len(layers))]
+
         def check(test, q, got, ref, floor):
             """got, ref: the captured layers' [tokens, H] of sequence q;
             floor: per layer, 3x sequence 0's (relative, max) error."""
@@ -346,10 +351,6 @@ class Worker:
                                           varlen="flash" in (self.impl or "")):
                     self.capture.begin(scratch, c)
                     c.run(self.decoder)
-
-                def rows(buf, q):
-                    lo, hi = int(cu[q]), int(cu[q + 1])
-                    return [buf[lo:hi, j * H:(j + 1) * H] for j in range(len(layers))]
                 if floor is None:
                     floor = [[3 * e for e in _hf._parity(a, b)]
                              for a, b in zip(rows(scratch, 0), rows(got_all, 0))]
@@ -365,8 +366,8 @@ class Worker:
                                          s["token_budget"], self.device)[0]
                     self.capture.begin(out, c)
                     c.run(self.decoder)
-                    return ([got_all[lo:hi, j * H:(j + 1) * H] for j in range(len(layers))],
-                            [out[:, j * H:(j + 1) * H] for j in range(len(layers))])
+                    return rows(got_all, q), [out[:, j * H:(j + 1) * H]
+                                              for j in range(len(layers))]
                 g0, a0 = alone(0)  # the row's first sequence: shape noise only
                 floor = [[3 * e for e in _hf._parity(g, a)] for g, a in zip(g0, a0)]
                 for q in picks:
@@ -523,6 +524,7 @@ class Worker:
             ka = self.profiler.key_averages()
             with open(os.path.join(self.profile_dir, "ops.txt"), "w") as f:
                 f.write(ka.table(sort_by="self_cpu_time_total", row_limit=40))
+                f.write(ka.table(sort_by="self_cuda_time_total", row_limit=25))
             after = _alloc_counts(torch, self.device)
             with open(os.path.join(self.profile_dir, "syncs.txt"), "w") as f:
                 f.write("CUDA allocator over batches 3-6: %s\n"

@@ -230,9 +230,10 @@ def build_parser():
     a("--prefetch", type=_uint(1, 64, "1..64"), default=_env("prefetch", "2"),
       help="tickets each worker keeps queued (default 2)")
     a("--staging-buffers", type=_uint(2, 4, "2..4"), default=_env("staging-buffers", "3"),
-      help="batch-sized page-locked host buffers per worker, 2..4 (default 3): with three, "
-           "the forward of batch N+2 is not held up while batch N is still on the wire; "
-           "each costs one batch of hidden states in host memory")
+      help="batch-sized page-locked host buffers per worker, 2..4 (default 3): each holds "
+           "one batch of hidden states in host memory; a third lets batch N+2's forward start "
+           "while batch N is on the wire (3-11%% on a CPU bench, no measurable gain on an H200 "
+           "over loopback: docs/pyproducer.md), 2 saves a batch of memory")
     a("--secret-file", default=_env("secret-file"),
       help="shared secret for the HMAC handshake")
     a("--transport", choices=("auto", "tcp", "ucx"), default=_env("transport", "auto"),
