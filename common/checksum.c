@@ -65,10 +65,7 @@ uint32_t hs_crc32c(uint32_t crc, const void *data, size_t len)
     return ~crc;
 }
 
-uint64_t hs_checksum64_chunk(const void *chunk, size_t len)
-{
-    return XXH3_64bits(chunk, len);
-}
+uint64_t hs_checksum64_chunk(const void *chunk, size_t len) { return XXH3_64bits(chunk, len); }
 
 uint64_t hs_checksum64_combine(const uint64_t *chunk_hashes, size_t n_chunks)
 {

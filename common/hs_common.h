@@ -161,10 +161,7 @@ static inline void hs_le64_store(void *p, uint64_t v)
 
 void *hs_aligned_alloc(size_t alignment, size_t size); /* NULL on failure */
 void hs_aligned_free(void *p);
-static inline size_t hs_align_up(size_t x, size_t a)
-{
-    return (x + a - 1) / a * a;
-}
+static inline size_t hs_align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 /* ---- fp8 (e4m3) and bf16 scalars --------------------------------------------
  * One definition for the CPU and CUDA code (hs_fp8_quantize_row_bf16 in

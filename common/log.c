@@ -25,10 +25,7 @@ static int level_from_env(void)
     return HS_LOG_INFO;
 }
 
-void hs_log_set_level(hs_log_level_t level)
-{
-    g_level = (int)level;
-}
+void hs_log_set_level(hs_log_level_t level) { g_level = (int)level; }
 
 hs_log_level_t hs_log_get_level(void)
 {
@@ -36,10 +33,7 @@ hs_log_level_t hs_log_get_level(void)
     return (hs_log_level_t)g_level;
 }
 
-void hs_log_set_tag(const char *tag)
-{
-    snprintf(g_tag, sizeof(g_tag), "%s", tag);
-}
+void hs_log_set_tag(const char *tag) { snprintf(g_tag, sizeof(g_tag), "%s", tag); }
 
 void hs_log_write(hs_log_level_t level, const char *file, int line, const char *fmt, ...)
 {

@@ -182,10 +182,7 @@ hs_status_t hs_mem_claim_open(hs_mem_claim_t **out)
     return HS_OK;
 }
 
-uint64_t hs_mem_claim_others(const hs_mem_claim_t *m)
-{
-    return m ? m->others : 0;
-}
+uint64_t hs_mem_claim_others(const hs_mem_claim_t *m) { return m ? m->others : 0; }
 
 const char *hs_mem_claim_others_text(const hs_mem_claim_t *m, unsigned *n_others)
 {

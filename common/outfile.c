@@ -117,10 +117,7 @@ err:
     return st;
 }
 
-FILE *hs_outfile_stream(hs_outfile_t *f)
-{
-    return f->fp;
-}
+FILE *hs_outfile_stream(hs_outfile_t *f) { return f->fp; }
 
 static void outfile_free(hs_outfile_t *f)
 {

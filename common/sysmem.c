@@ -131,15 +131,9 @@ void hsflow_set_system_root(const char *root)
     snprintf(g_sys_root, sizeof g_sys_root, "%s", root ? root : "");
 }
 
-const char *hs_sys_root(void)
-{
-    return g_sys_root;
-}
+const char *hs_sys_root(void) { return g_sys_root; }
 
-void hs_mem_limits(hs_mem_limits_t *out)
-{
-    hs_mem_limits_at(g_sys_root, out);
-}
+void hs_mem_limits(hs_mem_limits_t *out) { hs_mem_limits_at(g_sys_root, out); }
 
 uint64_t hs_mem_room(const hs_mem_limits_t *m)
 {

@@ -17,10 +17,7 @@ uint64_t hs_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-double hs_now_s(void)
-{
-    return (double)hs_now_ns() * 1e-9;
-}
+double hs_now_s(void) { return (double)hs_now_ns() * 1e-9; }
 
 void *hs_aligned_alloc(size_t alignment, size_t size)
 {
@@ -30,10 +27,7 @@ void *hs_aligned_alloc(size_t alignment, size_t size)
     return p;
 }
 
-void hs_aligned_free(void *p)
-{
-    free(p);
-}
+void hs_aligned_free(void *p) { free(p); }
 
 hs_status_t hs_parse_u64(const char *s, uint64_t *out)
 {

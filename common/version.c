@@ -10,15 +10,9 @@
 #include "hs_git_describe.h"
 #include "hsflow.h"
 
-const char *hsflow_version(void)
-{
-    return HSFLOW_VERSION_STRING;
-}
+const char *hsflow_version(void) { return HSFLOW_VERSION_STRING; }
 
-const char *hsflow_git_describe(void)
-{
-    return HS_GIT_DESCRIBE;
-}
+const char *hsflow_git_describe(void) { return HS_GIT_DESCRIBE; }
 
 const char *hsflow_build_info(void)
 {

@@ -577,14 +577,8 @@ bool hs_cache_contains(const hs_cache_t *c, const void *p, uint64_t bytes)
     return in;
 }
 
-void *hs_cache_base(const hs_cache_t *c)
-{
-    return c->base;
-}
-uint64_t hs_cache_chunk_bytes(const hs_cache_t *c)
-{
-    return c->chunk_bytes;
-}
+void *hs_cache_base(const hs_cache_t *c) { return c->base; }
+uint64_t hs_cache_chunk_bytes(const hs_cache_t *c) { return c->chunk_bytes; }
 
 hs_status_t hs_cache_copy_to_device(const hs_cache_t *c, void *dst, uint64_t offset, uint64_t bytes,
                                     void *stream)
@@ -620,10 +614,7 @@ hs_status_t hs_cache_copy_to_device(const hs_cache_t *c, void *dst, uint64_t off
     return HS_ERR_UNSUPPORTED;
 #endif
 }
-uint64_t hs_cache_capacity(const hs_cache_t *c)
-{
-    return c->capacity;
-}
+uint64_t hs_cache_capacity(const hs_cache_t *c) { return c->capacity; }
 
 void hs_cache_stats(const hs_cache_t *c, hs_cache_stats_t *out)
 {

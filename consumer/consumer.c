@@ -231,10 +231,7 @@ static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const ch
 }
 
 /* The metrics endpoint's thread asks for the figures through this. */
-static void metrics_stats(void *arg, hs_consumer_stats_t *s)
-{
-    hs_consumer_stats(arg, s);
-}
+static void metrics_stats(void *arg, hs_consumer_stats_t *s) { hs_consumer_stats(arg, s); }
 
 static const hs_tp_callbacks_t consumer_callbacks = {
     .on_accept = hs__peer_accepted,
@@ -449,10 +446,7 @@ err_free:
     return st;
 }
 
-uint16_t hs_consumer_port(const hs_consumer_t *c)
-{
-    return c->port;
-}
+uint16_t hs_consumer_port(const hs_consumer_t *c) { return c->port; }
 
 uint16_t hs_consumer_metrics_port(const hs_consumer_t *c)
 {
@@ -503,7 +497,4 @@ void hs_consumer_destroy(hs_consumer_t *c)
     free(c);
 }
 
-const char *hsflow_status_str(hs_status_code_t status)
-{
-    return hs_status_str(status);
-}
+const char *hsflow_status_str(hs_status_code_t status) { return hs_status_str(status); }

@@ -312,10 +312,7 @@ hs_status_t hs__loader_create(int device, hs__loader_t **out)
              device);
     return HS_ERR_UNSUPPORTED;
 }
-void hs__loader_destroy(hs__loader_t *l)
-{
-    (void)l;
-}
+void hs__loader_destroy(hs__loader_t *l) { (void)l; }
 hs_status_t hs__loader_reserve(hs__loader_t *l, uint64_t bytes)
 {
     (void)l, (void)bytes;

@@ -339,18 +339,9 @@ hs_status_t hs_journal_bind(hs_journal_t *j, uint64_t plan_hash, uint32_t n_batc
     return HS_OK;
 }
 
-uint32_t hs_journal_start_epoch(const hs_journal_t *j)
-{
-    return j->start_epoch;
-}
-uint64_t hs_journal_count(const hs_journal_t *j)
-{
-    return j->count;
-}
-const uint8_t *hs_journal_done(const hs_journal_t *j)
-{
-    return j->done;
-}
+uint32_t hs_journal_start_epoch(const hs_journal_t *j) { return j->start_epoch; }
+uint64_t hs_journal_count(const hs_journal_t *j) { return j->count; }
+const uint8_t *hs_journal_done(const hs_journal_t *j) { return j->done; }
 
 hs_status_t hs_journal_append(hs_journal_t *j, uint32_t epoch, uint32_t batch)
 {

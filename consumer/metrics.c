@@ -195,10 +195,7 @@ hs_status_t hs_metrics_start(hs_metrics_stats_cb stats, void *arg, const char *h
     return HS_OK;
 }
 
-uint16_t hs_metrics_port(const hs_metrics_t *m)
-{
-    return m->port;
-}
+uint16_t hs_metrics_port(const hs_metrics_t *m) { return m->port; }
 
 void hs_metrics_stop(hs_metrics_t *m)
 {
@@ -221,8 +218,5 @@ uint16_t hs_metrics_port(const hs_metrics_t *m)
     (void)m;
     return 0;
 }
-void hs_metrics_stop(hs_metrics_t *m)
-{
-    (void)m;
-}
+void hs_metrics_stop(hs_metrics_t *m) { (void)m; }
 #endif

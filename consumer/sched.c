@@ -621,10 +621,7 @@ hs_status_t hs_sched_release(hs_sched_t *s, uint64_t ticket)
     return HS_OK;
 }
 
-bool hs_sched_finished(const hs_sched_t *s)
-{
-    return s->delivered == s->planned;
-}
+bool hs_sched_finished(const hs_sched_t *s) { return s->delivered == s->planned; }
 
 void hs_sched_stats(const hs_sched_t *s, hs_sched_stats_t *out)
 {

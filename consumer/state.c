@@ -63,10 +63,7 @@ hs_status_t hs_state_check_shard(const hs_state_t *s, uint32_t rank, uint32_t wo
     return HS_OK;
 }
 
-static const char *order_str(hs_state_order_t o)
-{
-    return o == HS_STATE_PLAN ? "plan" : "arrival";
-}
+static const char *order_str(hs_state_order_t o) { return o == HS_STATE_PLAN ? "plan" : "arrival"; }
 
 static hs_status_t bad(char *why, size_t whycap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -137,26 +134,11 @@ bool hs_state_has(const hs_state_t *s, uint32_t epoch, uint32_t batch)
     return r >= 0 && row_bit(s, (uint32_t)r, batch);
 }
 
-bool hs_state_has_plan(const hs_state_t *s)
-{
-    return s->has_plan;
-}
-uint64_t hs_state_plan_hash(const hs_state_t *s)
-{
-    return s->plan_hash;
-}
-uint32_t hs_state_n_batches(const hs_state_t *s)
-{
-    return s->n;
-}
-uint32_t hs_state_epochs(const hs_state_t *s)
-{
-    return s->epochs;
-}
-uint64_t hs_state_delivered(const hs_state_t *s)
-{
-    return s->delivered;
-}
+bool hs_state_has_plan(const hs_state_t *s) { return s->has_plan; }
+uint64_t hs_state_plan_hash(const hs_state_t *s) { return s->plan_hash; }
+uint32_t hs_state_n_batches(const hs_state_t *s) { return s->n; }
+uint32_t hs_state_epochs(const hs_state_t *s) { return s->epochs; }
+uint64_t hs_state_delivered(const hs_state_t *s) { return s->delivered; }
 
 /* ---- decode ----------------------------------------------------------------- */
 
@@ -174,10 +156,7 @@ static hs_status_t get_uint(const cJSON *o, const char *what, const char *key, d
     return HS_OK;
 }
 
-static unsigned popcount8(uint8_t x)
-{
-    return (unsigned)__builtin_popcount(x);
-}
+static unsigned popcount8(uint8_t x) { return (unsigned)__builtin_popcount(x); }
 
 /* "rank", "world" and "uneven", absent for a state of one rank. */
 static hs_status_t decode_shard_fields(const cJSON *root, hs_state_t *s, char *why, size_t whycap)

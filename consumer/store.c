@@ -75,15 +75,9 @@ uint64_t hs_store_rec_seal(const hs_store_rec_t *r)
     return hs_checksum64(r, offsetof(hs_store_rec_t, seal));
 }
 
-const char *hs_store_dir(const hs_store_t *s)
-{
-    return s->dir;
-}
+const char *hs_store_dir(const hs_store_t *s) { return s->dir; }
 
-const hs_store_run_t *hs_store_run(const hs_store_t *s)
-{
-    return s->has_run ? &s->run : NULL;
-}
+const hs_store_run_t *hs_store_run(const hs_store_t *s) { return s->has_run ? &s->run : NULL; }
 
 /* ---- reading what is there ------------------------------------------------- */
 

@@ -99,22 +99,10 @@ void hs_dataset_close(hs_dataset_t *ds)
     free(ds);
 }
 
-hs_dataset_format_t hs_dataset_format(const hs_dataset_t *ds)
-{
-    return ds->format;
-}
-uint64_t hs_dataset_count(const hs_dataset_t *ds)
-{
-    return ds->n;
-}
-uint64_t hs_dataset_total_tokens(const hs_dataset_t *ds)
-{
-    return ds->total;
-}
-uint64_t hs_dataset_fingerprint(const hs_dataset_t *ds)
-{
-    return ds->fingerprint;
-}
+hs_dataset_format_t hs_dataset_format(const hs_dataset_t *ds) { return ds->format; }
+uint64_t hs_dataset_count(const hs_dataset_t *ds) { return ds->n; }
+uint64_t hs_dataset_total_tokens(const hs_dataset_t *ds) { return ds->total; }
+uint64_t hs_dataset_fingerprint(const hs_dataset_t *ds) { return ds->fingerprint; }
 
 uint32_t hs_dataset_seq_len(const hs_dataset_t *ds, uint64_t i)
 {

@@ -195,10 +195,7 @@ static const char *skip_ws(const char *p, const char *end)
     return p;
 }
 
-static bool is_digit(char c)
-{
-    return (unsigned)(c - '0') <= 9u;
-}
+static bool is_digit(char c) { return (unsigned)(c - '0') <= 9u; }
 
 /* Parses one array of input_ids (what = 1) or loss_mask (what = 2) at p
  * (its '['), in the plain form writers produce: non-negative integers

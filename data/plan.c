@@ -63,14 +63,8 @@ static int item_cmp(const void *pa, const void *pb)
     return (a->id > b->id) - (a->id < b->id);
 }
 
-static void hash_u32(XXH3_state_t *st, uint32_t v)
-{
-    XXH3_64bits_update(st, &v, 4);
-}
-static void hash_u64(XXH3_state_t *st, uint64_t v)
-{
-    XXH3_64bits_update(st, &v, 8);
-}
+static void hash_u32(XXH3_state_t *st, uint32_t v) { XXH3_64bits_update(st, &v, 4); }
+static void hash_u64(XXH3_state_t *st, uint64_t v) { XXH3_64bits_update(st, &v, 8); }
 
 /* Canonical little-endian form of everything that defines the plan. */
 static uint64_t plan_compute_hash(const hs_plan_t *p, uint64_t n_kept)
@@ -297,26 +291,11 @@ void hs_plan_destroy(hs_plan_t *plan)
     free(plan);
 }
 
-uint32_t hs_plan_n_batches(const hs_plan_t *plan)
-{
-    return plan->n_batches;
-}
-uint64_t hs_plan_hash(const hs_plan_t *plan)
-{
-    return plan->hash;
-}
-uint64_t hs_plan_fingerprint(const hs_plan_t *plan)
-{
-    return plan->fingerprint;
-}
-const hs_plan_config_t *hs_plan_config(const hs_plan_t *plan)
-{
-    return &plan->cfg;
-}
-void hs_plan_stats(const hs_plan_t *plan, hs_plan_stats_t *out)
-{
-    *out = plan->stats;
-}
+uint32_t hs_plan_n_batches(const hs_plan_t *plan) { return plan->n_batches; }
+uint64_t hs_plan_hash(const hs_plan_t *plan) { return plan->hash; }
+uint64_t hs_plan_fingerprint(const hs_plan_t *plan) { return plan->fingerprint; }
+const hs_plan_config_t *hs_plan_config(const hs_plan_t *plan) { return &plan->cfg; }
+void hs_plan_stats(const hs_plan_t *plan, hs_plan_stats_t *out) { *out = plan->stats; }
 
 void hs_plan_warn_lost(const hs_plan_t *plan, const char *data)
 {

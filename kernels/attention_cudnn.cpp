@@ -208,10 +208,7 @@ extern "C" void hs__attn_dnn_destroy(hs__attn_dnn_t *dnn)
     delete dnn;
 }
 
-extern "C" long hs__attn_dnn_version(const hs__attn_dnn_t *dnn)
-{
-    return dnn ? dnn->version : 0;
-}
+extern "C" long hs__attn_dnn_version(const hs__attn_dnn_t *dnn) { return dnn ? dnn->version : 0; }
 
 extern "C" hs_status_t hs__attn_dnn_run(hs__attn_dnn_t *dnn, int i, const void *q, const void *k,
                                         const void *v, void *out, const int32_t *seq_len,

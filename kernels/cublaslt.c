@@ -90,10 +90,7 @@ void hs_lt_destroy(hs_lt_t *lt)
     free(lt);
 }
 
-int hs_lt_cached_shapes(const hs_lt_t *lt)
-{
-    return lt ? lt->n_cached : 0;
-}
+int hs_lt_cached_shapes(const hs_lt_t *lt) { return lt ? lt->n_cached : 0; }
 
 static bool key_eq(const hs_lt_key_t *a, const hs_lt_key_t *b)
 {
@@ -248,10 +245,7 @@ static bool fp8_args_ok(int64_t ldy, int64_t ldxq, int M, int N, int K)
 
 /* The tail's rows: 4 of the quantised input (ldxq) and 4 of the output
  * (N rounded up to 8), 256-byte aligned. */
-static size_t tail_out_offset(int64_t ldxq)
-{
-    return ((size_t)4 * (size_t)ldxq + 255) / 256 * 256;
-}
+static size_t tail_out_offset(int64_t ldxq) { return ((size_t)4 * (size_t)ldxq + 255) / 256 * 256; }
 
 static hs_status_t tail_reserve(hs_lt_t *lt, int64_t ldxq, int N)
 {

@@ -71,10 +71,7 @@ HS_MUST_CHECK hs_status_t hs_lt_linear(hs_lt_t *lt, void *y, int64_t ldy, const 
  * cuBLASLt's BLK128x128_32F mode reads them. K and ldxq multiples of 16,
  * ldy of 8, pointers 16-byte aligned. HS_ERR_UNSUPPORTED (logged) when
  * cuBLASLt has no algorithm for the shape. */
-static inline int64_t hs_lt_fp8_scale_ld(int64_t K)
-{
-    return ((K + 127) / 128 + 3) / 4 * 4;
-}
+static inline int64_t hs_lt_fp8_scale_ld(int64_t K) { return ((K + 127) / 128 + 3) / 4 * 4; }
 HS_MUST_CHECK hs_status_t hs_lt_linear_fp8(hs_lt_t *lt, void *y, int64_t ldy, const void *xq,
                                            int64_t ldxq, const float *xs, const void *wq,
                                            const float *ws, const void *bias, int M, int N, int K,

@@ -180,10 +180,7 @@ struct dr_layout {
     size_t chunks, n_chunks, qinv, kinv, gc, w, u, p, total;
 };
 
-static size_t dr_align(size_t x)
-{
-    return (x + 255) & ~(size_t)255;
-}
+static size_t dr_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
 static dr_layout dr_plan(int max_tokens, int max_seqs, int nk, int nv, int dk, int dv)
 {

@@ -32,10 +32,7 @@ extern "C" {
 #define HS_FP8_BLOCK 128
 
 /* Number of 128-blocks over n values. */
-static inline int64_t hs_fp8_blocks(int64_t n)
-{
-    return (n + HS_FP8_BLOCK - 1) / HS_FP8_BLOCK;
-}
+static inline int64_t hs_fp8_blocks(int64_t n) { return (n + HS_FP8_BLOCK - 1) / HS_FP8_BLOCK; }
 
 /* ---- activations: per token, per group of 128 ---- */
 

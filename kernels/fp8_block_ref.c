@@ -8,10 +8,7 @@
 #include "bf16.h"
 
 /* Factor of a group or block whose largest |value| is amax. */
-static float scale_of(float amax)
-{
-    return amax > 0.0f ? amax / HS_FP8_MAX : 1.0f;
-}
+static float scale_of(float amax) { return amax > 0.0f ? amax / HS_FP8_MAX : 1.0f; }
 
 void hs_kn_fp8_quant_groups_ref(const uint16_t *x, int64_t ldx, int M, int K, uint8_t *q,
                                 int64_t ldq, float *scales)

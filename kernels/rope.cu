@@ -27,10 +27,7 @@ __global__ void rope_positions_kernel(const int32_t *cu_seqlens, int32_t *pos)
         pos[t] = t - a;
 }
 
-__device__ __forceinline__ float bround(float f)
-{
-    return __bfloat162float(__float2bfloat16(f));
-}
+__device__ __forceinline__ float bround(float f) { return __bfloat162float(__float2bfloat16(f)); }
 
 __global__ void rope_kernel(bf16 *x, int64_t row_stride, int n_heads, int head_dim, int rot_dim,
                             const int32_t *pos, const float *inv_freq)

@@ -34,10 +34,7 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
     return HS_ERR_UNSUPPORTED;
 }
 
-void hs_model_cuda_destroy(hs_model_cuda_t *mc)
-{
-    (void)mc;
-}
+void hs_model_cuda_destroy(hs_model_cuda_t *mc) { (void)mc; }
 
 hs_status_t hs_model_cuda_peak_bytes(const hs_model_cuda_t *mc, uint64_t *out)
 {
@@ -45,10 +42,7 @@ hs_status_t hs_model_cuda_peak_bytes(const hs_model_cuda_t *mc, uint64_t *out)
 }
 
 /* Quiet: callers ask this to learn whether there is a GPU at all. */
-hs_status_t hs_model_cuda_device_count(int *out)
-{
-    return HS_ERR_UNSUPPORTED;
-}
+hs_status_t hs_model_cuda_device_count(int *out) { return HS_ERR_UNSUPPORTED; }
 
 hs_status_t hs_model_cuda_device_info(int device, char *name, size_t name_cap,
                                       uint64_t *total_bytes, uint64_t *free_bytes)

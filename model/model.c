@@ -305,10 +305,7 @@ const char *hs_model_weights_name(hs_model_weights_t w)
     return w == HS_MODEL_WEIGHTS_BF16 ? "bf16" : w == HS_MODEL_WEIGHTS_FP8 ? "fp8" : "auto";
 }
 
-int hs_model_fp8_weights(const hs_model_t *m)
-{
-    return m ? m->n_fp8 : 0;
-}
+int hs_model_fp8_weights(const hs_model_t *m) { return m ? m->n_fp8 : 0; }
 
 hs_status_t hs_model_load(const char *dir, hs_model_t **out)
 {
@@ -395,32 +392,17 @@ void hs_model_destroy(hs_model_t *m)
     free(m);
 }
 
-void hs_model_set_attn(hs_model_t *m, hs_model_attn_t attn)
-{
-    m->attn = attn;
-}
+void hs_model_set_attn(hs_model_t *m, hs_model_attn_t attn) { m->attn = attn; }
 
 hs_model_attn_t hs_model_attn_parse(const char *name)
 {
     return name && !strcmp(name, "mma") ? HS_MODEL_ATTN_MMA : HS_MODEL_ATTN_AUTO;
 }
 
-const hs_model_config_t *hs_model_config(const hs_model_t *m)
-{
-    return &m->cfg;
-}
-int hs_model_hidden_size(const hs_model_t *m)
-{
-    return m->cfg.hidden_size;
-}
-int hs_model_num_layers(const hs_model_t *m)
-{
-    return m->cfg.num_layers;
-}
-int hs_model_vocab_size(const hs_model_t *m)
-{
-    return m->cfg.vocab_size;
-}
+const hs_model_config_t *hs_model_config(const hs_model_t *m) { return &m->cfg; }
+int hs_model_hidden_size(const hs_model_t *m) { return m->cfg.hidden_size; }
+int hs_model_num_layers(const hs_model_t *m) { return m->cfg.num_layers; }
+int hs_model_vocab_size(const hs_model_t *m) { return m->cfg.vocab_size; }
 
 hs_status_t hs_model_dflash_layers(int n_target_layers, int n_draft_layers, int32_t *out, int cap)
 {

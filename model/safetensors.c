@@ -441,10 +441,7 @@ void hs__st_close(hs__st_set_t *st)
     free(st);
 }
 
-size_t hs__st_count(const hs__st_set_t *st)
-{
-    return st->n_tensors;
-}
+size_t hs__st_count(const hs__st_set_t *st) { return st->n_tensors; }
 
 const hs__st_tensor_t *hs__st_at(const hs__st_set_t *st, size_t i)
 {

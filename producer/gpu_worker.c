@@ -201,10 +201,7 @@ hs_status_t hs__gpu_worker_create(hs_model_t *model, int device, uint32_t token_
              device);
     return HS_ERR_UNSUPPORTED;
 }
-void hs__gpu_worker_destroy(hs__gpu_worker_t *w)
-{
-    (void)w;
-}
+void hs__gpu_worker_destroy(hs__gpu_worker_t *w) { (void)w; }
 hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_view_t *view,
                                  uint32_t n_seqs, uint32_t n_tokens)
 {

@@ -18,10 +18,7 @@
 static pthread_once_t sodium_once = PTHREAD_ONCE_INIT;
 static int sodium_status = -1;
 
-static void sodium_init_once(void)
-{
-    sodium_status = sodium_init() < 0 ? -1 : 0;
-}
+static void sodium_init_once(void) { sodium_status = sodium_init() < 0 ? -1 : 0; }
 
 hs_status_t hs_auth_init(void)
 {

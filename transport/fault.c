@@ -135,7 +135,4 @@ void hs__tp_fault_note_recv(hs__tp_fault_t *f, hs_tp_conn_t *conn, void *dest, u
         }
 }
 
-void hs__tp_fault_free(hs__tp_fault_t *f)
-{
-    free(f);
-}
+void hs__tp_fault_free(hs__tp_fault_t *f) { free(f); }

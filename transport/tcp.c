@@ -70,15 +70,9 @@ static void socket_tune(tcp_tp_t *tp, int fd, bool stream)
 
 /* hs__sock_tune_cb for connected sockets and for listeners (whose buffer
  * sizes accepted sockets inherit: window scale). */
-static void tune_stream(int fd, void *tp)
-{
-    socket_tune(tp, fd, true);
-}
+static void tune_stream(int fd, void *tp) { socket_tune(tp, fd, true); }
 
-static void tune_listener(int fd, void *tp)
-{
-    socket_tune(tp, fd, false);
-}
+static void tune_listener(int fd, void *tp) { socket_tune(tp, fd, false); }
 
 /* ---- listen / accept / connect -------------------------------------------- */
 
@@ -273,10 +267,7 @@ static void tcp_wakeup(hs_tp_t *t)
     (void)r; /* EAGAIN: the counter is already non-zero, which is the point */
 }
 
-static hs_status_t tcp_mem_register(hs_tp_t *t, void *addr, size_t len)
-{
-    return HS_OK;
-}
+static hs_status_t tcp_mem_register(hs_tp_t *t, void *addr, size_t len) { return HS_OK; }
 
 /* ---- life cycle ----------------------------------------------------------- */
 

@@ -137,15 +137,9 @@ struct tcp_tp {
     int sockbuf; /* SO_SNDBUF/SO_RCVBUF to ask for, 0 = leave autotuning */
 };
 
-static inline tcp_conn_t *conn_of(hs_tp_conn_t *c)
-{
-    return (tcp_conn_t *)c;
-}
+static inline tcp_conn_t *conn_of(hs_tp_conn_t *c) { return (tcp_conn_t *)c; }
 
-static inline tcp_tp_t *tp_of(hs_tp_t *t)
-{
-    return (tcp_tp_t *)t;
-}
+static inline tcp_tp_t *tp_of(hs_tp_t *t) { return (tcp_tp_t *)t; }
 
 /* tcp_conn.c */
 void hs__tcp_conn_mark_finalize(tcp_conn_t *c);

@@ -31,10 +31,7 @@ static const hs_tp_ops_t *ops_for_kind(hs_tp_kind_t kind)
 
 /* ---- kinds ---------------------------------------------------------------- */
 
-bool hs_tp_kind_available(hs_tp_kind_t kind)
-{
-    return ops_for_kind(kind) != NULL;
-}
+bool hs_tp_kind_available(hs_tp_kind_t kind) { return ops_for_kind(kind) != NULL; }
 
 const char *hs_tp_kind_str(hs_tp_kind_t kind)
 {
@@ -296,10 +293,7 @@ hs_status_t hs_tp_mem_register(hs_tp_t *tp, void *addr, size_t len)
 
 /* ---- connection info ------------------------------------------------------ */
 
-const char *hs_tp_conn_peer(const hs_tp_conn_t *conn)
-{
-    return conn ? conn->peer : "?";
-}
+const char *hs_tp_conn_peer(const hs_tp_conn_t *conn) { return conn ? conn->peer : "?"; }
 
 bool hs_tp_conn_is_loopback(const hs_tp_conn_t *conn)
 {
@@ -338,10 +332,7 @@ void hs_tp_conn_set_user(hs_tp_conn_t *conn, void *user)
     if (conn) conn->user = user;
 }
 
-void *hs_tp_conn_get_user(const hs_tp_conn_t *conn)
-{
-    return conn ? conn->user : NULL;
-}
+void *hs_tp_conn_get_user(const hs_tp_conn_t *conn) { return conn ? conn->user : NULL; }
 
 /* ---- addresses ------------------------------------------------------------ */
 

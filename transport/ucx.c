@@ -55,10 +55,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static void ucx_describe(hs_tp_conn_t *conn)
-{
-    hs__ucx_conn_refresh_describe(conn_of(conn));
-}
+static void ucx_describe(hs_tp_conn_t *conn) { hs__ucx_conn_refresh_describe(conn_of(conn)); }
 
 /* Waits for the worker up to ms without spinning. */
 void hs__ucx_worker_wait(ucx_tp_t *tp, int ms)

@@ -113,15 +113,9 @@ struct ucx_tp {
     bool devices_chosen;
 };
 
-static inline ucx_conn_t *conn_of(hs_tp_conn_t *c)
-{
-    return (ucx_conn_t *)c;
-}
+static inline ucx_conn_t *conn_of(hs_tp_conn_t *c) { return (ucx_conn_t *)c; }
 
-static inline ucx_tp_t *tp_of(hs_tp_t *t)
-{
-    return (ucx_tp_t *)t;
-}
+static inline ucx_tp_t *tp_of(hs_tp_t *t) { return (ucx_tp_t *)t; }
 
 /* ucx.c */
 void hs__ucx_worker_wait(ucx_tp_t *tp, int ms);

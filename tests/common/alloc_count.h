@@ -126,10 +126,7 @@ int posix_memalign(void **out, size_t align, size_t n)
     return 0;
 }
 #else
-static inline void alloc_count_print(FILE *f)
-{
-    (void)f;
-}
+static inline void alloc_count_print(FILE *f) { (void)f; }
 #endif
 
 #endif /* HS_TEST_ALLOC_COUNT_H */

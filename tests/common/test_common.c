@@ -149,10 +149,7 @@ END_TEST
 /* hs_cli_parse_flags: a flag from HS_* unless the command line gives it,
  * --help and mistakes answered with the exit status main returns. */
 static int usage_out, usage_err;
-static void count_usage(FILE *out)
-{
-    *(out == stdout ? &usage_out : &usage_err) += 1;
-}
+static void count_usage(FILE *out) { *(out == stdout ? &usage_out : &usage_err) += 1; }
 static int apply_name(void *ctx, int opt, const char *arg, const char *from)
 {
     ck_assert_int_ne(opt, 'h'); /* --help is hs_cli_parse_flags' own */

@@ -56,10 +56,7 @@ static void on_free(void *arg, uint64_t off)
     n_freed++;
 }
 
-static void mkstore(char *dir)
-{
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-}
+static void mkstore(char *dir) { ck_assert_ptr_nonnull(mkdtemp(dir)); }
 
 static void rmstore(const char *dir)
 {

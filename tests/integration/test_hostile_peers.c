@@ -162,10 +162,7 @@ static void harness_start_ex(harness_t *h, hs_order_t order, const harness_opts_
     ck_assert_int_eq(pthread_create(&h->trainer, NULL, trainer_main, h), 0);
 }
 
-static void harness_start(harness_t *h, hs_order_t order)
-{
-    harness_start_ex(h, order, NULL);
-}
+static void harness_start(harness_t *h, hs_order_t order) { harness_start_ex(h, order, NULL); }
 
 typedef struct {
     uint16_t port;
@@ -481,10 +478,7 @@ static int peer_ready_workers(uint16_t port, const char *name, uint32_t workers)
 }
 
 /* A peer that went through HELLO (+ the whole plan when asked) and is ready. */
-static int peer_ready(uint16_t port, const char *name)
-{
-    return peer_ready_workers(port, name, 1);
-}
+static int peer_ready(uint16_t port, const char *name) { return peer_ready_workers(port, name, 1); }
 
 static void ticket_recv(int fd, Hsflow__Ticket *out)
 {

@@ -162,10 +162,7 @@ START_TEST(stale_release_of_a_host_batch_frees_nothing_and_records_nothing)
 }
 END_TEST
 
-START_TEST(stale_release_of_a_gpu_batch_frees_nothing_and_records_nothing)
-{
-    run_stale_release(0);
-}
+START_TEST(stale_release_of_a_gpu_batch_frees_nothing_and_records_nothing) { run_stale_release(0); }
 END_TEST
 
 int main(int argc, char **argv)

@@ -58,10 +58,7 @@ static inline void *dev_poisoned(size_t bytes)
 }
 
 /* Device bf16 buffer of n elements filled with NaN. */
-static inline void *dev_poisoned_bf16(size_t n)
-{
-    return dev_poisoned(n * 2);
-}
+static inline void *dev_poisoned_bf16(size_t n) { return dev_poisoned(n * 2); }
 
 static inline float *dev_download_bf16(const void *d, size_t n)
 {

@@ -56,10 +56,7 @@ static void *rx_main(void *arg)
 }
 
 static atomic_int g_done;
-static void tx_done(void *arg, hs_status_t st)
-{
-    g_done++;
-}
+static void tx_done(void *arg, hs_status_t st) { g_done++; }
 static void tx_noop_frame(void *a, hs_tp_conn_t *c, uint16_t t, const uint8_t *b, uint32_t l,
                           uint64_t p)
 {
