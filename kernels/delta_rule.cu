@@ -174,6 +174,39 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_b_col;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
+/* Two products that share their right operand, for one 16-row tile and two
+ * 16-column tiles over DK: c1 = a1 b and c2 = a2 b, stored fp32 (stride
+ * ldc). a1, a2: row-major rows (strides lda1, lda2); b's tile (k, x) is at
+ * b + k * b_kstep + x * b_xstep (stride ldb, FragB's layout). */
+template <int DK, typename FragB>
+__device__ __forceinline__ void two_products(const bf16 *a1, int lda1, const bf16 *a2, int lda2,
+                                             const bf16 *b, int ldb, int b_kstep, int b_xstep,
+                                             float *c1, float *c2, int ldc)
+{
+    frag_c acc1[2], acc2[2];
+#pragma unroll
+    for (int x = 0; x < 2; x++)
+        wmma::fill_fragment(acc1[x], 0.f), wmma::fill_fragment(acc2[x], 0.f);
+#pragma unroll
+    for (int kt = 0; kt < DK / 16; kt++) {
+        frag_a_row f1, f2;
+        wmma::load_matrix_sync(f1, a1 + kt * 16, lda1);
+        wmma::load_matrix_sync(f2, a2 + kt * 16, lda2);
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            FragB fb;
+            wmma::load_matrix_sync(fb, b + kt * b_kstep + x * b_xstep, ldb);
+            wmma::mma_sync(acc1[x], f1, fb, acc1[x]);
+            wmma::mma_sync(acc2[x], f2, fb, acc2[x]);
+        }
+    }
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        wmma::store_matrix_sync(c1 + x * 16, acc1[x], ldc, wmma::mem_row_major);
+        wmma::store_matrix_sync(c2 + x * 16, acc2[x], ldc, wmma::mem_row_major);
+    }
+}
+
 /* Workspace, each part 256-byte aligned; rows padded by one chunk so that a
  * short last chunk's fragment loads stay inside. */
 struct dr_layout {
@@ -338,32 +371,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
     /* k k^T and q k^T: warp w takes row tile w % 4, column tiles
      * 2 (w / 4) and 2 (w / 4) + 1 */
     const int rt = warp & 3, half = warp >> 2;
-    {
-        frag_c kk[2], qk[2];
-#pragma unroll
-        for (int x = 0; x < 2; x++)
-            wmma::fill_fragment(kk[x], 0.f), wmma::fill_fragment(qk[x], 0.f);
-#pragma unroll
-        for (int kt = 0; kt < DK / 16; kt++) {
-            frag_a_row ak, aq;
-            wmma::load_matrix_sync(ak, Ks + rt * 16 * LDK + kt * 16, LDK);
-            wmma::load_matrix_sync(aq, Qs + rt * 16 * LDK + kt * 16, LDK);
-#pragma unroll
-            for (int x = 0; x < 2; x++) {
-                frag_b_col b;
-                wmma::load_matrix_sync(b, Ks + (2 * half + x) * 16 * LDK + kt * 16, LDK);
-                wmma::mma_sync(kk[x], ak, b, kk[x]);
-                wmma::mma_sync(qk[x], aq, b, qk[x]);
-            }
-        }
-#pragma unroll
-        for (int x = 0; x < 2; x++) {
-            wmma::store_matrix_sync(KK + rt * 16 * LDF + (2 * half + x) * 16, kk[x], LDF,
-                                    wmma::mem_row_major);
-            wmma::store_matrix_sync(QK + rt * 16 * LDF + (2 * half + x) * 16, qk[x], LDF,
-                                    wmma::mem_row_major);
-        }
-    }
+    two_products<DK, frag_b_col>(
+        Ks + rt * 16 * LDK, LDK, Qs + rt * 16 * LDK, LDK, Ks + 2 * half * 16 * LDK, LDK, 16,
+        16 * LDK, KK + rt * 16 * LDF + 2 * half * 16, QK + rt * 16 * LDF + 2 * half * 16, LDF);
     __syncthreads();
 
     /* A (strictly lower) in place of k k^T; P (lower with the diagonal) out */
@@ -555,33 +565,10 @@ __global__ void __launch_bounds__(SCAN_THREADS, 2)
         /* w S0 and q S0 for the warp's 16 rows and 32 columns; w's rows
          * straight from global memory (L2: the other column half's warp
          * reads them too) */
-        {
-            const bf16 *wrow = w_ws + ((int64_t)(t0 + rt * 16) * nv + h) * DK;
-            frag_c aw[2], aq[2];
-#pragma unroll
-            for (int x = 0; x < 2; x++)
-                wmma::fill_fragment(aw[x], 0.f), wmma::fill_fragment(aq[x], 0.f);
-#pragma unroll
-            for (int kt = 0; kt < DK / 16; kt++) {
-                frag_a_row a2, wa;
-                wmma::load_matrix_sync(wa, wrow + kt * 16, nv * DK);
-                wmma::load_matrix_sync(a2, Qs + rt * 16 * LDK + kt * 16, LDK);
-#pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    frag_b_row b;
-                    wmma::load_matrix_sync(b, Hs + kt * 16 * LDH + (2 * ch + x) * 16, LDH);
-                    wmma::mma_sync(aw[x], wa, b, aw[x]);
-                    wmma::mma_sync(aq[x], a2, b, aq[x]);
-                }
-            }
-#pragma unroll
-            for (int x = 0; x < 2; x++) {
-                wmma::store_matrix_sync(Vf + rt * 16 * LDF + (2 * ch + x) * 16, aw[x], LDF,
-                                        wmma::mem_row_major);
-                wmma::store_matrix_sync(Of + rt * 16 * LDF + (2 * ch + x) * 16, aq[x], LDF,
-                                        wmma::mem_row_major);
-            }
-        }
+        two_products<DK, frag_b_row>(w_ws + ((int64_t)(t0 + rt * 16) * nv + h) * DK, nv * DK,
+                                     Qs + rt * 16 * LDK, LDK, Hs + 2 * ch * 16, LDH, 16 * LDH, 16,
+                                     Vf + rt * 16 * LDF + 2 * ch * 16,
+                                     Of + rt * 16 * LDF + 2 * ch * 16, LDF);
         /* the row tile's P (k-tiles up to its own: P is lower), loaded
          * while the epilogue runs */
         frag_a_row pa[CH / 16];

@@ -93,33 +93,20 @@ static hs_status_t rmsnorm_launch(const void *x, int64_t x_stride, const void *w
 }
 
 extern "C" hs_status_t hs_kn_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y,
-                                     int64_t y_stride, int rows, int dim, float eps, void *copy,
-                                     int64_t copy_stride, cudaStream_t stream)
+                                     int64_t y_stride, int rows, int dim, float eps,
+                                     bool zero_centered, void *copy, int64_t copy_stride,
+                                     cudaStream_t stream)
 {
-    return rmsnorm_launch<false>(x, x_stride, w, y, y_stride, copy, copy_stride, rows, 1, dim, eps,
-                                 stream);
+    return (zero_centered ? rmsnorm_launch<true>
+                          : rmsnorm_launch<false>)(x, x_stride, w, y, y_stride, copy, copy_stride,
+                                                   rows, 1, dim, eps, stream);
 }
 
 extern "C" hs_status_t hs_kn_rmsnorm_heads(void *x, int64_t row_stride, int T, int n_heads,
                                            int head_dim, const void *w, float eps,
-                                           cudaStream_t stream)
+                                           bool zero_centered, cudaStream_t stream)
 {
-    return rmsnorm_launch<false>(x, row_stride, w, x, row_stride, NULL, 0, T * n_heads, n_heads,
-                                 head_dim, eps, stream);
-}
-
-extern "C" hs_status_t hs_kn_rmsnorm_zc(const void *x, int64_t x_stride, const void *w, void *y,
-                                        int64_t y_stride, int rows, int dim, float eps, void *copy,
-                                        int64_t copy_stride, cudaStream_t stream)
-{
-    return rmsnorm_launch<true>(x, x_stride, w, y, y_stride, copy, copy_stride, rows, 1, dim, eps,
-                                stream);
-}
-
-extern "C" hs_status_t hs_kn_rmsnorm_heads_zc(void *x, int64_t row_stride, int T, int n_heads,
-                                              int head_dim, const void *w, float eps,
-                                              cudaStream_t stream)
-{
-    return rmsnorm_launch<true>(x, row_stride, w, x, row_stride, NULL, 0, T * n_heads, n_heads,
-                                head_dim, eps, stream);
+    return (zero_centered ? rmsnorm_launch<true>
+                          : rmsnorm_launch<false>)(x, row_stride, w, x, row_stride, NULL, 0,
+                                                   T * n_heads, n_heads, head_dim, eps, stream);
 }

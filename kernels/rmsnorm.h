@@ -9,6 +9,7 @@
 #ifndef HS_KN_RMSNORM_H
 #define HS_KN_RMSNORM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "hsflow.h" /* hs_status_t */
@@ -34,26 +35,20 @@ void hs_kn_rmsnorm_zc_ref(const float *x, const uint16_t *w, float *y, int rows,
  * (HS_ERR_CUDA for a failed launch, HS_ERR_INVALID for bad arguments). */
 struct CUstream_st;
 /* y = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))) over rows of bf16 x
- * (stride x_stride) into y (stride y_stride; y may equal x). When copy is
- * not NULL, each input row is also copied to copy + r * copy_stride (how a
- * captured layer's residual lands in its slice of the pack buffer). */
+ * (stride x_stride) into y (stride y_stride; y may equal x); with
+ * zero_centered (Qwen3.5) y = bf16(x * rsqrt(mean(x^2) + eps) * (1 + w)),
+ * 1 + w in fp32, one rounding. When copy is not NULL, each input row is also
+ * copied to copy + r * copy_stride (how a captured layer's residual lands in
+ * its slice of the pack buffer). */
 HS_MUST_CHECK hs_status_t hs_kn_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y,
-                                        int64_t y_stride, int rows, int dim, float eps, void *copy,
-                                        int64_t copy_stride, struct CUstream_st *stream);
+                                        int64_t y_stride, int rows, int dim, float eps,
+                                        bool zero_centered, void *copy, int64_t copy_stride,
+                                        struct CUstream_st *stream);
 /* In place over n_heads heads of head_dim at the start of each of T rows of
  * stride row_stride (Qwen3's q/k norm on the fused qkv rows). */
 HS_MUST_CHECK hs_status_t hs_kn_rmsnorm_heads(void *x, int64_t row_stride, int T, int n_heads,
                                               int head_dim, const void *w, float eps,
-                                              struct CUstream_st *stream);
-/* The zero-centred forms of the two above (Qwen3.5): y = bf16(x * rsqrt(
- * mean(x^2) + eps) * (1 + w)), 1 + w in fp32, one rounding. */
-HS_MUST_CHECK hs_status_t hs_kn_rmsnorm_zc(const void *x, int64_t x_stride, const void *w, void *y,
-                                           int64_t y_stride, int rows, int dim, float eps,
-                                           void *copy, int64_t copy_stride,
-                                           struct CUstream_st *stream);
-HS_MUST_CHECK hs_status_t hs_kn_rmsnorm_heads_zc(void *x, int64_t row_stride, int T, int n_heads,
-                                                 int head_dim, const void *w, float eps,
-                                                 struct CUstream_st *stream);
+                                              bool zero_centered, struct CUstream_st *stream);
 
 #ifdef __cplusplus
 }

@@ -29,7 +29,7 @@
  *   xa   = rmsnorm_gated(xa, z) per value head
  *   h   += xa Wout^T                         GEMM with beta = 1
  * Qwen3.5's layer, final and q/k norms are zero-centred (scale by 1 + w,
- * kernels/rmsnorm.cu's _zc launchers; the stored weights are uploaded as
+ * kernels/rmsnorm.cu with zero_centered; the stored weights are uploaded as
  * they are). Captured index i < N is the input of layer i: the input
  * rmsnorm of layer i writes it into its column slice as it reads it; the
  * highest index, when no layer reads it, is copied there; index N is the
@@ -109,7 +109,7 @@ struct hs_model_cuda {
      * dims, conv kernel, conv channels C, value width nv dv, the row
      * strides of the mix [T, C + 2 nv] and conv [T, C] regions of big */
     int nk, nv, dk, dv, K, C, vd, mix_ld, conv_ld;
-    int zc;        /* zero-centred norms */
+    bool zc;       /* zero-centred norms */
     int max_layer; /* highest output_hidden_states index a forward may capture */
     int n_up;      /* decoder layers uploaded: min(max_layer, N) */
     void *wbase;   /* all weights */
@@ -766,19 +766,15 @@ static hs_status_t norm_rows(const hs_model_cuda_t *mc, const void *x, int64_t x
                              const void *w, void *y, int64_t y_stride, int T, void *copy,
                              int64_t copy_stride, cudaStream_t s)
 {
-    const float eps = mc->m->cfg.rms_norm_eps;
-    if (mc->zc)
-        return hs_kn_rmsnorm_zc(x, x_stride, w, y, y_stride, T, mc->H, eps, copy, copy_stride, s);
-    return hs_kn_rmsnorm(x, x_stride, w, y, y_stride, T, mc->H, eps, copy, copy_stride, s);
+    return hs_kn_rmsnorm(x, x_stride, w, y, y_stride, T, mc->H, mc->m->cfg.rms_norm_eps, mc->zc,
+                         copy, copy_stride, s);
 }
 
 /* The q/k norm over n_heads heads at the start of each row, in place. */
 static hs_status_t norm_heads(const hs_model_cuda_t *mc, void *x, int64_t stride, int T,
                               int n_heads, const void *w, cudaStream_t s)
 {
-    const float eps = mc->m->cfg.rms_norm_eps;
-    if (mc->zc) return hs_kn_rmsnorm_heads_zc(x, stride, T, n_heads, mc->d, w, eps, s);
-    return hs_kn_rmsnorm_heads(x, stride, T, n_heads, mc->d, w, eps, s);
+    return hs_kn_rmsnorm_heads(x, stride, T, n_heads, mc->d, w, mc->m->cfg.rms_norm_eps, mc->zc, s);
 }
 
 /* h += attention(xa) of layer w. */

@@ -39,6 +39,24 @@ except ImportError:
 
 SEED = 1234
 
+
+def plain_rope(theta):
+    return dict(rope_type="default", rope_theta=theta)
+
+
+def qwen3_5_rope(mrope_section):
+    """Qwen3.5/3.6's RoPE: theta 1e7 on a quarter of each head's dims,
+    interleaved multimodal sections."""
+    return dict(plain_rope(10000000.0), partial_rotary_factor=0.25,
+                mrope_section=mrope_section, mrope_interleaved=True)
+
+
+def qwen3_5_text(mrope_section, **kw):
+    """A Qwen3.5 text config's kwargs: what the text-only goldens share, then kw."""
+    return dict(rms_norm_eps=1e-6, max_position_embeddings=1024, tie_word_embeddings=False,
+                rope_parameters=qwen3_5_rope(mrope_section), **kw)
+
+
 # Each family: config kwargs, sequence lengths, storage dtype, shard size.
 FAMILIES = {
     # odd width 1000, GQA 4:1, explicit head_dim, llama3 rope scaling whose
@@ -58,8 +76,7 @@ FAMILIES = {
         cfg=dict(hidden_size=96, intermediate_size=160, num_hidden_layers=3,
                  num_attention_heads=8, num_key_value_heads=1, vocab_size=128,
                  rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=True,
-                 use_sliding_window=False, rope_parameters=dict(rope_type="default",
-                                                                rope_theta=1000000.0)),
+                 use_sliding_window=False, rope_parameters=plain_rope(1000000.0)),
         seqs=[9, 17, 3], dtype=torch.bfloat16, shard=None),
     # q/k RMSNorm, head_dim given (24, not 64 / 4), GQA 2:1, F32 storage
     "qwen3": dict(
@@ -67,8 +84,7 @@ FAMILIES = {
         cfg=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=24, vocab_size=128,
                  rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False,
-                 use_sliding_window=False, rope_parameters=dict(rope_type="default",
-                                                                rope_theta=1000000.0)),
+                 use_sliding_window=False, rope_parameters=plain_rope(1000000.0)),
         seqs=[12, 6, 19], dtype=torch.float32, shard=None),
     # Mistral: plain MHA, sliding window 6 shorter than two of the sequences,
     # F16 storage
@@ -77,8 +93,7 @@ FAMILIES = {
         cfg=dict(hidden_size=80, intermediate_size=136, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=4, vocab_size=100,
                  rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
-                 sliding_window=6, rope_parameters=dict(rope_type="default",
-                                                        rope_theta=10000.0)),
+                 sliding_window=6, rope_parameters=plain_rope(10000.0)),
         seqs=[11, 4, 9], dtype=torch.float16, shard=None),
     # Qwen3.5 hybrid, every 4th layer gated full attention (head_dim 64, RoPE
     # on its first 16 dims), Gated DeltaNet with as many value as key heads
@@ -86,14 +101,11 @@ FAMILIES = {
     # several hundred; BF16 weights with A_log and dt_bias kept in F32
     "qwen3_5_i4": dict(
         cls=(Qwen3_5TextConfig, Qwen3_5ForCausalLM),
-        cfg=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=96,
-                 rms_norm_eps=1e-6, max_position_embeddings=1024, tie_word_embeddings=False,
-                 full_attention_interval=4, linear_num_key_heads=2, linear_num_value_heads=2,
-                 linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4,
-                 rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
-                                      partial_rotary_factor=0.25, mrope_section=[3, 3, 2],
-                                      mrope_interleaved=True)),
+        cfg=qwen3_5_text([3, 3, 2], hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         vocab_size=96, full_attention_interval=4, linear_num_key_heads=2,
+                         linear_num_value_heads=2, linear_key_head_dim=16,
+                         linear_value_head_dim=24, linear_conv_kernel_dim=4),
         seqs=[1, 23, 64, 65, 290], dtype=torch.bfloat16, shard=None, fp32_params=True),
     # Qwen3.5 hybrid alternating linear / full (full_attention_interval 2),
     # full attention of head_dim 256 (RoPE on 64 dims, the real model's
@@ -101,14 +113,12 @@ FAMILIES = {
     # default mrope section
     "qwen3_5_i2": dict(
         cls=(Qwen3_5TextConfig, Qwen3_5ForCausalLM),
-        cfg=dict(hidden_size=32, intermediate_size=40, num_hidden_layers=4,
-                 num_attention_heads=2, num_key_value_heads=1, head_dim=256, vocab_size=64,
-                 rms_norm_eps=1e-6, max_position_embeddings=1024, tie_word_embeddings=False,
-                 full_attention_interval=2, linear_num_key_heads=1, linear_num_value_heads=3,
-                 linear_key_head_dim=16, linear_value_head_dim=12, linear_conv_kernel_dim=3,
-                 rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
-                                      partial_rotary_factor=0.25, mrope_section=[11, 11, 10],
-                                      mrope_interleaved=True)),
+        cfg=qwen3_5_text([11, 11, 10], hidden_size=32, intermediate_size=40,
+                         num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=256, vocab_size=64, full_attention_interval=2,
+                         linear_num_key_heads=1, linear_num_value_heads=3,
+                         linear_key_head_dim=16, linear_value_head_dim=12,
+                         linear_conv_kernel_dim=3),
         seqs=[64, 1, 70, 9], dtype=torch.bfloat16, shard=None),
     # the vision-language wrapper (Qwen3_5ForConditionalGeneration): decoder
     # under text_config and model.language_model.*, a tiny vision tower
@@ -122,10 +132,7 @@ FAMILIES = {
                              full_attention_interval=2, linear_num_key_heads=1,
                              linear_num_value_heads=3, linear_key_head_dim=16,
                              linear_value_head_dim=16, linear_conv_kernel_dim=4,
-                             rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
-                                                  partial_rotary_factor=0.25,
-                                                  mrope_section=[3, 3, 2],
-                                                  mrope_interleaved=True)),
+                             rope_parameters=qwen3_5_rope([3, 3, 2])),
             vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
                                patch_size=4, spatial_merge_size=2, temporal_patch_size=2,
                                out_hidden_size=24, num_position_embeddings=16),

@@ -66,29 +66,22 @@ class ConsumerConfig(ctypes.Structure):
     ]
 
 
+def _fields(ctype, *names):
+    return [(n, ctype) for n in names]
+
+
+# what a delivered batch (hs_batch_t) and a producer's work (hs_work_t) both
+# describe, in their order
+_BATCH_SHAPE = ("epoch", "batch", "n_seqs", "n_tokens", "hidden_size", "n_layers")
+_BATCH_ARRAYS = ("cu_seqlens", "sample_ids", "input_ids", "loss_mask", "hidden")
+_FP8_ARRAYS = ("hidden_fp8", "hidden_scales")
+
+
 class CBatch(ctypes.Structure):
     """hs_batch_t."""
-    _fields_ = [
-        ("epoch", _c_u32),
-        ("batch", _c_u32),
-        ("n_seqs", _c_u32),
-        ("n_tokens", _c_u32),
-        ("hidden_size", _c_u32),
-        ("n_layers", _c_u32),
-        ("layers", ctypes.c_void_p),
-        ("cu_seqlens", ctypes.c_void_p),
-        ("sample_ids", ctypes.c_void_p),
-        ("input_ids", ctypes.c_void_p),
-        ("loss_mask", ctypes.c_void_p),
-        ("hidden", ctypes.c_void_p),
-        ("on_device", ctypes.c_bool),
-        ("bytes", _c_u64),
-        ("handle", _c_u64),
-        ("ticket", _c_u64),
-        ("hidden_dtype", ctypes.c_int),
-        ("hidden_fp8", ctypes.c_void_p),
-        ("hidden_scales", ctypes.c_void_p),
-    ]
+    _fields_ = (_fields(_c_u32, *_BATCH_SHAPE) + _fields(ctypes.c_void_p, "layers", *_BATCH_ARRAYS)
+                + [("on_device", ctypes.c_bool)] + _fields(_c_u64, "bytes", "handle", "ticket")
+                + [("hidden_dtype", ctypes.c_int)] + _fields(ctypes.c_void_p, *_FP8_ARRAYS))
 
 
 class ConsumerStats(ctypes.Structure):
@@ -168,24 +161,9 @@ class ProducerInfo(ctypes.Structure):
 
 class CWork(ctypes.Structure):
     """hs_work_t."""
-    _fields_ = [
-        ("ticket", _c_u64),
-        ("epoch", _c_u32),
-        ("batch", _c_u32),
-        ("n_seqs", _c_u32),
-        ("n_tokens", _c_u32),
-        ("hidden_size", _c_u32),
-        ("n_layers", _c_u32),
-        ("cu_seqlens", ctypes.c_void_p),
-        ("sample_ids", ctypes.c_void_p),
-        ("input_ids", ctypes.c_void_p),
-        ("loss_mask", ctypes.c_void_p),
-        ("hidden", ctypes.c_void_p),
-        ("bytes", _c_u64),
-        ("handle", _c_u64),
-        ("hidden_fp8", ctypes.c_void_p),
-        ("hidden_scales", ctypes.c_void_p),
-    ]
+    _fields_ = (_fields(_c_u64, "ticket") + _fields(_c_u32, *_BATCH_SHAPE)
+                + _fields(ctypes.c_void_p, *_BATCH_ARRAYS) + _fields(_c_u64, "bytes", "handle")
+                + _fields(ctypes.c_void_p, *_FP8_ARRAYS))
 
 
 class HsflowError(RuntimeError):

@@ -73,7 +73,8 @@ START_TEST(rmsnorm_matches_its_twin_and_copies_the_input_row)
         void *dx = dev_upload(xb, (size_t)rows * xs * 2), *dw = dev_upload(wb, (size_t)dim * 2);
         void *dy = dev_poisoned_bf16((size_t)rows * dim),
              *dc = dev_poisoned_bf16((size_t)rows * cs);
-        ck_assert_int_eq(hs_kn_rmsnorm(dx, xs, dw, dy, dim, rows, dim, 1e-6f, dc, cs, NULL), HS_OK);
+        ck_assert_int_eq(hs_kn_rmsnorm(dx, xs, dw, dy, dim, rows, dim, 1e-6f, false, dc, cs, NULL),
+                         HS_OK);
         float *got = dev_download_bf16(dy, (size_t)rows * dim);
         float *cp = dev_download_bf16(dc, (size_t)rows * cs);
         ck_assert(compare("rmsnorm", got, dim, ref, dim, rows, dim, 1e-3f, 1.6e-2f));
@@ -96,7 +97,7 @@ START_TEST(rmsnorm_heads_normalises_each_head_in_place)
         memcpy(ref + (size_t)t * nh * D, xf + (size_t)t * stride, nh * D * sizeof(float));
     hs_kn_rmsnorm_ref(ref, wb, ref, T * nh, D, 1e-6f);
     void *dx = dev_upload(xb, (size_t)T * stride * 2), *dw = dev_upload(wb, D * 2);
-    ck_assert_int_eq(hs_kn_rmsnorm_heads(dx, stride, T, nh, D, dw, 1e-6f, NULL), HS_OK);
+    ck_assert_int_eq(hs_kn_rmsnorm_heads(dx, stride, T, nh, D, dw, 1e-6f, false, NULL), HS_OK);
     float *got = dev_download_bf16(dx, (size_t)T * stride);
     ck_assert(compare("rmsnorm heads", got, stride, ref, nh * D, T, nh * D, 1e-3f, 1.6e-2f));
     /* the columns after the heads are untouched */
@@ -160,7 +161,7 @@ START_TEST(rmsnorm_zero_centred_scales_by_one_plus_w_over_rows_and_heads)
         void *dx = dev_upload(xb, (size_t)rows * xs * 2), *dw = dev_upload(wb, (size_t)dim * 2);
         void *dy = dev_poisoned_bf16((size_t)rows * dim),
              *dc = dev_poisoned_bf16((size_t)rows * cs);
-        ck_assert_int_eq(hs_kn_rmsnorm_zc(dx, xs, dw, dy, dim, rows, dim, 1e-6f, dc, cs, NULL),
+        ck_assert_int_eq(hs_kn_rmsnorm(dx, xs, dw, dy, dim, rows, dim, 1e-6f, true, dc, cs, NULL),
                          HS_OK);
         float *got = dev_download_bf16(dy, (size_t)rows * dim);
         float *cp = dev_download_bf16(dc, (size_t)rows * cs);
@@ -180,7 +181,7 @@ START_TEST(rmsnorm_zero_centred_scales_by_one_plus_w_over_rows_and_heads)
         memcpy(ref + (size_t)t * nh * D, xf + (size_t)t * stride, nh * D * sizeof(float));
     hs_kn_rmsnorm_zc_ref(ref, wb, ref, T * nh, D, 1e-6f);
     void *dx = dev_upload(xb, (size_t)T * stride * 2), *dw = dev_upload(wb, D * 2);
-    ck_assert_int_eq(hs_kn_rmsnorm_heads_zc(dx, stride, T, nh, D, dw, 1e-6f, NULL), HS_OK);
+    ck_assert_int_eq(hs_kn_rmsnorm_heads(dx, stride, T, nh, D, dw, 1e-6f, true, NULL), HS_OK);
     float *got = dev_download_bf16(dx, (size_t)T * stride);
     ck_assert(compare("rmsnorm heads zc", got, stride, ref, nh * D, T, nh * D, 1e-6f, 4e-3f));
     ck_assert(compare("rmsnorm heads zc rest", got + nh * D, stride, xf + nh * D, stride, T,
