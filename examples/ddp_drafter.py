@@ -38,6 +38,7 @@ import hsflow
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(
+        allow_abbrev=False,
         description="Data-parallel (torchrun) drafter stand-in fed by one hsflow consumer per "
                     "rank; prints per-rank tokens/s and the time spent waiting for data.",
         usage="torchrun --nproc_per_node W %(prog)s [options] [-- hs-producer options]")

@@ -32,6 +32,7 @@ import hsflow
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(
+        allow_abbrev=False,
         description="Train a linear+cross-entropy drafter stand-in on hidden states streamed "
                     "by hsflow; prints tokens/s and the time spent waiting for data.",
         epilog="With --loopback N, the arguments after `--` go to each of N local hs-producer "

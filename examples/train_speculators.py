@@ -52,6 +52,7 @@ def pad_to_arg(v):
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(
+        allow_abbrev=False,
         description="Train speculators' EAGLE-3 or DFlash drafter on hidden states streamed by "
                     "hsflow (one consumer per rank under torchrun).",
         usage="[torchrun ...] %(prog)s --algorithm eagle3|dflash --target DIR [options] "

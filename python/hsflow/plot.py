@@ -111,6 +111,7 @@ def plot(rows, out, title=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m hsflow.plot",
         description="Plot an hs-consumer --stats-jsonl file: tokens/s, cache fill and pinned "
                     "bytes, tickets out, producer stall and trainer starve over wall-clock time.",

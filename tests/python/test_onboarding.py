@@ -123,3 +123,38 @@ def test_pyproject_declares_every_command_and_every_extra_named():
         assert "\n%s = " % script in text, script
     for extra in ("data", "produce", "torch", "plot"):
         assert "\n%s = [" % extra in text, extra
+
+
+@pytest.mark.parametrize("module,args,abbrev", [
+    ("hsflow.plot", ["stats.jsonl", "--out", "x.png"], "--tit"),
+    ("hsflow.data", ["store", "export", "store", "out"], "--form"),
+])
+def test_an_abbreviated_flag_is_refused_not_taken_for_the_flag_it_starts(tmp_path, module, args,
+                                                                          abbrev):
+    r = subprocess.run([sys.executable, "-m", module, *args, abbrev, "x"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "unrecognized arguments: %s" % abbrev in r.stderr, r.stderr
+
+
+def test_every_python_command_and_example_refuses_abbreviated_flags():
+    """Each argparse parser of the package and the examples (subcommands
+    included) is built with allow_abbrev=False, so '--layer 2' is never
+    taken for '--layers'."""
+    import re
+    roots = [os.path.join(ROOT, "python", "hsflow"), os.path.join(ROOT, "examples")]
+    seen = 0
+    for root in roots:
+        for d, _, names in os.walk(root):
+            for n in names:
+                if not n.endswith(".py"):
+                    continue
+                text = open(os.path.join(d, n)).read()
+                for m in re.finditer(r"(ArgumentParser|add_parser)\(", text):
+                    depth, i = 1, m.end()
+                    while depth:
+                        depth += {"(": 1, ")": -1}.get(text[i], 0)
+                        i += 1
+                    seen += 1
+                    assert "allow_abbrev=False" in text[m.end():i], "%s: %s" % (n, text[m.start():i])
+    assert seen >= 8

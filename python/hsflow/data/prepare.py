@@ -879,13 +879,14 @@ def _template_args(p):
 
 def build_parser():
     ap = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="hsflow-data",
         description="Prepare training data for hsflow: conversations, text or token records "
                     "to the .hst files (or pre-tokenised JSONL) that hs-producer reads.")
     add_version_flag(ap)
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser(
-        "prepare", formatter_class=argparse.RawDescriptionHelpFormatter,
+        "prepare", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         help="tokenise with the target's chat template; loss on assistant tokens only",
         description="Tokenise IN with the target's tokenizer and chat template and write OUT: "
                     ".hst, or pre-tokenised JSONL when OUT ends in .jsonl. The loss mask covers "
@@ -938,7 +939,7 @@ examples:
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (default: shown when stderr is a terminal)")
     q = sub.add_parser(
-        "inspect", formatter_class=argparse.RawDescriptionHelpFormatter,
+        "inspect", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         help="print records as prepare renders them, the loss tokens marked",
         description="Render the first N records of IN as prepare would and print them with "
                     "the tokens that get loss marked: green on a terminal, between [[ and ]] "

@@ -326,9 +326,9 @@ def main(argv=None):
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
     for name in ("info", "verify"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, allow_abbrev=False)
         p.add_argument("dir")
-    p = sub.add_parser("export")
+    p = sub.add_parser("export", allow_abbrev=False)
     p.add_argument("dir")
     p.add_argument("out")
     p.add_argument("--format", choices=("safetensors", "pt"), default="safetensors",
