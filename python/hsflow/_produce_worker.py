@@ -383,6 +383,10 @@ class Worker:
                       worst[0], worst[1], worst[2], worst[3] or "-", cost)
         self.fig["self_check_s"] = cost
 
+    def _copied(self, rec):
+        """Whether rec's states are in host memory (a CPU forward's always are)."""
+        return self.gpu < 0 or rec["copied"].query()
+
     def finish(self, rec):
         """Waits for rec's copy, then seals and sends its batch."""
         t = rec["t"]
@@ -445,9 +449,15 @@ class Worker:
                     t = p.next_ticket(timeout=0.002 if pending else None)
                 except StopIteration:
                     break
-                if t is None:  # nothing queued: get the batch on the GPU out first
-                    self.finish(pending)
-                    pending = None
+                if t is None:
+                    # No ticket yet: send the batch on the GPU once its copy
+                    # is done, listening for a ticket meanwhile. Waiting for
+                    # the GPU here instead would leave it idle from the end
+                    # of that forward until this send, the consumer's check
+                    # of an earlier batch and the next ticket were through.
+                    if self._copied(pending):
+                        self.finish(pending)
+                        pending = None
                     continue
                 if pending is None:
                     self.fig["stall_s"] += time.monotonic() - t_wait
