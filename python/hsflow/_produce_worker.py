@@ -16,6 +16,7 @@ Exit codes, hs-producer's: 0 run over, 1 failure (no consumer, lost, a
 crash), 2 bad model/flags or refused by the consumer, 3 out of memory (the
 ticket went back; lower the token budget).
 """
+import contextlib
 import math
 import os
 import signal
@@ -54,6 +55,16 @@ def _fault(spec_text, worker):
     return out
 
 
+def _profile_from(text):
+    """HS_PRODUCE_PROFILE_FROM: the first profiled batch, 2 or more (the
+    profiler starts after the batch before it); 3 when not given."""
+    if not text:
+        return 3
+    if not text.isdigit() or int(text) < 2:
+        raise ValueError("HS_PRODUCE_PROFILE_FROM=%s: expected a batch number, 2 or more" % text)
+    return int(text)
+
+
 def _is_oom(e):
     import torch
     if isinstance(e, torch.OutOfMemoryError):
@@ -82,6 +93,7 @@ class Worker:
                     "plan_hash": None, "pid": os.getpid()}
         self.faults = _fault(os.environ.get("HS_PRODUCE_FAULT"), index)
         self.profile_dir = os.environ.get("HS_PRODUCE_PROFILE") if index == 0 else None
+        self.profile_from = _profile_from(os.environ.get("HS_PRODUCE_PROFILE_FROM"))
         self.profiler = None
         self.producer = None
         self.pinned = []
@@ -383,6 +395,13 @@ class Worker:
                       worst[0], worst[1], worst[2], worst[3] or "-", cost)
         self.fig["self_check_s"] = cost
 
+    def _mark(self, name):
+        """A named span in HS_PRODUCE_PROFILE's trace (nothing when not profiling)."""
+        if self.profiler is None:
+            return contextlib.nullcontext()
+        import torch
+        return torch.profiler.record_function(name)
+
     def _copied(self, rec):
         """Whether rec's states are in host memory (a CPU forward's always are)."""
         return self.gpu < 0 or rec["copied"].query()
@@ -446,7 +465,8 @@ class Worker:
             while True:
                 t_wait = time.monotonic()
                 try:
-                    t = p.next_ticket(timeout=0.002 if pending else None)
+                    with self._mark("hsflow next_ticket"):
+                        t = p.next_ticket(timeout=0.002 if pending else None)
                 except StopIteration:
                     break
                 if t is None:
@@ -456,7 +476,8 @@ class Worker:
                     # of that forward until this send, the consumer's check
                     # of an earlier batch and the next ticket were through.
                     if self._copied(pending):
-                        self.finish(pending)
+                        with self._mark("hsflow finish"):
+                            self.finish(pending)
                         pending = None
                     continue
                 if pending is None:
@@ -474,7 +495,8 @@ class Worker:
                         import torch
                         raise torch.OutOfMemoryError("CUDA out of memory (HS_PRODUCE_FAULT)")
                     t_launch = time.monotonic()
-                    rec = self.launch(t, slot)
+                    with self._mark("hsflow launch"):
+                        rec = self.launch(t, slot)
                     self.fig["launch_s"] += time.monotonic() - t_launch
                     if n == 1 and s["self_check"] > 0:
                         self._self_check(t, rec)
@@ -484,7 +506,8 @@ class Worker:
                     self._on_oom(e, t, pending)
                     return EXIT_OOM
                 if pending is not None:
-                    self.finish(pending)
+                    with self._mark("hsflow finish"):
+                        self.finish(pending)
                 pending, slot = rec, slot ^ 1
                 self._profile_step(n)
                 now = time.monotonic()
@@ -499,9 +522,9 @@ class Worker:
         return EXIT_OK
 
     def _profile_step(self, n):
-        """HS_PRODUCE_PROFILE=DIR: worker 0's batches 3 to 6 (after the
-        warm-up and the self-check) under torch.profiler and torch's sync
-        debug mode; its trace (trace.json, for chrome://tracing or
+        """HS_PRODUCE_PROFILE=DIR: worker 0's batches F to F+3 (F from
+        HS_PRODUCE_PROFILE_FROM, 3 by default: after the self-check) under
+        torch.profiler and torch's sync debug mode; its trace (trace.json, for chrome://tracing or
         Perfetto), the ops that take the most host and device time
         (ops.txt), and every call site that made the host wait for the GPU,
         with its stack and count, beside the CUDA allocator's counts of
@@ -510,7 +533,9 @@ class Worker:
         if not self.profile_dir or self.gpu < 0:
             return
         import torch
-        if n == 2:
+        first = self.profile_from
+        span = "%d-%d" % (first, first + 3)
+        if n == first - 1:
             self.profiler = torch.profiler.profile(activities=[
                 torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
             self.sync_sites = {}
@@ -523,7 +548,7 @@ class Worker:
             warnings.showwarning = self._note_sync
             torch.cuda.set_sync_debug_mode("warn")
             self.profiler.start()
-        elif n == 6 and self.profiler is not None:
+        elif n == first + 3 and self.profiler is not None:
             torch.cuda.set_sync_debug_mode(0)
             warnings.showwarning = self._old_showwarning
             self._warnings.__exit__(None, None, None)
@@ -537,15 +562,16 @@ class Worker:
                 f.write(ka.table(sort_by="self_cuda_time_total", row_limit=25))
             after = _alloc_counts(torch, self.device)
             with open(os.path.join(self.profile_dir, "syncs.txt"), "w") as f:
-                f.write("CUDA allocator over batches 3-6: %s\n"
-                        % ", ".join("%s +%d" % (k, after[k] - self.alloc_before[k])
-                                    for k in sorted(after)))
+                f.write("CUDA allocator over batches %s: %s\n"
+                        % (span, ", ".join("%s +%d" % (k, after[k] - self.alloc_before[k])
+                                    for k in sorted(after))))
                 f.write("%d call site(s) made the host wait for the GPU (torch's sync debug "
                         "mode; it does not see every kind of wait)\n" % len(self.sync_sites))
                 for stack, (count, what) in sorted(self.sync_sites.items(),
                                                    key=lambda x: -x[1][0]):
                     f.write("\n=== %d x %s\n%s" % (count, what, stack))
-            self.log.info("worker %d: batches 3-6 profiled into %s", self.index, self.profile_dir)
+            self.log.info("worker %d: batches %s profiled into %s", self.index, span,
+                          self.profile_dir)
             self.profiler = None
 
     def _note_sync(self, message, category, filename, lineno, file=None, line=None):

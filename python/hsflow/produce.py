@@ -16,7 +16,7 @@ import time
 
 from . import _deps, _hf, _lib, _log
 from ._outfile import output_conflict
-from ._produce_worker import EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, worker_main
+from ._produce_worker import EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, _profile_from, worker_main
 
 PROG = "hsflow-produce"
 
@@ -297,6 +297,10 @@ def parse(argv):
                                  _hf.dflash_layers(n, args.dflash_layers))
         _hf.check_layers(layers, n, args.model)
     except _hf.ModelError as e:
+        return _fail(str(e))
+    try:
+        _profile_from(os.environ.get("HS_PRODUCE_PROFILE_FROM"))
+    except ValueError as e:
         return _fail(str(e))
     try:  # the workers' packages, named before any process starts
         _deps.check(("torch", "transformers"), "hsflow-produce", "produce")

@@ -651,6 +651,16 @@ def test_profile_names_where_the_host_waits_for_the_gpu(models, data, tmp_path):
                     r"num_device_alloc \+\d+, num_device_free \+\d+\n\d+ call site", syncs), syncs
 
 
+@pytest.mark.parametrize("value", ["1", "x", "-4"])
+def test_a_profile_start_before_batch_2_or_not_a_number_is_refused_before_anything_runs(
+        models, data, value):
+    path, _ = models["llama"]
+    data_path, _ = data
+    pr = Proc(produce_cmd(1, data_path, path, "1"), env={"HS_PRODUCE_PROFILE_FROM": value})
+    assert pr.wait(60) == 2, pr.text
+    assert "HS_PRODUCE_PROFILE_FROM=%s" % value in pr.text and "2 or more" in pr.text, pr.text
+
+
 def test_the_profiles_sync_counter_keys_sites_by_stack_and_passes_other_warnings_on():
     from hsflow import _produce_worker
     w = _produce_worker.Worker(0, {"gpus": [-1]}, None)
