@@ -885,8 +885,12 @@ def build_parser():
                     "to the .hst files (or pre-tokenised JSONL) that hs-producer reads.")
     add_version_flag(ap)
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
-    p = sub.add_parser(
-        "prepare", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+
+    def command(name, **kw):  # no abbreviated flags: '--tok' is not --tokenizer
+        return sub.add_parser(name, allow_abbrev=False,
+                              formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+    p = command(
+        "prepare",
         help="tokenise with the target's chat template; loss on assistant tokens only",
         description="Tokenise IN with the target's tokenizer and chat template and write OUT: "
                     ".hst, or pre-tokenised JSONL when OUT ends in .jsonl. The loss mask covers "
@@ -938,9 +942,8 @@ examples:
                    help="the split of a DatasetDict folder (default train)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (default: shown when stderr is a terminal)")
-    q = sub.add_parser(
-        "inspect", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="print records as prepare renders them, the loss tokens marked",
+    q = command(
+        "inspect", help="print records as prepare renders them, the loss tokens marked",
         description="Render the first N records of IN as prepare would and print them with "
                     "the tokens that get loss marked: green on a terminal, between [[ and ]] "
                     "otherwise (or with NO_COLOR set). The check to make before trusting a "
