@@ -55,7 +55,7 @@ def _fault(spec_text, worker):
     return out
 
 
-def _profile_from(text):
+def profile_first_batch(text):
     """HS_PRODUCE_PROFILE_FROM: the first profiled batch, 2 or more (the
     profiler starts after the batch before it); 3 when not given."""
     if not text:
@@ -93,7 +93,7 @@ class Worker:
                     "plan_hash": None, "pid": os.getpid()}
         self.faults = _fault(os.environ.get("HS_PRODUCE_FAULT"), index)
         self.profile_dir = os.environ.get("HS_PRODUCE_PROFILE") if index == 0 else None
-        self.profile_from = _profile_from(os.environ.get("HS_PRODUCE_PROFILE_FROM"))
+        self.profile_from = profile_first_batch(os.environ.get("HS_PRODUCE_PROFILE_FROM"))
         self.profiler = None
         self.producer = None
         self.pinned = []
@@ -524,8 +524,8 @@ class Worker:
     def _profile_step(self, n):
         """HS_PRODUCE_PROFILE=DIR: worker 0's batches F to F+3 (F from
         HS_PRODUCE_PROFILE_FROM, 3 by default: after the self-check) under
-        torch.profiler and torch's sync debug mode; its trace (trace.json, for chrome://tracing or
-        Perfetto), the ops that take the most host and device time
+        torch.profiler and torch's sync debug mode; its trace (trace.json,
+        for chrome://tracing or Perfetto), the ops that take the most host and device time
         (ops.txt), and every call site that made the host wait for the GPU,
         with its stack and count, beside the CUDA allocator's counts of
         device allocations, frees and retries over those batches
@@ -562,9 +562,9 @@ class Worker:
                 f.write(ka.table(sort_by="self_cuda_time_total", row_limit=25))
             after = _alloc_counts(torch, self.device)
             with open(os.path.join(self.profile_dir, "syncs.txt"), "w") as f:
-                f.write("CUDA allocator over batches %s: %s\n"
-                        % (span, ", ".join("%s +%d" % (k, after[k] - self.alloc_before[k])
-                                    for k in sorted(after))))
+                counts = ", ".join("%s +%d" % (k, after[k] - self.alloc_before[k])
+                                   for k in sorted(after))
+                f.write("CUDA allocator over batches %s: %s\n" % (span, counts))
                 f.write("%d call site(s) made the host wait for the GPU (torch's sync debug "
                         "mode; it does not see every kind of wait)\n" % len(self.sync_sites))
                 for stack, (count, what) in sorted(self.sync_sites.items(),

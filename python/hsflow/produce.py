@@ -16,7 +16,8 @@ import time
 
 from . import _deps, _hf, _lib, _log
 from ._outfile import output_conflict
-from ._produce_worker import EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, _profile_from, worker_main
+from ._produce_worker import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, profile_first_batch,
+                              worker_main)
 
 PROG = "hsflow-produce"
 
@@ -299,7 +300,7 @@ def parse(argv):
     except _hf.ModelError as e:
         return _fail(str(e))
     try:
-        _profile_from(os.environ.get("HS_PRODUCE_PROFILE_FROM"))
+        profile_first_batch(os.environ.get("HS_PRODUCE_PROFILE_FROM"))
     except ValueError as e:
         return _fail(str(e))
     try:  # the workers' packages, named before any process starts
