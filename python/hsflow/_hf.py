@@ -401,17 +401,13 @@ class Chunk:
             ctx[0] = self
         try:
             # a padded call (no position ids given) holds one sequence a row
-            with _known_unpacked() if self.position_ids is None else _nothing():
+            padded = self.position_ids is None
+            with _known_unpacked() if padded else contextlib.nullcontext():
                 decoder(input_ids=self.input_ids, attention_mask=self.attention_mask,
                         position_ids=self.position_ids, use_cache=False, **(self.varlen or {}))
         finally:
             if ctx is not None:
                 ctx[0] = None
-
-
-@contextlib.contextmanager
-def _nothing():
-    yield
 
 
 @contextlib.contextmanager

@@ -395,6 +395,29 @@ class Worker:
                       worst[0], worst[1], worst[2], worst[3] or "-", cost)
         self.fig["self_check_s"] = cost
 
+    def _next_ticket(self, p, pending):
+        """The next ticket (None at the end of the plan) and what is still
+        pending then. While no ticket is queued, pending is sent once its
+        copy is done and the wait goes on: blocking on the GPU here instead
+        would leave it idle from the end of that forward until this send,
+        the consumer's check of an earlier batch and the next ticket were
+        through. Time spent waiting with nothing on the GPU is stall."""
+        while True:
+            t_wait = time.monotonic()
+            try:
+                with self._mark("hsflow next_ticket"):
+                    t = p.next_ticket(timeout=0.002 if pending else None)
+            except StopIteration:
+                return None, pending
+            if t is not None:
+                if pending is None:
+                    self.fig["stall_s"] += time.monotonic() - t_wait
+                return t, pending
+            if pending is not None and self._copied(pending):
+                with self._mark("hsflow finish"):
+                    self.finish(pending)
+                pending = None
+
     def _mark(self, name):
         """A named span in HS_PRODUCE_PROFILE's trace (nothing when not profiling)."""
         if self.profiler is None:
@@ -463,25 +486,9 @@ class Worker:
         pending, slot, n = None, 0, 0
         try:
             while True:
-                t_wait = time.monotonic()
-                try:
-                    with self._mark("hsflow next_ticket"):
-                        t = p.next_ticket(timeout=0.002 if pending else None)
-                except StopIteration:
-                    break
+                t, pending = self._next_ticket(p, pending)
                 if t is None:
-                    # No ticket yet: send the batch on the GPU once its copy
-                    # is done, listening for a ticket meanwhile. Waiting for
-                    # the GPU here instead would leave it idle from the end
-                    # of that forward until this send, the consumer's check
-                    # of an earlier batch and the next ticket were through.
-                    if self._copied(pending):
-                        with self._mark("hsflow finish"):
-                            self.finish(pending)
-                        pending = None
-                    continue
-                if pending is None:
-                    self.fig["stall_s"] += time.monotonic() - t_wait
+                    break
                 n += 1
                 kind = self.faults.get(n)
                 try:
@@ -525,8 +532,8 @@ class Worker:
         """HS_PRODUCE_PROFILE=DIR: worker 0's batches F to F+3 (F from
         HS_PRODUCE_PROFILE_FROM, 3 by default: after the self-check) under
         torch.profiler and torch's sync debug mode; its trace (trace.json,
-        for chrome://tracing or Perfetto), the ops that take the most host and device time
-        (ops.txt), and every call site that made the host wait for the GPU,
+        for chrome://tracing or Perfetto), the ops that take the most host
+        and device time (ops.txt), and every call site that made the host wait for the GPU,
         with its stack and count, beside the CUDA allocator's counts of
         device allocations, frees and retries over those batches
         (syncs.txt) go into DIR."""

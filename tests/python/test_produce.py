@@ -678,6 +678,58 @@ def test_the_profiles_sync_counter_keys_sites_by_stack_and_passes_other_warnings
     assert [str(m) for m in passed] == ["something else"]
 
 
+class _Tickets:
+    """A producer whose next_ticket gives None for the first `empty` calls
+    (nothing queued), then `ticket`; records each call's timeout."""
+    def __init__(self, empty, ticket="T"):
+        self.empty, self.ticket, self.timeouts = empty, ticket, []
+
+    def next_ticket(self, timeout=None):
+        self.timeouts.append(timeout)
+        if len(self.timeouts) <= self.empty:
+            return None
+        return self.ticket
+
+
+class _Copy:
+    """A copy event whose query() is False for the first `busy` calls."""
+    def __init__(self, busy):
+        self.busy, self.queries = busy, 0
+
+    def query(self):
+        self.queries += 1
+        return self.queries > self.busy
+
+    def synchronize(self):
+        raise AssertionError("the worker blocked on the GPU waiting for a ticket")
+
+
+def _gpu_worker_recording_sends():
+    from hsflow import _produce_worker
+    w = _produce_worker.Worker(0, {"gpus": [0]}, None)
+    w.sent = []
+    w.finish = lambda rec: w.sent.append(rec["t"])
+    return w
+
+
+def test_with_no_ticket_queued_the_batch_on_the_gpu_is_sent_once_copied_without_blocking():
+    w = _gpu_worker_recording_sends()
+    pending = {"t": "N", "copied": _Copy(busy=2)}
+    p = _Tickets(empty=3)
+    t, left = w._next_ticket(p, pending)
+    # polled while the copy ran, sent as it finished, then a blocking wait
+    assert (t, left, w.sent) == ("T", None, ["N"])
+    assert p.timeouts == [0.002, 0.002, 0.002, None]
+
+
+def test_a_ticket_that_comes_during_the_forward_leaves_the_batch_on_the_gpu_pending():
+    w = _gpu_worker_recording_sends()
+    pending = {"t": "N", "copied": _Copy(busy=10)}
+    t, left = w._next_ticket(_Tickets(empty=2), pending)
+    assert (t, left, w.sent) == ("T", pending, [])
+    assert w.fig["stall_s"] == 0.0  # the GPU had work: not a stall
+
+
 @pytest.mark.parametrize("gpus", ["cpu:1", "0"])
 def test_fp8_run_sends_the_quantisation_of_the_bf16_runs_states(models, data, gpus):
     """hsflow-produce --hs-dtype fp8 (on the CPU: the library's quantiser;
