@@ -151,7 +151,7 @@ void hs_consumer_config_default(hs_consumer_config_t *cfg)
     cfg->epochs = 1;
     cfg->gpu = -1;
     cfg->order = HS_ORDER_ARRIVAL;
-    cfg->prefetch = 2;
+    cfg->prefetch = 4; /* a cap: each producer asks its own (hs-producer 2, hsflow-produce 4) */
     cfg->transport = "auto";
     cfg->verify_threads = 1;
     cfg->peer_timeout_s = 10;

@@ -27,6 +27,7 @@ static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
     w.order = (uint32_t)c->cfg.order;
     w.rank = c->cfg.rank;
     w.world = c->cfg.world;
+    w.prefetch_per_worker = p->prefetch;
     w.start_epoch = resume_start_epoch(c);
     w.consumer_name = c->name;
     double lease_ms = c->cfg.lease_timeout_s * 1000.0;

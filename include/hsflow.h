@@ -145,7 +145,8 @@ typedef struct {
     uint32_t epochs;         /* default 1 */
     int gpu;                 /* -1 = host delivery (default) */
     hs_order_t order;        /* default HS_ORDER_ARRIVAL */
-    uint32_t prefetch;       /* tickets per producer worker; default 2 */
+    uint32_t prefetch;       /* most tickets per producer worker (a producer asks its own
+                                number; it gets the lesser); default 4 */
     bool verify_synthetic;   /* check every element against the synthetic source */
     bool insecure;           /* accept non-loopback peers without a secret */
     const char *secret_file; /* shared secret for HMAC auth; NULL = none */

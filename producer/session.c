@@ -226,6 +226,10 @@ static void on_welcome(link_t *l, const uint8_t *body, uint32_t len)
     else
         hs_info("welcomed by consumer %s: %u epoch(s), %s order%s", w->consumer_name, w->epochs,
                 w->order ? "plan" : "arrival", w->need_plan ? "; sending the plan" : "");
+    if (w->prefetch_per_worker && w->prefetch_per_worker < pr->cfg->prefetch)
+        hs_warn("consumer %s queues %u ticket(s) per worker, not the %u asked (--prefetch): its "
+                "own --prefetch is lower; raise it there for more batches in flight",
+                w->consumer_name, w->prefetch_per_worker, pr->cfg->prefetch);
     bool need_plan = w->need_plan;
     pthread_mutex_lock(&pr->sh.lock);
     if (w->epochs > pr->sh.epochs) pr->sh.epochs = w->epochs;

@@ -230,9 +230,10 @@ HS_MUST_CHECK hs_status_t hs_frame_body_check(const hs_frame_header_t *h, const 
 
 #define HS_AUTH_NONCE_BYTES 32u
 #define HS_AUTH_MAC_BYTES 32u
-#define HS_MSG_NAME_MAX 256u     /* producer and consumer names, bytes */
-#define HS_MSG_TEXT_MAX 4096u    /* error text, bye reason, target name, bytes */
-#define HS_MSG_MAX_WORKERS 4096u /* workers one producer may report */
+#define HS_MSG_NAME_MAX 256u      /* producer and consumer names, bytes */
+#define HS_MSG_TEXT_MAX 4096u     /* error text, bye reason, target name, bytes */
+#define HS_MSG_MAX_WORKERS 4096u  /* workers one producer may report */
+#define HS_MSG_MAX_PREFETCH 1024u /* tickets per worker a HELLO or WELCOME may name */
 /* Batches per epoch a plan may have (HELLO's n_batches): 16 Mi batches is
  * over 10^12 tokens an epoch at a 65,536-token budget, and the consumer's
  * per-batch state for it (about 48 bytes a batch) stays under 1 GiB. */

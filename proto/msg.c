@@ -117,9 +117,9 @@ static hs_status_t check_hello(const Hsflow__Hello *m, char *why, size_t whycap)
     if (m->workers < 1 || m->workers > HS_MSG_MAX_WORKERS)
         return bad(why, whycap, "hello.workers is %u, expected 1..%u", m->workers,
                    HS_MSG_MAX_WORKERS);
-    if (m->prefetch_per_worker > 1024)
-        return bad(why, whycap, "hello.prefetch_per_worker is %u, expected 0..1024",
-                   m->prefetch_per_worker);
+    if (m->prefetch_per_worker > HS_MSG_MAX_PREFETCH)
+        return bad(why, whycap, "hello.prefetch_per_worker is %u, expected 0..%u",
+                   m->prefetch_per_worker, HS_MSG_MAX_PREFETCH);
     if ((st = check_layout_msg("hello.layout", m->layout, why, whycap))) return st;
     if (m->n_batches < 1) return bad(why, whycap, "hello.n_batches is 0: the plan has no batches");
     if (m->n_batches > HS_PLAN_MAX_BATCHES)
@@ -147,6 +147,9 @@ static hs_status_t check_welcome(const Hsflow__Welcome *m, char *why, size_t why
         return bad(why, whycap, "welcome.start_epoch %u is past welcome.epochs %u", m->start_epoch,
                    m->epochs);
     if (m->order > 1) return bad(why, whycap, "welcome.order is %u, expected 0 or 1", m->order);
+    if (m->prefetch_per_worker > HS_MSG_MAX_PREFETCH)
+        return bad(why, whycap, "welcome.prefetch_per_worker is %u, expected 0..%u",
+                   m->prefetch_per_worker, HS_MSG_MAX_PREFETCH);
     return HS_OK;
 }
 

@@ -65,6 +65,20 @@ def profile_first_batch(text):
     return int(text)
 
 
+def late_busy_pct(sent):
+    """GPU busy % over the second half of a worker's batches: their forward
+    time over the wall time from the send of the batch before them to the
+    send of the last (None under 4 batches). Beside the whole run's busy %,
+    it leaves out a fresh process's first batches, which load and tune
+    kernels for each new shape."""
+    n = len(sent)
+    if n < 4:
+        return None
+    h = n // 2
+    span = sent[-1][0] - sent[h - 1][0]
+    return round(100.0 * sum(b for _, b in sent[h:]) / span, 1) if span > 0 else None
+
+
 def _is_oom(e):
     import torch
     if isinstance(e, torch.OutOfMemoryError):
@@ -97,6 +111,7 @@ class Worker:
         self.profiler = None
         self.producer = None
         self.pinned = []
+        self.sent_at = []  # (monotonic time sent, GPU seconds) per batch, for late_busy_pct
 
     # ---- setup ---------------------------------------------------------------
 
@@ -450,7 +465,9 @@ class Worker:
         else:
             t.send()
         f = self.fig
-        f["send_s"] += time.monotonic() - t_send
+        now = time.monotonic()
+        f["send_s"] += now - t_send
+        self.sent_at.append((now, busy))
         f["busy_s"] += busy
         f["batches"] += 1
         f["tokens"] += t.n_tokens
@@ -526,6 +543,7 @@ class Worker:
                 self.finish(pending)
         finally:
             self.fig["seconds"] = time.monotonic() - t_start
+            self.fig["late_busy_pct"] = late_busy_pct(self.sent_at)
         return EXIT_OK
 
     def _profile_step(self, n):

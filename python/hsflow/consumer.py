@@ -304,7 +304,7 @@ class Consumer(Endpoint):
     all. stats() counts store_hits, store_misses and store_writes."""
 
     def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
-                 order="arrival", prefetch=2, verify_synthetic=False, secret_file=None,
+                 order="arrival", prefetch=4, verify_synthetic=False, secret_file=None,
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
                  arrays="auto", metrics=None, journal=None, resume=None,
                  lease_timeout_s=60, force=False, rank=None, world=None, uneven="drop",

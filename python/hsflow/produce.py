@@ -228,13 +228,17 @@ def build_parser():
            "to stream, naming the layer, the sequence and the error (default 4; 0 = skip)")
     a("--gpus", type=_gpus, default=_env("gpus", "cpu:1"),
       help="one worker process per GPU id (0,1,2) or N CPU workers (cpu:N; default cpu:1)")
-    a("--prefetch", type=_uint(1, 64, "1..64"), default=_env("prefetch", "2"),
-      help="tickets each worker keeps queued (default 2)")
-    a("--staging-buffers", type=_uint(2, 4, "2..4"), default=_env("staging-buffers", "3"),
-      help="batch-sized page-locked host buffers per worker, 2..4 (default 3): each holds "
-           "one batch of hidden states in host memory; a third lets batch N+2's forward start "
-           "while batch N is on the wire (3-11%% on a CPU bench, no measurable gain on an H200 "
-           "over loopback: docs/pyproducer.md), 2 saves a batch of memory")
+    a("--prefetch", type=_uint(1, 64, "1..64"), default=_env("prefetch", "4"),
+      help="tickets each worker asks to keep queued (default 4; the consumer grants at most its "
+           "own --prefetch, and the worker warns when that is fewer): with 4 tickets and 4 "
+           "staging buffers a worker keeps a forward queued while two batches are on the wire "
+           "and in the consumer's checks (0.97x a plain loop in the steady state on an H200, "
+           "against 0.77x with 2 and 3: docs/pyproducer.md)")
+    a("--staging-buffers", type=_uint(2, 4, "2..4"), default=_env("staging-buffers", "4"),
+      help="batch-sized page-locked host buffers per worker, 2..4 (default 4): each holds "
+           "one batch of hidden states in host memory, and a ticket comes with a free one; "
+           "fewer save host memory (a batch each) and cost throughput when the network is "
+           "slower than the forward (docs/pyproducer.md)")
     a("--secret-file", default=_env("secret-file"),
       help="shared secret for the HMAC handshake")
     a("--transport", choices=("auto", "tcp", "ucx"), default=_env("transport", "auto"),
@@ -491,12 +495,15 @@ class Supervisor:
             stall = 100.0 * f["stall_s"] / el if el > 0 else 0.0
             per = {k: 1e3 * f.get(k + "_s", 0.0) / f["batches"] if f["batches"] else 0.0
                    for k in ("launch", "wait", "send")}
-            self.log.info("worker %d (%s): %d batches, %d tokens, busy %.0f%%, stall %.0f%%; host "
-                          "ms a batch: %.1f queueing the forward, %.1f waiting for the GPU, %.1f "
-                          "sealing and sending", i, self.label(i), f["batches"], f["tokens"], busy,
+            late = f.get("late_busy_pct")
+            self.log.info("worker %d (%s): %d batches, %d tokens, busy %.0f%%%s, stall %.0f%%; "
+                          "host ms a batch: %.1f queueing the forward, %.1f waiting for the GPU, "
+                          "%.1f sealing and sending", i, self.label(i), f["batches"], f["tokens"],
+                          busy, "" if late is None else " (%.0f%% over its second half)" % late,
                           stall, per["launch"], per["wait"], per["send"])
             rows.append({"worker": i, "gpu": self.spec["gpus"][i], "batches": f["batches"],
                          "tokens": f["tokens"], "busy_pct": round(busy, 2),
+                         "late_busy_pct": f.get("late_busy_pct"),
                          "stall_pct": round(stall, 2), "exit": self.codes[i],
                          "staging_buffers": f.get("staging_buffers"),
                          "host_ms_per_batch": {k: round(v, 2) for k, v in per.items()}})

@@ -133,7 +133,9 @@ START_TEST(every_message_type_round_trips_through_a_frame)
     w.start_epoch = 1;
     w.consumer_name = "drafter:1";
     w.order = 1;
+    w.prefetch_per_worker = 4;
     Hsflow__Welcome *w2 = (Hsflow__Welcome *)round_trip(HS_MSG_WELCOME, &w.base);
+    ck_assert_uint_eq(w2->prefetch_per_worker, 4);
     ck_assert_uint_eq(w2->session_id, 77);
     ck_assert_uint_eq(w2->epochs, 3);
     ck_assert(w2->need_plan);
@@ -546,6 +548,13 @@ START_TEST(nonces_and_macs_of_the_wrong_size_are_rejected)
     w.server_mac = (ProtobufCBinaryData){16, bytes};
     ck_assert_int_eq(unpack_raw(HS_MSG_WELCOME, &w.base), HS_ERR_FORMAT);
     ck_assert_ptr_nonnull(strstr(why, "welcome.server_mac"));
+    /* the tickets it grants per worker are bounded as HELLO's ask is */
+    w.server_mac = (ProtobufCBinaryData){0, NULL};
+    w.prefetch_per_worker = HS_MSG_MAX_PREFETCH;
+    ck_assert_int_eq(unpack_raw(HS_MSG_WELCOME, &w.base), HS_OK);
+    w.prefetch_per_worker = HS_MSG_MAX_PREFETCH + 1;
+    ck_assert_int_eq(unpack_raw(HS_MSG_WELCOME, &w.base), HS_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "welcome.prefetch_per_worker"));
 }
 END_TEST
 

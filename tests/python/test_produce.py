@@ -214,7 +214,7 @@ class Proc:
     ("llama", "0,2,4", ["--gpus", "cpu:1"]),                              # embeddings .. final norm
     ("qwen3", "1,3", ["--gpus", "cpu:1", "--batching", "packed", "--staging-buffers", "2"]),
     ("qwen3_moe", "2,3", ["--gpus", "cpu:2", "--attn-implementation", "eager",
-                          "--staging-buffers", "4"]),
+                          "--staging-buffers", "3"]),
 ])
 def test_every_sample_equals_transformers_output_hidden_states(models, data, tmp_path, family,
                                                                layers, extra):
@@ -241,7 +241,7 @@ def test_every_sample_equals_transformers_output_hidden_states(models, data, tmp
     n_workers = int(extra[1].split(":")[1])
     assert len(js["workers"]) == n_workers
     staging = int(extra[extra.index("--staging-buffers") + 1]) if "--staging-buffers" in extra \
-        else 3  # the default
+        else 4  # hsflow-produce's default
     assert [w["staging_buffers"] for w in js["workers"]] == [staging] * n_workers
     for w in js["workers"]:  # where each worker's host time went, per batch
         assert set(w["host_ms_per_batch"]) == {"launch", "wait", "send"}, w
@@ -344,6 +344,7 @@ def test_python_and_hs_producer_serve_one_run_exactly_once_with_one_plan_hash(
     assert s["duplicates"] == 0 and s["checksum_failures"] == 0
     js_py, js_c = json.load(open(summary_py)), json.load(open(summary_c))
     assert js_py["batches"] > 0 and js_c["batches"] > 0, (js_py, js_c)
+    assert "late_busy_pct" in js_py["workers"][0], js_py
     assert js_py["plan_hash"] == plan_hash_of_hs_producer(cp.text)
 
 
@@ -702,6 +703,13 @@ class _Copy:
 
     def synchronize(self):
         raise AssertionError("the worker blocked on the GPU waiting for a ticket")
+
+
+def test_late_busy_is_the_forward_time_over_the_wall_time_of_the_second_half():
+    from hsflow._produce_worker import late_busy_pct
+    # sends at 1, 2, 3, 4 s; the second half (batches 3, 4) ran from 2 to 4 s
+    assert late_busy_pct([(1.0, 0.5), (2.0, 0.5), (3.0, 0.9), (4.0, 0.3)]) == 60.0
+    assert late_busy_pct([(1.0, 0.5), (2.0, 0.5), (3.0, 0.9)]) is None  # too few to halve
 
 
 def _gpu_worker_recording_sends():

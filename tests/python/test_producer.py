@@ -291,6 +291,32 @@ def test_a_caller_holds_as_many_batches_as_staging_buffers_three_by_default(
     assert s["batches_delivered"] == s["batches_planned"] and s["checksum_failures"] == 0
 
 
+def test_a_consumer_that_grants_fewer_tickets_than_asked_is_obeyed_and_named(dataset, capfd):
+    # The consumer's --prefetch caps what a producer asks: the producer is
+    # told at WELCOME and says so, rather than running with fewer batches in
+    # flight than its --prefetch without a word.
+    data, _ = dataset
+
+    def states(t):
+        return hsflow.synthetic_hidden(t.sample_ids, t.cu_seqlens, t.layers, H)
+
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, verify_synthetic=True,
+                         arrays="numpy", prefetch=2) as c:
+        ct = ConsumerThread(c, lambda b: None)
+        with producer(c.port, data, prefetch=4) as p:
+            held = [p.next_ticket(timeout=20) for _ in range(2)]
+            assert all(t is not None for t in held)
+            assert p.next_ticket(timeout=1) is None  # a staging buffer is free, no ticket
+            for t in held:
+                t.send(hidden_states=states(t))
+            for t in p.tickets():
+                t.send(hidden_states=states(t))
+        ct.join()
+        s = c.stats()
+    assert s["batches_delivered"] == s["batches_planned"] and s["checksum_failures"] == 0
+    assert "queues 2 ticket(s) per worker, not the 4 asked (--prefetch)" in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("bad", [1, 5, True, 2.0])
 def test_staging_buffers_outside_two_to_four_are_refused_before_connecting(dataset, bad):
     with pytest.raises(ValueError, match="staging_buffers"):
