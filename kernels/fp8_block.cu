@@ -1,17 +1,28 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* fp8_block.cu - activations to e4m3 per token and group of 128 columns on
- * the GPU (see fp8_block.h), before each FP8 GEMM.
+ * the GPU (see fp8_block.h), before each FP8 GEMM. Memory-bound: 2 bytes
+ * read and 1 written per value, plus 4 bytes a group. __fdiv_rn keeps the
+ * division IEEE (no fast path), so the bytes are those of the C twin.
  *
- * One warp per (token, group): each lane reads 4 of the group's 128 bf16
- * values (coalesced), a shuffle reduction gives the amax and whether any
- * value is not finite, lane 0 writes the factor (hs_fp8_act_scale_index), and
- * every lane writes its bytes. Memory-bound: 2 bytes read and 1 written per
- * value, plus 4 bytes a group. __fdiv_rn keeps the division IEEE (no fast
- * path), so the bytes are those of the C twin. */
+ * Rows of 8-value vectors (K, the strides and the pointers aligned, as the
+ * forward's are): sixteen threads a group, each reading one 16-byte vector
+ * and writing 8 bytes; a half-warp shuffle gives the group's amax and
+ * whether any value is not finite. A warp quantises group g of two tokens,
+ * so the factors it writes ([G][M4]: hs_fp8_act_scale_index) are adjacent,
+ * and each thread takes two tokens, both loads in flight before either is
+ * reduced. Other shapes: one warp per (token, group), 4 values a lane.
+ *
+ * The same vector kernel also takes the MLP's gate|up rows and quantises
+ * their SwiGLU (hs_swiglu1, the activation's own element, so the bits are
+ * those of swiglu.cu then the quantiser), which saves writing and reading
+ * the activation's output in bf16. */
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "fp8_block.h"
+#include "swiglu.cuh"
+#include "swiglu.h"
 
 #define WARPS 4
 
@@ -50,6 +61,84 @@ __global__ void fp8_quant_groups_kernel(const uint16_t *__restrict__ x, int64_t 
     }
 }
 
+/* One value to e4m3 as hs_fp8_from_f32 does: round to nearest even,
+ * saturating at +-448 (satfinite), in one instruction per pair. */
+__device__ static inline uint32_t fp8x2(float a, float b)
+{
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+
+#define VEC_THREADS 256
+#define VEC_TOKENS_PER_THREAD 2
+/* tokens a block covers: 16 threads a group, so 16 token rows per pass */
+#define VEC_TOKENS (VEC_THREADS / 16 * VEC_TOKENS_PER_THREAD)
+
+/* Eight bf16 values from x's row (SWIGLU: from the gate and up halves of a
+ * gate|up row, K columns apart, through hs_swiglu1), as 4 words of 2. */
+template <bool SWIGLU>
+__device__ static inline uint4 load8(const uint16_t *__restrict__ row, int k, int K)
+{
+    uint4 a = __ldg((const uint4 *)(row + k));
+    if (!SWIGLU) return a;
+    uint4 u = __ldg((const uint4 *)(row + K + k));
+    const __nv_bfloat16 *ge = (const __nv_bfloat16 *)&a, *ue = (const __nv_bfloat16 *)&u;
+    uint4 h;
+    __nv_bfloat16 *he = (__nv_bfloat16 *)&h;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        he[j] = hs_swiglu1(ge[j], ue[j]);
+    return h;
+}
+
+template <bool SWIGLU>
+__global__ void __launch_bounds__(VEC_THREADS)
+    fp8_quant_groups_vec_kernel(const uint16_t *__restrict__ x, int64_t ldx, int M, int K, int G,
+                                uint8_t *__restrict__ q, int64_t ldq, float *__restrict__ scales)
+{
+    const int g = (int)(blockIdx.x % (unsigned)G);
+    const int m0 = (int)(blockIdx.x / (unsigned)G) * VEC_TOKENS + (int)threadIdx.x / 16;
+    const int k = g * HS_FP8_BLOCK + (int)(threadIdx.x % 16) * 8;
+    uint4 raw[VEC_TOKENS_PER_THREAD];
+#pragma unroll
+    for (int r = 0; r < VEC_TOKENS_PER_THREAD; r++) {
+        int m = m0 + r * (VEC_THREADS / 16);
+        raw[r] =
+            m < M && k < K ? load8<SWIGLU>(x + (int64_t)m * ldx, k, K) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int r = 0; r < VEC_TOKENS_PER_THREAD; r++) {
+        int m = m0 + r * (VEC_THREADS / 16);
+        const uint32_t w[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
+        float v[8], amax = 0.f;
+        int nonfinite = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint16_t lo = (uint16_t)(w[j] & 0xffffu), hi = (uint16_t)(w[j] >> 16);
+            nonfinite |= ((lo & 0x7fffu) >= 0x7f80u) | ((hi & 0x7fffu) >= 0x7f80u);
+            v[2 * j] = hs_bf16_bits_to_f32(lo);
+            v[2 * j + 1] = hs_bf16_bits_to_f32(hi);
+            amax = fmaxf(amax, fmaxf(fabsf(v[2 * j]), fabsf(v[2 * j + 1])));
+        }
+        for (int off = 8; off > 0; off >>= 1) { /* within the 16 threads of the group */
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+            nonfinite |= __shfl_xor_sync(0xffffffffu, nonfinite, off);
+        }
+        if (m >= M || k >= K) continue;
+        float s = nonfinite    ? __int_as_float(0x7fc00000)
+                  : amax > 0.f ? __fdiv_rn(amax, HS_FP8_MAX)
+                               : 1.f;
+        if (threadIdx.x % 16 == 0) scales[hs_fp8_act_scale_index(g, m, M, G)] = s;
+        uint2 out = {0u, 0u};
+        if (!nonfinite) {
+            out.x = fp8x2(__fdiv_rn(v[0], s), __fdiv_rn(v[1], s)) |
+                    fp8x2(__fdiv_rn(v[2], s), __fdiv_rn(v[3], s)) << 16;
+            out.y = fp8x2(__fdiv_rn(v[4], s), __fdiv_rn(v[5], s)) |
+                    fp8x2(__fdiv_rn(v[6], s), __fdiv_rn(v[7], s)) << 16;
+        }
+        *(uint2 *)(q + (int64_t)m * ldq + k) = out;
+    }
+}
+
 extern "C" hs_status_t hs_kn_fp8_quant_groups(const uint16_t *x, int64_t ldx, int M, int K,
                                               uint8_t *q, int64_t ldq, float *scales,
                                               cudaStream_t stream)
@@ -61,12 +150,47 @@ extern "C" hs_status_t hs_kn_fp8_quant_groups(const uint16_t *x, int64_t ldx, in
     }
     if (M == 0) return HS_OK;
     int G = (int)hs_fp8_blocks(K);
-    int64_t blocks = ((int64_t)M * G + WARPS - 1) / WARPS;
+    bool vec = K % 8 == 0 && ldx % 8 == 0 && ldq % 8 == 0 && (uintptr_t)x % 16 == 0 &&
+               (uintptr_t)q % 8 == 0;
+    int64_t blocks =
+        vec ? ((int64_t)M + VEC_TOKENS - 1) / VEC_TOKENS * G : ((int64_t)M * G + WARPS - 1) / WARPS;
     if (blocks > 2147483647) {
         hs_error("fp8 quant groups: %d x %d groups exceed one launch", M, G);
         return HS_ERR_INVALID;
     }
-    fp8_quant_groups_kernel<<<(unsigned)blocks, WARPS * 32, 0, stream>>>(x, ldx, M, K, G, q, ldq,
-                                                                         scales);
+    if (vec)
+        fp8_quant_groups_vec_kernel<false>
+            <<<(unsigned)blocks, VEC_THREADS, 0, stream>>>(x, ldx, M, K, G, q, ldq, scales);
+    else
+        fp8_quant_groups_kernel<<<(unsigned)blocks, WARPS * 32, 0, stream>>>(x, ldx, M, K, G, q,
+                                                                             ldq, scales);
+    return cudaGetLastError() == cudaSuccess ? HS_OK : HS_ERR_CUDA;
+}
+
+extern "C" hs_status_t hs_kn_swiglu_fp8_groups(void *gu, int64_t ldgu, int M, int K, uint8_t *q,
+                                               int64_t ldq, float *scales, cudaStream_t stream)
+{
+    if (M < 0 || K < 1 || ldgu < 2 * (int64_t)K || ldq < K) {
+        hs_error("swiglu fp8 groups: bad shape M=%d K=%d ldgu=%lld ldq=%lld", M, K, (long long)ldgu,
+                 (long long)ldq);
+        return HS_ERR_INVALID;
+    }
+    if (M == 0) return HS_OK;
+    bool vec = K % 8 == 0 && ldgu % 8 == 0 && ldq % 8 == 0 && (uintptr_t)gu % 16 == 0 &&
+               (uintptr_t)q % 8 == 0;
+    if (!vec) {
+        hs_status_t st = hs_kn_swiglu(gu, ldgu, gu, ldgu, M, K, stream);
+        return st != HS_OK ? st
+                           : hs_kn_fp8_quant_groups((const uint16_t *)gu, ldgu, M, K, q, ldq,
+                                                    scales, stream);
+    }
+    int G = (int)hs_fp8_blocks(K);
+    int64_t blocks = ((int64_t)M + VEC_TOKENS - 1) / VEC_TOKENS * G;
+    if (blocks > 2147483647) {
+        hs_error("swiglu fp8 groups: %d x %d groups exceed one launch", M, G);
+        return HS_ERR_INVALID;
+    }
+    fp8_quant_groups_vec_kernel<true><<<(unsigned)blocks, VEC_THREADS, 0, stream>>>(
+        (const uint16_t *)gu, ldgu, M, K, G, q, ldq, scales);
     return cudaGetLastError() == cudaSuccess ? HS_OK : HS_ERR_CUDA;
 }

@@ -67,6 +67,16 @@ HS_MUST_CHECK hs_status_t hs_kn_fp8_quant_groups(const uint16_t *x, int64_t ldx,
                                                  uint8_t *q, int64_t ldq, float *scales,
                                                  struct CUstream_st *stream);
 
+/* The MLP's activation and the down projection's quantisation in one pass:
+ * h = hs_kn_swiglu of the fused gate|up rows gu [M, 2K] (stride ldgu), then
+ * h quantised as hs_kn_fp8_quant_groups does, into q and scales, the same
+ * bits as the two kernels in a row. gu is scratch: where its shape does not
+ * allow the fused kernel (K, ldgu, ldq not multiples of 8, or misaligned),
+ * the two kernels run, h written over gu's gate half. */
+HS_MUST_CHECK hs_status_t hs_kn_swiglu_fp8_groups(void *gu, int64_t ldgu, int M, int K, uint8_t *q,
+                                                  int64_t ldq, float *scales,
+                                                  struct CUstream_st *stream);
+
 /* ---- weights: 128 x 128 blocks (host, fp8_block_ref.c) ---- */
 
 /* w [N, K] bf16 (finite) into q [N, K] e4m3 and scale_inv [ceil(N/128),

@@ -9,16 +9,10 @@
 #include <stdint.h>
 
 #include "cublaslt.h"
+#include "swiglu.cuh"
 #include "swiglu.h"
 
 typedef __nv_bfloat16 bf16;
-
-__device__ __forceinline__ bf16 swiglu1(bf16 g, bf16 u)
-{
-    float gf = __bfloat162float(g);
-    float a = __bfloat162float(__float2bfloat16(gf / (1.f + __expf(-gf))));
-    return __float2bfloat16(a * __bfloat162float(u));
-}
 
 __global__ void swiglu_kernel_vec(const bf16 *gu, int64_t gu_stride, bf16 *out, int64_t out_stride,
                                   int I)
@@ -33,7 +27,7 @@ __global__ void swiglu_kernel_vec(const bf16 *gu, int64_t gu_stride, bf16 *out, 
     bf16 *oe = (bf16 *)&ov;
 #pragma unroll
     for (int j = 0; j < 8; j++)
-        oe[j] = swiglu1(ge[j], ue[j]);
+        oe[j] = hs_swiglu1(ge[j], ue[j]);
     *(uint4 *)(out + (int64_t)t * out_stride + i) = ov;
 }
 
@@ -44,7 +38,7 @@ __global__ void swiglu_kernel(const bf16 *gu, int64_t gu_stride, bf16 *out, int6
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= I) return;
     const bf16 *g = gu + (int64_t)t * gu_stride;
-    out[(int64_t)t * out_stride + i] = swiglu1(g[i], g[I + i]);
+    out[(int64_t)t * out_stride + i] = hs_swiglu1(g[i], g[I + i]);
 }
 
 extern "C" hs_status_t hs_kn_swiglu(const void *gu, int64_t gu_stride, void *out,

@@ -735,15 +735,29 @@ static int first_capture(const int32_t *layers, int n_layers, int idx)
         if ((st = (call)) != HS_OK) return st;                                                     \
     } while (0)
 
+/* Whether every GEMM of L runs on FP8 weights. */
+static bool linear_is_fp8(const dev_linear_t *L)
+{
+    for (int i = 0; i < L->n_g; i++)
+        if (!L->g[i].ws) return false;
+    return L->n_g > 0;
+}
+
+/* mc->xq's row stride for a Linear of K inputs. */
+static int64_t xq_ld(int K) { return (int64_t)hs_align_up((size_t)K, 16); }
+
 /* y[:, 0..N) = x L^T (+ bias) (+ y when acc): each GEMM of L on its
- * columns; an FP8 GEMM reads x quantised per token and 128-group (once for
- * all of L's FP8 GEMMs). */
+ * columns; an FP8 GEMM reads x quantised per token and 128-group in
+ * mc->xq/xs, once for all of L's FP8 GEMMs. xq_holds_x (or NULL): in,
+ * whether mc->xq already holds x so quantised (an earlier Linear on the
+ * same x, or a fused kernel); out, whether it does now. */
 static hs_status_t run_linear(hs_model_cuda_t *mc, const dev_linear_t *L, char *y, int64_t ldy,
-                              const void *x, int64_t ldx, int T, bool acc, cudaStream_t s)
+                              const void *x, int64_t ldx, int T, bool acc, cudaStream_t s,
+                              bool *xq_holds_x)
 {
     hs_status_t st;
-    const int64_t ldq = (int64_t)hs_align_up((size_t)L->K, 16);
-    bool quantized = false;
+    const int64_t ldq = xq_ld(L->K);
+    bool quantized = xq_holds_x && *xq_holds_x;
     for (int i = 0; i < L->n_g; i++) {
         const dev_gemm_t *g = &L->g[i];
         char *yg = y + (size_t)g->col * 2;
@@ -758,6 +772,7 @@ static hs_status_t run_linear(hs_model_cuda_t *mc, const dev_linear_t *L, char *
         TRY(hs_lt_linear_fp8(mc->lt, yg, ldy, mc->xq, ldq, mc->xs, g->w, g->ws, g->bias, T, g->n,
                              L->K, acc, s));
     }
+    if (xq_holds_x) *xq_holds_x = quantized;
     return HS_OK;
 }
 
@@ -784,7 +799,7 @@ static hs_status_t attention_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
     hs_status_t st;
     const int H = mc->H, d = mc->d, ld = mc->qkv_dim, kvd = mc->nkv * d;
     char *qkv = mc->big;
-    TRY(run_linear(mc, &w->qkv, qkv, ld, mc->xa, H, T, false, s));
+    TRY(run_linear(mc, &w->qkv, qkv, ld, mc->xa, H, T, false, s, NULL));
     if (w->q_norm) {
         TRY(norm_heads(mc, qkv, ld, T, mc->nh, w->q_norm, s));
         TRY(norm_heads(mc, qkv + (size_t)mc->q_dim * 2, ld, T, mc->nkv, w->k_norm, s));
@@ -795,7 +810,7 @@ static hs_status_t attention_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
     if (mc->gate_off)
         TRY(hs_kn_sigmoid_gate(mc->xa, mc->q_dim, qkv + (size_t)mc->gate_off * 2, ld, T, mc->q_dim,
                                s));
-    return run_linear(mc, &w->o, mc->h, H, mc->xa, mc->q_dim, T, true, s);
+    return run_linear(mc, &w->o, mc->h, H, mc->xa, mc->q_dim, T, true, s, NULL);
 }
 
 /* h += gated_deltanet(xa) of layer w. big holds, one after the other, mix
@@ -811,8 +826,9 @@ static hs_status_t linear_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
     char *mix = mc->big;
     char *conv = mix + hs_align_up((size_t)T * mc->mix_ld * 2, ALIGN);
     char *z = conv + hs_align_up((size_t)T * mc->conv_ld * 2, ALIGN);
-    TRY(run_linear(mc, &w->mix, mix, mc->mix_ld, mc->xa, H, T, false, s));
-    TRY(run_linear(mc, &w->z, z, vd, mc->xa, H, T, false, s));
+    bool xa_quantized = false; /* mix and z read the same rows: quantised once */
+    TRY(run_linear(mc, &w->mix, mix, mc->mix_ld, mc->xa, H, T, false, s, &xa_quantized));
+    TRY(run_linear(mc, &w->z, z, vd, mc->xa, H, T, false, s, &xa_quantized));
     TRY(hs_kn_causal_conv1d(mix, mc->mix_ld, w->conv, conv, mc->conv_ld, d_cu_seqlens, n_seqs, T, C,
                             mc->K, 1, s));
     TRY(hs_kn_gdn_gates(mix + (size_t)(C + nv) * 2, mc->mix_ld, mix + (size_t)C * 2, mc->mix_ld,
@@ -822,7 +838,7 @@ static hs_status_t linear_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
                          mc->dr_ws, mc->dr_bytes, s));
     TRY(hs_kn_rmsnorm_gated(mc->xa, mc->dv, z, mc->dv, w->lin_norm, mc->xa, mc->dv, T * nv, mc->dv,
                             c->rms_norm_eps, s));
-    return run_linear(mc, &w->out, mc->h, H, mc->xa, vd, T, true, s);
+    return run_linear(mc, &w->out, mc->h, H, mc->xa, vd, T, true, s, NULL);
 }
 
 hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_ids,
@@ -880,9 +896,14 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
         else
             TRY(attention_mixer(mc, w, d_cu_seqlens, n_seqs, T, s));
         TRY(norm_rows(mc, mc->h, H, w->post_norm, mc->xa, H, T, NULL, 0, s));
-        TRY(run_linear(mc, &w->gu, mc->big, 2 * I, mc->xa, H, T, false, s));
-        TRY(hs_kn_swiglu(mc->big, 2 * I, mc->big, 2 * I, T, I, s));
-        TRY(run_linear(mc, &w->down, mc->h, H, mc->big, 2 * I, T, true, s));
+        TRY(run_linear(mc, &w->gu, mc->big, 2 * I, mc->xa, H, T, false, s, NULL));
+        /* an FP8 down projection reads the activation quantised: one pass */
+        bool act_quantized = linear_is_fp8(&w->down);
+        if (act_quantized)
+            TRY(hs_kn_swiglu_fp8_groups(mc->big, 2 * I, T, I, mc->xq, xq_ld(I), mc->xs, s));
+        else
+            TRY(hs_kn_swiglu(mc->big, 2 * I, mc->big, 2 * I, T, I, s));
+        TRY(run_linear(mc, &w->down, mc->h, H, mc->big, 2 * I, T, true, s, &act_quantized));
     }
     if (top < mc->N) {
         /* nothing reads index top (no layer runs after it): copy it */

@@ -2,7 +2,9 @@
 /* test_fp8_block_cuda.c - the FP8 forward's GPU pieces: the per-token
  * 128-group activation quantiser against its C twin, bit for bit (odd token
  * counts, a short last group, a row of zeros, a NaN group, strided rows),
- * and the cuBLASLt block-scaled GEMM against a host product of the
+ * the quantiser fused with the MLP's SwiGLU against SwiGLU then the
+ * quantiser, bit for bit (the fused vector kernel, and shapes that fall
+ * back to the two kernels), and the cuBLASLt block-scaled GEMM against a host product of the
  * dequantised operands (double accumulation) on odd shapes, with bias and
  * accumulate, and K blocks not a multiple of 4 (the padded factor rows).
  * Skipped (exit 77) without a GPU. */
@@ -16,6 +18,7 @@
 #include "cublaslt.h"
 #include "cuda_test_util.h"
 #include "fp8_block.h"
+#include "swiglu.h"
 
 static void quant_case(int M, int K, int64_t ldx, int64_t ldq)
 {
@@ -69,6 +72,64 @@ START_TEST(activation_quantiser_matches_its_twin_bit_for_bit)
     quant_case(1, 64, 64, 64);
     quant_case(129, 4096, 4104, 4096);
     quant_case(7, 300, 2 * 304, 320); /* rows of a wider buffer, as the down projection reads */
+}
+END_TEST
+
+/* hs_kn_swiglu_fp8_groups on gate|up rows [M, 2K] (stride ldgu) against
+ * hs_kn_swiglu into a bf16 buffer then hs_kn_fp8_quant_groups (itself
+ * checked against the C twin above): the same bytes and factors. */
+static void swiglu_quant_case(int M, int K, int64_t ldgu)
+{
+    g_rng = 0x5a9 + (uint64_t)M * 17 + (uint64_t)K;
+    uint16_t *gu;
+    free(rand_bf16((size_t)M * ldgu, 0.f, 3.f, &gu));
+    if (M > 2) gu[2 * ldgu + K + 1] = 0x7f80; /* token 2: an infinite up value */
+    const int64_t ldq = (K + 15) / 16 * 16;
+    const size_t nq = (size_t)M * ldq, ns = (size_t)hs_fp8_act_scale_count(M, K);
+    void *d_gu = dev_upload(gu, (size_t)M * ldgu * 2), *d_h = dev_poisoned((size_t)M * K * 2);
+    uint8_t *dq_two = dev_poisoned(nq), *dq_one = dev_poisoned(nq);
+    float *ds_two = dev_poisoned(ns * 4), *ds_one = dev_poisoned(ns * 4);
+    ck_assert_int_eq(cudaMemset(dq_two, 0, nq), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(dq_one, 0, nq), cudaSuccess);
+    ck_assert_int_eq(hs_kn_swiglu(d_gu, ldgu, d_h, K, M, K, NULL), HS_OK);
+    ck_assert_int_eq(hs_kn_fp8_quant_groups(d_h, K, M, K, dq_two, ldq, ds_two, NULL), HS_OK);
+    ck_assert_int_eq(hs_kn_swiglu_fp8_groups(d_gu, ldgu, M, K, dq_one, ldq, ds_one, NULL), HS_OK);
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    uint8_t *q_two = malloc(nq), *q_one = malloc(nq);
+    float *s_two = malloc(ns * 4), *s_one = malloc(ns * 4);
+    ck_assert_int_eq(cudaMemcpy(q_two, dq_two, nq, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(q_one, dq_one, nq, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(s_two, ds_two, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(s_one, ds_one, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < ns; i++)
+        ck_assert_msg(memcmp(&s_two[i], &s_one[i], 4) == 0 || (isnan(s_two[i]) && isnan(s_one[i])),
+                      "M=%d K=%d: factor %zu fused %g two kernels %g", M, K, i, (double)s_one[i],
+                      (double)s_two[i]);
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++)
+            ck_assert_msg(q_two[(size_t)m * ldq + k] == q_one[(size_t)m * ldq + k],
+                          "M=%d K=%d: token %d col %d fused 0x%02x two kernels 0x%02x", M, K, m, k,
+                          q_one[(size_t)m * ldq + k], q_two[(size_t)m * ldq + k]);
+    printf("swiglu + quant M=%d K=%d ldgu=%lld: fused equals the two kernels\n", M, K,
+           (long long)ldgu);
+    cudaFree(d_gu);
+    cudaFree(d_h);
+    cudaFree(dq_two);
+    cudaFree(dq_one);
+    cudaFree(ds_two);
+    cudaFree(ds_one);
+    free(gu);
+    free(q_two);
+    free(q_one);
+    free(s_two);
+    free(s_one);
+}
+
+START_TEST(swiglu_fused_with_the_quantiser_equals_the_two_kernels)
+{
+    swiglu_quant_case(37, 1024, 2048);  /* the fused kernel */
+    swiglu_quant_case(130, 1000, 2008); /* fused, a short last group */
+    swiglu_quant_case(5, 300, 2 * 304); /* K % 8 != 0: the two kernels */
 }
 END_TEST
 
@@ -200,6 +261,7 @@ int main(void)
     TCase *tc = tcase_create("fp8_block");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, activation_quantiser_matches_its_twin_bit_for_bit);
+    tcase_add_test(tc, swiglu_fused_with_the_quantiser_equals_the_two_kernels);
     if (prop.major == 9)
         tcase_add_test(tc, fp8_gemm_matches_the_dequantised_product);
     else
