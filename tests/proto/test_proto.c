@@ -1276,6 +1276,31 @@ START_TEST(fp8_rows_scale_by_their_amax_refuse_non_finite_values_and_come_back_w
 }
 END_TEST
 
+START_TEST(fp8_rows_long_and_short_come_back_as_each_values_own_rounding)
+{
+    /* Rows of 1024 values and more are dequantised through a table of the
+     * row's scale; shorter ones value by value: both give every code's
+     * bf16(e4m3 * scale), at scales that make subnormal, huge and
+     * infinite products. */
+    enum { N = 4096 + 7 };
+    uint8_t q[N];
+    uint16_t out[N + 1];
+    for (int i = 0; i < N; i++)
+        q[i] = (uint8_t)(i * 7 + i / 256);
+    const float scales[] = {1.0f, 0.002232f, 1e-38f, 3e36f, 7.3e-3f};
+    for (size_t s = 0; s < sizeof scales / sizeof scales[0]; s++)
+        for (int n = 1000; n <= N; n += N - 1000) {
+            memset(out, 0xab, sizeof out);
+            hs_fp8_dequantize_row_bf16(q, (uint64_t)n, scales[s], out);
+            for (int i = 0; i < n; i++)
+                ck_assert_msg(out[i] == hs_f32_to_bf16_rne(hs_fp8_to_f32(q[i]) * scales[s]),
+                              "n=%d scale %g: value %d (code 0x%02x) gave 0x%04x", n,
+                              (double)scales[s], i, q[i], out[i]);
+            ck_assert_uint_eq(out[n], 0xabab); /* nothing past the row */
+        }
+}
+END_TEST
+
 START_TEST(fp8_batches_hold_bytes_and_scales_and_check_every_value)
 {
     hs_layout_t l = test_layout(), l8 = l;
@@ -1499,6 +1524,7 @@ int main(void)
     tcase_add_test(batch, fp8_e4m3_rounds_to_nearest_even_and_saturates_like_its_definition);
     tcase_add_test(batch,
                    fp8_rows_scale_by_their_amax_refuse_non_finite_values_and_come_back_within_e4m3);
+    tcase_add_test(batch, fp8_rows_long_and_short_come_back_as_each_values_own_rounding);
     tcase_add_test(batch, fp8_batches_hold_bytes_and_scales_and_check_every_value);
     suite_add_tcase(s, batch);
 
