@@ -38,9 +38,12 @@ int main(int argc, char **argv)
     long T = 16384, N = 12288, reps = 5;
     for (int i = 1; i + 1 < argc; i += 2) {
         long v = strtol(argv[i + 1], NULL, 10);
-        if (!strcmp(argv[i], "--tokens")) T = v;
-        else if (!strcmp(argv[i], "--row")) N = v;
-        else if (!strcmp(argv[i], "--reps")) reps = v;
+        if (!strcmp(argv[i], "--tokens"))
+            T = v;
+        else if (!strcmp(argv[i], "--row"))
+            N = v;
+        else if (!strcmp(argv[i], "--reps"))
+            reps = v;
         else {
             fprintf(stderr, "usage: hs-bench-dequant [--tokens T] [--row N] [--reps R]\n");
             return 2;
@@ -86,7 +89,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "hs-bench-dequant: the table and the per-value rows differ\n");
         return 1;
     }
-    const char *names[3] = {"per value (before)", "hs_fp8_dequantize_row_bf16", "memcpy of the bf16"};
+    const char *names[3] = {"per value (before)", "hs_fp8_dequantize_row_bf16",
+                            "memcpy of the bf16"};
     double base = median(ms[0], (int)reps);
     printf("%ld tokens x %ld values, median of %ld\n", T, N, reps);
     for (int k = 0; k < 3; k++) {
