@@ -3,6 +3,8 @@
 the same process), with hidden states computed in numpy (and torch when it
 is installed): every batch is delivered once and every value arrives
 exactly as sent."""
+import itertools
+
 import numpy as np
 import pytest
 
@@ -25,6 +27,13 @@ def exact_values(sample_ids, cu, layers, h):
             v = (int(sid) * 7 + pos * 3 + layer * 5 + ch[None, :]) % 256 - 128
             out[lo:hi, j * h:(j + 1) * h] = v / 16.0
     return out
+
+
+def send_held_then_the_rest(p, held):
+    """Sends the tickets a test took, then every other ticket of the run,
+    with the synthetic states the consumer's verify_synthetic expects."""
+    for t in itertools.chain(held, p.tickets()):  # lazily: a ticket is taken as sent
+        t.send(hidden_states=hsflow.synthetic_hidden(t.sample_ids, t.cu_seqlens, t.layers, H))
 
 
 def producer(port, data, **kw):
@@ -267,9 +276,6 @@ def test_a_caller_holds_as_many_batches_as_staging_buffers_three_by_default(
     # can take N+2 while N is still on the wire (docs/pyproducer.md).
     data, _ = dataset
 
-    def states(t):
-        return hsflow.synthetic_hidden(t.sample_ids, t.cu_seqlens, t.layers, H)
-
     # the consumer's prefetch counts tickets not yet on the wire: 4 lets this
     # caller hold every buffer's ticket at once
     with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, verify_synthetic=True,
@@ -282,10 +288,7 @@ def test_a_caller_holds_as_many_batches_as_staging_buffers_three_by_default(
             assert all(t is not None for t in held)
             with pytest.raises(hsflow.HsflowError, match="taken and not sent"):
                 p.next_ticket(timeout=1)
-            for t in held:
-                t.send(hidden_states=states(t))
-            for t in p.tickets():
-                t.send(hidden_states=states(t))
+            send_held_then_the_rest(p, held)
         ct.join()
         s = c.stats()
     assert s["batches_delivered"] == s["batches_planned"] and s["checksum_failures"] == 0
@@ -297,9 +300,6 @@ def test_a_consumer_that_grants_fewer_tickets_than_asked_is_obeyed_and_named(dat
     # flight than its --prefetch without a word.
     data, _ = dataset
 
-    def states(t):
-        return hsflow.synthetic_hidden(t.sample_ids, t.cu_seqlens, t.layers, H)
-
     with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, verify_synthetic=True,
                          arrays="numpy", prefetch=2) as c:
         ct = ConsumerThread(c, lambda b: None)
@@ -307,10 +307,7 @@ def test_a_consumer_that_grants_fewer_tickets_than_asked_is_obeyed_and_named(dat
             held = [p.next_ticket(timeout=20) for _ in range(2)]
             assert all(t is not None for t in held)
             assert p.next_ticket(timeout=1) is None  # a staging buffer is free, no ticket
-            for t in held:
-                t.send(hidden_states=states(t))
-            for t in p.tickets():
-                t.send(hidden_states=states(t))
+            send_held_then_the_rest(p, held)
         ct.join()
         s = c.stats()
     assert s["batches_delivered"] == s["batches_planned"] and s["checksum_failures"] == 0
