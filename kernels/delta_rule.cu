@@ -148,25 +148,24 @@ static hs_status_t recurrent_launch(const void *q, const void *k, const void *v,
  *     kinv), Xu = X diag(beta), each split into two bf16 halves, hi + lo,
  *     so the product keeps fp32's precision of X and k, v are used as
  *     loaded; w, u, P, gc and the norms go to the workspace.
- *   chunk_scan (per sequence, value head and 64 columns of dv, over the
- *     chunks in order): the state lives in fp32 accumulator fragments; per
- *     chunk v' = u - w S0, o = G (q S0) + P v', S = G_{n-1} S + (d k~)^T v'
- *     with d_j = exp(gc_{n-1} - gc_j); P is loaded as operand fragments
- *     ahead of its product, w from global memory at its product, k, q and
- *     u by cp.async.
+ *   chunk_state (per value head and sequence, over the chunks in order):
+ *     the state lives in fp32 mma accumulators, 16 value columns a warp
+ *     (the columns never mix); per chunk v' = u - w S0, o = G (q S0) +
+ *     P v', S = G_{n-1} S + (d k~)^T v' with d_j = exp(gc_{n-1} - gc_j),
+ *     the next chunk loaded by cp.async meanwhile.
  * q and k are read raw (bf16) and their inverse norms folded into row
  * scales, so they are never written back normalised. Matrix products are
- * wmma bf16 x bf16 -> fp32; w, u, v', P, the row-scaled k of the state's
- * update and the state as a product operand are rounded to bf16, the state
- * itself stays fp32. */
+ * bf16 x bf16 -> fp32 (wmma in the prep, mma.sync in the state pass); w, u,
+ * v', P, the row-scaled v' of the state's update and the state as a
+ * product operand are rounded to bf16, the state itself stays fp32. */
 #include <mma.h>
 
 using namespace nvcuda;
 
-/* Both kernels run blocks of 8 warps, two an SM (shared memory allows no
- * more): at 4 warps ncu on the H200 found them latency-bound, no warp
+/* The prep runs blocks of 8 warps, two an SM (shared memory allows no
+ * more): at 4 warps ncu on the H200 found it latency-bound, no warp
  * eligible to issue in 57% of the cycles. */
-enum { CH = 64, PREP_THREADS = 256, SCAN_THREADS = 256, BV = 64 };
+enum { CH = 64, PREP_THREADS = 256 };
 
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a_row;
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> frag_a_col;
@@ -262,10 +261,10 @@ __global__ void __launch_bounds__(1024)
 
 /* Starts the copy of CH rows x cols bf16 from global rows (row stride
  * ld_src) into shared rows (ld_dst), zeros past row n, as 16-byte cp.async
- * (all in flight at once); cols a multiple of 8, 16-byte aligned rows.
- * Complete with load_rows_wait() and a barrier. */
-__device__ __forceinline__ void load_rows(bf16 *dst, int ld_dst, const bf16 *src, int64_t ld_src,
-                                          int n, int cols)
+ * (all in flight at once, in the caller's commit group); cols a multiple of
+ * 8, 16-byte aligned rows. */
+__device__ __forceinline__ void issue_rows(bf16 *dst, int ld_dst, const bf16 *src, int64_t ld_src,
+                                           int n, int cols)
 {
     const int per_row = cols / 8;
     for (int e = threadIdx.x; e < CH * per_row; e += blockDim.x) {
@@ -275,6 +274,14 @@ __device__ __forceinline__ void load_rows(bf16 *dst, int ld_dst, const bf16 *src
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(from),
                      "r"(r < n ? 16 : 0));
     }
+}
+
+/* issue_rows as a commit group of its own; complete with load_rows_wait()
+ * and a barrier. */
+__device__ __forceinline__ void load_rows(bf16 *dst, int ld_dst, const bf16 *src, int64_t ld_src,
+                                          int n, int cols)
+{
+    issue_rows(dst, ld_dst, src, ld_src, n, cols);
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
@@ -501,154 +508,246 @@ template <int DK, int DV> static size_t chunk_prep_smem(void)
            (size_t)CH * (CH + 8) * 4 * 2 + 8 * 16 * 20 * 4 + 5 * CH * 4;
 }
 
-/* Eight warps: warp w computes the products for the chunk's rows
- * 16 (w % 4) .. + 15 and columns 32 (w / 4) .. + 31 of the 64 (two tiles),
- * and holds the state's tiles of its own: m-tile w % (DK / 16), DK / 32
- * column tiles from (w / (DK / 16)) DK / 32. */
-template <int DK>
-__global__ void __launch_bounds__(SCAN_THREADS, 2)
-    chunk_scan_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, int64_t stride,
-                      const int32_t *__restrict__ cu, int ratio, int nk, int nv, int dv,
-                      const float *__restrict__ qinv_ws, const float *__restrict__ kinv_ws,
-                      const float *__restrict__ gc_ws, const bf16 *__restrict__ w_ws,
-                      const bf16 *__restrict__ u_ws, const bf16 *__restrict__ p_ws,
-                      bf16 *__restrict__ out, int64_t out_stride)
+/* ---- the state pass and the output ---------------------------------------
+ * One block per (value head, sequence), DV / 16 warps. The value columns of
+ * the delta rule never mix, so warp w owns the state's columns 16w .. 16w +
+ * 15 for the whole sequence and waits on no other warp but for the shared
+ * chunk loads. It keeps S^T [16 x DK] in fp32 mma.sync accumulators; an
+ * m16n8k16 accumulator pair has the layout of an A operand, so S^T (and
+ * v'^T) feed the next product from registers, rounded to bf16:
+ *   v'^T = u^T - S^T w^T                   (B: w's rows, ldmatrix)
+ *   o^T  = (S^T q^T) diag(G qinv) + v'^T P^T   (B: q's, P's rows)
+ *   S^T  = G_{n-1} S^T + v'^T diag(d kinv) k  (B: k, ldmatrix.trans)
+ * with d_j = exp(gc_{n-1} - gc_j): the row scales of q and k land on the
+ * products' columns in fp32, so q and k are used raw as loaded. The next
+ * chunk's k, q, w, u, P and gates are loaded by cp.async while this one is
+ * computed (two stages); o^T goes through a per-warp tile in shared memory
+ * to 32-byte row segments of out. */
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
-    constexpr int LDK = DK + 8, LDH = BV + 8, LDF = BV + 4;
-    constexpr int MTILES = DK / 16,
-                  OWN = DK / 32; /* the state's m-tiles; column tiles a warp holds */
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+/* d += a b: m16n8k16, bf16 in, fp32 accumulate. */
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* The A operand of the k-step over columns 16 kt .. 16 kt + 15 from an fp32
+ * accumulator row strip acc[column tile][4], scaled per column by sc0/sc1
+ * (the thread's two columns of each tile; 1 for none). */
+__device__ __forceinline__ void acc_as_a(uint32_t a[4], const float lo[4], const float hi[4],
+                                         float slo0, float slo1, float shi0, float shi1)
+{
+    a[0] = pack_bf16(lo[0] * slo0, lo[1] * slo1);
+    a[1] = pack_bf16(lo[2] * slo0, lo[3] * slo1);
+    a[2] = pack_bf16(hi[0] * shi0, hi[1] * shi1);
+    a[3] = pack_bf16(hi[2] * shi0, hi[3] * shi1);
+}
+
+/* Shared memory of one stage: rows of k, q, w (LDK), u (LDU), P (LDP), and
+ * gc, qinv, kinv. */
+template <int DK, int DV> struct state_stage {
+    static constexpr int LDK = DK + 8, LDU = DV + 8, LDP = CH + 8;
+    static constexpr size_t K = 0, Q = K + (size_t)CH * LDK * 2, W = Q + (size_t)CH * LDK * 2,
+                            U = W + (size_t)CH * LDK * 2, P = U + (size_t)CH * LDU * 2,
+                            GC = P + (size_t)CH * LDP * 2, QINV = GC + CH * 4, KINV = QINV + CH * 4,
+                            BYTES = KINV + CH * 4;
+};
+
+/* 4-byte cp.async of one fp32 (zero-filled where !in). */
+__device__ __forceinline__ void load_f32(float *dst, const float *src, bool in)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+                 "r"(in ? 4 : 0));
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(DV / 16 * 32, 1)
+    chunk_state_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, int64_t stride,
+                       const int32_t *__restrict__ cu, int ratio, int nk, int nv,
+                       const float *__restrict__ qinv_ws, const float *__restrict__ kinv_ws,
+                       const float *__restrict__ gc_ws, const bf16 *__restrict__ w_ws,
+                       const bf16 *__restrict__ u_ws, const bf16 *__restrict__ p_ws,
+                       bf16 *__restrict__ out, int64_t out_stride)
+{
+    typedef state_stage<DK, DV> L;
+    constexpr int LDK = L::LDK, LDU = L::LDU, LDP = L::LDP, LDO = 16 + 8;
+    constexpr int NT = CH / 8, KT = DK / 8; /* token tiles, the state's dk tiles */
     extern __shared__ __align__(128) unsigned char smem[];
-    constexpr int F_ROWS = DK > 2 * CH ? DK : 2 * CH;
-    float *Hf = (float *)smem;                     /* the state in fp32, [DK][LDF] ... */
-    float *Vf = Hf, *Of = Hf + CH * LDF;           /* ... whose place w S0 and q S0 then take */
-    bf16 *Hs = (bf16 *)(Hf + F_ROWS * LDF);        /* the state as bf16 operand [DK][LDH] */
-    bf16 *Vn = Hs + DK * LDH;                      /* v' [CH][LDH] */
-    bf16 *Us = Vn + CH * LDH;                      /* u's rows of the chunk [CH][LDH] */
-    bf16 *Ks = Us + CH * LDH, *Qs = Ks + CH * LDK; /* k, then diag(exp(gc_last - gc) kinv) k */
-    float *gcs = (float *)(Qs + CH * LDK), *qinvs = gcs + CH, *kinvs = qinvs + CH;
+    bf16 *ostage = (bf16 *)(smem + 2 * L::BYTES) + (threadIdx.x >> 5) * CH * LDO;
 
-    const int vt = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, hk = h / ratio;
-    const int start = cu[s], end = cu[s + 1], j0 = vt * BV;
-    const int rt = warp & 3, ch = warp >> 2;                  /* product tiles */
-    const int sm = warp % MTILES, sn = (warp / MTILES) * OWN; /* state tiles */
+    const int h = blockIdx.x, s = blockIdx.y, hk = h / ratio;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, dv0 = (threadIdx.x >> 5) * 16;
+    const int start = cu[s], end = cu[s + 1];
 
-    frag_c hf[OWN];
-#pragma unroll
-    for (int x = 0; x < OWN; x++)
-        wmma::fill_fragment(hf[x], 0.f);
-
-    for (int t0 = start; t0 < end; t0 += CH) {
+    auto prefetch = [&](int stage, int t0) {
+        unsigned char *b = smem + stage * L::BYTES;
         const int n = min(CH, end - t0);
-        load_rows(Ks, LDK, k + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n, DK);
-        load_rows(Qs, LDK, q + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n, DK);
-        load_rows(Us, LDH, u_ws + ((int64_t)t0 * nv + h) * dv + j0, (int64_t)nv * dv, n, BV);
-        if (tid < CH) {
-            bool in = tid < n;
-            gcs[tid] = in ? gc_ws[(int64_t)(t0 + tid) * nv + h] : 0.f;
-            qinvs[tid] = in ? qinv_ws[(int64_t)(t0 + tid) * nk + hk] : 0.f;
-            kinvs[tid] = in ? kinv_ws[(int64_t)(t0 + tid) * nk + hk] : 0.f;
+        issue_rows((bf16 *)(b + L::K), LDK, k + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n,
+                   DK);
+        issue_rows((bf16 *)(b + L::Q), LDK, q + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n,
+                   DK);
+        issue_rows((bf16 *)(b + L::W), LDK, w_ws + ((int64_t)t0 * nv + h) * DK, (int64_t)nv * DK, n,
+                   DK);
+        issue_rows((bf16 *)(b + L::U), LDU, u_ws + ((int64_t)t0 * nv + h) * DV, (int64_t)nv * DV, n,
+                   DV);
+        issue_rows((bf16 *)(b + L::P), LDP, p_ws + ((int64_t)t0 * nv + h) * CH, (int64_t)nv * CH, n,
+                   CH);
+        for (int i = threadIdx.x; i < 3 * CH; i += blockDim.x) {
+            int r = i % CH, which = i / CH;
+            bool in = r < n;
+            int64_t row = in ? t0 + r : start;
+            if (which == 0)
+                load_f32((float *)(b + L::GC) + r, gc_ws + row * nv + h, in);
+            else if (which == 1)
+                load_f32((float *)(b + L::QINV) + r, qinv_ws + row * nk + hk, in);
+            else
+                load_f32((float *)(b + L::KINV) + r, kinv_ws + row * nk + hk, in);
         }
-#pragma unroll
-        for (int x = 0; x < OWN; x++)
-            wmma::store_matrix_sync(Hf + sm * 16 * LDF + (sn + x) * 16, hf[x], LDF,
-                                    wmma::mem_row_major);
-        load_rows_wait();
-        __syncthreads();
-        for (int e = tid; e < DK * BV / 2; e += SCAN_THREADS) {
-            int i = e / (BV / 2), j = (e % (BV / 2)) * 2;
-            *(__nv_bfloat162 *)(Hs + i * LDH + j) =
-                __floats2bfloat162_rn(Hf[i * LDF + j], Hf[i * LDF + j + 1]);
-        }
-        __syncthreads();
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
 
-        /* w S0 and q S0 for the warp's 16 rows and 32 columns; w's rows
-         * straight from global memory (L2: the other column half's warp
-         * reads them too) */
-        two_products<DK, frag_b_row>(w_ws + ((int64_t)(t0 + rt * 16) * nv + h) * DK, nv * DK,
-                                     Qs + rt * 16 * LDK, LDK, Hs + 2 * ch * 16, LDH, 16 * LDH, 16,
-                                     Vf + rt * 16 * LDF + 2 * ch * 16,
-                                     Of + rt * 16 * LDF + 2 * ch * 16, LDF);
-        /* the row tile's P (k-tiles up to its own: P is lower), loaded
-         * while the epilogue runs */
-        frag_a_row pa[CH / 16];
-        const bf16 *prow = p_ws + ((int64_t)(t0 + rt * 16) * nv + h) * CH;
+    float S[KT][4]; /* S^T: rows dv0 + g (+ 8), columns 8 j + 2 t (+ 1) */
 #pragma unroll
-        for (int kt = 0; kt < CH / 16; kt++)
-            if (kt <= rt) wmma::load_matrix_sync(pa[kt], prow + kt * 16, nv * CH);
-        __syncwarp();
-        const float gl = gcs[n - 1];
-        for (int e = lane; e < 16 * 32; e += 32) { /* the warp's own 16 x 32 of v' and q S0 */
-            int i = rt * 16 + e / 32, j = ch * 32 + e % 32;
-            float vn = i < n ? __bfloat162float(Us[i * LDH + j]) - Vf[i * LDF + j] : 0.f;
-            Vn[i * LDH + j] = __float2bfloat16(vn);
-            Of[i * LDF + j] *= __expf(gcs[i]) * qinvs[i];
-        }
-        for (int e = lane; e < 16 * DK / 4; e += 32) { /* its rows' half of k, for the update */
-            int i = rt * 16 + e / (DK / 4), j = ch * (DK / 2) + (e % (DK / 4)) * 2;
-            float d = __expf(gl - gcs[i]) * kinvs[i];
-            float2 x = __bfloat1622float2(*(const __nv_bfloat162 *)(Ks + i * LDK + j));
-            *(__nv_bfloat162 *)(Ks + i * LDK + j) = __floats2bfloat162_rn(x.x * d, x.y * d);
-        }
-        __syncthreads();
+    for (int j = 0; j < KT; j++)
+        S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.f;
 
-        /* o = G (q S0) + P v' (P is lower: k-tiles up to the row tile) */
-        {
-            frag_c ao[2];
+    if (start < end) prefetch(0, start);
+    int stage = 0;
+    for (int t0 = start; t0 < end; t0 += CH, stage ^= 1) {
+        const int n = min(CH, end - t0);
+        if (t0 + CH < end)
+            prefetch(stage ^ 1, t0 + CH);
+        else
+            asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        __syncthreads();
+        const unsigned char *b = smem + stage * L::BYTES;
+        const bf16 *Ks = (const bf16 *)(b + L::K), *Qs = (const bf16 *)(b + L::Q),
+                   *Ws = (const bf16 *)(b + L::W), *Us = (const bf16 *)(b + L::U),
+                   *Ps = (const bf16 *)(b + L::P);
+        const float *gcs = (const float *)(b + L::GC), *qinvs = (const float *)(b + L::QINV),
+                    *kinvs = (const float *)(b + L::KINV);
+
+        /* w S0 and q S0, transposed: A = S^T from registers; B = rows of w
+         * and q, two token tiles an ldmatrix */
+        float V[NT][4], O[NT][4];
 #pragma unroll
-            for (int x = 0; x < 2; x++)
-                wmma::load_matrix_sync(ao[x], Of + rt * 16 * LDF + (2 * ch + x) * 16, LDF,
-                                       wmma::mem_row_major);
+        for (int i = 0; i < NT; i++)
 #pragma unroll
-            for (int kt = 0; kt < CH / 16; kt++) {
-                if (kt > rt) continue;
+            for (int e = 0; e < 4; e++)
+                V[i][e] = O[i][e] = 0.f;
+        const int lrow = (lane & 7) + (lane >> 4) * 8, lcol = ((lane >> 3) & 1) * 8;
 #pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    frag_b_row b;
-                    wmma::load_matrix_sync(b, Vn + kt * 16 * LDH + (2 * ch + x) * 16, LDH);
-                    wmma::mma_sync(ao[x], pa[kt], b, ao[x]);
-                }
-            }
+        for (int kt = 0; kt < DK / 16; kt++) {
+            uint32_t a[4];
+            acc_as_a(a, S[2 * kt], S[2 * kt + 1], 1.f, 1.f, 1.f, 1.f);
 #pragma unroll
-            for (int x = 0; x < 2; x++)
-                wmma::store_matrix_sync(Of + rt * 16 * LDF + (2 * ch + x) * 16, ao[x], LDF,
-                                        wmma::mem_row_major);
-            __syncwarp();
-            for (int e = lane; e < 16 * 16; e += 32) { /* pairs of the warp's 16 x 32 */
-                int i = rt * 16 + e / 16, j = ch * 32 + (e % 16) * 2;
-                if (i < n)
-                    *(__nv_bfloat162 *)(out + (int64_t)(t0 + i) * out_stride + (int64_t)h * dv +
-                                        j0 + j) =
-                        __floats2bfloat162_rn(Of[i * LDF + j], Of[i * LDF + j + 1]);
+            for (int i = 0; i < NT; i += 2) {
+                uint32_t bw[4], bq[4];
+                ldmatrix_x4(bw, Ws + (8 * i + lrow) * LDK + 16 * kt + lcol);
+                ldmatrix_x4(bq, Qs + (8 * i + lrow) * LDK + 16 * kt + lcol);
+                mma_bf16(V[i], a, bw[0], bw[1]);
+                mma_bf16(V[i + 1], a, bw[2], bw[3]);
+                mma_bf16(O[i], a, bq[0], bq[1]);
+                mma_bf16(O[i + 1], a, bq[2], bq[3]);
             }
         }
-
-        /* S = exp(gc_last) S + (d k)^T v', the warp's own tiles */
-        const float decay = __expf(gl);
+        /* v'^T = u^T - w S0 ^T; o^T columns scaled by G qinv */
 #pragma unroll
-        for (int x = 0; x < OWN; x++)
-#pragma unroll
-            for (int y = 0; y < hf[x].num_elements; y++)
-                hf[x].x[y] *= decay;
+        for (int i = 0; i < NT; i++) {
+            const int c0 = 8 * i + 2 * t, c1 = c0 + 1;
+            V[i][0] = __bfloat162float(Us[c0 * LDU + dv0 + g]) - V[i][0];
+            V[i][1] = __bfloat162float(Us[c1 * LDU + dv0 + g]) - V[i][1];
+            V[i][2] = __bfloat162float(Us[c0 * LDU + dv0 + g + 8]) - V[i][2];
+            V[i][3] = __bfloat162float(Us[c1 * LDU + dv0 + g + 8]) - V[i][3];
+            const float s0 = __expf(gcs[c0]) * qinvs[c0], s1 = __expf(gcs[c1]) * qinvs[c1];
+            O[i][0] *= s0, O[i][1] *= s1, O[i][2] *= s0, O[i][3] *= s1;
+        }
+        /* o^T += v'^T P^T; P is lower, so token tile i needs k-steps up to i / 2 */
 #pragma unroll
         for (int kt = 0; kt < CH / 16; kt++) {
-            frag_a_col a;
-            wmma::load_matrix_sync(a, Ks + kt * 16 * LDK + sm * 16, LDK);
+            uint32_t a[4];
+            acc_as_a(a, V[2 * kt], V[2 * kt + 1], 1.f, 1.f, 1.f, 1.f);
 #pragma unroll
-            for (int x = 0; x < OWN; x++) {
-                frag_b_row b;
-                wmma::load_matrix_sync(b, Vn + kt * 16 * LDH + (sn + x) * 16, LDH);
-                wmma::mma_sync(hf[x], a, b, hf[x]);
+            for (int i = 2 * kt; i < NT; i += 2) {
+                uint32_t bp[4];
+                ldmatrix_x4(bp, Ps + (8 * i + lrow) * LDP + 16 * kt + lcol);
+                mma_bf16(O[i], a, bp[0], bp[1]);
+                mma_bf16(O[i + 1], a, bp[2], bp[3]);
             }
         }
-        __syncthreads();
+        /* o^T through the warp's tile to rows of out */
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            const int c0 = 8 * i + 2 * t;
+            ostage[c0 * LDO + g] = __float2bfloat16(O[i][0]);
+            ostage[(c0 + 1) * LDO + g] = __float2bfloat16(O[i][1]);
+            ostage[c0 * LDO + g + 8] = __float2bfloat16(O[i][2]);
+            ostage[(c0 + 1) * LDO + g + 8] = __float2bfloat16(O[i][3]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int r = lane >> 1; r < CH; r += 16)
+            if (r < n)
+                *(uint4 *)(out + (int64_t)(t0 + r) * out_stride + (int64_t)h * DV + dv0 +
+                           (lane & 1) * 8) = *(const uint4 *)(ostage + r * LDO + (lane & 1) * 8);
+        __syncwarp();
+
+        /* S^T = G_{n-1} S^T + v'^T diag(d kinv) k: B = k's rows transposed */
+        const float gl = gcs[n - 1], decay = __expf(gl);
+#pragma unroll
+        for (int j = 0; j < KT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                S[j][e] *= decay;
+#pragma unroll
+        for (int kt = 0; kt < CH / 16; kt++) {
+            const int c = 16 * kt + 2 * t;
+            uint32_t a[4];
+            acc_as_a(a, V[2 * kt], V[2 * kt + 1], __expf(gl - gcs[c]) * kinvs[c],
+                     __expf(gl - gcs[c + 1]) * kinvs[c + 1], __expf(gl - gcs[c + 8]) * kinvs[c + 8],
+                     __expf(gl - gcs[c + 9]) * kinvs[c + 9]);
+#pragma unroll
+            for (int j = 0; j < KT; j += 2) {
+                uint32_t bk[4];
+                ldmatrix_x4_trans(bk, Ks + (16 * kt + (lane & 7) + ((lane >> 3) & 1) * 8) * LDK +
+                                          8 * j + (lane >> 4) * 8);
+                mma_bf16(S[j], a, bk[0], bk[1]);
+                mma_bf16(S[j + 1], a, bk[2], bk[3]);
+            }
+        }
+        __syncthreads(); /* the stage is free for the load after next */
     }
 }
 
-template <int DK> static size_t chunk_scan_smem(void)
+template <int DK, int DV> static size_t chunk_state_smem(void)
 {
-    return (size_t)(DK > 2 * CH ? DK : 2 * CH) * (BV + 4) * 4 + (size_t)DK * (BV + 8) * 2 +
-           (size_t)2 * CH * (BV + 8) * 2 + (size_t)2 * CH * (DK + 8) * 2 + 3 * CH * 4;
+    return 2 * state_stage<DK, DV>::BYTES + (size_t)(DV / 16) * CH * (16 + 8) * 2;
 }
 
 /* The chunked kernels' shapes: dk and dv of 64 or 128, dv in tiles of 64. */
@@ -664,12 +763,13 @@ chunked_launch_t(const void *q, const void *k, const void *v, int64_t stride, co
                  int T, int nk, int nv, unsigned char *ws, const dr_layout &L, cudaStream_t stream)
 {
     /* the shared-memory opt-in is per device: a host-side call, set every time */
-    size_t prep_smem = chunk_prep_smem<DK, DV>(), scan_smem = chunk_scan_smem<DK>();
+    size_t prep_smem = chunk_prep_smem<DK, DV>(), state_smem = chunk_state_smem<DK, DV>();
     hs_status_t st = HS_CUDA_CHECK(cudaFuncSetAttribute(
         chunk_prep_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
     if (st == HS_OK)
-        st = HS_CUDA_CHECK(cudaFuncSetAttribute(
-            chunk_scan_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)scan_smem));
+        st = HS_CUDA_CHECK(cudaFuncSetAttribute(chunk_state_kernel<DK, DV>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)state_smem));
     if (st != HS_OK) return st;
     int2 *chunks = (int2 *)(ws + L.chunks);
     int *n_chunks = (int *)(ws + L.n_chunks);
@@ -682,10 +782,10 @@ chunked_launch_t(const void *q, const void *k, const void *v, int64_t stride, co
     chunk_prep_kernel<DK, DV><<<dim3(max_chunks, (unsigned)nv), PREP_THREADS, prep_smem, stream>>>(
         (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, stride, g, beta, chunks, n_chunks,
         nv / nk, nk, nv, qinv, kinv, gc, w, u, p);
-    chunk_scan_kernel<DK>
-        <<<dim3(DV / BV, (unsigned)nv, (unsigned)n_seqs), SCAN_THREADS, scan_smem, stream>>>(
-            (const bf16 *)q, (const bf16 *)k, stride, cu, nv / nk, nk, nv, DV, qinv, kinv, gc, w, u,
-            p, (bf16 *)out, out_stride);
+    chunk_state_kernel<DK, DV>
+        <<<dim3((unsigned)nv, (unsigned)n_seqs), DV / 16 * 32, state_smem, stream>>>(
+            (const bf16 *)q, (const bf16 *)k, stride, cu, nv / nk, nk, nv, qinv, kinv, gc, w, u, p,
+            (bf16 *)out, out_stride);
     return HS_CUDA_LAUNCH_CHECK("delta_rule chunked kernels");
 }
 
@@ -713,8 +813,8 @@ static hs_status_t chunked_launch(const void *q, const void *k, const void *v, i
 static bool chunked_aligned(const void *q, const void *k, const void *v, int64_t stride,
                             const void *out, int64_t out_stride)
 {
-    return stride % 8 == 0 && out_stride % 2 == 0 &&
-           ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16 == 0 && (uintptr_t)out % 4 == 0;
+    return stride % 8 == 0 && out_stride % 8 == 0 &&
+           ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16 == 0;
 }
 
 /* Whether workspace holds the chunked form's scratch for T tokens in n_seqs
