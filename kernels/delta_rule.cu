@@ -173,6 +173,75 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_b_col;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+/* d += a b: m16n8k16, bf16 in, fp32 accumulate. */
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* An fp32 16 x 16 tile (row-major, ld) as the A operand, and a 16 x 8 one
+ * (rows = k) as the B operand, of m16n8k16, each value split into bf16
+ * hi + lo; mma3 accumulates hi hi + hi lo + lo hi, about 16 bits of each
+ * operand, for the solve's products. */
+__device__ __forceinline__ void split_bf16(float x, float y, uint32_t *hi, uint32_t *lo)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    float2 back = __bfloat1622float2(h);
+    *hi = *(uint32_t *)&h;
+    *lo = pack_bf16(x - back.x, y - back.y);
+}
+
+__device__ __forceinline__ void frag_a_split(uint32_t hi[4], uint32_t lo[4], const float *m, int ld)
+{
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    const float *r0 = m + g * ld + 2 * t, *r1 = r0 + 8 * ld;
+    split_bf16(r0[0], r0[1], &hi[0], &lo[0]);
+    split_bf16(r1[0], r1[1], &hi[1], &lo[1]);
+    split_bf16(r0[8], r0[9], &hi[2], &lo[2]);
+    split_bf16(r1[8], r1[9], &hi[3], &lo[3]);
+}
+
+__device__ __forceinline__ void frag_b_split(uint32_t hi[2], uint32_t lo[2], const float *m, int ld)
+{
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    const float *c = m + 2 * t * ld + g;
+    split_bf16(c[0], c[ld], &hi[0], &lo[0]);
+    split_bf16(c[8 * ld], c[9 * ld], &hi[1], &lo[1]);
+}
+
+__device__ __forceinline__ void mma3(float d[4], const uint32_t ah[4], const uint32_t al[4],
+                                     const uint32_t bh[2], const uint32_t bl[2])
+{
+    mma_bf16(d, ah, bh[0], bh[1]);
+    mma_bf16(d, ah, bl[0], bl[1]);
+    mma_bf16(d, al, bh[0], bh[1]);
+}
+
 /* Two products that share their right operand, for one 16-row tile and two
  * 16-column tiles over DK: c1 = a1 b and c2 = a2 b, stored fp32 (stride
  * ldc). a1, a2: row-major rows (strides lda1, lda2); b's tile (k, x) is at
@@ -290,19 +359,6 @@ __device__ __forceinline__ void load_rows_wait(void)
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-/* A warp's 16 x 16 fp32 tile (in stage, ld 20) to bf16 global rows < n. */
-__device__ __forceinline__ void store_tile_bf16(const float *stage, bf16 *dst, int64_t ld_dst,
-                                                int n_rows)
-{
-    const int lane = threadIdx.x & 31;
-    for (int e = lane; e < 16 * 8; e += 32) { /* pairs of columns */
-        int r = e / 8, c = (e % 8) * 2;
-        if (r < n_rows)
-            *(__nv_bfloat162 *)(dst + r * ld_dst + c) =
-                __floats2bfloat162_rn(stage[r * 20 + c], stage[r * 20 + c + 1]);
-    }
-}
-
 template <int DK, int DV>
 __global__ void __launch_bounds__(PREP_THREADS, 2)
     chunk_prep_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
@@ -320,8 +376,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
     bf16 *Vs = Qs + CH * LDK;             /* v as loaded */
     float *KK = (float *)(Vs + CH * LDV); /* k k^T, then A, then Xw hi | lo (bf16) */
     float *QK = KK + CH * LDF;            /* q k^T, then X, then Xu hi | lo (bf16) */
-    float *stage = QK + CH * LDF;         /* 8 warps' 16 x 20 tiles */
-    float *gcs = stage + 8 * 16 * 20, *betas = gcs + CH, *qinvs = betas + CH, *kinvs = qinvs + CH;
+    float *gcs = QK + CH * LDF, *betas = gcs + CH, *qinvs = betas + CH, *kinvs = qinvs + CH;
     float *kscale = kinvs + CH; /* beta G kinv per row */
 
     const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -425,23 +480,30 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
             X[(base + r) * LDF + base + col] = x[r];
     }
     __syncthreads();
+    /* Block rows 1..3 on tensor cores: T = A[ib, :ib] X[:ib, :ib], then
+     * X[ib, :ib] = -X_ii T; warp w < 2 ib takes columns 8w .. 8w + 7 of
+     * both (X is lower: its k-steps start at block w / 2), T through the
+     * warp's own tile. */
+    const int fr = lane >> 2, fc = lane & 3; /* a fragment's row, column pair */
     for (int ib = 1; ib < 4; ib++) {
-        /* tmp[r, 16 b + col] = sum_{16 b <= m < 16 ib} A[16 ib + r, m] X[m, 16 b + col] */
-        for (int e = tid; e < 16 * 16 * ib; e += PREP_THREADS) {
-            int r = e / (16 * ib), cc = e % (16 * ib), b = cc >> 4;
-            float acc = 0.f;
-            for (int m = 16 * b; m < 16 * ib; m++)
-                acc += A[(16 * ib + r) * LDF + m] * X[m * LDF + cc];
-            tmp[r * CH + cc] = acc;
-        }
-        __syncthreads();
-        for (int e = tid; e < 16 * 16 * ib; e += PREP_THREADS) {
-            int r = e / (16 * ib), cc = e % (16 * ib);
-            float acc = 0.f;
-#pragma unroll
-            for (int m = 0; m < 16; m++)
-                acc -= X[(16 * ib + r) * LDF + 16 * ib + m] * tmp[m * CH + cc];
-            X[(16 * ib + r) * LDF + cc] = acc;
+        if (warp < 2 * ib) {
+            uint32_t ah[4], al[4], bh[2], bl[2];
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int kb = warp / 2; kb < ib; kb++) {
+                frag_a_split(ah, al, A + 16 * ib * LDF + 16 * kb, LDF);
+                frag_b_split(bh, bl, X + 16 * kb * LDF + 8 * warp, LDF);
+                mma3(acc, ah, al, bh, bl);
+            }
+            float *tw = tmp + warp * 16 * 8;
+            tw[fr * 8 + 2 * fc] = acc[0], tw[fr * 8 + 2 * fc + 1] = acc[1];
+            tw[(fr + 8) * 8 + 2 * fc] = acc[2], tw[(fr + 8) * 8 + 2 * fc + 1] = acc[3];
+            __syncwarp();
+            float x[4] = {0.f, 0.f, 0.f, 0.f};
+            frag_a_split(ah, al, X + 16 * ib * LDF + 16 * ib, LDF);
+            frag_b_split(bh, bl, tw, 8);
+            mma3(x, ah, al, bh, bl);
+            float *xr0 = X + (16 * ib + fr) * LDF + 8 * warp + 2 * fc, *xr1 = xr0 + 8 * LDF;
+            xr0[0] = -x[0], xr0[1] = -x[1], xr1[0] = -x[2], xr1[1] = -x[3];
         }
         __syncthreads();
     }
@@ -473,27 +535,41 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
 
     /* w = Xw k, u = Xu v: warp w takes row tile w % 4 and half the
      * columns; X is lower, so k-tiles past the row tile are zero and
-     * skipped */
-    float *st = stage + warp * 16 * 20;
+     * skipped. mma.sync with hi and lo of X as A (held across the columns)
+     * and the rows of k or v as B, stored from the accumulators. */
     const int rows_left = n - rt * 16;
     auto product = [&](const bf16 *Xh, const bf16 *Xl, const bf16 *B, int ldb, int ncols, bf16 *dst,
                        int64_t ld_dst) {
-        for (int nt = half * ncols / 32; nt < (half + 1) * ncols / 32; nt++) {
-            frag_c acc;
-            wmma::fill_fragment(acc, 0.f);
-            for (int kt = 0; kt <= rt; kt++) {
-                frag_a_row ah, al;
-                frag_b_row b;
-                wmma::load_matrix_sync(ah, Xh + rt * 16 * LDX + kt * 16, LDX);
-                wmma::load_matrix_sync(al, Xl + rt * 16 * LDX + kt * 16, LDX);
-                wmma::load_matrix_sync(b, B + kt * 16 * ldb + nt * 16, ldb);
-                wmma::mma_sync(acc, ah, b, acc);
-                wmma::mma_sync(acc, al, b, acc);
+        uint32_t ah[CH / 16][4], al[CH / 16][4];
+#pragma unroll
+        for (int kt = 0; kt < CH / 16; kt++)
+            if (kt <= rt) {
+                const int at = (rt * 16 + (lane & 15)) * LDX + kt * 16 + (lane >> 4) * 8;
+                ldmatrix_x4(ah[kt], Xh + at);
+                ldmatrix_x4(al[kt], Xl + at);
             }
-            wmma::store_matrix_sync(st, acc, 20, wmma::mem_row_major);
-            __syncwarp();
-            if (rows_left > 0) store_tile_bf16(st, dst + nt * 16, ld_dst, rows_left);
-            __syncwarp();
+        for (int nt = half * ncols / 16; nt < (half + 1) * ncols / 16; nt += 2) {
+            float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int kt = 0; kt < CH / 16; kt++)
+                if (kt <= rt) {
+                    uint32_t bb[4];
+                    ldmatrix_x4_trans(bb, B + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb +
+                                              8 * nt + (lane >> 4) * 8);
+                    mma_bf16(c0, ah[kt], bb[0], bb[1]);
+                    mma_bf16(c0, al[kt], bb[0], bb[1]);
+                    mma_bf16(c1, ah[kt], bb[2], bb[3]);
+                    mma_bf16(c1, al[kt], bb[2], bb[3]);
+                }
+            bf16 *d0 = dst + (int64_t)fr * ld_dst + 8 * nt + 2 * fc, *d1 = d0 + 8 * ld_dst;
+            if (fr < rows_left) {
+                *(__nv_bfloat162 *)d0 = __floats2bfloat162_rn(c0[0], c0[1]);
+                *(__nv_bfloat162 *)(d0 + 8) = __floats2bfloat162_rn(c1[0], c1[1]);
+            }
+            if (fr + 8 < rows_left) {
+                *(__nv_bfloat162 *)d1 = __floats2bfloat162_rn(c0[2], c0[3]);
+                *(__nv_bfloat162 *)(d1 + 8) = __floats2bfloat162_rn(c1[2], c1[3]);
+            }
         }
     };
     product(Xwh, Xwl, Ks, LDK, DK, w_ws + ((int64_t)(t0 + rt * 16) * nv + h) * DK,
@@ -505,7 +581,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
 template <int DK, int DV> static size_t chunk_prep_smem(void)
 {
     return (size_t)CH * (DK + 8) * 2 * 2 + (size_t)CH * (DV + 8) * 2 +
-           (size_t)CH * (CH + 8) * 4 * 2 + 8 * 16 * 20 * 4 + 5 * CH * 4;
+           (size_t)CH * (CH + 8) * 4 * 2 + 5 * CH * 4;
 }
 
 /* ---- the state pass and the output ---------------------------------------
@@ -523,37 +599,6 @@ template <int DK, int DV> static size_t chunk_prep_smem(void)
  * chunk's k, q, w, u, P and gates are loaded by cp.async while this one is
  * computed (two stages); o^T goes through a per-warp tile in shared memory
  * to 32-byte row segments of out. */
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
-
-/* d += a b: m16n8k16, bf16 in, fp32 accumulate. */
-__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *p)
-{
-    unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *p)
-{
-    unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
 
 /* The A operand of the k-step over columns 16 kt .. 16 kt + 15 from an fp32
  * accumulator row strip acc[column tile][4], scaled per column by sc0/sc1
