@@ -142,9 +142,11 @@ static hs_status_t recurrent_launch(const void *q, const void *k, const void *v,
  *   S_next   = G_{n-1} S0 + sum_j exp(gc_{n-1} - gc_j) k~_j v'_j^T
  * Two kernels after a one-block schedule:
  *   chunk_prep (parallel over chunks and value heads): gc, the norms of q and
- *     k, A and P = [exp(gc_i - gc_j) q~_i . k~_j]_{j<=i} on tensor cores, X
- *     by blocked forward substitution in fp32, then w = Xw k and u = Xu v on
- *     tensor cores with the row scales in X's columns, Xw = X diag(beta G
+ *     k, A and P = [exp(gc_i - gc_j) q~_i . k~_j]_{j<=i} from the
+ *     accumulators of k k^T and q k^T, X by blocked forward substitution
+ *     (diagonal blocks in fp32, block rows on tensor cores with hi + lo
+ *     operands), then w = Xw k and u = Xu v with the row scales in X's
+ *     columns, Xw = X diag(beta G
  *     kinv), Xu = X diag(beta), each split into two bf16 halves, hi + lo,
  *     so the product keeps fp32's precision of X and k, v are used as
  *     loaded; w, u, P, gc and the norms go to the workspace.
@@ -155,23 +157,14 @@ static hs_status_t recurrent_launch(const void *q, const void *k, const void *v,
  *     the next chunk loaded by cp.async meanwhile.
  * q and k are read raw (bf16) and their inverse norms folded into row
  * scales, so they are never written back normalised. Matrix products are
- * bf16 x bf16 -> fp32 (wmma in the prep, mma.sync in the state pass); w, u,
- * v', P, the row-scaled v' of the state's update and the state as a
- * product operand are rounded to bf16, the state itself stays fp32. */
-#include <mma.h>
-
-using namespace nvcuda;
-
-/* The prep runs blocks of 8 warps, two an SM (shared memory allows no
- * more): at 4 warps ncu on the H200 found it latency-bound, no warp
- * eligible to issue in 57% of the cycles. */
+ * mma.sync bf16 x bf16 -> fp32; w, u, v', P, the row-scaled v' of the
+ * state's update and the state as a product operand are rounded to bf16,
+ * the state itself stays fp32. */
+/* The prep runs blocks of 8 warps, three an SM (73 KB of shared memory
+ * each, 80 registers a thread): it is latency-bound, so warps an SM count
+ * (at 4 warps a block and two blocks ncu on the H200 found no warp eligible
+ * to issue in 57% of the cycles). */
 enum { CH = 64, PREP_THREADS = 256 };
-
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a_row;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> frag_a_col;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b_row;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_b_col;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
@@ -202,6 +195,34 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *p)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
+}
+
+/* The 8 x 8 bf16 matrix a warp holds one pair a thread of, transposed. */
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x)
+{
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+/* x[i] with i in 0..3 known only at run time, without local memory. */
+__device__ __forceinline__ uint32_t pick4(const uint32_t x[4], int i)
+{
+    uint32_t lo = i & 1 ? x[1] : x[0], hi = i & 1 ? x[3] : x[2];
+    return i & 2 ? hi : lo;
+}
+
+/* Rows of accumulators to 16-byte stores: thread t of a quad holds x[j],
+ * its 4 bytes (two bf16) of column tile j = 0..3 of a row; *y gets the 16
+ * bytes of column tile t, gathered from the quad. */
+__device__ __forceinline__ uint4 quad_gather(const uint32_t x[4])
+{
+    const int t = threadIdx.x & 3;
+    uint32_t z[4]; /* z[r]: the piece t ^ r of tile t */
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+        z[r] = __shfl_xor_sync(0xffffffffu, pick4(x, t ^ r), r);
+    return make_uint4(pick4(z, t), pick4(z, t ^ 1), pick4(z, t ^ 2), pick4(z, t ^ 3));
 }
 
 /* An fp32 16 x 16 tile (row-major, ld) as the A operand, and a 16 x 8 one
@@ -240,39 +261,6 @@ __device__ __forceinline__ void mma3(float d[4], const uint32_t ah[4], const uin
     mma_bf16(d, ah, bh[0], bh[1]);
     mma_bf16(d, ah, bl[0], bl[1]);
     mma_bf16(d, al, bh[0], bh[1]);
-}
-
-/* Two products that share their right operand, for one 16-row tile and two
- * 16-column tiles over DK: c1 = a1 b and c2 = a2 b, stored fp32 (stride
- * ldc). a1, a2: row-major rows (strides lda1, lda2); b's tile (k, x) is at
- * b + k * b_kstep + x * b_xstep (stride ldb, FragB's layout). */
-template <int DK, typename FragB>
-__device__ __forceinline__ void two_products(const bf16 *a1, int lda1, const bf16 *a2, int lda2,
-                                             const bf16 *b, int ldb, int b_kstep, int b_xstep,
-                                             float *c1, float *c2, int ldc)
-{
-    frag_c acc1[2], acc2[2];
-#pragma unroll
-    for (int x = 0; x < 2; x++)
-        wmma::fill_fragment(acc1[x], 0.f), wmma::fill_fragment(acc2[x], 0.f);
-#pragma unroll
-    for (int kt = 0; kt < DK / 16; kt++) {
-        frag_a_row f1, f2;
-        wmma::load_matrix_sync(f1, a1 + kt * 16, lda1);
-        wmma::load_matrix_sync(f2, a2 + kt * 16, lda2);
-#pragma unroll
-        for (int x = 0; x < 2; x++) {
-            FragB fb;
-            wmma::load_matrix_sync(fb, b + kt * b_kstep + x * b_xstep, ldb);
-            wmma::mma_sync(acc1[x], f1, fb, acc1[x]);
-            wmma::mma_sync(acc2[x], f2, fb, acc2[x]);
-        }
-    }
-#pragma unroll
-    for (int x = 0; x < 2; x++) {
-        wmma::store_matrix_sync(c1 + x * 16, acc1[x], ldc, wmma::mem_row_major);
-        wmma::store_matrix_sync(c2 + x * 16, acc2[x], ldc, wmma::mem_row_major);
-    }
 }
 
 /* Workspace, each part 256-byte aligned; rows padded by one chunk so that a
@@ -360,7 +348,7 @@ __device__ __forceinline__ void load_rows_wait(void)
 }
 
 template <int DK, int DV>
-__global__ void __launch_bounds__(PREP_THREADS, 2)
+__global__ void __launch_bounds__(PREP_THREADS, 3)
     chunk_prep_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                       const bf16 *__restrict__ v, int64_t stride, const float *__restrict__ g,
                       const float *__restrict__ beta, const int2 *__restrict__ chunks,
@@ -371,12 +359,12 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
 {
     constexpr int LDK = DK + 8, LDV = DV + 8, LDF = CH + 8, LDX = CH + 8;
     extern __shared__ __align__(128) unsigned char smem[];
-    bf16 *Ks = (bf16 *)smem;              /* k as loaded */
-    bf16 *Qs = Ks + CH * LDK;             /* raw q, then the substitution's scratch */
-    bf16 *Vs = Qs + CH * LDK;             /* v as loaded */
-    float *KK = (float *)(Vs + CH * LDV); /* k k^T, then A, then Xw hi | lo (bf16) */
-    float *QK = KK + CH * LDF;            /* q k^T, then X, then Xu hi | lo (bf16) */
-    float *gcs = QK + CH * LDF, *betas = gcs + CH, *qinvs = betas + CH, *kinvs = qinvs + CH;
+    bf16 *Ks = (bf16 *)smem;                     /* k as loaded */
+    bf16 *Qs = Ks + CH * LDK;                    /* raw q, then X, then Xu hi | lo */
+    bf16 *Vs = (bf16 *)((float *)Qs + CH * LDF); /* v as loaded */
+    float *A = (float *)(Vs + CH * LDV);         /* A, then Xw hi | lo */
+    float *X = (float *)Qs;
+    float *gcs = A + CH * LDF, *betas = gcs + CH, *qinvs = betas + CH, *kinvs = qinvs + CH;
     float *kscale = kinvs + CH; /* beta G kinv per row */
 
     const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -430,37 +418,65 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
         if (lane + 32 < n) gc_ws[(int64_t)(t0 + lane + 32) * nv + h] = b;
     }
 
-    /* k k^T and q k^T: warp w takes row tile w % 4, column tiles
-     * 2 (w / 4) and 2 (w / 4) + 1 */
+    /* k k^T and q k^T on mma.sync, warp w taking rows 16 (w % 4) .. + 15
+     * and columns 32 (w / 4) .. + 31; from the accumulators A (strictly
+     * lower) to shared memory and P (lower with the diagonal) to the
+     * workspace */
     const int rt = warp & 3, half = warp >> 2;
-    two_products<DK, frag_b_col>(
-        Ks + rt * 16 * LDK, LDK, Qs + rt * 16 * LDK, LDK, Ks + 2 * half * 16 * LDK, LDK, 16,
-        16 * LDK, KK + rt * 16 * LDF + 2 * half * 16, QK + rt * 16 * LDF + 2 * half * 16, LDF);
-    __syncthreads();
-
-    /* A (strictly lower) in place of k k^T; P (lower with the diagonal) out */
-    bf16 *p_out = p_ws + (int64_t)t0 * nv * CH + (int64_t)h * CH;
-    for (int e = tid; e < CH * CH / 2; e += PREP_THREADS) {
-        int i = e / (CH / 2), j = (e % (CH / 2)) * 2;
-        float a[2], p[2];
+    const int fr = lane >> 2, fc = lane & 3; /* a fragment's row, column pair */
+    {
+        float kk[4][4], qk[4][4];
 #pragma unroll
-        for (int x = 0; x < 2; x++) {
-            int jj = j + x;
-            float d = jj <= i ? __expf(gcs[i] - gcs[jj]) : 0.f;
-            a[x] = jj < i ? betas[i] * kinvs[i] * kinvs[jj] * d * KK[i * LDF + jj] : 0.f;
-            p[x] = qinvs[i] * kinvs[jj] * d * QK[i * LDF + jj];
-            KK[i * LDF + jj] = a[x];
+        for (int x = 0; x < 4; x++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                kk[x][e] = qk[x][e] = 0.f;
+        const int arow = (rt * 16 + (lane & 15)) * LDK + (lane >> 4) * 8;
+        const int brow = (half * 32 + (lane & 7) + (lane >> 4) * 8) * LDK + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int kt = 0; kt < DK / 16; kt++) {
+            uint32_t ak[4], aq[4];
+            ldmatrix_x4(ak, Ks + arow + kt * 16);
+            ldmatrix_x4(aq, Qs + arow + kt * 16);
+#pragma unroll
+            for (int x = 0; x < 4; x += 2) {
+                uint32_t b[4];
+                ldmatrix_x4(b, Ks + brow + x * 8 * LDK + kt * 16);
+                mma_bf16(kk[x], ak, b[0], b[1]);
+                mma_bf16(kk[x + 1], ak, b[2], b[3]);
+                mma_bf16(qk[x], aq, b[0], b[1]);
+                mma_bf16(qk[x + 1], aq, b[2], b[3]);
+            }
         }
-        if (i < n)
-            *(__nv_bfloat162 *)(p_out + (int64_t)i * nv * CH + j) =
-                __floats2bfloat162_rn(p[0], p[1]);
+        __syncthreads(); /* the norms and the cumulative gate */
+        bf16 *p_out = p_ws + (int64_t)t0 * nv * CH + (int64_t)h * CH;
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) { /* rows fr and fr + 8 */
+            const int i = rt * 16 + fr + 8 * hr;
+            uint32_t pp[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int j = half * 32 + x * 8 + 2 * fc;
+                float a[2], p[2];
+#pragma unroll
+                for (int y = 0; y < 2; y++) {
+                    const int jj = j + y;
+                    const float d = jj <= i ? __expf(gcs[i] - gcs[jj]) : 0.f;
+                    a[y] = jj < i ? betas[i] * kinvs[i] * kinvs[jj] * d * kk[x][2 * hr + y] : 0.f;
+                    p[y] = qinvs[i] * kinvs[jj] * d * qk[x][2 * hr + y];
+                }
+                A[i * LDF + j] = a[0], A[i * LDF + j + 1] = a[1];
+                pp[x] = pack_bf16(p[0], p[1]);
+            }
+            const uint4 row = quad_gather(pp); /* all lanes shuffle; rows past n not stored */
+            if (i < n) *(uint4 *)(p_out + (int64_t)i * nv * CH + half * 32 + fc * 8) = row;
+        }
     }
     __syncthreads();
 
     /* X = (I + A)^-1: the four diagonal 16 x 16 blocks by substitution, one
      * thread per column; then block rows 1..3:
      * X_ib = -X_ii sum_{b <= m < i} A_im X_mb. */
-    float *X = QK, *A = KK, *tmp = (float *)Qs;
     for (int e = tid; e < CH * CH; e += PREP_THREADS)
         X[(e / CH) * LDF + e % CH] = 0.f;
     __syncthreads();
@@ -482,9 +498,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
     __syncthreads();
     /* Block rows 1..3 on tensor cores: T = A[ib, :ib] X[:ib, :ib], then
      * X[ib, :ib] = -X_ii T; warp w < 2 ib takes columns 8w .. 8w + 7 of
-     * both (X is lower: its k-steps start at block w / 2), T through the
-     * warp's own tile. */
-    const int fr = lane >> 2, fc = lane & 3; /* a fragment's row, column pair */
+     * both (X is lower: its k-steps start at block w / 2); T's accumulators
+     * become the B operand by movmatrix (a transpose in registers). */
     for (int ib = 1; ib < 4; ib++) {
         if (warp < 2 * ib) {
             uint32_t ah[4], al[4], bh[2], bl[2];
@@ -494,13 +509,13 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
                 frag_b_split(bh, bl, X + 16 * kb * LDF + 8 * warp, LDF);
                 mma3(acc, ah, al, bh, bl);
             }
-            float *tw = tmp + warp * 16 * 8;
-            tw[fr * 8 + 2 * fc] = acc[0], tw[fr * 8 + 2 * fc + 1] = acc[1];
-            tw[(fr + 8) * 8 + 2 * fc] = acc[2], tw[(fr + 8) * 8 + 2 * fc + 1] = acc[3];
-            __syncwarp();
             float x[4] = {0.f, 0.f, 0.f, 0.f};
             frag_a_split(ah, al, X + 16 * ib * LDF + 16 * ib, LDF);
-            frag_b_split(bh, bl, tw, 8);
+            split_bf16(acc[0], acc[1], &bh[0], &bl[0]);
+            split_bf16(acc[2], acc[3], &bh[1], &bl[1]);
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                bh[e] = movmatrix_trans(bh[e]), bl[e] = movmatrix_trans(bl[e]);
             mma3(x, ah, al, bh, bl);
             float *xr0 = X + (16 * ib + fr) * LDF + 8 * warp + 2 * fc, *xr1 = xr0 + 8 * LDF;
             xr0[0] = -x[0], xr0[1] = -x[1], xr1[0] = -x[2], xr1[1] = -x[3];
@@ -520,7 +535,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
     }
     if (tid < CH) kscale[tid] = betas[tid] * __expf(gcs[tid]) * kinvs[tid];
     __syncthreads();
-    bf16 *Xwh = (bf16 *)KK, *Xwl = Xwh + CH * LDX, *Xuh = (bf16 *)QK, *Xul = Xuh + CH * LDX;
+    bf16 *Xwh = (bf16 *)A, *Xwl = Xwh + CH * LDX, *Xuh = (bf16 *)X, *Xul = Xuh + CH * LDX;
 #pragma unroll
     for (int x = 0; x < PER_T; x++) {
         int e = tid + x * PREP_THREADS, i = e / CH, j = e % CH;
@@ -548,27 +563,35 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
                 ldmatrix_x4(ah[kt], Xh + at);
                 ldmatrix_x4(al[kt], Xl + at);
             }
-        for (int nt = half * ncols / 16; nt < (half + 1) * ncols / 16; nt += 2) {
-            float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int nt = half * ncols / 16; nt < (half + 1) * ncols / 16; nt += 4) {
+            float c[4][4];
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                c[x][0] = c[x][1] = c[x][2] = c[x][3] = 0.f;
 #pragma unroll
             for (int kt = 0; kt < CH / 16; kt++)
                 if (kt <= rt) {
-                    uint32_t bb[4];
-                    ldmatrix_x4_trans(bb, B + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb +
-                                              8 * nt + (lane >> 4) * 8);
-                    mma_bf16(c0, ah[kt], bb[0], bb[1]);
-                    mma_bf16(c0, al[kt], bb[0], bb[1]);
-                    mma_bf16(c1, ah[kt], bb[2], bb[3]);
-                    mma_bf16(c1, al[kt], bb[2], bb[3]);
+#pragma unroll
+                    for (int x = 0; x < 4; x += 2) {
+                        uint32_t bb[4];
+                        ldmatrix_x4_trans(bb,
+                                          B + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb +
+                                              8 * (nt + x) + (lane >> 4) * 8);
+                        mma_bf16(c[x], ah[kt], bb[0], bb[1]);
+                        mma_bf16(c[x], al[kt], bb[0], bb[1]);
+                        mma_bf16(c[x + 1], ah[kt], bb[2], bb[3]);
+                        mma_bf16(c[x + 1], al[kt], bb[2], bb[3]);
+                    }
                 }
-            bf16 *d0 = dst + (int64_t)fr * ld_dst + 8 * nt + 2 * fc, *d1 = d0 + 8 * ld_dst;
-            if (fr < rows_left) {
-                *(__nv_bfloat162 *)d0 = __floats2bfloat162_rn(c0[0], c0[1]);
-                *(__nv_bfloat162 *)(d0 + 8) = __floats2bfloat162_rn(c1[0], c1[1]);
-            }
-            if (fr + 8 < rows_left) {
-                *(__nv_bfloat162 *)d1 = __floats2bfloat162_rn(c0[2], c0[3]);
-                *(__nv_bfloat162 *)(d1 + 8) = __floats2bfloat162_rn(c1[2], c1[3]);
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) { /* rows fr and fr + 8 */
+                uint32_t pc[4];
+#pragma unroll
+                for (int x = 0; x < 4; x++)
+                    pc[x] = pack_bf16(c[x][2 * hr], c[x][2 * hr + 1]);
+                const uint4 row = quad_gather(pc);
+                if (fr + 8 * hr < rows_left)
+                    *(uint4 *)(dst + (int64_t)(fr + 8 * hr) * ld_dst + 8 * (nt + fc)) = row;
             }
         }
     };
@@ -580,8 +603,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 2)
 
 template <int DK, int DV> static size_t chunk_prep_smem(void)
 {
-    return (size_t)CH * (DK + 8) * 2 * 2 + (size_t)CH * (DV + 8) * 2 +
-           (size_t)CH * (CH + 8) * 4 * 2 + 5 * CH * 4;
+    return (size_t)CH * (DK + 8) * 2 + (size_t)CH * (DV + 8) * 2 + (size_t)CH * (CH + 8) * 4 +
+           (size_t)CH * (CH + 8) * 4 + 5 * CH * 4; /* Ks, Vs, Qs | X, A, gates */
 }
 
 /* ---- the state pass and the output ---------------------------------------
