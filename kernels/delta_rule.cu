@@ -266,7 +266,7 @@ __device__ __forceinline__ void mma3(float d[4], const uint32_t ah[4], const uin
 /* Workspace, each part 256-byte aligned; rows padded by one chunk so that a
  * short last chunk's fragment loads stay inside. */
 struct dr_layout {
-    size_t chunks, n_chunks, qinv, kinv, gc, w, u, p, total;
+    size_t chunks, n_chunks, qs, ks, gc, w, u, p, total;
 };
 
 static size_t dr_align(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -280,8 +280,8 @@ static dr_layout dr_plan(int max_tokens, int max_seqs, int nk, int nv, int dk, i
     size_t at = 0;
     L.chunks = at, at = dr_align(at + chunks * sizeof(int2));
     L.n_chunks = at, at = dr_align(at + sizeof(int));
-    L.qinv = at, at = dr_align(at + rows * nk * sizeof(float));
-    L.kinv = at, at = dr_align(at + rows * nk * sizeof(float));
+    L.qs = at, at = dr_align(at + rows * nv * sizeof(float));
+    L.ks = at, at = dr_align(at + rows * nv * sizeof(float));
     L.gc = at, at = dr_align(at + rows * nv * sizeof(float));
     L.w = at, at = dr_align(at + rows * nv * dk * sizeof(bf16));
     L.u = at, at = dr_align(at + rows * nv * dv * sizeof(bf16));
@@ -316,29 +316,35 @@ __global__ void __launch_bounds__(1024)
     if (tid == 1023) *n_chunks = scan[1023];
 }
 
-/* Starts the copy of CH rows x cols bf16 from global rows (row stride
+/* Starts the copy of CH rows x COLS bf16 from global rows (row stride
  * ld_src) into shared rows (ld_dst), zeros past row n, as 16-byte cp.async
- * (all in flight at once, in the caller's commit group); cols a multiple of
- * 8, 16-byte aligned rows. */
+ * by a block of THREADS (all in flight at once, in the caller's commit
+ * group); 16-byte aligned rows. Each thread copies the same column of
+ * every (THREADS / (COLS / 8))-th row. */
+template <int COLS, int THREADS>
 __device__ __forceinline__ void issue_rows(bf16 *dst, int ld_dst, const bf16 *src, int64_t ld_src,
-                                           int n, int cols)
+                                           int n)
 {
-    const int per_row = cols / 8;
-    for (int e = threadIdx.x; e < CH * per_row; e += blockDim.x) {
-        int r = e / per_row, c = (e % per_row) * 8;
-        unsigned d = (unsigned)__cvta_generic_to_shared(dst + r * ld_dst + c);
-        const bf16 *from = r < n ? src + r * ld_src + c : src; /* 0 bytes read past n */
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(from),
-                     "r"(r < n ? 16 : 0));
+    constexpr int PER_ROW = COLS / 8, STEP = THREADS / PER_ROW;
+    static_assert(THREADS % PER_ROW == 0 && CH % STEP == 0, "rows in whole passes");
+    const int r0 = threadIdx.x / PER_ROW, c = (threadIdx.x % PER_ROW) * 8;
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst + r0 * ld_dst + c);
+    const bf16 *from = src + r0 * ld_src + c;
+#pragma unroll
+    for (int r = r0; r < CH; r += STEP) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d),
+                     "l"(r < n ? from : src), "r"(r < n ? 16 : 0)); /* 0 bytes read past n */
+        d += STEP * ld_dst * 2, from += STEP * ld_src;
     }
 }
 
 /* issue_rows as a commit group of its own; complete with load_rows_wait()
  * and a barrier. */
+template <int COLS, int THREADS>
 __device__ __forceinline__ void load_rows(bf16 *dst, int ld_dst, const bf16 *src, int64_t ld_src,
-                                          int n, int cols)
+                                          int n)
 {
-    issue_rows(dst, ld_dst, src, ld_src, n, cols);
+    issue_rows<COLS, THREADS>(dst, ld_dst, src, ld_src, n);
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
@@ -353,7 +359,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
                       const bf16 *__restrict__ v, int64_t stride, const float *__restrict__ g,
                       const float *__restrict__ beta, const int2 *__restrict__ chunks,
                       const int *__restrict__ n_chunks, int ratio, int nk, int nv,
-                      float *__restrict__ qinv_ws, float *__restrict__ kinv_ws,
+                      float *__restrict__ qs_ws, float *__restrict__ ks_ws,
                       float *__restrict__ gc_ws, bf16 *__restrict__ w_ws, bf16 *__restrict__ u_ws,
                       bf16 *__restrict__ p_ws)
 {
@@ -373,9 +379,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
     const int t0 = ch.x, n = ch.y, hk = h / ratio;
     const float scale = rsqrtf((float)DK);
 
-    load_rows(Ks, LDK, k + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n, DK);
-    load_rows(Qs, LDK, q + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n, DK);
-    load_rows(Vs, LDV, v + (int64_t)t0 * stride + (int64_t)h * DV, stride, n, DV);
+    load_rows<DK, PREP_THREADS>(Ks, LDK, k + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n);
+    load_rows<DK, PREP_THREADS>(Qs, LDK, q + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n);
+    load_rows<DV, PREP_THREADS>(Vs, LDV, v + (int64_t)t0 * stride + (int64_t)h * DV, stride, n);
     if (tid < CH) {
         gcs[tid] = tid < n ? g[(int64_t)(t0 + tid) * nv + h] : 0.f;
         betas[tid] = tid < n ? beta[(int64_t)(t0 + tid) * nv + h] : 0.f;
@@ -399,10 +405,6 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
         if (!part) {
             qinvs[r] = rsqrtf(sq + 1e-6f) * scale;
             kinvs[r] = rsqrtf(sk + 1e-6f);
-            if (h % ratio == 0 && r < n) {
-                qinv_ws[(int64_t)(t0 + r) * nk + hk] = qinvs[r];
-                kinv_ws[(int64_t)(t0 + r) * nk + hk] = kinvs[r];
-            }
         }
     }
     if (warp == 0) {
@@ -449,6 +451,10 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
             }
         }
         __syncthreads(); /* the norms and the cumulative gate */
+        if (tid < n) {   /* the state pass's row scales of q and k */
+            qs_ws[(int64_t)(t0 + tid) * nv + h] = __expf(gcs[tid]) * qinvs[tid];
+            ks_ws[(int64_t)(t0 + tid) * nv + h] = __expf(gcs[n - 1] - gcs[tid]) * kinvs[tid];
+        }
         bf16 *p_out = p_ws + (int64_t)t0 * nv * CH + (int64_t)h * CH;
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) { /* rows fr and fr + 8 */
@@ -617,6 +623,7 @@ template <int DK, int DV> static size_t chunk_prep_smem(void)
  *   v'^T = u^T - S^T w^T                   (B: w's rows, ldmatrix)
  *   o^T  = (S^T q^T) diag(G qinv) + v'^T P^T   (B: q's, P's rows)
  *   S^T  = G_{n-1} S^T + v'^T diag(d kinv) k  (B: k, ldmatrix.trans)
+ * (the row scales G qinv and d kinv made by the prep)
  * with d_j = exp(gc_{n-1} - gc_j): the row scales of q and k land on the
  * products' columns in fp32, so q and k are used raw as loaded. The next
  * chunk's k, q, w, u, P and gates are loaded by cp.async while this one is
@@ -636,13 +643,13 @@ __device__ __forceinline__ void acc_as_a(uint32_t a[4], const float lo[4], const
 }
 
 /* Shared memory of one stage: rows of k, q, w (LDK), u (LDU), P (LDP), and
- * gc, qinv, kinv. */
+ * gc, G qinv, d kinv. */
 template <int DK, int DV> struct state_stage {
     static constexpr int LDK = DK + 8, LDU = DV + 8, LDP = CH + 8;
     static constexpr size_t K = 0, Q = K + (size_t)CH * LDK * 2, W = Q + (size_t)CH * LDK * 2,
                             U = W + (size_t)CH * LDK * 2, P = U + (size_t)CH * LDU * 2,
-                            GC = P + (size_t)CH * LDP * 2, QINV = GC + CH * 4, KINV = QINV + CH * 4,
-                            BYTES = KINV + CH * 4;
+                            GC = P + (size_t)CH * LDP * 2, QS = GC + CH * 4, KS = QS + CH * 4,
+                            BYTES = KS + CH * 4;
 };
 
 /* 4-byte cp.async of one fp32 (zero-filled where !in). */
@@ -657,7 +664,7 @@ template <int DK, int DV>
 __global__ void __launch_bounds__(DV / 16 * 32, 1)
     chunk_state_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, int64_t stride,
                        const int32_t *__restrict__ cu, int ratio, int nk, int nv,
-                       const float *__restrict__ qinv_ws, const float *__restrict__ kinv_ws,
+                       const float *__restrict__ qs_ws, const float *__restrict__ ks_ws,
                        const float *__restrict__ gc_ws, const bf16 *__restrict__ w_ws,
                        const bf16 *__restrict__ u_ws, const bf16 *__restrict__ p_ws,
                        bf16 *__restrict__ out, int64_t out_stride)
@@ -665,6 +672,7 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
     typedef state_stage<DK, DV> L;
     constexpr int LDK = L::LDK, LDU = L::LDU, LDP = L::LDP, LDO = 16 + 8;
     constexpr int NT = CH / 8, KT = DK / 8; /* token tiles, the state's dk tiles */
+    constexpr int THREADS = DV / 16 * 32;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *ostage = (bf16 *)(smem + 2 * L::BYTES) + (threadIdx.x >> 5) * CH * LDO;
 
@@ -675,16 +683,16 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
     auto prefetch = [&](int stage, int t0) {
         unsigned char *b = smem + stage * L::BYTES;
         const int n = min(CH, end - t0);
-        issue_rows((bf16 *)(b + L::K), LDK, k + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n,
-                   DK);
-        issue_rows((bf16 *)(b + L::Q), LDK, q + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n,
-                   DK);
-        issue_rows((bf16 *)(b + L::W), LDK, w_ws + ((int64_t)t0 * nv + h) * DK, (int64_t)nv * DK, n,
-                   DK);
-        issue_rows((bf16 *)(b + L::U), LDU, u_ws + ((int64_t)t0 * nv + h) * DV, (int64_t)nv * DV, n,
-                   DV);
-        issue_rows((bf16 *)(b + L::P), LDP, p_ws + ((int64_t)t0 * nv + h) * CH, (int64_t)nv * CH, n,
-                   CH);
+        issue_rows<DK, THREADS>((bf16 *)(b + L::K), LDK,
+                                k + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n);
+        issue_rows<DK, THREADS>((bf16 *)(b + L::Q), LDK,
+                                q + (int64_t)t0 * stride + (int64_t)hk * DK, stride, n);
+        issue_rows<DK, THREADS>((bf16 *)(b + L::W), LDK, w_ws + ((int64_t)t0 * nv + h) * DK,
+                                (int64_t)nv * DK, n);
+        issue_rows<DV, THREADS>((bf16 *)(b + L::U), LDU, u_ws + ((int64_t)t0 * nv + h) * DV,
+                                (int64_t)nv * DV, n);
+        issue_rows<CH, THREADS>((bf16 *)(b + L::P), LDP, p_ws + ((int64_t)t0 * nv + h) * CH,
+                                (int64_t)nv * CH, n);
         for (int i = threadIdx.x; i < 3 * CH; i += blockDim.x) {
             int r = i % CH, which = i / CH;
             bool in = r < n;
@@ -692,9 +700,9 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
             if (which == 0)
                 load_f32((float *)(b + L::GC) + r, gc_ws + row * nv + h, in);
             else if (which == 1)
-                load_f32((float *)(b + L::QINV) + r, qinv_ws + row * nk + hk, in);
+                load_f32((float *)(b + L::QS) + r, qs_ws + row * nv + h, in);
             else
-                load_f32((float *)(b + L::KINV) + r, kinv_ws + row * nk + hk, in);
+                load_f32((float *)(b + L::KS) + r, ks_ws + row * nv + h, in);
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
@@ -718,8 +726,8 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
         const bf16 *Ks = (const bf16 *)(b + L::K), *Qs = (const bf16 *)(b + L::Q),
                    *Ws = (const bf16 *)(b + L::W), *Us = (const bf16 *)(b + L::U),
                    *Ps = (const bf16 *)(b + L::P);
-        const float *gcs = (const float *)(b + L::GC), *qinvs = (const float *)(b + L::QINV),
-                    *kinvs = (const float *)(b + L::KINV);
+        const float *gcs = (const float *)(b + L::GC), *qss = (const float *)(b + L::QS),
+                    *kss = (const float *)(b + L::KS);
 
         /* w S0 and q S0, transposed: A = S^T from registers; B = rows of w
          * and q, two token tiles an ldmatrix */
@@ -753,7 +761,7 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
             V[i][1] = __bfloat162float(Us[c1 * LDU + dv0 + g]) - V[i][1];
             V[i][2] = __bfloat162float(Us[c0 * LDU + dv0 + g + 8]) - V[i][2];
             V[i][3] = __bfloat162float(Us[c1 * LDU + dv0 + g + 8]) - V[i][3];
-            const float s0 = __expf(gcs[c0]) * qinvs[c0], s1 = __expf(gcs[c1]) * qinvs[c1];
+            const float s0 = qss[c0], s1 = qss[c1];
             O[i][0] *= s0, O[i][1] *= s1, O[i][2] *= s0, O[i][3] *= s1;
         }
         /* o^T += v'^T P^T; P is lower, so token tile i needs k-steps up to i / 2 */
@@ -787,7 +795,7 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
         __syncwarp();
 
         /* S^T = G_{n-1} S^T + v'^T diag(d kinv) k: B = k's rows transposed */
-        const float gl = gcs[n - 1], decay = __expf(gl);
+        const float decay = __expf(gcs[n - 1]);
 #pragma unroll
         for (int j = 0; j < KT; j++)
 #pragma unroll
@@ -797,9 +805,7 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
         for (int kt = 0; kt < CH / 16; kt++) {
             const int c = 16 * kt + 2 * t;
             uint32_t a[4];
-            acc_as_a(a, V[2 * kt], V[2 * kt + 1], __expf(gl - gcs[c]) * kinvs[c],
-                     __expf(gl - gcs[c + 1]) * kinvs[c + 1], __expf(gl - gcs[c + 8]) * kinvs[c + 8],
-                     __expf(gl - gcs[c + 9]) * kinvs[c + 9]);
+            acc_as_a(a, V[2 * kt], V[2 * kt + 1], kss[c], kss[c + 1], kss[c + 8], kss[c + 9]);
 #pragma unroll
             for (int j = 0; j < KT; j += 2) {
                 uint32_t bk[4];
@@ -841,18 +847,17 @@ chunked_launch_t(const void *q, const void *k, const void *v, int64_t stride, co
     if (st != HS_OK) return st;
     int2 *chunks = (int2 *)(ws + L.chunks);
     int *n_chunks = (int *)(ws + L.n_chunks);
-    float *qinv = (float *)(ws + L.qinv), *kinv = (float *)(ws + L.kinv),
-          *gc = (float *)(ws + L.gc);
+    float *qs = (float *)(ws + L.qs), *ks = (float *)(ws + L.ks), *gc = (float *)(ws + L.gc);
     bf16 *w = (bf16 *)(ws + L.w), *u = (bf16 *)(ws + L.u), *p = (bf16 *)(ws + L.p);
     chunk_schedule_kernel<<<1, 1024, 0, stream>>>(cu, n_seqs, chunks, n_chunks);
     unsigned max_chunks = (unsigned)((T + CH - 1) / CH + n_seqs);
     if (max_chunks > (unsigned)T) max_chunks = (unsigned)T;
     chunk_prep_kernel<DK, DV><<<dim3(max_chunks, (unsigned)nv), PREP_THREADS, prep_smem, stream>>>(
         (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, stride, g, beta, chunks, n_chunks,
-        nv / nk, nk, nv, qinv, kinv, gc, w, u, p);
+        nv / nk, nk, nv, qs, ks, gc, w, u, p);
     chunk_state_kernel<DK, DV>
         <<<dim3((unsigned)nv, (unsigned)n_seqs), DV / 16 * 32, state_smem, stream>>>(
-            (const bf16 *)q, (const bf16 *)k, stride, cu, nv / nk, nk, nv, qinv, kinv, gc, w, u, p,
+            (const bf16 *)q, (const bf16 *)k, stride, cu, nv / nk, nk, nv, qs, ks, gc, w, u, p,
             (bf16 *)out, out_stride);
     return HS_CUDA_LAUNCH_CHECK("delta_rule chunked kernels");
 }
