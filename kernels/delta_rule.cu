@@ -149,7 +149,8 @@ static hs_status_t recurrent_launch(const void *q, const void *k, const void *v,
  *     columns, Xw = X diag(beta G
  *     kinv), Xu = X diag(beta), each split into two bf16 halves, hi + lo,
  *     so the product keeps fp32's precision of X and k, v are used as
- *     loaded; w, u, P, gc and the norms go to the workspace.
+ *     loaded; w, u, P, gc and the state pass's row scales of q and k (G qinv,
+ *     d kinv) go to the workspace.
  *   chunk_state (per value head and sequence, over the chunks in order):
  *     the state lives in fp32 mma accumulators, 16 value columns a warp
  *     (the columns never mix); per chunk v' = u - w S0, o = G (q S0) +
