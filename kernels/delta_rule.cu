@@ -198,6 +198,22 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *p)
                  : "r"(a));
 }
 
+/* Four 8 x 8 bf16 matrices from fragments (a pair a thread) to shared
+ * memory transposed; p is this lane's row of matrix lane / 8. */
+__device__ __forceinline__ void stmatrix_x4_trans(bf16 *p, uint32_t r0, uint32_t r1, uint32_t r2,
+                                                  uint32_t r3)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(a),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
+__device__ __forceinline__ float2 bf16x2_float2(uint32_t x)
+{
+    return __bfloat1622float2(*(__nv_bfloat162 *)&x);
+}
+
 /* The 8 x 8 bf16 matrix a warp holds one pair a thread of, transposed. */
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x)
 {
@@ -678,7 +694,7 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
     bf16 *ostage = (bf16 *)(smem + 2 * L::BYTES) + (threadIdx.x >> 5) * CH * LDO;
 
     const int h = blockIdx.x, s = blockIdx.y, hk = h / ratio;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, dv0 = (threadIdx.x >> 5) * 16;
+    const int lane = threadIdx.x & 31, t = lane & 3, dv0 = (threadIdx.x >> 5) * 16;
     const int start = cu[s], end = cu[s + 1];
 
     auto prefetch = [&](int stage, int t0) {
@@ -754,16 +770,22 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
                 mma_bf16(O[i + 1], a, bq[2], bq[3]);
             }
         }
-        /* v'^T = u^T - w S0 ^T; o^T columns scaled by G qinv */
+        /* v'^T = u^T - w S0 ^T, u^T in the accumulators' layout by
+         * ldmatrix.trans of u's rows; o^T columns scaled by G qinv */
 #pragma unroll
-        for (int i = 0; i < NT; i++) {
-            const int c0 = 8 * i + 2 * t, c1 = c0 + 1;
-            V[i][0] = __bfloat162float(Us[c0 * LDU + dv0 + g]) - V[i][0];
-            V[i][1] = __bfloat162float(Us[c1 * LDU + dv0 + g]) - V[i][1];
-            V[i][2] = __bfloat162float(Us[c0 * LDU + dv0 + g + 8]) - V[i][2];
-            V[i][3] = __bfloat162float(Us[c1 * LDU + dv0 + g + 8]) - V[i][3];
-            const float s0 = qss[c0], s1 = qss[c1];
-            O[i][0] *= s0, O[i][1] *= s1, O[i][2] *= s0, O[i][3] *= s1;
+        for (int i = 0; i < NT; i += 2) {
+            uint32_t uu[4];
+            ldmatrix_x4_trans(uu, Us + (8 * i + lrow) * LDU + dv0 + lcol);
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const float2 lo = bf16x2_float2(uu[2 * x]), hi = bf16x2_float2(uu[2 * x + 1]);
+                float *vi = V[i + x];
+                vi[0] = lo.x - vi[0], vi[1] = lo.y - vi[1], vi[2] = hi.x - vi[2],
+                vi[3] = hi.y - vi[3];
+                const int c0 = 8 * (i + x) + 2 * t;
+                const float s0 = qss[c0], s1 = qss[c0 + 1];
+                O[i + x][0] *= s0, O[i + x][1] *= s1, O[i + x][2] *= s0, O[i + x][3] *= s1;
+            }
         }
         /* o^T += v'^T P^T; P is lower, so token tile i needs k-steps up to i / 2 */
 #pragma unroll
@@ -778,15 +800,13 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
                 mma_bf16(O[i + 1], a, bp[2], bp[3]);
             }
         }
-        /* o^T through the warp's tile to rows of out */
+        /* o^T through the warp's tile (stmatrix.trans: rows of tokens) to
+         * rows of out */
 #pragma unroll
-        for (int i = 0; i < NT; i++) {
-            const int c0 = 8 * i + 2 * t;
-            ostage[c0 * LDO + g] = __float2bfloat16(O[i][0]);
-            ostage[(c0 + 1) * LDO + g] = __float2bfloat16(O[i][1]);
-            ostage[c0 * LDO + g + 8] = __float2bfloat16(O[i][2]);
-            ostage[(c0 + 1) * LDO + g + 8] = __float2bfloat16(O[i][3]);
-        }
+        for (int i = 0; i < NT; i += 2)
+            stmatrix_x4_trans(ostage + (8 * i + lrow) * LDO + lcol, pack_bf16(O[i][0], O[i][1]),
+                              pack_bf16(O[i][2], O[i][3]), pack_bf16(O[i + 1][0], O[i + 1][1]),
+                              pack_bf16(O[i + 1][2], O[i + 1][3]));
         __syncwarp();
 #pragma unroll
         for (int r = lane >> 1; r < CH; r += 16)
