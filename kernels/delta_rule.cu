@@ -146,11 +146,10 @@ static hs_status_t recurrent_launch(const void *q, const void *k, const void *v,
  *     accumulators of k k^T and q k^T, X by blocked forward substitution
  *     (diagonal blocks in fp32, block rows on tensor cores with hi + lo
  *     operands), then w = Xw k and u = Xu v with the row scales in X's
- *     columns, Xw = X diag(beta G
- *     kinv), Xu = X diag(beta), each split into two bf16 halves, hi + lo,
- *     so the product keeps fp32's precision of X and k, v are used as
- *     loaded; w, u, P, gc and the state pass's row scales of q and k (G qinv,
- *     d kinv) go to the workspace.
+ *     columns, Xw = X diag(beta G kinv), Xu = X diag(beta), each split
+ *     into two bf16 halves, hi + lo, so the product keeps fp32's precision
+ *     of X and k, v are used as loaded; w, u, P, gc and the state pass's
+ *     row scales of q and k (G qinv, d kinv) go to the workspace.
  *   chunk_state (per value head and sequence, over the chunks in order):
  *     the state lives in fp32 mma accumulators, 16 value columns a warp
  *     (the columns never mix); per chunk v' = u - w S0, o = G (q S0) +
@@ -230,7 +229,7 @@ __device__ __forceinline__ uint32_t pick4(const uint32_t x[4], int i)
 }
 
 /* Rows of accumulators to 16-byte stores: thread t of a quad holds x[j],
- * its 4 bytes (two bf16) of column tile j = 0..3 of a row; *y gets the 16
+ * its 4 bytes (two bf16) of column tile j = 0..3 of a row; returns the 16
  * bytes of column tile t, gathered from the quad. */
 __device__ __forceinline__ uint4 quad_gather(const uint32_t x[4])
 {
@@ -637,19 +636,20 @@ template <int DK, int DV> static size_t chunk_prep_smem(void)
  * chunk loads. It keeps S^T [16 x DK] in fp32 mma.sync accumulators; an
  * m16n8k16 accumulator pair has the layout of an A operand, so S^T (and
  * v'^T) feed the next product from registers, rounded to bf16:
- *   v'^T = u^T - S^T w^T                   (B: w's rows, ldmatrix)
+ *   v'^T = u^T - S^T w^T                       (B: w's rows, ldmatrix)
  *   o^T  = (S^T q^T) diag(G qinv) + v'^T P^T   (B: q's, P's rows)
- *   S^T  = G_{n-1} S^T + v'^T diag(d kinv) k  (B: k, ldmatrix.trans)
- * (the row scales G qinv and d kinv made by the prep)
- * with d_j = exp(gc_{n-1} - gc_j): the row scales of q and k land on the
- * products' columns in fp32, so q and k are used raw as loaded. The next
+ *   S^T  = G_{n-1} S^T + v'^T diag(d kinv) k   (B: k, ldmatrix.trans)
+ * with d_j = exp(gc_{n-1} - gc_j). The row scales G qinv and d kinv, made
+ * by the prep, land on the products' columns in fp32, so q and k are used
+ * raw as loaded. The next
  * chunk's k, q, w, u, P and gates are loaded by cp.async while this one is
  * computed (two stages); o^T goes through a per-warp tile in shared memory
  * to 32-byte row segments of out. */
 
 /* The A operand of the k-step over columns 16 kt .. 16 kt + 15 from an fp32
- * accumulator row strip acc[column tile][4], scaled per column by sc0/sc1
- * (the thread's two columns of each tile; 1 for none). */
+ * accumulator row strip (lo: tile 2 kt, hi: tile 2 kt + 1), each value
+ * scaled by its column's factor (slo0, slo1: the thread's two columns of
+ * lo; shi0, shi1: of hi; 1 for none). */
 __device__ __forceinline__ void acc_as_a(uint32_t a[4], const float lo[4], const float hi[4],
                                          float slo0, float slo1, float shi0, float shi1)
 {
