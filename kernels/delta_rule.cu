@@ -18,6 +18,7 @@
 #include "cublaslt.h"
 #include "delta_rule.h"
 #include "delta_rule_int.h"
+#include "mma_bf16.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -166,37 +167,6 @@ static hs_status_t recurrent_launch(const void *q, const void *k, const void *v,
  * to issue in 57% of the cycles). */
 enum { CH = 64, PREP_THREADS = 256 };
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
-
-/* d += a b: m16n8k16, bf16 in, fp32 accumulate. */
-__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *p)
-{
-    unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *p)
-{
-    unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
 /* Four 8 x 8 bf16 matrices from fragments (a pair a thread) to shared
  * memory transposed; p is this lane's row of matrix lane / 8. */
 __device__ __forceinline__ void stmatrix_x4_trans(bf16 *p, uint32_t r0, uint32_t r1, uint32_t r2,
@@ -271,8 +241,9 @@ __device__ __forceinline__ void frag_b_split(uint32_t hi[2], uint32_t lo[2], con
     split_bf16(c[8 * ld], c[9 * ld], &hi[1], &lo[1]);
 }
 
-__device__ __forceinline__ void mma3(float d[4], const uint32_t ah[4], const uint32_t al[4],
-                                     const uint32_t bh[2], const uint32_t bl[2])
+__device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4],
+                                     const uint32_t (&al)[4], const uint32_t bh[2],
+                                     const uint32_t bl[2])
 {
     mma_bf16(d, ah, bh[0], bh[1]);
     mma_bf16(d, ah, bl[0], bl[1]);
@@ -361,7 +332,7 @@ __device__ __forceinline__ void load_rows(bf16 *dst, int ld_dst, const bf16 *src
                                           int n)
 {
     issue_rows<COLS, THREADS>(dst, ld_dst, src, ld_src, n);
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
 }
 
 __device__ __forceinline__ void load_rows_wait(void)
@@ -454,12 +425,12 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
 #pragma unroll
         for (int kt = 0; kt < DK / 16; kt++) {
             uint32_t ak[4], aq[4];
-            ldmatrix_x4(ak, Ks + arow + kt * 16);
-            ldmatrix_x4(aq, Qs + arow + kt * 16);
+            ldsm_x4(ak, Ks + arow + kt * 16);
+            ldsm_x4(aq, Qs + arow + kt * 16);
 #pragma unroll
             for (int x = 0; x < 4; x += 2) {
                 uint32_t b[4];
-                ldmatrix_x4(b, Ks + brow + x * 8 * LDK + kt * 16);
+                ldsm_x4(b, Ks + brow + x * 8 * LDK + kt * 16);
                 mma_bf16(kk[x], ak, b[0], b[1]);
                 mma_bf16(kk[x + 1], ak, b[2], b[3]);
                 mma_bf16(qk[x], aq, b[0], b[1]);
@@ -582,8 +553,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
         for (int kt = 0; kt < CH / 16; kt++)
             if (kt <= rt) {
                 const int at = (rt * 16 + (lane & 15)) * LDX + kt * 16 + (lane >> 4) * 8;
-                ldmatrix_x4(ah[kt], Xh + at);
-                ldmatrix_x4(al[kt], Xl + at);
+                ldsm_x4(ah[kt], Xh + at);
+                ldsm_x4(al[kt], Xl + at);
             }
         for (int nt = half * ncols / 16; nt < (half + 1) * ncols / 16; nt += 4) {
             float c[4][4];
@@ -596,9 +567,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
 #pragma unroll
                     for (int x = 0; x < 4; x += 2) {
                         uint32_t bb[4];
-                        ldmatrix_x4_trans(bb,
-                                          B + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb +
-                                              8 * (nt + x) + (lane >> 4) * 8);
+                        ldsm_x4_t(bb, B + (kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb +
+                                          8 * (nt + x) + (lane >> 4) * 8);
                         mma_bf16(c[x], ah[kt], bb[0], bb[1]);
                         mma_bf16(c[x], al[kt], bb[0], bb[1]);
                         mma_bf16(c[x + 1], ah[kt], bb[2], bb[3]);
@@ -721,7 +691,7 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
             else
                 load_f32((float *)(b + L::KS) + r, ks_ws + row * nv + h, in);
         }
-        asm volatile("cp.async.commit_group;\n" ::);
+        cp_async_commit();
     };
 
     float S[KT][4]; /* S^T: rows dv0 + g (+ 8), columns 8 j + 2 t (+ 1) */
@@ -736,7 +706,7 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
         if (t0 + CH < end)
             prefetch(stage ^ 1, t0 + CH);
         else
-            asm volatile("cp.async.commit_group;\n" ::);
+            cp_async_commit();
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         __syncthreads();
         const unsigned char *b = smem + stage * L::BYTES;
@@ -762,8 +732,8 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
 #pragma unroll
             for (int i = 0; i < NT; i += 2) {
                 uint32_t bw[4], bq[4];
-                ldmatrix_x4(bw, Ws + (8 * i + lrow) * LDK + 16 * kt + lcol);
-                ldmatrix_x4(bq, Qs + (8 * i + lrow) * LDK + 16 * kt + lcol);
+                ldsm_x4(bw, Ws + (8 * i + lrow) * LDK + 16 * kt + lcol);
+                ldsm_x4(bq, Qs + (8 * i + lrow) * LDK + 16 * kt + lcol);
                 mma_bf16(V[i], a, bw[0], bw[1]);
                 mma_bf16(V[i + 1], a, bw[2], bw[3]);
                 mma_bf16(O[i], a, bq[0], bq[1]);
@@ -775,7 +745,7 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
 #pragma unroll
         for (int i = 0; i < NT; i += 2) {
             uint32_t uu[4];
-            ldmatrix_x4_trans(uu, Us + (8 * i + lrow) * LDU + dv0 + lcol);
+            ldsm_x4_t(uu, Us + (8 * i + lrow) * LDU + dv0 + lcol);
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 const float2 lo = bf16x2_float2(uu[2 * x]), hi = bf16x2_float2(uu[2 * x + 1]);
@@ -795,7 +765,7 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
 #pragma unroll
             for (int i = 2 * kt; i < NT; i += 2) {
                 uint32_t bp[4];
-                ldmatrix_x4(bp, Ps + (8 * i + lrow) * LDP + 16 * kt + lcol);
+                ldsm_x4(bp, Ps + (8 * i + lrow) * LDP + 16 * kt + lcol);
                 mma_bf16(O[i], a, bp[0], bp[1]);
                 mma_bf16(O[i + 1], a, bp[2], bp[3]);
             }
@@ -830,8 +800,8 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
 #pragma unroll
             for (int j = 0; j < KT; j += 2) {
                 uint32_t bk[4];
-                ldmatrix_x4_trans(bk, Ks + (16 * kt + (lane & 7) + ((lane >> 3) & 1) * 8) * LDK +
-                                          8 * j + (lane >> 4) * 8);
+                ldsm_x4_t(bk, Ks + (16 * kt + (lane & 7) + ((lane >> 3) & 1) * 8) * LDK + 8 * j +
+                                  (lane >> 4) * 8);
                 mma_bf16(S[j], a, bk[0], bk[1]);
                 mma_bf16(S[j + 1], a, bk[2], bk[3]);
             }
