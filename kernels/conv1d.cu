@@ -6,11 +6,15 @@
  * as if alone. x, y bf16 rows of their own strides (the conv reads the qkv
  * columns of the projection's output in place); w bf16 [C, K], K <= 8.
  *
- * One thread per token and 8 channels (16-byte loads) when C, the strides
- * and the pointers allow, else per token and channel; blocks span channels
- * (grid y) of one token (grid x), so a block finds its sequence start once
- * per thread with a binary search of cu_seqlens that hits L1. fp32 sums,
- * one rounding to bf16. */
+ * Where C, the strides and the pointers allow 16-byte access, a thread
+ * owns 8 channels over a tile of conv_tile(K) tokens: it holds its 8 x K
+ * weights and the last K - 1 rows of its window in registers, so each row
+ * of x is read once (plus K - 1 rows of halo per tile) and the weights once
+ * per tile; it finds the sequence of the tile's first token by a binary
+ * search of cu_seqlens and steps over later boundaries as it goes. Else
+ * one thread per token and channel. Both sum the same terms in the same
+ * order in fp32 (a term of an earlier sequence is skipped, not added as
+ * zero), with one rounding to bf16: their outputs are bit for bit equal. */
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -21,8 +25,8 @@ typedef __nv_bfloat16 bf16;
 
 enum { CONV_MAX_K = 8 };
 
-/* First token of the sequence holding token t. */
-__device__ __forceinline__ int conv_seq_start(const int32_t *cu, int n_seqs, int t)
+/* Index of the sequence holding token t. */
+__device__ __forceinline__ int conv_seq_index(const int32_t *cu, int n_seqs, int t)
 {
     int lo = 0, hi = n_seqs - 1;
     while (lo < hi) {
@@ -32,7 +36,7 @@ __device__ __forceinline__ int conv_seq_start(const int32_t *cu, int n_seqs, int
         else
             hi = mid - 1;
     }
-    return __ldg(cu + lo);
+    return lo;
 }
 
 __device__ __forceinline__ float conv_act(float acc, int silu)
@@ -40,45 +44,115 @@ __device__ __forceinline__ float conv_act(float acc, int silu)
     return silu ? acc / (1.f + __expf(-acc)) : acc;
 }
 
-template <bool VEC>
+enum { CONV_THREADS = 256 };
+
+/* Tokens a thread runs of a K-tap conv: its K - 1 + tile rows stay in
+ * registers (2 blocks an SM without spilling). */
+__host__ __device__ constexpr int conv_tile(int K) { return K <= 4 ? 16 : 8; }
+
+/* 8 bf16 of a 16-byte word as floats. */
+__device__ __forceinline__ void conv_unpack8(uint4 u, float f[8])
+{
+    const __nv_bfloat162 *p = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        float2 v = __bfloat1622float2(p[e]);
+        f[2 * e] = v.x, f[2 * e + 1] = v.y;
+    }
+}
+
+/* 8 channels [c0, c0 + 8) over tokens [t0, t0 + conv_tile(K)) of a thread. */
+template <int K>
+__global__ void __launch_bounds__(CONV_THREADS, 2)
+    conv1d_tile_kernel(const bf16 *__restrict__ x, int64_t x_stride, const bf16 *__restrict__ w,
+                       bf16 *__restrict__ y, int64_t y_stride, const int32_t *__restrict__ cu,
+                       int n_seqs, int T, int C, int silu)
+{
+    const int c0 = (blockIdx.y * CONV_THREADS + threadIdx.x) * 8;
+    if (c0 >= C) return;
+    constexpr int TILE = conv_tile(K);
+    const int t0 = blockIdx.x * TILE;
+    /* w[c0 .. c0 + 8) x K is 8K contiguous bf16: K 16-byte words */
+    float wf[K][8];
+    {
+        float flat[8 * K];
+        const uint4 *wv = (const uint4 *)(w + (int64_t)c0 * K);
+#pragma unroll
+        for (int i = 0; i < K; i++)
+            conv_unpack8(__ldg(wv + i), flat + 8 * i);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+#pragma unroll
+            for (int j = 0; j < K; j++)
+                wf[j][e] = flat[e * K + j];
+    }
+    /* rows t0 - (K - 1) .. t0 + TILE - 1, loaded before any use so
+     * the loads are all in flight at once */
+    uint4 rows[K - 1 + TILE];
+#pragma unroll
+    for (int i = 0; i < K - 1 + TILE; i++) {
+        const int t = t0 - (K - 1) + i;
+        rows[i] = t >= 0 && t < T ? __ldg((const uint4 *)(x + (int64_t)t * x_stride + c0))
+                                  : make_uint4(0, 0, 0, 0);
+    }
+    int seq = conv_seq_index(cu, n_seqs, t0);
+    int start = __ldg(cu + seq), next = __ldg(cu + seq + 1);
+#pragma unroll
+    for (int i = 0; i < TILE; i++) {
+        const int t = t0 + i;
+        if (t >= T) break;
+        while (t >= next)
+            start = next, next = __ldg(cu + ++seq + 1);
+        float acc[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            acc[e] = 0.f;
+#pragma unroll
+        for (int j = 0; j < K; j++) {
+            if (t - (K - 1) + j < start) continue;
+            float xf[8];
+            conv_unpack8(rows[i + j], xf);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                acc[e] += wf[j][e] * xf[e];
+        }
+        uint4 o;
+        __nv_bfloat162 *op = (__nv_bfloat162 *)&o;
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            op[e] =
+                __floats2bfloat162_rn(conv_act(acc[2 * e], silu), conv_act(acc[2 * e + 1], silu));
+        *(uint4 *)(y + (int64_t)t * y_stride + c0) = o;
+    }
+}
+
+/* One token and channel a thread: any C, stride or alignment. */
 __global__ void conv1d_kernel(const bf16 *__restrict__ x, int64_t x_stride,
                               const bf16 *__restrict__ w, bf16 *__restrict__ y, int64_t y_stride,
                               const int32_t *__restrict__ cu, int n_seqs, int C, int K, int silu)
 {
     const int t = blockIdx.x;
-    const int lanes = VEC ? 8 : 1;
-    const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * lanes;
-    if (c0 >= C) return;
-    const int start = conv_seq_start(cu, n_seqs, t);
-    float acc[lanes];
-#pragma unroll
-    for (int e = 0; e < lanes; e++)
-        acc[e] = 0.f;
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int start = __ldg(cu + conv_seq_index(cu, n_seqs, t));
+    float acc = 0.f;
     for (int j = 0; j < K; j++) {
         int src = t - (K - 1) + j;
         if (src < start) continue;
-        const bf16 *xr = x + (int64_t)src * x_stride + c0;
-        if (VEC) {
-            uint4 u = __ldg((const uint4 *)xr);
-            const bf16 *xe = (const bf16 *)&u;
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                acc[e] += __bfloat162float(w[(int64_t)(c0 + e) * K + j]) * __bfloat162float(xe[e]);
-        } else {
-            acc[0] += __bfloat162float(w[(int64_t)c0 * K + j]) * __bfloat162float(xr[0]);
-        }
+        acc += __bfloat162float(w[(int64_t)c * K + j]) *
+               __bfloat162float(x[(int64_t)src * x_stride + c]);
     }
-    bf16 *yr = y + (int64_t)t * y_stride + c0;
-    if (VEC) {
-        uint4 o;
-        bf16 *oe = (bf16 *)&o;
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            oe[e] = __float2bfloat16(conv_act(acc[e], silu));
-        *(uint4 *)yr = o;
-    } else {
-        yr[0] = __float2bfloat16(conv_act(acc[0], silu));
-    }
+    y[(int64_t)t * y_stride + c] = __float2bfloat16(conv_act(acc, silu));
+}
+
+template <int K>
+static void launch_tile(const void *x, int64_t x_stride, const void *w, void *y, int64_t y_stride,
+                        const int32_t *cu, int n_seqs, int T, int C, int silu, cudaStream_t stream)
+{
+    dim3 grid((unsigned)((T + conv_tile(K) - 1) / conv_tile(K)),
+              (unsigned)((C + CONV_THREADS * 8 - 1) / (CONV_THREADS * 8)));
+    conv1d_tile_kernel<K><<<grid, CONV_THREADS, 0, stream>>>(
+        (const bf16 *)x, x_stride, (const bf16 *)w, (bf16 *)y, y_stride, cu, n_seqs, T, C, silu);
 }
 
 extern "C" hs_status_t hs_kn_causal_conv1d(const void *x, int64_t x_stride, const void *w, void *y,
@@ -91,18 +165,41 @@ extern "C" hs_status_t hs_kn_causal_conv1d(const void *x, int64_t x_stride, cons
                  K, (long long)x_stride, (long long)y_stride);
         return HS_ERR_INVALID;
     }
-    bool vec = C % 8 == 0 && x_stride % 8 == 0 && y_stride % 8 == 0 &&
-               ((uintptr_t)x | (uintptr_t)y) % 16 == 0;
-    const int threads = 256;
-    int per_block = vec ? threads * 8 : threads;
-    dim3 grid((unsigned)T, (unsigned)((C + per_block - 1) / per_block));
-    if (vec)
-        conv1d_kernel<true><<<grid, threads, 0, stream>>>((const bf16 *)x, x_stride,
-                                                          (const bf16 *)w, (bf16 *)y, y_stride,
-                                                          cu_seqlens, n_seqs, C, K, silu);
-    else
-        conv1d_kernel<false><<<grid, threads, 0, stream>>>((const bf16 *)x, x_stride,
-                                                           (const bf16 *)w, (bf16 *)y, y_stride,
-                                                           cu_seqlens, n_seqs, C, K, silu);
+    const bool vec = C % 8 == 0 && x_stride % 8 == 0 && y_stride % 8 == 0 &&
+                     ((uintptr_t)x | (uintptr_t)y | (uintptr_t)w) % 16 == 0;
+    if (vec) {
+        switch (K) {
+        case 1:
+            launch_tile<1>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
+            break;
+        case 2:
+            launch_tile<2>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
+            break;
+        case 3:
+            launch_tile<3>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
+            break;
+        case 4:
+            launch_tile<4>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
+            break;
+        case 5:
+            launch_tile<5>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
+            break;
+        case 6:
+            launch_tile<6>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
+            break;
+        case 7:
+            launch_tile<7>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
+            break;
+        default:
+            launch_tile<8>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
+            break;
+        }
+    } else {
+        const int threads = 256;
+        dim3 grid((unsigned)T, (unsigned)((C + threads - 1) / threads));
+        conv1d_kernel<<<grid, threads, 0, stream>>>((const bf16 *)x, x_stride, (const bf16 *)w,
+                                                    (bf16 *)y, y_stride, cu_seqlens, n_seqs, C, K,
+                                                    silu);
+    }
     return HS_CUDA_LAUNCH_CHECK("causal_conv1d kernel");
 }

@@ -75,6 +75,9 @@ START_TEST(causal_conv1d_restarts_its_window_at_every_sequence)
     conv_case("conv1d vec silu", 96, 96 + 40, 4, 1);
     conv_case("conv1d scalar silu", 77, 77 + 3, 4, 1);
     conv_case("conv1d vec K2 linear", 64, 64, 2, 0);
+    /* past one block's 2048 channels; K 6 runs a tile of 8 tokens, not 16 */
+    conv_case("conv1d vec wide silu", 2056, 2056 + 8, 4, 1);
+    conv_case("conv1d vec K6 silu", 64, 72, 6, 1);
 }
 END_TEST
 
@@ -136,6 +139,10 @@ START_TEST(rmsnorm_gated_matches_its_twin)
     rmsnorm_gated_case("rmsnorm_gated vec", K_T * 3, 128, 128, 128, 0);
     rmsnorm_gated_case("rmsnorm_gated vec in place", K_T * 3, 256, 256, 264, 1);
     rmsnorm_gated_case("rmsnorm_gated scalar", K_T, 100, 101, 100, 0);
+    /* 8 lanes a row; 32 lanes with the last 15 holding nothing; a warp a row */
+    rmsnorm_gated_case("rmsnorm_gated vec 64", K_T, 64, 64, 72, 0);
+    rmsnorm_gated_case("rmsnorm_gated vec 136", K_T, 136, 144, 136, 0);
+    rmsnorm_gated_case("rmsnorm_gated vec 512", 37, 512, 512, 512, 0);
 }
 END_TEST
 
