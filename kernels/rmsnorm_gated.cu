@@ -5,9 +5,13 @@
  * per row of dim values (one value head). x, z, y bf16 rows of their own
  * strides, w bf16 [dim]; fp32 math, one rounding at the end.
  *
- * One warp per row; 16-byte loads when dim, the strides and the pointers
- * are multiples of 8 elements. The row is read twice (sum of squares, then
- * the output); the second read comes from L1. */
+ * Rows of up to 256 values with 16-byte access (a value head is 128): L
+ * lanes a row, L the power of two covering dim / 8, one 16-byte word of x,
+ * z and w per lane, loaded at once and kept in registers; several rows a
+ * warp. The sum of squares is hs_warp_row_rrms's, term for term (the lanes
+ * a full warp would add are zeros), so every norm of a row sees the same
+ * rms. Other rows: one warp per row, the row read twice (the second time
+ * from L1). */
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -52,6 +56,56 @@ __global__ void rmsnorm_gated_kernel(const bf16 *x, int64_t x_stride, const bf16
     }
 }
 
+/* L lanes a row of dim <= 8 L values (dim % 8 == 0, 16-byte aligned). */
+template <int L>
+__global__ void rmsnorm_gated_short_kernel(const bf16 *x, int64_t x_stride,
+                                           const bf16 *__restrict__ z, int64_t z_stride,
+                                           const bf16 *__restrict__ w, bf16 *y, int64_t y_stride,
+                                           int rows, int dim, float eps)
+{
+    const int row = (blockIdx.x * blockDim.x + threadIdx.x) / L;
+    const int i = (threadIdx.x % L) * 8;
+    if (row >= rows) return; /* whole L-lane groups leave together */
+    const bool mine = i < dim;
+    uint4 xu = make_uint4(0, 0, 0, 0), zu = xu, wu = xu;
+    if (mine) {
+        xu = *(const uint4 *)(x + (int64_t)row * x_stride + i);
+        zu = *(const uint4 *)(z + (int64_t)row * z_stride + i);
+        wu = *(const uint4 *)(w + i);
+    }
+    const bf16 *xe = (const bf16 *)&xu, *ze = (const bf16 *)&zu, *we = (const bf16 *)&wu;
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float f = __bfloat162float(xe[j]);
+        ss += f * f;
+    }
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, o, L);
+    const float r = rsqrtf(ss / (float)dim + eps);
+    if (!mine) return;
+    uint4 o;
+    bf16 *oe = (bf16 *)&o;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        oe[j] = __float2bfloat16(gated_out(__bfloat162float(xe[j]), r, __bfloat162float(we[j]),
+                                           __bfloat162float(ze[j])));
+    *(uint4 *)(y + (int64_t)row * y_stride + i) = o;
+}
+
+template <int L>
+static void launch_short(const void *x, int64_t x_stride, const void *z, int64_t z_stride,
+                         const void *w, void *y, int64_t y_stride, int rows, int dim, float eps,
+                         cudaStream_t stream)
+{
+    const int threads = 256, rows_per_block = threads / L;
+    unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
+    rmsnorm_gated_short_kernel<L>
+        <<<blocks, threads, 0, stream>>>((const bf16 *)x, x_stride, (const bf16 *)z, z_stride,
+                                         (const bf16 *)w, (bf16 *)y, y_stride, rows, dim, eps);
+}
+
 extern "C" hs_status_t hs_kn_rmsnorm_gated(const void *x, int64_t x_stride, const void *z,
                                            int64_t z_stride, const void *w, void *y,
                                            int64_t y_stride, int rows, int dim, float eps,
@@ -65,6 +119,15 @@ extern "C" hs_status_t hs_kn_rmsnorm_gated(const void *x, int64_t x_stride, cons
     }
     bool vec = dim % 8 == 0 && x_stride % 8 == 0 && z_stride % 8 == 0 && y_stride % 8 == 0 &&
                ((uintptr_t)x | (uintptr_t)z | (uintptr_t)w | (uintptr_t)y) % 16 == 0;
+    if (vec && dim <= 256) {
+        if (dim <= 64)
+            launch_short<8>(x, x_stride, z, z_stride, w, y, y_stride, rows, dim, eps, stream);
+        else if (dim <= 128)
+            launch_short<16>(x, x_stride, z, z_stride, w, y, y_stride, rows, dim, eps, stream);
+        else
+            launch_short<32>(x, x_stride, z, z_stride, w, y, y_stride, rows, dim, eps, stream);
+        return HS_CUDA_LAUNCH_CHECK("rmsnorm_gated kernel");
+    }
     const int threads = 256, rows_per_block = threads / 32;
     unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
     if (vec)
