@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* fp8_block.cu - activations to e4m3 per token and group of 128 columns on
  * the GPU (see fp8_block.h), before each FP8 GEMM. Memory-bound: 2 bytes
- * read and 1 written per value, plus 4 bytes a group. __fdiv_rn keeps the
- * division IEEE (no fast path), so the bytes are those of the C twin.
+ * read and 1 written per value, plus 4 bytes a group. The divisions are
+ * IEEE (fp8_group.cuh), so the bytes are those of the C twin.
  *
  * Rows of 8-value vectors (K, the strides and the pointers aligned, as the
  * forward's are): sixteen threads a group, each reading one 16-byte vector
@@ -10,7 +10,8 @@
  * whether any value is not finite. A warp quantises group g of two tokens,
  * so the factors it writes ([G][M4]: hs_fp8_act_scale_index) are adjacent,
  * and each thread takes two tokens, both loads in flight before either is
- * reduced. Other shapes: one warp per (token, group), 4 values a lane.
+ * reduced; the division by the factor goes through its reciprocal, exactly
+ * (fp8_group.cuh). Other shapes: one warp per (token, group), 4 values a lane.
  *
  * The same vector kernel also takes the MLP's gate|up rows and quantises
  * their SwiGLU (hs_swiglu1, the activation's own element, so the bits are
@@ -21,6 +22,7 @@
 #include <stdint.h>
 
 #include "fp8_block.h"
+#include "fp8_group.cuh"
 #include "swiglu.cuh"
 #include "swiglu.h"
 
@@ -59,13 +61,6 @@ __global__ void fp8_quant_groups_kernel(const uint16_t *__restrict__ x, int64_t 
         int k = g * HS_FP8_BLOCK + j * 32 + lane;
         if (k < K) qr[k] = nonfinite ? 0 : hs_fp8_from_f32(__fdiv_rn(v[j], s));
     }
-}
-
-/* One value to e4m3 as hs_fp8_from_f32 does: round to nearest even,
- * saturating at +-448 (satfinite), in one instruction per pair. */
-__device__ static inline uint32_t fp8x2(float a, float b)
-{
-    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
 }
 
 #define VEC_THREADS 256
@@ -124,17 +119,9 @@ __global__ void __launch_bounds__(VEC_THREADS)
             nonfinite |= __shfl_xor_sync(0xffffffffu, nonfinite, off);
         }
         if (m >= M || k >= K) continue;
-        float s = nonfinite    ? __int_as_float(0x7fc00000)
-                  : amax > 0.f ? __fdiv_rn(amax, HS_FP8_MAX)
-                               : 1.f;
+        const float s = hs_fp8_group_factor(amax, nonfinite);
         if (threadIdx.x % 16 == 0) scales[hs_fp8_act_scale_index(g, m, M, G)] = s;
-        uint2 out = {0u, 0u};
-        if (!nonfinite) {
-            out.x = fp8x2(__fdiv_rn(v[0], s), __fdiv_rn(v[1], s)) |
-                    fp8x2(__fdiv_rn(v[2], s), __fdiv_rn(v[3], s)) << 16;
-            out.y = fp8x2(__fdiv_rn(v[4], s), __fdiv_rn(v[5], s)) |
-                    fp8x2(__fdiv_rn(v[6], s), __fdiv_rn(v[7], s)) << 16;
-        }
+        const uint2 out = hs_fp8_group_pack8(v, s, nonfinite);
         *(uint2 *)(q + (int64_t)m * ldq + k) = out;
     }
 }

@@ -44,6 +44,19 @@ HS_MUST_CHECK hs_status_t hs_kn_rmsnorm(const void *x, int64_t x_stride, const v
                                         int64_t y_stride, int rows, int dim, float eps,
                                         bool zero_centered, void *copy, int64_t copy_stride,
                                         struct CUstream_st *stream);
+/* hs_kn_rmsnorm over rows tokens of dim values, and its output quantised to
+ * e4m3 per token and group of 128 columns into q [rows, ldq] and scales
+ * (fp8_block.h's layout: hs_fp8_act_scale_index with M = rows): the bytes
+ * of hs_kn_fp8_quant_groups run on y, in one pass, for an FP8 projection
+ * that reads the norm's output. With write_y false, y is written only
+ * where the shape does not allow the fused kernel (dim, strides or
+ * pointers not 16-byte aligned, ldq not a multiple of 8), which then runs
+ * the norm and the quantiser one after the other through y. */
+HS_MUST_CHECK hs_status_t hs_kn_rmsnorm_fp8(const void *x, int64_t x_stride, const void *w, void *y,
+                                            int64_t y_stride, bool write_y, int rows, int dim,
+                                            float eps, bool zero_centered, void *copy,
+                                            int64_t copy_stride, uint8_t *q, int64_t ldq,
+                                            float *scales, struct CUstream_st *stream);
 /* In place over n_heads heads of head_dim at the start of each of T rows of
  * stride row_stride (Qwen3's q/k norm on the fused qkv rows). */
 HS_MUST_CHECK hs_status_t hs_kn_rmsnorm_heads(void *x, int64_t row_stride, int T, int n_heads,

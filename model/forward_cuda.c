@@ -743,6 +743,14 @@ static bool linear_is_fp8(const dev_linear_t *L)
     return L->n_g > 0;
 }
 
+/* Whether some GEMM of L runs on FP8 weights. */
+static bool linear_has_fp8(const dev_linear_t *L)
+{
+    for (int i = 0; i < L->n_g; i++)
+        if (L->g[i].ws) return true;
+    return false;
+}
+
 /* mc->xq's row stride for a Linear of K inputs. */
 static int64_t xq_ld(int K) { return (int64_t)hs_align_up((size_t)K, 16); }
 
@@ -785,6 +793,25 @@ static hs_status_t norm_rows(const hs_model_cuda_t *mc, const void *x, int64_t x
                          copy, copy_stride, s);
 }
 
+/* xa = the model's RMSNorm of h (weight w, capture copy as norm_rows) for
+ * Linear L. Where L has FP8 GEMMs the norm also quantises its rows into
+ * mc->xq/xs in the same pass (*xq_holds_xa: whether it did, for run_linear),
+ * and skips writing xa when nothing reads it in bf16 (every GEMM of L on
+ * FP8, and need_bf16 false). */
+static hs_status_t norm_for_linear(hs_model_cuda_t *mc, const void *w, const dev_linear_t *L,
+                                   bool need_bf16, int T, void *copy, int64_t copy_stride,
+                                   cudaStream_t s, bool *xq_holds_xa)
+{
+    const int H = mc->H;
+    *xq_holds_xa = false;
+    if (!linear_has_fp8(L)) return norm_rows(mc, mc->h, H, w, mc->xa, H, T, copy, copy_stride, s);
+    hs_status_t st = hs_kn_rmsnorm_fp8(mc->h, H, w, mc->xa, H, need_bf16 || !linear_is_fp8(L), T, H,
+                                       mc->m->cfg.rms_norm_eps, mc->zc, copy, copy_stride, mc->xq,
+                                       xq_ld(H), mc->xs, s);
+    *xq_holds_xa = st == HS_OK;
+    return st;
+}
+
 /* The q/k norm over n_heads heads at the start of each row, in place. */
 static hs_status_t norm_heads(const hs_model_cuda_t *mc, void *x, int64_t stride, int T,
                               int n_heads, const void *w, cudaStream_t s)
@@ -792,14 +819,16 @@ static hs_status_t norm_heads(const hs_model_cuda_t *mc, void *x, int64_t stride
     return hs_kn_rmsnorm_heads(x, stride, T, n_heads, mc->d, w, mc->m->cfg.rms_norm_eps, mc->zc, s);
 }
 
-/* h += attention(xa) of layer w. */
+/* h += attention(xa) of layer w; xq_holds_xa: the input norm quantised xa
+ * into mc->xq already. */
 static hs_status_t attention_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
-                                   const int32_t *d_cu_seqlens, int n_seqs, int T, cudaStream_t s)
+                                   const int32_t *d_cu_seqlens, int n_seqs, int T, bool xq_holds_xa,
+                                   cudaStream_t s)
 {
     hs_status_t st;
     const int H = mc->H, d = mc->d, ld = mc->qkv_dim, kvd = mc->nkv * d;
     char *qkv = mc->big;
-    TRY(run_linear(mc, &w->qkv, qkv, ld, mc->xa, H, T, false, s, NULL));
+    TRY(run_linear(mc, &w->qkv, qkv, ld, mc->xa, H, T, false, s, &xq_holds_xa));
     if (w->q_norm) {
         TRY(norm_heads(mc, qkv, ld, T, mc->nh, w->q_norm, s));
         TRY(norm_heads(mc, qkv + (size_t)mc->q_dim * 2, ld, T, mc->nkv, w->k_norm, s));
@@ -815,9 +844,11 @@ static hs_status_t attention_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
 
 /* h += gated_deltanet(xa) of layer w. big holds, one after the other, mix
  * [T, mix_ld] (conv channels, b, a), conv [T, conv_ld] and z [T, vd]
- * (z apart, as the gated norm reads it per value head of dv). */
+ * (z apart, as the gated norm reads it per value head of dv). xq_holds_xa
+ * as attention_mixer's. */
 static hs_status_t linear_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
-                                const int32_t *d_cu_seqlens, int n_seqs, int T, cudaStream_t s)
+                                const int32_t *d_cu_seqlens, int n_seqs, int T, bool xq_holds_xa,
+                                cudaStream_t s)
 {
     hs_status_t st;
     const hs_model_config_t *c = &mc->m->cfg;
@@ -826,7 +857,7 @@ static hs_status_t linear_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
     char *mix = mc->big;
     char *conv = mix + hs_align_up((size_t)T * mc->mix_ld * 2, ALIGN);
     char *z = conv + hs_align_up((size_t)T * mc->conv_ld * 2, ALIGN);
-    bool xa_quantized = false; /* mix and z read the same rows: quantised once */
+    bool xa_quantized = xq_holds_xa; /* mix and z read the same rows: quantised once */
     TRY(run_linear(mc, &w->mix, mix, mc->mix_ld, mc->xa, H, T, false, s, &xa_quantized));
     TRY(run_linear(mc, &w->z, z, vd, mc->xa, H, T, false, s, &xa_quantized));
     TRY(hs_kn_causal_conv1d(mix, mc->mix_ld, w->conv, conv, mc->conv_ld, d_cu_seqlens, n_seqs, T, C,
@@ -888,15 +919,20 @@ hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_id
         const dev_layer_t *w = &mc->layers[l];
         int cj = first_capture(layers, n_layers, l);
         void *cp = cj >= 0 ? out + (size_t)cj * H * 2 : NULL;
-        TRY(norm_rows(mc, mc->h, H, w->in_norm, mc->xa, H, T, cp, (int64_t)row_stride_elems, s));
+        const bool linear = hs_model_layer_is_linear(c, l);
+        bool xq_holds_xa;
+        /* a Gated DeltaNet layer's z projection reads xa too (and its mix
+         * has bf16 GEMMs, a and b): xa is written for it */
+        TRY(norm_for_linear(mc, w->in_norm, linear ? &w->mix : &w->qkv, linear, T, cp,
+                            (int64_t)row_stride_elems, s, &xq_holds_xa));
         if (cj >= 0)
             TRY(capture_copy(mc, mc->h, H, l, cj, T, layers, n_layers, out, row_stride_elems, s));
-        if (hs_model_layer_is_linear(c, l))
-            TRY(linear_mixer(mc, w, d_cu_seqlens, n_seqs, T, s));
+        if (linear)
+            TRY(linear_mixer(mc, w, d_cu_seqlens, n_seqs, T, xq_holds_xa, s));
         else
-            TRY(attention_mixer(mc, w, d_cu_seqlens, n_seqs, T, s));
-        TRY(norm_rows(mc, mc->h, H, w->post_norm, mc->xa, H, T, NULL, 0, s));
-        TRY(run_linear(mc, &w->gu, mc->big, 2 * I, mc->xa, H, T, false, s, NULL));
+            TRY(attention_mixer(mc, w, d_cu_seqlens, n_seqs, T, xq_holds_xa, s));
+        TRY(norm_for_linear(mc, w->post_norm, &w->gu, false, T, NULL, 0, s, &xq_holds_xa));
+        TRY(run_linear(mc, &w->gu, mc->big, 2 * I, mc->xa, H, T, false, s, &xq_holds_xa));
         /* an FP8 down projection reads the activation quantised: one pass */
         bool act_quantized = linear_is_fp8(&w->down);
         if (act_quantized)

@@ -4,7 +4,8 @@
  * counts, a short last group, a row of zeros, a NaN group, strided rows),
  * the quantiser fused with the MLP's SwiGLU against SwiGLU then the
  * quantiser, bit for bit (the fused vector kernel, and shapes that fall
- * back to the two kernels), and the cuBLASLt block-scaled GEMM against a host product of the
+ * back to the two kernels), the RMSNorm that writes FP8 against the norm
+ * then the quantiser, bit for bit, and the cuBLASLt block-scaled GEMM against a host product of the
  * dequantised operands (double accumulation) on odd shapes, with bias and
  * accumulate, and K blocks not a multiple of 4 (the padded factor rows).
  * Skipped (exit 77) without a GPU. */
@@ -18,6 +19,7 @@
 #include "cublaslt.h"
 #include "cuda_test_util.h"
 #include "fp8_block.h"
+#include "rmsnorm.h"
 #include "swiglu.h"
 
 static void quant_case(int M, int K, int64_t ldx, int64_t ldq)
@@ -29,6 +31,14 @@ static void quant_case(int M, int K, int64_t ldx, int64_t ldq)
     if (M > 3) memset(x + 3 * ldx, 0, (size_t)ldx * 2); /* token 3: zeros */
     if (M > 5 && K > 130) x[5 * ldx + 129] = 0x7fc0;    /* token 5, group 1: NaN */
     if (M > 6) x[6 * ldx] = hs_f32_to_bf16(1e30f);      /* token 6: a huge amax */
+    if (M > 7) /* token 7: any finite bf16, subnormals to 3e38, every group factor's range */
+        for (int k = 0; k < K; k++) {
+            uint16_t b;
+            do
+                b = (uint16_t)(hs_splitmix64(&g_rng) >> 48);
+            while ((b & 0x7f80u) == 0x7f80u);
+            x[7 * ldx + k] = b;
+        }
     const int G = (int)hs_fp8_blocks(K);
     uint8_t *q = calloc((size_t)M * ldq, 1), *gq = malloc((size_t)M * ldq);
     const size_t ns = (size_t)hs_fp8_act_scale_count(M, K);
@@ -124,6 +134,85 @@ static void swiglu_quant_case(int M, int K, int64_t ldgu)
     free(s_two);
     free(s_one);
 }
+
+/* hs_kn_rmsnorm_fp8 (with and without its bf16 output, with the capture
+ * copy) against hs_kn_rmsnorm then hs_kn_fp8_quant_groups: the same norm
+ * bits, copy, bytes and factors. */
+static void rmsnorm_quant_case(int M, int K, bool zc, bool write_y)
+{
+    g_rng = 0x7a5 + (uint64_t)M * 7 + (uint64_t)K + zc;
+    uint16_t *x, *w;
+    free(rand_bf16((size_t)M * K, 0.f, 2.f, &x));
+    free(rand_bf16((size_t)K, zc ? 0.f : 1.f, 0.2f, &w));
+    if (M > 2) x[2 * K + 5] = 0x7f80; /* token 2: an infinity, its norm NaN */
+    const int64_t ldq = (K + 15) / 16 * 16, ldc = K + 8;
+    const size_t nq = (size_t)M * ldq, ns = (size_t)hs_fp8_act_scale_count(M, K);
+    const size_t ny = (size_t)M * K * 2, nc = (size_t)M * ldc * 2;
+    void *dx = dev_upload(x, (size_t)M * K * 2), *dw = dev_upload(w, (size_t)K * 2);
+    void *dy_two = dev_poisoned(ny), *dy_one = dev_poisoned(ny);
+    void *dc_two = dev_poisoned(nc), *dc_one = dev_poisoned(nc);
+    uint8_t *dq_two = dev_poisoned(nq), *dq_one = dev_poisoned(nq);
+    float *ds_two = dev_poisoned(ns * 4), *ds_one = dev_poisoned(ns * 4);
+    ck_assert_int_eq(cudaMemset(dq_two, 0, nq), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(dq_one, 0, nq), cudaSuccess);
+    if (!write_y) ck_assert_int_eq(cudaMemset(dy_one, 0, ny), cudaSuccess);
+    ck_assert_int_eq(hs_kn_rmsnorm(dx, K, dw, dy_two, K, M, K, 1e-6f, zc, dc_two, ldc, NULL),
+                     HS_OK);
+    ck_assert_int_eq(hs_kn_fp8_quant_groups(dy_two, K, M, K, dq_two, ldq, ds_two, NULL), HS_OK);
+    ck_assert_int_eq(hs_kn_rmsnorm_fp8(dx, K, dw, dy_one, K, write_y, M, K, 1e-6f, zc, dc_one, ldc,
+                                       dq_one, ldq, ds_one, NULL),
+                     HS_OK);
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    uint8_t *h_two = malloc(nq + ns * 4 + ny + nc), *h_one = malloc(nq + ns * 4 + ny + nc);
+    ck_assert_int_eq(cudaMemcpy(h_two, dq_two, nq, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(h_one, dq_one, nq, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(h_two + nq, ds_two, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(h_one + nq, ds_one, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(h_two + nq + ns * 4, dy_two, ny, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(h_one + nq + ns * 4, dy_one, ny, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(h_two + nq + ns * 4 + ny, dc_two, nc, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(h_one + nq + ns * 4 + ny, dc_one, nc, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++)
+            ck_assert_msg(h_two[(size_t)m * ldq + k] == h_one[(size_t)m * ldq + k],
+                          "rmsnorm fp8 M=%d K=%d: token %d col %d fused 0x%02x two kernels 0x%02x",
+                          M, K, m, k, h_one[(size_t)m * ldq + k], h_two[(size_t)m * ldq + k]);
+    const float *s_two = (const float *)(h_two + nq), *s_one = (const float *)(h_one + nq);
+    for (size_t i = 0; i < ns; i++)
+        ck_assert_msg(memcmp(&s_two[i], &s_one[i], 4) == 0 || (isnan(s_two[i]) && isnan(s_one[i])),
+                      "rmsnorm fp8 M=%d K=%d: factor %zu fused %g two kernels %g", M, K, i,
+                      (double)s_one[i], (double)s_two[i]);
+    const uint16_t *c_two = (const uint16_t *)(h_two + nq + ns * 4 + ny);
+    const uint16_t *c_one = (const uint16_t *)(h_one + nq + ns * 4 + ny);
+    for (int m = 0; m < M; m++)
+        ck_assert_msg(memcmp(c_two + (size_t)m * ldc, c_one + (size_t)m * ldc, (size_t)K * 2) == 0,
+                      "rmsnorm fp8 M=%d K=%d: copy of token %d differs", M, K, m);
+    const uint16_t *y_two = (const uint16_t *)(h_two + nq + ns * 4);
+    const uint16_t *y_one = (const uint16_t *)(h_one + nq + ns * 4);
+    for (size_t i = 0; i < (size_t)M * K; i++)
+        ck_assert_msg(write_y ? y_one[i] == y_two[i] : y_one[i] == 0,
+                      "rmsnorm fp8 M=%d K=%d: y[%zu] 0x%04x, %s 0x%04x", M, K, i, y_one[i],
+                      write_y ? "two kernels" : "unwritten", write_y ? y_two[i] : 0);
+    printf("rmsnorm fp8 M=%d K=%d zc=%d write_y=%d: fused equals the norm then the quantiser\n", M,
+           K, zc, write_y);
+    cudaFree(dx), cudaFree(dw), cudaFree(dy_two), cudaFree(dy_one), cudaFree(dc_two);
+    cudaFree(dc_one), cudaFree(dq_two), cudaFree(dq_one), cudaFree(ds_two), cudaFree(ds_one);
+    free(x), free(w), free(h_two), free(h_one);
+}
+
+START_TEST(rmsnorm_writing_fp8_equals_the_norm_then_the_quantiser)
+{
+    rmsnorm_quant_case(37, 4096, false, false); /* Llama's norms before q|k|v and gate|up */
+    rmsnorm_quant_case(37, 4096, false, true);
+    rmsnorm_quant_case(9, 5120, true, true);  /* Qwen3.5's: 20 groups, a half-warp's tail */
+    rmsnorm_quant_case(6, 1000, true, false); /* a short last group */
+    rmsnorm_quant_case(5, 100, false, true);  /* not 16-byte rows: norm, then quantiser */
+}
+END_TEST
 
 START_TEST(swiglu_fused_with_the_quantiser_equals_the_two_kernels)
 {
@@ -262,6 +351,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, activation_quantiser_matches_its_twin_bit_for_bit);
     tcase_add_test(tc, swiglu_fused_with_the_quantiser_equals_the_two_kernels);
+    tcase_add_test(tc, rmsnorm_writing_fp8_equals_the_norm_then_the_quantiser);
     if (prop.major == 9)
         tcase_add_test(tc, fp8_gemm_matches_the_dequantised_product);
     else
