@@ -104,21 +104,17 @@ __global__ void __launch_bounds__(VEC_THREADS)
     for (int r = 0; r < VEC_TOKENS_PER_THREAD; r++) {
         int m = m0 + r * (VEC_THREADS / 16);
         const uint32_t w[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
-        float v[8], amax = 0.f;
-        int nonfinite = 0;
+        float v[8];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            uint16_t lo = (uint16_t)(w[j] & 0xffffu), hi = (uint16_t)(w[j] >> 16);
-            nonfinite |= ((lo & 0x7fffu) >= 0x7f80u) | ((hi & 0x7fffu) >= 0x7f80u);
-            v[2 * j] = hs_bf16_bits_to_f32(lo);
-            v[2 * j + 1] = hs_bf16_bits_to_f32(hi);
-            amax = fmaxf(amax, fmaxf(fabsf(v[2 * j]), fabsf(v[2 * j + 1])));
+            v[2 * j] = hs_bf16_bits_to_f32((uint16_t)(w[j] & 0xffffu));
+            v[2 * j + 1] = hs_bf16_bits_to_f32((uint16_t)(w[j] >> 16));
         }
-        for (int off = 8; off > 0; off >>= 1) { /* within the 16 threads of the group */
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-            nonfinite |= __shfl_xor_sync(0xffffffffu, nonfinite, off);
-        }
+        /* within the 16 threads of the group */
+        const uint32_t bits = hs_half_warp_max(hs_bf16x8_absmax_bits(raw[r]));
         if (m >= M || k >= K) continue;
+        int nonfinite;
+        const float amax = hs_fp8_group_amax(bits, &nonfinite);
         const float s = hs_fp8_group_factor(amax, nonfinite);
         if (threadIdx.x % 16 == 0) scales[hs_fp8_act_scale_index(g, m, M, G)] = s;
         const uint2 out = hs_fp8_group_pack8(v, s, nonfinite);

@@ -28,6 +28,34 @@ __device__ __forceinline__ float hs_fp8_group_factor(float amax, int nonfinite)
     return nonfinite ? __int_as_float(0x7fc00000) : amax > 0.f ? __fdiv_rn(amax, HS_FP8_MAX) : 1.f;
 }
 
+/* The largest |value| of 8 bf16 in a 16-byte word, as bf16 bits: two
+ * lanes a SIMD max on the sign-cleared halves (for non-negative floats the
+ * bits order as the values; 0x7f80 and up is an infinity or a NaN). */
+__device__ __forceinline__ uint32_t hs_bf16x8_absmax_bits(uint4 u)
+{
+    const uint32_t m = __vmaxu2(__vmaxu2(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu),
+                                __vmaxu2(u.z & 0x7fff7fffu, u.w & 0x7fff7fffu));
+    return max(m & 0xffffu, m >> 16);
+}
+
+/* The max of m over the 16 lanes of this thread's half-warp; every lane of
+ * the warp calls it. */
+__device__ __forceinline__ uint32_t hs_half_warp_max(uint32_t m)
+{
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1)
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    return m;
+}
+
+/* A group's amax and whether it holds a NaN or an infinity, from the
+ * bits hs_bf16x8_absmax_bits and hs_half_warp_max found. */
+__device__ __forceinline__ float hs_fp8_group_amax(uint32_t bits, int *nonfinite)
+{
+    *nonfinite = bits >= 0x7f80u;
+    return __uint_as_float(bits << 16);
+}
+
 /* RN(1/s) where the reciprocal path is exact for the group, else 0. */
 __device__ __forceinline__ float hs_fp8_group_recip(float s)
 {

@@ -208,9 +208,11 @@ START_TEST(rmsnorm_writing_fp8_equals_the_norm_then_the_quantiser)
 {
     rmsnorm_quant_case(37, 4096, false, false); /* Llama's norms before q|k|v and gate|up */
     rmsnorm_quant_case(37, 4096, false, true);
-    rmsnorm_quant_case(9, 5120, true, true);  /* Qwen3.5's: 20 groups, a half-warp's tail */
-    rmsnorm_quant_case(6, 1000, true, false); /* a short last group */
-    rmsnorm_quant_case(5, 100, false, true);  /* not 16-byte rows: norm, then quantiser */
+    rmsnorm_quant_case(9, 5120, true, true);   /* Qwen3.5's: 20 groups, a half-warp's tail */
+    rmsnorm_quant_case(6, 1000, true, false);  /* a short last group */
+    rmsnorm_quant_case(5, 100, false, true);   /* not 16-byte rows: norm, then quantiser */
+    rmsnorm_quant_case(3, 8192, false, false); /* wide rows: 64 and 66 groups */
+    rmsnorm_quant_case(3, 8448, true, true);
 }
 END_TEST
 

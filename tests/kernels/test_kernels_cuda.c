@@ -58,8 +58,10 @@ START_TEST(rmsnorm_matches_its_twin_and_copies_the_input_row)
 {
     g_rng = 2;
     const int rows = 77;
-    const int dims[2] = {1000, 999};
-    for (int di = 0; di < 2; di++) {
+    /* vector rows up to and past the widest hidden sizes (5120, 8192);
+     * an odd dim on the scalar path */
+    const int dims[5] = {1000, 999, 5120, 8192, 8448};
+    for (int di = 0; di < 5; di++) {
         int dim = dims[di];
         int xs = dim + 24 + (dim & 1), cs = 3 * dim + (dim & 1); /* strided rows */
         uint16_t *xb, *wb;
@@ -156,8 +158,10 @@ START_TEST(rmsnorm_zero_centred_scales_by_one_plus_w_over_rows_and_heads)
 {
     g_rng = 11;
     const int rows = 77;
-    const int dims[2] = {1000, 999};
-    for (int di = 0; di < 2; di++) {
+    /* vector rows up to and past the widest hidden sizes (5120, 8192);
+     * an odd dim on the scalar path */
+    const int dims[5] = {1000, 999, 5120, 8192, 8448};
+    for (int di = 0; di < 5; di++) {
         int dim = dims[di], xs = dim + 24 + (dim & 1), cs = 2 * dim + (dim & 1);
         uint16_t *xb, *wb;
         float *xf = rand_bf16((size_t)rows * xs, 0.5f, 2.f, &xb);
