@@ -8,9 +8,9 @@
  *
  * Where C, the strides and the pointers allow 16-byte access, a thread
  * owns 8 channels over a tile of conv_tile(K) tokens: it holds its 8 x K
- * weights and the last K - 1 rows of its window in registers, so each row
- * of x is read once (plus K - 1 rows of halo per tile) and the weights once
- * per tile; it finds the sequence of the tile's first token by a binary
+ * weights and the K - 1 + tile rows of x it reads in registers, so each
+ * row of x is read once (plus K - 1 rows of halo per tile) and the weights
+ * once per tile; it finds the sequence of the tile's first token by a binary
  * search of cu_seqlens and steps over later boundaries as it goes. Else
  * one thread per token and channel. Both sum the same terms in the same
  * order in fp32 (a term of an earlier sequence is skipped, not added as

@@ -10,9 +10,10 @@
  * is fixed, so its reciprocal y = RN(1/s) is taken once, and then
  *   q = RN(v y),  r = v - s q (exact, one fma),  q' = RN(q + r y)
  * is RN(v / s) (Markstein's theorem: y within half an ulp of 1/s, q within
- * one ulp of v/s, r exact). r is exact unless it underflows, which needs
- * |v / s| < 2^-40 when s >= 2^-69; such a quotient is 0 in e4m3 (below
- * 2^-10) either way, with v's sign. A smaller s divides in IEEE. */
+ * one ulp of v/s, r exact). r is exact unless its low bits fall below
+ * 2^-149, which needs |v| below about 2^-103, so |v / s| < 2^-34 when
+ * s >= 2^-69: such a quotient is 0 in e4m3 (below 2^-10) either way, with
+ * v's sign. A smaller s divides in IEEE. */
 #ifndef HS_KN_FP8_GROUP_CUH
 #define HS_KN_FP8_GROUP_CUH
 
