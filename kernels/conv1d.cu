@@ -168,32 +168,12 @@ extern "C" hs_status_t hs_kn_causal_conv1d(const void *x, int64_t x_stride, cons
     const bool vec = C % 8 == 0 && x_stride % 8 == 0 && y_stride % 8 == 0 &&
                      ((uintptr_t)x | (uintptr_t)y | (uintptr_t)w) % 16 == 0;
     if (vec) {
-        switch (K) {
-        case 1:
-            launch_tile<1>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
-            break;
-        case 2:
-            launch_tile<2>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
-            break;
-        case 3:
-            launch_tile<3>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
-            break;
-        case 4:
-            launch_tile<4>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
-            break;
-        case 5:
-            launch_tile<5>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
-            break;
-        case 6:
-            launch_tile<6>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
-            break;
-        case 7:
-            launch_tile<7>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
-            break;
-        default:
-            launch_tile<8>(x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
-            break;
-        }
+        typedef void (*launch_fn)(const void *, int64_t, const void *, void *, int64_t,
+                                  const int32_t *, int, int, int, int, cudaStream_t);
+        static const launch_fn launch[CONV_MAX_K] = {launch_tile<1>, launch_tile<2>, launch_tile<3>,
+                                                     launch_tile<4>, launch_tile<5>, launch_tile<6>,
+                                                     launch_tile<7>, launch_tile<8>};
+        launch[K - 1](x, x_stride, w, y, y_stride, cu_seqlens, n_seqs, T, C, silu, stream);
     } else {
         const int threads = 256;
         dim3 grid((unsigned)T, (unsigned)((C + threads - 1) / threads));
