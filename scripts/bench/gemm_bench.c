@@ -1,0 +1,274 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gemm_bench.c - hs-bench-gemm: how fast each algorithm cuBLASLt's heuristic
+ * offers runs a forward's Linear shapes, against the one it ranks first
+ * (the one hs_lt_linear takes). Row-major y[M,N] = x[M,K] W[N,K]^T in the
+ * layouts of kernels/cublaslt.c, bf16 or FP8 block-scaled (128x128 weight
+ * blocks, per-token groups of 128), random operands (not zeros: GEMMs on
+ * zeros draw less power and run faster). One JSON line per shape and
+ * algorithm, then a table: heuristic rank 0 against the fastest.
+ *
+ *   hs-bench-gemm --shapes 65536:34816:5120,65536:5120:17408:acc [--dtype bf16|fp8]
+ *                 [--algos 16] [--iters 10]
+ */
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "bf16.h"
+#include "hs_common.h"
+
+#define MAX_SHAPES 16
+#define MAX_ALGOS 32
+#define WORKSPACE_BYTES (32u << 20)
+
+static void usage(FILE *fp)
+{
+    fprintf(fp,
+            "usage: hs-bench-gemm --shapes M:N:K[:acc][,...] [--dtype bf16|fp8] [--algos N] "
+            "[--iters N]\n"
+            "  times every algorithm cuBLASLt's heuristic offers (up to --algos, max %d) for\n"
+            "  y[M,N] = x[M,K] W[N,K]^T (+ y with :acc) and compares rank 0 with the fastest\n"
+            "example: hs-bench-gemm --shapes 65536:34816:5120,65536:5120:17408:acc --dtype bf16\n",
+            MAX_ALGOS);
+}
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "hs-bench-gemm: %s: %s\n", #call, cudaGetErrorString(e_));             \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define LK(call)                                                                                   \
+    do {                                                                                           \
+        cublasStatus_t s_ = (call);                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+            fprintf(stderr, "hs-bench-gemm: %s: %s\n", #call, cublasLtGetStatusString(s_));        \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+typedef struct {
+    int M, N, K;
+    bool acc;
+} shape_t;
+
+/* bytes random bytes of the kind an operand holds, a 4 MiB block tiled */
+static void fill_random(void *dst, size_t bytes, bool fp8, uint64_t seed)
+{
+    const size_t block = (size_t)4 << 20;
+    uint8_t *h = malloc(block);
+    if (!h) exit(1);
+    uint64_t rng = seed;
+    if (fp8) { /* e4m3 codes without sign bit 7 or exponent bit 3: never NaN, |x| < 2^8 */
+        for (size_t i = 0; i < block; i++)
+            h[i] = (uint8_t)(hs_splitmix64(&rng) & 0x77u) | (uint8_t)((i & 1) << 7);
+    } else {
+        uint16_t *hb = (uint16_t *)h;
+        for (size_t i = 0; i < block / 2; i++) {
+            double u = (double)(hs_splitmix64(&rng) >> 11) / 9007199254740992.0;
+            hb[i] = hs_f32_to_bf16((float)(2.0 * u - 1.0));
+        }
+    }
+    for (size_t at = 0; at < bytes; at += block)
+        CK(cudaMemcpy((uint8_t *)dst + at, h, bytes - at < block ? bytes - at : block,
+                      cudaMemcpyHostToDevice));
+    free(h);
+}
+
+static void fill_floats(float *dst, size_t n, float value)
+{
+    float *h = malloc(n * sizeof(float));
+    if (!h) exit(1);
+    for (size_t i = 0; i < n; i++)
+        h[i] = value;
+    CK(cudaMemcpy(dst, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    free(h);
+}
+
+static void bench_shape(cublasLtHandle_t lt, void *ws, shape_t s, bool fp8, int n_algos, int iters,
+                        double *rank0_tflops, double *best_tflops, int *best_rank)
+{
+    const size_t in_size = fp8 ? 1 : 2;
+    void *x, *w, *y;
+    float *xs = NULL, *wsc = NULL;
+    CK(cudaMalloc(&x, (size_t)s.M * s.K * in_size));
+    CK(cudaMalloc(&w, (size_t)s.N * s.K * in_size));
+    CK(cudaMalloc(&y, (size_t)s.M * s.N * 2));
+    fill_random(x, (size_t)s.M * s.K * in_size, fp8, 0x5eed + (uint64_t)s.K);
+    fill_random(w, (size_t)s.N * s.K * in_size, fp8, 0xbeef + (uint64_t)s.N);
+    fill_random(y, (size_t)s.M * s.N * 2, false, 0xcafe);
+
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (fp8) {
+        const int64_t kb = (s.K + 127) / 128, nb = (s.N + 127) / 128;
+        const int64_t w_count = nb * ((kb + 3) / 4 * 4), x_count = kb * (((int64_t)s.M + 3) & ~3);
+        CK(cudaMalloc((void **)&wsc, (size_t)w_count * 4));
+        CK(cudaMalloc((void **)&xs, (size_t)x_count * 4));
+        fill_floats(wsc, (size_t)w_count, 1.f / 448.f);
+        fill_floats(xs, (size_t)x_count, 1.f / 64.f);
+        int32_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+        int32_t bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof(am)));
+        LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof(bm)));
+        LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wsc,
+                                          sizeof(wsc)));
+        LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs,
+                                          sizeof(xs)));
+    }
+    cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    LK(cublasLtMatrixLayoutCreate(&a, in_type, (uint64_t)s.K, (uint64_t)s.N, s.K));
+    LK(cublasLtMatrixLayoutCreate(&b, in_type, (uint64_t)s.K, (uint64_t)s.M, s.K));
+    LK(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, (uint64_t)s.N, (uint64_t)s.M, s.N));
+    cublasLtMatmulPreference_t pref;
+    size_t ws_bytes = WORKSPACE_BYTES;
+    LK(cublasLtMatmulPreferenceCreate(&pref));
+    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &ws_bytes, sizeof(ws_bytes)));
+    cublasLtMatmulHeuristicResult_t heur[MAX_ALGOS];
+    int n_heur = 0;
+    LK(cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, n_algos, heur, &n_heur));
+
+    const float alpha = 1.f, beta = s.acc ? 1.f : 0.f;
+    const double flop = 2.0 * s.M * s.N * s.K;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    *rank0_tflops = 0, *best_tflops = 0, *best_rank = -1;
+    for (int r = 0; r < n_heur; r++) {
+        bool ok = true;
+        for (int i = 0; i < 2 && ok; i++) /* warm-up */
+            ok = cublasLtMatmul(lt, op, &alpha, w, a, x, b, &beta, y, c, y, c, &heur[r].algo, ws,
+                                ws_bytes, 0) == CUBLAS_STATUS_SUCCESS;
+        if (!ok) {
+            printf("{\"M\": %d, \"N\": %d, \"K\": %d, \"rank\": %d, \"error\": \"does not run\"}\n",
+                   s.M, s.N, s.K, r);
+            continue;
+        }
+        CK(cudaEventRecord(e0, 0));
+        for (int i = 0; i < iters; i++)
+            cublasLtMatmul(lt, op, &alpha, w, a, x, b, &beta, y, c, y, c, &heur[r].algo, ws,
+                           ws_bytes, 0);
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double t = flop / (ms / iters * 1e-3) / 1e12;
+        int tile = 0, stages = 0, splitk = 0, cluster = 0;
+        size_t got;
+        cublasLtMatmulAlgoConfigGetAttribute(&heur[r].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                             sizeof(tile), &got);
+        cublasLtMatmulAlgoConfigGetAttribute(&heur[r].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                             sizeof(stages), &got);
+        cublasLtMatmulAlgoConfigGetAttribute(&heur[r].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                             &splitk, sizeof(splitk), &got);
+        cublasLtMatmulAlgoConfigGetAttribute(&heur[r].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                             &cluster, sizeof(cluster), &got);
+        printf("{\"M\": %d, \"N\": %d, \"K\": %d, \"acc\": %s, \"dtype\": \"%s\", \"rank\": %d, "
+               "\"ms\": %.4f, \"tflops\": %.1f, \"tile\": %d, \"stages\": %d, \"splitk\": %d, "
+               "\"cluster\": %d, \"workspace\": %zu}\n",
+               s.M, s.N, s.K, s.acc ? "true" : "false", fp8 ? "fp8" : "bf16", r, ms / iters, t,
+               tile, stages, splitk, cluster, heur[r].workspaceSize);
+        fflush(stdout);
+        if (r == 0) *rank0_tflops = t;
+        if (t > *best_tflops) *best_tflops = t, *best_rank = r;
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(a), cublasLtMatrixLayoutDestroy(b), cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatmulDescDestroy(op);
+    cudaFree(x), cudaFree(w), cudaFree(y), cudaFree(xs), cudaFree(wsc);
+}
+
+typedef struct {
+    const char *shapes;
+    bool fp8;
+    int algos, iters;
+} options_t;
+
+static const struct option opts[] = {
+    {"shapes", required_argument, 0, 's'}, {"dtype", required_argument, 0, 'd'},
+    {"algos", required_argument, 0, 'a'},  {"iters", required_argument, 0, 'i'},
+    {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+
+static int apply(void *ctx, int opt, const char *arg, const char *from)
+{
+    options_t *o = ctx;
+    switch (opt) {
+    case 's':
+        o->shapes = arg;
+        break;
+    case 'd':
+        if (strcmp(arg, "bf16") && strcmp(arg, "fp8"))
+            return hs_cli_bad("hs-bench-gemm", "dtype", arg, from, "expected bf16 or fp8");
+        o->fp8 = !strcmp(arg, "fp8");
+        break;
+    case 'a':
+        o->algos = atoi(arg);
+        break;
+    case 'i':
+        o->iters = atoi(arg);
+        break;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    options_t o = {.shapes = "65536:34816:5120,65536:5120:17408:acc", .algos = 16, .iters = 10};
+    int exit_now = hs_cli_parse_flags(argc, argv, opts, apply, &o, "hs-bench-gemm", usage);
+    if (exit_now >= 0) return exit_now;
+    if (o.iters < 1 || o.algos < 1 || o.algos > MAX_ALGOS) {
+        fprintf(stderr, "hs-bench-gemm: --iters >= 1, --algos 1..%d\n", MAX_ALGOS);
+        return 2;
+    }
+    shape_t shapes[MAX_SHAPES];
+    int n = 0;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", o.shapes);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        char acc[8] = "";
+        shape_t s = {0};
+        int got = sscanf(tok, "%d:%d:%d:%7s", &s.M, &s.N, &s.K, acc);
+        if (n == MAX_SHAPES || got < 3 || s.M < 1 || s.N < 1 || s.K < 1 ||
+            (got == 4 && strcmp(acc, "acc")) || s.K % 16 || s.N % 8) {
+            fprintf(stderr,
+                    "hs-bench-gemm: bad shape '%s': expected M:N:K or M:N:K:acc, K a multiple "
+                    "of 16 and N of 8, at most %d shapes\n",
+                    tok, MAX_SHAPES);
+            return 2;
+        }
+        s.acc = got == 4;
+        shapes[n++] = s;
+    }
+    cublasLtHandle_t lt;
+    void *ws;
+    LK(cublasLtCreate(&lt));
+    CK(cudaMalloc(&ws, WORKSPACE_BYTES));
+    double r0[MAX_SHAPES], best[MAX_SHAPES];
+    int rank[MAX_SHAPES];
+    for (int i = 0; i < n; i++)
+        bench_shape(lt, ws, shapes[i], o.fp8, o.algos, o.iters, &r0[i], &best[i], &rank[i]);
+    printf("\n| M | N | K | acc | %s rank 0 TFLOP/s | fastest TFLOP/s (rank) | fastest / rank 0 |\n"
+           "|---|---|---|---|---|---|---|\n",
+           o.fp8 ? "fp8" : "bf16");
+    for (int i = 0; i < n; i++)
+        printf("| %d | %d | %d | %s | %.1f | %.1f (%d) | %.3f |\n", shapes[i].M, shapes[i].N,
+               shapes[i].K, shapes[i].acc ? "yes" : "no", r0[i], best[i], rank[i],
+               r0[i] > 0 ? best[i] / r0[i] : 0.0);
+    cudaFree(ws);
+    cublasLtDestroy(lt);
+    return 0;
+}
