@@ -21,9 +21,10 @@
 
 typedef __nv_bfloat16 bf16;
 
+/* silu(z) as the conv and SwiGLU take it (swiglu.cuh): __fdividef. */
 __device__ __forceinline__ float gated_out(float x, float r, float w, float z)
 {
-    return (w * (x * r)) * (z / (1.f + __expf(-z)));
+    return (w * (x * r)) * __fdividef(z, 1.f + __expf(-z));
 }
 
 template <bool VEC>
