@@ -236,6 +236,10 @@ int main(int argc, char **argv)
     shape_t shapes[MAX_SHAPES];
     int n = 0;
     char buf[512];
+    if (strlen(o.shapes) >= sizeof buf) {
+        fprintf(stderr, "hs-bench-gemm: --shapes is longer than %zu characters\n", sizeof buf - 1);
+        return 2;
+    }
     snprintf(buf, sizeof buf, "%s", o.shapes);
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
@@ -252,6 +256,10 @@ int main(int argc, char **argv)
         }
         s.acc = got == 4;
         shapes[n++] = s;
+    }
+    if (n == 0) {
+        fprintf(stderr, "hs-bench-gemm: --shapes names no shape: expected M:N:K[,M:N:K...]\n");
+        return 2;
     }
     cublasLtHandle_t lt;
     void *ws;
