@@ -66,7 +66,8 @@ static void fill_random(void *dst, size_t bytes, bool fp8, uint64_t seed)
     uint8_t *h = malloc(block);
     if (!h) exit(1);
     uint64_t rng = seed;
-    if (fp8) { /* e4m3 codes without sign bit 7 or exponent bit 3: never NaN, |x| < 2^8 */
+    if (fp8) { /* e4m3 codes with exponent bit 3 cleared (never 15: no NaN, |x| < 2^8),
+                * the sign alternating */
         for (size_t i = 0; i < block; i++)
             h[i] = (uint8_t)(hs_splitmix64(&rng) & 0x77u) | (uint8_t)((i & 1) << 7);
     } else {
@@ -139,6 +140,9 @@ static void bench_shape(cublasLtHandle_t lt, void *ws, shape_t s, bool fp8, int 
     cublasLtMatmulHeuristicResult_t heur[MAX_ALGOS];
     int n_heur = 0;
     LK(cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, n_algos, heur, &n_heur));
+    if (n_heur == 0)
+        printf("{\"M\": %d, \"N\": %d, \"K\": %d, \"error\": \"cuBLASLt has no algorithm\"}\n", s.M,
+               s.N, s.K);
 
     const float alpha = 1.f, beta = s.acc ? 1.f : 0.f;
     const double flop = 2.0 * s.M * s.N * s.K;
@@ -272,10 +276,16 @@ int main(int argc, char **argv)
     printf("\n| M | N | K | acc | %s rank 0 TFLOP/s | fastest TFLOP/s (rank) | fastest / rank 0 |\n"
            "|---|---|---|---|---|---|---|\n",
            o.fp8 ? "fp8" : "bf16");
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        if (rank[i] < 0) { /* no algorithm, or none that ran */
+            printf("| %d | %d | %d | %s | - | - | - |\n", shapes[i].M, shapes[i].N, shapes[i].K,
+                   shapes[i].acc ? "yes" : "no");
+            continue;
+        }
         printf("| %d | %d | %d | %s | %.1f | %.1f (%d) | %.3f |\n", shapes[i].M, shapes[i].N,
                shapes[i].K, shapes[i].acc ? "yes" : "no", r0[i], best[i], rank[i],
                r0[i] > 0 ? best[i] / r0[i] : 0.0);
+    }
     cudaFree(ws);
     cublasLtDestroy(lt);
     return 0;
