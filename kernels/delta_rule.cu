@@ -19,6 +19,7 @@
 #include "delta_rule.h"
 #include "delta_rule_int.h"
 #include "mma_bf16.cuh"
+#include "wgmma.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -315,13 +316,14 @@ __device__ __forceinline__ void issue_rows(bf16 *dst, int ld_dst, const bf16 *sr
     constexpr int PER_ROW = COLS / 8, STEP = THREADS / PER_ROW;
     static_assert(THREADS % PER_ROW == 0 && CH % STEP == 0, "rows in whole passes");
     const int r0 = threadIdx.x / PER_ROW, c = (threadIdx.x % PER_ROW) * 8;
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst + r0 * ld_dst + c);
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst + r0 * ld_dst + c);
     const bf16 *from = src + r0 * ld_src + c;
 #pragma unroll
-    for (int r = r0; r < CH; r += STEP) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d),
-                     "l"(r < n ? from : src), "r"(r < n ? 16 : 0)); /* 0 bytes read past n */
-        d += STEP * ld_dst * 2, from += STEP * ld_src;
+    for (int p = 0; p < CH / STEP; p++) { /* a constant count: no loop left per chunk */
+        const bool in = r0 + p * STEP < n;
+        asm volatile(
+            "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + p * STEP * ld_dst * 2),
+            "l"(in ? from + p * STEP * ld_src : src), "r"(in ? 16 : 0)); /* 0 bytes read past n */
     }
 }
 
@@ -468,22 +470,22 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
     __syncthreads();
 
     /* X = (I + A)^-1: the four diagonal 16 x 16 blocks by substitution, one
-     * thread per column; then block rows 1..3:
-     * X_ib = -X_ii sum_{b <= m < i} A_im X_mb. */
-    for (int e = tid; e < CH * CH; e += PREP_THREADS)
-        X[(e / CH) * LDF + e % CH] = 0.f;
-    __syncthreads();
+     * thread per column, each x_j subtracted from the rows below it as soon
+     * as it is final (the same sums in the same order as row by row, with
+     * a dependent chain of 15 steps instead of 120); then block rows 1..3:
+     * X_ib = -X_ii sum_{b <= m < i} A_im X_mb. X's blocks above the
+     * diagonal are never written or read (taken as zero). */
     if (tid < CH) {
         int b = tid >> 4, col = tid & 15, base = b * 16;
         float x[16];
 #pragma unroll
-        for (int r = 0; r < 16; r++) {
-            float acc = r == col ? 1.f : 0.f;
+        for (int r = 0; r < 16; r++)
+            x[r] = r == col ? 1.f : 0.f;
 #pragma unroll
-            for (int j = 0; j < r; j++)
-                acc -= A[(base + r) * LDF + base + j] * x[j];
-            x[r] = acc;
-        }
+        for (int j = 0; j < 15; j++)
+#pragma unroll
+            for (int r = j + 1; r < 16; r++)
+                x[r] -= A[(base + r) * LDF + base + j] * x[j];
 #pragma unroll
         for (int r = 0; r < 16; r++)
             X[(base + r) * LDF + base + col] = x[r];
@@ -523,8 +525,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
     float xr[PER_T];
 #pragma unroll
     for (int x = 0; x < PER_T; x++) {
-        int e = tid + x * PREP_THREADS;
-        xr[x] = X[(e / CH) * LDF + e % CH];
+        int e = tid + x * PREP_THREADS, i = e / CH, j = e % CH;
+        xr[x] = i >> 4 < j >> 4 ? 0.f : X[i * LDF + j];
     }
     if (tid < CH) kscale[tid] = betas[tid] * __expf(gcs[tid]) * kinvs[tid];
     __syncthreads();
@@ -639,12 +641,25 @@ template <int DK, int DV> struct state_stage {
                             BYTES = KS + CH * 4;
 };
 
-/* 4-byte cp.async of one fp32 (zero-filled where !in). */
-__device__ __forceinline__ void load_f32(float *dst, const float *src, bool in)
+/* Starts the copy of a chunk's three fp32 row scales (gc, G qinv, d kinv of
+ * rows t0 .. t0 + n - 1 of value head h, zeros past n) into gcs, qss, kss
+ * (CH floats apart), by a block of THREADS; the choice of source is
+ * uniform over each 64 threads. */
+template <int THREADS>
+__device__ __forceinline__ void issue_row_scales(float *gcs, const float *gc_ws, const float *qs_ws,
+                                                 const float *ks_ws, int64_t t0, int n, int nv,
+                                                 int h)
 {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
-                 "r"(in ? 4 : 0));
+#pragma unroll
+    for (int p = 0; p < (3 * CH + THREADS - 1) / THREADS; p++) {
+        const int i = threadIdx.x + p * THREADS, r = i % CH, which = i / CH;
+        if (i >= 3 * CH) break;
+        const float *src = which == 0 ? gc_ws : which == 1 ? qs_ws : ks_ws;
+        const bool in = r < n;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                         (unsigned)__cvta_generic_to_shared(gcs + i)),
+                     "l"(src + (in ? t0 + r : t0) * nv + h), "r"(in ? 4 : 0));
+    }
 }
 
 template <int DK, int DV>
@@ -680,17 +695,7 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
                                 (int64_t)nv * DV, n);
         issue_rows<CH, THREADS>((bf16 *)(b + L::P), LDP, p_ws + ((int64_t)t0 * nv + h) * CH,
                                 (int64_t)nv * CH, n);
-        for (int i = threadIdx.x; i < 3 * CH; i += blockDim.x) {
-            int r = i % CH, which = i / CH;
-            bool in = r < n;
-            int64_t row = in ? t0 + r : start;
-            if (which == 0)
-                load_f32((float *)(b + L::GC) + r, gc_ws + row * nv + h, in);
-            else if (which == 1)
-                load_f32((float *)(b + L::QS) + r, qs_ws + row * nv + h, in);
-            else
-                load_f32((float *)(b + L::KS) + r, ks_ws + row * nv + h, in);
-        }
+        issue_row_scales<THREADS>((float *)(b + L::GC), gc_ws, qs_ws, ks_ws, t0, n, nv, h);
         cp_async_commit();
     };
 
@@ -815,6 +820,207 @@ template <int DK, int DV> static size_t chunk_state_smem(void)
     return 2 * state_stage<DK, DV>::BYTES + (size_t)(DV / 16) * CH * (16 + 8) * 2;
 }
 
+/* ---- the state pass on wgmma (sm_90a) --------------------------------------
+ * The same pass with each warpgroup's products on Hopper's asynchronous
+ * warpgroup mma: a warpgroup holds 64 value columns of S^T (each warp its
+ * 16, in the same accumulator layout as above) and issues a chunk's
+ * products back to back, B read by the tensor cores straight from shared
+ * memory (k, q, w and P in 128-byte swizzled panels, wgmma.cuh), so no
+ * B fragment is loaded into registers and a chunk waits twice, not per
+ * product:
+ *   1. v'^T, o^T: S^T w^T and S^T q^T (A = S^T in bf16, K-major B);
+ *   2. v'^T = u^T - ..., o^T scaled by G qinv, S^T decayed (registers);
+ *   3. o^T += v'^T P^T (K-major) and S^T += v'^T diag(d kinv) k
+ *      (k's rows as MN-major B), issued together. */
+template <int DK, int DV> struct wg_stage {
+    static constexpr int LDU = DV + 8;
+    static constexpr size_t PANELS = (size_t)DK / 64 * WG_PANEL_BYTES;
+    static constexpr size_t K = 0, Q = K + PANELS, W = Q + PANELS, P = W + PANELS,
+                            U = P + WG_PANEL_BYTES, GC = U + (size_t)CH * LDU * 2, QS = GC + CH * 4,
+                            KS = QS + CH * 4, BYTES = (KS + CH * 4 + 1023) & ~(size_t)1023;
+};
+
+/* Starts the copy of CH rows x COLS bf16 into swizzled panels (zeros past
+ * row n), as issue_rows does into padded rows. */
+template <int COLS, int THREADS>
+__device__ __forceinline__ void issue_rows_swizzled(unsigned char *dst, const bf16 *src,
+                                                    int64_t ld_src, int n)
+{
+    constexpr int PER_ROW = COLS / 8, STEP = THREADS / PER_ROW;
+    static_assert(THREADS % PER_ROW == 0 && CH % STEP == 0 && STEP % 8 == 0,
+                  "rows in whole passes, each pass the same swizzle");
+    const int r0 = threadIdx.x / PER_ROW, c = threadIdx.x % PER_ROW;
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst) + wg_swizzle_offset(r0, c);
+    const bf16 *from = src + r0 * ld_src + c * 8;
+#pragma unroll
+    for (int p = 0; p < CH / STEP; p++) {
+        const bool in = r0 + p * STEP < n;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + p * STEP * 128),
+                     "l"(in ? from + p * STEP * ld_src : src), "r"(in ? 16 : 0));
+    }
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(DV / 16 * 32, 1)
+    chunk_state_wgmma_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k, int64_t stride,
+                             const int32_t *__restrict__ cu, int ratio, int nk, int nv,
+                             const float *__restrict__ qs_ws, const float *__restrict__ ks_ws,
+                             const float *__restrict__ gc_ws, const bf16 *__restrict__ w_ws,
+                             const bf16 *__restrict__ u_ws, const bf16 *__restrict__ p_ws,
+                             bf16 *__restrict__ out, int64_t out_stride)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef wg_stage<DK, DV> L;
+    constexpr int LDU = L::LDU, LDO = 16 + 8;
+    constexpr int NT = CH / 8, KT = DK / 8; /* token tiles, the state's dk tiles */
+    constexpr int THREADS = DV / 16 * 32;
+    extern __shared__ unsigned char smem_raw[];
+    /* the swizzled panels need 1024-byte alignment: the launch adds the slack */
+    unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    bf16 *ostage = (bf16 *)(smem + 2 * L::BYTES) + (threadIdx.x >> 5) * CH * LDO;
+
+    const int h = blockIdx.x, s = blockIdx.y, hk = h / ratio;
+    const int lane = threadIdx.x & 31, t = lane & 3, dv0 = (threadIdx.x >> 5) * 16;
+    const int start = cu[s], end = cu[s + 1];
+
+    auto prefetch = [&](int stage, int t0) {
+        unsigned char *b = smem + stage * L::BYTES;
+        const int n = min(CH, end - t0);
+        issue_rows_swizzled<DK, THREADS>(b + L::K, k + (int64_t)t0 * stride + (int64_t)hk * DK,
+                                         stride, n);
+        issue_rows_swizzled<DK, THREADS>(b + L::Q, q + (int64_t)t0 * stride + (int64_t)hk * DK,
+                                         stride, n);
+        issue_rows_swizzled<DK, THREADS>(b + L::W, w_ws + ((int64_t)t0 * nv + h) * DK,
+                                         (int64_t)nv * DK, n);
+        issue_rows_swizzled<CH, THREADS>(b + L::P, p_ws + ((int64_t)t0 * nv + h) * CH,
+                                         (int64_t)nv * CH, n);
+        issue_rows<DV, THREADS>((bf16 *)(b + L::U), LDU, u_ws + ((int64_t)t0 * nv + h) * DV,
+                                (int64_t)nv * DV, n);
+        issue_row_scales<THREADS>((float *)(b + L::GC), gc_ws, qs_ws, ks_ws, t0, n, nv, h);
+        cp_async_commit();
+    };
+
+    float S[KT][4]; /* S^T: rows dv0 + g (+ 8), columns 8 j + 2 t (+ 1) */
+#pragma unroll
+    for (int j = 0; j < KT; j++)
+        S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.f;
+
+    if (start < end) prefetch(0, start);
+    int stage = 0;
+    for (int t0 = start; t0 < end; t0 += CH, stage ^= 1) {
+        const int n = min(CH, end - t0);
+        if (t0 + CH < end)
+            prefetch(stage ^ 1, t0 + CH);
+        else
+            cp_async_commit();
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        fence_proxy_async_shared();
+        __syncthreads();
+        const unsigned char *b = smem + stage * L::BYTES;
+        const bf16 *Us = (const bf16 *)(b + L::U);
+        const float *gcs = (const float *)(b + L::GC), *qss = (const float *)(b + L::QS),
+                    *kss = (const float *)(b + L::KS);
+
+        /* 1. w S0 then q S0, transposed, from S^T in bf16: two groups, so
+         * that v' is formed while q S0 is still on the tensor cores */
+        float V[NT][4], O[NT][4]; /* set by the first k-step (scale_d 0) */
+        uint32_t a[DK / 16][4];
+#pragma unroll
+        for (int kt = 0; kt < DK / 16; kt++)
+            acc_as_a(a[kt], S[2 * kt], S[2 * kt + 1], 1.f, 1.f, 1.f, 1.f);
+        wg_fence();
+#pragma unroll
+        for (int kt = 0; kt < DK / 16; kt++)
+            wgmma_m64n64k16<0>(V, a[kt], smem_desc_kmajor(b + L::W, kt), kt > 0);
+        wg_commit();
+#pragma unroll
+        for (int kt = 0; kt < DK / 16; kt++)
+            wgmma_m64n64k16<0>(O, a[kt], smem_desc_kmajor(b + L::Q, kt), kt > 0);
+        wg_commit();
+        wg_wait<1>();
+        wg_pin(V);
+
+        /* 2. v'^T = u^T - w S0 ^T (u^T by ldmatrix.trans of u's rows), its
+         * two A forms, the state decayed */
+        const int lrow = (lane & 7) + (lane >> 4) * 8, lcol = ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int i = 0; i < NT; i += 2) {
+            uint32_t uu[4];
+            ldsm_x4_t(uu, Us + (8 * i + lrow) * LDU + dv0 + lcol);
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const float2 lo = bf16x2_float2(uu[2 * x]), hi = bf16x2_float2(uu[2 * x + 1]);
+                float *vi = V[i + x];
+                vi[0] = lo.x - vi[0], vi[1] = lo.y - vi[1], vi[2] = hi.x - vi[2],
+                vi[3] = hi.y - vi[3];
+            }
+        }
+        uint32_t av[CH / 16][4], ak[CH / 16][4]; /* v'^T, and v'^T diag(d kinv) */
+#pragma unroll
+        for (int kt = 0; kt < CH / 16; kt++) {
+            const int c = 16 * kt + 2 * t;
+            acc_as_a(av[kt], V[2 * kt], V[2 * kt + 1], 1.f, 1.f, 1.f, 1.f);
+            acc_as_a(ak[kt], V[2 * kt], V[2 * kt + 1], kss[c], kss[c + 1], kss[c + 8], kss[c + 9]);
+        }
+        const float decay = __expf(gcs[n - 1]);
+#pragma unroll
+        for (int j = 0; j < KT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                S[j][e] *= decay;
+
+        /* 3. S^T += v'^T diag(d kinv) k; meanwhile q S0's columns scaled by
+         * G qinv; then o^T += v'^T P^T */
+        wg_fence();
+#pragma unroll
+        for (int kt = 0; kt < CH / 16; kt++) {
+            if constexpr (DK == 128)
+                wgmma_m64n128k16<1>(S, ak[kt], smem_desc_mnmajor(b + L::K, kt), 1);
+            else
+                wgmma_m64n64k16<1>(S, ak[kt], smem_desc_mnmajor(b + L::K, kt), 1);
+        }
+        wg_commit();
+        wg_wait<1>();
+        wg_pin(O), wg_pin(a);
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            const float s0 = qss[8 * i + 2 * t], s1 = qss[8 * i + 2 * t + 1];
+            O[i][0] *= s0, O[i][1] *= s1, O[i][2] *= s0, O[i][3] *= s1;
+        }
+        wg_fence();
+#pragma unroll
+        for (int kt = 0; kt < CH / 16; kt++)
+            wgmma_m64n64k16<0>(O, av[kt], smem_desc_kmajor(b + L::P, kt), 1);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(O), wg_pin(S), wg_pin(av), wg_pin(ak);
+
+        /* o^T through the warp's tile (stmatrix.trans: rows of tokens) to
+         * rows of out */
+#pragma unroll
+        for (int i = 0; i < NT; i += 2)
+            stmatrix_x4_trans(ostage + (8 * i + lrow) * LDO + lcol, pack_bf16(O[i][0], O[i][1]),
+                              pack_bf16(O[i][2], O[i][3]), pack_bf16(O[i + 1][0], O[i + 1][1]),
+                              pack_bf16(O[i + 1][2], O[i + 1][3]));
+        __syncwarp();
+#pragma unroll
+        for (int r = lane >> 1; r < CH; r += 16)
+            if (r < n)
+                *(uint4 *)(out + (int64_t)(t0 + r) * out_stride + (int64_t)h * DV + dv0 +
+                           (lane & 1) * 8) = *(const uint4 *)(ostage + r * LDO + (lane & 1) * 8);
+        __syncwarp();
+        __syncthreads(); /* the stage is free for the load after next */
+    }
+#else
+    __trap(); /* launched only where the build has sm_90a code and the GPU is sm_90 */
+#endif
+}
+
+template <int DK, int DV> static size_t chunk_state_wgmma_smem(void)
+{
+    return 1024 + 2 * wg_stage<DK, DV>::BYTES + (size_t)(DV / 16) * CH * (16 + 8) * 2;
+}
+
 /* The chunked kernels' shapes: dk and dv of 64 or 128, dv in tiles of 64. */
 static bool chunked_shape(int dk, int dv)
 {
@@ -822,19 +1028,21 @@ static bool chunked_shape(int dk, int dv)
 }
 
 template <int DK, int DV>
-static hs_status_t
-chunked_launch_t(const void *q, const void *k, const void *v, int64_t stride, const float *g,
-                 const float *beta, void *out, int64_t out_stride, const int32_t *cu, int n_seqs,
-                 int T, int nk, int nv, unsigned char *ws, const dr_layout &L, cudaStream_t stream)
+static hs_status_t chunked_launch_t(const void *q, const void *k, const void *v, int64_t stride,
+                                    const float *g, const float *beta, void *out,
+                                    int64_t out_stride, const int32_t *cu, int n_seqs, int T,
+                                    int nk, int nv, unsigned char *ws, const dr_layout &L,
+                                    bool wgmma, cudaStream_t stream)
 {
     /* the shared-memory opt-in is per device: a host-side call, set every time */
-    size_t prep_smem = chunk_prep_smem<DK, DV>(), state_smem = chunk_state_smem<DK, DV>();
+    auto state_kernel = wgmma ? chunk_state_wgmma_kernel<DK, DV> : chunk_state_kernel<DK, DV>;
+    size_t prep_smem = chunk_prep_smem<DK, DV>();
+    size_t state_smem = wgmma ? chunk_state_wgmma_smem<DK, DV>() : chunk_state_smem<DK, DV>();
     hs_status_t st = HS_CUDA_CHECK(cudaFuncSetAttribute(
         chunk_prep_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
     if (st == HS_OK)
-        st = HS_CUDA_CHECK(cudaFuncSetAttribute(chunk_state_kernel<DK, DV>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)state_smem));
+        st = HS_CUDA_CHECK(cudaFuncSetAttribute(
+            state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)state_smem));
     if (st != HS_OK) return st;
     int2 *chunks = (int2 *)(ws + L.chunks);
     int *n_chunks = (int *)(ws + L.n_chunks);
@@ -846,23 +1054,23 @@ chunked_launch_t(const void *q, const void *k, const void *v, int64_t stride, co
     chunk_prep_kernel<DK, DV><<<dim3(max_chunks, (unsigned)nv), PREP_THREADS, prep_smem, stream>>>(
         (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, stride, g, beta, chunks, n_chunks,
         nv / nk, nk, nv, qs, ks, gc, w, u, p);
-    chunk_state_kernel<DK, DV>
-        <<<dim3((unsigned)nv, (unsigned)n_seqs), DV / 16 * 32, state_smem, stream>>>(
-            (const bf16 *)q, (const bf16 *)k, stride, cu, nv / nk, nk, nv, qs, ks, gc, w, u, p,
-            (bf16 *)out, out_stride);
+    state_kernel<<<dim3((unsigned)nv, (unsigned)n_seqs), DV / 16 * 32, state_smem, stream>>>(
+        (const bf16 *)q, (const bf16 *)k, stride, cu, nv / nk, nk, nv, qs, ks, gc, w, u, p,
+        (bf16 *)out, out_stride);
     return HS_CUDA_LAUNCH_CHECK("delta_rule chunked kernels");
 }
 
 static hs_status_t chunked_launch(const void *q, const void *k, const void *v, int64_t stride,
                                   const float *g, const float *beta, void *out, int64_t out_stride,
                                   const int32_t *cu, int n_seqs, int T, int nk, int nv, int dk,
-                                  int dv, void *ws, const dr_layout &L, cudaStream_t stream)
+                                  int dv, void *ws, const dr_layout &L, bool wgmma,
+                                  cudaStream_t stream)
 {
     unsigned char *b = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
 #define CHUNKED(DKT, DVT)                                                                          \
     if (dk == DKT && dv == DVT)                                                                    \
     return chunked_launch_t<DKT, DVT>(q, k, v, stride, g, beta, out, out_stride, cu, n_seqs, T,    \
-                                      nk, nv, b, L, stream)
+                                      nk, nv, b, L, wgmma, stream)
     CHUNKED(64, 64);
     CHUNKED(64, 128);
     CHUNKED(128, 64);
@@ -930,10 +1138,30 @@ extern "C" hs_status_t hs__kn_delta_rule_recurrent(const void *q, const void *k,
                             n_k_heads, n_v_heads, dk, dv, stream);
 }
 
-extern "C" hs_status_t hs__kn_delta_rule_chunked(
-    const void *q, const void *k, const void *v, int64_t stride, const float *g, const float *beta,
-    void *out, int64_t out_stride, const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
-    int n_v_heads, int dk, int dv, void *workspace, size_t workspace_bytes, cudaStream_t stream)
+/* Whether this device runs the wgmma state pass: the build has sm_90a code
+ * (HS_HAVE_SM90A) and the current GPU is sm_90, the one GPU it loads on;
+ * elsewhere the mma.sync pass runs. */
+static bool wgmma_usable(void)
+{
+#ifdef HS_HAVE_SM90A
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+        return false;
+    return major == 9 && minor == 0;
+#else
+    return false;
+#endif
+}
+
+extern "C" int hs__kn_delta_rule_wgmma(void) { return wgmma_usable(); }
+
+static hs_status_t chunked_checked(const void *q, const void *k, const void *v, int64_t stride,
+                                   const float *g, const float *beta, void *out, int64_t out_stride,
+                                   const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
+                                   int n_v_heads, int dk, int dv, void *workspace,
+                                   size_t workspace_bytes, bool wgmma, cudaStream_t stream)
 {
     if (T <= 0) return HS_OK;
     hs_status_t st = check_shape(n_seqs, T, n_k_heads, n_v_heads, dk, dv, out_stride);
@@ -949,7 +1177,26 @@ extern "C" hs_status_t hs__kn_delta_rule_chunked(
         return HS_ERR_INVALID;
     dr_layout L = dr_plan(T, n_seqs, n_k_heads, n_v_heads, dk, dv);
     return chunked_launch(q, k, v, stride, g, beta, out, out_stride, cu_seqlens, n_seqs, T,
-                          n_k_heads, n_v_heads, dk, dv, workspace, L, stream);
+                          n_k_heads, n_v_heads, dk, dv, workspace, L, wgmma, stream);
+}
+
+extern "C" hs_status_t hs__kn_delta_rule_chunked(
+    const void *q, const void *k, const void *v, int64_t stride, const float *g, const float *beta,
+    void *out, int64_t out_stride, const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
+    int n_v_heads, int dk, int dv, void *workspace, size_t workspace_bytes, cudaStream_t stream)
+{
+    return chunked_checked(q, k, v, stride, g, beta, out, out_stride, cu_seqlens, n_seqs, T,
+                           n_k_heads, n_v_heads, dk, dv, workspace, workspace_bytes, wgmma_usable(),
+                           stream);
+}
+
+extern "C" hs_status_t hs__kn_delta_rule_chunked_mma(
+    const void *q, const void *k, const void *v, int64_t stride, const float *g, const float *beta,
+    void *out, int64_t out_stride, const int32_t *cu_seqlens, int n_seqs, int T, int n_k_heads,
+    int n_v_heads, int dk, int dv, void *workspace, size_t workspace_bytes, cudaStream_t stream)
+{
+    return chunked_checked(q, k, v, stride, g, beta, out, out_stride, cu_seqlens, n_seqs, T,
+                           n_k_heads, n_v_heads, dk, dv, workspace, workspace_bytes, false, stream);
 }
 
 extern "C" hs_status_t hs_kn_delta_rule(const void *q, const void *k, const void *v, int64_t stride,

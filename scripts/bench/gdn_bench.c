@@ -119,6 +119,8 @@ static void bench_shape(int n, int L, int iters, int nk, int nv, int d)
 
     double ms_c = time_form(hs__kn_delta_rule_chunked, q, k, v, stride, dg, dbeta, dout, ov, dcu, n,
                             T, nk, nv, d, d, ws, ws_bytes, iters);
+    double ms_m = time_form(hs__kn_delta_rule_chunked_mma, q, k, v, stride, dg, dbeta, drec, ov,
+                            dcu, n, T, nk, nv, d, d, ws, ws_bytes, iters);
     int rec_iters = iters / 4 > 1 ? iters / 4 : 1;
     double ms_r = time_form(run_recurrent, q, k, v, stride, dg, dbeta, drec, ov, dcu, n, T, nk, nv,
                             d, d, ws, ws_bytes, rec_iters);
@@ -137,9 +139,13 @@ static void bench_shape(int n, int L, int iters, int nk, int nv, int d)
         sum_diff += dd;
         if (fabs(y) > max_ref) max_ref = fabs(y);
     }
-    printf("{\"shape\": \"%dx%d\", \"tokens\": %d, \"form\": \"chunked\", \"ms\": %.4f, "
-           "\"tokens_per_s\": %.0f, \"workspace_mib\": %.1f}\n",
-           n, L, T, ms_c, T / (ms_c * 1e-3), ws_bytes / 1048576.0);
+    printf("{\"shape\": \"%dx%d\", \"tokens\": %d, \"form\": \"chunked\", \"state_pass\": \"%s\", "
+           "\"ms\": %.4f, \"tokens_per_s\": %.0f, \"workspace_mib\": %.1f}\n",
+           n, L, T, hs__kn_delta_rule_wgmma() ? "wgmma" : "mma.sync", ms_c, T / (ms_c * 1e-3),
+           ws_bytes / 1048576.0);
+    printf("{\"shape\": \"%dx%d\", \"tokens\": %d, \"form\": \"chunked_mma\", "
+           "\"state_pass\": \"mma.sync\", \"ms\": %.4f, \"tokens_per_s\": %.0f}\n",
+           n, L, T, ms_m, T / (ms_m * 1e-3));
     printf("{\"shape\": \"%dx%d\", \"tokens\": %d, \"form\": \"recurrent\", \"ms\": %.4f, "
            "\"tokens_per_s\": %.0f}\n",
            n, L, T, ms_r, T / (ms_r * 1e-3));

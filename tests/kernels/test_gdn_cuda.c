@@ -195,6 +195,20 @@ static void delta_case(const char *name, const int32_t *cu, int n_seqs, int nk, 
     ck_assert(compare(what, got, ov, ref, ov, T, ov, 4e-3f, 1.2e-2f));
     snprintf(what, sizeof what, "%s vs recurrent", name);
     ck_assert(compare(what, got, ov, rec, ov, T, ov, 4e-3f, 1.2e-2f));
+    if ((dk == 64 || dk == 128) && (dv == 64 || dv == 128)) {
+        /* the state pass on wgmma (sm_90) against the mma.sync one: the same
+         * bf16 roundings, the products summed in another order */
+        void *dmma = dev_poisoned((size_t)T * ov * 2);
+        ck_assert_int_eq(hs__kn_delta_rule_chunked_mma(q, k, v, stride, dg, db, dmma, ov, dcu,
+                                                       n_seqs, T, nk, nv, dk, dv, ws, ws_bytes,
+                                                       NULL),
+                         HS_OK);
+        float *mma = dev_download_bf16(dmma, (size_t)T * ov);
+        snprintf(what, sizeof what, "%s, state pass on %s vs mma.sync", name,
+                 hs__kn_delta_rule_wgmma() ? "wgmma" : "mma.sync");
+        ck_assert(compare(what, got, ov, mma, ov, T, ov, 4e-3f, 1.2e-2f));
+        cudaFree(dmma), free(mma);
+    }
 
     /* the last sequence alone gives the same bits */
     int32_t one[2] = {0, cu[n_seqs] - cu[n_seqs - 1]};
