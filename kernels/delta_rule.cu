@@ -641,6 +641,29 @@ template <int DK, int DV> struct state_stage {
                             BYTES = KS + CH * 4;
 };
 
+/* A warp's o^T (16 value columns over a chunk's CH tokens, accumulators)
+ * through its tile in shared memory (stmatrix.trans: rows of tokens) to 32
+ * bytes of each of the first n rows at out (row stride out_stride). */
+__device__ __forceinline__ void store_o_tile(const float (&O)[CH / 8][4], bf16 *ostage, bf16 *out,
+                                             int64_t out_stride, int n)
+{
+    constexpr int LDO = 16 + 8;
+    const int lane = threadIdx.x & 31;
+    const int lrow = (lane & 7) + (lane >> 4) * 8, lcol = ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int i = 0; i < CH / 8; i += 2)
+        stmatrix_x4_trans(ostage + (8 * i + lrow) * LDO + lcol, pack_bf16(O[i][0], O[i][1]),
+                          pack_bf16(O[i][2], O[i][3]), pack_bf16(O[i + 1][0], O[i + 1][1]),
+                          pack_bf16(O[i + 1][2], O[i + 1][3]));
+    __syncwarp();
+#pragma unroll
+    for (int r = lane >> 1; r < CH; r += 16)
+        if (r < n)
+            *(uint4 *)(out + (int64_t)r * out_stride + (lane & 1) * 8) =
+                *(const uint4 *)(ostage + r * LDO + (lane & 1) * 8);
+    __syncwarp();
+}
+
 /* Starts the copy of a chunk's three fp32 row scales (gc, G qinv, d kinv of
  * rows t0 .. t0 + n - 1 of value head h, zeros past n) into gcs, qss, kss
  * (CH floats apart), by a block of THREADS; the choice of source is
@@ -775,20 +798,8 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
                 mma_bf16(O[i + 1], a, bp[2], bp[3]);
             }
         }
-        /* o^T through the warp's tile (stmatrix.trans: rows of tokens) to
-         * rows of out */
-#pragma unroll
-        for (int i = 0; i < NT; i += 2)
-            stmatrix_x4_trans(ostage + (8 * i + lrow) * LDO + lcol, pack_bf16(O[i][0], O[i][1]),
-                              pack_bf16(O[i][2], O[i][3]), pack_bf16(O[i + 1][0], O[i + 1][1]),
-                              pack_bf16(O[i + 1][2], O[i + 1][3]));
-        __syncwarp();
-#pragma unroll
-        for (int r = lane >> 1; r < CH; r += 16)
-            if (r < n)
-                *(uint4 *)(out + (int64_t)(t0 + r) * out_stride + (int64_t)h * DV + dv0 +
-                           (lane & 1) * 8) = *(const uint4 *)(ostage + r * LDO + (lane & 1) * 8);
-        __syncwarp();
+        store_o_tile(O, ostage, out + (int64_t)t0 * out_stride + (int64_t)h * DV + dv0, out_stride,
+                     n);
 
         /* S^T = G_{n-1} S^T + v'^T diag(d kinv) k: B = k's rows transposed */
         const float decay = __expf(gcs[n - 1]);
@@ -995,20 +1006,8 @@ __global__ void __launch_bounds__(DV / 16 * 32, 1)
         wg_wait<0>();
         wg_pin(O), wg_pin(S), wg_pin(av), wg_pin(ak);
 
-        /* o^T through the warp's tile (stmatrix.trans: rows of tokens) to
-         * rows of out */
-#pragma unroll
-        for (int i = 0; i < NT; i += 2)
-            stmatrix_x4_trans(ostage + (8 * i + lrow) * LDO + lcol, pack_bf16(O[i][0], O[i][1]),
-                              pack_bf16(O[i][2], O[i][3]), pack_bf16(O[i + 1][0], O[i + 1][1]),
-                              pack_bf16(O[i + 1][2], O[i + 1][3]));
-        __syncwarp();
-#pragma unroll
-        for (int r = lane >> 1; r < CH; r += 16)
-            if (r < n)
-                *(uint4 *)(out + (int64_t)(t0 + r) * out_stride + (int64_t)h * DV + dv0 +
-                           (lane & 1) * 8) = *(const uint4 *)(ostage + r * LDO + (lane & 1) * 8);
-        __syncwarp();
+        store_o_tile(O, ostage, out + (int64_t)t0 * out_stride + (int64_t)h * DV + dv0, out_stride,
+                     n);
         __syncthreads(); /* the stage is free for the load after next */
     }
 #else
