@@ -649,12 +649,21 @@ __device__ __forceinline__ void store_o_tile(const float (&O)[CH / 8][4], bf16 *
 {
     constexpr int LDO = 16 + 8;
     const int lane = threadIdx.x & 31;
+#if __CUDA_ARCH__ >= 900
     const int lrow = (lane & 7) + (lane >> 4) * 8, lcol = ((lane >> 3) & 1) * 8;
 #pragma unroll
     for (int i = 0; i < CH / 8; i += 2)
         stmatrix_x4_trans(ostage + (8 * i + lrow) * LDO + lcol, pack_bf16(O[i][0], O[i][1]),
                           pack_bf16(O[i][2], O[i][3]), pack_bf16(O[i + 1][0], O[i + 1][1]),
                           pack_bf16(O[i + 1][2], O[i + 1][3]));
+#else /* no stmatrix before sm_90: the same tile by 2-byte stores */
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < CH / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            ostage[(8 * i + 2 * t + (e & 1)) * LDO + g + 8 * (e >> 1)] = __float2bfloat16(O[i][e]);
+#endif
     __syncwarp();
 #pragma unroll
     for (int r = lane >> 1; r < CH; r += 16)
