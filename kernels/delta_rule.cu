@@ -846,12 +846,14 @@ template <int DK, int DV> static size_t chunk_state_smem(void)
  * 16, in the same accumulator layout as above) and issues a chunk's
  * products back to back, B read by the tensor cores straight from shared
  * memory (k, q, w and P in 128-byte swizzled panels, wgmma.cuh), so no
- * B fragment is loaded into registers and a chunk waits twice, not per
- * product:
- *   1. v'^T, o^T: S^T w^T and S^T q^T (A = S^T in bf16, K-major B);
- *   2. v'^T = u^T - ..., o^T scaled by G qinv, S^T decayed (registers);
- *   3. o^T += v'^T P^T (K-major) and S^T += v'^T diag(d kinv) k
- *      (k's rows as MN-major B), issued together. */
+ * B fragment is loaded into registers. A chunk is four groups of
+ * products, each wait leaving the next group on the tensor cores:
+ *   1. S^T w^T, then S^T q^T (A = S^T in bf16, K-major B);
+ *   2. once S^T w^T is done: v'^T = u^T - S^T w^T, the state decayed;
+ *   3. S^T += v'^T diag(d kinv) k (k's rows as MN-major B); once S^T q^T
+ *      is done, its columns scaled by G qinv;
+ *   4. o^T += v'^T P^T (K-major). The same sums in the same order as the
+ *      mma.sync pass: the same bits. */
 template <int DK, int DV> struct wg_stage {
     static constexpr int LDU = DV + 8;
     static constexpr size_t PANELS = (size_t)DK / 64 * WG_PANEL_BYTES;

@@ -12,13 +12,13 @@
  *   K-major B (rows = N, columns = K): smem_desc_kmajor, one k-step of 16
  *     columns 32 bytes into the row;
  *   MN-major B (rows = K, columns = N, N over the panels): smem_desc_mnmajor.
- * Only built for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL). */
+ * Used only in code built for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL). */
 #ifndef HS_KN_WGMMA_CUH
 #define HS_KN_WGMMA_CUH
 
 #include <stdint.h>
 
-enum { WG_PANEL_ROWS = 64, WG_PANEL_BYTES = 64 * 128 };
+enum { WG_PANEL_BYTES = 64 * 128 }; /* 64 rows of 128 bytes */
 
 /* Byte offset of the 16-byte piece c (columns 8c .. 8c + 7) of row r in the
  * swizzled panels. */
