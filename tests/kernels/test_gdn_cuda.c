@@ -197,7 +197,9 @@ static void delta_case(const char *name, const int32_t *cu, int n_seqs, int nk, 
     ck_assert(compare(what, got, ov, rec, ov, T, ov, 4e-3f, 1.2e-2f));
     if ((dk == 64 || dk == 128) && (dv == 64 || dv == 128)) {
         /* the state pass on wgmma (sm_90) against the mma.sync one: the same
-         * bf16 roundings, the products summed in another order */
+         * sums in the same order (the same bits on the H200); the bound
+         * leaves room for another GPU's tensor cores to order a k-step's
+         * sum differently */
         void *dmma = dev_poisoned((size_t)T * ov * 2);
         ck_assert_int_eq(hs__kn_delta_rule_chunked_mma(q, k, v, stride, dg, db, dmma, ov, dcu,
                                                        n_seqs, T, nk, nv, dk, dv, ws, ws_bytes,
