@@ -168,30 +168,32 @@ static void on_challenge(link_t *l, const uint8_t *body, uint32_t len)
 }
 
 /* The ranks the welcomed consumers say they are must fit together: one world
- * size, each rank once. Otherwise the whole set is refused, naming both. */
+ * size, each rank once. Otherwise the whole set is refused, naming both in
+ * --to order (not in the order their welcomes happened to arrive). */
 static bool links_check_ranks(link_t *l)
 {
     producer_t *pr = l->pr;
-    uint32_t w = l->world ? l->world : 1;
     for (uint32_t i = 0; i < pr->net.n_links; i++) {
         link_t *o = &pr->net.links[i];
         if (o == l || !o->welcomed || o->done) continue;
-        uint32_t ow = o->world ? o->world : 1;
-        if (ow != w) {
+        const link_t *a = o->index < l->index ? o : l, *b = a == o ? l : o; /* a first in --to */
+        uint32_t wa = a->world ? a->world : 1, wb = b->world ? b->world : 1;
+        if (wa != wb) {
             hs__producer_fail_all(
                 pr, HS_ERR_MISMATCH,
                 "the consumers given to --to differ in world size: %s:%u (%s) is rank %u of "
                 "%u, %s:%u (%s) is rank %u of %u; start every rank with the same --world",
-                o->host, o->port, o->consumer_name, o->rank, ow, l->host, l->port, l->consumer_name,
-                l->rank, w);
+                a->host, a->port, a->consumer_name, a->rank, wa, b->host, b->port, b->consumer_name,
+                b->rank, wb);
             return false;
         }
-        if (o->rank == l->rank) {
+        if (a->rank == b->rank) {
             hs__producer_fail_all(
                 pr, HS_ERR_MISMATCH,
                 "two consumers given to --to are both rank %u of %u: %s:%u (%s) and %s:%u "
                 "(%s); give each rank its own --rank",
-                l->rank, w, o->host, o->port, o->consumer_name, l->host, l->port, l->consumer_name);
+                a->rank, wa, a->host, a->port, a->consumer_name, b->host, b->port,
+                b->consumer_name);
             return false;
         }
     }

@@ -149,6 +149,11 @@ mismatch)
     wait_exit p 60
     [ "${RC_OF[p]}" -ne 0 ] || fail "the producer accepted ranks of world sizes 2 and 3"
     log_has p 'differ in world size: .* rank 0 of 2, .* rank 1 of 3'
+    # the two are named in --to order, whichever welcome arrives first
+    start pr "$PRODUCER" --to "127.0.0.1:${PORT[1]},127.0.0.1:${PORT[0]}" "${popts[@]}"
+    wait_exit pr 60
+    [ "${RC_OF[pr]}" -ne 0 ] || fail "the producer accepted ranks of world sizes 3 and 2"
+    log_has pr 'differ in world size: .* rank 1 of 3, .* rank 0 of 2'
     kill -9 "$(pid_of b)"
     wait_exit b 10
     start c "$CONSUMER" --rank 0 --world 2 --listen "127.0.0.1:${PORT[2]}" --cache-gb 0.05
