@@ -169,7 +169,17 @@ static hs_status_t recurrent_launch(const void *q, const void *k, const void *v,
 enum { CH = 64, PREP_THREADS = 256 };
 
 /* Four 8 x 8 bf16 matrices from fragments (a pair a thread) to shared
- * memory transposed; p is this lane's row of matrix lane / 8. */
+ * memory, as they are (stmatrix_x4) or transposed (stmatrix_x4_trans); p is
+ * this lane's row of matrix lane / 8. sm_90. */
+__device__ __forceinline__ void stmatrix_x4(bf16 *p, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(a),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 __device__ __forceinline__ void stmatrix_x4_trans(bf16 *p, uint32_t r0, uint32_t r1, uint32_t r2,
                                                   uint32_t r3)
 {
@@ -192,24 +202,37 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x)
     return y;
 }
 
-/* x[i] with i in 0..3 known only at run time, without local memory. */
-__device__ __forceinline__ uint32_t pick4(const uint32_t x[4], int i)
-{
-    uint32_t lo = i & 1 ? x[1] : x[0], hi = i & 1 ? x[3] : x[2];
-    return i & 2 ? hi : lo;
-}
+/* A warp's 16 x 32 bf16 tile to the first n_rows of its rows at dst (row
+ * stride ld_dst): p[hr][x] is the thread's pair of rows fr + 8 hr, columns
+ * 8 x + 2 fc, + 1 (fr = lane / 4, fc = lane % 4), as m16n8 accumulators
+ * hold them. Through the warp's staging tile in shared memory (16 rows of
+ * TILE_LD bf16, 16-byte aligned) to 64-byte row segments: a quarter of the
+ * store instructions of writing the pairs, and no shuffles. */
+enum { TILE_LD = 32 + 8 };
 
-/* Rows of accumulators to 16-byte stores: thread t of a quad holds x[j],
- * its 4 bytes (two bf16) of column tile j = 0..3 of a row; returns the 16
- * bytes of column tile t, gathered from the quad. */
-__device__ __forceinline__ uint4 quad_gather(const uint32_t x[4])
+__device__ __forceinline__ void store_warp_tile(const uint32_t (&p)[2][4], bf16 *stage, bf16 *dst,
+                                                int64_t ld_dst, int n_rows)
 {
-    const int t = threadIdx.x & 3;
-    uint32_t z[4]; /* z[r]: the piece t ^ r of tile t */
+    const int lane = threadIdx.x & 31;
+#if __CUDA_ARCH__ >= 900
+    const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = (lane >> 4) * 8;
+    stmatrix_x4(stage + row * TILE_LD + col, p[0][0], p[1][0], p[0][1], p[1][1]);
+    stmatrix_x4(stage + row * TILE_LD + 16 + col, p[0][2], p[1][2], p[0][3], p[1][3]);
+#else /* no stmatrix before sm_90 */
 #pragma unroll
-    for (int r = 0; r < 4; r++)
-        z[r] = __shfl_xor_sync(0xffffffffu, pick4(x, t ^ r), r);
-    return make_uint4(pick4(z, t), pick4(z, t ^ 1), pick4(z, t ^ 2), pick4(z, t ^ 3));
+    for (int hr = 0; hr < 2; hr++)
+#pragma unroll
+        for (int x = 0; x < 4; x++)
+            *(uint32_t *)(stage + ((lane >> 2) + 8 * hr) * TILE_LD + 8 * x + 2 * (lane & 3)) =
+                p[hr][x];
+#endif
+    __syncwarp();
+#pragma unroll
+    for (int r = lane >> 2; r < 16; r += 8)
+        if (r < n_rows)
+            *(uint4 *)(dst + (int64_t)r * ld_dst + (lane & 3) * 8) =
+                *(const uint4 *)(stage + r * TILE_LD + (lane & 3) * 8);
+    __syncwarp();
 }
 
 /* An fp32 16 x 16 tile (row-major, ld) as the A operand, and a 16 x 8 one
@@ -352,15 +375,15 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
                       float *__restrict__ gc_ws, bf16 *__restrict__ w_ws, bf16 *__restrict__ u_ws,
                       bf16 *__restrict__ p_ws)
 {
-    constexpr int LDK = DK + 8, LDV = DV + 8, LDF = CH + 8, LDX = CH + 8;
+    constexpr int LDK = DK + 8, LDV = DV + 8, LDF = CH + 8;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *Ks = (bf16 *)smem;                     /* k as loaded */
-    bf16 *Qs = Ks + CH * LDK;                    /* raw q, then X, then Xu hi | lo */
+    bf16 *Qs = Ks + CH * LDK;                    /* raw q, then P's staging, then X */
     bf16 *Vs = (bf16 *)((float *)Qs + CH * LDF); /* v as loaded */
-    float *A = (float *)(Vs + CH * LDV);         /* A, then Xw hi | lo */
+    float *A = (float *)(Vs + CH * LDV);         /* A, then w's and u's staging */
     float *X = (float *)Qs;
     float *gcs = A + CH * LDF, *betas = gcs + CH, *qinvs = betas + CH, *kinvs = qinvs + CH;
-    float *kscale = kinvs + CH; /* beta G kinv per row */
+    float *kscale = kinvs + CH; /* beta G kinv per row: w's column scales */
 
     const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (c >= *n_chunks) return;
@@ -382,10 +405,16 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
     {
         int r = tid >> 2, part = tid & 3;
         float sq = 0.f, sk = 0.f;
-        for (int i = part * (DK / 4); i < (part + 1) * (DK / 4); i += 2) {
-            float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)(Qs + r * LDK + i));
-            float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)(Ks + r * LDK + i));
-            sq += a.x * a.x + a.y * a.y, sk += b.x * b.x + b.y * b.y;
+#pragma unroll
+        for (int col = part * (DK / 4); col < (part + 1) * (DK / 4); col += 8) { /* 16 bytes */
+            const uint4 q8 = *(const uint4 *)(Qs + r * LDK + col),
+                        k8 = *(const uint4 *)(Ks + r * LDK + col);
+            const uint32_t qw[4] = {q8.x, q8.y, q8.z, q8.w}, kw[4] = {k8.x, k8.y, k8.z, k8.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 a = bf16x2_float2(qw[e]), b = bf16x2_float2(kw[e]);
+                sq += a.x * a.x + a.y * a.y, sk += b.x * b.x + b.y * b.y;
+            }
         }
         sq += __shfl_xor_sync(0xffffffffu, sq, 1);
         sk += __shfl_xor_sync(0xffffffffu, sk, 1);
@@ -440,32 +469,52 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
             }
         }
         __syncthreads(); /* the norms and the cumulative gate */
-        if (tid < n) {   /* the state pass's row scales of q and k */
-            qs_ws[(int64_t)(t0 + tid) * nv + h] = __expf(gcs[tid]) * qinvs[tid];
-            ks_ws[(int64_t)(t0 + tid) * nv + h] = __expf(gcs[n - 1] - gcs[tid]) * kinvs[tid];
+        if (tid < CH) {  /* the state pass's row scales of q and k; w's column scales */
+            const float G = __expf(gcs[tid]);
+            if (tid < n) {
+                qs_ws[(int64_t)(t0 + tid) * nv + h] = G * qinvs[tid];
+                ks_ws[(int64_t)(t0 + tid) * nv + h] = __expf(gcs[n - 1] - gcs[tid]) * kinvs[tid];
+            }
+            kscale[tid] = betas[tid] * G * kinvs[tid];
         }
-        bf16 *p_out = p_ws + (int64_t)t0 * nv * CH + (int64_t)h * CH;
+        /* A and P from this warp's rows; the column factors of its 8
+         * columns held in registers; a tile wholly above the diagonal is
+         * zero (no exponentials). P goes out through a staging tile in q's
+         * place, free once the products above are done. */
+        uint32_t pp[2][4];
+        float2 gcj[4], kj[4]; /* columns j, j + 1 of tile x */
+        const int j0 = half * 32 + 2 * fc;
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            gcj[x] = *(const float2 *)(gcs + j0 + 8 * x);
+            kj[x] = *(const float2 *)(kinvs + j0 + 8 * x);
+        }
+        const bool above = half * 32 > rt * 16 + 15; /* uniform over the warp */
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) { /* rows fr and fr + 8 */
             const int i = rt * 16 + fr + 8 * hr;
-            uint32_t pp[4];
+            const float gi = gcs[i], ai = betas[i] * kinvs[i], qi = qinvs[i];
 #pragma unroll
             for (int x = 0; x < 4; x++) {
-                const int j = half * 32 + x * 8 + 2 * fc;
-                float a[2], p[2];
+                const int j = j0 + 8 * x;
+                float a[2] = {0.f, 0.f}, p[2] = {0.f, 0.f};
+                if (!above) {
 #pragma unroll
-                for (int y = 0; y < 2; y++) {
-                    const int jj = j + y;
-                    const float d = jj <= i ? __expf(gcs[i] - gcs[jj]) : 0.f;
-                    a[y] = jj < i ? betas[i] * kinvs[i] * kinvs[jj] * d * kk[x][2 * hr + y] : 0.f;
-                    p[y] = qinvs[i] * kinvs[jj] * d * qk[x][2 * hr + y];
+                    for (int y = 0; y < 2; y++) {
+                        const int jj = j + y;
+                        const float gj = y ? gcj[x].y : gcj[x].x, kinv_j = y ? kj[x].y : kj[x].x;
+                        const float d = jj <= i ? __expf(gi - gj) : 0.f;
+                        a[y] = jj < i ? ai * kinv_j * d * kk[x][2 * hr + y] : 0.f;
+                        p[y] = qi * kinv_j * d * qk[x][2 * hr + y];
+                    }
                 }
-                A[i * LDF + j] = a[0], A[i * LDF + j + 1] = a[1];
-                pp[x] = pack_bf16(p[0], p[1]);
+                *(float2 *)(A + i * LDF + j) = make_float2(a[0], a[1]);
+                pp[hr][x] = pack_bf16(p[0], p[1]);
             }
-            const uint4 row = quad_gather(pp); /* all lanes shuffle; rows past n not stored */
-            if (i < n) *(uint4 *)(p_out + (int64_t)i * nv * CH + half * 32 + fc * 8) = row;
         }
+        store_warp_tile(pp, Qs + warp * 16 * TILE_LD,
+                        p_ws + ((int64_t)(t0 + rt * 16) * nv + h) * CH + half * 32,
+                        (int64_t)nv * CH, n - rt * 16);
     }
     __syncthreads();
 
@@ -518,45 +567,32 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
         __syncthreads();
     }
 
-    /* The row scales go into X's columns, so that k and v are used as
-     * loaded: Xw = X diag(beta G kinv), Xu = X diag(beta), each as hi + lo
-     * bf16 (Xw in A's place, Xu in X's: X is read into registers first) */
-    constexpr int PER_T = CH * CH / PREP_THREADS;
-    float xr[PER_T];
-#pragma unroll
-    for (int x = 0; x < PER_T; x++) {
-        int e = tid + x * PREP_THREADS, i = e / CH, j = e % CH;
-        xr[x] = i >> 4 < j >> 4 ? 0.f : X[i * LDF + j];
-    }
-    if (tid < CH) kscale[tid] = betas[tid] * __expf(gcs[tid]) * kinvs[tid];
-    __syncthreads();
-    bf16 *Xwh = (bf16 *)A, *Xwl = Xwh + CH * LDX, *Xuh = (bf16 *)X, *Xul = Xuh + CH * LDX;
-#pragma unroll
-    for (int x = 0; x < PER_T; x++) {
-        int e = tid + x * PREP_THREADS, i = e / CH, j = e % CH;
-        float xw = xr[x] * kscale[j], xu = xr[x] * betas[j];
-        bf16 wh = __float2bfloat16(xw), uh = __float2bfloat16(xu);
-        Xwh[i * LDX + j] = wh;
-        Xwl[i * LDX + j] = __float2bfloat16(xw - __bfloat162float(wh));
-        Xuh[i * LDX + j] = uh;
-        Xul[i * LDX + j] = __float2bfloat16(xu - __bfloat162float(uh));
-    }
-    __syncthreads();
-
-    /* w = Xw k, u = Xu v: warp w takes row tile w % 4 and half the
-     * columns; X is lower, so k-tiles past the row tile are zero and
-     * skipped. mma.sync with hi and lo of X as A (held across the columns)
-     * and the rows of k or v as B, stored from the accumulators. */
+    /* w = Xw k, u = Xu v with the row scales in X's columns, so that k
+     * and v are used as loaded: Xw = X diag(beta G kinv), Xu = X
+     * diag(beta). Warp w takes row tile w % 4 and half the columns; X is
+     * lower, so k-tiles past the row tile are zero and skipped. The A
+     * fragments are made from X in fp32, scaled and split into hi + lo
+     * bf16 (held across the columns); B = the rows of k or v; out through
+     * a staging tile in A's place (A is no longer read). */
     const int rows_left = n - rt * 16;
-    auto product = [&](const bf16 *Xh, const bf16 *Xl, const bf16 *B, int ldb, int ncols, bf16 *dst,
+    bf16 *stage = (bf16 *)A + warp * 16 * TILE_LD;
+    auto product = [&](const float *col_scale, const bf16 *B, int ldb, int ncols, bf16 *dst,
                        int64_t ld_dst) {
         uint32_t ah[CH / 16][4], al[CH / 16][4];
+        const float *x0 = X + (rt * 16 + fr) * LDF + 2 * fc, *x1 = x0 + 8 * LDF;
 #pragma unroll
         for (int kt = 0; kt < CH / 16; kt++)
             if (kt <= rt) {
-                const int at = (rt * 16 + (lane & 15)) * LDX + kt * 16 + (lane >> 4) * 8;
-                ldsm_x4(ah[kt], Xh + at);
-                ldsm_x4(al[kt], Xl + at);
+                const int c = 16 * kt;
+                const float2 s0 = *(const float2 *)(col_scale + c + 2 * fc),
+                             s1 = *(const float2 *)(col_scale + c + 8 + 2 * fc);
+                const float2 a00 = *(const float2 *)(x0 + c), a10 = *(const float2 *)(x1 + c),
+                             a01 = *(const float2 *)(x0 + c + 8),
+                             a11 = *(const float2 *)(x1 + c + 8);
+                split_bf16(a00.x * s0.x, a00.y * s0.y, &ah[kt][0], &al[kt][0]);
+                split_bf16(a10.x * s0.x, a10.y * s0.y, &ah[kt][1], &al[kt][1]);
+                split_bf16(a01.x * s1.x, a01.y * s1.y, &ah[kt][2], &al[kt][2]);
+                split_bf16(a11.x * s1.x, a11.y * s1.y, &ah[kt][3], &al[kt][3]);
             }
         for (int nt = half * ncols / 16; nt < (half + 1) * ncols / 16; nt += 4) {
             float c[4][4];
@@ -577,22 +613,17 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
                         mma_bf16(c[x + 1], al[kt], bb[2], bb[3]);
                     }
                 }
+            uint32_t pc[2][4];
 #pragma unroll
-            for (int hr = 0; hr < 2; hr++) { /* rows fr and fr + 8 */
-                uint32_t pc[4];
+            for (int hr = 0; hr < 2; hr++)
 #pragma unroll
                 for (int x = 0; x < 4; x++)
-                    pc[x] = pack_bf16(c[x][2 * hr], c[x][2 * hr + 1]);
-                const uint4 row = quad_gather(pc);
-                if (fr + 8 * hr < rows_left)
-                    *(uint4 *)(dst + (int64_t)(fr + 8 * hr) * ld_dst + 8 * (nt + fc)) = row;
-            }
+                    pc[hr][x] = pack_bf16(c[x][2 * hr], c[x][2 * hr + 1]);
+            store_warp_tile(pc, stage, dst + 8 * nt, ld_dst, rows_left);
         }
     };
-    product(Xwh, Xwl, Ks, LDK, DK, w_ws + ((int64_t)(t0 + rt * 16) * nv + h) * DK,
-            (int64_t)nv * DK);
-    product(Xuh, Xul, Vs, LDV, DV, u_ws + ((int64_t)(t0 + rt * 16) * nv + h) * DV,
-            (int64_t)nv * DV);
+    product(kscale, Ks, LDK, DK, w_ws + ((int64_t)(t0 + rt * 16) * nv + h) * DK, (int64_t)nv * DK);
+    product(betas, Vs, LDV, DV, u_ws + ((int64_t)(t0 + rt * 16) * nv + h) * DV, (int64_t)nv * DV);
 }
 
 template <int DK, int DV> static size_t chunk_prep_smem(void)
