@@ -385,7 +385,10 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
     float *gcs = A + CH * LDF, *betas = gcs + CH, *qinvs = betas + CH, *kinvs = qinvs + CH;
     float *kscale = kinvs + CH; /* beta G kinv per row: w's column scales */
 
-    const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    /* value heads fastest: the heads of a key head run side by side and
+     * read its q and k rows from L2 */
+    const int c = blockIdx.x / nv, h = blockIdx.x % nv;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (c >= *n_chunks) return;
     const int2 ch = chunks[c];
     const int t0 = ch.x, n = ch.y, hk = h / ratio;
@@ -1092,7 +1095,12 @@ static hs_status_t chunked_launch_t(const void *q, const void *k, const void *v,
     chunk_schedule_kernel<<<1, 1024, 0, stream>>>(cu, n_seqs, chunks, n_chunks);
     unsigned max_chunks = (unsigned)((T + CH - 1) / CH + n_seqs);
     if (max_chunks > (unsigned)T) max_chunks = (unsigned)T;
-    chunk_prep_kernel<DK, DV><<<dim3(max_chunks, (unsigned)nv), PREP_THREADS, prep_smem, stream>>>(
+    if ((uint64_t)max_chunks * (uint64_t)nv > 0x7fffffffu) {
+        hs_error("delta_rule: %u chunks x %d value heads exceed one launch; split the batch",
+                 max_chunks, nv);
+        return HS_ERR_INVALID;
+    }
+    chunk_prep_kernel<DK, DV><<<max_chunks *(unsigned)nv, PREP_THREADS, prep_smem, stream>>>(
         (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, stride, g, beta, chunks, n_chunks,
         nv / nk, nk, nv, qs, ks, gc, w, u, p);
     state_kernel<<<dim3((unsigned)nv, (unsigned)n_seqs), DV / 16 * 32, state_smem, stream>>>(
