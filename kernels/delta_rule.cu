@@ -586,12 +586,12 @@ __global__ void __launch_bounds__(PREP_THREADS, 3)
 #pragma unroll
         for (int kt = 0; kt < CH / 16; kt++)
             if (kt <= rt) {
-                const int c = 16 * kt;
-                const float2 s0 = *(const float2 *)(col_scale + c + 2 * fc),
-                             s1 = *(const float2 *)(col_scale + c + 8 + 2 * fc);
-                const float2 a00 = *(const float2 *)(x0 + c), a10 = *(const float2 *)(x1 + c),
-                             a01 = *(const float2 *)(x0 + c + 8),
-                             a11 = *(const float2 *)(x1 + c + 8);
+                const int col = 16 * kt;
+                const float2 s0 = *(const float2 *)(col_scale + col + 2 * fc),
+                             s1 = *(const float2 *)(col_scale + col + 8 + 2 * fc);
+                const float2 a00 = *(const float2 *)(x0 + col), a10 = *(const float2 *)(x1 + col),
+                             a01 = *(const float2 *)(x0 + col + 8),
+                             a11 = *(const float2 *)(x1 + col + 8);
                 split_bf16(a00.x * s0.x, a00.y * s0.y, &ah[kt][0], &al[kt][0]);
                 split_bf16(a10.x * s0.x, a10.y * s0.y, &ah[kt][1], &al[kt][1]);
                 split_bf16(a01.x * s1.x, a01.y * s1.y, &ah[kt][2], &al[kt][2]);
@@ -1078,6 +1078,15 @@ static hs_status_t chunked_launch_t(const void *q, const void *k, const void *v,
                                     int nk, int nv, unsigned char *ws, const dr_layout &L,
                                     bool wgmma, cudaStream_t stream)
 {
+    /* the prep: a block per chunk and value head, in one dimension */
+    uint64_t max_chunks = (uint64_t)((T + CH - 1) / CH + n_seqs);
+    if (max_chunks > (uint64_t)T) max_chunks = (uint64_t)T;
+    if (max_chunks * (uint64_t)nv > 0x7fffffffu) {
+        hs_error("delta_rule: %llu chunks x %d value heads exceed one launch; split the batch",
+                 (unsigned long long)max_chunks, nv);
+        return HS_ERR_INVALID;
+    }
+    const unsigned prep_blocks = (unsigned)(max_chunks * (uint64_t)nv);
     /* the shared-memory opt-in is per device: a host-side call, set every time */
     auto state_kernel = wgmma ? chunk_state_wgmma_kernel<DK, DV> : chunk_state_kernel<DK, DV>;
     size_t prep_smem = chunk_prep_smem<DK, DV>();
@@ -1093,14 +1102,7 @@ static hs_status_t chunked_launch_t(const void *q, const void *k, const void *v,
     float *qs = (float *)(ws + L.qs), *ks = (float *)(ws + L.ks), *gc = (float *)(ws + L.gc);
     bf16 *w = (bf16 *)(ws + L.w), *u = (bf16 *)(ws + L.u), *p = (bf16 *)(ws + L.p);
     chunk_schedule_kernel<<<1, 1024, 0, stream>>>(cu, n_seqs, chunks, n_chunks);
-    unsigned max_chunks = (unsigned)((T + CH - 1) / CH + n_seqs);
-    if (max_chunks > (unsigned)T) max_chunks = (unsigned)T;
-    if ((uint64_t)max_chunks * (uint64_t)nv > 0x7fffffffu) {
-        hs_error("delta_rule: %u chunks x %d value heads exceed one launch; split the batch",
-                 max_chunks, nv);
-        return HS_ERR_INVALID;
-    }
-    chunk_prep_kernel<DK, DV><<<max_chunks *(unsigned)nv, PREP_THREADS, prep_smem, stream>>>(
+    chunk_prep_kernel<DK, DV><<<prep_blocks, PREP_THREADS, prep_smem, stream>>>(
         (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, stride, g, beta, chunks, n_chunks,
         nv / nk, nk, nv, qs, ks, gc, w, u, p);
     state_kernel<<<dim3((unsigned)nv, (unsigned)n_seqs), DV / 16 * 32, state_smem, stream>>>(

@@ -11,6 +11,7 @@
  * unwritten element fails. Exits 77 (skipped) where there is no GPU. */
 #include <check.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,7 +244,7 @@ START_TEST(delta_rule_matches_its_twin_on_packed_sequences)
 }
 END_TEST
 
-START_TEST(delta_rule_refuses_a_short_workspace_and_bad_heads)
+START_TEST(delta_rule_refuses_a_short_workspace_bad_heads_and_an_oversized_launch)
 {
     size_t need = hs_kn_delta_rule_workspace_bytes(K_T, K_SEQS, 2, 6, 128, 128);
     void *dcu = dev_upload(k_cu, sizeof k_cu);
@@ -255,6 +256,13 @@ START_TEST(delta_rule_refuses_a_short_workspace_and_bad_heads)
         ck_assert_int_eq(hs_kn_delta_rule(NULL, NULL, NULL, 2048, NULL, NULL, NULL, 768, dcu,
                                           K_SEQS, K_T, 2, 6, 128, 128, NULL, need - 1, NULL),
                          HS_ERR_INVALID);
+    /* more chunks x value heads than one launch holds: refused before any
+     * launch (the pointers are never touched; only sizes are checked) */
+    void *fake = (void *)(uintptr_t)4096;
+    ck_assert_int_eq(hs_kn_delta_rule(fake, fake, fake, 4096, NULL, NULL, fake, 16384, dcu, 1,
+                                      1 << 30, 16, 128, 128, 128, fake, SIZE_MAX, NULL),
+                     HS_ERR_INVALID);
+    ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
     cudaFree(dcu);
 }
 END_TEST
@@ -273,7 +281,7 @@ int main(void)
     tcase_add_test(tc, gdn_gates_match_their_twin);
     tcase_add_test(tc, rmsnorm_gated_matches_its_twin);
     tcase_add_test(tc, delta_rule_matches_its_twin_on_packed_sequences);
-    tcase_add_test(tc, delta_rule_refuses_a_short_workspace_and_bad_heads);
+    tcase_add_test(tc, delta_rule_refuses_a_short_workspace_bad_heads_and_an_oversized_launch);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
