@@ -59,6 +59,7 @@
 #include "embedding.h"
 #include "fp8_block.h"
 #include "gdn_gates.h"
+#include "gpu_energy.h"
 #include "hs_model.h"
 #include "model_int.h"
 #include "rmsnorm.h"
@@ -127,6 +128,8 @@ struct hs_model_cuda {
     size_t dr_bytes;
     hs_lt_t *lt;
     size_t lt_bytes;
+    hs_gpu_energy_t *energy; /* opened by the first preflight; NULL without NVML */
+    bool energy_tried;
     /* FP8 GEMMs: the activations quantised per token and 128-group,
      * xq [T, round_up(max K, 16)] e4m3 and xs [ceil(max K / 128), T] */
     int n_fp8_gemms, n_fp8_fallback; /* GEMMs on FP8; FP8 weights run as bf16 */
@@ -662,6 +665,7 @@ void hs_model_cuda_destroy(hs_model_cuda_t *mc)
     if (!mc) return;
     hs_lt_destroy(mc->lt);
     hs_kn_attn_plan_destroy(mc->attn);
+    hs_gpu_energy_close(mc->energy);
     cudaFree(mc->wbase);
     cudaFree(mc->abase);
     free(mc->layers);
@@ -1011,6 +1015,14 @@ hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len
                                     row, s)))
         goto out;
     if ((st = HS_CUDA_CHECK(cudaStreamSynchronize(s)))) goto out;
+    if (!mc->energy_tried) {
+        char bus[32];
+        mc->energy_tried = true;
+        if (cudaDeviceGetPCIBusId(bus, (int)sizeof(bus), mc->device) == cudaSuccess)
+            mc->energy = hs_gpu_energy_open(bus);
+    }
+    hs_gpu_energy_mark_t mark0, mark1;
+    bool metered = hs_gpu_energy_mark(mc->energy, &mark0);
     for (int i = 0; i < iters; i++) {
         float ms = 0;
         if ((st = HS_CUDA_CHECK(cudaEventRecord(e0, s)))) goto out;
@@ -1022,6 +1034,7 @@ hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len
         if ((st = HS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1)))) goto out;
         times[i] = ms;
     }
+    metered = metered && hs_gpu_energy_mark(mc->energy, &mark1);
     qsort(times, (size_t)iters, sizeof(double), cmp_double);
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
@@ -1041,6 +1054,14 @@ hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len
     r.tokens_per_s = T / (r.ms / 1000.0);
     r.tflop = hs_model_forward_flops(&mc->m->cfg, run, cu, n_seqs) / 1e12;
     r.mfu = r.tflop / (r.ms / 1000.0) / peak_tflops;
+    if (metered) {
+        hs_gpu_energy_span_t e = hs_gpu_energy_span(mc->energy, mark0, mark1);
+        r.metered = e.joules > 0;
+        r.joules_per_token = e.joules / ((double)iters * T);
+        r.watts = e.watts;
+        r.limit_watts = e.limit_watts;
+        r.power_capped_share = e.capped_share;
+    }
     *out = r;
     st = HS_OK;
 out:

@@ -299,6 +299,13 @@ typedef struct {
     double us_per_token, tokens_per_s;
     double tflop; /* hs_model_forward_flops of the layers run, in TFLOP */
     double mfu;   /* achieved FLOP/s over peak_tflops */
+    /* Over all timed runs, from the GPU's energy counter (kernels/gpu_energy.h);
+     * metered is false, and the rest 0, where NVML does not give it. A GPU
+     * that holds its power limit (capped share near 1) runs as fast as its
+     * joules per token allow. */
+    bool metered;
+    double joules_per_token, watts, limit_watts;
+    double power_capped_share; /* of the timed runs' wall time, 0..1 */
 } hs_model_cuda_preflight_t;
 
 /* Bytes a preflight batch of T tokens in n_seqs sequences capturing

@@ -145,8 +145,9 @@ static void miss_note(miss_t *mi, int gpu, hs__preflight_shape_t shape, uint64_t
 
 static void print_header(void)
 {
-    printf("%-4s %-22s %-11s %9s %9s %10s %9s %11s %7s  %s\n", "gpu", "device", "shape", "peak GiB",
-           "used GiB", "ms/batch", "us/token", "tokens/s", "MFU %", "fits");
+    printf("%-4s %-22s %-11s %9s %9s %10s %9s %11s %7s %9s %7s  %s\n", "gpu", "device", "shape",
+           "peak GiB", "used GiB", "ms/batch", "us/token", "tokens/s", "MFU %", "W/limit", "capped",
+           "fits");
 }
 
 hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *budget_out)
@@ -298,8 +299,8 @@ hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *bud
             snprintf(shape, sizeof(shape), "%ux%u", shapes[i].n_seqs, shapes[i].seq_len);
             if (!mc) {
                 /* the plan does not even fit the free memory: nothing to run */
-                printf("%-4d %-22.22s %-11s %9.2f %9s %10s %9s %11s %7s  %s\n", dev, names[g],
-                       shape, planned / GIB, "-", "-", "-", "-", "-", "no");
+                printf("%-4d %-22.22s %-11s %9.2f %9s %10s %9s %11s %7s %9s %7s  %s\n", dev,
+                       names[g], shape, planned / GIB, "-", "-", "-", "-", "-", "-", "-", "no");
                 miss_note(&miss, dev, shapes[i], planned, limits[g], totals[g]);
                 continue;
             }
@@ -311,9 +312,14 @@ hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *bud
             uint64_t need = planned > r.device_used_bytes ? planned : r.device_used_bytes;
             bool fits = need <= limits[g];
             miss_note(&miss, dev, shapes[i], need, limits[g], totals[g]);
-            printf("%-4d %-22.22s %-11s %9.2f %9.2f %10.2f %9.3f %11.0f %7.1f  %s\n", dev, names[g],
-                   shape, planned / GIB, r.device_used_bytes / GIB, r.ms, r.us_per_token,
-                   r.tokens_per_s, r.mfu * 100, fits ? "yes" : "no");
+            char power[32] = "-", capped[16] = "-";
+            if (r.metered) { /* average power / the enforced limit; share of time power-capped */
+                snprintf(power, sizeof(power), "%.0f/%.0f", r.watts, r.limit_watts);
+                snprintf(capped, sizeof(capped), "%.0f%%", r.power_capped_share * 100);
+            }
+            printf("%-4d %-22.22s %-11s %9.2f %9.2f %10.2f %9.3f %11.0f %7.1f %9s %7s  %s\n", dev,
+                   names[g], shape, planned / GIB, r.device_used_bytes / GIB, r.ms, r.us_per_token,
+                   r.tokens_per_s, r.mfu * 100, power, capped, fits ? "yes" : "no");
             fflush(stdout);
         }
         hs_model_cuda_destroy(mc);

@@ -363,10 +363,15 @@ int main(int argc, char **argv)
         printf("{\"shape\": \"%dx%d\", \"dtype\": \"%s\", \"tokens\": %d, \"ms\": %.3f, "
                "\"tokens_per_s\": %.1f, "
                "\"us_per_token\": %.3f, \"tflop\": %.3f, \"tflops\": %.1f, \"mfu\": %.4f, "
-               "\"peak_gib\": %.3f, \"device_used_gib\": %.3f}\n",
+               "\"peak_gib\": %.3f, \"device_used_gib\": %.3f",
                sn[i], sl[i], hs_model_weights_name(o.weights), sn[i] * sl[i], r.ms, r.tokens_per_s,
                r.us_per_token, r.tflop, r.tflop / (r.ms / 1000.0), r.mfu,
                r.peak_bytes / 1073741824.0, r.device_used_bytes / 1073741824.0);
+        if (r.metered) /* the GPU's energy counter over the timed runs */
+            printf(", \"j_per_token\": %.6f, \"watts\": %.1f, \"limit_watts\": %.1f, "
+                   "\"power_capped\": %.3f",
+                   r.joules_per_token, r.watts, r.limit_watts, r.power_capped_share);
+        printf("}\n");
         fflush(stdout);
     }
     hs_model_cuda_destroy(mc);
