@@ -49,8 +49,8 @@ hs_gpu_energy_t *hs_gpu_energy_open(const char *pci_bus_id)
     e->shutdown = (int (*)(void))dlsym(lib, "nvmlShutdown");
     e->energy = (int (*)(nvml_device_t, unsigned long long *))dlsym(
         lib, "nvmlDeviceGetTotalEnergyConsumption");
-    e->violation = (int (*)(nvml_device_t, int, nvml_violation_t *))dlsym(
-        lib, "nvmlDeviceGetViolationStatus");
+    e->violation =
+        (int (*)(nvml_device_t, int, nvml_violation_t *))dlsym(lib, "nvmlDeviceGetViolationStatus");
     unsigned long long mj = 0;
     if (!init || !by_bus || !e->shutdown || !e->energy || init() != NVML_SUCCESS) {
         hs_debug("gpu energy: NVML did not start: power is not reported");

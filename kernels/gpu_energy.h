@@ -40,6 +40,11 @@ typedef struct {
     double capped_share; /* power_capped_ns / seconds, 0..1 */
 } hs_gpu_energy_span_t;
 
+/* Busy time a span needs before its figures mean much: the driver updates
+ * the energy counter every 100 ms (H200), so a shorter run reads mostly the
+ * idle wait for the update after it. */
+#define HS_GPU_ENERGY_MIN_BUSY_S 0.5
+
 /* Opens the meter for the GPU at pci_bus_id ("0000:19:00.0", as
  * cudaDeviceGetPCIBusId writes it). NULL, with a debug log saying why, when
  * NVML, the device or its energy counter is not there. */

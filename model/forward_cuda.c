@@ -1054,7 +1054,10 @@ hs_status_t hs_model_cuda_preflight(hs_model_cuda_t *mc, int n_seqs, int seq_len
     r.tokens_per_s = T / (r.ms / 1000.0);
     r.tflop = hs_model_forward_flops(&mc->m->cfg, run, cu, n_seqs) / 1e12;
     r.mfu = r.tflop / (r.ms / 1000.0) / peak_tflops;
-    if (metered) {
+    double busy_ms = 0;
+    for (int i = 0; i < iters; i++)
+        busy_ms += times[i];
+    if (metered && busy_ms >= HS_GPU_ENERGY_MIN_BUSY_S * 1e3) {
         hs_gpu_energy_span_t e = hs_gpu_energy_span(mc->energy, mark0, mark1);
         r.metered = e.joules > 0;
         r.joules_per_token = e.joules / ((double)iters * T);

@@ -300,7 +300,8 @@ typedef struct {
     double tflop; /* hs_model_forward_flops of the layers run, in TFLOP */
     double mfu;   /* achieved FLOP/s over peak_tflops */
     /* Over all timed runs, from the GPU's energy counter (kernels/gpu_energy.h);
-     * metered is false, and the rest 0, where NVML does not give it. A GPU
+     * metered is false, and the rest 0, where NVML does not give it or the
+     * runs took under HS_GPU_ENERGY_MIN_BUSY_S in all. A GPU
      * that holds its power limit (capped share near 1) runs as fast as its
      * joules per token allow. */
     bool metered;
