@@ -50,7 +50,7 @@ typedef struct {
  * NVML, the device or its energy counter is not there. */
 hs_gpu_energy_t *hs_gpu_energy_open(const char *pci_bus_id);
 /* Reads the counters as they tick: the driver updates the energy counter
- * every few tens of ms, so a plain read can be that stale, which on a
+ * every 100 ms (H200), so a plain read can be that stale, which on a
  * one-second span is several percent at 700 W. This waits (up to 0.25 s)
  * for the next update and stamps the reading with its time; a span between
  * two such marks is exact to the counter, plus the idle power of the wait

@@ -54,7 +54,7 @@ class EnergyMeter:
 
     def mark(self):
         """(mJ, power-capped ns, time) at the counter's next update: the driver
-        updates it every few tens of ms, so a plain read can be that stale
+        updates it every 100 ms (H200), so a plain read can be that stale
         (several percent of a one-second span at 700 W)."""
         first = self._energy_mj()
         t0 = at = time.perf_counter()
