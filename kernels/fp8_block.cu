@@ -16,13 +16,18 @@
  * The same vector kernel also takes the MLP's gate|up rows and quantises
  * their SwiGLU (hs_swiglu1, the activation's own element, so the bits are
  * those of swiglu.cu then the quantiser), which saves writing and reading
- * the activation's output in bf16. */
+ * the activation's output in bf16. A kernel of the same layout quantises
+ * the Gated DeltaNet's gated RMSNorm for its out projection: a value head of
+ * 128 is one group, so the norm's reduction runs over the same sixteen
+ * threads as the amax (rmsnorm_gated.cuh, the norm's own arithmetic). */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "fp8_block.h"
 #include "fp8_group.cuh"
+#include "rmsnorm_gated.cuh"
+#include "rmsnorm_gated.h"
 #include "swiglu.cuh"
 #include "swiglu.h"
 
@@ -175,5 +180,83 @@ extern "C" hs_status_t hs_kn_swiglu_fp8_groups(void *gu, int64_t ldgu, int M, in
     }
     fp8_quant_groups_vec_kernel<true><<<(unsigned)blocks, VEC_THREADS, 0, stream>>>(
         (const uint16_t *)gu, ldgu, M, K, G, q, ldq, scales);
+    return cudaGetLastError() == cudaSuccess ? HS_OK : HS_ERR_CUDA;
+}
+
+/* hs_kn_rmsnorm_gated_fp8's kernel: x, z [M, G * 128] rows, one head of 128
+ * a group; the layout of fp8_quant_groups_vec_kernel (16 threads a group,
+ * two tokens a thread, both tokens' loads before either is reduced). */
+__global__ void __launch_bounds__(VEC_THREADS)
+    rmsnorm_gated_fp8_kernel(const uint16_t *__restrict__ x, const uint16_t *__restrict__ z,
+                             const uint16_t *__restrict__ w, int M, int G, float eps,
+                             uint8_t *__restrict__ q, int64_t ldq, float *__restrict__ scales)
+{
+    const int g = (int)(blockIdx.x % (unsigned)G);
+    const int m0 = (int)(blockIdx.x / (unsigned)G) * VEC_TOKENS + (int)threadIdx.x / 16;
+    const int i = (int)(threadIdx.x % 16) * 8, k = g * HS_FP8_BLOCK + i;
+    const int64_t K = (int64_t)G * HS_FP8_BLOCK;
+    const uint4 wu = __ldg((const uint4 *)(w + i));
+    uint4 xu[VEC_TOKENS_PER_THREAD], zu[VEC_TOKENS_PER_THREAD];
+#pragma unroll
+    for (int r = 0; r < VEC_TOKENS_PER_THREAD; r++) {
+        const int m = m0 + r * (VEC_THREADS / 16);
+        xu[r] = zu[r] = make_uint4(0, 0, 0, 0);
+        if (m < M) {
+            xu[r] = __ldg((const uint4 *)(x + m * K + k));
+            zu[r] = __ldg((const uint4 *)(z + m * K + k));
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < VEC_TOKENS_PER_THREAD; r++) {
+        const int m = m0 + r * (VEC_THREADS / 16);
+        const float rr = hs_gated_row_rrms<16>(xu[r], HS_FP8_BLOCK, eps);
+        const uint4 y = hs_gated_out8(xu[r], zu[r], wu, rr);
+        const uint32_t yw[4] = {y.x, y.y, y.z, y.w};
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[2 * j] = hs_bf16_bits_to_f32((uint16_t)(yw[j] & 0xffffu));
+            v[2 * j + 1] = hs_bf16_bits_to_f32((uint16_t)(yw[j] >> 16));
+        }
+        const uint32_t bits = hs_half_warp_max(hs_bf16x8_absmax_bits(y));
+        if (m >= M) continue;
+        int nonfinite;
+        const float amax = hs_fp8_group_amax(bits, &nonfinite);
+        const float s = hs_fp8_group_factor(amax, nonfinite);
+        if (threadIdx.x % 16 == 0) scales[hs_fp8_act_scale_index(g, m, M, G)] = s;
+        *(uint2 *)(q + (int64_t)m * ldq + k) = hs_fp8_group_pack8(v, s, nonfinite);
+    }
+}
+
+extern "C" hs_status_t hs_kn_rmsnorm_gated_fp8(void *x, const void *z, const void *w, int M,
+                                               int n_heads, int dim, float eps, uint8_t *q,
+                                               int64_t ldq, float *scales, cudaStream_t stream)
+{
+    const int64_t K = (int64_t)n_heads * dim;
+    if (M < 0 || n_heads < 1 || dim < 1 || K > 2147483647 || ldq < K ||
+        (int64_t)M * n_heads > 2147483647) {
+        hs_error("rmsnorm gated fp8: bad shape M=%d heads=%d dim=%d ldq=%lld", M, n_heads, dim,
+                 (long long)ldq);
+        return HS_ERR_INVALID;
+    }
+    if (M == 0) return HS_OK;
+    const bool fused = dim == HS_FP8_BLOCK && ldq % 8 == 0 &&
+                       ((uintptr_t)x | (uintptr_t)z | (uintptr_t)w) % 16 == 0 &&
+                       (uintptr_t)q % 8 == 0;
+    if (!fused) {
+        hs_status_t st =
+            hs_kn_rmsnorm_gated(x, dim, z, dim, w, x, dim, M * n_heads, dim, eps, stream);
+        return st != HS_OK ? st
+                           : hs_kn_fp8_quant_groups((const uint16_t *)x, K, M, (int)K, q, ldq,
+                                                    scales, stream);
+    }
+    const int64_t blocks = ((int64_t)M + VEC_TOKENS - 1) / VEC_TOKENS * n_heads;
+    if (blocks > 2147483647) {
+        hs_error("rmsnorm gated fp8: %d tokens x %d heads exceed one launch", M, n_heads);
+        return HS_ERR_INVALID;
+    }
+    rmsnorm_gated_fp8_kernel<<<(unsigned)blocks, VEC_THREADS, 0, stream>>>(
+        (const uint16_t *)x, (const uint16_t *)z, (const uint16_t *)w, M, n_heads, eps, q, ldq,
+        scales);
     return cudaGetLastError() == cudaSuccess ? HS_OK : HS_ERR_CUDA;
 }

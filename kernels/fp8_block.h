@@ -77,6 +77,19 @@ HS_MUST_CHECK hs_status_t hs_kn_swiglu_fp8_groups(void *gu, int64_t ldgu, int M,
                                                   int64_t ldq, float *scales,
                                                   struct CUstream_st *stream);
 
+/* The Gated DeltaNet's gated RMSNorm and its out projection's quantisation
+ * in one pass: y = hs_kn_rmsnorm_gated of x and z, both [M, n_heads * dim]
+ * (a token's heads side by side, rows of n_heads * dim), with w [dim], then
+ * y quantised as hs_kn_fp8_quant_groups does over K = n_heads * dim, into q
+ * and scales: the same bits as the two kernels in a row. A head of 128 is a
+ * group and the two run as one kernel; otherwise (another dim, misaligned
+ * pointers, ldq not a multiple of 8) the two kernels run, y written over x,
+ * which is scratch either way. */
+HS_MUST_CHECK hs_status_t hs_kn_rmsnorm_gated_fp8(void *x, const void *z, const void *w, int M,
+                                                  int n_heads, int dim, float eps, uint8_t *q,
+                                                  int64_t ldq, float *scales,
+                                                  struct CUstream_st *stream);
+
 /* ---- weights: 128 x 128 blocks (host, fp8_block_ref.c) ---- */
 
 /* w [N, K] bf16 (finite) into q [N, K] e4m3 and scale_inv [ceil(N/128),

@@ -16,16 +16,11 @@
 #include <stdint.h>
 
 #include "cublaslt.h"
-#include "row_rms.cuh"
+#include "rmsnorm_gated.cuh"
 #include "rmsnorm_gated.h"
+#include "row_rms.cuh"
 
 typedef __nv_bfloat16 bf16;
-
-/* silu(z) as the conv and SwiGLU take it (swiglu.cuh): __fdividef. */
-__device__ __forceinline__ float gated_out(float x, float r, float w, float z)
-{
-    return (w * (x * r)) * __fdividef(z, 1.f + __expf(-z));
-}
 
 template <bool VEC>
 __global__ void rmsnorm_gated_kernel(const bf16 *x, int64_t x_stride, const bf16 *__restrict__ z,
@@ -39,21 +34,13 @@ __global__ void rmsnorm_gated_kernel(const bf16 *x, int64_t x_stride, const bf16
     bf16 *yr = y + (int64_t)row * y_stride;
     float r = hs_warp_row_rrms<VEC>(xr, dim, eps, lane);
     if (VEC) {
-        for (int i = lane * 8; i < dim; i += 256) {
-            uint4 xu = *(const uint4 *)(xr + i), zu = *(const uint4 *)(zr + i);
-            uint4 wu = *(const uint4 *)(w + i), o;
-            const bf16 *xe = (const bf16 *)&xu, *ze = (const bf16 *)&zu, *we = (const bf16 *)&wu;
-            bf16 *oe = (bf16 *)&o;
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                oe[j] = __float2bfloat16(gated_out(
-                    __bfloat162float(xe[j]), r, __bfloat162float(we[j]), __bfloat162float(ze[j])));
-            *(uint4 *)(yr + i) = o;
-        }
+        for (int i = lane * 8; i < dim; i += 256)
+            *(uint4 *)(yr + i) = hs_gated_out8(*(const uint4 *)(xr + i), *(const uint4 *)(zr + i),
+                                               *(const uint4 *)(w + i), r);
     } else {
         for (int i = lane; i < dim; i += 32)
-            yr[i] = __float2bfloat16(gated_out(__bfloat162float(xr[i]), r, __bfloat162float(w[i]),
-                                               __bfloat162float(zr[i])));
+            yr[i] = __float2bfloat16(hs_gated_out(__bfloat162float(xr[i]), r,
+                                                  __bfloat162float(w[i]), __bfloat162float(zr[i])));
     }
 }
 
@@ -74,25 +61,9 @@ __global__ void rmsnorm_gated_short_kernel(const bf16 *x, int64_t x_stride,
         zu = *(const uint4 *)(z + (int64_t)row * z_stride + i);
         wu = *(const uint4 *)(w + i);
     }
-    const bf16 *xe = (const bf16 *)&xu, *ze = (const bf16 *)&zu, *we = (const bf16 *)&wu;
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float f = __bfloat162float(xe[j]);
-        ss += f * f;
-    }
-#pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1)
-        ss += __shfl_xor_sync(0xffffffffu, ss, o, L);
-    const float r = rsqrtf(ss / (float)dim + eps);
+    const float r = hs_gated_row_rrms<L>(xu, dim, eps);
     if (!mine) return;
-    uint4 o;
-    bf16 *oe = (bf16 *)&o;
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        oe[j] = __float2bfloat16(gated_out(__bfloat162float(xe[j]), r, __bfloat162float(we[j]),
-                                           __bfloat162float(ze[j])));
-    *(uint4 *)(y + (int64_t)row * y_stride + i) = o;
+    *(uint4 *)(y + (int64_t)row * y_stride + i) = hs_gated_out8(xu, zu, wu, r);
 }
 
 template <int L>

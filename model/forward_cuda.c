@@ -871,9 +871,15 @@ static hs_status_t linear_mixer(hs_model_cuda_t *mc, const dev_layer_t *w,
     TRY(hs_kn_delta_rule(conv, conv + (size_t)kd * 2, conv + (size_t)2 * kd * 2, mc->conv_ld, mc->g,
                          mc->beta, mc->xa, vd, d_cu_seqlens, n_seqs, T, mc->nk, nv, mc->dk, mc->dv,
                          mc->dr_ws, mc->dr_bytes, s));
-    TRY(hs_kn_rmsnorm_gated(mc->xa, mc->dv, z, mc->dv, w->lin_norm, mc->xa, mc->dv, T * nv, mc->dv,
-                            c->rms_norm_eps, s));
-    return run_linear(mc, &w->out, mc->h, H, mc->xa, vd, T, true, s, NULL);
+    /* an FP8 out projection reads the norm quantised: one pass */
+    bool out_quantized = linear_is_fp8(&w->out);
+    if (out_quantized)
+        TRY(hs_kn_rmsnorm_gated_fp8(mc->xa, z, w->lin_norm, T, nv, mc->dv, c->rms_norm_eps, mc->xq,
+                                    xq_ld(vd), mc->xs, s));
+    else
+        TRY(hs_kn_rmsnorm_gated(mc->xa, mc->dv, z, mc->dv, w->lin_norm, mc->xa, mc->dv, T * nv,
+                                mc->dv, c->rms_norm_eps, s));
+    return run_linear(mc, &w->out, mc->h, H, mc->xa, vd, T, true, s, &out_quantized);
 }
 
 hs_status_t hs_model_cuda_forward(hs_model_cuda_t *mc, const int32_t *d_input_ids,

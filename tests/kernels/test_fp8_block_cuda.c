@@ -4,9 +4,9 @@
  * counts, a short last group, a row of zeros, a NaN group, strided rows),
  * the quantiser fused with the MLP's SwiGLU against SwiGLU then the
  * quantiser, bit for bit (the fused vector kernel, and shapes that fall
- * back to the two kernels), the RMSNorm that writes FP8 against the norm
- * then the quantiser, bit for bit, and the cuBLASLt block-scaled GEMM against a host product of the
- * dequantised operands (double accumulation) on odd shapes, with bias and
+ * back to the two kernels), the same for the Gated DeltaNet's gated norm, the RMSNorm that writes
+ * FP8 against the norm then the quantiser, bit for bit, and the cuBLASLt block-scaled GEMM against
+ * a host product of the dequantised operands (double accumulation) on odd shapes, with bias and
  * accumulate, and K blocks not a multiple of 4 (the padded factor rows).
  * Skipped (exit 77) without a GPU. */
 #include <check.h>
@@ -20,6 +20,7 @@
 #include "cuda_test_util.h"
 #include "fp8_block.h"
 #include "rmsnorm.h"
+#include "rmsnorm_gated.h"
 #include "swiglu.h"
 
 static void quant_case(int M, int K, int64_t ldx, int64_t ldq)
@@ -135,6 +136,60 @@ static void swiglu_quant_case(int M, int K, int64_t ldgu)
     free(s_one);
 }
 
+/* hs_kn_rmsnorm_gated_fp8 on x, z [M, heads * dim] against
+ * hs_kn_rmsnorm_gated into a bf16 buffer then hs_kn_fp8_quant_groups: the
+ * same bytes and factors (a NaN in one head, a head of zeros, a huge z). */
+static void gated_norm_quant_case(int M, int heads, int dim)
+{
+    g_rng = 0x9a7ed + (uint64_t)M * 29 + (uint64_t)heads * 7 + (uint64_t)dim;
+    const int K = heads * dim;
+    const float eps = 1e-6f;
+    uint16_t *x, *z, *w;
+    free(rand_bf16((size_t)M * K, 0.f, 0.5f, &x));
+    free(rand_bf16((size_t)M * K, 0.f, 3.f, &z));
+    free(rand_bf16((size_t)dim, 1.f, 0.2f, &w));
+    if (M > 2) x[2 * K + dim + 3] = 0x7fc0;           /* token 2, head 1: NaN */
+    if (M > 3) memset(x + 3 * K, 0, (size_t)dim * 2); /* token 3, head 0: zeros */
+    if (M > 4) z[4 * K + 5] = hs_f32_to_bf16(-1e30f); /* token 4: silu of a huge negative */
+    const int64_t ldq = (K + 15) / 16 * 16;
+    const size_t nq = (size_t)M * ldq, ns = (size_t)hs_fp8_act_scale_count(M, K);
+    void *dx_two = dev_upload(x, (size_t)M * K * 2), *dx_one = dev_upload(x, (size_t)M * K * 2);
+    void *dz = dev_upload(z, (size_t)M * K * 2), *dw = dev_upload(w, (size_t)dim * 2);
+    void *dy = dev_poisoned((size_t)M * K * 2);
+    uint8_t *dq_two = dev_poisoned(nq), *dq_one = dev_poisoned(nq);
+    float *ds_two = dev_poisoned(ns * 4), *ds_one = dev_poisoned(ns * 4);
+    ck_assert_int_eq(cudaMemset(dq_two, 0, nq), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(dq_one, 0, nq), cudaSuccess);
+    ck_assert_int_eq(
+        hs_kn_rmsnorm_gated(dx_two, dim, dz, dim, dw, dy, dim, M * heads, dim, eps, NULL), HS_OK);
+    ck_assert_int_eq(hs_kn_fp8_quant_groups(dy, K, M, K, dq_two, ldq, ds_two, NULL), HS_OK);
+    ck_assert_int_eq(
+        hs_kn_rmsnorm_gated_fp8(dx_one, dz, dw, M, heads, dim, eps, dq_one, ldq, ds_one, NULL),
+        HS_OK);
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    uint8_t *q_two = malloc(nq), *q_one = malloc(nq);
+    float *s_two = malloc(ns * 4), *s_one = malloc(ns * 4);
+    ck_assert_int_eq(cudaMemcpy(q_two, dq_two, nq, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(q_one, dq_one, nq, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(s_two, ds_two, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(s_one, ds_one, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < ns; i++)
+        ck_assert_msg(memcmp(&s_two[i], &s_one[i], 4) == 0 || (isnan(s_two[i]) && isnan(s_one[i])),
+                      "M=%d heads=%d dim=%d: factor %zu fused %g two kernels %g", M, heads, dim, i,
+                      (double)s_one[i], (double)s_two[i]);
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++)
+            ck_assert_msg(q_two[(size_t)m * ldq + k] == q_one[(size_t)m * ldq + k],
+                          "M=%d heads=%d dim=%d: token %d col %d fused 0x%02x two kernels 0x%02x",
+                          M, heads, dim, m, k, q_one[(size_t)m * ldq + k],
+                          q_two[(size_t)m * ldq + k]);
+    printf("gated norm + quant M=%d heads=%d dim=%d: fused equals the two kernels\n", M, heads,
+           dim);
+    cudaFree(dx_two), cudaFree(dx_one), cudaFree(dz), cudaFree(dw), cudaFree(dy);
+    cudaFree(dq_two), cudaFree(dq_one), cudaFree(ds_two), cudaFree(ds_one);
+    free(x), free(z), free(w), free(q_two), free(q_one), free(s_two), free(s_one);
+}
+
 /* hs_kn_rmsnorm_fp8 (with and without its bf16 output, with the capture
  * copy) against hs_kn_rmsnorm then hs_kn_fp8_quant_groups: the same norm
  * bits, copy, bytes and factors. */
@@ -213,6 +268,14 @@ START_TEST(rmsnorm_writing_fp8_equals_the_norm_then_the_quantiser)
     rmsnorm_quant_case(5, 100, false, true);   /* not 16-byte rows: norm, then quantiser */
     rmsnorm_quant_case(3, 8192, false, false); /* wide rows: 64 and 66 groups */
     rmsnorm_quant_case(3, 8448, true, true);
+}
+END_TEST
+
+START_TEST(gated_norm_fused_with_the_quantiser_equals_the_two_kernels)
+{
+    gated_norm_quant_case(77, 5, 128);  /* the fused kernel, odd tokens and heads */
+    gated_norm_quant_case(37, 48, 128); /* Qwen3.6's 48 value heads */
+    gated_norm_quant_case(9, 6, 64);    /* heads of 64: the two kernels */
 }
 END_TEST
 
@@ -353,6 +416,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, activation_quantiser_matches_its_twin_bit_for_bit);
     tcase_add_test(tc, swiglu_fused_with_the_quantiser_equals_the_two_kernels);
+    tcase_add_test(tc, gated_norm_fused_with_the_quantiser_equals_the_two_kernels);
     tcase_add_test(tc, rmsnorm_writing_fp8_equals_the_norm_then_the_quantiser);
     if (prop.major == 9)
         tcase_add_test(tc, fp8_gemm_matches_the_dequantised_product);
