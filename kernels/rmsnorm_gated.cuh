@@ -20,8 +20,7 @@ __device__ __forceinline__ float hs_gated_out(float x, float r, float w, float z
  * bytes xu) by L lanes: each lane's squares in order, then a butterfly over
  * the L lanes (every lane of the warp calls it; lanes past the row hold
  * zeros). The order hs_warp_row_rrms sums in, term for term. */
-template <int L>
-__device__ __forceinline__ float hs_gated_row_rrms(uint4 xu, int dim, float eps)
+template <int L> __device__ __forceinline__ float hs_gated_row_rrms(uint4 xu, int dim, float eps)
 {
     const __nv_bfloat16 *xe = (const __nv_bfloat16 *)&xu;
     float ss = 0.f;
