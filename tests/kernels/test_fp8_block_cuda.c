@@ -86,6 +86,34 @@ START_TEST(activation_quantiser_matches_its_twin_bit_for_bit)
 }
 END_TEST
 
+/* The fused kernel's FP8 bytes and factors (dq_one, ds_one) against the two
+ * kernels' (dq_two, ds_two), bit for bit (NaN factors count as equal);
+ * what names the case in a failure. */
+static void expect_same_fp8(const char *what, const uint8_t *dq_two, const uint8_t *dq_one,
+                            const float *ds_two, const float *ds_one, int M, int K, int64_t ldq)
+{
+    const size_t nq = (size_t)M * ldq, ns = (size_t)hs_fp8_act_scale_count(M, K);
+    uint8_t *q_two = malloc(nq), *q_one = malloc(nq);
+    float *s_two = malloc(ns * 4), *s_one = malloc(ns * 4);
+    ck_assert_int_eq(cudaMemcpy(q_two, dq_two, nq, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(q_one, dq_one, nq, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(s_two, ds_two, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(s_one, ds_one, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < ns; i++)
+        ck_assert_msg(memcmp(&s_two[i], &s_one[i], 4) == 0 || (isnan(s_two[i]) && isnan(s_one[i])),
+                      "%s: factor %zu fused %g two kernels %g", what, i, (double)s_one[i],
+                      (double)s_two[i]);
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++)
+            ck_assert_msg(q_two[(size_t)m * ldq + k] == q_one[(size_t)m * ldq + k],
+                          "%s: token %d col %d fused 0x%02x two kernels 0x%02x", what, m, k,
+                          q_one[(size_t)m * ldq + k], q_two[(size_t)m * ldq + k]);
+    free(q_two);
+    free(q_one);
+    free(s_two);
+    free(s_one);
+}
+
 /* hs_kn_swiglu_fp8_groups on gate|up rows [M, 2K] (stride ldgu) against
  * hs_kn_swiglu into a bf16 buffer then hs_kn_fp8_quant_groups (itself
  * checked against the C twin above): the same bytes and factors. */
@@ -106,21 +134,9 @@ static void swiglu_quant_case(int M, int K, int64_t ldgu)
     ck_assert_int_eq(hs_kn_fp8_quant_groups(d_h, K, M, K, dq_two, ldq, ds_two, NULL), HS_OK);
     ck_assert_int_eq(hs_kn_swiglu_fp8_groups(d_gu, ldgu, M, K, dq_one, ldq, ds_one, NULL), HS_OK);
     ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
-    uint8_t *q_two = malloc(nq), *q_one = malloc(nq);
-    float *s_two = malloc(ns * 4), *s_one = malloc(ns * 4);
-    ck_assert_int_eq(cudaMemcpy(q_two, dq_two, nq, cudaMemcpyDeviceToHost), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(q_one, dq_one, nq, cudaMemcpyDeviceToHost), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(s_two, ds_two, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(s_one, ds_one, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (size_t i = 0; i < ns; i++)
-        ck_assert_msg(memcmp(&s_two[i], &s_one[i], 4) == 0 || (isnan(s_two[i]) && isnan(s_one[i])),
-                      "M=%d K=%d: factor %zu fused %g two kernels %g", M, K, i, (double)s_one[i],
-                      (double)s_two[i]);
-    for (int m = 0; m < M; m++)
-        for (int k = 0; k < K; k++)
-            ck_assert_msg(q_two[(size_t)m * ldq + k] == q_one[(size_t)m * ldq + k],
-                          "M=%d K=%d: token %d col %d fused 0x%02x two kernels 0x%02x", M, K, m, k,
-                          q_one[(size_t)m * ldq + k], q_two[(size_t)m * ldq + k]);
+    char what[64];
+    snprintf(what, sizeof what, "swiglu M=%d K=%d", M, K);
+    expect_same_fp8(what, dq_two, dq_one, ds_two, ds_one, M, K, ldq);
     printf("swiglu + quant M=%d K=%d ldgu=%lld: fused equals the two kernels\n", M, K,
            (long long)ldgu);
     cudaFree(d_gu);
@@ -130,10 +146,6 @@ static void swiglu_quant_case(int M, int K, int64_t ldgu)
     cudaFree(ds_two);
     cudaFree(ds_one);
     free(gu);
-    free(q_two);
-    free(q_one);
-    free(s_two);
-    free(s_one);
 }
 
 /* hs_kn_rmsnorm_gated_fp8 on x, z [M, heads * dim] against
@@ -167,27 +179,14 @@ static void gated_norm_quant_case(int M, int heads, int dim)
         hs_kn_rmsnorm_gated_fp8(dx_one, dz, dw, M, heads, dim, eps, dq_one, ldq, ds_one, NULL),
         HS_OK);
     ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
-    uint8_t *q_two = malloc(nq), *q_one = malloc(nq);
-    float *s_two = malloc(ns * 4), *s_one = malloc(ns * 4);
-    ck_assert_int_eq(cudaMemcpy(q_two, dq_two, nq, cudaMemcpyDeviceToHost), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(q_one, dq_one, nq, cudaMemcpyDeviceToHost), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(s_two, ds_two, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(s_one, ds_one, ns * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (size_t i = 0; i < ns; i++)
-        ck_assert_msg(memcmp(&s_two[i], &s_one[i], 4) == 0 || (isnan(s_two[i]) && isnan(s_one[i])),
-                      "M=%d heads=%d dim=%d: factor %zu fused %g two kernels %g", M, heads, dim, i,
-                      (double)s_one[i], (double)s_two[i]);
-    for (int m = 0; m < M; m++)
-        for (int k = 0; k < K; k++)
-            ck_assert_msg(q_two[(size_t)m * ldq + k] == q_one[(size_t)m * ldq + k],
-                          "M=%d heads=%d dim=%d: token %d col %d fused 0x%02x two kernels 0x%02x",
-                          M, heads, dim, m, k, q_one[(size_t)m * ldq + k],
-                          q_two[(size_t)m * ldq + k]);
+    char what[64];
+    snprintf(what, sizeof what, "gated norm M=%d heads=%d dim=%d", M, heads, dim);
+    expect_same_fp8(what, dq_two, dq_one, ds_two, ds_one, M, K, ldq);
     printf("gated norm + quant M=%d heads=%d dim=%d: fused equals the two kernels\n", M, heads,
            dim);
     cudaFree(dx_two), cudaFree(dx_one), cudaFree(dz), cudaFree(dw), cudaFree(dy);
     cudaFree(dq_two), cudaFree(dq_one), cudaFree(ds_two), cudaFree(ds_one);
-    free(x), free(z), free(w), free(q_two), free(q_one), free(s_two), free(s_one);
+    free(x), free(z), free(w);
 }
 
 /* hs_kn_rmsnorm_fp8 (with and without its bf16 output, with the capture
