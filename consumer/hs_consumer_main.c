@@ -20,7 +20,8 @@
 #include "hs_proto.h"
 #include "hs_consumer_files_int.h"
 #include "hs_consumer_loopback_int.h"
-#include "store_int.h" /* hs_store_fault_set */
+#include "store_int.h"  /* hs_store_fault_set */
+#include "verify_int.h" /* hs__verify_fault_set */
 
 #define MAX_LOOPBACK 64
 
@@ -473,11 +474,13 @@ int main(int argc, char **argv)
     hs_log_set_tag("consumer");
     /* Settings of the library's parts, read here and nowhere else; test
      * hooks: a stand-in system for the memory this process may take and for
-     * device discovery, the node's cache registry, faults of the store. */
+     * device discovery, the node's cache registry, faults of the store, slow
+     * checksum threads. */
     hsflow_set_system_root(getenv("HS_SYSTEM_ROOT"));
     hs_mem_claim_registry_set(getenv("HS_MEM_REGISTRY"));
     hs_dev_sysfs_root_set(getenv("HS_SYSFS_ROOT"));
     hs_store_fault_set(getenv("HS_STORE_FAULT"));
+    hs__verify_fault_set(getenv("HS_VERIFY_FAULT"));
 
     /* Arguments after "--" belong to the loopback producers. */
     int split = argc;

@@ -11,7 +11,9 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 typedef struct {
     hs__verify_job_t *jobs;
@@ -80,6 +82,21 @@ double hs__verify_pool_busy_s(hs__verify_pool_t *vp)
     return busy;
 }
 
+/* hs__verify_fault_set()'s extra milliseconds per check; 0 = none. */
+static unsigned g_slow_ms;
+
+void hs__verify_fault_set(const char *spec)
+{
+    unsigned ms;
+    char end;
+    g_slow_ms = 0;
+    if (!spec || !spec[0]) return;
+    if (sscanf(spec, "slow=%u%c", &ms, &end) == 1 && ms >= 1 && ms <= 10000)
+        g_slow_ms = ms;
+    else
+        hs_warn("verify fault '%s' is not slow=MS with MS in 1..10000; ignored", spec);
+}
+
 static void *verify_main(void *arg)
 {
     hs__verify_pool_t *vp = arg;
@@ -95,6 +112,11 @@ static void *verify_main(void *arg)
         pthread_mutex_unlock(&vp->lock);
 
         vp->check(vp->arg, &j);
+        if (g_slow_ms) {
+            struct timespec ts = {g_slow_ms / 1000, (long)(g_slow_ms % 1000) * 1000000L};
+            while (nanosleep(&ts, &ts) && errno == EINTR) {
+            }
+        }
 
         pthread_mutex_lock(&vp->lock);
         busy_advance(vp);

@@ -56,6 +56,11 @@ __attribute__((warn_unused_result)) hs_status_t hs__verify_pool_push(hs__verify_
  * seconds and the number of threads it is their busy share. NULL vp gives
  * 0. Any thread. */
 double hs__verify_pool_busy_s(hs__verify_pool_t *vp);
+/* Tests: every check afterwards takes "slow=MS" milliseconds longer (1 to
+ * 10000), so that verification is the run's limit whatever the machine;
+ * NULL or "" = none, anything else is warned about and ignored.
+ * Process-wide (hs-consumer: HS_VERIFY_FAULT). */
+void hs__verify_fault_set(const char *spec);
 /* Copies up to `cap` verdicts, oldest first, into out[]; returns how many. */
 uint32_t hs__verify_pool_take(hs__verify_pool_t *vp, hs__verify_job_t *out, uint32_t cap);
 

@@ -223,6 +223,46 @@ START_TEST(stop_with_jobs_queued_joins_and_destroy_accepts_null)
 }
 END_TEST
 
+/* The test hook behind HS_VERIFY_FAULT: "slow=MS" makes every check take
+ * MS longer and counts as busy time (what the consumer reads to name its
+ * verification as the limit); a spec it does not know changes nothing. */
+START_TEST(a_slow_fault_lengthens_every_check_and_counts_as_busy)
+{
+    probe_t p;
+    probe_init(&p);
+    hs__verify_pool_t *vp = NULL;
+    ck_assert_int_eq(hs__verify_pool_create(1, 4, check_cb, wake_cb, &p, &vp), HS_OK);
+    hs__verify_job_t out[4];
+    const struct {
+        const char *spec;
+        double min_s, max_s; /* for three checks; max 0: no bound */
+    } cases[] = {
+        {"slow=200", 0.600, 0},   {"slow=0", 0, 0.500}, /* out of range: ignored */
+        {"slow=200ms", 0, 0.500},                       /* trailing text: ignored */
+        {"fast=200", 0, 0.500},                         /* unknown: ignored */
+        {NULL, 0, 0.500},                               /* none */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        hs__verify_fault_set(cases[c].spec);
+        double busy0 = hs__verify_pool_busy_s(vp), t0 = hs_now_s();
+        for (uint64_t t = 0; t < 3; t++) {
+            hs__verify_job_t j = {.ticket_id = 3 * t};
+            ck_assert_int_eq(hs__verify_pool_push(vp, &j), HS_OK);
+        }
+        ck_assert_uint_eq(take_all(vp, out, 3), 3);
+        double wall = hs_now_s() - t0, busy = hs__verify_pool_busy_s(vp) - busy0;
+        ck_assert_msg(wall >= cases[c].min_s && busy >= cases[c].min_s,
+                      "%s: 3 checks took %.3f s, busy %.3f s, expected >= %.3f",
+                      cases[c].spec ? cases[c].spec : "(none)", wall, busy, cases[c].min_s);
+        if (cases[c].max_s > 0)
+            ck_assert_msg(busy < cases[c].max_s, "%s: checks slowed (busy %.3f s)",
+                          cases[c].spec ? cases[c].spec : "(none)", busy);
+    }
+    hs__verify_fault_set(NULL);
+    hs__verify_pool_destroy(vp);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("verify");
@@ -232,6 +272,7 @@ int main(void)
     tcase_add_test(tc, a_steady_stream_of_jobs_allocates_nothing);
     tcase_add_test(tc, a_thread_that_cannot_start_fails_create_and_leaves_none_running);
     tcase_add_test(tc, stop_with_jobs_queued_joins_and_destroy_accepts_null);
+    tcase_add_test(tc, a_slow_fault_lengthens_every_check_and_counts_as_busy);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

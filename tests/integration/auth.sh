@@ -18,7 +18,7 @@ umask 077
 head -c 48 /dev/urandom | base64 >"$SCRATCH/secret"
 head -c 48 /dev/urandom | base64 >"$SCRATCH/other-secret"
 
-port=$(free_port)
+reserve_port port
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport tcp --cache-gb 0.25 --epochs 2 \
     --verify-synthetic --secret-file "$SCRATCH/secret" --summary-json "$SCRATCH/summary.json"
 wait_log consumer 'listening on .*HMAC auth' 30
@@ -85,7 +85,8 @@ start nofile "$PRODUCER" "${base[@]}" --secret-file "$SCRATCH/missing-secret" --
 wait_exit nofile 30
 [ "${RC_OF[nofile]}" -ne 0 ] || fail "a producer with a missing --secret-file succeeded"
 log_has nofile 'missing-secret'
-start cnofile "$CONSUMER" --listen 127.0.0.1:$(free_port) --secret-file "$SCRATCH/missing-secret"
+reserve_port nport
+start cnofile "$CONSUMER" --listen 127.0.0.1:$nport --secret-file "$SCRATCH/missing-secret"
 wait_exit cnofile 30
 [ "${RC_OF[cnofile]}" -ne 0 ] || fail "a consumer with a missing --secret-file started"
 log_has cnofile 'missing-secret'
@@ -94,7 +95,8 @@ log_has cnofile 'missing-secret'
 # used to wait for a writer, deaf to SIGTERM).
 mkfifo "$SCRATCH/fifo-secret"
 start pfifo "$PRODUCER" "${base[@]}" --secret-file "$SCRATCH/fifo-secret" --name pfifo
-start cfifo "$CONSUMER" --listen 127.0.0.1:$(free_port) --secret-file "$SCRATCH/fifo-secret"
+reserve_port fport
+start cfifo "$CONSUMER" --listen 127.0.0.1:$fport --secret-file "$SCRATCH/fifo-secret"
 for p in pfifo cfifo; do
     wait_exit $p 10
     [ "${RC_OF[$p]}" -ne 0 ] || fail "$p with a FIFO as --secret-file succeeded"

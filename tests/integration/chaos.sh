@@ -29,7 +29,7 @@ synth "$data" --sequences 240 --min-len 16 --max-len 2000 --seed 21
 per_epoch=$(plan_batches "$data" 2048)
 total=$((3 * per_epoch))
 journal=$SCRATCH/run.journal
-port=$(free_port)
+reserve_port port
 copts=(--listen 127.0.0.1:$port --transport "$transport" --cache-gb 0.25 --epochs 3
     --journal "$journal" --verify-synthetic --train-ms 150 --status-interval 0.1)
 popts=(--to 127.0.0.1:$port --transport "$transport" --reconnect --connect-timeout 60

@@ -16,7 +16,7 @@ n4096=$(plan_batches "$data" 4096)
 [ "$n2048" -gt "$n4096" ] || fail "expected more batches at a 2048 budget than at 4096"
 
 # 1. Everything from the environment, no flags at all.
-port=$(free_port)
+reserve_port port
 for i in 1 2; do
     start p$i env HS_TO=127.0.0.1:$port HS_DATA="$data" HS_TOKEN_BUDGET=2048 HS_HIDDEN_SIZE=128 \
         HS_LAYERS=1,5 HS_SOURCE=synthetic HS_GPUS=cpu:2 HS_TRANSPORT=tcp HS_NAME=envp$i \

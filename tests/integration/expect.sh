@@ -25,7 +25,7 @@ dataset_fp=${PIN[3]}
 grep -q "^plan hash  *$plan_hash" "$SCRATCH/plan.log" || fail "the pin's plan hash is not the plan hash"
 grep -q "fingerprint $dataset_fp" "$SCRATCH/plan.log" || fail "the pin's dataset is not the fingerprint"
 
-port=$(free_port)
+reserve_port port
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport tcp --cache-gb 0.25 --epochs 1 \
     --verify-synthetic --summary-json "$SCRATCH/summary.json" "${PIN[@]}"
 wait_log consumer 'run pinned to plan '"$plan_hash" 30

@@ -20,7 +20,7 @@ corrupt) fault=corrupt=7 ;;
 cut) fault=cut=25 ;;
 *) fail "unknown mode $mode" ;;
 esac
-port=$(free_port)
+reserve_port port
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --fault "$fault" --transport "$transport" \
     --cache-gb 0.25 --epochs 2 --verify-synthetic --status-interval 0.2 \
     --summary-json "$SCRATCH/summary.json"

@@ -15,7 +15,7 @@ window=4 # seconds of exhaustion measured
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 60 --min-len 16 --max-len 1500 --seed 3
 per_epoch=$(plan_batches "$data" 4096)
-port=$(free_port)
+reserve_port port
 start consumer bash -c "ulimit -n $limit && exec \"\$0\" \"\$@\"" "$CONSUMER" \
     --listen 127.0.0.1:$port --transport "$mode" --cache-gb 0.25 --epochs 1 --verify-synthetic \
     --status-interval 1 --summary-json "$SCRATCH/summary.json"

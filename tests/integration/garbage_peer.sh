@@ -17,7 +17,7 @@ tp=(--transport tcp)
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 200 --min-len 16 --max-len 2000 --seed 4
 per_epoch=$(plan_batches "$data" 4096)
-port=$(free_port)
+reserve_port port
 for i in 0 1 2; do
     start p$i "$PRODUCER" --to 127.0.0.1:$port "${tp[@]}" --data "$data" --token-budget 4096 \
         --hidden-size 256 --layers 2,16,29 --source synthetic --gpus cpu:1 --name p$i \

@@ -17,7 +17,7 @@ synth "$jsonl" --sequences 400 --min-len 16 --max-len 2000 --seed 5
 popts=(--data "$hst" --token-budget 4096 --hidden-size 256 --layers 2,16,29 --source synthetic
     --gpus cpu:1 --connect-timeout 60)
 
-port=$(free_port)
+reserve_port port
 for i in 1 2; do start p$i "$PRODUCER" --to 127.0.0.1:$port --name p$i "${popts[@]}"; done
 wait_connecting p1 p2
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --cache-gb 0.25 --no-producer-warn 1 \

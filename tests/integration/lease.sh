@@ -19,7 +19,7 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"input_ids": [r.randrange(64) for _ in range(3600)]}) + "\n")
 ' "$data" || fail "cannot write the dataset"
 
-port=$(free_port)
+reserve_port port
 # --lease-min-rate 20: the rate floor (200 tok/s by default) is another rule;
 # under a sanitizer on a loaded two-core box this forward ran below it
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport tcp --cache-gb 0.1 --epochs 1 \

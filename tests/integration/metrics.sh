@@ -8,7 +8,7 @@
 
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 200 --min-len 16 --max-len 2000 --seed 5
-mport=$(free_port)
+reserve_port mport
 start consumer "$CONSUMER" --loopback 2 --cache-gb 0.25 --epochs 3 --train-ms 25 \
     --status-interval 0.2 --metrics 127.0.0.1:$mport --stats-jsonl "$SCRATCH/stats.jsonl" \
     --summary-json "$SCRATCH/summary.json" -- \

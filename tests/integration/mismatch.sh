@@ -13,7 +13,7 @@ mode=${1:?usage: mismatch.sh plan|layout}
 
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 120 --min-len 16 --max-len 1500 --seed 5
-port=$(free_port)
+reserve_port port
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport tcp --cache-gb 0.25 --epochs 2 \
     --verify-synthetic --summary-json "$SCRATCH/summary.json"
 base=(--to 127.0.0.1:$port --transport tcp --data "$data" --source synthetic --gpus cpu:1

@@ -18,7 +18,7 @@ synth "$data" --sequences 120 --min-len 16 --max-len 1500 --seed 8
 per_epoch=$(plan_batches "$data" 4096)
 umask 077
 head -c 48 /dev/urandom | base64 >"$SCRATCH/secret"
-port=$(free_port)
+reserve_port port
 # a handshake timeout longer than the test keeps the flood connected
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --handshake-timeout 120 \
     --transport "$mode" --cache-gb 0.25 --epochs 2 --verify-synthetic \

@@ -14,7 +14,7 @@ transport=${1:-tcp} # tcp, or ucx
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 200 --min-len 16 --max-len 2000 --seed 3
 per_epoch=$(plan_batches "$data" 4096)
-port=$(free_port)
+reserve_port port
 popts=(--to 127.0.0.1:$port --transport "$transport" --data "$data" --token-budget 4096 --hidden-size 256
     --layers 2,16,29 --source synthetic --gpus cpu:1 --prefetch 2 --connect-timeout 60)
 start victim "$PRODUCER" "${popts[@]}" --name victim

@@ -13,7 +13,7 @@ per_epoch=$(plan_batches "$data" 4096)
 popts=(--data "$data" --token-budget 4096 --hidden-size 256 --layers 2,16,29 --source synthetic
     --gpus cpu:1 --prefetch 4 --connect-timeout 60)
 
-port=$(free_port)
+reserve_port port
 for i in 1 2 3; do start p$i "$PRODUCER" --to 127.0.0.1:$port --name p$i "${popts[@]}"; done
 wait_connecting p1 p2 p3
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --cache-gb 0.25 --epochs 3 --prefetch 4 \
@@ -47,7 +47,8 @@ expect_json "$SCRATCH/summary.json" "d['complete']" "d['duplicates'] == 0" \
 for i in 2 3; do expect_exit p$i 0 30; done
 
 # A second signal: no consumer to reach, so the first cannot finish.
-start lonely "$PRODUCER" --to 127.0.0.1:$(free_port) --name lonely "${popts[@]}"
+reserve_port lport
+start lonely "$PRODUCER" --to 127.0.0.1:$lport --name lonely "${popts[@]}"
 wait_connecting lonely
 kill -TERM "$(pid_of lonely)"
 wait_log lonely 'stopping: finishing the batches in progress' 30

@@ -66,7 +66,10 @@ PY
 }
 
 declare -a PORT
-for r in $(seq 0 $((W - 1))); do PORT[$r]=$(free_port); done
+for r in $(seq 0 $((W - 1))); do
+    reserve_port p
+    PORT[$r]=$p
+done
 to=$(for r in $(seq 0 $((W - 1))); do printf '127.0.0.1:%s,' "${PORT[$r]}"; done)
 to=${to%,}
 

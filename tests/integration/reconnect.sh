@@ -14,7 +14,7 @@ data=$SCRATCH/d.jsonl
 synth "$data" --sequences 200 --min-len 16 --max-len 2000 --seed 12
 per_epoch=$(plan_batches "$data" 4096)
 journal=$SCRATCH/run.journal
-port=$(free_port)
+reserve_port port
 copts=(--listen 127.0.0.1:$port --transport "$mode" --cache-gb 0.25 --epochs 2
     --journal "$journal" --verify-synthetic --status-interval 0.1)
 start c1 "$CONSUMER" "${copts[@]}" --train-ms 20

@@ -26,12 +26,13 @@ expect_exit nodata 1 60
 log_has nodata 'missing\.jsonl: cannot open dataset'
 log_has nodata 'every local producer has exited and the run is not complete'
 
-start alone "$PRODUCER" --to 127.0.0.1:$(free_port) --connect-timeout 1 "${popts[@]}"
+reserve_port aport
+start alone "$PRODUCER" --to 127.0.0.1:$aport --connect-timeout 1 "${popts[@]}"
 wait_exit alone 30
 [ "${RC_OF[alone]}" -ne 0 ] || fail "a producer without a consumer exited 0"
 log_has alone 'cannot reach the consumer at 127\.0\.0\.1:[0-9]+ within 1 s'
 
-port=$(free_port)
+reserve_port port
 start p1 "$PRODUCER" --to 127.0.0.1:$port --connect-timeout 60 --name p1 "${popts[@]}"
 wait_connecting p1
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport tcp --cache-gb 0.1 --epochs 3 \

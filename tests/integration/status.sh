@@ -9,7 +9,7 @@
 
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 150 --min-len 16 --max-len 400 --seed 4
-port=$(free_port)
+reserve_port port
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --epochs 2 --cache-gb 0.015 --train-ms 150 \
     --transport tcp --status-interval 0.2 --summary-json "$SCRATCH/summary.json"
 wait_log consumer 'waiting for the first producer' 30

@@ -113,7 +113,7 @@ mismatch)
     other=$SCRATCH/other.jsonl
     synth "$other" --sequences 200 --min-len 16 --max-len 2000 --seed 2
     fp=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["dataset_fingerprint"])' "$store/store.json")
-    port=$(free_port)
+    reserve_port port
     # the trainer holds each batch 2 s, so the run lasts while producers try
     start c2 "$CONSUMER" --listen 127.0.0.1:$port "${copts[@]}" --epochs 1 --store "$store" \
         --train-ms 2000

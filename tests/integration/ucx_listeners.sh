@@ -15,7 +15,7 @@ ext=$(ip -4 -o addr show scope global 2>/dev/null | awk '{print $4}' | cut -d/ -
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 60 --min-len 16 --max-len 800 --seed 5
 per_epoch=$(plan_batches "$data" 4096)
-port=$(free_port)
+reserve_port port
 start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport ucx --cache-gb 0.25 --epochs 1 \
     --verify-synthetic --summary-json "$SCRATCH/summary.json"
 wait_log consumer 'listening on 127.0.0.1' 30

@@ -13,7 +13,7 @@ synth "$data" --sequences 60 --min-len 16 --max-len 800 --seed 7
 umask 077
 head -c 48 /dev/urandom | base64 >"$SCRATCH/secret"
 per_epoch=$(plan_batches "$data" 4096)
-port=$(free_port)
+reserve_port port
 HS_LOG_LEVEL=debug start consumer "$CONSUMER" --listen 127.0.0.1:$port --transport ucx \
     --cache-gb 0.25 --epochs 1 --verify-synthetic --secret-file "$SCRATCH/secret" \
     --summary-json "$SCRATCH/summary.json"

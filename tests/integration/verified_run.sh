@@ -46,7 +46,7 @@ if [ "$mode" = loopback ]; then
     expect_exit consumer 0 90
     log_has consumer 'hsflow summary: .* \(complete\)'
 else
-    port=$(free_port)
+    reserve_port port
     for i in 0 1 2; do
         start p$i "$PRODUCER" --to 127.0.0.1:$port --name p$i --connect-timeout 60 \
             --summary-json "$SCRATCH/p$i.json" "${popts[@]}"

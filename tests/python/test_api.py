@@ -7,7 +7,6 @@ to the C one."""
 import ctypes
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -17,6 +16,7 @@ import pytest
 import hsflow
 from hsflow import _lib
 from conftest import ROOT, have_torch
+from ports import reserve_port
 
 STRUCTS = {"hs_consumer_config_t": _lib.ConsumerConfig, "hs_batch_t": _lib.CBatch,
            "hs_consumer_stats_t": _lib.ConsumerStats,
@@ -140,10 +140,7 @@ def test_errors_from_the_library_raise_hsflow_error_with_its_status():
 
 
 def test_producer_with_no_consumer_fails_after_its_connect_timeout(dataset):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # a port nobody listens on
+    port = reserve_port()  # a port nobody listens on
     with pytest.raises(hsflow.HsflowError, match="hs_producer_open") as e:
         hsflow.Producer(to="127.0.0.1:%d" % port, data=dataset[0], token_budget=256,
                         hidden_size=8, layers=[1, 2], connect_timeout_s=1, transport="tcp")

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from ports import reserve_port
 
 pytest.importorskip("tokenizers", reason="the tokenizers package is not installed "
                     "(scripts/install-deps installs python/requirements-dev.txt)")
@@ -397,7 +398,7 @@ def test_a_reasoning_dataset_through_prepare_plan_and_a_producer_run(tmp_path, d
     assert re.search(r"tokens \(\d+\.\d\d%\) are lost to max seq len " + str(cut), p.stderr), \
         p.stderr
     # a run: every batch of the plan delivered once, every record in it
-    port = _free_port()
+    port = reserve_port()
     summary = tmp_path / "run.json"
     cons = subprocess.Popen([_bin("hs-consumer"), "--listen", f"127.0.0.1:{port}",
                              "--cache-gb", "1", "--epochs", "1", "--verify-synthetic",
@@ -430,7 +431,7 @@ def test_a_producer_that_truncates_warns_at_start_with_the_share_lost(tmp_path, 
     r = cli("prepare", str(src), str(tmp_path / "t.hst"), "--tokenizer", dirs["qwen3"][0])
     assert r.returncode == 0, r.stderr
     # no consumer listening: the plan is made and logged before the first connect fails
-    prod = subprocess.run([_bin("hs-producer"), "--to", f"127.0.0.1:{_free_port()}", "--data",
+    prod = subprocess.run([_bin("hs-producer"), "--to", f"127.0.0.1:{reserve_port()}", "--data",
                            str(tmp_path / "t.hst"), "--token-budget", "100", "--hidden-size",
                            "64", "--layers", "1", "--source", "synthetic", "--gpus", "cpu:1",
                            "--connect-timeout", "1"],
@@ -440,8 +441,3 @@ def test_a_producer_that_truncates_warns_at_start_with_the_share_lost(tmp_path, 
         prod.stderr[-2000:]
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -5,33 +5,17 @@ processes that connect to both; the ranks train on the same number of
 batches, disjoint, and together cover the kept batches of each epoch."""
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from conftest import ROOT, have_torch
+from ports import reserve_port
 
 EXAMPLE = os.path.join(ROOT, "examples", "ddp_drafter.py")
 
 
-def two_free_ports():
-    """A port P with P and P + 1 both free on 127.0.0.1 right now."""
-    for _ in range(50):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        p = s.getsockname()[1]
-        t = socket.socket()
-        try:
-            t.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-        finally:
-            s.close()
-            t.close()
-    pytest.fail("no two consecutive free ports")
 
 
 def test_ddp_drafter_help_works_without_torch():
@@ -43,7 +27,7 @@ def test_ddp_drafter_help_works_without_torch():
 
 @pytest.mark.skipif(not have_torch(), reason="torch is not installed")
 def test_two_gloo_ranks_train_on_equal_disjoint_shards(dataset, producer_bin):
-    port = two_free_ports()
+    port = reserve_port(2)
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            "2", EXAMPLE, "--vocab", "64", "--epochs", "2", "--cache-gb", "0.02",

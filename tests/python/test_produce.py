@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import pytest
 
 import hsflow
 from conftest import ROOT, ConsumerThread, asan_runtime_loaded, write_dataset
+from ports import reserve_port
 
 # The Python producer runs torch, whose C++ exceptions (c10's CUDA probe on a
 # machine without a GPU) throw through the preloaded ASan runtime's
@@ -398,9 +398,7 @@ def test_both_producers_exit_2_when_refused_and_1_when_no_consumer_answers(model
             pr = Proc(cmd)
             assert pr.wait() == 2, (name, pr.text)
             assert re.search(r"refused", pr.text), (name, pr.text)
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = reserve_port()  # a port nobody listens on
     for name, cmd in commands(port).items():
         pr = Proc(cmd)
         assert pr.wait() == 1, (name, pr.text)

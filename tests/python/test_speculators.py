@@ -378,7 +378,7 @@ def test_dflash_checkpoint_resumes_with_the_batches_not_trained_on(target, tmp_p
 
 def test_two_gloo_ranks_each_with_its_consumer_train_and_checkpoint(target, tmp_path,
                                                                    producer_bin):
-    from test_ddp_drafter import two_free_ports
+    from ports import reserve_port
     data = str(tmp_path / "d.jsonl")
     write_dataset(data, 40, 20, 100, VOCAB, seed=5)
     ckpt = str(tmp_path / "ddp.pt")
@@ -387,7 +387,7 @@ def test_two_gloo_ranks_each_with_its_consumer_train_and_checkpoint(target, tmp_
                         "--nproc_per_node", "2", EXAMPLE, "--algorithm", "eagle3", "--target",
                         target, "--mask-token-id", str(VOCAB - 1), "--num-layers", "1",
                         "--epochs", "2", "--cache-gb", "0.05", "--base-port",
-                        str(two_free_ports()), "--checkpoint", ckpt, "--loopback", "1"]
+                        str(reserve_port(2)), "--checkpoint", ckpt, "--loopback", "1"]
                        + producer_args(data, target), capture_output=True, text=True, env=env,
                        timeout=400)
     out = r.stdout + r.stderr

@@ -12,13 +12,13 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from conftest import ROOT, have_torch
+from ports import reserve_port
 
 pytest.importorskip("tokenizers", reason="the tokenizers package is not installed "
                     "(scripts/install-deps installs python/requirements-dev.txt)")
@@ -39,10 +39,6 @@ def readme_block(marker):
     return m.group(1)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bin_dir():
@@ -123,7 +119,7 @@ def test_readme_walkthrough_from_sharegpt_to_a_run(workdir):
     d, tok_dir = workdir
     block = readme_block("walkthrough")
     assert README_TOKENIZER in block and "build/bin/hsflow-data prepare chat.jsonl train.hst" in block
-    r = run_script(d, script_for(block, tok_dir, free_port()))
+    r = run_script(d, script_for(block, tok_dir, reserve_port()))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     meta = json.load(open(d / "train.hst.meta.json"))
     assert meta["counts"]["written"] == 300 and meta["counts"]["malformed"] == 1
@@ -140,6 +136,6 @@ def test_readme_walkthrough_trainer_step(workdir):
     d, tok_dir = workdir
     if not os.path.exists(d / "train.hst"):
         pytest.skip("needs the train.hst of the walk-through test")
-    r = run_script(d, script_for(readme_block("walkthrough-trainer"), tok_dir, free_port()))
+    r = run_script(d, script_for(readme_block("walkthrough-trainer"), tok_dir, reserve_port()))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "tokens/s" in r.stdout + r.stderr
