@@ -237,10 +237,11 @@ START_TEST(a_slow_fault_lengthens_every_check_and_counts_as_busy)
         const char *spec;
         double min_s, max_s; /* for three checks; max 0: no bound */
     } cases[] = {
-        {"slow=200", 0.600, 0},   {"slow=0", 0, 0.500}, /* out of range: ignored */
-        {"slow=200ms", 0, 0.500},                       /* trailing text: ignored */
-        {"fast=200", 0, 0.500},                         /* unknown: ignored */
-        {NULL, 0, 0.500},                               /* none */
+        {"slow=200", 0.600, 0},   /* three checks, 200 ms longer each */
+        {"slow=0", 0, 0.500},     /* out of range: ignored */
+        {"slow=200ms", 0, 0.500}, /* trailing text: ignored */
+        {"fast=200", 0, 0.500},   /* unknown: ignored */
+        {NULL, 0, 0.500},         /* none */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         hs__verify_fault_set(cases[c].spec);

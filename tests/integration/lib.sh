@@ -61,37 +61,29 @@ pass() { echo "PASS [$TEST_NAME]${1:+: $*}"; }
 # on and that no other test takes while this one runs. Binding port 0 and
 # letting it go was not enough: with tests in parallel the kernel handed the
 # same port to another test before this one listened on it, and producers
-# joined the wrong run. So ports come from below the kernel's ephemeral range
-# (no outgoing connection takes one as its source port), and a lock on a
-# file per port, shared with tests/python/ports.py and held by this shell
-# until it exits (even by SIGKILL), keeps the other tests off it.
+# joined the wrong run. tests/python/ports.py names a port below the kernel's
+# ephemeral range (no outgoing connection takes one as its source port) and
+# free to bind; a lock on its file under /tmp, the one ports.py takes for the
+# Python tests, held by this shell until it exits (even by SIGKILL), keeps
+# the other tests off it.
 PORT_LOCKS=/tmp/hsflow-test-ports-$(id -u)
 mkdir -p "$PORT_LOCKS"
 reserve_port() {
     # The locals carry a prefix: VAR is resolved by name, and a local of the
     # same name would hide the caller's.
     local -n _rp_out=$1
-    local _rp_lo _rp_hi _rp_first _rp_last _rp_port _rp_fd
-    read -r _rp_lo _rp_hi </proc/sys/net/ipv4/ip_local_port_range
-    if [ "$_rp_lo" -gt 12000 ]; then
-        _rp_first=$((_rp_lo - 10000)) _rp_last=$((_rp_lo - 1))
-    else
-        _rp_first=$((_rp_hi + 1)) _rp_last=65535
-    fi
+    local _rp_port _rp_fd
     for _ in $(seq 100); do
-        _rp_port=$((_rp_first + (RANDOM * 32768 + RANDOM) % (_rp_last - _rp_first + 1)))
+        _rp_port=$(python3 "$(dirname "${BASH_SOURCE[0]}")/../python/ports.py") ||
+            fail "tests/python/ports.py named no port"
         exec {_rp_fd}>"$PORT_LOCKS/$_rp_port"
-        if flock -n "$_rp_fd" && python3 -c '
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the consumer binds
-s.bind(("127.0.0.1", int(sys.argv[1])))' "$_rp_port" 2>/dev/null; then
+        if flock -n "$_rp_fd"; then
             _rp_out=$_rp_port
             return 0
         fi
         exec {_rp_fd}>&-
     done
-    fail "no free port in $_rp_first-$_rp_last after 100 tries"
+    fail "no port free of other tests' locks after 100 tries"
 }
 
 # start NAME CMD...: runs CMD in the background, output in $SCRATCH/NAME.log.

@@ -439,5 +439,3 @@ def test_a_producer_that_truncates_warns_at_start_with_the_share_lost(tmp_path, 
                           env=dict(os.environ, HS_LOG_LEVEL="warn"))
     assert re.search(r"WARN.*tokens \(\d+\.\d\d%\) are lost to max seq len 100", prod.stderr), \
         prod.stderr[-2000:]
-
-
