@@ -223,8 +223,12 @@ hs_status_t hs_cache_create(uint64_t capacity, uint32_t flags, hs_cache_t **out)
     return hs_cache_create_ex(&cfg, out);
 }
 
-/* The check of hs_cache_check_room, with `others` bytes that the node's
- * other caches still have to take (described in others_text) off the room. */
+/* Before mapping a cache of `bytes`: is there that much memory to give
+ * (hs_mem_room: MemAvailable and the cgroup limit), less `others` bytes that
+ * the node's other caches still have to take (described in others_text)?
+ * The region is mapped without reserving, so an oversized cache would start
+ * and be OOM-killed only once it fills. HS_ERR_NOSPACE, logged with the
+ * figures and what to do, when it does not fit; with `force`, a warning. */
 static hs_status_t check_room(uint64_t bytes, bool force, uint64_t others, unsigned n_others,
                               const char *others_text)
 {
@@ -263,11 +267,6 @@ static hs_status_t check_room(uint64_t bytes, bool force, uint64_t others, unsig
              "consumer for more), or add --force (force=True from Python) to start anyway",
              (double)bytes / GiB, (double)room / GiB, avail, cgroup, other, fit);
     return HS_ERR_NOSPACE;
-}
-
-hs_status_t hs_cache_check_room(uint64_t bytes, bool force)
-{
-    return check_room(bytes, force, 0, 0, "");
 }
 
 hs_status_t hs_cache_claim_room(uint64_t bytes, bool force, const char *who, hs_mem_claim_t **out)

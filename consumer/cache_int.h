@@ -99,17 +99,14 @@ HS_MUST_CHECK hs_status_t hs_cache_create_ex(const hs_cache_config_t *cfg, hs_ca
 void hs_cache_destroy(hs_cache_t *c);
 
 /* Before mapping a cache of `bytes`: is there that much memory to give
- * (hs_mem_room: MemAvailable and the cgroup limit)? The region is mapped
- * without reserving, so an oversized cache would start and be OOM-killed
- * only once it fills. HS_ERR_NOSPACE, logged with both figures and what to
- * do, when it does not fit; with `force`, a warning and HS_OK. */
-HS_MUST_CHECK hs_status_t hs_cache_check_room(uint64_t bytes, bool force);
-/* The same check with the node's other consumers counted, and the cache
- * claimed: what the other live claims of the node's registry
- * (hs_mem_claim_t) have still to take comes off the room, and the refusal
- * names the largest of them. On success (also with `force`) `bytes` is
- * claimed for `who` until hs_mem_claim_release(*out), so the next consumer
- * on the node counts it; *out is set only then. */
+ * (MemAvailable and the cgroup limit), with the node's other consumers
+ * counted? The region is mapped without reserving, so an oversized cache
+ * would start and be OOM-killed only once it fills. What the other live
+ * claims of the node's registry (hs_mem_claim_t) have still to take comes
+ * off the room, and the refusal names the largest of them. On success
+ * (also with `force`) `bytes` is claimed for `who` until
+ * hs_mem_claim_release(*out), so the next consumer on the node counts it;
+ * *out is set only then. */
 HS_MUST_CHECK hs_status_t hs_cache_claim_room(uint64_t bytes, bool force, const char *who,
                                               hs_mem_claim_t **out);
 

@@ -238,17 +238,6 @@ static void work_put(hs_model_t *m, work_t *w)
     pthread_mutex_unlock(&m->cpu_lock);
 }
 
-hs_status_t hs_model_forward_cpu_reserve(hs_model_t *m, int max_tokens)
-{
-    if (!m || max_tokens < 0) return HS_ERR_INVALID;
-    hs_status_t rc = hs__model_fp8_to_bf16(m);
-    if (rc != HS_OK || max_tokens == 0) return rc;
-    work_t *w;
-    rc = work_get(m, max_tokens, &w);
-    if (rc == HS_OK) work_put(m, w);
-    return rc;
-}
-
 static void forward_cpu_release(hs_model_t *m)
 {
     while (m->cpu_free) {

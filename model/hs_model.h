@@ -205,8 +205,8 @@ HS_MUST_CHECK hs_status_t hs_model_eagle3_layers(int n_target_layers, int32_t *o
  *               layers[j] goes to columns [j*H, (j+1)*H) of every row.
  *               row_stride_elems >= n_layers * H. Other columns untouched.
  * Only decoder layers up to the highest captured index run. Its fp32 work
- * buffers belong to the model: allocated by the first call (or
- * hs_model_forward_cpu_reserve) and kept for the next one, reallocated only
+ * buffers belong to the model: allocated by the first call and kept for the
+ * next one, reallocated only
  * for a call with more tokens than any before. Threads may call it at once
  * on one model (each takes a set of buffers of its own).
  * Bad input: HS_ERR_INVALID with a message; nothing written to out. */
@@ -214,9 +214,6 @@ HS_MUST_CHECK hs_status_t hs_model_forward_cpu(hs_model_t *m, const int32_t *inp
                                                const int32_t *cu_seqlens, int n_seqs,
                                                const int32_t *layers, int n_layers, void *out,
                                                int out_dtype, size_t row_stride_elems);
-/* Plans the CPU forward's work buffers for batches of up to max_tokens
- * tokens once, before the first batch (HS_ERR_NOMEM with a message). */
-HS_MUST_CHECK hs_status_t hs_model_forward_cpu_reserve(hs_model_t *m, int max_tokens);
 
 /* FLOPs of one forward over cu_seqlens (host, n_seqs + 1 entries) running
  * n_run decoder layers: per layer 2 * (linear parameters of a layer) * T plus

@@ -16,6 +16,7 @@
 
 #include "bf16.h"
 #include "hs_common.h" /* hs_splitmix64 */
+#include "cuda_test_main.h"
 
 static uint64_t g_rng = 0x1234;
 

@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include "bf16.h"
+#include "cuda_test_main.h"
 #include "hs_model.h"
 #include "safetensors_int.h"
 
@@ -254,11 +255,8 @@ END_TEST
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+    struct cudaDeviceProp prop;
+    if (!cuda_test_device("test_forward_cuda", &prop)) return 77;
     Suite *s = suite_create("forward_cuda");
     TCase *tc = tcase_create("all");
     tcase_set_timeout(tc, 60);
@@ -267,10 +265,5 @@ int main(void)
     tcase_add_loop_test(tc, hybrid_sequence_rows_do_not_depend_on_their_neighbours, 0,
                         (int)(sizeof k_hybrids / sizeof k_hybrids[0]));
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return cuda_test_run(s);
 }

@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include "bf16.h"
+#include "cuda_test_main.h"
 #include "hs_model.h"
 #include "safetensors_int.h"
 
@@ -266,12 +267,7 @@ static int run_suite(int gpu)
         tcase_add_loop_test(tc, dtype_fp8_on_the_gpu_matches_its_cpu_forward, 0, nf);
     }
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed;
+    return cuda_test_run(s);
 }
 
 int main(void)

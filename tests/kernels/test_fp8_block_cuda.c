@@ -402,14 +402,8 @@ END_TEST
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("test_fp8_block_cuda: no CUDA device, skipped\n");
-        return 77;
-    }
     struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
-        printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+    if (!cuda_test_device("test_fp8_block_cuda", &prop)) return 77;
     Suite *s = suite_create("fp8_block_cuda");
     TCase *tc = tcase_create("fp8_block");
     tcase_set_timeout(tc, 300);
@@ -423,10 +417,5 @@ int main(void)
         printf("fp8 gemm: block-scaled FP8 GEMMs need sm_90; not run on sm_%d%d\n", prop.major,
                prop.minor);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK); /* the CUDA context lives in this process */
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return cuda_test_run(s);
 }

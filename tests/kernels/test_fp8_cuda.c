@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "fp8.h"
+#include "cuda_test_main.h"
 #include "hs_proto.h"
 
 static uint64_t g_rng = 0x51;
@@ -97,20 +98,12 @@ END_TEST
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+    struct cudaDeviceProp prop;
+    if (!cuda_test_device("test_fp8_cuda", &prop)) return 77;
     Suite *s = suite_create("fp8_cuda");
     TCase *tc = tcase_create("all");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, fp8_kernels_match_their_twins_bit_for_bit);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return cuda_test_run(s);
 }

@@ -269,11 +269,8 @@ END_TEST
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+    struct cudaDeviceProp prop;
+    if (!cuda_test_device("test_gdn_cuda", &prop)) return 77;
     Suite *s = suite_create("gdn_cuda");
     TCase *tc = tcase_create("all");
     tcase_set_timeout(tc, 120);
@@ -283,10 +280,5 @@ int main(void)
     tcase_add_test(tc, delta_rule_matches_its_twin_on_packed_sequences);
     tcase_add_test(tc, delta_rule_refuses_a_short_workspace_bad_heads_and_an_oversized_launch);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return cuda_test_run(s);
 }

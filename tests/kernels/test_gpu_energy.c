@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <cuda_runtime_api.h>
 
+#include "cuda_test_main.h"
 #include "gpu_energy.h"
 #include "hs_common.h"
 
@@ -76,10 +77,5 @@ int main(void)
     tcase_add_test(tc, a_meter_for_no_such_device_is_null_and_reads_nothing);
     tcase_add_test(tc, the_meter_counts_the_joules_of_a_busy_gpu);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return cuda_test_run(s);
 }

@@ -582,11 +582,8 @@ END_TEST
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+    struct cudaDeviceProp prop;
+    if (!cuda_test_device("test_kernels_cuda", &prop)) return 77;
     Suite *s = suite_create("kernels_cuda");
     TCase *tc = tcase_create("all");
     tcase_set_timeout(tc, 240);
@@ -606,10 +603,5 @@ int main(void)
     tcase_add_test(tc, attention_plan_honours_the_sliding_window);
     tcase_add_test(tc, attention_plan_falls_back_on_a_batch_no_bucket_holds);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return cuda_test_run(s);
 }
