@@ -7,7 +7,7 @@
 
 #include <math.h>
 
-#include "bf16.h"
+#include "hs_float.h"
 
 /* The sequence holding token t: the last s with cu_seqlens[s] <= t. */
 static int seq_of(const int32_t *cu_seqlens, int n_seqs, int t)

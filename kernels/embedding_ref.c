@@ -3,7 +3,7 @@
  * out[t, :] = table[ids[t], :], bf16 -> fp32, shapes [vocab, H] -> [T, H]. */
 #include "embedding.h"
 
-#include "bf16.h"
+#include "hs_float.h"
 
 void hs_kn_embedding_ref(const uint16_t *table, int vocab, int H, const int32_t *ids, int T,
                          float *out)

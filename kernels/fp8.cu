@@ -13,6 +13,7 @@
 
 #include "fp8.h"
 #include "hs_common.h"
+#include "hs_float.h"
 
 #define QUANT_THREADS 256
 
@@ -28,7 +29,7 @@ __global__ void fp8_quantize_kernel(const uint16_t *__restrict__ x, int64_t n,
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         uint16_t b = xr[i] & 0x7fffu;
         nonfinite |= b >= 0x7f80u;
-        amax = fmaxf(amax, hs_bf16_bits_to_f32(b));
+        amax = fmaxf(amax, hs_bf16_to_f32(b));
     }
     for (int off = 16; off > 0; off >>= 1) {
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
@@ -54,12 +55,12 @@ __global__ void fp8_quantize_kernel(const uint16_t *__restrict__ x, int64_t n,
     if (threadIdx.x == 0) scales[row] = scale;
     uint8_t *qr = q + row * n;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        qr[i] = hs_fp8_from_f32(__fdiv_rn(hs_bf16_bits_to_f32(xr[i]), scale));
+        qr[i] = hs_fp8_from_f32(__fdiv_rn(hs_bf16_to_f32(xr[i]), scale));
 }
 
 __device__ __forceinline__ uint16_t dequant1(uint8_t q, float scale)
 {
-    return hs_f32_to_bf16_rne(__fmul_rn(hs_fp8_to_f32(q), scale));
+    return hs_f32_to_bf16(__fmul_rn(hs_fp8_to_f32(q), scale));
 }
 
 /* 16 values a thread (one 16-byte load, two 16-byte stores): rows go in
@@ -83,7 +84,7 @@ __global__ void fp8_dequantize_kernel_vec(const uint8_t *__restrict__ q,
     uint16_t *v = (uint16_t *)o;
 #pragma unroll
     for (int j = 0; j < 16; j++)
-        v[j] = hs_f32_to_bf16_rne(__fmul_rn(table[b[j]], scale));
+        v[j] = hs_f32_to_bf16(__fmul_rn(table[b[j]], scale));
     uint4 *dst = (uint4 *)(out + row * n + i);
     dst[0] = o[0];
     dst[1] = o[1];

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "fp8_block.h"
+#include "hs_float.h"
 #include "fp8_group.cuh"
 #include "rmsnorm_gated.cuh"
 #include "rmsnorm_gated.h"
@@ -50,7 +51,7 @@ __global__ void fp8_quant_groups_kernel(const uint16_t *__restrict__ x, int64_t 
         int k = g * HS_FP8_BLOCK + j * 32 + lane;
         uint16_t b = k < K ? xr[k] : 0;
         nonfinite |= (b & 0x7fffu) >= 0x7f80u;
-        v[j] = hs_bf16_bits_to_f32(b);
+        v[j] = hs_bf16_to_f32(b);
         amax = fmaxf(amax, fabsf(v[j]));
     }
     for (int off = 16; off > 0; off >>= 1) {
@@ -112,8 +113,8 @@ __global__ void __launch_bounds__(VEC_THREADS)
         float v[8];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            v[2 * j] = hs_bf16_bits_to_f32((uint16_t)(w[j] & 0xffffu));
-            v[2 * j + 1] = hs_bf16_bits_to_f32((uint16_t)(w[j] >> 16));
+            v[2 * j] = hs_bf16_to_f32((uint16_t)(w[j] & 0xffffu));
+            v[2 * j + 1] = hs_bf16_to_f32((uint16_t)(w[j] >> 16));
         }
         /* within the 16 threads of the group */
         const uint32_t bits = hs_half_warp_max(hs_bf16x8_absmax_bits(raw[r]));
@@ -215,8 +216,8 @@ __global__ void __launch_bounds__(VEC_THREADS)
         float v[8];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            v[2 * j] = hs_bf16_bits_to_f32((uint16_t)(yw[j] & 0xffffu));
-            v[2 * j + 1] = hs_bf16_bits_to_f32((uint16_t)(yw[j] >> 16));
+            v[2 * j] = hs_bf16_to_f32((uint16_t)(yw[j] & 0xffffu));
+            v[2 * j + 1] = hs_bf16_to_f32((uint16_t)(yw[j] >> 16));
         }
         const uint32_t bits = hs_half_warp_max(hs_bf16x8_absmax_bits(y));
         if (m >= M) continue;

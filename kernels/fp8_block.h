@@ -15,7 +15,7 @@
  * Activation factors are stored group-major, scales[g * M + m]: the layout
  * cuBLASLt's VEC128_32F scale mode reads. Every factor multiplies (it is
  * the dequantisation factor). Roundings are to nearest even in IEEE single
- * precision through hs_common.h's scalars (hs_fp8_from_f32 saturates at
+ * precision through hs_float.h's scalars (hs_fp8_from_f32 saturates at
  * +-448), so the kernel and its C twin give the same bits. */
 #ifndef HS_KN_FP8_BLOCK_H
 #define HS_KN_FP8_BLOCK_H
@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "hs_common.h"
+#include "hs_float.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -5,7 +5,7 @@
  * forward's bf16 fallback). */
 #include "fp8_block.h"
 
-#include "bf16.h"
+#include "hs_float.h"
 
 /* Factor of a group or block whose largest |value| is amax. */
 static float scale_of(float amax) { return amax > 0.0f ? amax / HS_FP8_MAX : 1.0f; }
@@ -24,12 +24,12 @@ void hs_kn_fp8_quant_groups_ref(const uint16_t *x, int64_t ldx, int M, int K, ui
             for (int64_t k = k0; k < k1; k++) {
                 uint16_t b = xr[k] & 0x7fffu;
                 nonfinite |= b >= 0x7f80u;
-                float a = hs_bf16_bits_to_f32(b);
+                float a = hs_bf16_to_f32(b);
                 if (a > amax) amax = a;
             }
             float s = nonfinite ? hs_f32_from_bits(0x7fc00000u) : scale_of(amax);
             for (int64_t k = k0; k < k1; k++)
-                qr[k] = nonfinite ? 0 : hs_fp8_from_f32(hs_bf16_bits_to_f32(xr[k]) / s);
+                qr[k] = nonfinite ? 0 : hs_fp8_from_f32(hs_bf16_to_f32(xr[k]) / s);
             scales[hs_fp8_act_scale_index(g, m, M, G)] = s;
         }
     }
@@ -46,13 +46,13 @@ void hs_fp8_block_quantize(const uint16_t *w, int64_t N, int64_t K, uint8_t *q, 
             float amax = 0.0f;
             for (int64_t n = n0; n < n1; n++)
                 for (int64_t k = k0; k < k1; k++) {
-                    float a = hs_bf16_bits_to_f32(w[n * K + k] & 0x7fffu);
+                    float a = hs_bf16_to_f32(w[n * K + k] & 0x7fffu);
                     if (a > amax) amax = a;
                 }
             float s = scale_of(amax);
             for (int64_t n = n0; n < n1; n++)
                 for (int64_t k = k0; k < k1; k++)
-                    q[n * K + k] = hs_fp8_from_f32(hs_bf16_bits_to_f32(w[n * K + k]) / s);
+                    q[n * K + k] = hs_fp8_from_f32(hs_bf16_to_f32(w[n * K + k]) / s);
             scale_inv[nb * KB + kb] = s;
         }
     }

@@ -20,7 +20,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
-#include "hs_common.h"
+#include "hs_float.h"
 
 /* The group's factor: NaN for a group holding a NaN or an infinity (its
  * bytes are then 0), 1 for an all-zero group. */

@@ -7,7 +7,7 @@
 
 #include <stdlib.h>
 
-#include "bf16.h"
+#include "hs_float.h"
 
 #define HS_MM_NB 8 /* W rows per tile */
 

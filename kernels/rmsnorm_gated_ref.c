@@ -5,7 +5,7 @@
 
 #include <math.h>
 
-#include "bf16.h"
+#include "hs_float.h"
 
 void hs_kn_rmsnorm_gated_ref(const float *x, const float *z, const uint16_t *w, float *y, int rows,
                              int dim, float eps)

@@ -7,7 +7,7 @@
 
 #include <math.h>
 
-#include "bf16.h"
+#include "hs_float.h"
 
 static void rmsnorm(const float *x, const uint16_t *w, float *y, int rows, int dim, float eps,
                     float offset)

@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "attention.h"
-#include "bf16.h"
+#include "hs_float.h"
 #include "conv1d.h"
 #include "delta_rule.h"
 #include "embedding.h"

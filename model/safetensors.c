@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "bf16.h"
+#include "hs_float.h"
 
 /* A header larger than this is not a model file (real ones are < 1 MB). */
 #define HS_ST_MAX_HEADER (256u << 20)

@@ -6,6 +6,7 @@
  * Region: [header 256][cu_seqlens i32 n+1][sample_ids u64 n][input_ids i32 T]
  *         [loss_mask u8 T][hidden bf16 T*k*H], each part 256-aligned.
  * The region is little-endian; so is every host hsflow builds for. */
+#include "hs_float.h"
 #include "hs_proto.h"
 
 #include <inttypes.h>

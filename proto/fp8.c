@@ -7,6 +7,7 @@
  * nearest even in IEEE single precision (the scalars of hs_common.h), one
  * division or one multiplication per value, so kernels/fp8.cu gives the
  * same bits. */
+#include "hs_float.h"
 #include "hs_proto.h"
 #include "hsflow.h"
 
@@ -20,12 +21,12 @@ hs_status_t hs_fp8_quantize_row_bf16(const uint16_t *x, uint64_t n, uint8_t *q, 
             *bad = i;
             return HS_ERR_INVALID;
         }
-        float a = hs_bf16_bits_to_f32(b);
+        float a = hs_bf16_to_f32(b);
         if (a > amax) amax = a;
     }
     float s = amax > 0.0f ? amax / HS_FP8_MAX : 1.0f;
     for (uint64_t i = 0; i < n; i++)
-        q[i] = hs_fp8_from_f32(hs_bf16_bits_to_f32(x[i]) / s);
+        q[i] = hs_fp8_from_f32(hs_bf16_to_f32(x[i]) / s);
     *scale = s;
     return HS_OK;
 }
@@ -34,7 +35,7 @@ void hs_fp8_dequantize_row_bf16(const uint8_t *q, uint64_t n, float scale, uint1
 {
     if (n < 1024) {
         for (uint64_t i = 0; i < n; i++)
-            out[i] = hs_f32_to_bf16_rne(hs_fp8_to_f32(q[i]) * scale);
+            out[i] = hs_f32_to_bf16(hs_fp8_to_f32(q[i]) * scale);
         return;
     }
     /* A row shares one scale: every code's value at it, once, and then a
@@ -42,7 +43,7 @@ void hs_fp8_dequantize_row_bf16(const uint8_t *q, uint64_t n, float scale, uint1
      * each value, which is the trainer's time on a consumer without a GPU). */
     uint16_t at_scale[256];
     for (int c = 0; c < 256; c++)
-        at_scale[c] = hs_f32_to_bf16_rne(hs_fp8_to_f32((uint8_t)c) * scale);
+        at_scale[c] = hs_f32_to_bf16(hs_fp8_to_f32((uint8_t)c) * scale);
     for (uint64_t i = 0; i < n; i++)
         out[i] = at_scale[q[i]];
 }

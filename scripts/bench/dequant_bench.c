@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "hs_common.h"
+#include "hs_float.h"
 #include "hs_proto.h"
 
 static double median(double *v, int n)
@@ -30,7 +31,7 @@ static double median(double *v, int n)
 static void per_value(const uint8_t *q, uint64_t n, float scale, uint16_t *out)
 {
     for (uint64_t i = 0; i < n; i++)
-        out[i] = hs_f32_to_bf16_rne(hs_fp8_to_f32(q[i]) * scale);
+        out[i] = hs_f32_to_bf16(hs_fp8_to_f32(q[i]) * scale);
 }
 
 int main(int argc, char **argv)

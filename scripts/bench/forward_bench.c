@@ -22,7 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include "attention.h"
-#include "bf16.h"
+#include "hs_float.h"
 #include "hs_common.h"
 #include "hs_model.h"
 #include "hs_model.h"

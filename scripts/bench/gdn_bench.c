@@ -17,7 +17,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "bf16.h"
+#include "hs_float.h"
 #include "delta_rule.h"
 #include "delta_rule_int.h"
 #include "hs_common.h"

@@ -19,7 +19,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-#include "bf16.h"
+#include "hs_float.h"
 #include "hs_common.h"
 
 #define MAX_SHAPES 16

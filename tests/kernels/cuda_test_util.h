@@ -14,7 +14,7 @@
 #include <string.h>
 #include <cuda_runtime_api.h>
 
-#include "bf16.h"
+#include "hs_float.h"
 #include "hs_common.h" /* hs_splitmix64 */
 #include "cuda_test_main.h"
 

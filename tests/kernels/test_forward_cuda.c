@@ -19,7 +19,7 @@
 #include <string.h>
 #include <cuda_runtime_api.h>
 
-#include "bf16.h"
+#include "hs_float.h"
 #include "cuda_test_main.h"
 #include "hs_model.h"
 #include "safetensors_int.h"

@@ -19,6 +19,7 @@
 #include "cublaslt.h"
 #include "cuda_test_util.h"
 #include "fp8_block.h"
+#include "hs_float.h"
 #include "rmsnorm.h"
 #include "rmsnorm_gated.h"
 #include "swiglu.h"

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <cuda_runtime_api.h>
 
-#include "bf16.h"
+#include "hs_float.h"
 #include "cuda_test_util.h"
 #include "conv1d.h"
 #include "cublaslt.h"

@@ -16,7 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "attention.h"
-#include "bf16.h"
+#include "hs_float.h"
 #include "cuda_test_util.h"
 #include "cublaslt.h"
 #include "embedding.h"

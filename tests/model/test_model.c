@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "attention.h"
-#include "bf16.h"
+#include "hs_float.h"
 #include "common/alloc_count.h"
 #include "conv1d.h"
 #include "delta_rule.h"

@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "bf16.h"
+#include "hs_float.h"
 #include "fp8_block.h"
 #include "hs_model.h"
 #include "model_int.h"

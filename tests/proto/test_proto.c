@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hs_float.h"
 #include "hs_proto.h"
 
 static char why[512];
@@ -1204,7 +1205,7 @@ START_TEST(fp8_e4m3_rounds_to_nearest_even_and_saturates_like_its_definition)
     for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++)
         for (uint32_t b = 0; b < 0x10000u; b++) {
             if ((b & 0x7f80u) == 0x7f80u) continue; /* infinities and NaN */
-            float x = hs_bf16_bits_to_f32((uint16_t)b) / scales[si];
+            float x = hs_bf16_to_f32((uint16_t)b) / scales[si];
             if (!isfinite(x)) continue;
             uint8_t got = hs_fp8_from_f32(x), want = e4m3_nearest(x);
             ck_assert_msg(got == want, "e4m3(%.9g) = 0x%02x, expected 0x%02x", x, got, want);
@@ -1236,28 +1237,28 @@ START_TEST(fp8_rows_scale_by_their_amax_refuse_non_finite_values_and_come_back_w
     float scale;
     uint64_t bad = 0, rng = 9;
     for (int i = 0; i < N; i++) /* values over many binades, both signs */
-        x[i] = hs_f32_to_bf16_rne((float)((int64_t)(hs_splitmix64(&rng) % 601) - 300) *
-                                  ldexpf(1.0f, -(int)(hs_splitmix64(&rng) % 20)));
-    x[17] = hs_f32_to_bf16_rne(-320.0f); /* the largest magnitude */
+        x[i] = hs_f32_to_bf16((float)((int64_t)(hs_splitmix64(&rng) % 601) - 300) *
+                              ldexpf(1.0f, -(int)(hs_splitmix64(&rng) % 20)));
+    x[17] = hs_f32_to_bf16(-320.0f); /* the largest magnitude */
     ck_assert_int_eq(hs_fp8_quantize_row_bf16(x, N, q, &scale, &bad), HS_OK);
     float amax = 0;
     for (int i = 0; i < N; i++)
-        amax = fmaxf(amax, fabsf(hs_bf16_bits_to_f32(x[i])));
+        amax = fmaxf(amax, fabsf(hs_bf16_to_f32(x[i])));
     ck_assert(amax == 320.0f);
     ck_assert(scale == amax / 448.0f);
     ck_assert_uint_eq(q[17], 0xfe); /* -448 */
     hs_fp8_dequantize_row_bf16(q, N, scale, back);
     for (int i = 0; i < N; i++) {
-        float xi = hs_bf16_bits_to_f32(x[i]);
+        float xi = hs_bf16_to_f32(x[i]);
         ck_assert_uint_eq(q[i], e4m3_nearest((double)(xi / scale)));
         /* bf16(e4m3 * scale), the product rounded to float first */
         float prod = (float)((double)hs_fp8_to_f32(q[i]) * (double)scale);
-        ck_assert_uint_eq(back[i], hs_f32_to_bf16_rne(prod));
+        ck_assert_uint_eq(back[i], hs_f32_to_bf16(prod));
         /* within half an e4m3 step (relative 2^-4) of x, or of the subnormal
          * step (2^-9 * scale) for the smallest */
-        double err = fabs((double)hs_bf16_bits_to_f32(back[i]) - xi);
+        double err = fabs((double)hs_bf16_to_f32(back[i]) - xi);
         ck_assert_msg(err <= fabs(xi) / 16 + ldexp(scale, -10) + fabs(xi) / 256,
-                      "value %d: %.9g came back as %.9g", i, xi, hs_bf16_bits_to_f32(back[i]));
+                      "value %d: %.9g came back as %.9g", i, xi, hs_bf16_to_f32(back[i]));
     }
     /* a row of zeros: scale 1, zeros */
     uint16_t z[8] = {0, 0x8000, 0, 0, 0, 0, 0, 0};
@@ -1293,7 +1294,7 @@ START_TEST(fp8_rows_long_and_short_come_back_as_each_values_own_rounding)
             memset(out, 0xab, sizeof out);
             hs_fp8_dequantize_row_bf16(q, (uint64_t)n, scales[s], out);
             for (int i = 0; i < n; i++)
-                ck_assert_msg(out[i] == hs_f32_to_bf16_rne(hs_fp8_to_f32(q[i]) * scales[s]),
+                ck_assert_msg(out[i] == hs_f32_to_bf16(hs_fp8_to_f32(q[i]) * scales[s]),
                               "n=%d scale %g: value %d (code 0x%02x) gave 0x%04x", n,
                               (double)scales[s], i, q[i], out[i]);
             ck_assert_uint_eq(out[n], 0xabab); /* nothing past the row */
