@@ -150,17 +150,6 @@ hs_status_t hs_parse_hostport(const char *s, char *host, size_t hostcap, uint16_
     return HS_OK;
 }
 
-const char *hs_env_for_flag(const char *long_name)
-{
-    char name[96] = "HS_";
-    size_t j = 3;
-    for (const char *c = long_name; *c && j + 1 < sizeof(name); c++)
-        name[j++] = (*c == '-') ? '_' : (char)toupper((unsigned char)*c);
-    name[j] = 0;
-    const char *v = getenv(name);
-    return (v && *v) ? v : NULL;
-}
-
 void hs_permutation(uint64_t seed, uint32_t epoch, uint32_t n, uint32_t *out)
 {
     uint64_t st = seed ^ (0xD1B54A32D192ED03ull * ((uint64_t)epoch + 1));

@@ -31,12 +31,3 @@ void hs_version_print(FILE *out, const char *program)
 {
     fprintf(out, "%s %s\nbuild: %s\n", program, hs_version_line(), hsflow_build_info());
 }
-
-bool hs_cli_wants_version(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--")) return false;
-        if (!strcmp(argv[i], "--version")) return true;
-    }
-    return false;
-}

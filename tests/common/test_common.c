@@ -3,7 +3,6 @@
  * files. */
 #include <check.h>
 #include <dirent.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,58 +133,6 @@ START_TEST(parsers_accept_good_input_and_reject_bad)
     ck_assert_str_eq(host, "::1");
     ck_assert_int_eq(hs_parse_hostport("host:99999", host, sizeof host, &port), HS_ERR_INVALID);
     ck_assert_int_eq(hs_parse_hostport("host", host, sizeof host, &port), HS_ERR_INVALID);
-}
-END_TEST
-
-START_TEST(flags_map_to_hs_environment_variables)
-{
-    setenv("HS_CACHE_GB", "12", 1);
-    ck_assert_str_eq(hs_env_for_flag("cache-gb"), "12");
-    unsetenv("HS_CACHE_GB");
-    ck_assert_ptr_null(hs_env_for_flag("cache-gb"));
-}
-END_TEST
-
-/* hs_cli_parse_flags: a flag from HS_* unless the command line gives it,
- * --help and mistakes answered with the exit status main returns. */
-static int usage_out, usage_err;
-static void count_usage(FILE *out) { *(out == stdout ? &usage_out : &usage_err) += 1; }
-static int apply_name(void *ctx, int opt, const char *arg, const char *from)
-{
-    ck_assert_int_ne(opt, 'h'); /* --help is hs_cli_parse_flags' own */
-    if (!strcmp(arg, "bad")) return hs_cli_bad("test", "name", arg, from, "not bad");
-    *(const char **)ctx = arg;
-    return 0;
-}
-
-START_TEST(cli_flags_take_the_environment_answer_help_and_refuse_operands)
-{
-    static const struct option opts[] = {
-        {"name", required_argument, 0, 'n'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    char prog[] = "prog", name[] = "--name", cli[] = "cli", bad[] = "bad", help[] = "--help",
-         extra[] = "extra";
-    const char *got = NULL;
-    setenv("HS_NAME", "env", 1);
-    char *only_env[] = {prog, NULL};
-    ck_assert_int_eq(hs_cli_parse_flags(1, only_env, opts, apply_name, &got, "prog", count_usage),
-                     -1);
-    ck_assert_str_eq(got, "env");
-    char *both[] = {prog, name, cli, NULL};
-    ck_assert_int_eq(hs_cli_parse_flags(3, both, opts, apply_name, &got, "prog", count_usage), -1);
-    ck_assert_str_eq(got, "cli");
-    unsetenv("HS_NAME");
-    ck_assert_int_eq(usage_out + usage_err, 0);
-    char *asks_help[] = {prog, help, NULL};
-    ck_assert_int_eq(hs_cli_parse_flags(2, asks_help, opts, apply_name, &got, "prog", count_usage),
-                     0);
-    ck_assert_int_eq(usage_out, 1);
-    char *bad_value[] = {prog, name, bad, NULL};
-    ck_assert_int_eq(hs_cli_parse_flags(3, bad_value, opts, apply_name, &got, "prog", count_usage),
-                     2);
-    char *operand[] = {prog, extra, NULL};
-    ck_assert_int_eq(hs_cli_parse_flags(2, operand, opts, apply_name, &got, "prog", count_usage),
-                     2);
-    ck_assert_int_eq(usage_err, 2);
 }
 END_TEST
 
@@ -448,8 +395,6 @@ int main(void)
                    checksum64_parallel_equals_the_one_thread_value_at_every_size_and_thread_count);
     tcase_add_test(tc, checksum_stream_equals_one_shot_for_any_split);
     tcase_add_test(tc, parsers_accept_good_input_and_reject_bad);
-    tcase_add_test(tc, flags_map_to_hs_environment_variables);
-    tcase_add_test(tc, cli_flags_take_the_environment_answer_help_and_refuse_operands);
     tcase_add_test(tc, outfile_refuses_an_input_by_name_symlink_or_hard_link);
     tcase_add_test(tc, outfile_appears_only_when_committed);
     tcase_add_test(tc, mem_limits_take_the_tightest_cgroup_level_less_page_cache);

@@ -23,8 +23,8 @@
 
 #include "attention.h"
 #include "hs_float.h"
+#include "hs_cli.h"
 #include "hs_common.h"
-#include "hs_model.h"
 #include "hs_model.h"
 
 #define MAX_SHAPES 16

@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include "hs_float.h"
+#include "hs_cli.h"
 #include "hs_common.h"
 
 #define MAX_SHAPES 16

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hs_cli.h"
 #include "hs_common.h"
 #include "hs_data.h"
 #include "hs_proto.h"

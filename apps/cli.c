@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* cli.c - getopt_long with HS_* environment defaults (STYLE: every flag is
- * also settable from the environment; the command line wins). */
+ * also settable from the environment; the command line wins), and --version. */
+#include "hs_cli.h"
 #include "hs_common.h"
 
 #include <getopt.h>
+#include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -71,4 +74,24 @@ int hs_cli_parse_flags(int argc, char **argv, const struct option *longopts, hs_
     if (rc == 0) fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[first]);
     usage(stderr);
     return 2;
+}
+
+const char *hs_env_for_flag(const char *long_name)
+{
+    char name[96] = "HS_";
+    size_t j = 3;
+    for (const char *c = long_name; *c && j + 1 < sizeof(name); c++)
+        name[j++] = (*c == '-') ? '_' : (char)toupper((unsigned char)*c);
+    name[j] = 0;
+    const char *v = getenv(name);
+    return (v && *v) ? v : NULL;
+}
+
+bool hs_cli_wants_version(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) return false;
+        if (!strcmp(argv[i], "--version")) return true;
+    }
+    return false;
 }

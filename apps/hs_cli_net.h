@@ -20,6 +20,7 @@
 #include <getopt.h>
 #include <signal.h>
 
+#include "hs_cli.h"
 #include "hs_common.h"
 
 #ifdef __cplusplus

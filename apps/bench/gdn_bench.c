@@ -20,6 +20,7 @@
 #include "hs_float.h"
 #include "delta_rule.h"
 #include "delta_rule_int.h"
+#include "hs_cli.h"
 #include "hs_common.h"
 
 #define MAX_SHAPES 16

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hs_cli.h"
 #include "hs_common.h"
 #include "hs_data.h"
 #include "hs_model.h"
