@@ -2,7 +2,8 @@
 /* delivery.c - the trainer's side: hs_consumer_next() and release() take
  * batches off the delivery queue the network thread fills, straight from
  * their cache slots or through the GPU's two device buffers, and give the
- * slots back; hs_consumer_state_save() writes the position. */
+ * slots back; hs_consumer_unget() takes back a batch that never reached the
+ * trainer; hs_consumer_state_save() writes the position. */
 #include "consumer_int.h"
 
 #include <errno.h>
@@ -191,28 +192,56 @@ static void rows_put(hs_consumer_t *c, uint16_t *rows)
 /* Takes the record of the batch `b` names off the list into *out: it must
  * be one handed out and not released, ticket, epoch, batch and (on the host)
  * slot alike. HS_ERR_INVALID (logged) otherwise, the list unchanged. */
-static hs_status_t handed_take(hs_consumer_t *c, const hs_batch_t *b, hs__handed_t *out)
+/* The index in the list of the record of the batch `b` names (its ticket),
+ * -1 when none; *same: whether its epoch, batch and (on the host) slot are
+ * those of the record. */
+static int64_t handed_find(const hs_consumer_t *c, const hs_batch_t *b, bool *same)
 {
-    hs__consumer_handed_t *h = &c->handed;
+    const hs__consumer_handed_t *h = &c->handed;
     for (uint32_t i = 0; i < h->n; i++) {
         const hs__handed_t *r = &h->v[i];
         if (r->ticket != b->ticket) continue;
-        if (r->epoch != b->epoch || r->batch != b->batch ||
-            (!b->on_device && r->slot_offset != b->handle)) {
-            hs_error("release of batch %u of epoch %u with the identity of batch %u of epoch %u "
-                     "(ticket %llu): pass the hs_batch_t that hs_consumer_next() filled, "
-                     "unchanged",
-                     b->batch, b->epoch, r->batch, r->epoch, (unsigned long long)b->ticket);
-            return HS_ERR_INVALID;
-        }
-        *out = *r;
-        h->v[i] = h->v[--h->n];
-        return HS_OK;
+        *same = r->epoch == b->epoch && r->batch == b->batch &&
+                (b->on_device || r->slot_offset == b->handle);
+        return i;
     }
-    hs_error("release of batch %u of epoch %u (ticket %llu), which the trainer does not hold: "
-             "it was released already or never handed out; nothing was freed or recorded",
-             b->batch, b->epoch, (unsigned long long)b->ticket);
-    return HS_ERR_INVALID;
+    return -1;
+}
+
+/* Whether `b` is the batch hs_consumer_unget() gave back. */
+static bool is_held(const hs_consumer_t *c, const hs_batch_t *b)
+{
+    return c->handed.has_held && c->handed.held.ticket == b->ticket;
+}
+
+static hs_status_t handed_take(hs_consumer_t *c, const hs_batch_t *b, hs__handed_t *out)
+{
+    hs__consumer_handed_t *h = &c->handed;
+    bool same;
+    int64_t i = handed_find(c, b, &same);
+    if (i < 0) {
+        hs_error("release of batch %u of epoch %u (ticket %llu), which the trainer does not "
+                 "hold: it was released already or never handed out; nothing was freed or "
+                 "recorded",
+                 b->batch, b->epoch, (unsigned long long)b->ticket);
+        return HS_ERR_INVALID;
+    }
+    if (!same) {
+        hs_error("release of batch %u of epoch %u with the identity of batch %u of epoch %u "
+                 "(ticket %llu): pass the hs_batch_t that hs_consumer_next() filled, unchanged",
+                 b->batch, b->epoch, h->v[i].batch, h->v[i].epoch, (unsigned long long)b->ticket);
+        return HS_ERR_INVALID;
+    }
+    if (is_held(c, b)) {
+        hs_error("release of batch %u of epoch %u, which hs_consumer_unget() gave back: it never "
+                 "reached the trainer, and the next hs_consumer_next() hands it out again; "
+                 "nothing was freed or recorded",
+                 b->batch, b->epoch);
+        return HS_ERR_INVALID;
+    }
+    *out = h->v[i];
+    h->v[i] = h->v[--h->n];
+    return HS_OK;
 }
 
 /* Puts a batch taken by ready_pop() back at the front of the ring (it could
@@ -348,6 +377,13 @@ static hs_status_t next_gpu(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
     batch_from_view(c, &c->gpu.item[buf], dptr, dequantising(c) ? drows : NULL, out);
     out->on_device = true;
     out->handle = (uint64_t)buf;
+    /* Counted as soon as it is handed out (hs_consumer_unget() undoes this),
+     * even when the prefetch below fails. */
+    pthread_mutex_lock(&c->delivery.lock);
+    c->delivery.batches_delivered++;
+    c->delivery.tokens_delivered += out->n_tokens;
+    if (c->delivery.position) hs_state_mark(c->delivery.position, out->epoch, out->batch);
+    pthread_mutex_unlock(&c->delivery.lock);
 
     /* Prefetch: copy the next ready batch while the trainer works on this one. */
     hs_sched_item_t it;
@@ -359,17 +395,31 @@ static hs_status_t next_gpu(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
     double secs;
     hs__loader_stats(c->gpu.loader, &bytes, &secs);
     pthread_mutex_lock(&c->delivery.lock);
-    c->delivery.batches_delivered++;
-    c->delivery.tokens_delivered += out->n_tokens;
-    if (c->delivery.position) hs_state_mark(c->delivery.position, out->epoch, out->batch);
     c->delivery.h2d_bytes = bytes;
     c->delivery.h2d_s = secs;
     pthread_mutex_unlock(&c->delivery.lock);
     return HS_OK;
 }
 
+/* Hands out again the batch hs_consumer_unget() gave back: counted and
+ * marked as when it first went out. */
+static hs_status_t next_held(hs_consumer_t *c, hs_batch_t *out)
+{
+    *out = c->handed.held;
+    c->handed.has_held = false;
+    pthread_mutex_lock(&c->delivery.lock);
+    c->delivery.held_back = false;
+    c->delivery.batches_delivered++;
+    c->delivery.tokens_delivered += out->n_tokens;
+    if (!out->on_device) c->delivery.in_trainer++;
+    if (c->delivery.position) hs_state_mark(c->delivery.position, out->epoch, out->batch);
+    pthread_mutex_unlock(&c->delivery.lock);
+    return HS_OK;
+}
+
 hs_status_code_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out, int timeout_ms)
 {
+    if (c->handed.has_held) return next_held(c, out);
     if (c->gpu.loader) return next_gpu(c, out, timeout_ms);
     hs_sched_item_t it;
     hs_status_t st = ready_pop(c, &it, timeout_ms);
@@ -435,6 +485,44 @@ hs_status_code_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch)
     c->delivery.in_trainer--;
     pthread_mutex_unlock(&c->delivery.lock);
     return recorded;
+}
+
+hs_status_code_t hs_consumer_unget(hs_consumer_t *c, const hs_batch_t *batch)
+{
+    if (!c || !batch) {
+        hs_error("hs_consumer_unget: needs a consumer and a batch");
+        return HS_ERR_INVALID;
+    }
+    bool same;
+    if (handed_find(c, batch, &same) < 0 || !same || is_held(c, batch)) {
+        hs_error("hs_consumer_unget of batch %u of epoch %u (ticket %llu), which the trainer does "
+                 "not hold: give back only the hs_batch_t that hs_consumer_next() filled, "
+                 "unchanged and not released; nothing was changed",
+                 batch->batch, batch->epoch, (unsigned long long)batch->ticket);
+        return HS_ERR_INVALID;
+    }
+    if (c->handed.has_held) {
+        hs_error("hs_consumer_unget of batch %u of epoch %u while batch %u of epoch %u waits to go "
+                 "out again: take that one with hs_consumer_next() first",
+                 batch->batch, batch->epoch, c->handed.held.batch, c->handed.held.epoch);
+        return HS_ERR_INVALID;
+    }
+    c->handed.held = *batch;
+    c->handed.has_held = true;
+    pthread_mutex_lock(&c->delivery.lock);
+    c->delivery.held_back = true;
+    c->delivery.batches_delivered--;
+    c->delivery.tokens_delivered -= batch->n_tokens;
+    if (!batch->on_device) c->delivery.in_trainer--;
+    if (c->delivery.position) hs_state_unmark(c->delivery.position, batch->epoch, batch->batch);
+    pthread_mutex_unlock(&c->delivery.lock);
+    return HS_OK;
+}
+
+bool hs_consumer_holds(const hs_consumer_t *c, const hs_batch_t *batch)
+{
+    bool same;
+    return c && batch && handed_find(c, batch, &same) >= 0 && same && !is_held(c, batch);
 }
 
 hs_status_code_t hs_consumer_state_save(hs_consumer_t *c, char *buf, size_t cap, size_t *len)

@@ -32,6 +32,7 @@ typedef struct {
     bool finished;
     uint64_t batches_planned, batches_delivered, tokens_delivered, bytes_received;
     uint64_t checksum_failures, in_trainer;
+    bool held_back; /* a batch given back with hs_consumer_unget() waits to go out again */
     double t_start, t_end, starve_s;
     double t_wait;            /* the trainer waits for a batch since then; 0 when it does not */
     hs_consumer_stats_t snap; /* network thread's figures */
@@ -66,6 +67,11 @@ typedef struct {
      * n_rows made in all, n_free of them not in use */
     uint16_t **free_rows;
     uint32_t n_free, cap_rows, n_rows;
+    /* The batch hs_consumer_unget() gave back (still in v: its slot or
+     * device buffer stays as it was), which hs_consumer_next() hands out
+     * before any other. */
+    hs_batch_t held;
+    bool has_held;
 } hs__consumer_handed_t;
 
 /* What the copy-done callback frees: the slot and ticket of one copy. */

@@ -467,6 +467,17 @@ void hs_state_mark(hs_state_t *s, uint32_t epoch, uint32_t batch)
     s->delivered++;
 }
 
+void hs_state_unmark(hs_state_t *s, uint32_t epoch, uint32_t batch)
+{
+    if (!s->bound || epoch < s->base || epoch - s->base >= s->n_rows || batch >= s->n) return;
+    uint8_t *byte = s->bits + (size_t)(epoch - s->base) * s->stride + batch / 8;
+    uint8_t mask = (uint8_t)(1u << (batch % 8));
+    if (!(*byte & mask)) return;
+    *byte &= (uint8_t)~mask;
+    s->rows[epoch - s->base].count--;
+    s->delivered--;
+}
+
 uint8_t *hs_state_done_bits(const hs_state_t *s)
 {
     uint32_t k = hs_state_epochs_done(s);

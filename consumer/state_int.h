@@ -84,6 +84,9 @@ HS_MUST_CHECK hs_status_t hs_state_bind(const hs_state_t *from, uint64_t plan_ha
 /* Records that (epoch, batch) went to the trainer (bound states only;
  * anything else is ignored). No allocation. */
 void hs_state_mark(hs_state_t *s, uint32_t epoch, uint32_t batch);
+/* Takes (epoch, batch) back out (a batch handed out that never reached the
+ * trainer); as hs_state_mark, nothing when it is not there. */
+void hs_state_unmark(hs_state_t *s, uint32_t epoch, uint32_t batch);
 
 /* The state as compact JSON into buf[cap] with a NUL; *len = its length
  * without the NUL. HS_ERR_NOSPACE when cap <= that length (buf may be NULL

@@ -137,7 +137,7 @@ void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
     s->checksum_failures = c->delivery.checksum_failures;
     s->bytes_received = c->delivery.bytes_received;
     s->tokens_delivered = c->delivery.tokens_delivered;
-    s->finished = c->delivery.finished && !c->delivery.ready_n;
+    s->finished = c->delivery.finished && !c->delivery.ready_n && !c->delivery.held_back;
     double t0 = c->delivery.t_start;
     double now = c->delivery.t_end > 0 ? c->delivery.t_end : hs_now_s();
     s->seconds = t0 > 0 ? now - t0 : 0;

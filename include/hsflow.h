@@ -360,13 +360,26 @@ HSFLOW_API HS_MUST_CHECK hs_status_t hs_consumer_next(hs_consumer_t *c, hs_batch
  * Returns 0, HS_ERR_INVALID (-1, logged; nothing freed, nothing journaled)
  * for a batch the trainer does not hold now: one this consumer did not hand
  * out, one released before (even once its slot or device buffer holds
- * another batch: a delivery is named by its ticket, never reused), or an
+ * another batch: a delivery is named by its ticket, never reused), one
+ * given back with hs_consumer_unget(), or an
  * hs_batch_t whose epoch, batch or slot were changed; with a GPU
  * HS_ERR_CUDA (-15, logged), and
  * with a journal HS_ERR_IO (-3, logged) when the journal could not record
  * the release: the batch is released all the same, and a restart from that
  * journal may deliver it again. */
 HSFLOW_API HS_MUST_CHECK hs_status_t hs_consumer_release(hs_consumer_t *c, const hs_batch_t *batch);
+/* Gives back a batch hs_consumer_next() handed out that never reached the
+ * trainer (a binding interrupted between the two, e.g. by a signal):
+ * it is no longer counted as delivered nor in the position, nothing is
+ * journaled, its memory stays as it is, and the next hs_consumer_next()
+ * returns it again, before any other. Returns 0, or HS_ERR_INVALID (-1,
+ * logged; nothing changed) for a batch the trainer does not hold, or while
+ * another one given back waits to go out. Do not release it. */
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_consumer_unget(hs_consumer_t *c, const hs_batch_t *batch);
+/* Whether the trainer holds `batch` now: hs_consumer_next() handed it out,
+ * unchanged, and it was neither released nor given back. Quiet (a binding
+ * asks before a release it may have done already). */
+HSFLOW_API bool hs_consumer_holds(const hs_consumer_t *c, const hs_batch_t *batch);
 /* The consumer's position, for the trainer's checkpoint: every batch that
  * hs_consumer_next() has handed out so far (the one the trainer holds now
  * included, and those of the resume state it started from), as compact JSON

@@ -196,6 +196,11 @@ class Endpoint:
         self.close()
 
     def __del__(self):
+        # A process forked from the one that made this object (a DataLoader
+        # worker, say) has a copy without the library's threads: it must not
+        # tear down what belongs to its parent.
+        if getattr(self, "_owner_pid", None) not in (None, os.getpid()):
+            return
         try:
             self.close()
         except Exception:
@@ -303,6 +308,8 @@ def _declare(lib):
         "hs_consumer_port": (ctypes.c_uint16, [vp]),
         "hs_consumer_next": (i, [vp, P(CBatch), i]),
         "hs_consumer_release": (i, [vp, P(CBatch)]),
+        "hs_consumer_unget": (i, [vp, P(CBatch)]),
+        "hs_consumer_holds": (ctypes.c_bool, [vp, P(CBatch)]),
         "hs_consumer_stats": (v, [vp, P(ConsumerStats)]),
         "hs_consumer_state_save": (i, [vp, ctypes.c_char_p, ctypes.c_size_t,
                                        P(ctypes.c_size_t)]),

@@ -11,7 +11,10 @@ import numpy as np
 from . import _arrays, _log
 from ._lib import (HS_ERR_NOSPACE, HS_HIDDEN_BF16, HS_HIDDEN_FP8, HS_OK, HS_ORDER_ARRIVAL,
                    HS_ORDER_PLAN, CBatch, ConsumerConfig, ConsumerStats, Endpoint, HsflowError,
-                   load)
+                   load, status_str)
+
+# CBatch.hidden_dtype before hs_consumer_next() fills it (it sets 1 or 2)
+_NOT_FILLED = 0
 
 
 def _resume_text(resume):
@@ -65,9 +68,10 @@ class Batch:
     uint8 of e4m3 bytes) and hidden_scales [T] float32: value = e4m3 *
     scale of its token."""
 
-    def __init__(self, consumer, cb, mode, gpu):
+    def __init__(self, consumer, cb, ref, mode, gpu):
         self._consumer = consumer
         self._cb = cb
+        self._ref = ref  # ctypes.byref(cb), made once
         self._released = False
         self.epoch = cb.epoch
         self.batch = cb.batch
@@ -301,7 +305,11 @@ class Consumer(Endpoint):
     once on disk, bound to the dataset, layout, plan and model (docs/store.md):
     later epochs and later runs of the same plan read it back, verified,
     instead of asking producers, and a complete store needs no producer at
-    all. stats() counts store_hits, store_misses and store_writes."""
+    all. stats() counts store_hits, store_misses and store_writes.
+
+    A process forked from this one (os.fork(), a torch DataLoader worker)
+    gets an inert copy: close() and garbage collection there do nothing to
+    the consumer, and any other call raises HsflowError."""
 
     def __init__(self, listen="127.0.0.1:7000", gpu=None, cache_gb=4, epochs=1,
                  order="arrival", prefetch=4, verify_synthetic=False, secret_file=None,
@@ -310,6 +318,8 @@ class Consumer(Endpoint):
                  lease_timeout_s=60, force=False, rank=None, world=None, uneven="drop",
                  expect=None, deliver="bf16", lease_min_tokens_per_s=200, store=None):
         self._c = None
+        # the process this consumer belongs to: a forked child's copy is inert
+        self._owner_pid = os.getpid()
         lib = load()
         host, port = _parse_listen(listen)
         if gpu is None or (isinstance(gpu, str) and gpu.lower() == "none"):
@@ -406,7 +416,12 @@ class Consumer(Endpoint):
     # -- lifetime -------------------------------------------------------------
     def close(self):
         """Releases the current batch, tells producers BYE, frees everything.
-        May be called from another thread while one waits in next_batch()."""
+        May be called from another thread while one waits in next_batch().
+        In a process forked from the one that made the consumer it does
+        nothing: the consumer, its threads, connections and journal are the
+        parent's (the child's lock may even be held forever)."""
+        if self._foreign():
+            return
         self._closing = True
         with getattr(self, "_lock", threading.RLock()):
             if self._c is None:
@@ -419,7 +434,17 @@ class Consumer(Endpoint):
             self._lib.hs_consumer_destroy(self._c)
             self._c = None
 
+    def _foreign(self):
+        """True in a process forked from the one that made this consumer."""
+        return getattr(self, "_owner_pid", None) not in (None, os.getpid())
+
     def _handle(self):
+        if self._foreign():
+            raise HsflowError(
+                "this Consumer belongs to process %d; process %d was forked from it and cannot "
+                "use it (its network threads are not in this process). Take batches in the "
+                "process that made the consumer: a torch DataLoader over it needs num_workers=0"
+                % (self._owner_pid, os.getpid()))
         if self._c is None:
             raise HsflowError("the consumer is closed")
         return self._c
@@ -431,65 +456,99 @@ class Consumer(Endpoint):
 
     # -- batches --------------------------------------------------------------
     def _release(self, batch):
+        """Releases `batch` once, whatever interrupts it: a call cut short
+        (an exception raised by a signal handler at any point) is completed
+        by the next one, which asks the library whether it still holds the
+        batch before releasing it."""
+        if self._foreign():  # the parent's batch: its memory is not this process's to give
+            batch._released = True
+            batch._views = {}
+            return
         with self._lock:
             if batch._released:
                 return
+            st = HS_OK
+            if self._c is not None and self._lib.hs_consumer_holds(self._c, batch._ref):
+                if batch.on_device and self._mode == "torch":
+                    # The library orders its copies against the legacy default
+                    # stream; work queued on another torch stream joins it here.
+                    torch = _arrays.torch_module()
+                    dev = torch.device("cuda", self._gpu)
+                    cur = torch.cuda.current_stream(dev)
+                    default = torch.cuda.default_stream(dev)
+                    if cur != default:
+                        default.wait_stream(cur)
+                st = self._lib.hs_consumer_release(self._c, batch._ref)
             batch._released = True
+            batch._views = {}
             if self._current is batch:
                 self._current = None
-            if self._c is None:
-                return
-            if batch.on_device and self._mode == "torch":
-                # The library orders its copies against the legacy default
-                # stream; work queued on another torch stream joins it here.
-                torch = _arrays.torch_module()
-                dev = torch.device("cuda", self._gpu)
-                cur = torch.cuda.current_stream(dev)
-                default = torch.cuda.default_stream(dev)
-                if cur != default:
-                    default.wait_stream(cur)
-            st = self._lib.hs_consumer_release(self._c, ctypes.byref(batch._cb))
-            batch._views = {}
             if st != HS_OK:
                 raise HsflowError("hs_consumer_release (epoch %d, batch %d)"
                                   % (batch.epoch, batch.batch), st)
 
+    def _unget(self, cb, b):
+        """Gives the library back the batch in `cb` that next_batch() took
+        but never returned (an exception on its way out): it is not counted
+        as delivered, not in state_dict() nor the journal, and the next call
+        returns it. `b`: its Batch, if one was made (its views go away)."""
+        if cb is None or cb.hidden_dtype == _NOT_FILLED:
+            return  # the library handed nothing out
+        if b is not None:
+            b._released = True
+            b._views = {}
+        with self._lock:
+            if b is not None and self._current is b:
+                self._current = None
+            if self._c is not None and not self._foreign():
+                st = self._lib.hs_consumer_unget(self._c, ctypes.byref(cb))
+                if st != HS_OK:
+                    _log.setup("consumer", "hsflow.consumer").error(
+                        "could not give back batch %d of epoch %d after an exception in "
+                        "next_batch(): %s", cb.batch, cb.epoch, status_str(st))
+
     def next_batch(self, timeout=None):
         """The next verified batch, releasing the previous one first. Returns
         None when `timeout` seconds pass without one; raises StopIteration
-        when every batch of every epoch has been delivered."""
-        with self._lock:
-            h = self._handle()
-            if self._current is not None:
-                self._release(self._current)
-            if self._done:
-                raise StopIteration
-            cb = CBatch()
-            if not self._wait_next(lambda ms: self._lib.hs_consumer_next(h, ctypes.byref(cb), ms),
-                                   timeout, "hs_consumer_next"):
-                return None
-            try:
-                b = Batch(self, cb, self._mode, self._gpu)
-            except BaseException:
-                self._lib.hs_consumer_release(h, ctypes.byref(cb))
-                raise
-            if b.on_device and self._mode == "torch":
-                torch = _arrays.torch_module()
-                dev = torch.device("cuda", self._gpu)
-                cur = torch.cuda.current_stream(dev)
-                default = torch.cuda.default_stream(dev)
-                if cur != default:
-                    cur.wait_stream(default)
-            self._current = b
+        when every batch of every epoch has been delivered.
+
+        An exception raised inside it (KeyboardInterrupt, or any exception a
+        signal handler raises) loses nothing: the batch it was taking stays
+        queued, the next call returns it, and state_dict() and the journal
+        count only batches this method returned."""
+        cb = b = None
+        try:
+            with self._lock:
+                h = self._handle()
+                if self._current is not None:
+                    self._release(self._current)
+                if self._done:
+                    raise StopIteration
+                cb = CBatch()  # hidden_dtype _NOT_FILLED until the library hands one out
+                ref = ctypes.byref(cb)
+                if not self._wait_next(lambda ms: self._lib.hs_consumer_next(h, ref, ms),
+                                       timeout, "hs_consumer_next"):
+                    return None
+                b = Batch(self, cb, ref, self._mode, self._gpu)
+                if b.on_device and self._mode == "torch":
+                    torch = _arrays.torch_module()
+                    dev = torch.device("cuda", self._gpu)
+                    cur = torch.cuda.current_stream(dev)
+                    default = torch.cuda.default_stream(dev)
+                    if cur != default:
+                        cur.wait_stream(default)
+                self._current = b
             return b
+        except BaseException:
+            self._unget(cb, b)
+            raise
 
     def __iter__(self):
         return self
 
-    def __next__(self):
-        b = self.next_batch()
-        assert b is not None  # no timeout: only a batch or StopIteration
-        return b
+    # next_batch() itself, with no timeout (a batch or StopIteration): no
+    # frame of its own between the batch and the for loop that gets it
+    __next__ = next_batch
 
     # -- position ---------------------------------------------------------------
     def state_dict(self):

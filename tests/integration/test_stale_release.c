@@ -6,7 +6,8 @@
  * return HS_ERR_INVALID and change nothing: B's slot stays in use and its
  * bytes verify, the journal records A once, and the run delivers every
  * batch exactly once. (It once returned OK, journaled A again and freed B's
- * slot under the trainer.) The GPU case skips without a GPU. */
+ * slot under the trainer.) And hs_consumer_unget(): a batch given back goes
+ * out again, counted and journaled once. The GPU cases skip without a GPU. */
 #include <check.h>
 #include <signal.h>
 #include <spawn.h>
@@ -156,6 +157,110 @@ static void run_stale_release(int gpu)
     rmdir(dir);
 }
 
+/* "delivered" of the consumer's position (hs_consumer_state_save). */
+static unsigned position_delivered(hs_consumer_t *c)
+{
+    char buf[4096];
+    size_t len = 0;
+    ck_assert_int_eq(hs_consumer_state_save(c, buf, sizeof buf, &len), HS_OK);
+    const char *d = strstr(buf, "\"delivered\":");
+    ck_assert_ptr_nonnull(d);
+    return (unsigned)strtoul(d + strlen("\"delivered\":"), NULL, 10);
+}
+
+/* A batch given back with hs_consumer_unget() (a binding interrupted before
+ * its caller got the batch) is neither counted, nor in the position, nor
+ * journaled; the next hs_consumer_next() hands out the very same batch, and
+ * the run still delivers every batch exactly once. */
+static void run_unget(int gpu)
+{
+    signal(SIGPIPE, SIG_IGN);
+    char dir[256], data[300], log[300], journal[300];
+    hs_test_tmpdir(dir, sizeof dir, "hs-unget");
+    snprintf(data, sizeof data, "%s/data.jsonl", dir);
+    snprintf(log, sizeof log, "%s/producer.log", dir);
+    snprintf(journal, sizeof journal, "%s/journal", dir);
+    hs_test_write_jsonl(data, N_SEQS, 180, 5);
+
+    hs_consumer_config_t cfg;
+    hs_consumer_config_default(&cfg);
+    cfg.listen_host = "127.0.0.1";
+    cfg.listen_port = 0;
+    cfg.cache_bytes = 1u << 20;
+    cfg.epochs = EPOCHS;
+    cfg.verify_synthetic = true;
+    cfg.transport = "tcp";
+    cfg.journal = journal;
+    cfg.gpu = gpu;
+    hs_consumer_t *c = NULL;
+    hs_status_t created = hs_consumer_create(&cfg, &c);
+    if (gpu >= 0 && created != HS_OK) {
+        printf("no usable GPU (%s): the GPU case is skipped\n", hs_status_str(created));
+        unlink(data);
+        rmdir(dir);
+        return;
+    }
+    ck_assert_int_eq(created, HS_OK);
+    pid_t prod = producer_spawn(hs_consumer_port(c), data, log);
+
+    hs_batch_t a, again, other;
+    ck_assert_int_eq(hs_consumer_next(c, &a, 30000), HS_OK);
+    ck_assert(hs_consumer_holds(c, &a));
+    ck_assert_uint_eq(position_delivered(c), 1);
+    ck_assert_int_eq(hs_consumer_unget(c, &a), HS_OK);
+    ck_assert(!hs_consumer_holds(c, &a));
+    ck_assert_uint_eq(position_delivered(c), 0);
+    hs_consumer_stats_t s;
+    hs_consumer_stats(c, &s);
+    ck_assert_uint_eq(s.batches_delivered, 0);
+    ck_assert_int_eq(hs_consumer_unget(c, &a), HS_ERR_INVALID);   /* once */
+    ck_assert_int_eq(hs_consumer_release(c, &a), HS_ERR_INVALID); /* it never reached the trainer */
+    ck_assert_uint_eq(journal_lines_of(journal, a.epoch, a.batch), 0);
+
+    ck_assert_int_eq(hs_consumer_next(c, &again, 30000), HS_OK);
+    ck_assert_uint_eq(again.ticket, a.ticket);
+    ck_assert_uint_eq(again.epoch, a.epoch);
+    ck_assert_uint_eq(again.batch, a.batch);
+    ck_assert_ptr_eq(again.input_ids, a.input_ids);
+    ck_assert(hs_consumer_holds(c, &again));
+    ck_assert_uint_eq(position_delivered(c), 1);
+    ck_assert_int_eq(hs_consumer_release(c, &again), HS_OK);
+    ck_assert(!hs_consumer_holds(c, &again));
+    ck_assert_int_eq(hs_consumer_unget(c, &again),
+                     HS_ERR_INVALID); /* released: not the trainer's */
+    ck_assert_uint_eq(journal_lines_of(journal, a.epoch, a.batch), 1);
+
+    uint64_t delivered = 1;
+    hs_status_t st;
+    while ((st = hs_consumer_next(c, &other, 30000)) == HS_OK) {
+        delivered++;
+        if (delivered == 5) { /* one in the middle of the run, too */
+            ck_assert_int_eq(hs_consumer_unget(c, &other), HS_OK);
+            ck_assert_int_eq(hs_consumer_next(c, &again, 30000), HS_OK);
+            ck_assert_uint_eq(again.ticket, other.ticket);
+        }
+        ck_assert_int_eq(hs_consumer_release(c, &other), HS_OK);
+    }
+    ck_assert_int_eq(st, HS_ERR_CLOSED);
+    hs_consumer_stats(c, &s);
+    hs_consumer_destroy(c);
+    ck_assert_int_eq(hs_test_reap(prod, 60), 0);
+    ck_assert_uint_eq(delivered, s.batches_planned);
+    ck_assert_uint_eq(s.batches_delivered, s.batches_planned);
+    ck_assert(s.finished);
+    ck_assert_uint_eq(journal_lines_of(journal, a.epoch, a.batch), 1);
+    unlink(journal);
+    unlink(log);
+    unlink(data);
+    rmdir(dir);
+}
+
+START_TEST(a_host_batch_given_back_goes_out_again_counted_once) { run_unget(-1); }
+END_TEST
+
+START_TEST(a_gpu_batch_given_back_goes_out_again_counted_once) { run_unget(0); }
+END_TEST
+
 START_TEST(stale_release_of_a_host_batch_frees_nothing_and_records_nothing)
 {
     run_stale_release(-1);
@@ -173,6 +278,8 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, stale_release_of_a_host_batch_frees_nothing_and_records_nothing);
     tcase_add_test(tc, stale_release_of_a_gpu_batch_frees_nothing_and_records_nothing);
+    tcase_add_test(tc, a_host_batch_given_back_goes_out_again_counted_once);
+    tcase_add_test(tc, a_gpu_batch_given_back_goes_out_again_counted_once);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

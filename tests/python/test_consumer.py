@@ -419,3 +419,122 @@ def test_fp8_run_delivers_raw_bytes_and_scales_or_bf16_as_numpy_quantises_the_st
         finally:
             stop(procs)
     assert n == s["batches_planned"] > 2 and s["checksum_failures"] == 0
+
+
+# A trainer that forks after making its consumer: a plain child that exits
+# as a script does (the interpreter's teardown collects the consumer and the
+# batch the parent holds), or a torch DataLoader with 2 forked workers whose
+# dataset holds the consumer and tries it. Prints its port, then one JSON
+# line: the batches it took and what the children did.
+FORKING_TRAINER = r"""
+import json, os, sys, time
+import hsflow
+mode, journal = sys.argv[1], sys.argv[2]
+c = hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=2, journal=journal,
+                    arrays="numpy")
+print(json.dumps({"port": c.port}), flush=True)
+
+
+def reap(pid, limit_s):
+    t_end = time.monotonic() + limit_s
+    while time.monotonic() < t_end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return "hung for %d s" % limit_s
+
+
+seen, report = [], {}
+for b in c:
+    seen.append([b.epoch, b.batch])
+    if len(seen) != 3:
+        continue
+    if mode == "fork":
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        report["child"] = reap(pid, 20)
+    else:
+        import torch.utils.data as tud
+
+        class Probe(tud.Dataset):
+            def __init__(self, consumer):
+                self.consumer = consumer
+
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, i):
+                try:
+                    self.consumer.next_batch(timeout=2)
+                    return "took a batch"
+                except hsflow.HsflowError as e:
+                    self.consumer.close()
+                    return str(e)
+
+        loader = tud.DataLoader(Probe(c), batch_size=None, num_workers=2,
+                                multiprocessing_context="fork", timeout=30)
+        report["workers"] = list(loader)
+print(json.dumps({"seen": seen, "report": report, "stats": c.stats()}), flush=True)
+c.close()
+"""
+
+
+def run_forking_trainer(producer_bin, data, mode, journal):
+    """Runs FORKING_TRAINER with producers; returns its last line, parsed."""
+    import json
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", FORKING_TRAINER, mode, journal],
+                            stdout=subprocess.PIPE, env=dict(os.environ, HS_LOG_LEVEL="warn"))
+    procs = []
+    try:
+        port = json.loads(proc.stdout.readline())["port"]
+        procs = start_producers(producer_bin, port, data)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, "the trainer exited %d" % proc.returncode
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stop(procs)  # each exited 0 or was told BYE: none lost its connection
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def check_forked_run(res, journal):
+    seen = [tuple(x) for x in res["seen"]]
+    s = res["stats"]
+    assert len(seen) == len(set(seen)) == s["batches_planned"] == s["batches_delivered"] > 3
+    assert s["producers_dropped"] == 0 and s["finished"], s
+    with open(journal) as f:
+        lines = f.read().splitlines()[1:]
+    entries = [tuple(int(x) for x in line.split()) for line in lines if line.strip()]
+    assert len(entries) == len(set(entries)), "the journal names a batch twice: %s" % entries
+    assert sorted(entries) == sorted(seen)
+
+
+def test_a_forked_child_that_exits_normally_leaves_the_parents_consumer_alone(
+        producer_bin, dataset, tmp_path):
+    """The child's exit collects its copy of the consumer and of the batch
+    the parent holds: it must neither hang in the library's teardown nor
+    release, journal or disconnect anything of the parent's."""
+    data, _ = dataset
+    journal = str(tmp_path / "journal")
+    res = run_forking_trainer(producer_bin, data, "fork", journal)
+    assert res["report"]["child"] == 0, res["report"]
+    check_forked_run(res, journal)
+
+
+@pytest.mark.skipif(not have_torch(), reason="torch is not installed")
+def test_dataloader_workers_forked_from_the_trainer_cannot_touch_its_consumer(
+        producer_bin, dataset, tmp_path):
+    data, _ = dataset
+    journal = str(tmp_path / "journal")
+    res = run_forking_trainer(producer_bin, data, "dataloader", journal)
+    workers = res["report"]["workers"]
+    assert len(workers) == 4
+    for said in workers:
+        assert "forked" in said and "num_workers=0" in said, said
+    check_forked_run(res, journal)

@@ -5,6 +5,7 @@ built with resume=state, all fed by real hs-producer processes over loopback.
 The restart delivers those 4 batches again and nothing from before the
 state, so across both runs every batch of every epoch reaches the trainer
 exactly once; in plan order the restart continues the very same sequence."""
+import dis
 import json
 import os
 import queue
@@ -206,3 +207,169 @@ def test_producers_of_another_plan_are_refused_naming_both_plans(producer_bin, d
                 p.log.close()
     err = capfd.readouterr().err
     assert "resume state was saved for plan %s" % state["plan"] in err, err
+
+
+# ---- an exception inside next_batch() -------------------------------------------------------
+# A signal handler that raises (Ctrl-C in a notebook, a timeout handler) can
+# interrupt next_batch() at any bytecode. Whatever the point, the batch is
+# either returned or stays queued for the next call: the trainer gets every
+# batch exactly once, and state_dict() and the journal name only the batches
+# it was given.
+
+class Interrupted(Exception):
+    """What the tests' signal handler and tracer raise inside next_batch()."""
+
+
+_PKG = os.path.dirname(os.path.abspath(hsflow.__file__)) + os.sep
+_NEXT_BATCH = hsflow.Consumer.next_batch.__code__
+
+
+_RETURN_VALUE = dis.opmap["RETURN_VALUE"]
+
+
+def call_raising_at(fn, n):
+    """fn() with Interrupted raised before the n-th bytecode (from 0) that
+    runs in the hsflow package's code during the call, as a signal handler
+    raising there would; fn()'s result when fewer bytecodes ran. Not at the
+    RETURN_VALUE of next_batch() itself: CPython runs signal handlers only
+    where it checks for them (calls, backward jumps, function starts), and
+    once that instruction runs the batch is the caller's."""
+    left = [n]
+
+    def local(frame, event, arg):
+        if event == "opcode" and not (frame.f_code is _NEXT_BATCH
+                                      and frame.f_code.co_code[frame.f_lasti] == _RETURN_VALUE):
+            if left[0] == 0:
+                left[0] = -1
+                raise Interrupted("at bytecode %d (%s:%d)" % (n, frame.f_code.co_name,
+                                                               frame.f_lineno))
+            left[0] -= 1
+        return local
+
+    def calls(frame, event, arg):
+        if left[0] >= 0 and frame.f_code.co_filename.startswith(_PKG):
+            frame.f_trace_opcodes = True
+            return local
+        return None
+
+    sys.settrace(calls)
+    try:
+        return fn()
+    finally:
+        sys.settrace(None)
+
+
+def journal_entries(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines and lines[0].startswith("hsflow-journal"), lines[:1]
+    return [tuple(int(x) for x in line.split()) for line in lines[1:] if line.strip()]
+
+
+def check_exactly_once(seen, stats, journal, per_epoch, epochs):
+    everything = [(e, b) for e in range(epochs) for b in range(per_epoch)]
+    assert len(seen) == len(set(seen)), "a batch was handed to the trainer twice"
+    assert sorted(seen) == everything, "batches never handed to the trainer: %s" % sorted(
+        set(everything) - set(seen))
+    assert stats["batches_delivered"] == len(seen) == stats["batches_planned"], stats
+    assert stats["finished"] and stats["duplicates"] == 0
+    entries = journal_entries(journal)
+    assert len(entries) == len(set(entries)), "the journal names a batch twice"
+    assert sorted(entries) == everything, "the journal differs from what the trainer got"
+
+
+def test_an_exception_at_any_bytecode_of_next_batch_loses_no_batch(producer_bin, dataset,
+                                                                    tmp_path):
+    """Interrupted is raised at bytecode 0, 1, 2, ... of next_batch() and
+    the helpers it calls (its release of the previous batch, the waits, the
+    views), one point per call, until a call gets through; then the same for
+    the next batch. After each interruption state_dict() counts only the
+    batches returned so far."""
+    data, _ = dataset
+    per_epoch = per_epoch_batches(producer_bin, data)
+    journal = str(tmp_path / "journal")
+    seen, interrupts, longest = [], 0, 0
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=EPOCHS, journal=journal,
+                         arrays="numpy") as c:
+        procs = start_producers(producer_bin, c.port, data)
+        try:
+            deadline = time.monotonic() + 240
+            n = 0
+            while True:
+                assert time.monotonic() < deadline, "%d interruptions in 240 s" % interrupts
+                try:
+                    b = call_raising_at(lambda: c.next_batch(timeout=30), n)
+                except Interrupted:
+                    interrupts += 1
+                    n += 1
+                    assert c.state_dict()["delivered"] == len(seen), \
+                        "interrupted at bytecode %d: state_dict() counts a batch the " \
+                        "trainer never got" % (n - 1)
+                    continue
+                except StopIteration:
+                    break
+                assert b is not None, "no batch for 30 s"
+                assert b.input_ids.shape == (b.n_tokens,)
+                seen.append((b.epoch, b.batch))
+                longest, n = max(longest, n), 0
+            s = c.stats()
+        finally:
+            stop(procs)
+    assert longest > 50 and interrupts > len(seen) * 50, (longest, interrupts)
+    check_exactly_once(seen, s, journal, per_epoch, EPOCHS)
+
+
+def test_a_signal_handler_raising_in_next_batch_loses_no_batch_nor_deadlocks_a_small_cache(
+        producer_bin, tmp_path):
+    """SIGALRM from a random moment of each next_batch() call on, every
+    50 us, its handler raising once per call; a cache of a few batches, so
+    each batch handed to nobody would hold a slot for good and the run would
+    stop."""
+    import random
+    import signal
+    from conftest import write_dataset
+    data = str(tmp_path / "data.jsonl")
+    write_dataset(data, 120, 5, 200, 1000, seed=11)
+    per_epoch = per_epoch_batches(producer_bin, data)
+    journal = str(tmp_path / "journal")
+    armed = [False]
+
+    def handler(signum, frame):
+        if armed[0]:
+            armed[0] = False
+            raise Interrupted("SIGALRM")
+
+    rng = random.Random(3)
+    seen, interrupts = [], 0
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.001, epochs=2 * EPOCHS,
+                             journal=journal, arrays="numpy") as c:
+            procs = start_producers(producer_bin, c.port, data)
+            try:
+                while True:
+                    try:
+                        armed[0] = True
+                        signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.000005, 0.0001),
+                                         0.00005)
+                        b = c.next_batch(timeout=20)
+                    except Interrupted:
+                        interrupts += 1
+                        assert c.state_dict()["delivered"] == len(seen)
+                        continue
+                    except StopIteration:
+                        break
+                    finally:
+                        armed[0] = False
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+                    assert b is not None, ("no batch for 20 s after %d interruptions: the cache "
+                                           "is full of batches handed to nobody" % interrupts)
+                    seen.append((b.epoch, b.batch))
+                s = c.stats()
+            finally:
+                stop(procs)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert interrupts >= 20, interrupts
+    check_exactly_once(seen, s, journal, per_epoch, 2 * EPOCHS)
