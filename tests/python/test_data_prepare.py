@@ -299,8 +299,8 @@ def many_records(n):
     return out
 
 
-def cli(*args, **kw):
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+def cli(*args, env_extra=(), **kw):
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), **dict(env_extra))
     return subprocess.run([sys.executable, "-m", "hsflow.data", *args], capture_output=True,
                           text=True, env=env, timeout=300, **kw)
 
@@ -467,3 +467,74 @@ def test_truncation_is_a_warning_with_the_share_of_tokens_lost(tmp_path, tokeniz
     want = (f"WARNING: {lost} of {total} tokens ({100.0 * lost / total:.2f}%) lost at "
             f"--max-seq-len {limit}")
     assert any(want in line for line in logs), logs
+
+
+def test_cli_hostile_records_are_skipped_by_their_bound_and_counted_against_max_skip(
+        tmp_path, tokenizer_dirs):
+    """A line nested 200,000 deep (once an uncaught RecursionError), a line
+    larger than the default --max-record-bytes (never read whole), and a
+    20,000-turn conversation under --mask-method prefix (once minutes of
+    rendering): each is skipped before it is parsed or rendered, counted
+    with its reason, and --max-skip decides."""
+    import time
+    deep = '{"text": ' + "[" * 200000 + "]" * 200000 + "}"
+    big = '{"input_ids": [' + ",".join(["7"] * (9 << 20)) + '], "loss_mask": []}'
+    assert len(big) > 16 << 20
+    turns = [{"from": "human" if i % 2 == 0 else "gpt", "value": "turn %d" % i}
+             for i in range(20000)]
+    good = [{"conversations": CONVERSATIONS[i % len(CONVERSATIONS)]} for i in range(40)]
+    src = write_jsonl(tmp_path / "in.jsonl",
+                      good[:10] + [deep] + good[10:20] + [big] + good[20:30]
+                      + [{"conversations": turns}] + good[30:])
+    out = str(tmp_path / "o.hst")
+    flags = ("--tokenizer", tokenizer_dirs["chatml_plain"], "--mask-method", "prefix")
+    t0 = time.monotonic()
+    r = cli("prepare", src, out, *flags)
+    assert time.monotonic() - t0 < 120
+    assert r.returncode == 1, r.stderr
+    assert "3 of 43 records skipped" in r.stderr and "more than --max-skip 1%" in r.stderr
+    for line, reason, says in ((11, "too_deep", "nested 200001 deep, more than --max-depth 64"),
+                               (22, "too_large", "a record of more than --max-record-bytes 16777216 bytes"),
+                               (33, "too_many_turns", "20000 turns, more than --max-turns 1024")):
+        assert f"{src}:{line}: {says}" in r.stderr, (says, r.stderr)
+        assert f"record skipped ({reason})" in r.stderr
+    assert not os.path.exists(out)
+
+    t0 = time.monotonic()
+    r = cli("prepare", src, out, *flags, "--max-skip", "3")
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 120
+    meta = json.load(open(sidecar_path(out)))
+    assert meta["counts"]["written"] == 40 and meta["counts"]["malformed"] == 3
+    assert meta["skipped"] == {"too_deep": 1, "too_large": 1, "too_many_turns": 1}
+    assert meta["options"]["max_record_bytes"] == 16 << 20
+    assert meta["options"]["max_depth"] == 64 and meta["options"]["max_turns"] == 1024
+    assert len(rows(out)) == 40
+
+
+def test_record_bounds_are_flags_with_their_defaults_in_help(tmp_path, tokenizer_dirs):
+    r = cli("prepare", "--help")
+    assert r.returncode == 0
+    for flag in ("--max-record-bytes", "--max-depth", "--max-turns"):
+        assert flag in r.stdout, flag
+    records = [{"conversations": CONVERSATIONS[0]},
+               {"text": "x" * 3000},
+               {"text": [[[[["five deep"]]]]]},
+               {"conversations": CONVERSATIONS[0] * 3}]
+    src = write_jsonl(tmp_path / "in.jsonl", records)
+    out = str(tmp_path / "o.hst")
+    r = cli("prepare", src, out, "--tokenizer", tokenizer_dirs["chatml"], "--max-skip", "3",
+            "--max-record-bytes", "2K", "--max-depth", "4", "--max-turns", "10")
+    assert r.returncode == 0, r.stderr
+    assert f"{src}:2: a record of more than --max-record-bytes 2048 bytes" in r.stderr
+    assert f"{src}:3: nested 6 deep, more than --max-depth 4" in r.stderr
+    assert f"{src}:4: 15 turns, more than --max-turns 10" in r.stderr
+    meta = json.load(open(sidecar_path(out)))
+    assert meta["skipped"] == {"too_large": 1, "too_deep": 1, "too_many_turns": 1}
+    r = cli("prepare", src, out, "--tokenizer", tokenizer_dirs["chatml"], "--max-record-bytes",
+            "lots")
+    assert r.returncode == 2 and "--max-record-bytes" in r.stderr
+    # the same bounds in the environment
+    r = cli("prepare", src, out, "--tokenizer", tokenizer_dirs["chatml"], "--max-skip", "3",
+            env_extra={"HS_MAX_TURNS": "10"})
+    assert r.returncode == 0 and f"{src}:4: 15 turns, more than --max-turns 10" in r.stderr

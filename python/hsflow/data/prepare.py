@@ -71,6 +71,12 @@ FORMATS = ("sharegpt", "messages", "text", "tokens")
 MASK_METHODS = ("auto", "generation", "render", "prefix")
 CHUNK_RECORDS = 64
 MAX_REPORTS = 5  # records named per skip reason
+# A record past one of these bounds is skipped before it is parsed or
+# rendered (malformed: too_large, too_deep, too_many_turns): what json and
+# the template would make of it is unbounded (memory, recursion, time).
+MAX_RECORD_BYTES = 16 << 20  # one JSONL line, without its newline
+MAX_DEPTH = 64  # nesting of objects and arrays in a record
+MAX_TURNS = 1024  # messages of one conversation
 
 _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _TOKENIZER_FILE_RE = re.compile(
@@ -101,6 +107,9 @@ class PrepareOptions:
     strict: bool = False
     max_skip: str = "1%"  # records skipped before the command fails: "P%" or a count
     split: str = None
+    max_record_bytes: int = MAX_RECORD_BYTES
+    max_depth: int = MAX_DEPTH
+    max_turns: int = MAX_TURNS
     progress: bool = None  # None: when stderr is a terminal
 
 
@@ -140,31 +149,84 @@ def _unique_keys(pairs):
     return obj
 
 
-def _jsonl_records(path):
+# A JSON string (escapes included), and every byte but the four brackets.
+_JSON_STRING_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth(raw):
+    """How deep objects and arrays nest in the JSON text `raw` (bytes),
+    without parsing it: strings dropped, then the brackets counted (C-speed
+    passes, memory of the order of the brackets)."""
+    brackets = _JSON_STRING_RE.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    a = np.frombuffer(brackets, np.uint8)
+    return int(np.cumsum(np.where((a == 0x5B) | (a == 0x7B), 1, -1), dtype=np.int64).max())
+
+
+def _parse_record(raw, max_depth):
+    """One record's JSON text (bytes) -> the record, or a Malformed: its
+    depth is bounded before json sees it."""
+    depth = json_depth(raw)
+    if depth > max_depth:
+        return Malformed(f"nested {depth} deep, more than --max-depth {max_depth} "
+                         "(not parsed)", "too_deep")
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except UnicodeDecodeError as e:
+        return Malformed(f"not valid UTF-8 (byte {e.start})", "bad_json")
+    except _DuplicateKey as e:
+        return Malformed(str(e), "duplicate_key")
+    except json.JSONDecodeError as e:
+        return Malformed(f"not valid JSON ({e.msg} at column {e.colno})", "bad_json")
+    except RecursionError:
+        return Malformed(f"nested too deep for the JSON reader (--max-depth {max_depth})",
+                         "too_deep")
+
+
+def _jsonl_records(path, opts):
+    limit = opts.max_record_bytes
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        lineno = 0
+        while True:
+            raw = f.readline(limit + 2)  # the line, its newline, and one byte to tell
+            if not raw:
+                return
+            lineno += 1
+            loc = f"{path}:{lineno}"
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
+            if len(raw.rstrip(b"\r\n")) > limit:
+                n = len(raw)
+                while not raw.endswith(b"\n"):  # the rest of the line, never held whole
+                    raw = f.readline(1 << 20)
+                    if not raw:
+                        break
+                    n += len(raw)
+                yield loc, Malformed(f"a record of more than --max-record-bytes {limit} bytes "
+                                     f"({n} with its newline; not read whole)",
+                                     "too_large")
+                continue
             if not raw.strip():
                 continue
-            loc = f"{path}:{lineno}"
-            try:
-                yield loc, json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
-            except UnicodeDecodeError as e:
-                yield loc, Malformed(f"not valid UTF-8 (byte {e.start})", "bad_json")
-            except _DuplicateKey as e:
-                yield loc, Malformed(str(e), "duplicate_key")
-            except json.JSONDecodeError as e:
-                yield loc, Malformed(f"not valid JSON ({e.msg} at column {e.colno})", "bad_json")
+            yield loc, _parse_record(raw, opts.max_depth)
 
 
-def _json_array_records(path):
+def _json_array_records(path, opts):
     with open(path, "rb") as f:
-        try:
-            data = json.loads(f.read().decode("utf-8"), object_pairs_hook=_unique_keys)
-        except (UnicodeDecodeError, json.JSONDecodeError, _DuplicateKey) as e:
-            raise UsageError(f"{path}: not a valid JSON array ({e}); give a JSON array of "
-                             "records or JSONL (one record per line)") from e
+        text = f.read()
+    depth = json_depth(text)
+    if depth > opts.max_depth + 1:  # the array itself is one level
+        raise UsageError(f"{path}: a record nested {depth - 1} deep, more than --max-depth "
+                         f"{opts.max_depth}; a JSON array is read whole, so give the records as "
+                         "JSONL (one per line) to have such records skipped, or raise "
+                         "--max-depth")
+    try:
+        data = json.loads(text.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, json.JSONDecodeError, _DuplicateKey) as e:
+        raise UsageError(f"{path}: not a valid JSON array ({e}); give a JSON array of "
+                         "records or JSONL (one record per line)") from e
     if not isinstance(data, list):
         raise UsageError(f"{path}: the JSON document is not an array of records")
     for i, rec in enumerate(data):
@@ -221,9 +283,12 @@ def _count_records(path):
             n += b.count(b"\n")
 
 
-def iter_records(path, split=None):
+def iter_records(path, split=None, opts=None):
     """Yields (location, record) for every record of `path`; a record that
-    cannot be decoded comes as a Malformed instance in its place."""
+    cannot be decoded, or is past a bound of `opts` (--max-record-bytes,
+    --max-depth; the defaults without opts), comes as a Malformed instance
+    in its place."""
+    opts = opts or PrepareOptions()
     if os.path.isdir(path):
         return _datasets_records(path, split)
     if path.endswith(".parquet"):
@@ -231,8 +296,8 @@ def iter_records(path, split=None):
     with open(path, "rb") as f:
         head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     if head.startswith(b"["):
-        return _json_array_records(path)
-    return _jsonl_records(path)
+        return _json_array_records(path, opts)
+    return _jsonl_records(path, opts)
 
 
 # ---- records to conversations ----------------------------------------------------------------
@@ -502,6 +567,11 @@ class Encoder:
             key = "conversations" if fmt == "sharegpt" else "messages"
             if key not in rec:
                 raise Malformed(f"--format {fmt}: the record has no \"{key}\" field", "no_format")
+            turns = rec[key]
+            if isinstance(turns, list) and len(turns) > self.opts.max_turns:
+                raise Malformed(f"{len(turns)} turns, more than --max-turns "
+                                f"{self.opts.max_turns} (not rendered)",
+                                "too_many_turns")
             read = chat.sharegpt_messages if fmt == "sharegpt" else chat.openai_messages
             msgs, tools = read(rec, self.reasoning_key)
             if self.opts.system_prompt is not None and \
@@ -582,6 +652,9 @@ def _encode_chunk(chunk):
         except UsageError as e:
             out.append((loc, ("usage", str(e))))
             break
+        except RecursionError:  # a structure too deep for the template or the reader
+            out.append((loc, ("malformed", "too_deep", "nested too deep to render "
+                              f"(--max-depth {_ENCODER.opts.max_depth})", 0, 0)))
     return out
 
 
@@ -665,7 +738,8 @@ def _sidecar(in_path, out_path, opts, enc, counts, fingerprint, seconds):
         "chat_template": template,
         "options": {k: getattr(opts, k) for k in
                     ("format", "system_prompt", "max_seq_len", "overflow", "last_turn_only",
-                     "strict", "max_skip", "split", "template_args")},
+                     "strict", "max_skip", "split", "template_args", "max_record_bytes",
+                     "max_depth", "max_turns")},
         "counts": {k: c[k] for k in ("read", "written", "truncated", "dropped",
                                      "empty_assistant", "malformed")},
         "skipped": dict(counts.skipped),
@@ -746,7 +820,10 @@ def prepare(in_path, out_path, opts, log=None):
         raise UsageError("--workers must be at least 1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     enc = Encoder(opts)
-    records = iter_records(in_path, opts.split)
+    for name in ("max_record_bytes", "max_depth", "max_turns"):
+        if getattr(opts, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    records = iter_records(in_path, opts.split, opts)
     writer = JsonlWriter(out_path) if out_path.endswith(".jsonl") else HstWriter(out_path)
     counts = Counts()
     pool = None
@@ -850,6 +927,30 @@ def _positive(s):
     return v
 
 
+def _size(s):
+    """A size in bytes: 65536, 64K, 16M, 1G (K = 1024)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", str(s), re.I)
+    if not m or int(m.group(1)) < 1:
+        raise argparse.ArgumentTypeError(f"'{s}' is not a size like 16M, 512K or 65536")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def _bound_args(p):
+    """--max-record-bytes, --max-depth, --max-turns: what one record may hold."""
+    p.add_argument("--max-record-bytes", metavar="SIZE", type=_size,
+                   default=_env_default("max-record-bytes", str(MAX_RECORD_BYTES)),
+                   help="skip (malformed, too_large) a JSONL line longer than this, without "
+                        "reading it whole (default 16M; K, M, G suffixes)")
+    p.add_argument("--max-depth", metavar="N", type=_positive,
+                   default=_env_default("max-depth", MAX_DEPTH),
+                   help="skip (too_deep) a record whose objects and arrays nest deeper, found "
+                        f"by a scan before it is parsed (default {MAX_DEPTH})")
+    p.add_argument("--max-turns", metavar="N", type=_positive,
+                   default=_env_default("max-turns", MAX_TURNS),
+                   help="skip (too_many_turns) a conversation of more messages, before it is "
+                        f"rendered (default {MAX_TURNS})")
+
+
 def _tokenizer_arg(p, extra):
     p.add_argument("--tokenizer", metavar="DIR|ID", default=_env_default("tokenizer", None),
                    help="the target model's folder, or its Hugging Face model id found in the "
@@ -940,6 +1041,7 @@ examples:
                         "read or a count (default 1%%)")
     p.add_argument("--split", default=_env_default("split", None),
                    help="the split of a DatasetDict folder (default train)")
+    _bound_args(p)
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (default: shown when stderr is a terminal)")
     q = command(
@@ -963,6 +1065,7 @@ examples:
     q.add_argument("--last-turn-only", action="store_true",
                    help="loss on the last assistant turn only")
     q.add_argument("--split", default=None, help="the split of a DatasetDict folder")
+    _bound_args(q)
     return ap
 
 
@@ -974,7 +1077,7 @@ def _inspect(args, opts, out=sys.stdout):
     print(f"# tokenizer {opts.tokenizer}, mask method {enc.method}; loss tokens "
           + ("in green" if colour else "between [[ and ]]"), file=out)
     shown = 0
-    for loc, rec in iter_records(args.input, opts.split):
+    for loc, rec in iter_records(args.input, opts.split, opts):
         if shown >= args.n:
             break
         shown += 1
@@ -1013,8 +1116,19 @@ def main(argv=None):
         max_seq_len = _positive(str(args.max_seq_len))
         workers = _positive(str(getattr(args, "workers", 1)))
         template_args = dict(parse_template_arg(a) for a in args.template_arg)
+        bounds = {}
+        for name, conv in (("max_record_bytes", _size), ("max_depth", _positive),
+                           ("max_turns", _positive)):
+            flag = "--" + name.replace("_", "-")
+            try:
+                bounds[name] = conv(str(getattr(args, name)))
+            except argparse.ArgumentTypeError as e:
+                raise argparse.ArgumentTypeError(f"{flag} (HS_{name.upper()}): {e}") from None
+            if bounds[name] < 1:
+                raise argparse.ArgumentTypeError(f"{flag} (HS_{name.upper()}): must be at "
+                                                 "least 1")
     except argparse.ArgumentTypeError as e:
-        print(f"hsflow-data: HS_MAX_SEQ_LEN / HS_WORKERS: {e}", file=sys.stderr)
+        print(f"hsflow-data: HS_MAX_SEQ_LEN / HS_WORKERS / bounds: {e}", file=sys.stderr)
         return 2
     except UsageError as e:
         print(f"hsflow-data: {e}", file=sys.stderr)
@@ -1026,7 +1140,7 @@ def main(argv=None):
         overflow=getattr(args, "overflow", "truncate"), last_turn_only=args.last_turn_only,
         workers=workers, strict=getattr(args, "strict", False),
         max_skip=getattr(args, "max_skip", "1%"), split=args.split,
-        progress=False if getattr(args, "no_progress", True) else None)
+        progress=False if getattr(args, "no_progress", True) else None, **bounds)
     t0 = time.monotonic()
     try:
         if args.command == "inspect":
