@@ -493,9 +493,10 @@ def test_cli_hostile_records_are_skipped_by_their_bound_and_counted_against_max_
     assert time.monotonic() - t0 < 120
     assert r.returncode == 1, r.stderr
     assert "3 of 43 records skipped" in r.stderr and "more than --max-skip 1%" in r.stderr
-    for line, reason, says in ((11, "too_deep", "nested 200001 deep, more than --max-depth 64"),
-                               (22, "too_large", "a record of more than --max-record-bytes 16777216 bytes"),
-                               (33, "too_many_turns", "20000 turns, more than --max-turns 1024")):
+    for line, reason, says in (
+            (11, "too_deep", "nested 200001 deep, more than --max-depth 64"),
+            (22, "too_large", "a record of more than --max-record-bytes 16777216 bytes"),
+            (33, "too_many_turns", "20000 turns, more than --max-turns 1024")):
         assert f"{src}:{line}: {says}" in r.stderr, (says, r.stderr)
         assert f"record skipped ({reason})" in r.stderr
     assert not os.path.exists(out)
@@ -538,3 +539,9 @@ def test_record_bounds_are_flags_with_their_defaults_in_help(tmp_path, tokenizer
     r = cli("prepare", src, out, "--tokenizer", tokenizer_dirs["chatml"], "--max-skip", "3",
             env_extra={"HS_MAX_TURNS": "10"})
     assert r.returncode == 0 and f"{src}:4: 15 turns, more than --max-turns 10" in r.stderr
+    # a JSON array is read whole: a record nested too deep there refuses the input, saying so
+    arr = tmp_path / "in.json"
+    arr.write_text('[{"text": "fine"}, {"text": ' + "[" * 100000 + "]" * 100000 + "}]")
+    r = cli("prepare", str(arr), out, "--tokenizer", tokenizer_dirs["chatml"])
+    assert r.returncode == 2 and "a record nested 100001 deep, more than --max-depth 64" in r.stderr
+    assert "give the records as JSONL" in r.stderr
