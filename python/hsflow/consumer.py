@@ -487,25 +487,16 @@ class Consumer(Endpoint):
                 raise HsflowError("hs_consumer_release (epoch %d, batch %d)"
                                   % (batch.epoch, batch.batch), st)
 
-    def _unget(self, cb, b):
-        """Gives the library back the batch in `cb` that next_batch() took
-        but never returned (an exception on its way out): it is not counted
-        as delivered, not in state_dict() nor the journal, and the next call
-        returns it. `b`: its Batch, if one was made (its views go away)."""
-        if cb is None or cb.hidden_dtype == _NOT_FILLED:
-            return  # the library handed nothing out
-        if b is not None:
-            b._released = True
-            b._views = {}
+    def _forget(self, b):
+        """Ends Batch `b` that next_batch() made but never returned (its
+        views go away; the library has the batch back)."""
+        if b is None:
+            return
+        b._released = True
+        b._views = {}
         with self._lock:
-            if b is not None and self._current is b:
+            if self._current is b:
                 self._current = None
-            if self._c is not None and not self._foreign():
-                st = self._lib.hs_consumer_unget(self._c, ctypes.byref(cb))
-                if st != HS_OK:
-                    _log.setup("consumer", "hsflow.consumer").error(
-                        "could not give back batch %d of epoch %d after an exception in "
-                        "next_batch(): %s", cb.batch, cb.epoch, status_str(st))
 
     def next_batch(self, timeout=None):
         """The next verified batch, releasing the previous one first. Returns
@@ -540,7 +531,21 @@ class Consumer(Endpoint):
                 self._current = b
             return b
         except BaseException:
-            self._unget(cb, b)
+            # The library takes the batch back before anything else runs:
+            # CPython runs a pending signal handler only at a call's end, a
+            # function's start or a backward jump, and there is none before
+            # hs_consumer_unget() has done its work, so a second Ctrl-C
+            # cannot lose the batch either.
+            with self._lock:
+                if cb is not None and cb.hidden_dtype != _NOT_FILLED and self._c is not None:
+                    st = self._lib.hs_consumer_unget(self._c, ref)
+                    if st == HS_OK:
+                        cb.hidden_dtype = _NOT_FILLED
+                    else:
+                        _log.setup("consumer", "hsflow.consumer").error(
+                            "could not give back batch %d of epoch %d after an exception in "
+                            "next_batch(): %s", cb.batch, cb.epoch, status_str(st))
+            self._forget(b)
             raise
 
     def __iter__(self):

@@ -6,6 +6,7 @@ The restart delivers those 4 batches again and nothing from before the
 state, so across both runs every batch of every epoch reaches the trainer
 exactly once; in plan order the restart continues the very same sequence."""
 import dis
+import inspect
 import json
 import os
 import queue
@@ -225,20 +226,34 @@ _NEXT_BATCH = hsflow.Consumer.next_batch.__code__
 
 
 _RETURN_VALUE = dis.opmap["RETURN_VALUE"]
+_NOP = dis.opmap["NOP"]
 
 
-def call_raising_at(fn, n):
+def call_raising_at(fn, n, again=False):
     """fn() with Interrupted raised before the n-th bytecode (from 0) that
     runs in the hsflow package's code during the call, as a signal handler
     raising there would; fn()'s result when fewer bytecodes ran. Not at the
     RETURN_VALUE of next_batch() itself: CPython runs signal handlers only
     where it checks for them (calls, backward jumps, function starts), and
-    once that instruction runs the batch is the caller's."""
-    left = [n]
+    once that instruction runs the batch is the caller's; nor at a NOP, which
+    checks for nothing and which the compiler leaves out of exception
+    handling (it cannot raise). again: a second
+    Interrupted at the next point where CPython would run a pending handler
+    after the first (a function's start, the return of a builtin), as a
+    second Ctrl-C would."""
+    left, second = [n], [again]
+
+    def profile(frame, event, arg):
+        # (not where a generator is being closed: the exception would go nowhere)
+        if left[0] == -1 and second[0] and event in ("call", "c_return") \
+                and not frame.f_code.co_flags & inspect.CO_GENERATOR:
+            second[0] = False
+            raise Interrupted("again, at the %s of %s" % (event, frame.f_code.co_name))
 
     def local(frame, event, arg):
-        if event == "opcode" and not (frame.f_code is _NEXT_BATCH
-                                      and frame.f_code.co_code[frame.f_lasti] == _RETURN_VALUE):
+        op = frame.f_code.co_code[frame.f_lasti] if event == "opcode" else None
+        if op is not None and op != _NOP and not (frame.f_code is _NEXT_BATCH
+                                                  and op == _RETURN_VALUE):
             if left[0] == 0:
                 left[0] = -1
                 raise Interrupted("at bytecode %d (%s:%d)" % (n, frame.f_code.co_name,
@@ -253,10 +268,13 @@ def call_raising_at(fn, n):
         return None
 
     sys.settrace(calls)
+    if again:
+        sys.setprofile(profile)
     try:
         return fn()
     finally:
         sys.settrace(None)
+        sys.setprofile(None)
 
 
 def journal_entries(path):
@@ -278,13 +296,15 @@ def check_exactly_once(seen, stats, journal, per_epoch, epochs):
     assert sorted(entries) == everything, "the journal differs from what the trainer got"
 
 
+@pytest.mark.parametrize("again", [False, True], ids=["once", "twice"])
 def test_an_exception_at_any_bytecode_of_next_batch_loses_no_batch(producer_bin, dataset,
-                                                                    tmp_path):
+                                                                    tmp_path, again):
     """Interrupted is raised at bytecode 0, 1, 2, ... of next_batch() and
     the helpers it calls (its release of the previous batch, the waits, the
     views), one point per call, until a call gets through; then the same for
-    the next batch. After each interruption state_dict() counts only the
-    batches returned so far."""
+    the next batch. "twice": a second one follows at the next point a signal
+    handler could run (Ctrl-C pressed twice). After each interruption
+    state_dict() counts only the batches returned so far."""
     data, _ = dataset
     per_epoch = per_epoch_batches(producer_bin, data)
     journal = str(tmp_path / "journal")
@@ -298,7 +318,7 @@ def test_an_exception_at_any_bytecode_of_next_batch_loses_no_batch(producer_bin,
             while True:
                 assert time.monotonic() < deadline, "%d interruptions in 240 s" % interrupts
                 try:
-                    b = call_raising_at(lambda: c.next_batch(timeout=30), n)
+                    b = call_raising_at(lambda: c.next_batch(timeout=30), n, again)
                 except Interrupted:
                     interrupts += 1
                     n += 1
