@@ -438,13 +438,19 @@ class Consumer(Endpoint):
         """True in a process forked from the one that made this consumer."""
         return getattr(self, "_owner_pid", None) not in (None, os.getpid())
 
-    def _handle(self):
+    def _check_owner(self):
+        """Raises HsflowError in a process forked from the consumer's; before
+        the lock is taken, which a thread of the parent may have held at the
+        fork, for good in the child."""
         if self._foreign():
             raise HsflowError(
                 "this Consumer belongs to process %d; process %d was forked from it and cannot "
                 "use it (its network threads are not in this process). Take batches in the "
                 "process that made the consumer: a torch DataLoader over it needs num_workers=0"
                 % (self._owner_pid, os.getpid()))
+
+    def _handle(self):
+        self._check_owner()
         if self._c is None:
             raise HsflowError("the consumer is closed")
         return self._c
@@ -507,6 +513,7 @@ class Consumer(Endpoint):
         signal handler raises) loses nothing: the batch it was taking stays
         queued, the next call returns it, and state_dict() and the journal
         count only batches this method returned."""
+        self._check_owner()
         cb = b = None
         try:
             with self._lock:
@@ -560,6 +567,7 @@ class Consumer(Endpoint):
         """The consumer's position as a dict of plain JSON types, to save in
         the trainer's checkpoint: every batch handed out so far, the current
         one included. Consumer(..., resume=state) delivers the others."""
+        self._check_owner()
         with self._lock:
             h = self._handle()
             n = ctypes.c_size_t(0)

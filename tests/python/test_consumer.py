@@ -421,10 +421,11 @@ def test_fp8_run_delivers_raw_bytes_and_scales_or_bf16_as_numpy_quantises_the_st
     assert n == s["batches_planned"] > 2 and s["checksum_failures"] == 0
 
 
-# A trainer that forks after making its consumer: a plain child that exits
-# as a script does (the interpreter's teardown collects the consumer and the
-# batch the parent holds), or a torch DataLoader with 2 forked workers whose
-# dataset holds the consumer and tries it. Prints its port, then one JSON
+# A trainer that forks after making its consumer: a plain child that tries
+# it (refused at once, though a thread of the parent held its lock at the
+# fork) and exits as a script does (the interpreter's teardown collects the
+# consumer and the batch the parent holds), or a torch DataLoader with 2
+# forked workers whose dataset holds the consumer and tries it. Prints its port, then one JSON
 # line: the batches it took and what the children did.
 FORKING_TRAINER = r"""
 import json, os, sys, time
@@ -453,9 +454,26 @@ for b in c:
     if len(seen) != 3:
         continue
     if mode == "fork":
+        import threading
+        held, go = threading.Event(), threading.Event()
+
+        def hold():  # another thread of the trainer is inside the consumer at the fork
+            with c._lock:
+                held.set()
+                go.wait(30)
+        t = threading.Thread(target=hold)
+        t.start()
+        held.wait(30)
         pid = os.fork()
         if pid == 0:
-            sys.exit(0)
+            try:
+                c.next_batch(timeout=1)
+                code = 3
+            except hsflow.HsflowError as e:
+                code = 0 if "forked" in str(e) else 4
+            sys.exit(code)
+        go.set()
+        t.join()
         report["child"] = reap(pid, 20)
     else:
         import torch.utils.data as tud
