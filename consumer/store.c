@@ -20,6 +20,8 @@ _Static_assert(sizeof(hs_store_rec_t) == HS_STORE_REC_BYTES, "index record is 64
 #define PLAN_MAGIC 0x31505348u        /* "HSP1" */
 #define MANIFEST_MAX_BYTES (1u << 20) /* store.json is a few hundred bytes */
 #define SHARD_MAX 100000u             /* shard-NNNNN */
+#define INDEX_RECS_PER_BATCH 4u       /* index_max_bytes() */
+#define INDEX_RECS_SLACK 4096u
 
 /* Where a stored batch lies. */
 typedef struct {
@@ -35,6 +37,7 @@ typedef struct {
 
 struct hs_store {
     char dir[1024];
+    int dir_fd; /* the folder, opened once: every file is opened inside it */
     bool has_run, bound, writable;
     hs_store_run_t run;
     /* records read at open, kept until bind checks them against the plan */
@@ -81,23 +84,81 @@ const hs_store_run_t *hs_store_run(const hs_store_t *s) { return s->has_run ? &s
 
 /* ---- reading what is there ------------------------------------------------- */
 
-/* The whole of a small file into a new buffer (NUL-terminated), at most
- * `max` bytes; NULL with errno set (EFBIG when larger). */
-static char *slurp(const char *path, size_t max, size_t *len)
+/* ---- opening a file of the store -------------------------------------------- */
+
+/* A store's folder may be writable by others (a group's shared store), so
+ * every file is opened inside the folder's descriptor, never through a
+ * symbolic link (O_NOFOLLOW), without waiting on a FIFO or device
+ * (O_NONBLOCK, cleared once the file is known to be regular), and only when
+ * it is a regular file. One opened for writing must also have no other name
+ * (a hard link), since it is truncated. Returns the descriptor, or -1 with
+ * what is wrong in why ("" and errno ENOENT when the file is missing). */
+static int store_file_open(const hs_store_t *s, const char *name, int flags, char *why,
+                           size_t whycap)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = malloc(max + 1);
-    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
-    int err = ferror(f) ? EIO : 0;
-    fclose(f);
-    if (!buf) {
-        errno = ENOMEM;
-        return NULL;
+    why[0] = 0;
+    int fd = openat(s->dir_fd, name, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP)
+            snprintf(why, whycap, "it is a symbolic link, which a store never follows");
+        else if (e == ENXIO)
+            snprintf(why, whycap, "it is a FIFO or socket, not a regular file");
+        else if (e != ENOENT)
+            snprintf(why, whycap, "%s", strerror(e));
+        errno = e;
+        return -1;
     }
-    if (err || n > max) {
+    struct stat sb;
+    const char *bad = NULL;
+    if (fstat(fd, &sb) != 0)
+        bad = strerror(errno);
+    else if (!S_ISREG(sb.st_mode))
+        bad = S_ISDIR(sb.st_mode)    ? "it is a folder, not a regular file"
+              : S_ISFIFO(sb.st_mode) ? "it is a FIFO, not a regular file"
+                                     : "it is a device or socket, not a regular file";
+    else if ((flags & O_ACCMODE) != O_RDONLY && sb.st_nlink > 1)
+        bad = "it has another name (a hard link), so writing it would change that file too";
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        bad = strerror(errno);
+    if (bad) {
+        snprintf(why, whycap, "%s", bad);
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
+/* The whole of a small file of the store into a new buffer (NUL-terminated),
+ * at most `max` bytes, refused by its size before anything is read. NULL
+ * with the reason in why ("" when the file is missing). */
+static char *store_file_slurp(const hs_store_t *s, const char *name, size_t max, size_t *len,
+                              char *why, size_t whycap)
+{
+    int fd = store_file_open(s, name, O_RDONLY, why, whycap);
+    if (fd < 0) return NULL;
+    struct stat sb;
+    char *buf = NULL;
+    if (fstat(fd, &sb) != 0)
+        snprintf(why, whycap, "%s", strerror(errno));
+    else if ((uint64_t)sb.st_size > max)
+        snprintf(why, whycap, "it is %llu bytes, more than the %zu it can be",
+                 (unsigned long long)sb.st_size, max);
+    else if (!(buf = malloc(max + 1)))
+        snprintf(why, whycap, "out of memory");
+    size_t n = 0;
+    while (buf && n <= max) {
+        ssize_t r = read(fd, buf + n, max + 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) snprintf(why, whycap, "read failed: %s", strerror(errno));
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    if (buf && !why[0] && n > max) snprintf(why, whycap, "it grew past %zu bytes", max);
+    if (why[0]) {
         free(buf);
-        errno = err ? err : EFBIG;
         return NULL;
     }
     buf[n] = 0;
@@ -128,13 +189,15 @@ static bool json_u32(const cJSON *o, const char *key, uint32_t lo, uint32_t hi, 
 
 static hs_status_t read_manifest(hs_store_t *s)
 {
-    char path[1100];
+    char path[1100], bad[160];
     path_of(s, "store.json", path, sizeof(path));
     size_t len;
-    char *text = slurp(path, MANIFEST_MAX_BYTES, &len);
+    char *text = store_file_slurp(s, "store.json", MANIFEST_MAX_BYTES, &len, bad, sizeof bad);
     if (!text) {
-        if (errno == ENOENT) return HS_OK; /* a new store */
-        hs_error("store %s: cannot read it: %m; give --store a folder this user can read", path);
+        if (!bad[0]) return HS_OK; /* a new store */
+        hs_error("store %s: cannot read it: %s; give --store a folder of this run's store, or an "
+                 "empty one",
+                 path, bad);
         return HS_ERR_IO;
     }
     cJSON *root = cJSON_ParseWithLength(text, len);
@@ -165,16 +228,17 @@ static hs_status_t read_manifest(hs_store_t *s)
     /* the plan's shape */
     path_of(s, "plan.bin", path, sizeof(path));
     uint64_t want = 8 + 8ull * r->n_batches + 8;
-    char *bin = slurp(path, (size_t)want, &len);
+    char *bin = store_file_slurp(s, "plan.bin", (size_t)want, &len, bad, sizeof bad);
     uint32_t head[2];
     uint64_t seal;
     if (!bin || len != want || (memcpy(head, bin, 8), head[0] != PLAN_MAGIC) ||
         head[1] != r->n_batches || (memcpy(&seal, bin + want - 8, 8), 0) ||
         seal != hs_checksum64(bin, (size_t)want - 8)) {
-        hs_error("store %s: %s; the store's plan is lost: move the store away and start a new one",
-                 path,
-                 !bin ? "cannot read it"
-                      : "not the plan of store.json (its length, count or checksum is wrong)");
+        hs_error(
+            "store %s: %s%s; the store's plan is lost: move the store away and start a new one",
+            path, !bin ? "cannot read it: " : "",
+            !bin ? (bad[0] ? bad : "it is missing")
+                 : "not the plan of store.json (its length, count or checksum is wrong)");
         free(bin);
         return HS_ERR_FORMAT;
     }
@@ -202,11 +266,12 @@ static hs_status_t read_manifest(hs_store_t *s)
 /* Size of shard i, or -1 when it is missing. */
 static int64_t shard_size(const hs_store_t *s, uint32_t i)
 {
-    char name[32], path[1100];
+    char name[32];
     snprintf(name, sizeof(name), "shard-%05u.hsd", i);
-    path_of(s, name, path, sizeof(path));
-    struct stat sb;
-    return stat(path, &sb) == 0 ? (int64_t)sb.st_size : -1;
+    struct stat sb; /* a link or anything but a regular file holds nothing */
+    return fstatat(s->dir_fd, name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode)
+               ? (int64_t)sb.st_size
+               : -1;
 }
 
 /* The next shard number: one past every shard-NNNNN.hsd in the folder. */
@@ -229,17 +294,27 @@ static hs_status_t scan_shards(hs_store_t *s)
     return HS_OK;
 }
 
+/* The largest index.hsi a plan of n batches can need: a record per batch,
+ * and as many again for batches written anew after a crash or a failed
+ * check, plus room for small plans. A larger file is not an index of this
+ * store and is not read into memory. */
+static uint64_t index_max_bytes(uint32_t n_batches)
+{
+    return HS_STORE_REC_BYTES * (INDEX_RECS_PER_BATCH * (uint64_t)n_batches + INDEX_RECS_SLACK);
+}
+
 /* Reads index.hsi: records whose seal, magic and plan check and whose shard
  * holds all they name; the rest counted as dropped. A torn tail (a partial
  * record) is left out of index_bytes, so the writer cuts it off. */
 static hs_status_t read_index(hs_store_t *s)
 {
-    char path[1100];
+    char path[1100], bad[160];
     path_of(s, "index.hsi", path, sizeof(path));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = store_file_open(s, "index.hsi", O_RDONLY, bad, sizeof bad);
     if (fd < 0) {
-        if (errno == ENOENT) return HS_OK;
-        hs_error("store %s: cannot read it: %m", path);
+        if (!bad[0]) return HS_OK;
+        hs_error("store %s: cannot read it: %s; move the store away and start a new one", path,
+                 bad);
         return HS_ERR_IO;
     }
     struct stat sb;
@@ -247,18 +322,21 @@ static hs_status_t read_index(hs_store_t *s)
         close(fd);
         return HS_ERR_IO;
     }
+    uint64_t max = index_max_bytes(s->run.n_batches);
+    if ((uint64_t)sb.st_size > max) {
+        close(fd);
+        hs_error("store %s: %llu bytes is more than the index of a plan of %u batches can be "
+                 "(%llu); it is not this store's index and is not read: move the store away and "
+                 "start a new one",
+                 path, (unsigned long long)sb.st_size, s->run.n_batches, (unsigned long long)max);
+        return HS_ERR_FORMAT;
+    }
     uint64_t n = (uint64_t)sb.st_size / HS_STORE_REC_BYTES;
     if ((uint64_t)sb.st_size % HS_STORE_REC_BYTES) {
         hs_warn("store %s: its last record is cut short (%llu bytes; a crash while writing): "
                 "it is dropped and that batch will be computed again",
                 path, (unsigned long long)((uint64_t)sb.st_size % HS_STORE_REC_BYTES));
         s->dropped++;
-    }
-    if (n > 64ull * HS_PLAN_MAX_BATCHES) {
-        close(fd);
-        hs_error("store %s: %llu records is more than any plan has; this is not a store index",
-                 path, (unsigned long long)n);
-        return HS_ERR_FORMAT;
     }
     s->recs = malloc((n ? n : 1) * sizeof(*s->recs));
     if (!s->recs) {
@@ -299,9 +377,19 @@ hs_status_t hs_store_open(const char *dir, hs_store_t **out)
         hs_error("store %s: not a folder; give --store a folder", dir);
         return HS_ERR_IO;
     }
+    int dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd < 0) {
+        hs_error("store %s: cannot open the folder: %m; give --store a folder this user can read",
+                 dir);
+        return HS_ERR_IO;
+    }
     hs_store_t *s = calloc(1, sizeof(*s));
-    if (!s) return HS_ERR_NOMEM;
+    if (!s) {
+        close(dir_fd);
+        return HS_ERR_NOMEM;
+    }
     snprintf(s->dir, sizeof(s->dir), "%s", dir);
+    s->dir_fd = dir_fd;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     s->shard_fd = s->index_fd = -1;
@@ -577,12 +665,12 @@ hs_status_t hs_store_read(hs_store_t *s, uint32_t batch, void *dst, uint64_t byt
                  l.bytes, bytes);
         return HS_ERR_FORMAT;
     }
-    char name[32], path[1100];
+    char name[32], path[1100], bad[160];
     snprintf(name, sizeof(name), "shard-%05u.hsd", l.shard);
     path_of(s, name, path, sizeof(path));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = store_file_open(s, name, O_RDONLY, bad, sizeof bad);
     if (fd < 0) {
-        snprintf(why, whycap, "cannot open %s: %s", path, strerror(errno));
+        snprintf(why, whycap, "cannot open %s: %s", path, bad[0] ? bad : strerror(errno));
         return HS_ERR_IO;
     }
     uint64_t got = 0;
@@ -682,24 +770,32 @@ static bool write_all(int fd, const void *buf, uint64_t len, uint64_t off)
 /* Opens this session's shard and the index (cutting a torn tail off it). */
 static bool writer_files(hs_store_t *s)
 {
-    char name[32], path[1100];
+    char name[32], path[1100], bad[160] = "";
     if (s->next_shard >= SHARD_MAX) {
         hs_warn("store %s: %u shards already; nothing more is stored", s->dir, SHARD_MAX);
         return false;
     }
     snprintf(name, sizeof(name), "shard-%05u.hsd", s->next_shard);
     path_of(s, name, path, sizeof(path));
-    s->shard_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    /* truncated only once it is known to be a file of the store's own */
+    s->shard_fd = store_file_open(s, name, O_WRONLY | O_CREAT, bad, sizeof bad);
+    if (s->shard_fd >= 0 && ftruncate(s->shard_fd, 0) != 0) {
+        snprintf(bad, sizeof bad, "%s", strerror(errno));
+        close(s->shard_fd);
+        s->shard_fd = -1;
+    }
     if (s->shard_fd >= 0) {
         path_of(s, "index.hsi", path, sizeof(path));
-        s->index_fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+        s->index_fd = store_file_open(s, "index.hsi", O_WRONLY | O_CREAT, bad, sizeof bad);
         if (s->index_fd >= 0 && ftruncate(s->index_fd, (off_t)s->index_bytes) != 0) {
+            snprintf(bad, sizeof bad, "%s", strerror(errno));
             close(s->index_fd);
             s->index_fd = -1;
         }
     }
     if (s->shard_fd < 0 || s->index_fd < 0) {
-        hs_warn("store %s: cannot open %s for writing: %m; nothing more is stored", s->dir, path);
+        hs_warn("store %s: cannot open %s for writing: %s; nothing more is stored", s->dir, path,
+                bad[0] ? bad : strerror(errno));
         return false;
     }
     s->shard_end = 0;
@@ -837,6 +933,7 @@ void hs_store_close(hs_store_t *s)
         fdatasync(s->index_fd);
         close(s->index_fd);
     }
+    if (s->dir_fd >= 0) close(s->dir_fd);
     pthread_cond_destroy(&s->cond);
     pthread_mutex_destroy(&s->lock);
     free(s->recs);

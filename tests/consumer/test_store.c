@@ -2,11 +2,14 @@
 /* test_store.c - the consumer's store: a region written is read back
  * byte for byte by a reopened store; torn and wrongly sealed index records
  * are dropped at open; a run that differs is refused naming each field; a
- * full disk stops the store growing with nothing torn left behind. */
+ * full disk stops the store growing with nothing torn left behind; a link,
+ * FIFO or oversized file planted in the folder is refused, never followed,
+ * waited on or read into memory. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -200,6 +203,137 @@ START_TEST(full_disk_stops_the_store_growing_with_nothing_torn_left)
 }
 END_TEST
 
+/* A file outside the store that a planted link points at. */
+static void victim_make(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("precious: not a store file, and it stays as it is\n", f);
+    fclose(f);
+}
+
+static void victim_check(const char *path)
+{
+    char buf[256] = "";
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    ck_assert_str_eq(buf, "precious: not a store file, and it stays as it is\n");
+}
+
+START_TEST(a_planted_index_link_is_neither_followed_nor_written_through)
+{
+    char dir[] = "/tmp/hs-test-store-XXXXXX", victim[600], index[600];
+    mkstore(dir);
+    snprintf(victim, sizeof victim, "%s.victim", dir);
+    snprintf(index, sizeof index, "%s/index.hsi", dir);
+    victim_make(victim);
+    uint8_t *cache = aligned_alloc(4096, 4 * 65536);
+    /* a new store with the link planted before its first write: nothing is
+     * written through it, the run goes on without storing */
+    ck_assert_int_eq(symlink(victim, index), 0);
+    hs_store_t *s;
+    hs_store_run_t r = test_run();
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
+    ck_assert_int_eq(hs_store_bind(s, &r, cache, 1 << 20, on_free, NULL), HS_OK);
+    uint64_t bytes = make_region(cache, 0);
+    ck_assert(hs_store_submit(s, 0, 0, bytes));
+    hs_store_close(s);
+    victim_check(victim);
+    /* a store with a run and the link in place of its index: refused at open */
+    ck_assert_int_eq(unlink(index), 0);
+    rmstore(dir);
+    memcpy(dir + strlen(dir) - 6, "XXXXXX", 6);
+    mkstore(dir);
+    snprintf(index, sizeof index, "%s/index.hsi", dir);
+    fill(dir, 1, cache);
+    ck_assert_int_eq(unlink(index), 0);
+    ck_assert_int_eq(symlink(victim, index), 0);
+    ck_assert_int_ne(hs_store_open(dir, &s), HS_OK);
+    victim_check(victim);
+    /* a link planted, once the store is open, as the shard its writer
+     * opens next: not truncated, not written through */
+    ck_assert_int_eq(unlink(index), 0);
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
+    ck_assert_int_eq(hs_store_bind(s, &r, cache, 1 << 20, on_free, NULL), HS_OK);
+    char shard[600];
+    snprintf(shard, sizeof shard, "%s/shard-00001.hsd", dir);
+    ck_assert_int_eq(symlink(victim, shard), 0);
+    ck_assert(!hs_store_has(s, 0));
+    ck_assert(hs_store_submit(s, 0, 0, bytes));
+    hs_store_close(s);
+    victim_check(victim);
+    unlink(victim);
+    free(cache);
+    rmstore(dir);
+}
+END_TEST
+
+/* hs_store_open on dir with `name` a FIFO: refused, without waiting for a
+ * writer (the test case's timeout fails a wait). */
+static void fifo_refused(const char *dir, const char *name)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(mkfifo(path, 0666), 0);
+    hs_store_t *s;
+    double t0 = hs_now_s();
+    ck_assert_int_ne(hs_store_open(dir, &s), HS_OK);
+    ck_assert_msg(hs_now_s() - t0 < 5, "%s: a FIFO took %.1f s to refuse", name, hs_now_s() - t0);
+}
+
+START_TEST(a_fifo_in_the_store_is_refused_without_waiting)
+{
+    char dir[] = "/tmp/hs-test-store-XXXXXX";
+    uint8_t *cache = aligned_alloc(4096, 4 * 65536);
+    const char *names[] = {"store.json", "plan.bin", "index.hsi"};
+    for (int i = 0; i < 3; i++) {
+        memcpy(dir + strlen(dir) - 6, "XXXXXX", 6);
+        mkstore(dir);
+        fill(dir, 1, cache);
+        fifo_refused(dir, names[i]);
+        rmstore(dir);
+    }
+    free(cache);
+}
+END_TEST
+
+static long maxrss_kib(void)
+{
+    struct rusage ru;
+    ck_assert_int_eq(getrusage(RUSAGE_SELF, &ru), 0);
+    return ru.ru_maxrss;
+}
+
+START_TEST(an_index_larger_than_the_plan_can_need_is_refused_unread)
+{
+    char dir[] = "/tmp/hs-test-store-XXXXXX", path[600];
+    mkstore(dir);
+    uint8_t *cache = aligned_alloc(4096, 4 * 65536);
+    fill(dir, 2, cache);
+    /* sparse: costs no disk, and would cost its size in memory if read */
+    snprintf(path, sizeof path, "%s/index.hsi", dir);
+    ck_assert_int_eq(truncate(path, 256ll << 20), 0);
+    long rss0 = maxrss_kib();
+    hs_store_t *s;
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_ERR_FORMAT);
+    long grew = maxrss_kib() - rss0;
+    ck_assert_msg(grew < 32 * 1024, "opening the store took %ld KiB more memory", grew);
+    /* an index of the size a plan can need still opens, its tail dropped */
+    ck_assert_int_eq(truncate(path, 2 * 64 + 64 * 64), 0);
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
+    hs_store_run_t r = test_run();
+    ck_assert_int_eq(hs_store_bind(s, &r, cache, 1 << 20, on_free, NULL), HS_OK);
+    ck_assert(hs_store_has(s, 0) && hs_store_has(s, 1));
+    hs_store_close(s);
+    free(cache);
+    rmstore(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("store");
@@ -210,6 +344,13 @@ int main(void)
     tcase_add_test(tc, a_run_that_differs_is_refused_naming_each_field);
     tcase_add_test(tc, full_disk_stops_the_store_growing_with_nothing_torn_left);
     suite_add_tcase(s, tc);
+    /* planted files: a FIFO waited on would hang, so these fail in seconds */
+    TCase *planted = tcase_create("planted");
+    tcase_set_timeout(planted, 20);
+    tcase_add_test(planted, a_planted_index_link_is_neither_followed_nor_written_through);
+    tcase_add_test(planted, a_fifo_in_the_store_is_refused_without_waiting);
+    tcase_add_test(planted, an_index_larger_than_the_plan_can_need_is_refused_unread);
+    suite_add_tcase(s, planted);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
