@@ -224,8 +224,10 @@ uint64_t hs_mem_room(const hs_mem_limits_t *m);
  * cannot be used is warned about and counts nothing; only HS_ERR_NOMEM
  * fails open. *out is the caller's to release. The folder is the one
  * hs_mem_claim_registry_set() named (hs-consumer: $HS_MEM_REGISTRY), else
- * dev/shm/hsflow-cache under a stand-in system (hs_sys_root()), else
- * /dev/shm/hsflow-cache, else $XDG_RUNTIME_DIR/hsflow-cache. */
+ * dev/shm/hsflow-cache-<uid> under a stand-in system (hs_sys_root()), else
+ * /dev/shm/hsflow-cache-<uid>, else $XDG_RUNTIME_DIR/hsflow-cache: one per
+ * user (mode 0700, owned by this user, else not used), so only this user's
+ * consumers count each other. Its lock is waited for at most 5 s. */
 typedef struct hs_mem_claim hs_mem_claim_t;
 /* The registry's folder; NULL or "" = the default above. Copied;
  * process-wide; before the first hs_mem_claim_open(). */
@@ -237,6 +239,11 @@ uint64_t hs_mem_claim_others(const hs_mem_claim_t *m);
 /* The largest other claim, described (who, pid, sizes); "" with none.
  * *n_others: how many there are. Valid until release. */
 const char *hs_mem_claim_others_text(const hs_mem_claim_t *m, unsigned *n_others);
+/* Entries of the registry that are not claims of this user (a wrong name,
+ * owner, type, size or content), skipped and counted. */
+unsigned hs_mem_claim_skipped(const hs_mem_claim_t *m);
+/* The registry's folder; "" when none is used (not found, or refused). */
+const char *hs_mem_claim_dir(const hs_mem_claim_t *m);
 /* Records `bytes` claimed by `who` (a line of text, e.g. the consumer's
  * rank and address) and releases the registry's lock. */
 HS_MUST_CHECK hs_status_t hs_mem_claim_commit(hs_mem_claim_t *m, uint64_t bytes, const char *who);

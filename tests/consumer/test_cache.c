@@ -131,7 +131,8 @@ START_TEST(a_second_cache_on_the_node_counts_the_first_until_it_is_released)
     ck_assert_int_eq(hs_cache_claim_room(600 * MiB, false, "after", &c), HS_OK);
     hs_mem_claim_release(c);
     /* a claim nobody holds locked is of a process gone: ignored and removed */
-    snprintf(path, sizeof path, "%s/dev/shm/hsflow-cache/99999.0.claim", root);
+    snprintf(path, sizeof path, "%s/dev/shm/hsflow-cache-%u/99999.0.claim", root,
+             (unsigned)geteuid());
     FILE *f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);
     fprintf(f, "pid %d\nbytes %llu\nwho ghost\n", (int)getpid(), 900ull * MiB);
