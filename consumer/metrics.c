@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #ifdef HS_HAVE_MICROHTTPD
 #include <microhttpd.h>
@@ -105,6 +106,13 @@ int hs_metrics_format(const hs_consumer_stats_t *s, char *buf, size_t cap)
     return (int)len;
 }
 
+unsigned hs_metrics_conn_limit(uint64_t nofile)
+{
+    uint64_t share = nofile / HS_METRICS_FD_SHARE;
+    if (share < 1) share = 1;
+    return share < HS_METRICS_MAX_CONNS ? (unsigned)share : HS_METRICS_MAX_CONNS;
+}
+
 #ifdef HS_HAVE_MICROHTTPD
 
 struct hs_metrics {
@@ -180,9 +188,28 @@ hs_status_t hs_metrics_start(hs_metrics_stats_cb stats, void *arg, const char *h
     if (!m) return HS_ERR_NOMEM;
     m->stats = stats;
     m->arg = arg;
-    m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, port, NULL,
-                                 NULL, answer, m, MHD_OPTION_SOCK_ADDR, &sa,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    /* Nobody has to prove anything to read the figures, so what readers can
+     * hold is bounded: a few connections (a share of the descriptor limit,
+     * the rest kept for producers), fewer from one address, each closed
+     * after a few idle seconds. Past the limit the server stops accepting;
+     * waiting connections cost the consumer no descriptor. */
+    struct rlimit rl;
+    uint64_t nofile = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                          ? (uint64_t)rl.rlim_cur
+                          : 1024;
+    unsigned limit = hs_metrics_conn_limit(nofile);
+    unsigned per_addr = limit < HS_METRICS_MAX_PER_ADDR ? limit : HS_METRICS_MAX_PER_ADDR;
+    /* poll(), not epoll: libmicrohttpd 0.9.75 in epoll mode stops accepting
+     * for good once it has reached the connection limit; not select(),
+     * which cannot watch a descriptor past FD_SETSIZE */
+    unsigned flags = MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES
+                         ? MHD_USE_POLL_INTERNAL_THREAD
+                         : MHD_USE_INTERNAL_POLLING_THREAD;
+    m->daemon = MHD_start_daemon(
+        flags | MHD_USE_ERROR_LOG, port, NULL, NULL, answer, m, MHD_OPTION_SOCK_ADDR, &sa,
+        MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_addr,
+        MHD_OPTION_CONNECTION_TIMEOUT, HS_METRICS_IDLE_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)HS_METRICS_CONN_BYTES, MHD_OPTION_END);
     if (!m->daemon) {
         hs_error("--metrics %s:%u: cannot listen there (port in use?)", host, port);
         free(m);
@@ -190,7 +217,9 @@ hs_status_t hs_metrics_start(hs_metrics_stats_cb stats, void *arg, const char *h
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->daemon, MHD_DAEMON_INFO_BIND_PORT);
     m->port = info ? info->port : port;
-    hs_info("metrics on http://%s:%u/metrics", host, m->port);
+    hs_info("metrics on http://%s:%u/metrics (at most %u connections, %u from one address, %u s "
+            "idle)",
+            host, m->port, limit, per_addr, HS_METRICS_IDLE_S);
     *out = m;
     return HS_OK;
 }

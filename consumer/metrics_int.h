@@ -1,14 +1,32 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* metrics_int.h - the consumer's Prometheus endpoint: GET /metrics on a
  * port of its own (libmicrohttpd, one internal thread), serving the same
- * figures as the status line and the summary. */
+ * figures as the status line and the summary.
+ *
+ * The endpoint asks nothing of its readers, so what they can hold is
+ * bounded: at most hs_metrics_conn_limit() connections at once (a share of
+ * the process's descriptor limit, the rest kept for producers), at most
+ * HS_METRICS_MAX_PER_ADDR from one address, each closed after
+ * HS_METRICS_IDLE_S seconds without a byte and holding at most
+ * HS_METRICS_CONN_BYTES of request. Past the limit no connection is
+ * accepted until one ends: the waiting ones cost no descriptor. */
 #ifndef HS_METRICS_INT_H
 #define HS_METRICS_INT_H
 
 #include "hsflow.h"
 #include "hs_common.h"
 
+#define HS_METRICS_MAX_CONNS 16u    /* connections at once, at most */
+#define HS_METRICS_FD_SHARE 16u     /* ... and at most 1/16 of RLIMIT_NOFILE */
+#define HS_METRICS_MAX_PER_ADDR 4u  /* from one address */
+#define HS_METRICS_IDLE_S 5u        /* a connection silent this long is closed */
+#define HS_METRICS_CONN_BYTES 16384 /* request bytes a connection may hold */
+
 typedef struct hs_metrics hs_metrics_t;
+
+/* Connections the endpoint serves at once under a descriptor limit of
+ * `nofile`: 1 .. HS_METRICS_MAX_CONNS. */
+unsigned hs_metrics_conn_limit(uint64_t nofile);
 
 /* Fills *s with the figures as of now; called on the endpoint's thread for
  * each request, so it must be safe from any thread. */
