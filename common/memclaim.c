@@ -320,9 +320,10 @@ static void registry_scan(hs_mem_claim_t *m)
         claim_scan_one(m, e->d_name, &largest);
     closedir(d);
     if (m->n_skipped)
-        hs_warn("memory registry %s: %u entr%s not claims of this user's consumers, skipped "
-                "(remove them)",
-                m->dir, m->n_skipped, m->n_skipped == 1 ? "y is" : "ies are");
+        hs_warn("memory registry %s: skipped %u entr%s that %s no claim of this user's consumers "
+                "(remove %s)",
+                m->dir, m->n_skipped, m->n_skipped == 1 ? "y" : "ies",
+                m->n_skipped == 1 ? "is" : "are", m->n_skipped == 1 ? "it" : "them");
 }
 
 hs_status_t hs_mem_claim_open(hs_mem_claim_t **out)
