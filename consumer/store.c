@@ -82,8 +82,6 @@ const char *hs_store_dir(const hs_store_t *s) { return s->dir; }
 
 const hs_store_run_t *hs_store_run(const hs_store_t *s) { return s->has_run ? &s->run : NULL; }
 
-/* ---- reading what is there ------------------------------------------------- */
-
 /* ---- opening a file of the store -------------------------------------------- */
 
 /* A store's folder may be writable by others (a group's shared store), so
@@ -165,6 +163,8 @@ static char *store_file_slurp(const hs_store_t *s, const char *name, size_t max,
     *len = n;
     return buf;
 }
+
+/* ---- reading what is there ------------------------------------------------- */
 
 static bool json_hex(const cJSON *o, const char *key, uint64_t *out)
 {
