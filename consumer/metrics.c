@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +177,21 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
     return ret;
 }
 
+/* libmicrohttpd's own messages (a reader that hung up mid-request, one
+ * refused at the limit) are the readers' doing, one per connection: at
+ * debug level, so a flood of readers cannot flood the log. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    if (hs_log_get_level() < HS_LOG_DEBUG) return;
+    char text[512];
+    vsnprintf(text, sizeof text, fmt, ap);
+    size_t n = strlen(text);
+    while (n && text[n - 1] == '\n')
+        text[--n] = 0;
+    hs_debug("metrics: %s", text);
+}
+
 hs_status_t hs_metrics_start(hs_metrics_stats_cb stats, void *arg, const char *host, uint16_t port,
                              hs_metrics_t **out)
 {
@@ -209,7 +225,7 @@ hs_status_t hs_metrics_start(hs_metrics_stats_cb stats, void *arg, const char *h
         flags | MHD_USE_ERROR_LOG, port, NULL, NULL, answer, m, MHD_OPTION_SOCK_ADDR, &sa,
         MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_addr,
         MHD_OPTION_CONNECTION_TIMEOUT, HS_METRICS_IDLE_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)HS_METRICS_CONN_BYTES, MHD_OPTION_END);
+        (size_t)HS_METRICS_CONN_BYTES, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!m->daemon) {
         hs_error("--metrics %s:%u: cannot listen there (port in use?)", host, port);
         free(m);
