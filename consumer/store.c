@@ -128,6 +128,14 @@ static int store_file_open(const hs_store_t *s, const char *name, int flags, cha
     return fd;
 }
 
+/* What a failed store_file_open() or store_file_slurp() (errno) makes of
+ * the store: a link, FIFO, device or oversized file where a store file
+ * belongs is no store of ours (HS_ERR_FORMAT); the rest is I/O. */
+static hs_status_t store_file_status(int e)
+{
+    return e == ELOOP || e == ENXIO || e == EINVAL || e == EFBIG ? HS_ERR_FORMAT : HS_ERR_IO;
+}
+
 /* The whole of a small file of the store into a new buffer (NUL-terminated),
  * at most `max` bytes, refused by its size before anything is read. NULL
  * with the reason in why ("" when the file is missing). */
@@ -138,25 +146,32 @@ static char *store_file_slurp(const hs_store_t *s, const char *name, size_t max,
     if (fd < 0) return NULL;
     struct stat sb;
     char *buf = NULL;
+    int e = 0;
     if (fstat(fd, &sb) != 0)
-        snprintf(why, whycap, "%s", strerror(errno));
+        e = errno;
     else if ((uint64_t)sb.st_size > max)
-        snprintf(why, whycap, "it is %llu bytes, more than the %zu it can be",
-                 (unsigned long long)sb.st_size, max);
+        e = EFBIG;
     else if (!(buf = malloc(max + 1)))
-        snprintf(why, whycap, "out of memory");
+        e = ENOMEM;
     size_t n = 0;
     while (buf && n <= max) {
         ssize_t r = read(fd, buf + n, max + 1 - n);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) snprintf(why, whycap, "read failed: %s", strerror(errno));
+        if (r < 0) e = errno;
         if (r <= 0) break;
         n += (size_t)r;
     }
     close(fd);
-    if (buf && !why[0] && n > max) snprintf(why, whycap, "it grew past %zu bytes", max);
-    if (why[0]) {
+    if (!e && n > max) e = EFBIG; /* it grew while being read */
+    if (e) {
+        if (e == EFBIG)
+            snprintf(why, whycap, "it is %llu bytes or more, more than the %zu it can be",
+                     (unsigned long long)(n > (uint64_t)sb.st_size ? n : (uint64_t)sb.st_size),
+                     max);
+        else
+            snprintf(why, whycap, "%s", strerror(e));
         free(buf);
+        errno = e;
         return NULL;
     }
     buf[n] = 0;
@@ -195,10 +210,11 @@ static hs_status_t read_manifest(hs_store_t *s)
     char *text = store_file_slurp(s, "store.json", MANIFEST_MAX_BYTES, &len, bad, sizeof bad);
     if (!text) {
         if (!bad[0]) return HS_OK; /* a new store */
+        hs_status_t st = store_file_status(errno);
         hs_error("store %s: cannot read it: %s; give --store a folder of this run's store, or an "
                  "empty one",
                  path, bad);
-        return HS_ERR_IO;
+        return st;
     }
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
@@ -313,9 +329,10 @@ static hs_status_t read_index(hs_store_t *s)
     int fd = store_file_open(s, "index.hsi", O_RDONLY, bad, sizeof bad);
     if (fd < 0) {
         if (!bad[0]) return HS_OK;
+        hs_status_t st = store_file_status(errno);
         hs_error("store %s: cannot read it: %s; move the store away and start a new one", path,
                  bad);
-        return HS_ERR_IO;
+        return st;
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
