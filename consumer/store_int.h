@@ -89,8 +89,11 @@ typedef struct hs_store hs_store_t;
 /* Opens (creating when missing) the store folder `dir` and reads what it
  * holds: the run it is bound to, if any, and every index record that checks
  * (see the top). HS_ERR_IO (logged, naming the path and what to do) when
- * the folder cannot be made or read; HS_ERR_FORMAT for a store.json or
- * plan.bin that is not one (a folder of something else). */
+ * the folder cannot be made or read; HS_ERR_FORMAT for a store.json,
+ * plan.bin or index.hsi that is not one (a folder of something else; a
+ * link, FIFO or device in its place; an index larger than the plan can
+ * need, refused before it is read). Files are opened inside the folder,
+ * never through a link, regular files only (store.c, store_file_open). */
 HS_MUST_CHECK hs_status_t hs_store_open(const char *dir, hs_store_t **out);
 
 /* Tests: faults of the stores bound afterwards, "enospc=N" (the Nth write
