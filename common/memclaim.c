@@ -161,19 +161,22 @@ static int registry_lock(hs_mem_claim_t *m)
     const uint64_t deadline = hs_now_ns() + LOCK_WAIT_MS * 1000000ull;
     for (;;) {
         if (flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
-        if (errno != EWOULDBLOCK && errno != EINTR) break;
+        if (errno != EWOULDBLOCK && errno != EINTR) {
+            hs_warn("memory registry %s: cannot lock it (%m); the caches of other consumers on "
+                    "this node are not counted against --cache-gb",
+                    m->dir);
+            break;
+        }
         if (hs_now_ns() >= deadline) {
-            errno = ETIMEDOUT;
+            hs_warn("memory registry %s: its lock has been held by another process of this user "
+                    "for over %u s (a consumer stuck while it starts?); the caches of other "
+                    "consumers on this node are not counted against --cache-gb",
+                    m->dir, LOCK_WAIT_MS / 1000);
             break;
         }
         struct timespec pause = {0, LOCK_POLL_MS * 1000000L};
         nanosleep(&pause, NULL);
     }
-    hs_warn("memory registry %s: its lock is %s (%m); the caches of other consumers on this node "
-            "are not counted against --cache-gb",
-            m->dir,
-            errno == ETIMEDOUT ? "held by another process of this user for over 5 s"
-                               : "not to be had");
     close(fd);
     return -1;
 }
