@@ -1,0 +1,258 @@
+# SPDX-License-Identifier: Apache-2.0
+"""hsflow.integrations.specforge against SpecForge 0.2 itself.
+
+Runs in .venv-specforge (scripts/install-specforge-venv: SpecForge pins torch
+2.11.0 and transformers 5.8.1), through specforge_venv.sh, which reports the
+test skipped (77) when that venv is absent. The same samples go through
+SpecForge's own offline path (its feature files, load_feature_file,
+normalize_offline_sample / normalize_dspark_offline_sample and the
+algorithm's collator) and through hsflow's, and every key must match."""
+import os
+import re
+import subprocess
+import sys
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pytest
+
+specforge = pytest.importorskip(
+    "specforge", reason="specforge is not installed here; run scripts/install-specforge-venv "
+    "and these tests through tests/python/specforge_venv.sh")
+torch = pytest.importorskip("torch")
+
+from conftest import ROOT, write_dataset  # noqa: E402
+
+from hsflow.integrations import specforge as hs_sf  # noqa: E402
+
+EXAMPLE = os.path.join(ROOT, "examples", "train_specforge.py")
+N_LAYERS, HIDDEN, VOCAB = 8, 64, 96
+
+
+# -- the dict -----------------------------------------------------------------
+
+class FakeBatch:
+    """What hsflow.Batch holds, for one packed batch of `lens` samples;
+    masks[i] (a list) replaces sample i's random loss mask."""
+
+    def __init__(self, lens, k, H, seed=0, masks=None):
+        g = torch.Generator().manual_seed(seed)
+        T = sum(lens)
+        self.n_tokens, self.n_seqs, self.hidden_size, self.n_layers = T, len(lens), H, k
+        self.layers = tuple(range(1, k + 1))
+        self.epoch, self.batch = 0, 0
+        self.hidden_states = torch.randn(T, k * H, generator=g).to(torch.bfloat16)
+        self.input_ids = torch.randint(0, VOCAB, (T,), generator=g, dtype=torch.int32)
+        self.loss_mask = (torch.rand(T, generator=g) < 0.8).to(torch.uint8)
+        cu = np.concatenate([[0], np.cumsum(lens)])
+        for i, m in (masks or {}).items():
+            self.loss_mask[cu[i]:cu[i + 1]] = torch.tensor(m, dtype=torch.uint8)
+        self.cu_seqlens = torch.tensor(cu, dtype=torch.int32)
+        self.sample_ids = np.arange(100, 100 + len(lens), dtype=np.uint64)
+
+
+def specforge_batch(b, alg, tmp_path, max_len=2048):
+    """The same samples through SpecForge's own offline path: one feature file
+    per sample as its capture writes it (torch.save of input_ids and loss_mask
+    [seq] int64 and hidden_states [1, seq, k*H] in the target's dtype; DSpark
+    adds target_last_hidden_states [1, seq, H]), read back by its
+    load_feature_file, normalized by the algorithm's normalizer (samples it
+    refuses left out, as its data preparation leaves them out) and collated
+    by the algorithm's collator. Returns (dict or None, kept sample indices)."""
+    from specforge.algorithms.builtin import builtin_algorithm_registry
+    from specforge.runtime.data_plane.feature_store import load_feature_file
+    reg = _registration(builtin_algorithm_registry(), alg)
+    offline = reg.providers.offline[0]
+    normalize = offline.build_normalizer(max_len)
+    collate = offline.build_collator()
+    H, k = b.hidden_size, b.n_layers
+    ctx = k - 1 if alg == "dspark" else k
+    cu = b.cu_seqlens.tolist()
+    feats, kept = [], []
+    for i, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+        raw = {"input_ids": b.input_ids[s:e].long().clone(),
+               "loss_mask": b.loss_mask[s:e].long().clone(),
+               "hidden_states": b.hidden_states[s:e, :ctx * H].clone().unsqueeze(0)}
+        if alg == "dspark":
+            raw["target_last_hidden_states"] = b.hidden_states[s:e, ctx * H:].clone().unsqueeze(0)
+        path = str(tmp_path / ("data_%d.ckpt" % i))
+        torch.save(raw, path)
+        try:
+            feats.append(normalize(load_feature_file(path)))
+        except ValueError as err:
+            assert "two consecutive supervised tokens" in str(err)
+            continue
+        kept.append(i)
+    return (collate(feats) if feats else None), kept
+
+
+def _registration(registry, alg):
+    for name in ("get", "resolve", "__getitem__"):
+        fn = getattr(registry, name, None)
+        if fn is not None:
+            try:
+                return fn(alg)
+            except (KeyError, TypeError):
+                pass
+    raise AssertionError("no %s in SpecForge's registry" % alg)
+
+
+def assert_same_dict(ours, theirs):
+    assert set(ours) == set(theirs), (sorted(ours), sorted(theirs))
+    for key, want in theirs.items():
+        got = ours[key]
+        assert got.dtype == want.dtype, (key, got.dtype, want.dtype)
+        assert got.shape == want.shape, (key, got.shape, want.shape)
+        assert torch.equal(got, want), key
+
+
+LENS = [[5, 2, 9, 3], [17], [2, 2, 3], [7, 40, 1, 12], [64, 64]]
+
+
+@pytest.mark.parametrize("alg", ["dflash", "domino", "dspark"])
+@pytest.mark.parametrize("lens", LENS)
+def test_the_dict_equals_specforges_offline_path_of_the_same_samples(alg, lens, tmp_path):
+    k = 4
+    b = FakeBatch(lens, k=k, H=8, seed=len(lens) * 7 + sum(lens))
+    ours, kept = hs_sf.collate(b, with_last=hs_sf.ALGORITHMS[alg])
+    theirs, theirs_kept = specforge_batch(b, alg, tmp_path)
+    assert np.flatnonzero(kept).tolist() == theirs_kept
+    if theirs is None:
+        assert ours is None
+        return
+    assert_same_dict(ours, theirs)
+    assert ours["hidden_states"].shape[-1] == (k - 1 if alg == "dspark" else k) * 8
+
+
+@pytest.mark.parametrize("alg", ["dflash", "dspark"])
+def test_the_max_len_cut_is_specforges_normalizer_cut(alg, tmp_path):
+    # sample 1 has its only two consecutive supervised tokens past the cut: refused
+    masks = {1: [1, 0, 1, 0, 1, 0, 0, 0, 1, 1, 1]}
+    b = FakeBatch([12, 11, 30, 5], k=3, H=8, seed=11, masks=masks)
+    ours, kept = hs_sf.collate(b, with_last=hs_sf.ALGORITHMS[alg], max_len=8)
+    theirs, theirs_kept = specforge_batch(b, alg, tmp_path, max_len=8)
+    assert 1 not in theirs_kept and np.flatnonzero(kept).tolist() == theirs_kept
+    assert_same_dict(ours, theirs)
+    assert ours["input_ids"].shape == (len(theirs_kept), 8)
+
+
+def test_samples_without_anchors_are_refused_as_specforge_refuses_them(tmp_path):
+    masks = {0: [0, 1, 0, 1, 0], 2: [0, 0, 0], 3: [1], 4: [1, 1, 0, 0]}
+    b = FakeBatch([5, 6, 3, 1, 4], k=2, H=8, seed=3, masks=masks)
+    b.loss_mask[5:11] = 1  # sample 1: all supervised
+    ours, kept = hs_sf.collate(b)
+    theirs, theirs_kept = specforge_batch(b, "dflash", tmp_path)
+    assert theirs_kept == [1, 4] == np.flatnonzero(kept).tolist()
+    assert_same_dict(ours, theirs)
+    # a batch of no anchored sample at all gives no dict
+    none = FakeBatch([3, 4], k=2, H=8, masks={0: [1, 0, 1], 1: [0, 0, 0, 1]})
+    d, kept = hs_sf.collate(none)
+    assert d is None and not kept.any()
+    # and SpecForge's own normalizer refuses each of them
+    assert specforge_batch(none, "dflash", tmp_path)[1] == []
+
+
+class FakeConsumer:
+    def __init__(self, batches):
+        self._b = list(batches)
+
+    def next_batch(self, timeout=None):
+        if not self._b:
+            raise StopIteration
+        return self._b.pop(0)
+
+
+def _online(alg, layers=(1, 3, 5), n_target=N_LAYERS):
+    """A stand-in with SpecForge's class names and draft attributes."""
+    draft_cls = type({"dflash": "DFlashDraftModel", "domino": "DominoDraftModel",
+                      "dspark": "DSparkDraftModel"}[alg], (), {})
+    draft = draft_cls()
+    draft.target_layer_ids = list(layers)
+    draft.config = NS(num_target_layers=n_target)
+    online = type({"dflash": "OnlineDFlashModel", "domino": "OnlineDominoModel",
+                   "dspark": "OnlineDSparkModel"}[alg], (), {})()
+    online.draft_model = draft
+    return online
+
+
+def test_batches_count_refused_samples_and_fail_past_the_limit(capsys):
+    def batch(masks, seed):
+        b = FakeBatch([4, 4, 4], k=3, H=8, seed=seed, masks=masks)
+        b.layers = (2, 4, 6)
+        return b
+
+    ok = {0: [1, 1, 1, 1], 1: [0, 1, 1, 0], 2: [1, 1, 0, 0]}
+    bad = {0: [1, 0, 1, 0], 1: [0, 1, 1, 0], 2: [0, 0, 0, 0]}
+    feed = hs_sf.batches(FakeConsumer([batch(ok, 1), batch(bad, 2), batch(ok, 3)]),
+                         _online("dflash"), max_refused=None)
+    got = list(feed)
+    assert [d["input_ids"].shape[0] for d in got] == [3, 1, 3]
+    assert feed.refused == 2 and feed.samples == 9 and feed.refused_ids == [100, 102]
+    assert "refused sample(s) [100, 102]" in capsys.readouterr().err
+    # past max_refused (2 of 9 > 10%), the iteration fails naming the count
+    feed = hs_sf.batches(FakeConsumer([batch(ok, 1), batch(bad, 2), batch(ok, 3)]),
+                         _online("dflash"), max_refused=0.1)
+    with pytest.raises(hs_sf.RefusedError, match="2 of 9 samples"):
+        list(feed)
+    # a batch with no sample left gives no dict
+    allbad = {0: [1, 0, 1, 0], 1: [0, 0, 0, 0], 2: [0, 0, 0, 1]}
+    feed = hs_sf.batches(FakeConsumer([batch(allbad, 4), batch(ok, 5)]), _online("dflash"),
+                         max_refused=None, with_batch=True)
+    got = list(feed)
+    assert len(got) == 1 and got[0][0].batch == 0 and feed.rows == [100, 101, 102]
+
+
+def test_layouts_are_refused_naming_the_layers_to_give():
+    b = FakeBatch([4, 4], k=3, H=8)
+    b.layers = (1, 3, 5)
+    with pytest.raises(hs_sf.LayoutError, match="give the producers --layers 2,4,6"):
+        list(hs_sf.batches(FakeConsumer([b]), _online("dflash")))
+    # DSpark reads the final normed state too: L = N last
+    assert hs_sf.producer_layers(_online("dspark")) == [2, 4, 6, 8]
+    b.layers = (2, 4, 6)
+    with pytest.raises(hs_sf.LayoutError, match="final normed state L = 8: give the producers "
+                                                "--layers 2,4,6,8"):
+        list(hs_sf.batches(FakeConsumer([b]), _online("dspark")))
+    # a context layer at SpecForge's id N - 1 (hsflow's N, after the norm) is refused
+    with pytest.raises(hs_sf.LayoutError, match="id 7 .hsflow index 8. is after the final norm"):
+        hs_sf.batches(FakeConsumer([]), _online("dflash", layers=(1, 7)))
+    with pytest.raises(TypeError, match="not one of SpecForge's DFlash-family models"):
+        hs_sf.batches(FakeConsumer([]), NS(draft_model=None))
+
+
+def test_numpy_arrays_are_refused_naming_arrays_torch():
+    b = FakeBatch([4, 4], k=2, H=4)
+    b.hidden_states = b.hidden_states.float().numpy()
+    with pytest.raises(TypeError, match="arrays='torch'"):
+        hs_sf.collate(b)
+
+
+def test_the_real_models_take_the_dict_as_it_is():
+    """SpecForge's OnlineDFlashModel and OnlineDSparkModel, built from its
+    own draft classes, return a finite loss for the dict that back-propagates."""
+    from transformers import Qwen3Config
+    from specforge.algorithms.common.dflash_family_model import (OnlineDFlashModel,
+                                                                 OnlineDSparkModel)
+    from specforge.modeling.draft.dflash import DFlashDraftModel
+    from specforge.modeling.draft.dspark import DSparkDraftModel
+    for alg, draft_cls, online_cls in (("dflash", DFlashDraftModel, OnlineDFlashModel),
+                                       ("dspark", DSparkDraftModel, OnlineDSparkModel)):
+        cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=8, max_position_embeddings=256)
+        cfg.num_target_layers, cfg.block_size = N_LAYERS, 4
+        cfg.dflash_config = {"target_layer_ids": [1, 3, 5], "mask_token_id": VOCAB - 1}
+        cfg._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        draft = draft_cls(cfg)
+        model = online_cls(draft, torch.nn.Linear(32, VOCAB, bias=False),
+                           torch.nn.Embedding(VOCAB, 32), VOCAB - 1, block_size=4,
+                           attention_backend="sdpa", num_anchors=16)
+        k = 4 if alg == "dspark" else 3
+        b = FakeBatch([20, 9, 14], k=k, H=32, seed=2)
+        d, _ = hs_sf.collate(b, with_last=hs_sf.ALGORITHMS[alg])
+        d = {key: (v.float() if v.is_floating_point() else v) for key, v in d.items()}
+        loss, _, _ = model(**d)
+        assert torch.isfinite(loss)
+        loss.backward()
+        assert draft.fc.weight.grad is not None and torch.isfinite(draft.fc.weight.grad).all()
