@@ -256,3 +256,148 @@ def test_the_real_models_take_the_dict_as_it_is():
         assert torch.isfinite(loss)
         loss.backward()
         assert draft.fc.weight.grad is not None and torch.isfinite(draft.fc.weight.grad).all()
+
+
+# -- training through the example -------------------------------------------
+
+@pytest.fixture(scope="session")
+def target(tmp_path_factory):
+    """A tiny random Qwen3 target folder: 8 layers, H=64, vocab 96."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    path = str(tmp_path_factory.mktemp("target"))
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+                      num_hidden_layers=N_LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, max_position_embeddings=512, initializer_range=0.1,
+                      tie_word_embeddings=False)
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def run_example(*args, timeout=400):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, EXAMPLE] + list(args), capture_output=True, text=True,
+                       env=env, timeout=timeout)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    means = {int(m.group(1)): float(m.group(2)) for m in re.finditer(
+        r"epoch (\d+) mean loss ([\d.]+) over \d+ batches", out)}
+    done = re.search(r"(\d+) batches this run \((\d+) steps in all\).*consumer (\d+)/(\d+) "
+                     r"batches delivered", out)
+    assert done, out[-3000:]
+    return out, means, [int(x) for x in done.groups()]
+
+
+def producer_args(data, target, budget=384):
+    return ["--", "--data", data, "--token-budget", str(budget), "--source", "model", "--model",
+            target, "--gpus", "cpu:1"]
+
+
+def common_args(alg, target):
+    return ["--algorithm", alg, "--target", target, "--mask-token-id", str(VOCAB - 1),
+            "--block-size", "4", "--num-anchors", "64", "--lr", "3e-3", "--cache-gb", "0.05"]
+
+
+def dspark_config(path):
+    """A tiny DSpark draft config in the form of SpecForge's configs/*-dspark.json
+    (DSpark has no generated config: SpecForge asks for one)."""
+    import json
+    cfg = {"architectures": ["DSparkDraftModel"], "model_type": "qwen3", "vocab_size": VOCAB,
+           "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+           "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000,
+           "max_position_embeddings": 512, "layer_types": ["full_attention"],
+           "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": False,
+           "num_target_layers": N_LAYERS, "block_size": 4,
+           "dflash_config": {"mask_token_id": VOCAB - 1, "target_layer_ids": [1, 4, 6],
+                             "projector_type": "dspark", "markov_rank": 16,
+                             "markov_head_type": "vanilla", "enable_confidence_head": True,
+                             "confidence_head_with_markov": True}}
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+@pytest.mark.parametrize("alg", ["dflash", "dspark"])
+def test_the_loss_falls_over_three_epochs_fed_by_hs_producer(alg, target, tmp_path,
+                                                            producer_bin):
+    data = str(tmp_path / "d.jsonl")
+    write_dataset(data, 40, 20, 100, VOCAB, seed=3)
+    extra = ["--draft-config", dspark_config(str(tmp_path / "dspark.json"))] \
+        if alg == "dspark" else []
+    out, means, (done, steps, delivered, planned) = run_example(
+        *common_args(alg, target), *extra, "--epochs", "3", "--loopback", "1",
+        *producer_args(data, target))
+    # SpecForge's generated one-layer DFlash draft reads its target_layer_ids [4]: hsflow's
+    # 5; the DSpark config's [1, 4, 6] are hsflow's 2, 5, 7, and DSpark reads L = 8 too
+    assert "--layers %s" % ("2,5,7,8" if alg == "dspark" else "5") in out
+    assert done == steps == delivered == planned > 6
+    assert sorted(means) == [0, 1, 2], out[-2000:]
+    assert means[2] < means[1] < means[0], means
+    # SpecForge's cosine schedule over hsflow's plan: the rate ends at 0
+    assert re.findall(r"step %d epoch 2 loss [\d.]+ lr (\S+)" % planned, out) == ["0"]
+
+
+def test_a_stopped_run_resumes_with_the_batches_not_trained_on(target, tmp_path, producer_bin):
+    data = str(tmp_path / "d.jsonl")
+    write_dataset(data, 40, 20, 100, VOCAB, seed=4)
+    ckpt = str(tmp_path / "dflash.pt")
+    common = common_args("dflash", target) + ["--epochs", "3", "--checkpoint", ckpt, "--resume",
+                                              "--loopback", "1"]
+    _, _, (done1, steps1, _, planned) = run_example(*common, "--max-batches", "7",
+                                                    *producer_args(data, target))
+    assert done1 == steps1 == 7
+    state = torch.load(ckpt, weights_only=False)
+    assert set(state) >= {"model", "optimizer", "rng", "consumer", "step", "total_steps"}
+    assert state["step"] == 7 and state["total_steps"] == planned
+    lr7 = state["optimizer"]["scheduler_state_dict"]["_last_lr"]
+    out, means, (done2, steps2, delivered2, planned2) = run_example(
+        *common, *producer_args(data, target))
+    assert "resumed from %s at step 7" % ckpt in out
+    # this run trained the batches the first did not: the resumed consumer plans and
+    # delivers exactly those, and the schedule goes on from step 7
+    assert (done2, steps2, delivered2, planned2) == (planned - 7, planned, planned - 7,
+                                                     planned - 7)
+    assert re.search(r"step 8 epoch \d loss [\d.]+ lr", out), out[-2000:]
+    # the schedule restored with the optimizer: it ends at 0 on the plan's last step
+    assert re.findall(r"step %d epoch 2 loss [\d.]+ lr (\S+)" % planned, out) == ["0"]
+    assert sorted(means) == [0, 1, 2], out[-2000:]
+    assert means[2] < means[0], means
+    assert lr7[0] > 0
+
+
+def test_two_gloo_ranks_each_with_its_consumer_train_and_checkpoint(target, tmp_path,
+                                                                   producer_bin):
+    from ports import reserve_port
+    data = str(tmp_path / "d.jsonl")
+    write_dataset(data, 40, 20, 100, VOCAB, seed=5)
+    ckpt = str(tmp_path / "ddp.pt")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", EXAMPLE, *common_args("dflash", target),
+                        "--epochs", "2", "--base-port", str(reserve_port(2)),
+                        "--checkpoint", ckpt, "--loopback", "1"]
+                       + producer_args(data, target), capture_output=True, text=True, env=env,
+                       timeout=400)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    got = {int(m.group(1)): (int(m.group(2)), int(m.group(3)), int(m.group(4))) for m in
+           re.finditer(r"train_specforge rank (\d)/2: (\d+) batches this run .*? consumer "
+                       r"(\d+)/(\d+) batches delivered", out)}
+    assert set(got) == {0, 1}, out[-3000:]
+    assert got[0][0] == got[1][0] > 0  # the same number of steps on both ranks
+    assert all(done == delivered == planned for done, delivered, planned in got.values())
+    states = [torch.load("%s.rank%d" % (ckpt, rank), weights_only=False) for rank in (0, 1)]
+    for rank, state in enumerate(states):  # one checkpoint per rank, its consumer's position
+        assert state["step"] == got[rank][0] and state["consumer"]
+    # DDP kept the replicas equal
+    for key, w in states[0]["model"].items():
+        assert torch.equal(w, states[1]["model"][key]), key
+
+
+def test_the_example_refuses_a_target_folder_without_a_config(tmp_path):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, EXAMPLE, "--algorithm", "dflash", "--target",
+                        str(tmp_path / "nope")], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 2 and "no config.json there" in r.stderr, r.stderr[-2000:]
