@@ -75,6 +75,9 @@ def parse_args(argv):
                     help="the consumer listens on BASE_PORT + LOCAL_RANK (7000; with "
                          "--loopback and one rank: a free port)")
     ap.add_argument("--cache-gb", type=float, default=1.0, help="consumer cache, GiB (1)")
+    ap.add_argument("--store", default=None, metavar="DIR",
+                    help="the consumer's store (docs/store.md): batches stored there are read "
+                         "from it, a complete store needs no producer")
     ap.add_argument("--epochs", type=int, default=1, help="epochs (training.num_epochs; 1)")
     ap.add_argument("--gpu-per-rank", action="store_true",
                     help="deliver to and train on GPU LOCAL_RANK (NCCL under torchrun); "
@@ -220,7 +223,7 @@ def main(argv):
         port = 0
     consumer = hsflow.Consumer(listen="%s:%d" % (args.listen_host, port), gpu=gpu,
                                cache_gb=args.cache_gb, epochs=args.epochs, arrays="torch",
-                               resume=resume)
+                               resume=resume, store=args.store)
     procs = []
     if args.loopback and rank == 0:
         exe = hsflow.find_tool("hs-producer")
@@ -248,7 +251,7 @@ def main(argv):
     total_steps = None
     core = backend = None
     rc = 0
-    t0 = time.perf_counter()
+    t0 = t_last = time.perf_counter()
     try:
         for b, d in feed:
             if core is None:
@@ -277,12 +280,15 @@ def main(argv):
                 sample_ids=[str(i) for i in feed.rows], strategy=args.algorithm, tensors=d))
             step += 1
             done += 1
-            tokens += int(d["loss_mask"].numel())
+            tokens += feed.tokens
             s = sums.setdefault(b.epoch, [0.0, 0])
             s[0] += result.loss
             s[1] += 1
-            print("step %d epoch %d loss %.4f lr %.3g" % (
-                step, b.epoch, result.loss, backend.optimizer.get_learning_rate()), flush=True)
+            now = time.perf_counter()  # result.loss is a float: the step is over
+            print("step %d epoch %d loss %.4f lr %.3g tokens %d ms %.1f" % (
+                step, b.epoch, result.loss, backend.optimizer.get_learning_rate(), feed.tokens,
+                (now - t_last) * 1e3), flush=True)
+            t_last = now
             if ckpt and args.save_every and step % args.save_every == 0:
                 save_checkpoint(torch, ckpt, model, backend, consumer, step, total_steps,
                                 _merge(epoch_losses, sums))
@@ -307,7 +313,7 @@ def main(argv):
     for e, (tot, n) in sorted(_merge(epoch_losses, sums).items()):
         _support.say("train_specforge rank %d: epoch %d mean loss %.4f over %d batches"
                      % (rank, e, tot / n, n))
-    _support.say("train_specforge rank %d/%d: %d batches this run (%d steps in all), %d row "
+    _support.say("train_specforge rank %d/%d: %d batches this run (%d steps in all), %d "
                  "tokens, %.0f tokens/s, %d sample(s) refused, consumer %d/%d batches delivered"
                  % (rank, world, done, step, tokens, tokens / el if el > 0 else 0.0,
                     feed.refused, stats["batches_delivered"], stats["batches_planned"]))

@@ -188,6 +188,7 @@ def test_batches_count_refused_samples_and_fail_past_the_limit(capsys):
     got = list(feed)
     assert [d["input_ids"].shape[0] for d in got] == [3, 1, 3]
     assert feed.refused == 2 and feed.samples == 9 and feed.refused_ids == [100, 102]
+    assert feed.tokens == 12  # the last dict's, padding not counted
     assert "refused sample(s) [100, 102]" in capsys.readouterr().err
     # past max_refused (2 of 9 > 10%), the iteration fails naming the count
     feed = hs_sf.batches(FakeConsumer([batch(ok, 1), batch(bad, 2), batch(ok, 3)]),

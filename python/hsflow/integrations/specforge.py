@@ -239,7 +239,8 @@ class Feed:
 
     refused: samples refused so far; refused_ids: their dataset indices (the
     first 1000); samples: samples seen; rows: the dataset indices of the
-    last dict's rows, in row order."""
+    last dict's rows, in row order; tokens: the last dict's tokens, padding
+    not counted."""
 
     def __init__(self, consumer, model, n_target_layers, with_batch, idle, max_len,
                  max_refused):
@@ -248,7 +249,7 @@ class Feed:
         self._n_target = n_target_layers
         self._with_batch, self._idle, self._max_len = with_batch, idle, max_len
         self.max_refused = max_refused
-        self.refused, self.refused_ids, self.samples, self.rows = 0, [], 0, []
+        self.refused, self.refused_ids, self.samples, self.rows, self.tokens = 0, [], 0, [], 0
         self._gen = self._iterate()
 
     def __iter__(self):
@@ -300,6 +301,11 @@ class Feed:
             if d is None:
                 continue
             self.rows = sid[kept].tolist()
+            cu = b.cu_seqlens
+            lens = np.diff(np.asarray(cu.cpu() if torch.is_tensor(cu) else cu, dtype=np.int64))
+            if self._max_len is not None:
+                lens = np.minimum(lens, self._max_len)
+            self.tokens = int(lens[kept].sum())
             yield (b, d) if self._with_batch else d
 
 
