@@ -172,13 +172,13 @@ def anchored(loss_mask, cu_seqlens):
     m = np.asarray(loss_mask.cpu().numpy() if hasattr(loss_mask, "cpu") else loss_mask) != 0
     cu = np.asarray(cu_seqlens.cpu().numpy() if hasattr(cu_seqlens, "cpu") else cu_seqlens,
                     dtype=np.int64)
-    pair = np.zeros(m.shape[0], dtype=np.int64)
+    pair = np.zeros(m.shape[0], dtype=np.int64)  # pair[t]: t and t + 1 both supervised
     if m.shape[0] > 1:
         pair[:-1] = m[:-1] & m[1:]
-    pair[cu[1:-1] - 1] = 0  # a pair across a sample boundary is not one
-    sums = np.add.reduceat(pair, cu[:-1]) if m.shape[0] else np.zeros(0, np.int64)
-    lens = np.diff(cu)
-    return (sums > 0) & (lens > 1)
+    ends = cu[1:-1][cu[1:-1] > 0]
+    pair[ends - 1] = 0  # a pair across a sample boundary is not one
+    cs = np.concatenate([[0], np.cumsum(pair)])
+    return cs[cu[1:]] - cs[cu[:-1]] > 0
 
 
 def collate(batch, with_last=False, max_len=None):
