@@ -7,6 +7,7 @@ test skipped (77) when that venv is absent. The same samples go through
 SpecForge's own offline path (its feature files, load_feature_file,
 normalize_offline_sample / normalize_dspark_offline_sample and the
 algorithm's collator) and through hsflow's, and every key must match."""
+import json
 import os
 import re
 import subprocess
@@ -302,7 +303,6 @@ def common_args(alg, target):
 def dspark_config(path):
     """A tiny DSpark draft config in the form of SpecForge's configs/*-dspark.json
     (DSpark has no generated config: SpecForge asks for one)."""
-    import json
     cfg = {"architectures": ["DSparkDraftModel"], "model_type": "qwen3", "vocab_size": VOCAB,
            "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_hidden_layers": 1,
            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -402,3 +402,23 @@ def test_the_example_refuses_a_target_folder_without_a_config(tmp_path):
                         str(tmp_path / "nope")], capture_output=True, text=True, env=env,
                        timeout=120)
     assert r.returncode == 2 and "no config.json there" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_complete_store_feeds_the_example_with_no_producer(target, tmp_path, producer_bin):
+    import hsflow
+    data, store = str(tmp_path / "d.jsonl"), str(tmp_path / "store")
+    write_dataset(data, 24, 20, 80, VOCAB, seed=6)
+    consumer = hsflow.find_tool("hs-consumer")
+    r = subprocess.run([consumer, "--loopback", "1", "--cache-gb", "0.05", "--store", store,
+                        "--status-interval", "0", "--", "--data", data, "--token-budget", "384",
+                        "--source", "model", "--model", target, "--gpus", "cpu:1",
+                        "--layers", "5"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    out, means, (done, steps, delivered, planned) = run_example(
+        *common_args("dflash", target), "--epochs", "2", "--store", store)
+    assert done == steps == delivered == planned > 2
+    assert sorted(means) == [0, 1]
+    # the tokens each step printed are the stored batches' samples, all of them
+    assert sum(int(t) for t in re.findall(r"^step \d+ epoch 0 .* tokens (\d+) ms", out,
+                                          re.M)) == sum(
+        len(json.loads(line)["input_ids"]) for line in open(data))

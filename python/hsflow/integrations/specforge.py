@@ -138,6 +138,7 @@ def producer_layers(model, n_target_layers=None):
     """The layers (hsflow indices) the producers must capture for `model`,
     in order: its target_layer_ids plus one, then for DSpark L = N. As the
     --layers text: ','.join(map(str, ...))."""
+    with_last = ALGORITHMS[algorithm(model)]
     n = int(n_target_layers) if n_target_layers is not None else target_layer_count(model)
     ctx = [j + 1 for j in target_layer_ids(model)]
     bad = [j for j in target_layer_ids(model) if j < 0 or j + 1 >= n]
@@ -148,7 +149,7 @@ def producer_layers(model, n_target_layers=None):
             "index %d) is after the final norm in hsflow and before it in SpecForge's capture; "
             "build the drafter with other target_layer_ids" % (
                 target_layer_ids(model), bad, n - 2, n, n - 1, n))
-    return ctx + ([n] if ALGORITHMS[algorithm(model)] else [])
+    return ctx + ([n] if with_last else [])
 
 
 def check_layout(layers, model, n_target_layers=None):
@@ -327,11 +328,9 @@ def batches(consumer, model, n_target_layers=None, with_batch=False, idle=None, 
     data.max_length cut (None: whole samples). max_refused: the fraction of
     samples that may be refused (no anchor) before the iteration fails
     (None: no limit)."""
-    alg = algorithm(model)
-    producer_layers(model, n_target_layers)  # checked now, not at the first batch
+    producer_layers(model, n_target_layers)  # the model checked now, not at the first batch
     if max_len is not None and (not isinstance(max_len, int) or max_len < 2):
         raise ValueError("max_len must be a whole number >= 2 or None, not %r" % (max_len,))
     if max_refused is not None and not 0 <= max_refused <= 1:
         raise ValueError("max_refused is a fraction in [0, 1] or None, not %r" % (max_refused,))
-    del alg
     return Feed(consumer, model, n_target_layers, with_batch, idle, max_len, max_refused)
