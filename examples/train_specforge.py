@@ -127,6 +127,10 @@ def parse_args(argv):
     if not os.path.isfile(os.path.join(args.target, "config.json")):
         ap.error("--target %s: no config.json there; give the target model's folder (the one "
                  "the producers' --model names)" % args.target)
+    if args.algorithm != "dflash" and not args.draft_config:
+        ap.error("--algorithm %s: SpecForge generates no draft config for %s; give --draft-config "
+                 "(one of its configs/*-%s.json, or your own)" % (args.algorithm, args.algorithm,
+                                                                  args.algorithm))
     if args.max_len is not None and args.max_len < 2:
         ap.error("--max-len must be >= 2")
     return args

@@ -300,10 +300,12 @@ def common_args(alg, target):
             "--block-size", "4", "--num-anchors", "64", "--lr", "3e-3", "--cache-gb", "0.05"]
 
 
-def dspark_config(path):
-    """A tiny DSpark draft config in the form of SpecForge's configs/*-dspark.json
-    (DSpark has no generated config: SpecForge asks for one)."""
-    cfg = {"architectures": ["DSparkDraftModel"], "model_type": "qwen3", "vocab_size": VOCAB,
+def draft_config(path, alg):
+    """A tiny DSpark or Domino draft config in the form of SpecForge's
+    configs/*-dspark.json and *-domino.json (neither has a generated config:
+    SpecForge asks for one)."""
+    cfg = {"architectures": ["DSparkDraftModel" if alg == "dspark" else "DominoDraftModel"],
+           "model_type": "qwen3", "vocab_size": VOCAB,
            "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_hidden_layers": 1,
            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
            "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000,
@@ -314,24 +316,29 @@ def dspark_config(path):
                              "projector_type": "dspark", "markov_rank": 16,
                              "markov_head_type": "vanilla", "enable_confidence_head": True,
                              "confidence_head_with_markov": True}}
+    if alg == "domino":
+        cfg["emb_dim"] = 16
+        cfg["dflash_config"] = {"mask_token_id": VOCAB - 1, "target_layer_ids": [1, 4, 6],
+                                "projector_type": "domino", "pure_draft_prefix_len": 1,
+                                "emb_dim": 16, "gru_hidden_dim": 32, "shift_label": True}
     with open(path, "w") as f:
         json.dump(cfg, f)
     return path
 
 
-@pytest.mark.parametrize("alg", ["dflash", "dspark"])
+@pytest.mark.parametrize("alg", ["dflash", "domino", "dspark"])
 def test_the_loss_falls_over_three_epochs_fed_by_hs_producer(alg, target, tmp_path,
                                                             producer_bin):
     data = str(tmp_path / "d.jsonl")
     write_dataset(data, 40, 20, 100, VOCAB, seed=3)
-    extra = ["--draft-config", dspark_config(str(tmp_path / "dspark.json"))] \
-        if alg == "dspark" else []
+    extra = ["--draft-config", draft_config(str(tmp_path / "draft.json"), alg)] \
+        if alg != "dflash" else []
     out, means, (done, steps, delivered, planned) = run_example(
         *common_args(alg, target), *extra, "--epochs", "3", "--loopback", "1",
         *producer_args(data, target))
     # SpecForge's generated one-layer DFlash draft reads its target_layer_ids [4]: hsflow's
-    # 5; the DSpark config's [1, 4, 6] are hsflow's 2, 5, 7, and DSpark reads L = 8 too
-    assert "--layers %s" % ("2,5,7,8" if alg == "dspark" else "5") in out
+    # 5; the configs' [1, 4, 6] are hsflow's 2, 5, 7, and DSpark reads L = 8 too
+    assert "--layers %s" % {"dflash": "5", "domino": "2,5,7", "dspark": "2,5,7,8"}[alg] in out
     assert done == steps == delivered == planned > 6
     assert sorted(means) == [0, 1, 2], out[-2000:]
     assert means[2] < means[1] < means[0], means
@@ -396,12 +403,16 @@ def test_two_gloo_ranks_each_with_its_consumer_train_and_checkpoint(target, tmp_
         assert torch.equal(w, states[1]["model"][key]), key
 
 
-def test_the_example_refuses_a_target_folder_without_a_config(tmp_path):
+def test_the_example_refuses_a_target_folder_without_a_config(target, tmp_path):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     r = subprocess.run([sys.executable, EXAMPLE, "--algorithm", "dflash", "--target",
                         str(tmp_path / "nope")], capture_output=True, text=True, env=env,
                        timeout=120)
     assert r.returncode == 2 and "no config.json there" in r.stderr, r.stderr[-2000:]
+    # and DSpark or Domino without a draft config, which SpecForge does not generate
+    r = subprocess.run([sys.executable, EXAMPLE, "--algorithm", "dspark", "--target", target],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "give --draft-config" in r.stderr, r.stderr[-2000:]
 
 
 def test_a_complete_store_feeds_the_example_with_no_producer(target, tmp_path, producer_bin):
