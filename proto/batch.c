@@ -387,6 +387,25 @@ hs_status_t hs_batch_verify(const void *region, uint64_t bytes, uint32_t epoch, 
             epoch, index, sum, h->checksum);
         return HS_ERR_CHECKSUM;
     }
+    if (layout->dtype == HS_DTYPE_FP8) {
+        /* The checksum proves the bytes are the producer's; these prove the
+         * producer's rows mean numbers (a NaN scale would turn a row into
+         * +-0.0, a huge one into infinities). */
+        uint64_t row = hs_layout_row_elems(layout);
+        const uint8_t *q = (const uint8_t *)region + o.hidden;
+        const float *scales = (const float *)((const uint8_t *)region + o.scales);
+        for (uint32_t t = 0; t < n_tokens; t++) {
+            char rwhy[160];
+            if (hs_fp8_row_check(q + (uint64_t)t * row, row, scales[t], rwhy, sizeof rwhy) !=
+                HS_OK) {
+                say(why, whycap,
+                    "batch (epoch %u, index %u) token %u: %s: the producer sent a row that "
+                    "cannot be dequantised",
+                    epoch, index, t, rwhy);
+                return HS_ERR_FORMAT;
+            }
+        }
+    }
     return HS_OK;
 }
 

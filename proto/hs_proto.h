@@ -81,6 +81,13 @@ static inline uint64_t hs_layout_token_bytes(const hs_layout_t *l)
 HS_MUST_CHECK hs_status_t hs_fp8_quantize_row_bf16(const uint16_t *x, uint64_t n, uint8_t *q,
                                                    float *scale, uint64_t *bad);
 void hs_fp8_dequantize_row_bf16(const uint8_t *q, uint64_t n, float scale, uint16_t *out);
+/* Whether a received row can be dequantised into what its producer meant:
+ * the scale finite, not negative (-0 included), 448 * scale within bf16, a
+ * scale of 0 only over codes that are all +-0, and no NaN code (0x7f, 0xff).
+ * Every row a quantiser above writes passes. HS_OK, or HS_ERR_FORMAT with
+ * the reason in why[whycap]. */
+HS_MUST_CHECK hs_status_t hs_fp8_row_check(const uint8_t *q, uint64_t n, float scale, char *why,
+                                           size_t whycap);
 
 /* ======================================================================
  * Batch region: one contiguous little-endian block per batch.

@@ -15,6 +15,7 @@
  * the producer joins. */
 #include <check.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <spawn.h>
@@ -1445,6 +1446,37 @@ START_TEST(test_each_checksum_failure_is_logged_and_a_peer_is_dropped_once)
 }
 END_TEST
 
+START_TEST(test_fp8_rows_with_a_nan_scale_are_refused_and_the_batch_is_computed_again)
+{
+    /* A NaN scale with a good checksum would dequantise into a row of
+     * +-0.0: the peer is dropped as for a bad checksum and the real producer
+     * computes the batch again (harness_finish checks every value). */
+    g_layout.dtype = HS_DTYPE_FP8;
+    harness_t h;
+    harness_start(&h, HS_ORDER_ARRIVAL);
+    h.corrupt_peers = true;
+    int fd = peer_ready(hs_consumer_port(h.c), "raw-nan-scale");
+    Hsflow__Ticket t;
+    ticket_recv(fd, &t);
+    uint8_t *region = batch_make(&t);
+    hs_batch_view_t v = hs_batch_view(region, t.n_seqs, t.n_tokens, &g_layout);
+    v.scales[t.n_tokens / 2] = NAN;
+    hs_batch_seal(region, t.bytes);
+    Hsflow__Done d;
+    done_init(&d, &t);
+    d.checksum = ((hs_batch_header_t *)region)->checksum;
+    ck_assert(raw_send_msg(fd, HS_MSG_DONE, &d.base, t.bytes));
+    ck_assert(raw_send(fd, region, t.bytes));
+    expect_refused(fd, "cannot be dequantised", true);
+    hs_aligned_free(region);
+    hs_consumer_stats_t s;
+    harness_finish(&h, &s);
+    ck_assert_uint_eq(s.checksum_failures, 1);
+    ck_assert_uint_ge(s.leases_returned, 1);
+    g_layout.dtype = HS_DTYPE_BF16;
+}
+END_TEST
+
 static Suite *hostile_suite(void)
 {
     Suite *s = suite_create("hostile_peers");
@@ -1465,6 +1497,7 @@ static Suite *hostile_suite(void)
     tcase_add_test(tc, test_well_framed_but_invalid_messages_are_refused);
     tcase_add_test(tc, test_bad_peers_beside_verified_batches_write_nothing_outside_their_slot);
     tcase_add_test(tc, test_each_checksum_failure_is_logged_and_a_peer_is_dropped_once);
+    tcase_add_test(tc, test_fp8_rows_with_a_nan_scale_are_refused_and_the_batch_is_computed_again);
     tcase_add_test(tc, test_plan_left_half_way_is_discarded_whole_and_a_larger_plan_fits);
     tcase_add_test(tc, test_stalled_plan_sender_is_cut_off_and_a_waiting_producer_defines_the_run);
     tcase_add_test(tc, test_unverified_hello_writes_nothing_to_the_journal);

@@ -1302,6 +1302,106 @@ START_TEST(fp8_rows_long_and_short_come_back_as_each_values_own_rounding)
 }
 END_TEST
 
+/* A sealed fp8 batch whose token `t` has scale `scale` (and, when code >= 0,
+ * every code of that row set to `code`), sealed again: only the rows' meaning
+ * is wrong, never the checksum. */
+static hs_status_t fp8_verify_with(test_batch_t *b, const hs_layout_t *l8, uint32_t t, float scale,
+                                   int code, char *reason, size_t reasoncap)
+{
+    uint64_t row = hs_layout_row_elems(l8);
+    float keep = b->v.scales[t];
+    uint8_t *saved = malloc(row);
+    ck_assert_ptr_nonnull(saved);
+    memcpy(saved, b->v.hidden_fp8 + t * row, row);
+    b->v.scales[t] = scale;
+    if (code >= 0) memset(b->v.hidden_fp8 + t * row, code, row);
+    hs_batch_seal(b->region, b->bytes);
+    hs_status_t st = hs_batch_verify(b->region, b->bytes, 3, 41, 4, b->T, l8, reason, reasoncap);
+    b->v.scales[t] = keep;
+    memcpy(b->v.hidden_fp8 + t * row, saved, row);
+    hs_batch_seal(b->region, b->bytes);
+    free(saved);
+    return st;
+}
+
+START_TEST(fp8_batches_with_scales_or_codes_that_mean_no_number_are_refused)
+{
+    hs_layout_t l8 = test_layout();
+    l8.dtype = HS_DTYPE_FP8;
+    uint32_t lens[] = {5, 1, 11, 2};
+    test_batch_t b = make_batch(&l8, 4, lens);
+    ck_assert_int_eq(hs_batch_verify(b.region, b.bytes, 3, 41, 4, b.T, &l8, why, sizeof why),
+                     HS_OK);
+    const float nan = hs_f32_from_bits(0x7fc00000u), inf = hs_f32_from_bits(0x7f800000u);
+    struct {
+        float scale;
+        int code; /* -1: the row's own codes */
+        const char *named;
+    } bad[] = {
+        {nan, -1, "not a finite positive number"},
+        {hs_f32_from_bits(0xffc00000u), -1, "not a finite positive number"},
+        {inf, -1, "not a finite positive number"},
+        {-inf, -1, "not a finite positive number"},
+        {-0.01f, -1, "not a finite positive number"},
+        {-0.0f, 0, "not a finite positive number"},
+        {0.0f, -1, "scale is 0 but the row holds non-zero codes"},
+        {0.0f, 0x80 | 0x01, "scale is 0 but the row holds non-zero codes"},
+        {1e36f, -1, "past bf16's range"},
+        {1.0f, 0x7f, "a NaN"},
+        {1.0f, 0xff, "a NaN"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        for (uint32_t t = 0; t < b.T; t += b.T - 1) {
+            why[0] = 0;
+            hs_status_t st =
+                fp8_verify_with(&b, &l8, t, bad[i].scale, bad[i].code, why, sizeof why);
+            ck_assert_msg(st == HS_ERR_FORMAT, "case %zu token %u: %s (%s)", i, t,
+                          hs_status_str(st), why);
+            ck_assert_msg(strstr(why, bad[i].named), "case %zu: %s", i, why);
+            char token[32];
+            snprintf(token, sizeof token, "token %u:", t);
+            ck_assert_msg(strstr(why, token), "case %zu: %s", i, why);
+        }
+    }
+    /* a NaN code anywhere in a row (each byte of a word, and the tail) */
+    uint64_t row = hs_layout_row_elems(&l8);
+    for (uint64_t at = 0; at < row; at += (at < 24 ? 1 : 37)) {
+        uint8_t keep = b.v.hidden_fp8[row + at];
+        b.v.hidden_fp8[row + at] = 0x7f;
+        hs_batch_seal(b.region, b.bytes);
+        ck_assert_int_eq(hs_batch_verify(b.region, b.bytes, 3, 41, 4, b.T, &l8, why, sizeof why),
+                         HS_ERR_FORMAT);
+        char named[64];
+        snprintf(named, sizeof named, "token 1: fp8 value %llu is code 0x7f",
+                 (unsigned long long)at);
+        ck_assert_msg(strstr(why, named), "at %llu: %s", (unsigned long long)at, why);
+        b.v.hidden_fp8[row + at] = keep;
+    }
+    hs_batch_seal(b.region, b.bytes);
+    /* what is a number passes: +0 over zero codes, a tiny and the largest
+     * scale a bf16 row can have, codes +-448 */
+    ck_assert_int_eq(fp8_verify_with(&b, &l8, 2, 0.0f, 0, why, sizeof why), HS_OK);
+    ck_assert_int_eq(fp8_verify_with(&b, &l8, 2, 0.0f, 0x80, why, sizeof why), HS_OK);
+    ck_assert_int_eq(fp8_verify_with(&b, &l8, 2, 1e-38f, -1, why, sizeof why), HS_OK);
+    ck_assert_int_eq(fp8_verify_with(&b, &l8, 2, 3.3895e38f / 448.0f, 0x7e, why, sizeof why),
+                     HS_OK);
+    ck_assert_int_eq(fp8_verify_with(&b, &l8, 2, 1.0f, 0xfe, why, sizeof why), HS_OK);
+    /* every row a quantiser writes passes, the largest bf16 values included */
+    uint16_t x[97];
+    uint8_t q[97];
+    float scale;
+    uint64_t badi;
+    for (int i = 0; i < 97; i++)
+        x[i] = (uint16_t)(i & 1 ? 0x7f7fu : 0xff7fu);
+    ck_assert_int_eq(hs_fp8_quantize_row_bf16(x, 97, q, &scale, &badi), HS_OK);
+    ck_assert_int_eq(hs_fp8_row_check(q, 97, scale, why, sizeof why), HS_OK);
+    memset(x, 0, sizeof x);
+    ck_assert_int_eq(hs_fp8_quantize_row_bf16(x, 97, q, &scale, &badi), HS_OK);
+    ck_assert_int_eq(hs_fp8_row_check(q, 97, scale, why, sizeof why), HS_OK);
+    hs_aligned_free(b.region);
+}
+END_TEST
+
 START_TEST(fp8_batches_hold_bytes_and_scales_and_check_every_value)
 {
     hs_layout_t l = test_layout(), l8 = l;
@@ -1527,6 +1627,7 @@ int main(void)
                    fp8_rows_scale_by_their_amax_refuse_non_finite_values_and_come_back_within_e4m3);
     tcase_add_test(batch, fp8_rows_long_and_short_come_back_as_each_values_own_rounding);
     tcase_add_test(batch, fp8_batches_hold_bytes_and_scales_and_check_every_value);
+    tcase_add_test(batch, fp8_batches_with_scales_or_codes_that_mean_no_number_are_refused);
     suite_add_tcase(s, batch);
 
     SRunner *sr = srunner_create(s);

@@ -122,3 +122,45 @@ def test_export_writes_speculators_safetensors_read_back_with_safetensors(produc
         else:  # numpy has no bfloat16: the bytes safetensors would map
             dtype, shape, raw = read_safetensors_raw(path)["hidden_states"]
             assert np.array_equal(np.frombuffer(raw, "<u2").reshape(shape), want)
+
+
+def fp8_store_with_one_batch(scales, codes):
+    """A Store of one fp8 batch (2 sequences of 2 tokens, H=3, 2 layers) whose
+    region holds `codes` [4, 6] and `scales` [4], without files."""
+    from hsflow.data import store as S
+    st = S.Store.__new__(S.Store)
+    st.n_seqs, st.n_tokens = {0: 2}, {0: 4}
+    st.hidden_size, st.layers, st.dtype = 3, [1, 2], "fp8"
+    o = S.offsets(2, 4, 3, 2, "fp8")
+    region = bytearray(o["total"])
+    struct.pack_into("<3i", region, o["cu_seqlens"], 0, 2, 4)
+    struct.pack_into("<2Q", region, o["sample_ids"], 5, 9)
+    region[o["hidden"]:o["hidden"] + 24] = np.asarray(codes, np.uint8).tobytes()
+    region[o["scales"]:o["scales"] + 16] = np.asarray(scales, "<f4").tobytes()
+    return st, bytes(region)
+
+
+def test_export_refuses_fp8_rows_whose_scale_or_codes_mean_no_number():
+    from hsflow.data.store import StoreError
+    good_codes = np.tile(np.array([0x38, 0xb8, 0x7e, 0xfe, 0x01, 0x00], np.uint8), (4, 1))
+    st, region = fp8_store_with_one_batch([1.0, 0.5, 2.0 ** -20, 3.3895e38 / 448], good_codes)
+    got = list(st.samples(0, region))
+    assert [s[0] for s in got] == [5, 9] and got[0][3].shape == (2, 2, 3)
+    values = (got[1][3].astype(np.uint32) << 16).view(np.float32)
+    assert np.all(np.isfinite(values)) and values.max() > 3e38  # 448 * the largest scale
+    zero_row = good_codes.copy()
+    zero_row[2] = [0x00, 0x80, 0, 0, 0, 0]
+    st, region = fp8_store_with_one_batch([1.0, 1.0, 0.0, 1.0], zero_row)
+    assert len(list(st.samples(0, region))) == 2  # scale 0 over +-0 codes is a row of zeros
+    nan_code = good_codes.copy()
+    nan_code[3, 4] = 0xff
+    for scales, codes in (([1.0, float("nan"), 1.0, 1.0], good_codes),
+                          ([1.0, 1.0, float("inf"), 1.0], good_codes),
+                          ([1.0, 1.0, 1.0, -0.25], good_codes),
+                          ([-0.0, 1.0, 1.0, 1.0], zero_row),
+                          ([1.0, 0.0, 1.0, 1.0], good_codes),
+                          ([1.0, 1.0, 1e36, 1.0], good_codes),
+                          ([1.0, 1.0, 1.0, 1.0], nan_code)):
+        st, region = fp8_store_with_one_batch(scales, codes)
+        with pytest.raises(StoreError, match=r"batch 0 token \d: fp8 scale .* mean no number"):
+            list(st.samples(0, region))

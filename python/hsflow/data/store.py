@@ -187,6 +187,7 @@ class Store:
         if self.dtype == "fp8":
             q = np.frombuffer(region, "u1", t * k * h, o["hidden"]).reshape(t, k * h)
             scales = np.frombuffer(region, "<f4", t, o["scales"])
+            check_fp8_rows(batch, q, scales)
             hidden = _fp8_to_bf16_bits(q, scales)
         else:
             hidden = np.frombuffer(region, "<u2", t * k * h, o["hidden"]).reshape(t, k * h)
@@ -209,6 +210,33 @@ def _e4m3_table():
             x = (1 + m / 8.0) * 2.0 ** (e - 7)
         v[c] = -x if s else x
     return v
+
+
+def check_fp8_rows(batch, q, scales):
+    """Refuses fp8 rows that mean no number, as the consumer's hs_fp8_row_check
+    does: a scale that is NaN, infinite, negative (-0 included) or so large
+    that code 448 overflows bf16; a scale of 0 over non-zero codes; a NaN code
+    (0x7f, 0xff). q is [T, k*H] uint8, scales [T] float32."""
+    bits = scales.view(np.uint32)
+    mag = q & 0x7F
+    with np.errstate(over="ignore", invalid="ignore"):
+        top = _bf16_bits(np.float32(448.0) * scales.astype(np.float32))
+    bad = (~np.isfinite(scales)) | ((bits >> 31) == 1) | ((top & 0x7FFF) >= 0x7F80)
+    bad |= (scales == 0) & mag.any(axis=1)
+    bad |= (mag == 0x7F).any(axis=1)
+    if bad.any():
+        t = int(np.argmax(bad))
+        raise StoreError("batch %d token %d: fp8 scale %r over codes that mean no number (a "
+                         "scale must be finite and positive, 0 only for a row of zeros; codes "
+                         "0x7f/0xff are NaN): nothing is exported from a row its producer got "
+                         "wrong; the consumer refuses it too and computes the batch again at "
+                         "its next run with this --store"
+                         % (batch, t, float(scales[t])))
+
+
+def _bf16_bits(x):
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # nearest even
 
 
 def _fp8_to_bf16_bits(q, scales):
