@@ -374,15 +374,33 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
     st = hs__ticket_pool_grow(pr, records < 65536 ? (uint32_t)records : 65536);
     if (st != HS_OK) goto err;
     static const char *source_names[] = {"?", "synthetic", "model", "external"};
+    double t_setup = hs_now_s();
     for (uint32_t i = 0; i < pr->net.n_links; i++) {
         link_t *l = &pr->net.links[i];
         l->pr = pr;
         l->index = i;
         snprintf(l->consumer_name, sizeof(l->consumer_name), "%s:%u", l->host, l->port);
-        st = hs__link_connect(l, (int)cfg->connect_timeout_s * 1000, 0);
+        /* The first consumer is waited for (--connect-timeout). Once one is
+         * connected it may already be ticketing this producer, whose workers
+         * start only when this returns: a consumer not up yet gets one short
+         * try, and the network loop keeps trying it while the workers feed
+         * the others (a late rank no longer holds the others' tickets). */
+        bool wait = i == 0;
+        st = hs__link_connect(l, wait ? (int)cfg->connect_timeout_s * 1000 : 1000,
+                              wait ? 0 : HS_TP_CONNECT_QUIET);
         if (st != HS_OK && l->done) {
             st = HS_OK; /* told BYE (or refused, as logged) while connecting */
             hs__links_update_done(pr);
+            continue;
+        }
+        if (st == HS_ERR_TIMEOUT && !wait) {
+            hs_info("consumer %s:%u is not reachable yet; trying again for up to %u s while "
+                    "feeding the others",
+                    l->host, l->port, cfg->connect_timeout_s);
+            l->lost = l->pending = true;
+            l->t_lost = t_setup;
+            l->t_try = hs_now_s();
+            st = HS_OK;
             continue;
         }
         if (st != HS_OK) {

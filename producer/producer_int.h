@@ -58,12 +58,14 @@ typedef struct link {
     char host[256];
     uint16_t port;
     hs_tp_conn_t *conn;
-    bool done;     /* this consumer said BYE, refused us or is gone for good */
-    bool welcomed; /* handshake complete: tickets may come */
-    bool lost;     /* connection gone, --reconnect pending */
-    double t_lost; /* when it was lost (reconnect gives up connect_timeout_s later) */
-    double t_try;  /* the last reconnect try */
-    uint32_t gen;  /* connection generation, see ticket_t */
+    bool done;      /* this consumer said BYE, refused us or is gone for good */
+    bool welcomed;  /* handshake complete: tickets may come */
+    bool lost;      /* connection gone (--reconnect) or not made yet: a try pending */
+    bool pending;   /* never connected yet: lost holds its first connection's tries */
+    double t_lost;  /* when it was lost (reconnect gives up connect_timeout_s later) */
+    double t_try;   /* the last reconnect try */
+    uint32_t tries; /* tries since the connection was lost (or not made) */
+    uint32_t gen;   /* connection generation, see ticket_t */
     uint8_t client_nonce[HS_AUTH_NONCE_BYTES];
     uint8_t server_nonce[HS_AUTH_NONCE_BYTES];
     uint8_t *hello_body; /* the HELLO body as sent, for the AUTH proof */

@@ -517,7 +517,14 @@ void hs__link_reconnect(link_t *l)
     l->t_try = now;
     /* each failed try is expected while the consumer restarts: INFO, and
      * one ERROR below when the time is up */
-    hs_status_t st = hs__link_connect(l, 1000, HS_TP_CONNECT_QUIET);
+    /* a consumer not reached yet gets shorter tries at first (a try that
+     * waits stalls this loop, and with it the links being fed; TCP's
+     * refusals come at once, UCX's take the whole try), longer ones later
+     * (a consumer that is up but slow to answer still gets through) */
+    int try_ms = 1000;
+    if (l->pending && l->tries < 3) try_ms = 250 * (int)(1 + l->tries);
+    l->tries++;
+    hs_status_t st = hs__link_connect(l, try_ms, HS_TP_CONNECT_QUIET);
     if (l->done) { /* told BYE or refused while connecting */
         l->lost = false;
         hs__links_update_done(pr);
@@ -525,10 +532,17 @@ void hs__link_reconnect(link_t *l)
     }
     if (st != HS_OK) {
         if (now - l->t_lost < pr->cfg->connect_timeout_s) return;
+        l->lost = false;
+        if (l->pending) { /* a rank of the set never came: the set is refused */
+            hs__producer_fail_all(pr, HS_ERR_TIMEOUT,
+                                  "cannot reach the consumer at %s:%u within %u s (--connect-"
+                                  "timeout): is hs-consumer running there?",
+                                  l->host, l->port, pr->cfg->connect_timeout_s);
+            return;
+        }
         hs_error("could not reach the consumer at %s:%u again within %u s", l->host, l->port,
                  pr->cfg->connect_timeout_s);
         pr->sh.result = HS_ERR_CLOSED;
-        l->lost = false;
         l->done = true;
         hs__links_update_done(pr);
         return;
@@ -536,11 +550,17 @@ void hs__link_reconnect(link_t *l)
     link_drop_tickets(l);
     l->welcomed = false;
     l->lost = false;
+    l->tries = 0;
+    bool first = l->pending;
+    l->pending = false;
     if (hs__link_send_hello(l) != HS_OK) {
-        hs_warn("consumer %s:%u: sending HELLO after reconnecting failed; trying again", l->host,
-                l->port);
+        hs_warn("consumer %s:%u: sending HELLO after %s failed; trying again", l->host, l->port,
+                first ? "connecting" : "reconnecting");
         hs_tp_close(l->conn, HS_ERR_CLOSED); /* cb_close marks it lost again */
         return;
     }
-    hs_info("reconnected to %s:%u", l->host, l->port);
+    if (first)
+        hs_info("connected to %s:%u over %s", l->host, l->port, hs_tp_conn_describe(l->conn));
+    else
+        hs_info("reconnected to %s:%u", l->host, l->port);
 }

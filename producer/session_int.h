@@ -20,8 +20,9 @@ HS_MUST_CHECK hs_status_t hs__link_send_hello(link_t *l);
 /* Packs message m into net.frame_buf and sends it on l (a failure is logged;
  * nothing when l has no connection). */
 void hs__link_send_msg(link_t *l, uint16_t type, const ProtobufCMessage *m);
-/* --reconnect: one short try to connect a lost link again and redo the
- * handshake; gives it up after connect_timeout_s. */
+/* One short try to connect a lost link (--reconnect) or one not reached at
+ * start (l->pending) and redo the handshake; gives it up after
+ * connect_timeout_s (a pending link fails the whole set then). */
 void hs__link_reconnect(link_t *l);
 
 /* net.done once every link is done. */

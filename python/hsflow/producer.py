@@ -4,6 +4,7 @@ cover. The library computes the shared plan, talks to the consumer and hands
 out tickets; the caller computes each ticket's hidden states and sends them."""
 import ctypes
 import os
+import sys
 
 import numpy as np
 
@@ -207,7 +208,9 @@ def _fill(dst, hs, T, k, H):
 
 
 def _copy_one(dst, src):
-    torch = _arrays.torch_module()
+    # a tensor means torch is imported already; numpy input must not pay for
+    # importing it (seconds, on the first batch)
+    torch = sys.modules.get("torch")
     if torch is not None and isinstance(src, torch.Tensor):
         src = src.detach()
         if not src.dtype.is_floating_point:

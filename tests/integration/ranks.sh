@@ -12,9 +12,13 @@
 #            back) and a rank SIGKILLed and restarted with its journal
 #            (it resumes its own shard; the producers reconnect)
 #   mismatch producers refuse ranks of differing world sizes, and two rank 0s
+#   late     2 ranks, the second started after the first has delivered: the
+#            producers feed rank 0 while they keep trying rank 1 (no ticket
+#            of rank 0 waits for a rank that is not up), then rank 1
 . "$(dirname "$0")/lib.sh"
 mode=${1:-drop}
 W=4
+[ "$mode" != late ] || W=2
 
 data=$SCRATCH/d.jsonl
 # faults: a longer run (14 batches per rank per epoch), so both kills land mid-run
@@ -22,7 +26,8 @@ seqs=150
 [ "$mode" != faults ] || seqs=300
 synth "$data" --sequences $seqs --min-len 16 --max-len 1500 --seed 5
 n=$(plan_batches "$data" 4096)
-[ $((n % W)) -ne 0 ] || fail "the test wants a plan that does not divide by $W ranks; got $n"
+[ "$mode" = late ] || [ $((n % W)) -ne 0 ] ||
+    fail "the test wants a plan that does not divide by $W ranks; got $n"
 
 popts=(--data "$data" --token-budget 4096 --hidden-size 64 --layers 2,16 --source synthetic
     --gpus cpu:1 --prefetch 2 --connect-timeout 60)
@@ -77,7 +82,10 @@ case $mode in
 drop | repeat)
     for p in 1 2 3; do start "p$p" "$PRODUCER" --to "$to" "${popts[@]}" --name "p$p"; done
     wait_connecting p1 p2 p3
-    for r in $(seq 0 $((W - 1))); do start_rank "$r" "$mode"; done
+    # Each rank's run lasts seconds (a cache of a few batches, a trainer of
+    # 150 ms a batch): every producer reaches every rank before that rank
+    # has all its batches, however slowly the ranks start on a loaded box.
+    for r in $(seq 0 $((W - 1))); do start_rank "$r" "$mode" --train-ms 150 --cache-gb 0.004; done
     for r in $(seq 0 $((W - 1))); do expect_exit "rank$r" 0 90; done
     for p in 1 2 3; do expect_exit "p$p" 0 30; done
     for r in $(seq 0 $((W - 1))); do
@@ -144,6 +152,32 @@ faults)
     expect_json "$SCRATCH/rank2.json" 'd["complete"] is True' "d['batches_resumed'] == $before"
     check_shards drop
     pass "a producer and a rank SIGKILLed; rank 2 resumed after $before batch(es)"
+    ;;
+late)
+    # Before, a producer connected its consumers one by one and started its
+    # workers only then: rank 0's tickets waited, unworked, for rank 1 (up
+    # to --connect-timeout, past the lease on a loaded machine). Rank 0's
+    # trainer is slow (as a DDP rank's is, held by its peer), so it is still
+    # running when rank 1 comes.
+    start_rank 0 drop --train-ms 300
+    for p in 1 2; do start "p$p" "$PRODUCER" --to "$to" "${popts[@]}" --name "p$p"; done
+    wait_delivered rank0 3 30
+    for p in 1 2; do log_has "p$p" "consumer 127.0.0.1:${PORT[1]} is not reachable yet"; done
+    for p in 1 2; do running "p$p" || fail "p$p ended before rank 1 came up"; done
+    # rank 1's run lasts seconds too (a small cache, a slow trainer), so
+    # both producers reach it before it has every batch, whatever the load
+    start_rank 1 drop --train-ms 300 --cache-gb 0.004
+    for r in 0 1; do expect_exit "rank$r" 0 90; done
+    for p in 1 2; do
+        expect_exit "p$p" 0 30
+        log_has "p$p" "connected to 127.0.0.1:${PORT[1]} over"
+    done
+    for r in 0 1; do
+        expect_json "$SCRATCH/rank$r.json" 'd["complete"] is True' 'd["duplicates"] == 0' \
+            'd["leases_returned"] == 0' 'd["producers_seen"] == 2'
+    done
+    check_shards drop
+    pass "rank 0 fed while rank 1 was not up; rank 1 fed when it came"
     ;;
 mismatch)
     start a "$CONSUMER" --rank 0 --world 2 --listen "127.0.0.1:${PORT[0]}" --cache-gb 0.05

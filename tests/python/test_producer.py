@@ -4,6 +4,9 @@ the same process), with hidden states computed in numpy (and torch when it
 is installed): every batch is delivered once and every value arrives
 exactly as sent."""
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -318,3 +321,34 @@ def test_a_consumer_that_grants_fewer_tickets_than_asked_is_obeyed_and_named(dat
 def test_staging_buffers_outside_two_to_four_are_refused_before_connecting(dataset, bad):
     with pytest.raises(ValueError, match="staging_buffers"):
         producer(1, dataset[0], staging_buffers=bad)
+
+
+def test_numpy_states_are_sent_without_importing_torch(dataset, tmp_path):
+    """numpy states (arrays="numpy") never import torch: a tensor means torch
+    is imported already, and the import cost seconds on the first batch
+    (the run's first batch waited for it; a slow trainer's test misread it)."""
+    pytest.importorskip("torch")  # else torch could not be imported anyway
+    data, _ = dataset
+    script = tmp_path / "numpy_only.py"
+    script.write_text('''
+import sys
+import hsflow
+from conftest import ConsumerThread
+with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, arrays="numpy") as c:
+    ct = ConsumerThread(c, lambda b: None)
+    with hsflow.Producer(to="127.0.0.1:%%d" %% c.port, data=%r, token_budget=256,
+                         hidden_size=32, layers=[0, 2], connect_timeout_s=20,
+                         arrays="numpy") as p:
+        for t in p.tickets():
+            t.send(hidden_states=hsflow.synthetic_hidden(t.sample_ids, t.cu_seqlens,
+                                                         t.layers, 32))
+        sent = p.batches_sent
+    ct.join()
+print("sent", sent, "torch imported", "torch" in sys.modules)
+''' % data)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "torch imported False" in r.stdout and "sent 0 " not in r.stdout, r.stdout
