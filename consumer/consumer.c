@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Verify jobs the pool has room for at start (more grow it). */
@@ -48,6 +49,14 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
         break;
     case HS_MSG_DONE:
         hs__on_done(c, p, body, body_len, payload_bytes);
+        break;
+    case HS_MSG_RANKS:
+        if (p->state != PEER_READY && p->state != PEER_SENDING_PLAN) {
+            hs__peer_drop(c, p, HS_ERR_PROTO,
+                          "RANKS before the handshake was complete (no WELCOME sent yet)");
+            break;
+        }
+        hs__on_ranks(c, p, body, body_len);
         break;
     case HS_MSG_STATS:
         /* A producer sends STATS only once WELCOMEd (its heartbeat); from
@@ -339,6 +348,11 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     host[sizeof(host) - 1] = 0;
     snprintf(c->name, sizeof(c->name), "%s:%d", host, (int)getpid());
     randombytes_buf(&c->session_id, sizeof(c->session_id));
+    while (!c->instance_id)
+        randombytes_buf(&c->instance_id, sizeof(c->instance_id));
+    struct timespec now_rt;
+    clock_gettime(CLOCK_REALTIME, &now_rt);
+    c->started_unix_ms = (uint64_t)now_rt.tv_sec * 1000u + (uint64_t)now_rt.tv_nsec / 1000000u;
 
     if (cfg->secret_file) {
         st = hs_auth_load_secret(cfg->secret_file, &c->key);

@@ -81,6 +81,11 @@ typedef struct {
     uint32_t store_inflight;
     uint64_t store_hits, store_misses, store_bad;
     double t_last_status;
+    /* RANKS: instances this consumer has told its producers about, so a
+     * collision is passed on once (bounded; see ranks.c) */
+    uint64_t ranks_relayed[64];
+    uint32_t n_ranks_relayed;
+    uint64_t ranks_yielded_to; /* a later claimant of our rank we warned about */
 } hs__consumer_net_t;
 
 struct hs_consumer {
@@ -88,6 +93,8 @@ struct hs_consumer {
     hs_consumer_config_t cfg;
     char name[128];
     uint64_t session_id;
+    /* this process among the consumers of the run (WELCOME, RANKS) */
+    uint64_t instance_id, started_unix_ms;
     hs_auth_key_t key;
     bool have_secret;
     hs_cache_t *cache;         /* own lock */

@@ -108,8 +108,8 @@ static hs_status_t ready_pop(hs_consumer_t *c, hs_sched_item_t *it, int timeout_
     hs_status_t st = HS_OK;
     pthread_mutex_lock(&c->delivery.lock);
     c->delivery.t_wait = t0; /* the figures count a wait in progress */
-    while (!c->delivery.ready_n) {
-        if (c->delivery.finished || c->stop) {
+    while (!c->delivery.ready_n || c->delivery.halted) {
+        if (c->delivery.finished || c->stop || c->delivery.halted) {
             st = c->fatal[0] ? HS_ERR_NOSPACE : HS_ERR_CLOSED;
             if (c->delivery.t_end == 0) c->delivery.t_end = hs_now_s();
             break;

@@ -30,6 +30,8 @@ typedef struct {
     uint64_t *released; /* tickets released by the trainer, for the scheduler */
     uint32_t released_n, released_cap;
     bool finished;
+    bool
+        halted; /* refused to go on (another consumer holds its rank): nothing more is handed out */
     uint64_t batches_planned, batches_delivered, tokens_delivered, bytes_received;
     uint64_t checksum_failures, in_trainer;
     bool held_back; /* a batch given back with hs_consumer_unget() waits to go out again */

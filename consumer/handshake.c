@@ -30,6 +30,8 @@ static void send_welcome(hs_consumer_t *c, peer_t *p, bool need_plan)
     w.prefetch_per_worker = p->prefetch;
     w.start_epoch = resume_start_epoch(c);
     w.consumer_name = c->name;
+    w.instance_id = c->instance_id;
+    w.started_unix_ms = c->started_unix_ms;
     double lease_ms = c->cfg.lease_timeout_s * 1000.0;
     w.lease_timeout_ms = lease_ms >= (double)UINT32_MAX ? UINT32_MAX : (uint32_t)lease_ms;
     if (c->have_secret) {

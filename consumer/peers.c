@@ -91,6 +91,7 @@ void hs__peer_reap(hs_consumer_t *c, peer_t *p)
         pp = &(*pp)->next;
     *pp = p->next;
     free(p->hello_body);
+    free(p->claims);
     free(p);
 }
 
@@ -182,6 +183,7 @@ void hs__peers_free(hs_consumer_t *c)
         peer_t *p = c->net.peers;
         c->net.peers = p->next;
         free(p->hello_body);
+        free(p->claims);
         free(p);
     }
 }

@@ -40,6 +40,13 @@ typedef struct {
     char model[256];                  /* HELLO's target name, cut to fit */
 } run_offer_t;
 
+/* A consumer's claim on a rank, as a producer reported it (RANKS). */
+typedef struct {
+    uint32_t rank, world;
+    uint64_t instance_id, started_unix_ms;
+    char name[HS_MSG_NAME_MAX];
+} rank_claim_t;
+
 /* One producer connection. Owned by the network thread. */
 typedef struct peer {
     struct peer *next;
@@ -63,9 +70,17 @@ typedef struct peer {
     double t_progress;   /* last real progress while it holds tickets (lease clock) */
     double t_beat;       /* last heartbeat from a computing worker */
     bool has_stats;
-    bool bye_sent; /* told the run is over; its frames are ignored */
-    bool dropped;  /* hs__peer_drop() ran: told, logged and counted once */
+    rank_claim_t *claims; /* its last RANKS (hops 0): the consumers it feeds now */
+    uint32_t n_claims;
+    bool speaks_ranks; /* has sent RANKS: it understands them */
+    bool bye_sent;     /* told the run is over; its frames are ignored */
+    bool dropped;      /* hs__peer_drop() ran: told, logged and counted once */
 } peer_t;
+
+/* RANKS from producer p (ranks.c): learns which consumers claim which rank,
+ * passes a collision on, and stops this consumer if it is the later of two
+ * claiming its own rank. */
+void hs__on_ranks(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len);
 
 /* Packs `m` into the network thread's frame buffer and sends it; a failure
  * is logged (the connection's close tells the rest). */

@@ -72,6 +72,8 @@ typedef struct link {
     size_t hello_len;
     char consumer_name[256];
     uint32_t rank, world; /* from WELCOME (world 0 before it) */
+    /* from WELCOME: the consumer process (0: an older consumer, no RANKS) */
+    uint64_t instance_id, started_unix_ms;
 } link_t;
 
 /* A filled batch for the network thread: embedded in its staging buffer,

@@ -200,6 +200,69 @@ static bool links_check_ranks(link_t *l)
     return true;
 }
 
+/* RANKS (hops 0) to every consumer that takes part: the consumers this
+ * producer is connected to now. Sent whenever that set changes. */
+static void links_announce(producer_t *pr)
+{
+    Hsflow__RankClaim cm[HS_MSG_MAX_CLAIMS], *cp[HS_MSG_MAX_CLAIMS];
+    size_t n = 0;
+    for (uint32_t i = 0; i < pr->net.n_links && n < HS_MSG_MAX_CLAIMS; i++) {
+        const link_t *o = &pr->net.links[i];
+        if (!o->welcomed || o->done || !o->conn || !o->instance_id) continue;
+        Hsflow__RankClaim init = HSFLOW__RANK_CLAIM__INIT;
+        cm[n] = init;
+        cm[n].rank = o->rank;
+        cm[n].world = o->world ? o->world : 1;
+        cm[n].instance_id = o->instance_id;
+        cm[n].started_unix_ms = o->started_unix_ms;
+        cm[n].consumer_name = (char *)o->consumer_name;
+        cp[n] = &cm[n];
+        n++;
+    }
+    Hsflow__Ranks r = HSFLOW__RANKS__INIT;
+    r.hops = 0;
+    r.n_claims = n;
+    r.claims = cp;
+    for (uint32_t i = 0; i < pr->net.n_links; i++) {
+        link_t *o = &pr->net.links[i];
+        if (o->welcomed && !o->done && o->conn && o->instance_id)
+            hs__link_send_msg(o, HS_MSG_RANKS, &r.base);
+    }
+}
+
+/* RANKS from consumer l (hops 1): claims of one rank by several consumers.
+ * Passed on (hops 2) to this producer's other consumers of that rank, so
+ * each learns of the others and the later ones stop. */
+static void on_ranks(link_t *l, const uint8_t *body, uint32_t len)
+{
+    producer_t *pr = l->pr;
+    ProtobufCMessage *m;
+    if (!l->welcomed) {
+        fail(l, HS_ERR_PROTO, "RANKS before WELCOME");
+        return;
+    }
+    if (!(m = consumer_unpack(l, HS_MSG_RANKS, body, len))) return;
+    Hsflow__Ranks *r = (Hsflow__Ranks *)m;
+    if (r->hops != 1) {
+        uint32_t hops = r->hops;
+        hs_msg_free(m);
+        fail(l, HS_ERR_PROTO, "RANKS with hops %u from a consumer (expected 1)", hops);
+        return;
+    }
+    r->hops = 2;
+    for (uint32_t i = 0; i < pr->net.n_links; i++) {
+        link_t *o = &pr->net.links[i];
+        if (o == l || !o->welcomed || o->done || !o->conn || !o->instance_id) continue;
+        bool concerns = false;
+        for (size_t k = 0; k < r->n_claims && !concerns; k++)
+            concerns = r->claims[k]->rank == o->rank &&
+                       r->claims[k]->world == (o->world ? o->world : 1) &&
+                       r->claims[k]->instance_id != o->instance_id;
+        if (concerns) hs__link_send_msg(o, HS_MSG_RANKS, &r->base);
+    }
+    hs_msg_free(m);
+}
+
 static void on_welcome(link_t *l, const uint8_t *body, uint32_t len)
 {
     producer_t *pr = l->pr;
@@ -221,6 +284,8 @@ static void on_welcome(link_t *l, const uint8_t *body, uint32_t len)
     snprintf(l->consumer_name, sizeof(l->consumer_name), "%s", w->consumer_name);
     l->rank = w->rank;
     l->world = w->world;
+    l->instance_id = w->instance_id;
+    l->started_unix_ms = w->started_unix_ms;
     if (w->world > 1)
         hs_info("welcomed by consumer %s (rank %u of %u): %u epoch(s), %s order%s",
                 w->consumer_name, w->rank, w->world, w->epochs, w->order ? "plan" : "arrival",
@@ -252,6 +317,7 @@ static void on_welcome(link_t *l, const uint8_t *body, uint32_t len)
     if (!links_check_ranks(l)) return;
     l->welcomed = true;
     if (need_plan) send_plan(l);
+    links_announce(pr);
     pthread_mutex_lock(&pr->sh.lock);
     if (pr->sh.t_start == 0) pr->sh.t_start = hs_now_s();
     pthread_mutex_unlock(&pr->sh.lock);
@@ -339,6 +405,9 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
     case HS_MSG_TICKET:
         on_ticket(l, body, body_len);
         break;
+    case HS_MSG_RANKS:
+        on_ranks(l, body, body_len);
+        break;
     case HS_MSG_BYE:
         if (hs_msg_unpack(HS_MSG_BYE, body, body_len, &m, why, sizeof(why)) == HS_OK) {
             if (pr->net.n_links > 1)
@@ -416,8 +485,10 @@ static void cb_close(void *arg, hs_tp_conn_t *conn, hs_status_t reason, const ch
     link_t *l = link_of(pr, conn);
     if (!l) return;
     l->conn = NULL;
+    bool was_welcomed = l->welcomed;
     l->welcomed = false;
     link_drop_tickets(l);
+    if (was_welcomed) links_announce(pr); /* the others learn it is gone */
     if (!l->done && pr->net.stopping) {
         hs_info("consumer %s:%u closed the connection while this producer was stopping", l->host,
                 l->port);

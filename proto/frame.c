@@ -10,8 +10,8 @@
 
 const char *hs_msg_type_str(uint16_t type)
 {
-    static const char *names[] = {"?",     "HELLO", "AUTH", "WELCOME", "TICKET",   "DONE",
-                                  "STATS", "ERROR", "BYE",  "PLAN",    "CHALLENGE"};
+    static const char *names[] = {"?",     "HELLO", "AUTH", "WELCOME", "TICKET",    "DONE",
+                                  "STATS", "ERROR", "BYE",  "PLAN",    "CHALLENGE", "RANKS"};
     return type <= HS_MSG_TYPE_MAX ? names[type] : "?";
 }
 

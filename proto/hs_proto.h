@@ -204,7 +204,8 @@ typedef enum {
     HS_MSG_BYE = 8,        /* consumer -> producer: run over; producer -> consumer: leaving */
     HS_MSG_PLAN = 9,       /* producer -> consumer: a page of the plan's batch shapes */
     HS_MSG_CHALLENGE = 10, /* consumer -> producer: nonce to sign */
-    HS_MSG_TYPE_MAX = 10
+    HS_MSG_RANKS = 11,     /* either way: consumers of the run and their ranks */
+    HS_MSG_TYPE_MAX = 11
 } hs_msg_type_t;
 
 const char *hs_msg_type_str(uint16_t type);
@@ -241,6 +242,7 @@ HS_MUST_CHECK hs_status_t hs_frame_body_check(const hs_frame_header_t *h, const 
 #define HS_MSG_TEXT_MAX 4096u     /* error text, bye reason, target name, bytes */
 #define HS_MSG_MAX_WORKERS 4096u  /* workers one producer may report */
 #define HS_MSG_MAX_PREFETCH 1024u /* tickets per worker a HELLO or WELCOME may name */
+#define HS_MSG_MAX_CLAIMS 256u    /* rank claims in one RANKS */
 /* Batches per epoch a plan may have (HELLO's n_batches): 16 Mi batches is
  * over 10^12 tokens an epoch at a 65,536-token budget, and the consumer's
  * per-batch state for it (about 48 bytes a batch) stays under 1 GiB. */

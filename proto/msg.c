@@ -24,6 +24,7 @@ static const ProtobufCMessageDescriptor *const descriptors[HS_MSG_TYPE_MAX + 1] 
     [HS_MSG_BYE] = &hsflow__bye__descriptor,
     [HS_MSG_PLAN] = &hsflow__plan__descriptor,
     [HS_MSG_CHALLENGE] = &hsflow__challenge__descriptor,
+    [HS_MSG_RANKS] = &hsflow__ranks__descriptor,
 };
 
 const ProtobufCMessageDescriptor *hs_msg_descriptor(uint16_t type)
@@ -153,6 +154,26 @@ static hs_status_t check_welcome(const Hsflow__Welcome *m, char *why, size_t why
     return HS_OK;
 }
 
+static hs_status_t check_ranks(const Hsflow__Ranks *m, char *why, size_t whycap)
+{
+    if (m->hops > 2) return bad(why, whycap, "ranks.hops is %u, expected 0..2", m->hops);
+    if (m->n_claims > HS_MSG_MAX_CLAIMS)
+        return bad(why, whycap, "ranks.claims has %zu entries, the limit is %u", m->n_claims,
+                   HS_MSG_MAX_CLAIMS);
+    for (size_t i = 0; i < m->n_claims; i++) {
+        const Hsflow__RankClaim *c = m->claims[i];
+        hs_status_t st;
+        if ((st = check_unknown("ranks.claims", &c->base, why, whycap)) != HS_OK) return st;
+        if (!c->instance_id) return bad(why, whycap, "ranks.claims[%zu].instance_id is 0", i);
+        if (c->world < 1 || c->rank >= c->world)
+            return bad(why, whycap, "ranks.claims[%zu] is rank %u of %u", i, c->rank, c->world);
+        if ((st = check_string("ranks.claims.consumer_name", c->consumer_name, HS_MSG_NAME_MAX,
+                               true, false, why, whycap)))
+            return st;
+    }
+    return HS_OK;
+}
+
 static hs_status_t check_plan(const Hsflow__Plan *m, char *why, size_t whycap)
 {
     if (m->n_n_seqs != m->n_n_tokens)
@@ -244,6 +265,8 @@ hs_status_t hs_msg_validate(uint16_t type, const ProtobufCMessage *msg, char *wh
         return check_welcome((const Hsflow__Welcome *)msg, why, whycap);
     case HS_MSG_PLAN:
         return check_plan((const Hsflow__Plan *)msg, why, whycap);
+    case HS_MSG_RANKS:
+        return check_ranks((const Hsflow__Ranks *)msg, why, whycap);
     case HS_MSG_TICKET:
         return check_ticket((const Hsflow__Ticket *)msg, why, whycap);
     case HS_MSG_DONE:

@@ -12,13 +12,16 @@
 #            back) and a rank SIGKILLed and restarted with its journal
 #            (it resumes its own shard; the producers reconnect)
 #   mismatch producers refuse ranks of differing world sizes, and two rank 0s
+#   collision  2 ranks plus a second rank 0 with producers of its own: the
+#            shared rank 1 tells through the producers, and the later rank 0
+#            stops naming both; the first rank 0 and rank 1 complete
 #   late     2 ranks, the second started after the first has delivered: the
 #            producers feed rank 0 while they keep trying rank 1 (no ticket
 #            of rank 0 waits for a rank that is not up), then rank 1
 . "$(dirname "$0")/lib.sh"
 mode=${1:-drop}
 W=4
-[ "$mode" != late ] || W=2
+[ "$mode" != late ] && [ "$mode" != collision ] || W=2
 
 data=$SCRATCH/d.jsonl
 # faults: a longer run (14 batches per rank per epoch), so both kills land mid-run
@@ -26,7 +29,7 @@ seqs=150
 [ "$mode" != faults ] || seqs=300
 synth "$data" --sequences $seqs --min-len 16 --max-len 1500 --seed 5
 n=$(plan_batches "$data" 4096)
-[ "$mode" = late ] || [ $((n % W)) -ne 0 ] ||
+[ "$mode" = late ] || [ "$mode" = collision ] || [ $((n % W)) -ne 0 ] ||
     fail "the test wants a plan that does not divide by $W ranks; got $n"
 
 popts=(--data "$data" --token-budget 4096 --hidden-size 64 --layers 2,16 --source synthetic
@@ -178,6 +181,33 @@ late)
     done
     check_shards drop
     pass "rank 0 fed while rank 1 was not up; rank 1 fed when it came"
+    ;;
+collision)
+    # a (rank 0) and c (rank 1) fed by p1; later b, a second rank 0, fed by
+    # p2, which also feeds c. Nothing connects a and b but c: through c's
+    # producers each learns of the other, and b, the later, stops.
+    reserve_port pb
+    start_rank 0 drop --train-ms 150 --cache-gb 0.004
+    start_rank 1 drop --train-ms 150 --cache-gb 0.004
+    start p1 "$PRODUCER" --to "127.0.0.1:${PORT[0]},127.0.0.1:${PORT[1]}" "${popts[@]}" --name p1
+    wait_delivered rank0 2 60
+    start b "$CONSUMER" --rank 0 --world $W --listen "127.0.0.1:$pb" --cache-gb 0.004 \
+        --epochs 2 --train-ms 150 --summary-json "$SCRATCH/b.json"
+    start p2 "$PRODUCER" --to "127.0.0.1:$pb,127.0.0.1:${PORT[1]}" "${popts[@]}" --name p2
+    wait_exit b 60
+    [ "${RC_OF[b]}" -ne 0 ] || fail "the second rank 0 ran to its end beside the first"
+    expect_json "$SCRATCH/b.json" 'd["complete"] is False'
+    log_has b "two consumers claim rank 0 of 2: this one, .* and .* started [0-9.]+ s earlier\), seen through producer p2 .*This one started later and stops"
+    log_has rank0 "another consumer claims rank 0 of 2 too: .*seen through producer p1 .*; it started later and stops"
+    log_has rank1 "producers report 2 consumers claiming rank 0 of 2"
+    for r in 0 1; do expect_exit "rank$r" 0 90; done
+    expect_exit p1 0 30
+    wait_exit p2 30
+    for r in 0 1; do
+        expect_json "$SCRATCH/rank$r.json" 'd["complete"] is True' 'd["duplicates"] == 0'
+    done
+    check_shards drop
+    pass "a second rank 0 with producers of its own stopped; rank 0 and rank 1 complete"
     ;;
 mismatch)
     start a "$CONSUMER" --rank 0 --world 2 --listen "127.0.0.1:${PORT[0]}" --cache-gb 0.05

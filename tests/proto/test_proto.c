@@ -559,6 +559,50 @@ START_TEST(nonces_and_macs_of_the_wrong_size_are_rejected)
 }
 END_TEST
 
+START_TEST(ranks_claims_are_bounded_and_checked)
+{
+    static Hsflow__RankClaim cl[HS_MSG_MAX_CLAIMS + 1];
+    static Hsflow__RankClaim *cp[HS_MSG_MAX_CLAIMS + 1];
+    for (uint32_t i = 0; i <= HS_MSG_MAX_CLAIMS; i++) {
+        Hsflow__RankClaim init = HSFLOW__RANK_CLAIM__INIT;
+        cl[i] = init;
+        cl[i].rank = i % 4;
+        cl[i].world = 4;
+        cl[i].instance_id = 1000 + i;
+        cl[i].started_unix_ms = 1764800000000ull + i;
+        cl[i].consumer_name = "node:1";
+        cp[i] = &cl[i];
+    }
+    Hsflow__Ranks r = HSFLOW__RANKS__INIT;
+    r.claims = cp;
+    r.n_claims = HS_MSG_MAX_CLAIMS;
+    r.hops = 2;
+    ck_assert_int_eq(unpack_raw(HS_MSG_RANKS, &r.base), HS_OK);
+    r.n_claims = HS_MSG_MAX_CLAIMS + 1;
+    ck_assert_int_eq(unpack_raw(HS_MSG_RANKS, &r.base), HS_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "ranks.claims has"));
+    r.n_claims = 2;
+    r.hops = 3;
+    ck_assert_int_eq(unpack_raw(HS_MSG_RANKS, &r.base), HS_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "ranks.hops"));
+    r.hops = 0;
+    cl[1].rank = 4; /* not below its world */
+    ck_assert_int_eq(unpack_raw(HS_MSG_RANKS, &r.base), HS_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "ranks.claims[1] is rank 4 of 4"));
+    cl[1].rank = 1;
+    cl[1].instance_id = 0;
+    ck_assert_int_eq(unpack_raw(HS_MSG_RANKS, &r.base), HS_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "ranks.claims[1].instance_id is 0"));
+    cl[1].instance_id = 7;
+    cl[1].consumer_name = "evil\x1b[2J";
+    ck_assert_int_eq(unpack_raw(HS_MSG_RANKS, &r.base), HS_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "control byte"));
+    cl[1].consumer_name = "node:2";
+    ck_assert_int_eq(unpack_raw(HS_MSG_RANKS, &r.base), HS_OK);
+    ck_assert_str_eq(hs_msg_type_str(HS_MSG_RANKS), "RANKS");
+}
+END_TEST
+
 START_TEST(plan_pages_with_mismatched_or_bad_arrays_are_rejected)
 {
     uint32_t seqs[4] = {1, 2, 3, 4}, toks[4] = {10, 20, 30, 40};
@@ -1599,6 +1643,7 @@ int main(void)
     TCase *valid = tcase_create("validation");
     tcase_add_test(valid, nonces_and_macs_of_the_wrong_size_are_rejected);
     tcase_add_test(valid, plan_pages_with_mismatched_or_bad_arrays_are_rejected);
+    tcase_add_test(valid, ranks_claims_are_bounded_and_checked);
     tcase_add_test(valid, layouts_with_too_many_or_bad_layers_are_rejected);
     tcase_add_test(valid, strings_and_counts_are_bounded);
     tcase_add_test(valid, layout_message_conversion_checks_the_layout_id);
