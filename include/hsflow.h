@@ -351,9 +351,10 @@ HSFLOW_API uint16_t hs_consumer_metrics_port(const hs_consumer_t *c);
  * every batch of every epoch has been delivered (or the consumer stopped);
  * HS_ERR_NOSPACE (-12) when the consumer stopped on a problem of its own
  * that no producer can fix (its cache cannot hold the plan's largest batch,
- * the journal or resume state does not fit the plan, out of memory; logged
- * once, naming it); with a GPU (cfg.gpu >= 0) also HS_ERR_CUDA (-15) when a
- * copy to the device failed (logged). */
+ * the journal or resume state does not fit the plan, out of memory, another
+ * consumer of the run claims its rank and started earlier: then not even a
+ * batch already verified is handed out; logged once, naming it); with a GPU (cfg.gpu >= 0) also
+ * HS_ERR_CUDA (-15) when a copy to the device failed (logged). */
 HSFLOW_API HS_MUST_CHECK hs_status_t hs_consumer_next(hs_consumer_t *c, hs_batch_t *out,
                                                       int timeout_ms);
 /* Gives the batch's cache slot back; new tickets can then be issued.
