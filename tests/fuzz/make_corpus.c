@@ -192,6 +192,19 @@ static void make_messages(void)
     put_msg("bye", HS_MSG_BYE, &b.base);
     b.reason = "";
     put_msg("bye-empty", HS_MSG_BYE, &b.base);
+    Hsflow__RankClaim rc[2] = {HSFLOW__RANK_CLAIM__INIT, HSFLOW__RANK_CLAIM__INIT};
+    Hsflow__RankClaim *rcp[2] = {&rc[0], &rc[1]};
+    for (int i = 0; i < 2; i++) {
+        rc[i].world = 2;
+        rc[i].instance_id = 0x0c70d684fac78adfull + (uint64_t)i;
+        rc[i].started_unix_ms = 1764892800000ull + 585u * (uint64_t)i;
+        rc[i].consumer_name = i ? "d2:4711" : "d1:4666";
+    }
+    Hsflow__Ranks rk = HSFLOW__RANKS__INIT;
+    rk.hops = 2;
+    rk.n_claims = 2;
+    rk.claims = rcp;
+    put_msg("ranks", HS_MSG_RANKS, &rk.base);
 
     /* edge cases: a header alone, bad magic, a body longer than the limit */
     uint8_t hdr[HS_FRAME_HEADER_BYTES];
