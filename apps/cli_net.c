@@ -24,8 +24,8 @@ int hs_cli_net_apply(hs_cli_net_t *n, const char *prog, int opt, const char *arg
         n->insecure = true;
         return 0;
     case HS_CLI_NET_OPT_TRANSPORT:
-        if (strcmp(arg, "auto") && strcmp(arg, "tcp") && strcmp(arg, "ucx"))
-            return hs_cli_bad(prog, "transport", arg, from, "expected auto, tcp or ucx");
+        if (strcmp(arg, "auto") && strcmp(arg, "tcp") && strcmp(arg, "ucx") && strcmp(arg, "shm"))
+            return hs_cli_bad(prog, "transport", arg, from, "expected auto, shm, tcp or ucx");
         n->transport = arg;
         return 0;
     case HS_CLI_NET_OPT_TCP_SOCKBUF:

@@ -57,7 +57,7 @@ enum {
 typedef struct {
     const char *secret_file; /* --secret-file; NULL = none */
     bool insecure;           /* --insecure */
-    const char *transport;   /* --transport auto|tcp|ucx; NULL = not given (auto) */
+    const char *transport;   /* --transport auto|shm|tcp|ucx; NULL = not given (auto) */
     uint64_t tcp_sockbuf;    /* --tcp-sockbuf: 0 = not given, HS_TP_SOCKBUF_AUTOTUNE for 0 */
     bool ucx_no_memh;        /* --ucx-memh 0 */
     const char *fault;       /* --fault SPEC, checked where the transport starts */

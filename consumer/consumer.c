@@ -396,7 +396,7 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     hs_tp_config_t tc = {0};
     st = hs_tp_kind_parse(cfg->transport ? cfg->transport : "auto", &tc.kind);
     if (st != HS_OK) {
-        hs_error("consumer: unknown transport '%s': use auto, tcp or ucx", cfg->transport);
+        hs_error("consumer: unknown transport '%s': use auto, shm, tcp or ucx", cfg->transport);
         goto err_cache;
     }
     tc.peer_timeout_s = cfg->peer_timeout_s;

@@ -217,6 +217,7 @@ static void peer_admit(hs_consumer_t *c, peer_t *p)
         hs__peer_drop(c, p, HS_ERR_INVALID, "the frame limit could not be raised");
         return;
     }
+    hs_tp_conn_set_trusted(p->conn); /* a producer on this host may share its ring now */
     if (!offer_matches_expect(c, p)) return;
     if (c->store) {
         const run_offer_t *o = &p->offer;

@@ -60,7 +60,7 @@ def parse_args(argv):
     ap.add_argument("--verify-synthetic", action="store_true",
                     help="the consumer checks every value against the synthetic source")
     ap.add_argument("--secret-file", default=None, help="shared secret for the handshake")
-    ap.add_argument("--transport", default="auto", choices=["auto", "tcp", "ucx"])
+    ap.add_argument("--transport", default="auto", choices=["auto", "shm", "tcp", "ucx"])
     ap.add_argument("--loopback", type=int, default=0, metavar="N",
                     help="start N local hs-producer processes with the arguments after --")
     args = _support.parse_args(ap, argv, " (at least --data, --token-budget, --hidden-size, "

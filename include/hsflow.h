@@ -150,7 +150,7 @@ typedef struct {
     bool verify_synthetic;   /* check every element against the synthetic source */
     bool insecure;           /* accept non-loopback peers without a secret */
     const char *secret_file; /* shared secret for HMAC auth; NULL = none */
-    const char *transport;   /* "auto", "tcp", "ucx"; default "auto" */
+    const char *transport;   /* "auto", "shm", "tcp", "ucx"; default "auto" */
     uint32_t verify_threads; /* checksum threads; default 1 */
     uint32_t peer_timeout_s; /* default 10 */
     const char *net_devices; /* UCX: device list for UCX_NET_DEVICES; NULL = UCX's choice */

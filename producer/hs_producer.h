@@ -58,7 +58,7 @@ typedef struct {
     int gpu_ids[HS_PRODUCER_MAX_WORKERS]; /* -1 = CPU worker */
     uint32_t prefetch;                    /* tickets each worker wants queued */
     const char *secret_file;
-    const char *transport;   /* "auto", "tcp", "ucx" */
+    const char *transport;   /* "auto", "shm", "tcp", "ucx" */
     const char *net_devices; /* UCX_NET_DEVICES list; NULL = UCX's choice */
     bool require_rdma;       /* refuse to run without an RDMA lane */
     uint32_t connect_timeout_s;

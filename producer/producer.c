@@ -212,14 +212,16 @@ static hs_status_t load_model(producer_t *pr)
 static void producer_free(producer_t *pr)
 {
     if (!pr) return;
-    /* Completion callbacks of anything still queued run during destroy. */
+    for (uint32_t i = 0; i < HS_PRODUCER_MAX_WORKERS; i++) {
+        hs__gpu_worker_destroy(pr->workers[i].gpu_w); /* unpins staging */
+        pr->workers[i].gpu_w = NULL;
+    }
+    /* Completion callbacks of anything still queued run during destroy;
+     * staging is the transport's memory (hs_tp_mem_alloc) and goes with it. */
     hs_tp_destroy(pr->tp);
     pr->sh.outbox = NULL; /* its records are the staging buffers' */
     hs__ticket_pool_free(pr);
     for (uint32_t i = 0; i < HS_PRODUCER_MAX_WORKERS; i++) {
-        hs__gpu_worker_destroy(pr->workers[i].gpu_w); /* unpins staging first */
-        for (int k = 0; k < STAGING_MAX; k++)
-            hs_aligned_free(pr->workers[i].staging[k].buf);
         hs_checksum_stream_destroy(pr->workers[i].checksum);
         free(pr->workers[i].fp8_scratch);
     }
@@ -293,7 +295,7 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
     hs_tp_config_t tc = {0};
     st = hs_tp_kind_parse(cfg->transport ? cfg->transport : "auto", &tc.kind);
     if (st != HS_OK) {
-        hs_error("unknown transport '%s': use auto, tcp or ucx", cfg->transport);
+        hs_error("unknown transport '%s': use auto, shm, tcp or ucx", cfg->transport);
         goto err;
     }
     tc.net_devices = cfg->net_devices;
@@ -322,19 +324,17 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
         for (uint32_t k = 0; k < w->n_staging; k++) {
             staging_t *sg = &w->staging[k];
             sg->owner = w;
-            sg->buf = hs_aligned_alloc(4096, pr->max_batch_bytes);
-            if (!sg->buf) {
+            /* the transport's memory: on this host a consumer copies batches
+             * straight out of it (shared memory), elsewhere it is registered */
+            void *buf = NULL;
+            st = hs_tp_mem_alloc(pr->tp, pr->max_batch_bytes, &buf);
+            if (st != HS_OK) {
                 hs_error("cannot allocate %.1f MiB of staging for worker %u",
                          (double)pr->max_batch_bytes / (1 << 20), i);
-                st = HS_ERR_NOMEM;
                 goto err;
             }
+            sg->buf = buf;
             memset(sg->buf, 0, pr->max_batch_bytes); /* fault the pages in now, not per batch */
-            hs_status_t reg = hs_tp_mem_register(pr->tp, sg->buf, pr->max_batch_bytes);
-            if (reg != HS_OK)
-                hs_warn("worker %u: staging buffer %u is not registered with the transport (%s); "
-                        "it is sent all the same, registered per send",
-                        i, k, hs_status_str(reg));
         }
         if (cfg->source == HS_SOURCE_MODEL && w->gpu < 0 && cfg->layout.dtype == HS_DTYPE_FP8) {
             /* the CPU forward writes bf16 rows here; they are quantised into the batch */

@@ -46,7 +46,14 @@ extern "C" {
 typedef struct hs_tp hs_tp_t;
 typedef struct hs_tp_conn hs_tp_conn_t;
 
-typedef enum { HS_TP_TCP = 1, HS_TP_UCX = 2 } hs_tp_kind_t;
+/* TCP: hsflow's own TCP. UCX: UCX (RDMA, shared memory, its own TCP).
+ * SHM: shared memory with a peer on this host (a consumer takes only such
+ * producers; a producer fails when its consumer is not on its host). AUTO:
+ * chosen per link: hs_tp_create() makes it UCX where the build has UCX and
+ * an RDMA device is present (UCX then without its TCP transport), else
+ * hsflow's TCP with shared memory for every peer on the same host (the
+ * same kernel, reached through a local address). */
+typedef enum { HS_TP_TCP = 1, HS_TP_UCX = 2, HS_TP_SHM = 3, HS_TP_AUTO = 4 } hs_tp_kind_t;
 
 typedef struct {
     /* Consumer side: a new peer connected. Returning non-OK closes it (and
@@ -160,6 +167,20 @@ HS_MUST_CHECK hs_status_t hs_tp_progress(hs_tp_t *tp, int timeout_ms);
 /* Thread-safe: makes the current or next hs_tp_progress() return soon. */
 void hs_tp_wakeup(hs_tp_t *tp);
 
+/* Allocates `len` bytes of memory to send payloads from (a producer's
+ * staging), page-aligned and zeroed. Where the transport shares memory with
+ * peers on this host (shm, auto) it is a sealed memfd segment, page-locked
+ * where the locked-memory limit allows, that a consumer on this host maps
+ * read-only and copies from; elsewhere plain memory, registered as by
+ * hs_tp_mem_register(). The memory belongs to the transport: give it back
+ * with hs_tp_mem_free(), or hs_tp_destroy() unmaps it (after the failure
+ * callbacks of the sends still using it). */
+HS_MUST_CHECK hs_status_t hs_tp_mem_alloc(hs_tp_t *tp, size_t len, void **out);
+void hs_tp_mem_free(hs_tp_t *tp, void *p); /* NULL ok */
+/* The transport this hs_tp_t is after hs_tp_create() resolved AUTO (AUTO
+ * stays AUTO when it became TCP with shared memory for local peers). */
+hs_tp_kind_t hs_tp_get_kind(const hs_tp_t *tp);
+
 /* Registers memory that payloads will be sent from or received into (UCX
  * maps it once and passes the handle with every payload inside it; TCP does
  * nothing). Unregistered memory still works, slower. Stays registered until
@@ -171,6 +192,13 @@ const char *hs_tp_conn_peer(const hs_tp_conn_t *conn);
 bool hs_tp_conn_is_loopback(const hs_tp_conn_t *conn);
 /* What carries this connection, e.g. "tcp" or "ucx: rc_mlx5/mlx5_0:1". */
 const char *hs_tp_conn_describe(const hs_tp_conn_t *conn);
+/* "tcp", "shm" or "ucx": the transport of this connection, in one word. */
+const char *hs_tp_conn_kind(const hs_tp_conn_t *conn);
+/* The owner vouches for the peer (it proved the shared secret, or passed
+ * the loopback rule): from now on a peer on this host may hand over its
+ * shared memory. Before this, a segment offered is a protocol error and
+ * nothing of it is mapped. */
+void hs_tp_conn_set_trusted(hs_tp_conn_t *conn);
 /* Sets the largest frame body this connection accepts from now on: 0 gives
  * back the transport's max_frame_body, anything larger than that is an
  * error (HS_ERR_INVALID). A consumer keeps peers it has not admitted yet on
@@ -188,7 +216,7 @@ void hs_tp_conn_set_user(hs_tp_conn_t *conn, void *user);
 void *hs_tp_conn_get_user(const hs_tp_conn_t *conn);
 
 HS_MUST_CHECK hs_status_t hs_tp_kind_parse(const char *s,
-                                           hs_tp_kind_t *out); /* "tcp", "ucx", "auto" */
+                                           hs_tp_kind_t *out); /* "tcp", "ucx", "shm", "auto" */
 const char *hs_tp_kind_str(hs_tp_kind_t kind);
 bool hs_tp_kind_available(hs_tp_kind_t kind);
 

@@ -56,6 +56,10 @@ struct hs_tp {
      * data path: slower; rendezvous receives and every payload send). */
     uint64_t mem_registrations, payloads_unregistered;
     uint64_t payloads_with_memh; /* UCX: payloads that went with their memory handle */
+    /* Shared memory (shm_int.h), for tests and the logs: segments mapped
+     * from peers, peers and messages refused, payloads copied out of a
+     * segment and payloads that came over the socket instead. */
+    uint64_t shm_mapped, shm_refused, shm_ring_payloads, shm_plain_payloads;
     /* Listeners pause after a failed accept (hs__tp_accept_failed). */
     uint64_t accept_refused, accept_last_log_ns;
 };
@@ -79,6 +83,8 @@ struct hs_tp_conn {
      * (payload_bytes_counted; hs_tp_conn_payload_bytes_in). */
     uint64_t payload_bytes_in;
     bool payload_bytes_counted;
+    /* The owner vouched for the peer (hs_tp_conn_set_trusted). */
+    bool trusted;
 };
 
 /* Runs on_frame() for a checked frame. When payload_bytes > 0 it returns
@@ -113,6 +119,13 @@ struct hs_tp_ops {
     /* Optional: refreshes conn->describe (what carries it may change after
      * the connection is set up). */
     void (*describe)(hs_tp_conn_t *conn);
+    /* Optional: payload memory the backend can share (hs_tp_mem_alloc);
+     * NULL = hs_aligned_alloc + mem_register. mem_free takes what mem_alloc
+     * gave. */
+    hs_status_t (*mem_alloc)(hs_tp_t *tp, size_t len, void **out);
+    bool (*mem_free)(hs_tp_t *tp, void *p);
+    /* Optional: "tcp", "shm" or "ucx" for one connection; NULL = ops->name. */
+    const char *(*conn_kind)(const hs_tp_conn_t *conn);
 };
 
 extern const hs_tp_ops_t hs__tp_tcp_ops;

@@ -104,6 +104,10 @@ static int listeners_resume(tcp_tp_t *tp, int timeout_ms)
 
 static void tcp_accept(tcp_tp_t *tp, tcp_listener_t *l)
 {
+    if (l->unix_sock) {
+        hs__tcp_shm_accept(tp, l);
+        return;
+    }
     for (;;) {
         struct sockaddr_storage ss;
         socklen_t len;
@@ -111,6 +115,17 @@ static void tcp_accept(tcp_tp_t *tp, tcp_listener_t *l)
         if (fd < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK) listener_pause(tp, l, errno);
             return;
+        }
+        if (tp->shm_mode == SHM_ONLY) {
+            /* --transport shm: producers on this host only */
+            char peer[HS__TP_PEER_CAP];
+            hs__tp_addr_format((struct sockaddr *)&ss, peer, sizeof peer);
+            hs_warn("connection from %s refused: this consumer takes shared-memory producers on "
+                    "its host only (--transport shm); give both sides --transport auto or tcp",
+                    peer);
+            tp->base.shm_refused++;
+            close(fd);
+            continue;
         }
         socket_tune(tp, fd, true);
         tcp_conn_t *c = hs__tcp_conn_new(tp, fd, (struct sockaddr *)&ss, len);
@@ -147,6 +162,15 @@ static hs_status_t tcp_listen(hs_tp_t *t, const char *host, uint16_t port, uint1
     }
     l->next = tp->listeners;
     tp->listeners = l;
+    if (tp->shm_mode != SHM_OFF) {
+        uint16_t p = port;
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+            p = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+        return hs__tcp_shm_listen(tp, p);
+    }
     return HS_OK;
 }
 
@@ -154,17 +178,79 @@ static hs_status_t tcp_connect(hs_tp_t *t, const char *host, uint16_t port, int 
                                unsigned flags, hs_tp_conn_t **out)
 {
     tcp_tp_t *tp = tp_of(t);
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : hs_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    hs_log_level_t level = flags & HS_TP_CONNECT_QUIET ? HS_LOG_INFO : HS_LOG_ERROR;
+    bool local = tp->shm_mode != SHM_OFF && hs__shm_host_is_local(host);
+    char why[200];
+    if (tp->shm_mode == SHM_ONLY) {
+        if (!local) {
+            hs_error("--transport shm: %s is not an address of this host; shared memory joins a "
+                     "producer and a consumer on one host (use --transport auto or tcp)",
+                     host);
+            return HS_ERR_INVALID;
+        }
+        tcp_conn_t *c = NULL;
+        hs_status_t st = hs__tcp_shm_connect(tp, host, port, deadline, false, &c, why, sizeof why);
+        if (st != HS_OK) {
+            hs_log(st == HS_ERR_TIMEOUT ? level : HS_LOG_ERROR,
+                   "cannot connect to the consumer on port %u of this host over shared memory: "
+                   "%s; is it running with --transport shm or auto?",
+                   port, why);
+            return st;
+        }
+        hs_debug("connected %s", c->base.describe);
+        *out = &c->base;
+        return HS_OK;
+    }
+    if (local) {
+        /* auto: shared memory when the consumer on this host offers it,
+         * else TCP below (a consumer with --transport tcp offers none) */
+        tcp_conn_t *c = NULL;
+        for (;;) {
+            hs_status_t st =
+                hs__tcp_shm_connect(tp, host, port, deadline, true, &c, why, sizeof why);
+            if (st == HS_OK) {
+                hs_debug("connected %s", c->base.describe);
+                *out = &c->base;
+                return HS_OK;
+            }
+            if (st != HS_ERR_CLOSED) {
+                hs_warn("shared memory with the consumer on port %u failed (%s); using TCP", port,
+                        why);
+                break;
+            }
+            /* nobody on the shared-memory name: is a TCP-only consumer up? */
+            bool up = false;
+            struct addrinfo *pai = NULL;
+            if (hs__sock_resolve(host, port, false, &pai) == HS_OK) {
+                int probe = socket(pai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                up = probe >= 0 && connect(probe, pai->ai_addr, pai->ai_addrlen) == 0;
+                if (probe >= 0) close(probe);
+                freeaddrinfo(pai);
+            }
+            if (up) {
+                /* it listens on TCP; its shared-memory listener follows
+                 * within a moment when it has one */
+                poll(NULL, 0, 50);
+                if (hs__tcp_shm_connect(tp, host, port, deadline, true, &c, why, sizeof why) ==
+                    HS_OK) {
+                    *out = &c->base;
+                    return HS_OK;
+                }
+                break;
+            }
+            if (hs_now_ns() >= deadline) break;
+            poll(NULL, 0, HS__SOCK_RETRY_MS);
+        }
+    }
     struct addrinfo *ai = NULL;
     hs_status_t st = hs__sock_resolve(host, port, false, &ai);
     if (st != HS_OK) return st;
-    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : hs_now_ns() + (uint64_t)timeout_ms * 1000000u;
     int fd = -1;
     const struct addrinfo *used = NULL;
-    char why[160];
     st = hs__sock_connect(ai, deadline, tune_stream, tp, &fd, &used, why, sizeof why);
     if (st != HS_OK) {
         freeaddrinfo(ai);
-        hs_log_level_t level = flags & HS_TP_CONNECT_QUIET ? HS_LOG_INFO : HS_LOG_ERROR;
         if (st == HS_ERR_TIMEOUT)
             hs_log(level,
                    "cannot connect to %s port %u before the timeout: %s; is the consumer running "
@@ -292,6 +378,7 @@ static hs_status_t tcp_create(const hs_tp_config_t *cfg, hs_tp_t **out)
         goto err_wake;
     }
     tp->sockbuf = choose_sockbuf(cfg->tcp_sockbuf);
+    tp->shm_mode = cfg->kind == HS_TP_SHM ? SHM_ONLY : cfg->kind == HS_TP_AUTO ? SHM_AUTO : SHM_OFF;
     *out = &tp->base;
     return HS_OK;
 
@@ -323,6 +410,7 @@ static void tcp_destroy(hs_tp_t *t)
     }
     close(tp->wake_fd);
     close(tp->epfd);
+    hs__shm_ring_destroy(&tp->ring);
     free(tp);
 }
 
@@ -339,4 +427,7 @@ const hs_tp_ops_t hs__tp_tcp_ops = {
     .progress = tcp_progress,
     .wakeup = tcp_wakeup,
     .mem_register = tcp_mem_register,
+    .mem_alloc = hs__tcp_mem_alloc,
+    .mem_free = hs__tcp_mem_free,
+    .conn_kind = hs__tcp_conn_kind,
 };

@@ -90,12 +90,13 @@ static hs_status_t seg_push(tcp_conn_t *c, tcp_seg_t s)
     return HS_OK;
 }
 
-/* Copies prefix + frame into the send buffer as one SEG_COPY (merged with a
- * preceding copy segment). Undone on failure. */
-static hs_status_t tx_append_frame(tcp_conn_t *c, uint64_t payload_len, const void *frame,
-                                   size_t frame_len)
+/* Copies prefix + a + b into the send buffer as one SEG_COPY (merged with a
+ * preceding copy segment), or as a SEG_FD carrying fd when fd >= 0. Undone
+ * on failure. */
+static hs_status_t tx_append(tcp_conn_t *c, uint64_t prefix, const void *a, size_t alen,
+                             const void *b, size_t blen, int fd)
 {
-    size_t need = TCP_PREFIX + frame_len;
+    size_t need = TCP_PREFIX + alen + blen;
     if (c->tx_cap - c->tx_tail < need && c->tx_head > 0) {
         memmove(c->tx, c->tx + c->tx_head, c->tx_tail - c->tx_head);
         c->tx_tail -= c->tx_head;
@@ -117,13 +118,30 @@ static hs_status_t tx_append_frame(tcp_conn_t *c, uint64_t payload_len, const vo
         c->tx_cap = ncap;
     }
     uint8_t *p = c->tx + c->tx_tail;
-    hs_le64_store(p, payload_len);
-    memcpy(p + TCP_PREFIX, frame, frame_len);
-    tcp_seg_t s = {.kind = SEG_COPY, .len = need};
+    hs_le64_store(p, prefix);
+    memcpy(p + TCP_PREFIX, a, alen);
+    if (blen) memcpy(p + TCP_PREFIX + alen, b, blen);
+    tcp_seg_t s = {.kind = fd >= 0 ? SEG_FD : SEG_COPY, .len = need, .fd = fd};
     hs_status_t st = seg_push(c, s);
     if (st != HS_OK) return st;
     c->tx_tail += need;
     return HS_OK;
+}
+
+static hs_status_t tx_append_frame(tcp_conn_t *c, uint64_t payload_len, const void *frame,
+                                   size_t frame_len)
+{
+    return tx_append(c, payload_len, frame, frame_len, NULL, 0, -1);
+}
+
+hs_status_t hs__tcp_send_ctl(tcp_conn_t *c, unsigned tag, uint64_t a, uint64_t b, int fd)
+{
+    uint8_t body[16];
+    hs_le64_store(body, a);
+    hs_le64_store(body + 8, b);
+    hs_status_t st = tx_append(c, (uint64_t)tag << SHM_TAG_SHIFT, body, sizeof body, NULL, 0, fd);
+    if (st == HS_OK) conn_set_events(c);
+    return st;
 }
 
 tcp_conn_t *hs__tcp_conn_new(tcp_tp_t *tp, int fd, const struct sockaddr *sa, socklen_t salen)
@@ -207,6 +225,14 @@ static void conn_finalize(tcp_conn_t *c)
         c->seg_count--;
         if (s.kind == SEG_REF && s.cb) s.cb(s.cb_arg, HS_ERR_CLOSED);
     }
+    /* payloads read from a segment that the peer never released: the
+     * memory is the sender's again (the peer's mapping may still read it,
+     * which changes nothing the sender relies on) */
+    while (c->shm && c->shm->n_pending > 0) {
+        shm_pending_t pd = c->shm->pending[0];
+        (void)hs__shm_pending_take(c->shm, pd.token, &pd);
+        if (pd.cb) pd.cb(pd.cb_arg, HS_ERR_CLOSED);
+    }
     tp->base.cb.on_close(tp->base.arg, &c->base, c->close_reason, c->close_why);
     if (c->prev)
         c->prev->next = c->next;
@@ -217,6 +243,7 @@ static void conn_finalize(tcp_conn_t *c)
     free(c->rx);
     free(c->tx);
     free(c->segs);
+    hs__shm_conn_free(c->shm);
     free(c);
 }
 
@@ -245,10 +272,13 @@ void hs__tcp_conn_flush(tcp_conn_t *c)
         struct iovec iov[TCP_IOV_MAX];
         int n = 0;
         size_t copy_off = c->tx_head;
+        tcp_seg_t *first = &c->segs[c->seg_head];
+        bool with_fd = first->kind == SEG_FD && !first->fd_sent;
         for (size_t i = 0; i < c->seg_count && n < TCP_IOV_MAX; i++) {
             tcp_seg_t *s = &c->segs[(c->seg_head + i) % c->seg_cap];
+            if (i > 0 && (s->kind == SEG_FD || with_fd)) break; /* a descriptor goes alone */
             size_t len = s->len > TCP_IO_CHUNK ? TCP_IO_CHUNK : (size_t)s->len;
-            if (s->kind == SEG_COPY) {
+            if (s->kind == SEG_COPY || s->kind == SEG_FD) {
                 iov[n].iov_base = c->tx + copy_off;
                 copy_off += s->len;
             } else {
@@ -258,7 +288,22 @@ void hs__tcp_conn_flush(tcp_conn_t *c)
             if (len < s->len) break;
         }
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        union {
+            struct cmsghdr h;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        if (with_fd) {
+            memset(&ctl, 0, sizeof ctl);
+            msg.msg_control = ctl.buf;
+            msg.msg_controllen = sizeof ctl.buf;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cm), &first->fd, sizeof(int));
+        }
         ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0 && with_fd) first->fd_sent = true;
         if (w < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -275,7 +320,7 @@ void hs__tcp_conn_flush(tcp_conn_t *c)
             uint64_t take = left < s->len ? left : s->len;
             s->len -= take;
             left -= take;
-            if (s->kind == SEG_COPY)
+            if (s->kind == SEG_COPY || s->kind == SEG_FD)
                 c->tx_head += take;
             else
                 s->ptr += take;
@@ -309,6 +354,40 @@ hs_status_t hs__tcp_send_payload(hs_tp_conn_t *conn, const void *frame, size_t f
 {
     tcp_conn_t *c = conn_of(conn);
     if (c->closing) return HS_ERR_CLOSED;
+    uint64_t off;
+    int seg = c->shm ? hs__shm_ring_find(&c->tp->ring, payload, payload_len, &off) : -1;
+    if (seg >= 0) {
+        /* the payload stays where it is: its segment (sent once per
+         * connection) and a descriptor go instead; cb runs on RELEASE */
+        shm_conn_t *sh = c->shm;
+        hs_status_t st = seg_reserve(c, 2);
+        if (st != HS_OK) return st;
+        if (!sh->attached[seg]) {
+            st = hs__tcp_send_ctl(c, SHM_TAG_ATTACH, (uint64_t)seg, c->tp->ring.segs[seg].len,
+                                  c->tp->ring.segs[seg].fd);
+            if (st != HS_OK) return st;
+            sh->attached[seg] = true;
+        }
+        uint64_t token;
+        st = hs__shm_pending_add(sh, cb, cb_arg, &token);
+        if (st != HS_OK) return st;
+        uint8_t desc[SHM_DESC_BYTES];
+        hs_le32_store(desc, (uint32_t)seg);
+        hs_le32_store(desc + 4, 0);
+        hs_le64_store(desc + 8, off);
+        hs_le64_store(desc + 16, token);
+        st = tx_append(c, (uint64_t)SHM_TAG_RING << SHM_TAG_SHIFT | payload_len, frame, frame_len,
+                       desc, sizeof desc, -1);
+        if (st != HS_OK) {
+            shm_pending_t pd;
+            (void)hs__shm_pending_take(sh, token, &pd); /* failed: cb is not called */
+            return st;
+        }
+        sh->ring_payloads++;
+        conn_set_events(c);
+        return HS_OK;
+    }
+    if (c->shm) c->shm->plain_payloads++;
     /* room for both segments first, so that the frame is never queued
      * without its payload */
     hs_status_t st = seg_reserve(c, 2);
@@ -344,10 +423,73 @@ hs_status_t hs__tcp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes,
     return HS_OK;
 }
 
+/* recv() for TCP; recvmsg() taking passed descriptors on shared-memory
+ * connections (too many pending ones fail the connection: errno EPROTO). */
+static ssize_t conn_recv(tcp_conn_t *c, void *buf, size_t len)
+{
+    if (!c->shm) return recv(c->fd, buf, len, MSG_DONTWAIT);
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(SHM_FDS_MAX * sizeof(int))];
+    } ctl;
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+    ssize_t r = recvmsg(c->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (r >= 0 && msg.msg_controllen > 0 && !hs__shm_take_fds(c->shm, &msg)) {
+        errno = EPROTO;
+        return -1;
+    }
+    return r;
+}
+
+/* A shared-memory control message (ATTACH, RELEASE) in rx[0, TCP_HEAD). */
+static bool rx_shm_ctl(tcp_conn_t *c, unsigned tag)
+{
+    char why[256];
+    uint64_t a = hs_le64_load(c->rx + TCP_PREFIX), b = hs_le64_load(c->rx + TCP_PREFIX + 8);
+    if (tag == SHM_TAG_ATTACH) {
+        hs_status_t st =
+            hs__shm_attach(c->shm, c->base.trusted, (uint32_t)(a > UINT32_MAX ? UINT32_MAX : a), b,
+                           why, sizeof why);
+        if (st != HS_OK) {
+            c->tp->base.shm_refused++;
+            conn_fail_peer(c, st == HS_ERR_IO ? HS_ERR_IO : HS_ERR_PROTO, why);
+            return false;
+        }
+        c->tp->base.shm_mapped++;
+        hs_debug("connection %s: shared-memory segment %llu of %.1f MiB mapped", c->base.peer,
+                 (unsigned long long)a, (double)b / (1 << 20));
+    } else if (tag == SHM_TAG_RELEASE) {
+        shm_pending_t pd;
+        if (!hs__shm_pending_take(c->shm, a, &pd)) {
+            snprintf(why, sizeof why, "a release for payload %llu, which was not sent",
+                     (unsigned long long)a);
+            conn_fail_peer(c, HS_ERR_PROTO, why);
+            return false;
+        }
+        if (pd.cb) pd.cb(pd.cb_arg, b == 0 ? HS_OK : HS_ERR_IO);
+    } else {
+        snprintf(why, sizeof why, "unknown shared-memory message %u", tag);
+        c->tp->base.shm_refused++;
+        conn_fail_peer(c, HS_ERR_FORMAT, why);
+        return false;
+    }
+    memmove(c->rx, c->rx + TCP_HEAD, c->rx_len - TCP_HEAD);
+    c->rx_len -= TCP_HEAD;
+    return true;
+}
+
 /* Header complete in rx[0, TCP_HEAD): decode, make room for the body. */
 static bool rx_parse_head(tcp_conn_t *c)
 {
     char why[200];
+    if (c->shm) {
+        uint64_t prefix = hs_le64_load(c->rx);
+        unsigned tag = (unsigned)(prefix >> SHM_TAG_SHIFT);
+        c->shm->rx_ring = tag == SHM_TAG_RING;
+        if (tag != SHM_TAG_PLAIN && tag != SHM_TAG_RING) return rx_shm_ctl(c, tag);
+    }
     hs_status_t st = hs_frame_header_decode(c->rx + TCP_PREFIX, c->base.max_frame_body, &c->rx_hdr,
                                             why, sizeof why);
     if (st != HS_OK) {
@@ -355,6 +497,12 @@ static bool rx_parse_head(tcp_conn_t *c)
         return false;
     }
     c->rx_payload_len = hs_le64_load(c->rx);
+    if (c->shm) c->rx_payload_len &= SHM_LEN_MASK;
+    if (c->shm && c->shm->rx_ring && c->rx_payload_len == 0) {
+        c->tp->base.shm_refused++;
+        conn_fail_peer(c, HS_ERR_PROTO, "a shared-memory payload descriptor without a payload");
+        return false;
+    }
     size_t need = (size_t)TCP_HEAD * 2 + c->rx_hdr.body_len;
     if (need > c->rx_cap) {
         size_t ncap = c->rx_cap;
@@ -385,12 +533,48 @@ static void rx_deliver(tcp_conn_t *c)
         return;
     }
     uint64_t plen = c->rx_payload_len;
+    bool ring = c->shm && c->shm->rx_ring;
+    shm_conn_t *sh = c->shm;
+    if (ring) {
+        /* the descriptor is checked before its frame reaches anyone */
+        const uint8_t *d = body + c->rx_hdr.body_len;
+        sh->rx_seg = hs_le32_load(d);
+        sh->rx_off = hs_le64_load(d + 8);
+        sh->rx_token = hs_le64_load(d + 16);
+        st = hs__shm_desc_check(sh, sh->rx_seg, sh->rx_off, plen, why, sizeof why);
+        if (st != HS_OK) {
+            c->tp->base.shm_refused++;
+            conn_fail_peer(c, st, why);
+            return;
+        }
+    }
     bool accepted = hs__tp_deliver_frame(&c->base, c->rx_hdr.type, body, c->rx_hdr.body_len, plen);
-    size_t used = TCP_HEAD + c->rx_hdr.body_len;
+    size_t used = TCP_HEAD + c->rx_hdr.body_len + (ring ? SHM_DESC_BYTES : 0);
     memmove(c->rx, c->rx + used, c->rx_len - used);
     c->rx_len -= used;
     c->rx_state = RX_HEAD;
     if (plen == 0) return;
+    if (ring && accepted) {
+        if (c->closing) { /* on_payload(HS_ERR_CLOSED) from finalize */
+            c->pl_active = true;
+            return;
+        }
+        /* one pass out of the peer's segment into dest; the receiver
+         * verifies dest, so the peer's later writes change nothing */
+        memcpy(c->pl_dest, sh->map[sh->rx_seg] + sh->rx_off, plen);
+        c->base.payload_bytes_in += plen;
+        c->tp->base.shm_ring_payloads++;
+        sh->ring_payloads++;
+        if (hs__tcp_send_ctl(c, SHM_TAG_RELEASE, sh->rx_token, 0, -1) != HS_OK)
+            hs__tcp_conn_begin_close(c, HS_ERR_NOMEM, "cannot queue a release");
+        if (c->tp->base.cb.on_payload)
+            c->tp->base.cb.on_payload(c->tp->base.arg, &c->base, c->pl_cookie, HS_OK);
+        return;
+    }
+    if (c->shm && !ring) {
+        c->tp->base.shm_plain_payloads++;
+        sh->plain_payloads++;
+    }
     if (accepted) {
         /* even when the callee closed the connection right after accepting,
          * on_payload runs once for it (with HS_ERR_CLOSED then) */
@@ -441,7 +625,7 @@ void hs__tcp_conn_read(tcp_conn_t *c)
         if (c->rx_state == RX_PAYLOAD) {
             uint64_t left = c->pl_len - c->pl_done;
             size_t want = left > TCP_IO_CHUNK ? TCP_IO_CHUNK : (size_t)left;
-            ssize_t r = recv(c->fd, c->pl_dest + c->pl_done, want, MSG_DONTWAIT);
+            ssize_t r = conn_recv(c, c->pl_dest + c->pl_done, want);
             if (r < 0 && errno == EINTR) continue;
             if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
             if (r <= 0) {
@@ -460,10 +644,35 @@ void hs__tcp_conn_read(tcp_conn_t *c)
             budget -= (size_t)r;
             continue;
         }
+        if (c->shm && !c->shm->pre_done) {
+            shm_conn_t *sh = c->shm;
+            ssize_t r = conn_recv(c, sh->pre + sh->pre_len, SHM_PREAMBLE_BYTES - sh->pre_len);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+            if (r <= 0) {
+                conn_read_closed(c, r);
+                return;
+            }
+            sh->pre_len += (uint32_t)r;
+            if (sh->pre_len < SHM_PREAMBLE_BYTES) continue;
+            char why[200];
+            pid_t pid;
+            hs_status_t st = hs__shm_preamble_check(sh->pre, &pid, why, sizeof why);
+            if (st != HS_OK) {
+                c->tp->base.shm_refused++;
+                conn_fail_peer(c, st, why);
+                return;
+            }
+            sh->pre_done = true;
+            continue;
+        }
         if (c->rx_state == RX_HEAD && c->rx_len >= TCP_HEAD) {
             if (!rx_parse_head(c)) return;
+            if (c->rx_state == RX_HEAD) continue; /* a shared-memory control message */
         }
-        if (c->rx_state == RX_BODY && c->rx_len >= TCP_HEAD + (size_t)c->rx_hdr.body_len) {
+        if (c->rx_state == RX_BODY &&
+            c->rx_len >= TCP_HEAD + (size_t)c->rx_hdr.body_len +
+                             (c->shm && c->shm->rx_ring ? SHM_DESC_BYTES : 0)) {
             rx_deliver(c);
             continue;
         }
@@ -472,9 +681,11 @@ void hs__tcp_conn_read(tcp_conn_t *c)
         size_t limit;
         if (c->rx_state == RX_HEAD)
             limit = TCP_HEAD;
+        else if (c->shm && c->shm->rx_ring)
+            limit = TCP_HEAD + (size_t)c->rx_hdr.body_len + SHM_DESC_BYTES;
         else
             limit = TCP_HEAD + (size_t)c->rx_hdr.body_len + (c->rx_payload_len ? 0 : TCP_HEAD);
-        ssize_t r = recv(c->fd, c->rx + c->rx_len, limit - c->rx_len, MSG_DONTWAIT);
+        ssize_t r = conn_recv(c, c->rx + c->rx_len, limit - c->rx_len);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
         if (r <= 0) {

@@ -48,6 +48,7 @@
 #include <stdint.h>
 
 #include "hs_transport_int.h"
+#include "shm_int.h"
 #include "sock_int.h"
 
 #ifdef __cplusplus
@@ -75,16 +76,21 @@ typedef struct {
 typedef struct tcp_listener {
     tcp_obj_t obj;
     int fd;
+    bool unix_sock;     /* the shared-memory listener (shm_int.h) */
     uint64_t resume_ns; /* not polled until then after a failed accept (0 = polled) */
     struct tcp_listener *next;
 } tcp_listener_t;
 
-typedef enum { SEG_COPY, SEG_REF } seg_kind_t;
+/* SEG_FD: bytes of the send buffer, like SEG_COPY, sent with their own
+ * sendmsg() whose first byte carries `fd` (SCM_RIGHTS; shared memory). */
+typedef enum { SEG_COPY, SEG_REF, SEG_FD } seg_kind_t;
 
 typedef struct {
     seg_kind_t kind;
     uint64_t len;       /* bytes still to send */
     const uint8_t *ptr; /* SEG_REF: next byte to send */
+    int fd;             /* SEG_FD: the descriptor (the ring's; not closed here) */
+    bool fd_sent;
     hs_tp_send_cb cb;
     void *cb_arg;
 } tcp_seg_t;
@@ -98,6 +104,7 @@ typedef struct tcp_conn {
     tcp_obj_t obj;
     tcp_tp_t *tp;
     int fd;
+    shm_conn_t *shm; /* a shared-memory connection (Unix socket), else NULL */
     struct tcp_conn *prev, *next;
     uint32_t events; /* epoll mask now registered */
 
@@ -134,7 +141,9 @@ struct tcp_tp {
     tcp_conn_t *conns;
     size_t n_finalize;
     bool in_progress;
-    int sockbuf; /* SO_SNDBUF/SO_RCVBUF to ask for, 0 = leave autotuning */
+    int sockbuf;         /* SO_SNDBUF/SO_RCVBUF to ask for, 0 = leave autotuning */
+    shm_mode_t shm_mode; /* shared memory with peers on this host (shm_int.h) */
+    shm_ring_t ring;     /* producer side: the segments hs_tp_mem_alloc() made */
 };
 
 static inline tcp_conn_t *conn_of(hs_tp_conn_t *c) { return (tcp_conn_t *)c; }
@@ -156,6 +165,22 @@ HS_MUST_CHECK hs_status_t hs__tcp_recv_payload(hs_tp_conn_t *conn, void *dest, u
                                                uint64_t cookie);
 void hs__tcp_conn_read(tcp_conn_t *c);
 void hs__tcp_close(hs_tp_conn_t *conn, hs_status_t reason);
+/* tcp_shm.c: shared-memory connections (shm_int.h). */
+HS_MUST_CHECK hs_status_t hs__tcp_shm_listen(tcp_tp_t *tp, uint16_t port);
+void hs__tcp_shm_accept(tcp_tp_t *tp, tcp_listener_t *l);
+/* Connects to the shared-memory listener of the consumer on `port` of this
+ * host, retrying while nobody listens until deadline (once: one attempt).
+ * HS_ERR_CLOSED: nobody listens (once); why[cap] says what failed. */
+HS_MUST_CHECK hs_status_t hs__tcp_shm_connect(tcp_tp_t *tp, const char *host, uint16_t port,
+                                              uint64_t deadline, bool once, tcp_conn_t **out,
+                                              char *why, size_t cap);
+HS_MUST_CHECK hs_status_t hs__tcp_mem_alloc(hs_tp_t *t, size_t len, void **out);
+bool hs__tcp_mem_free(hs_tp_t *t, void *p);
+const char *hs__tcp_conn_kind(const hs_tp_conn_t *conn);
+/* Queues 16 bytes of a shared-memory control message (ATTACH, RELEASE),
+ * with `fd` passed along when >= 0. */
+HS_MUST_CHECK hs_status_t hs__tcp_send_ctl(tcp_conn_t *c, unsigned tag, uint64_t a, uint64_t b,
+                                           int fd);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,8 @@
  * the ERROR frame). */
 #include "hs_transport_int.h"
 
+#include "hs_devices.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
@@ -18,6 +20,8 @@ static const hs_tp_ops_t *ops_for_kind(hs_tp_kind_t kind)
 {
     switch (kind) {
     case HS_TP_TCP:
+    case HS_TP_SHM:
+    case HS_TP_AUTO:
         return &hs__tp_tcp_ops;
     case HS_TP_UCX:
 #ifdef HS_HAVE_UCX
@@ -40,6 +44,10 @@ const char *hs_tp_kind_str(hs_tp_kind_t kind)
         return "tcp";
     case HS_TP_UCX:
         return "ucx";
+    case HS_TP_SHM:
+        return "shm";
+    case HS_TP_AUTO:
+        return "auto";
     }
     return "?";
 }
@@ -57,10 +65,12 @@ hs_status_t hs_tp_kind_parse(const char *s, hs_tp_kind_t *out)
                      "install UCX (libucx-dev) and rebuild, or use --transport tcp");
             return HS_ERR_UNSUPPORTED;
         }
+    } else if (strcasecmp(s, "shm") == 0) {
+        k = HS_TP_SHM;
     } else if (strcasecmp(s, "auto") == 0) {
-        k = hs_tp_kind_available(HS_TP_UCX) ? HS_TP_UCX : HS_TP_TCP;
+        k = HS_TP_AUTO;
     } else {
-        hs_error("unknown transport '%s': use auto, ucx or tcp", s);
+        hs_error("unknown transport '%s': use auto, shm, ucx or tcp", s);
         return HS_ERR_INVALID;
     }
     *out = k;
@@ -90,19 +100,32 @@ hs_status_t hs_tp_create(const hs_tp_config_t *cfg, const hs_tp_callbacks_t *cb,
         hs_error("hs_tp_create: config, on_frame, on_close and out are required");
         return HS_ERR_INVALID;
     }
-    const hs_tp_ops_t *ops = ops_for_kind(cfg->kind);
+    hs_tp_config_t c = *cfg;
+    if (c.kind == HS_TP_AUTO && hs_tp_kind_available(HS_TP_UCX) &&
+        (c.require_rdma || hs_dev_rdma_count() > 0)) {
+        /* RDMA here: UCX, given its RDMA and shared-memory transports only,
+         * so it opens no TCP listener of its own (docs/security.md) */
+        c.kind = HS_TP_UCX;
+        if (!getenv("UCX_TLS")) setenv("UCX_TLS", "^tcp", 0);
+        hs_info("transport auto: an RDMA device is present, using UCX (UCX_TLS=%s)",
+                getenv("UCX_TLS"));
+    } else if (c.kind == HS_TP_UCX && !c.require_rdma && hs_dev_rdma_count() == 0) {
+        hs_warn("--transport ucx without an RDMA device: UCX runs over TCP, with listeners of its "
+                "own whose idle connections nothing bounds (docs/security.md); --transport auto "
+                "uses hsflow's TCP and shared memory instead");
+    }
+    const hs_tp_ops_t *ops = ops_for_kind(c.kind);
     if (!ops) {
         hs_error("transport '%s' is not built into this hsflow: use tcp, or rebuild with UCX",
                  hs_tp_kind_str(cfg->kind));
         return HS_ERR_UNSUPPORTED;
     }
-    if (cfg->require_rdma && cfg->kind != HS_TP_UCX) {
+    if (c.require_rdma && c.kind != HS_TP_UCX) {
         hs_error("RDMA was required but the transport is '%s': use --transport ucx (or auto) "
                  "with --require-rdma",
-                 hs_tp_kind_str(cfg->kind));
+                 hs_tp_kind_str(c.kind));
         return HS_ERR_UNSUPPORTED;
     }
-    hs_tp_config_t c = *cfg;
     if (c.max_frame_body == 0) c.max_frame_body = HS_FRAME_MAX_BODY;
     if (c.max_frame_body > HS_FRAME_MAX_BODY) {
         hs_error("transport max_frame_body %u exceeds the protocol limit %u", c.max_frame_body,
@@ -283,6 +306,37 @@ void hs_tp_wakeup(hs_tp_t *tp)
     if (tp) tp->ops->wakeup(tp);
 }
 
+hs_status_t hs_tp_mem_alloc(hs_tp_t *tp, size_t len, void **out)
+{
+    if (!tp || !len || !out) return HS_ERR_INVALID;
+    if (tp->ops->mem_alloc) {
+        hs_status_t st = tp->ops->mem_alloc(tp, len, out);
+        if (st != HS_ERR_UNSUPPORTED) return st;
+    }
+    void *p = hs_aligned_alloc(4096, len);
+    if (!p) {
+        hs_error("cannot allocate %.1f MiB of payload memory", (double)len / (1 << 20));
+        return HS_ERR_NOMEM;
+    }
+    memset(p, 0, len);
+    hs_status_t reg = hs_tp_mem_register(tp, p, len);
+    if (reg != HS_OK)
+        hs_warn("payload memory of %.1f MiB is not registered with the transport (%s); it is "
+                "sent all the same, registered per send",
+                (double)len / (1 << 20), hs_status_str(reg));
+    *out = p;
+    return HS_OK;
+}
+
+void hs_tp_mem_free(hs_tp_t *tp, void *p)
+{
+    if (!tp || !p) return;
+    if (tp->ops->mem_free && tp->ops->mem_free(tp, p)) return;
+    hs_aligned_free(p);
+}
+
+hs_tp_kind_t hs_tp_get_kind(const hs_tp_t *tp) { return tp ? tp->cfg.kind : HS_TP_TCP; }
+
 hs_status_t hs_tp_mem_register(hs_tp_t *tp, void *addr, size_t len)
 {
     if (!tp || !addr || len == 0) return HS_ERR_INVALID;
@@ -305,6 +359,18 @@ bool hs_tp_conn_payload_bytes_in(const hs_tp_conn_t *conn, uint64_t *bytes)
     if (!conn->payload_bytes_counted) return false;
     *bytes = conn->payload_bytes_in;
     return true;
+}
+
+const char *hs_tp_conn_kind(const hs_tp_conn_t *conn)
+{
+    if (!conn) return "?";
+    if (conn->tp->ops->conn_kind) return conn->tp->ops->conn_kind(conn);
+    return conn->tp->ops->name;
+}
+
+void hs_tp_conn_set_trusted(hs_tp_conn_t *conn)
+{
+    if (conn) conn->trusted = true;
 }
 
 const char *hs_tp_conn_describe(const hs_tp_conn_t *conn)
@@ -339,6 +405,7 @@ void *hs_tp_conn_get_user(const hs_tp_conn_t *conn) { return conn ? conn->user :
 bool hs__tp_addr_is_loopback(const struct sockaddr *sa)
 {
     if (!sa) return false;
+    if (sa->sa_family == AF_UNIX) return true; /* shared memory: this host */
     if (sa->sa_family == AF_INET) {
         const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
         return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
@@ -362,6 +429,8 @@ void hs__tp_addr_format(const struct sockaddr *sa, char *buf, size_t cap)
         const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
         inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
         snprintf(buf, cap, "[%s]:%u", host, ntohs(in6->sin6_port));
+    } else if (sa && sa->sa_family == AF_UNIX) {
+        snprintf(buf, cap, "shm");
     } else {
         snprintf(buf, cap, "?");
     }

@@ -340,8 +340,8 @@ class Consumer(Endpoint):
                 or not 0 <= lease_timeout_s <= 1e6):
             raise ValueError("lease_timeout_s=%r: expected seconds >= 0, e.g. 60 (0 = never)"
                              % (lease_timeout_s,))
-        if transport not in ("auto", "tcp", "ucx"):
-            raise ValueError("transport=%r: expected 'auto', 'tcp' or 'ucx'" % (transport,))
+        if transport not in ("auto", "shm", "tcp", "ucx"):
+            raise ValueError("transport=%r: expected 'auto', 'shm', 'tcp' or 'ucx'" % (transport,))
         rank, world = _rank_world(rank, world)
         if uneven not in ("drop", "repeat"):
             raise ValueError("uneven=%r: expected 'drop' (skip the leftover batches of an epoch) "

@@ -241,8 +241,9 @@ def build_parser():
            "slower than the forward (docs/pyproducer.md)")
     a("--secret-file", default=_env("secret-file"),
       help="shared secret for the HMAC handshake")
-    a("--transport", choices=("auto", "tcp", "ucx"), default=_env("transport", "auto"),
-      help="auto, tcp or ucx (default auto: ucx when built with UCX)")
+    a("--transport", choices=("auto", "shm", "tcp", "ucx"), default=_env("transport", "auto"),
+      help="auto, shm, tcp or ucx (default auto: shared memory with a consumer on this "
+        "host, ucx where an RDMA device is present, else tcp)")
     a("--connect-timeout", type=_uint(0, 86400, "seconds"), default=_env("connect-timeout", "30"),
       help="seconds to keep trying to reach the consumer (default 30)")
     a("--reconnect", action="store_true", default=_env_flag("reconnect"),

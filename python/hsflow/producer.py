@@ -295,8 +295,8 @@ class Producer(Endpoint):
                              "indices >= 0" % (layers,))
         if overflow not in ("truncate", "drop"):
             raise ValueError("overflow=%r: expected 'truncate' or 'drop'" % (overflow,))
-        if transport not in ("auto", "tcp", "ucx"):
-            raise ValueError("transport=%r: expected 'auto', 'tcp' or 'ucx'" % (transport,))
+        if transport not in ("auto", "shm", "tcp", "ucx"):
+            raise ValueError("transport=%r: expected 'auto', 'shm', 'tcp' or 'ucx'" % (transport,))
         if isinstance(staging_buffers, bool) or not isinstance(staging_buffers, (int, np.integer)) \
                 or staging_buffers not in (0,) + tuple(range(2, PRODUCER_STAGING_MAX + 1)):
             raise ValueError("staging_buffers=%r: expected 2..%d, or 0 for the library's default "

@@ -1345,7 +1345,10 @@ START_TEST(transport_kinds_parse_and_print)
     ck_assert_str_eq(hs_tp_kind_str(HS_TP_UCX), "ucx");
     ck_assert(hs_tp_kind_available(HS_TP_TCP));
     ck_assert_int_eq(hs_tp_kind_parse("auto", &k), HS_OK);
-    ck_assert_int_eq(k, hs_tp_kind_available(HS_TP_UCX) ? HS_TP_UCX : HS_TP_TCP);
+    ck_assert_int_eq(k, HS_TP_AUTO); /* resolved per host by hs_tp_create */
+    ck_assert_int_eq(hs_tp_kind_parse("shm", &k), HS_OK);
+    ck_assert_int_eq(k, HS_TP_SHM);
+    ck_assert_str_eq(hs_tp_kind_str(HS_TP_SHM), "shm");
     ck_assert_int_eq(hs_tp_kind_parse("ucx", &k),
                      hs_tp_kind_available(HS_TP_UCX) ? HS_OK : HS_ERR_UNSUPPORTED);
     ck_assert_int_eq(hs_tp_kind_parse("carrier-pigeon", &k), HS_ERR_INVALID);
