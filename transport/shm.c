@@ -48,8 +48,10 @@ hs_status_t hs__shm_preamble_check(const uint8_t *buf, pid_t *pid, char *why, si
     }
     uint32_t v = hs_le32_load(buf + 8);
     if (v != SHM_VERSION) {
-        snprintf(why, cap, "shared-memory protocol version %u, this side speaks %u: run the same "
-                 "hsflow on both sides", v, SHM_VERSION);
+        snprintf(why, cap,
+                 "shared-memory protocol version %u, this side speaks %u: run the same "
+                 "hsflow on both sides",
+                 v, SHM_VERSION);
         return HS_ERR_MISMATCH;
     }
     char mine[SHM_BOOT_ID_BYTES], theirs[SHM_BOOT_ID_BYTES];
@@ -57,8 +59,10 @@ hs_status_t hs__shm_preamble_check(const uint8_t *buf, pid_t *pid, char *why, si
     memcpy(theirs, buf + 16, SHM_BOOT_ID_BYTES);
     theirs[SHM_BOOT_ID_BYTES - 1] = '\0';
     if (!mine[0] || strcmp(mine, theirs) != 0) {
-        snprintf(why, cap, "the peer runs on another kernel (boot id '%s', ours '%s'): shared "
-                 "memory needs one host; use --transport tcp", theirs, mine);
+        snprintf(why, cap,
+                 "the peer runs on another kernel (boot id '%s', ours '%s'): shared "
+                 "memory needs one host; use --transport tcp",
+                 theirs, mine);
         return HS_ERR_MISMATCH;
     }
     *pid = (pid_t)hs_le32_load(buf + 12);
@@ -122,8 +126,7 @@ hs_status_t hs__shm_ring_alloc(shm_ring_t *r, size_t len, void **out)
         return HS_ERR_IO;
     }
     if (ftruncate(fd, (off_t)size) != 0) {
-        hs_error("cannot size a shared staging buffer to %llu bytes: %m",
-                 (unsigned long long)size);
+        hs_error("cannot size a shared staging buffer to %llu bytes: %m", (unsigned long long)size);
         goto err_fd;
     }
     if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
@@ -132,8 +135,7 @@ hs_status_t hs__shm_ring_alloc(shm_ring_t *r, size_t len, void **out)
     }
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
-        hs_error("cannot map a shared staging buffer of %llu bytes: %m",
-                 (unsigned long long)size);
+        hs_error("cannot map a shared staging buffer of %llu bytes: %m", (unsigned long long)size);
         goto err_fd;
     }
     shm_seg_t *s = &r->segs[r->n];
@@ -240,7 +242,8 @@ hs_status_t hs__shm_attach(shm_conn_t *s, bool trusted, uint32_t seg, uint64_t s
     struct stat sb;
     int seals;
     if (!trusted) {
-        snprintf(why, cap, "a shared-memory segment was offered before the peer proved itself "
+        snprintf(why, cap,
+                 "a shared-memory segment was offered before the peer proved itself "
                  "(the handshake comes first)");
     } else if (seg >= SHM_SEGS_MAX) {
         snprintf(why, cap, "shared-memory segment %u is out of range (at most %u)", seg,
@@ -255,8 +258,7 @@ hs_status_t hs__shm_attach(shm_conn_t *s, bool trusted, uint32_t seg, uint64_t s
                  (unsigned long long)size);
     } else if ((seals = fcntl(fd, F_GET_SEALS)) < 0 || !(seals & F_SEAL_SHRINK)) {
         /* a file that can shrink under our mapping would fault our reads */
-        snprintf(why, cap, "shared-memory segment %u is not a memfd sealed against shrinking",
-                 seg);
+        snprintf(why, cap, "shared-memory segment %u is not a memfd sealed against shrinking", seg);
     } else {
         void *p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
@@ -279,13 +281,15 @@ hs_status_t hs__shm_desc_check(const shm_conn_t *s, uint32_t seg, uint64_t off, 
                                char *why, size_t cap)
 {
     if (seg >= SHM_SEGS_MAX || !s->map[seg]) {
-        snprintf(why, cap, "a payload descriptor names shared-memory segment %u, which this "
+        snprintf(why, cap,
+                 "a payload descriptor names shared-memory segment %u, which this "
                  "connection never attached",
                  seg);
         return HS_ERR_PROTO;
     }
     if (len == 0 || off > s->map_len[seg] || len > s->map_len[seg] - off) {
-        snprintf(why, cap, "a payload descriptor for bytes [%llu, +%llu) lies outside "
+        snprintf(why, cap,
+                 "a payload descriptor for bytes [%llu, +%llu) lies outside "
                  "shared-memory segment %u of %llu bytes",
                  (unsigned long long)off, (unsigned long long)len, seg,
                  (unsigned long long)s->map_len[seg]);

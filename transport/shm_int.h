@@ -58,10 +58,10 @@ extern "C" {
 #define SHM_PREAMBLE_BYTES 64u
 #define SHM_MAGIC "HSFLSHM1"
 #define SHM_VERSION 1u
-#define SHM_SEGS_MAX 256u                 /* segments per producer, and per connection */
-#define SHM_SEG_MAX_BYTES (64ull << 30)   /* one segment */
-#define SHM_FDS_MAX 4u                    /* descriptors received and not yet attached */
-#define SHM_DESC_BYTES 24u                /* RING descriptor */
+#define SHM_SEGS_MAX 256u               /* segments per producer, and per connection */
+#define SHM_SEG_MAX_BYTES (64ull << 30) /* one segment */
+#define SHM_FDS_MAX 4u                  /* descriptors received and not yet attached */
+#define SHM_DESC_BYTES 24u              /* RING descriptor */
 #define SHM_TAG_SHIFT 56
 #define SHM_TAG_PLAIN 0u
 #define SHM_TAG_RING 1u

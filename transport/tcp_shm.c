@@ -190,9 +190,8 @@ static hs_status_t shm_try(tcp_tp_t *tp, uint16_t port, uint64_t deadline, tcp_c
     return HS_OK;
 }
 
-hs_status_t hs__tcp_shm_connect(tcp_tp_t *tp, const char *host, uint16_t port,
-                                uint64_t deadline, bool once, tcp_conn_t **out, char *why,
-                                size_t cap)
+hs_status_t hs__tcp_shm_connect(tcp_tp_t *tp, const char *host, uint16_t port, uint64_t deadline,
+                                bool once, tcp_conn_t **out, char *why, size_t cap)
 {
     for (;;) {
         hs_status_t st = shm_try(tp, port, deadline, out, why, cap);
