@@ -76,6 +76,7 @@ typedef struct {
     bool cache_registered;    /* the whole cache is registered with the transport */
     hs_msg_arena_t msg_arena; /* every DONE and STATS is decoded here */
     uint64_t n_seen, n_dropped, n_proto_errors, leases_returned;
+    uint64_t n_seen_shm, n_seen_tcp, n_seen_ucx; /* admitted, by transport */
     /* the store: reads with the checksum threads now, and batches read
      * back (hits), ticketed for want of them (misses), failing their check */
     uint32_t store_inflight;

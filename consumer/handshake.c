@@ -218,6 +218,7 @@ static void peer_admit(hs_consumer_t *c, peer_t *p)
         return;
     }
     hs_tp_conn_set_trusted(p->conn); /* a producer on this host may share its ring now */
+    hs__peer_count_transport(c, p);
     if (!offer_matches_expect(c, p)) return;
     if (c->store) {
         const run_offer_t *o = &p->offer;

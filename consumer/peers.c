@@ -135,6 +135,17 @@ static void preauth_make_room(hs_consumer_t *c, peer_t *p)
                       total, PREAUTH_MAX_PEERS);
 }
 
+void hs__peer_count_transport(hs_consumer_t *c, const peer_t *p)
+{
+    const char *k = hs_tp_conn_kind(p->conn);
+    if (strcmp(k, "shm") == 0)
+        c->net.n_seen_shm++;
+    else if (strcmp(k, "ucx") == 0)
+        c->net.n_seen_ucx++;
+    else
+        c->net.n_seen_tcp++;
+}
+
 hs_status_t hs__peer_accepted(void *arg, hs_tp_conn_t *conn)
 {
     hs_consumer_t *c = arg;

@@ -105,5 +105,7 @@ void hs__peers_free(hs_consumer_t *c);
 /* The transport's accept callback (arg: the consumer); its close callback
  * is consumer.c's. */
 HS_MUST_CHECK hs_status_t hs__peer_accepted(void *arg, hs_tp_conn_t *conn);
+/* Counts an admitted producer under the transport that carries it. */
+void hs__peer_count_transport(hs_consumer_t *c, const peer_t *p);
 
 #endif /* HS_PEERS_INT_H */

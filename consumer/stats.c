@@ -41,6 +41,13 @@ void hs__stats_snapshot(hs_consumer_t *c)
         if (p->conn && p->state == PEER_READY) {
             s.producers_connected++;
             stall += p->stall_pct;
+            const char *k = hs_tp_conn_kind(p->conn);
+            if (strcmp(k, "shm") == 0)
+                s.producers_shm++;
+            else if (strcmp(k, "ucx") == 0)
+                s.producers_ucx++;
+            else
+                s.producers_tcp++;
         }
     /* Once every producer has left, the last figure stands (the summary's). */
     s.producer_stall_pct = s.producers_connected ? stall / (double)s.producers_connected
@@ -53,6 +60,9 @@ void hs__stats_snapshot(hs_consumer_t *c)
     }
     s.protocol_errors = c->net.n_proto_errors;
     s.producers_seen = c->net.n_seen;
+    s.producers_seen_shm = c->net.n_seen_shm;
+    s.producers_seen_tcp = c->net.n_seen_tcp;
+    s.producers_seen_ucx = c->net.n_seen_ucx;
     s.producers_dropped = c->net.n_dropped;
     s.leases_returned = c->net.leases_returned;
     s.store_hits = c->net.store_hits;
@@ -157,6 +167,12 @@ void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
     s->producers_dropped = c->delivery.snap.producers_dropped;
     s->leases_returned = c->delivery.snap.leases_returned;
     s->producers_connected = c->delivery.snap.producers_connected;
+    s->producers_shm = c->delivery.snap.producers_shm;
+    s->producers_tcp = c->delivery.snap.producers_tcp;
+    s->producers_ucx = c->delivery.snap.producers_ucx;
+    s->producers_seen_shm = c->delivery.snap.producers_seen_shm;
+    s->producers_seen_tcp = c->delivery.snap.producers_seen_tcp;
+    s->producers_seen_ucx = c->delivery.snap.producers_seen_ucx;
     s->producer_stall_pct = c->delivery.snap.producer_stall_pct;
     s->store_hits = c->delivery.snap.store_hits;
     s->store_misses = c->delivery.snap.store_misses;
@@ -297,13 +313,23 @@ void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap)
     memcpy(waiting, c->delivery.waiting, sizeof(waiting));
     pthread_mutex_unlock(&c->delivery.lock);
     double secs = s.seconds > 0 ? s.seconds : 1e-9;
-    char ee[32], er[32], limit[256];
+    char ee[32], er[32], limit[256], by_transport[96] = "";
     hs_consumer_bottleneck_text(&s, limit, sizeof(limit));
+    if (s.producers_connected) { /* " (shm 2, tcp 1)": what carries them */
+        const char *names[3] = {"shm", "tcp", "ucx"};
+        uint64_t counts[3] = {s.producers_shm, s.producers_tcp, s.producers_ucx};
+        size_t bl = 0;
+        for (int i = 0; i < 3; i++)
+            if (counts[i] && bl < sizeof by_transport)
+                bl += (size_t)snprintf(by_transport + bl, sizeof by_transport - bl, "%s%s %llu",
+                                       bl ? ", " : " (", names[i], (unsigned long long)counts[i]);
+        if (bl && bl < sizeof by_transport) snprintf(by_transport + bl, sizeof by_transport - bl, ")");
+    }
     /* the last 30 s first, the run's averages in brackets */
     int n = snprintf(
         buf, cap,
         "epoch %u/%u | %llu/%llu batches (%.1f%%) | %.0f tok/s (run %.0f) | %.2f GB/s (run %.2f) | "
-        "ETA epoch %s, run %s | cache %.0f%% | tickets out %llu | producers %llu | producer stall "
+        "ETA epoch %s, run %s | cache %.0f%% | tickets out %llu | producers %llu%s | producer stall "
         "%.0f%% | starve %.0f%% (run %.0f%%) | verify %.0f%% | %s",
         s.epoch, s.epochs, (unsigned long long)s.batches_delivered,
         (unsigned long long)s.batches_planned, s.run_pct, s.recent_tokens_per_s,
@@ -311,7 +337,7 @@ void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap)
         (double)s.bytes_received / secs / 1e9, duration_str(s.eta_epoch_s, ee, sizeof(ee)),
         duration_str(s.eta_run_s, er, sizeof(er)),
         s.cache_capacity ? 100.0 * (double)s.cache_used / (double)s.cache_capacity : 0,
-        (unsigned long long)s.tickets_out, (unsigned long long)s.producers_connected,
+        (unsigned long long)s.tickets_out, (unsigned long long)s.producers_connected, by_transport,
         s.producer_stall_pct, s.recent_starve_pct, s.starve_pct, s.recent_verify_pct,
         waiting[0] ? waiting : limit);
     size_t len = n < 0 ? cap : (size_t)n;
@@ -358,7 +384,9 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         "  \"bottleneck\": \"%s\",\n  \"bottleneck_text\": \"%s\",\n"
         "  \"store_hits\": %llu,\n  \"store_misses\": %llu,\n  \"store_writes\": %llu,\n"
         "  \"store_skipped\": %llu,\n  \"store_bad\": %llu,\n  \"store_batches\": %llu,\n"
-        "  \"store_bytes_written\": %llu,\n  \"store_full\": %s,\n  \"complete\": %s\n}\n",
+        "  \"store_bytes_written\": %llu,\n  \"store_full\": %s,\n"
+        "  \"producer_transports\": {\"shm\": %llu, \"tcp\": %llu, \"ucx\": %llu},\n"
+        "  \"complete\": %s\n}\n",
         (unsigned long long)s->batches_planned, (unsigned long long)s->batches_resumed,
         (unsigned long long)s->batches_delivered, (unsigned long long)s->duplicates,
         (unsigned long long)s->checksum_failures, (unsigned long long)s->protocol_errors,
@@ -378,7 +406,8 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         (unsigned long long)s->store_misses, (unsigned long long)s->store_writes,
         (unsigned long long)s->store_skipped, (unsigned long long)s->store_bad,
         (unsigned long long)s->store_batches, (unsigned long long)s->store_bytes_written,
-        s->store_full ? "true" : "false",
+        s->store_full ? "true" : "false", (unsigned long long)s->producers_seen_shm,
+        (unsigned long long)s->producers_seen_tcp, (unsigned long long)s->producers_seen_ucx,
         (s->batches_planned || s->batches_resumed) && s->batches_delivered == s->batches_planned
             ? "true"
             : "false");

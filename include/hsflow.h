@@ -310,6 +310,10 @@ typedef struct {
     uint32_t verify_threads;
     double verify_pct;
     double recent_verify_pct;
+    /* Producers by the transport that carries them: connected now, and
+     * admitted since the start (shared memory, hsflow's TCP, UCX). */
+    uint64_t producers_shm, producers_tcp, producers_ucx;
+    uint64_t producers_seen_shm, producers_seen_tcp, producers_seen_ucx;
 } hs_consumer_stats_t;
 
 /* Which side limits the run, from the recent window's figures: the trainer

@@ -118,7 +118,9 @@ class ConsumerStats(ctypes.Structure):
         ("verify_threads", _c_u32),
         ("verify_pct", ctypes.c_double),
         ("recent_verify_pct", ctypes.c_double),
-    ]
+    ] + [(n, _c_u64) for n in (
+        "producers_shm", "producers_tcp", "producers_ucx",
+        "producers_seen_shm", "producers_seen_tcp", "producers_seen_ucx")]
 
 
 class ProducerClientConfig(ctypes.Structure):
