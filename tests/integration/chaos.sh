@@ -20,7 +20,7 @@
 # is several times longer than the kills take on an idle machine, so that
 # they are all done long before it ends on a loaded one.
 . "$(dirname "$0")/lib.sh"
-transport=${1:-tcp} # tcp or ucx
+transport=${1:-tcp} # tcp, shm or ucx
 kills=${HS_CHAOS_KILLS:-20}
 consumer_kill_at=$((kills / 2))
 

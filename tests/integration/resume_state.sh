@@ -11,6 +11,10 @@
 # another plan, and a --save-state onto the journal are refused, naming
 # what is wrong.
 . "$(dirname "$0")/lib.sh"
+# An optional argument names the transport of every process (default: none
+# given, so auto: shared memory on one host).
+tp=()
+[ -z "${1:-}" ] || tp=(--transport "$1")
 
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 200 --min-len 16 --max-len 2000 --seed 11
@@ -18,7 +22,7 @@ per_epoch=$(plan_batches "$data" 4096)
 state=$SCRATCH/state.json
 journal=$SCRATCH/run.journal
 popts=(--data "$data" --token-budget 4096 --hidden-size 256 --layers 2,16,29
-    --source synthetic --gpus cpu:1)
+    --source synthetic --gpus cpu:1 "${tp[@]}")
 
 "$CONSUMER" --help | grep -q -- "--resume-state FILE" || fail "--help lacks --resume-state"
 "$CONSUMER" --help | grep -q -- "--save-state FILE" || fail "--help lacks --save-state"
@@ -27,7 +31,7 @@ popts=(--data "$data" --token-budget 4096 --hidden-size 256 --layers 2,16,29
 state_field() { json_get "$1" "$2"; }
 
 # run 1: saves its state every 0.1 s; killed well after the copy we keep
-start c1 "$CONSUMER" --loopback 2 --cache-gb 0.25 --epochs 2 --journal "$journal" \
+start c1 "$CONSUMER" "${tp[@]}" --loopback 2 --cache-gb 0.25 --epochs 2 --journal "$journal" \
     --save-state "$state" --save-state-interval 0.1 --train-ms 25 --status-interval 0.1 \
     -- "${popts[@]}"
 deadline=$(($(date +%s) + 60))
@@ -47,13 +51,15 @@ journaled=$(($(wc -l <"$journal") - 1))
 [ "$journaled" -gt "$saved" ] || fail "the journal ($journaled) is not ahead of the state ($saved)"
 
 # run 2: resumes from the checkpoint's state; the state wins over the journal
-start c2 "$CONSUMER" --loopback 2 --cache-gb 0.25 --epochs 2 --journal "$journal" \
+start c2 "$CONSUMER" "${tp[@]}" --loopback 2 --cache-gb 0.25 --epochs 2 --journal "$journal" \
     --resume-state "$SCRATCH/checkpoint.json" --save-state "$state" \
     --summary-json "$SCRATCH/s2.json" -- "${popts[@]}"
 expect_exit c2 0 120
 log_has c2 "give way to the resume state"
 log_has c2 "rewritten to the resume state's $saved batch"
 log_has c2 "resuming from the resume state"
+[ "${1:-}" != shm ] || expect_json "$SCRATCH/s2.json" \
+    "d['producer_transports']['shm'] == d['producers_seen'] > 0"
 expect_json "$SCRATCH/s2.json" "d['complete']" "d['duplicates'] == 0" \
     "d['batches_resumed'] == $saved" \
     "d['batches_planned'] == 2 * $per_epoch - $saved"
@@ -79,7 +85,7 @@ expect_json "$state" "d['epochs_done'] == 2" "d['delivered'] == 2 * $per_epoch" 
 
 # run 3: the final state of a complete run leaves nothing to do (and one file
 # can be both the state resumed from and the state saved)
-start c3 "$CONSUMER" --loopback 1 --cache-gb 0.25 --epochs 2 --resume-state "$state" \
+start c3 "$CONSUMER" "${tp[@]}" --loopback 1 --cache-gb 0.25 --epochs 2 --resume-state "$state" \
     --save-state "$state" --summary-json "$SCRATCH/s3.json" -- "${popts[@]}"
 expect_exit c3 0 60
 log_has c3 "nothing left to do"
@@ -89,24 +95,24 @@ expect_json "$state" "d['epochs_done'] == 2" "d['delivered'] == 2 * $per_epoch"
 
 # refusals, each naming what is wrong
 echo '{"hsflow_state": 1, "plan": "abc' >"$SCRATCH/bad.json"
-start c4 "$CONSUMER" --loopback 1 --cache-gb 0.25 --epochs 2 --resume-state "$SCRATCH/bad.json" \
+start c4 "$CONSUMER" "${tp[@]}" --loopback 1 --cache-gb 0.25 --epochs 2 --resume-state "$SCRATCH/bad.json" \
     -- "${popts[@]}"
 expect_exit c4 2 30
 log_has c4 "resume state is not valid JSON"
-start c5 "$CONSUMER" --loopback 1 --cache-gb 0.25 --epochs 3 \
+start c5 "$CONSUMER" "${tp[@]}" --loopback 1 --cache-gb 0.25 --epochs 3 \
     --resume-state "$SCRATCH/checkpoint.json" -- "${popts[@]}"
 expect_exit c5 2 30
 log_has c5 "saved by a run of 2 epoch\(s\), this consumer runs 3: give --epochs 2"
-start c6 "$CONSUMER" --loopback 1 --cache-gb 0.25 --epochs 2 --resume-state "$SCRATCH/none.json" \
+start c6 "$CONSUMER" "${tp[@]}" --loopback 1 --cache-gb 0.25 --epochs 2 --resume-state "$SCRATCH/none.json" \
     -- "${popts[@]}"
 expect_exit c6 2 30
 log_has c6 "--resume-state .*none.json: cannot open it"
-start c7 "$CONSUMER" --loopback 1 --cache-gb 0.25 --epochs 2 \
+start c7 "$CONSUMER" "${tp[@]}" --loopback 1 --cache-gb 0.25 --epochs 2 \
     --resume-state "$SCRATCH/checkpoint.json" -- "${popts[@]}" --seed 99
 wait_exit c7 60
 [ "${RC_OF[c7]}" -ne 0 ] || fail "a run with producers of another plan succeeded"
 log_has c7 "resume state was saved for plan [0-9a-f]{16} \([0-9]+ batches/epoch\), the producer offers plan"
-start c8 "$CONSUMER" --loopback 1 --cache-gb 0.25 --epochs 2 --journal "$journal" \
+start c8 "$CONSUMER" "${tp[@]}" --loopback 1 --cache-gb 0.25 --epochs 2 --journal "$journal" \
     --save-state "$journal" -- "${popts[@]}"
 expect_exit c8 2 30
 log_has c8 "--save-state .*: give it a file of its own"

@@ -14,7 +14,8 @@
 #   enospc    the disk fills (a test hook fails the 3rd write with ENOSPC):
 #             one warning, the store stops growing, the run completes
 . "$(dirname "$0")/lib.sh"
-mode=${1:?usage: store.sh replay|killed|mismatch|enospc}
+mode=${1:?usage: store.sh replay|killed|mismatch|enospc [tcp|shm]}
+tpk=${2:-tcp} # the transport of every process
 
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 200 --min-len 16 --max-len 2000 --seed 1
@@ -23,8 +24,8 @@ per_epoch=$(plan_batches "$data" $budget)
 [ "${per_epoch:-0}" -gt 0 ] || fail "hs-data plan gave no batch count"
 store=$SCRATCH/store
 popts=(--data "$data" --token-budget $budget --hidden-size 256 --layers 2,16,29
-    --source synthetic --gpus cpu:1 --transport tcp)
-copts=(--cache-gb 0.25 --verify-synthetic --transport tcp --status-interval 1)
+    --source synthetic --gpus cpu:1 --transport "$tpk")
+copts=(--cache-gb 0.25 --verify-synthetic --transport "$tpk" --status-interval 1)
 
 # online NAME EPOCHS: a loopback run with the store. Its producer takes
 # each ticket 150 ms late (its --fault hook), so batches come no faster than
@@ -119,7 +120,7 @@ mismatch)
         --train-ms 2000
     wait_log c2 'run defined by the store' 30
     base=(--to 127.0.0.1:$port --token-budget $budget --source synthetic --gpus cpu:1
-        --transport tcp --connect-timeout 30)
+        --transport "$tpk" --connect-timeout 30)
     start q1 "$PRODUCER" "${base[@]}" --data "$other" --hidden-size 256 --layers 2,16,29 --name q1
     expect_exit q1 2 30
     log_has q1 "not the run of the store: dataset fingerprint [0-9a-f]{16}, the store holds $fp"

@@ -8,9 +8,12 @@
 #   plan      the same with --order plan
 #   hst       the same from a .hst dataset made by hs-data import
 #   loopback  hs-consumer --loopback 3 (one command)
-#   auto      the default transport on both sides (no --transport)
+#   auto      the default transport on both sides (no --transport): shared
+#             memory on one host, every producer counted under shm
+#   shm       --transport shm on both sides
+#   shm-fp8   the same with fp8 hidden states (--hs-dtype fp8)
 . "$(dirname "$0")/lib.sh"
-mode=${1:?usage: verified_run.sh arrival|plan|hst|loopback|auto}
+mode=${1:?usage: verified_run.sh arrival|plan|hst|loopback|auto|shm|shm-fp8}
 
 data=$SCRATCH/d.jsonl
 synth "$data" --sequences 200 --min-len 16 --max-len 2000 --seed 1
@@ -20,6 +23,8 @@ per_epoch=$(plan_batches "$data" $budget)
 
 tp=(--transport tcp)
 corder=()
+dtype=()
+want_tp=tcp
 case $mode in
 arrival | loopback) ;;
 plan) corder=(--order plan) ;;
@@ -32,12 +37,14 @@ hst)
     [ "$(plan_batches "$SCRATCH/d.hst" $budget)" = "$per_epoch" ] || fail ".hst plan differs from the JSONL plan"
     data=$SCRATCH/d.hst
     ;;
-auto) tp=() ;;
+auto) tp=() want_tp=shm ;;
+shm) tp=(--transport shm) want_tp=shm ;;
+shm-fp8) tp=(--transport shm) want_tp=shm dtype=(--hs-dtype fp8) ;;
 *) fail "unknown mode $mode" ;;
 esac
 
 popts=(--data "$data" --token-budget $budget --hidden-size 256 --layers 2,16,29
-    --source synthetic --gpus cpu:1 "${tp[@]}")
+    --source synthetic --gpus cpu:1 "${tp[@]}" "${dtype[@]}")
 copts=(--cache-gb 0.25 --epochs 2 --verify-synthetic --summary-json "$SCRATCH/summary.json"
     "${corder[@]}" "${tp[@]}")
 
@@ -74,4 +81,7 @@ expect_json "$SCRATCH/summary.json" \
     'd["epochs"] == 2' \
     'd["bytes"] > 0 and d["tokens"] > 0' \
     'd["cache_high_water"] <= d["cache_capacity"]'
+[ "$mode" = loopback ] || expect_json "$SCRATCH/summary.json" \
+    "d['producer_transports']['$want_tp'] == 3"
+[ ${#dtype[@]} -eq 0 ] || log_has consumer 'dtype=fp8'
 pass "$mode: $((2 * per_epoch)) batches, all verified"
