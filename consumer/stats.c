@@ -323,13 +323,15 @@ void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap)
             if (counts[i] && bl < sizeof by_transport)
                 bl += (size_t)snprintf(by_transport + bl, sizeof by_transport - bl, "%s%s %llu",
                                        bl ? ", " : " (", names[i], (unsigned long long)counts[i]);
-        if (bl && bl < sizeof by_transport) snprintf(by_transport + bl, sizeof by_transport - bl, ")");
+        if (bl && bl < sizeof by_transport)
+            snprintf(by_transport + bl, sizeof by_transport - bl, ")");
     }
     /* the last 30 s first, the run's averages in brackets */
     int n = snprintf(
         buf, cap,
         "epoch %u/%u | %llu/%llu batches (%.1f%%) | %.0f tok/s (run %.0f) | %.2f GB/s (run %.2f) | "
-        "ETA epoch %s, run %s | cache %.0f%% | tickets out %llu | producers %llu%s | producer stall "
+        "ETA epoch %s, run %s | cache %.0f%% | tickets out %llu | producers %llu%s | producer "
+        "stall "
         "%.0f%% | starve %.0f%% (run %.0f%%) | verify %.0f%% | %s",
         s.epoch, s.epochs, (unsigned long long)s.batches_delivered,
         (unsigned long long)s.batches_planned, s.run_pct, s.recent_tokens_per_s,

@@ -38,7 +38,10 @@ void hs__on_done(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len,
                       (unsigned long long)d->ticket_id, it.epoch, it.batch);
     } else {
         uint8_t *dest = (uint8_t *)hs_cache_base(c->cache) + it.slot_offset;
-        if (hs_tp_recv_payload(p->conn, dest, it.bytes, d->ticket_id) == HS_OK) {
+        /* a transport that copies the payload itself (shared memory)
+         * checksums the body in the same pass */
+        if (hs_tp_recv_payload_sum(p->conn, dest, it.bytes, d->ticket_id, HS_BATCH_HEADER_BYTES) ==
+            HS_OK) {
             p->receiving++;
             p->receiving_bytes += it.bytes;
             p->t_done_frame = p->t_progress = hs_now_s();
@@ -194,8 +197,9 @@ void hs__verify_check(void *arg, hs__verify_job_t *j)
         if (j->status != HS_OK) return;
         ((hs_batch_header_t *)region)->epoch = j->item.epoch;
     }
-    j->status = hs_batch_verify(region, j->item.bytes, j->item.epoch, j->item.batch, j->item.n_seqs,
-                                j->item.n_tokens, &c->run.layout, j->why, sizeof(j->why));
+    j->status = hs_batch_verify_sum(region, j->item.bytes, j->item.epoch, j->item.batch,
+                                    j->item.n_seqs, j->item.n_tokens, &c->run.layout,
+                                    j->have_sum ? &j->sum : NULL, j->why, sizeof(j->why));
     if (j->status == HS_OK && c->cfg.verify_synthetic) {
         hs_batch_view_t v =
             hs_batch_view((void *)region, j->item.n_seqs, j->item.n_tokens, &c->run.layout);
@@ -295,6 +299,7 @@ void hs__payload_landed(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_statu
              (double)it.bytes / (1 << 20), 1e3 * (hs_now_s() - p->t_done_frame));
     hs__verify_job_t j = {
         .peer_id = p->id, .ticket_id = cookie, .item = it, .t_queued = hs_now_s()};
+    j.have_sum = hs_tp_conn_payload_checksum(conn, &j.sum);
     if (hs__verify_pool_push(c->verify, &j) != HS_OK) {
         hs__peer_drop(c, p, HS_ERR_NOMEM, "out of memory");
         return;

@@ -23,6 +23,8 @@ typedef struct {
     uint64_t peer_id, ticket_id;
     hs_sched_item_t item;
     double t_queued;
+    bool have_sum; /* the body's checksum came with the payload (shared memory) */
+    uint64_t sum;
     hs_status_t status; /* set by the check */
     char why[256];      /* set by the check when status != HS_OK */
 } hs__verify_job_t;

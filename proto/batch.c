@@ -326,6 +326,14 @@ hs_status_t hs_batch_verify(const void *region, uint64_t bytes, uint32_t epoch, 
                             uint32_t n_seqs, uint32_t n_tokens, const hs_layout_t *layout,
                             char *why, size_t whycap)
 {
+    return hs_batch_verify_sum(region, bytes, epoch, index, n_seqs, n_tokens, layout, NULL, why,
+                               whycap);
+}
+
+hs_status_t hs_batch_verify_sum(const void *region, uint64_t bytes, uint32_t epoch, uint32_t index,
+                                uint32_t n_seqs, uint32_t n_tokens, const hs_layout_t *layout,
+                                const uint64_t *body_sum, char *why, size_t whycap)
+{
     const hs_batch_header_t *h = region;
     uint64_t want_bytes = hs_batch_bytes(n_seqs, n_tokens, layout);
     if (bytes < HS_BATCH_HEADER_BYTES) {
@@ -378,8 +386,9 @@ hs_status_t hs_batch_verify(const void *region, uint64_t bytes, uint32_t epoch, 
     hs_status_t st = check_cu_seqlens((const int32_t *)((const uint8_t *)region + o.cu_seqlens),
                                       n_seqs, n_tokens, why, whycap);
     if (st != HS_OK) return st;
-    uint64_t sum = hs_checksum64((const uint8_t *)region + HS_BATCH_HEADER_BYTES,
-                                 bytes - HS_BATCH_HEADER_BYTES);
+    uint64_t sum = body_sum ? *body_sum
+                            : hs_checksum64((const uint8_t *)region + HS_BATCH_HEADER_BYTES,
+                                            bytes - HS_BATCH_HEADER_BYTES);
     if (sum != h->checksum) {
         say(why, whycap,
             "batch (epoch %u, index %u) checksum 0x%016" PRIx64 ", header says "

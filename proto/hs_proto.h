@@ -163,6 +163,13 @@ void hs_batch_seal(void *region, uint64_t total_bytes);
 HS_MUST_CHECK hs_status_t hs_batch_verify(const void *region, uint64_t bytes, uint32_t epoch,
                                           uint32_t index, uint32_t n_seqs, uint32_t n_tokens,
                                           const hs_layout_t *layout, char *why, size_t whycap);
+/* The same, with the body's checksum (hs_checksum64 of the region after its
+ * header) already computed from the region as it is now, e.g. while it was
+ * copied in (hs_tp_recv_payload_sum); NULL body_sum = compute it here. */
+HS_MUST_CHECK hs_status_t hs_batch_verify_sum(const void *region, uint64_t bytes, uint32_t epoch,
+                                              uint32_t index, uint32_t n_seqs, uint32_t n_tokens,
+                                              const hs_layout_t *layout, const uint64_t *body_sum,
+                                              char *why, size_t whycap);
 
 /* Synthetic hidden states: bf16 bits that are a deterministic function of
  * (sample id, layer index, token position within its sequence, channel);

@@ -66,6 +66,7 @@ static void fault_payload(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_sta
         f->pending[i].conn = NULL;
         if (status == HS_OK && f->corrupt_at && ++f->payloads == f->corrupt_at) {
             f->pending[i].dest[f->pending[i].bytes / 2] ^= 0x40;
+            conn->sum_valid = false; /* the copy's checksum no longer describes dest */
             hs_warn("fault injection: flipped a byte of payload %llu from %s",
                     (unsigned long long)f->payloads, conn->peer);
         }

@@ -156,6 +156,19 @@ HS_MUST_CHECK hs_status_t hs_tp_send_payload(hs_tp_conn_t *conn, const void *fra
 HS_MUST_CHECK hs_status_t hs_tp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes,
                                              uint64_t cookie);
 
+/* hs_tp_recv_payload, and where the transport copies the payload itself
+ * (out of a producer's shared memory) it also computes hs_checksum64() of
+ * dest[sum_from, bytes), reading back the bytes it wrote while they are
+ * still in cache: one pass instead of a copy and a second read. Inside
+ * on_payload(HS_OK) for it, hs_tp_conn_payload_checksum() gives that value;
+ * it describes dest as written, so whatever the sender does to its memory
+ * afterwards changes nothing. */
+HS_MUST_CHECK hs_status_t hs_tp_recv_payload_sum(hs_tp_conn_t *conn, void *dest, uint64_t bytes,
+                                                 uint64_t cookie, uint64_t sum_from);
+/* Only inside on_payload(): the checksum hs_tp_recv_payload_sum asked for,
+ * when the transport computed it (false: compute it yourself). */
+bool hs_tp_conn_payload_checksum(const hs_tp_conn_t *conn, uint64_t *sum);
+
 /* Sends what is queued (best effort, bounded by a short linger), then closes;
  * on_close runs from a later hs_tp_progress(). */
 void hs_tp_close(hs_tp_conn_t *conn, hs_status_t reason);

@@ -85,6 +85,11 @@ struct hs_tp_conn {
     bool payload_bytes_counted;
     /* The owner vouched for the peer (hs_tp_conn_set_trusted). */
     bool trusted;
+    /* hs_tp_recv_payload_sum: the checksum of dest[sum_from, bytes) is
+     * wanted; sum_valid and sum while on_payload runs for a payload whose
+     * copy computed it (shared memory). */
+    bool sum_wanted, sum_valid;
+    uint64_t sum_from, sum;
 };
 
 /* Runs on_frame() for a checked frame. When payload_bytes > 0 it returns

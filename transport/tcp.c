@@ -411,6 +411,7 @@ static void tcp_destroy(hs_tp_t *t)
     close(tp->wake_fd);
     close(tp->epfd);
     hs__shm_ring_destroy(&tp->ring);
+    hs_checksum_stream_destroy(tp->sum);
     free(tp);
 }
 

@@ -480,6 +480,35 @@ static bool rx_shm_ctl(tcp_conn_t *c, unsigned tag)
     return true;
 }
 
+/* Copies a payload out of a peer's segment. When the receiver asked for the
+ * checksum (hs_tp_recv_payload_sum), it is computed from dest piece by
+ * piece right after each piece is written, while it is in cache. */
+#define SHM_COPY_PIECE (256u << 10)
+static void shm_copy(tcp_conn_t *c, uint8_t *dest, const uint8_t *src, uint64_t len)
+{
+    hs_tp_conn_t *b = &c->base;
+    b->sum_valid = false;
+    if (!b->sum_wanted || b->sum_from > len) {
+        memcpy(dest, src, len);
+        return;
+    }
+    if (!c->tp->sum) c->tp->sum = hs_checksum_stream_create();
+    if (!c->tp->sum) {
+        memcpy(dest, src, len); /* the receiver computes it */
+        return;
+    }
+    memcpy(dest, src, b->sum_from);
+    hs_checksum_stream_reset(c->tp->sum);
+    for (uint64_t off = b->sum_from; off < len;) {
+        size_t n = len - off < SHM_COPY_PIECE ? (size_t)(len - off) : SHM_COPY_PIECE;
+        memcpy(dest + off, src + off, n);
+        hs_checksum_stream_update(c->tp->sum, dest + off, n);
+        off += n;
+    }
+    b->sum = hs_checksum_stream_final(c->tp->sum);
+    b->sum_valid = true;
+}
+
 /* Header complete in rx[0, TCP_HEAD): decode, make room for the body. */
 static bool rx_parse_head(tcp_conn_t *c)
 {
@@ -561,7 +590,7 @@ static void rx_deliver(tcp_conn_t *c)
         }
         /* one pass out of the peer's segment into dest; the receiver
          * verifies dest, so the peer's later writes change nothing */
-        memcpy(c->pl_dest, sh->map[sh->rx_seg] + sh->rx_off, plen);
+        shm_copy(c, c->pl_dest, sh->map[sh->rx_seg] + sh->rx_off, plen);
         c->base.payload_bytes_in += plen;
         c->tp->base.shm_ring_payloads++;
         sh->ring_payloads++;
@@ -569,8 +598,11 @@ static void rx_deliver(tcp_conn_t *c)
             hs__tcp_conn_begin_close(c, HS_ERR_NOMEM, "cannot queue a release");
         if (c->tp->base.cb.on_payload)
             c->tp->base.cb.on_payload(c->tp->base.arg, &c->base, c->pl_cookie, HS_OK);
+        c->base.sum_valid = false;
+        c->base.sum_wanted = false;
         return;
     }
+    c->base.sum_wanted = false; /* a payload over the socket: the receiver checks it */
     if (c->shm && !ring) {
         c->tp->base.shm_plain_payloads++;
         sh->plain_payloads++;

@@ -141,9 +141,10 @@ struct tcp_tp {
     tcp_conn_t *conns;
     size_t n_finalize;
     bool in_progress;
-    int sockbuf;         /* SO_SNDBUF/SO_RCVBUF to ask for, 0 = leave autotuning */
-    shm_mode_t shm_mode; /* shared memory with peers on this host (shm_int.h) */
-    shm_ring_t ring;     /* producer side: the segments hs_tp_mem_alloc() made */
+    int sockbuf;               /* SO_SNDBUF/SO_RCVBUF to ask for, 0 = leave autotuning */
+    shm_mode_t shm_mode;       /* shared memory with peers on this host (shm_int.h) */
+    shm_ring_t ring;           /* producer side: the segments hs_tp_mem_alloc() made */
+    hs_checksum_stream_t *sum; /* checksums computed while copying (tcp_conn.c) */
 };
 
 static inline tcp_conn_t *conn_of(hs_tp_conn_t *c) { return (tcp_conn_t *)c; }

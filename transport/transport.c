@@ -273,7 +273,26 @@ hs_status_t hs_tp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes, u
     if (conn->tp->fault) hs__tp_fault_note_recv(conn->tp->fault, conn, dest, bytes, cookie);
     hs_status_t st = conn->tp->ops->recv_payload(conn, dest, bytes, cookie);
     if (st == HS_OK) conn->offer_accepted = true;
+    conn->sum_wanted = false;
     return st;
+}
+
+hs_status_t hs_tp_recv_payload_sum(hs_tp_conn_t *conn, void *dest, uint64_t bytes, uint64_t cookie,
+                                   uint64_t sum_from)
+{
+    hs_status_t st = hs_tp_recv_payload(conn, dest, bytes, cookie);
+    if (st == HS_OK && sum_from <= bytes) {
+        conn->sum_wanted = true;
+        conn->sum_from = sum_from;
+    }
+    return st;
+}
+
+bool hs_tp_conn_payload_checksum(const hs_tp_conn_t *conn, uint64_t *sum)
+{
+    if (!conn || !conn->sum_valid) return false;
+    *sum = conn->sum;
+    return true;
 }
 
 bool hs__tp_deliver_frame(hs_tp_conn_t *conn, uint16_t type, const uint8_t *body, uint32_t body_len,

@@ -36,6 +36,9 @@ typedef struct {
     int accepts, frames, payloads_ok, payloads_failed, closes;
     hs_tp_conn_t *accepted[MAX_CONNS];
     bool trust_on_accept;
+    uint64_t sum_from; /* hs_tp_recv_payload_sum from this byte (0: plain receive) */
+    bool sum_valid;    /* what hs_tp_conn_payload_checksum said for the last payload */
+    uint64_t sum, last_len;
     uint8_t *dest;
     uint64_t dest_len;
     hs_status_t close_reason;
@@ -58,13 +61,20 @@ static void cb_frame(void *arg, hs_tp_conn_t *conn, uint16_t type, const uint8_t
 {
     side_t *s = arg;
     s->frames++;
-    if (payload_bytes && s->dest && payload_bytes <= s->dest_len)
-        ck_assert_int_eq(hs_tp_recv_payload(conn, s->dest, payload_bytes, 7), HS_OK);
+    if (payload_bytes && s->dest && payload_bytes <= s->dest_len) {
+        s->last_len = payload_bytes;
+        if (s->sum_from)
+            ck_assert_int_eq(hs_tp_recv_payload_sum(conn, s->dest, payload_bytes, 7, s->sum_from),
+                             HS_OK);
+        else
+            ck_assert_int_eq(hs_tp_recv_payload(conn, s->dest, payload_bytes, 7), HS_OK);
+    }
 }
 
 static void cb_payload(void *arg, hs_tp_conn_t *conn, uint64_t cookie, hs_status_t status)
 {
     side_t *s = arg;
+    s->sum_valid = hs_tp_conn_payload_checksum(conn, &s->sum);
     if (status == HS_OK)
         s->payloads_ok++;
     else
@@ -284,9 +294,8 @@ START_TEST(a_payload_is_copied_out_of_the_ring_and_later_writes_change_nothing)
     uint8_t frame[256];
     size_t flen = make_frame(frame, 40);
     /* two payloads from one segment: it is attached (and mapped) once */
-    ck_assert_int_eq(hs_tp_send_payload(cc, frame, flen, ring + 4096, SEG_BYTES - 8192, send_done,
-                                        NULL),
-                     HS_OK);
+    ck_assert_int_eq(
+        hs_tp_send_payload(cc, frame, flen, ring + 4096, SEG_BYTES - 8192, send_done, NULL), HS_OK);
     PUMP_UNTIL(&S, &C, S.payloads_ok == 1 && g_sends_ok == 1);
     for (uint32_t i = 0; i < SEG_BYTES - 8192; i++)
         ck_assert_uint_eq(S.dest[i], (uint8_t)((i + 4096) * 13 + 1));
@@ -299,8 +308,20 @@ START_TEST(a_payload_is_copied_out_of_the_ring_and_later_writes_change_nothing)
     ck_assert_int_eq(hs_tp_send_payload(cc, frame, flen, ring, 100, send_done, NULL), HS_OK);
     PUMP_UNTIL(&S, &C, S.payloads_ok == 2 && g_sends_ok == 2);
     ck_assert_uint_eq(S.dest[0], 0xEE);
+    ck_assert(!S.sum_valid); /* not asked for */
+    /* the checksum computed while copying is the checksum of dest */
+    S.sum_from = 256;
+    for (uint32_t i = 0; i < SEG_BYTES; i++)
+        ring[i] = (uint8_t)(i * 7 + 3);
+    ck_assert_int_eq(
+        hs_tp_send_payload(cc, frame, flen, ring + 100, SEG_BYTES - 100, send_done, NULL), HS_OK);
+    PUMP_UNTIL(&S, &C, S.payloads_ok == 3 && g_sends_ok == 3);
+    ck_assert(S.sum_valid);
+    ck_assert_uint_eq(S.sum, hs_checksum64(S.dest + 256, SEG_BYTES - 100 - 256));
+    memset(ring, 0, SEG_BYTES); /* later writes: dest and its checksum stand */
+    ck_assert_uint_eq(S.sum, hs_checksum64(S.dest + 256, SEG_BYTES - 100 - 256));
     ck_assert_uint_eq(S.tp->shm_mapped, 1);
-    ck_assert_uint_eq(S.tp->shm_ring_payloads, 2);
+    ck_assert_uint_eq(S.tp->shm_ring_payloads, 3);
     ck_assert_uint_eq(S.tp->shm_plain_payloads, 0);
     ck_assert_uint_eq(S.tp->shm_refused, 0);
     /* memory outside any segment still travels, over the socket */
@@ -308,8 +329,9 @@ START_TEST(a_payload_is_copied_out_of_the_ring_and_later_writes_change_nothing)
     memset(plain, 0x5A, sizeof plain);
     ck_assert_int_eq(hs_tp_send_payload(cc, frame, flen, plain, sizeof plain, send_done, NULL),
                      HS_OK);
-    PUMP_UNTIL(&S, &C, S.payloads_ok == 3 && g_sends_ok == 3);
+    PUMP_UNTIL(&S, &C, S.payloads_ok == 4 && g_sends_ok == 4);
     ck_assert_uint_eq(S.dest[332], 0x5A);
+    ck_assert(!S.sum_valid); /* over the socket: the receiver checks it */
     ck_assert_uint_eq(S.tp->shm_plain_payloads, 1);
     ck_assert_int_eq(S.closes, 0);
 }
