@@ -13,11 +13,13 @@
 #                UCX may take shared memory and bypass the veth
 #   ucx-default  --transport ucx with UCX's own choice (UCX_TLS unset): the
 #                run must complete; the lanes UCX took are printed
+#   auto         no --transport: two hosts without an RDMA device, so
+#                hsflow's TCP (not shared memory, not UCX) carries both
 # Exits 77 (skipped) only where the kernel or the sandbox refuses network
 # namespaces or veth pairs (not root, no CAP_NET_ADMIN, no veth module).
 . "$(dirname "$0")/lib.sh"
-mode=${1:?usage: netns.sh tcp|ucx|ucx-default}
-case $mode in tcp | ucx | ucx-default) ;; *) fail "unknown mode $mode" ;; esac
+mode=${1:?usage: netns.sh tcp|ucx|ucx-default|auto}
+case $mode in tcp | ucx | ucx-default | auto) ;; *) fail "unknown mode $mode" ;; esac
 
 . "$(dirname "$0")/netns_lib.sh"
 netns_setup
@@ -33,6 +35,7 @@ head -c 48 /dev/urandom | base64 >"$SCRATCH/secret"
 envs=()
 case $mode in
 tcp) tp=(--transport tcp) ;;
+auto) tp=() ;;
 ucx) tp=(--transport ucx) envs=(UCX_TLS=tcp UCX_NET_DEVICES=hs0) ;;
 ucx-default) tp=(--transport ucx) envs=(-u UCX_TLS -u UCX_NET_DEVICES) ;;
 esac
@@ -79,6 +82,13 @@ if [ "$mode" = ucx-default ]; then
 fi
 [ "$crossed" -ge "$bytes" ] ||
     fail "only $crossed bytes crossed hs0 for $bytes bytes of payload: the traffic did not go over the veth (${lanes:-no ucx lanes logged})"
+if [ "$mode" = auto ]; then
+    expect_json "$SCRATCH/summary.json" "d['producer_transports'] == {'shm': 0, 'tcp': 2, 'ucx': 0}"
+    # the consumer offers shared memory to producers of its own host; these
+    # are in another namespace and came over TCP; UCX was never started
+    ! grep -q 'ucx: \|ucx transport\|UCX_TLS' "$SCRATCH/consumer.log" "$SCRATCH/p0.log" ||
+        fail "auto between two hosts without RDMA used UCX"
+fi
 if [ "$mode" = ucx ]; then
     grep -Eq 'ucx: .*tcp/hs0' "$SCRATCH/consumer.log" "$SCRATCH/p0.log" ||
         fail "no connection logged as carried by UCX tcp/hs0 (got: ${lanes:-nothing})"
