@@ -6,9 +6,10 @@
 # (complete, verified, no duplicate, none dropped).
 #   tcp   both sides --transport tcp: the wrong-magic and oversized peers must
 #         get an ERROR frame, and the consumer counts the protocol errors;
-#   auto  the default transport (UCX when built in): the listening port is
-#         whatever the transport listens with, and garbage on it must not
-#         hurt the run either (cut off is enough).
+#   auto  the default transport (shared memory for these producers on the
+#         consumer's host; UCX on a host with an RDMA device): the listening
+#         port is whatever the transport listens with, and garbage on it
+#         must not hurt the run either (cut off is enough).
 . "$(dirname "$0")/lib.sh"
 mode=${1:?usage: garbage_peer.sh tcp|auto}
 tp=(--transport tcp)
