@@ -177,7 +177,17 @@ static hs_status_t shm_try(tcp_tp_t *tp, uint16_t port, uint64_t deadline, tcp_c
     }
     struct ucred cred = {0};
     socklen_t cl = sizeof cred;
-    (void)getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+        (cred.uid != getuid() && cred.uid != 0)) {
+        /* an abstract name can be taken by anyone: our ring goes only to a
+         * consumer of our own user (or root) */
+        snprintf(why, cap,
+                 "the process answering on @hsflow-shm-%u (pid %d) runs as uid %u, "
+                 "not as this producer's %u",
+                 port, (int)cred.pid, (unsigned)cred.uid, (unsigned)getuid());
+        close(fd);
+        return HS_ERR_AUTH;
+    }
     tcp_conn_t *c = conn_make(tp, fd);
     if (!c) {
         close(fd);
