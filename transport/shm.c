@@ -129,6 +129,14 @@ hs_status_t hs__shm_ring_alloc(shm_ring_t *r, size_t len, void **out)
         hs_error("cannot size a shared staging buffer to %llu bytes: %m", (unsigned long long)size);
         goto err_fd;
     }
+    /* every page allocated now: a consumer maps only whole segments, and
+     * populates its mapping at once instead of faulting in the first copy */
+    if (fallocate(fd, 0, 0, (off_t)size) != 0) {
+        hs_error("cannot allocate a shared staging buffer of %llu bytes: %m (is the memory "
+                 "limit too small?)",
+                 (unsigned long long)size);
+        goto err_fd;
+    }
     if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
         hs_error("cannot seal a shared staging buffer: %m");
         goto err_fd;
@@ -256,11 +264,15 @@ hs_status_t hs__shm_attach(shm_conn_t *s, bool trusted, uint32_t seg, uint64_t s
     } else if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < size) {
         snprintf(why, cap, "shared-memory segment %u is not a file of %llu bytes", seg,
                  (unsigned long long)size);
+    } else if ((uint64_t)sb.st_blocks * 512u < size) {
+        /* sparse: reading it would allocate memory on this side */
+        snprintf(why, cap, "shared-memory segment %u has holes (%llu of %llu bytes allocated)", seg,
+                 (unsigned long long)sb.st_blocks * 512u, (unsigned long long)size);
     } else if ((seals = fcntl(fd, F_GET_SEALS)) < 0 || !(seals & F_SEAL_SHRINK)) {
         /* a file that can shrink under our mapping would fault our reads */
         snprintf(why, cap, "shared-memory segment %u is not a memfd sealed against shrinking", seg);
     } else {
-        void *p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+        void *p = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (p == MAP_FAILED) {
             snprintf(why, cap, "cannot map shared-memory segment %u of %llu bytes: %s", seg,
                      (unsigned long long)size, strerror(errno));

@@ -222,11 +222,12 @@ static int raw_connect(const char *boot_id)
 }
 
 /* A sealed memfd of SEG_BYTES filled with `v` (the caller closes it). */
-static int sealed_memfd(uint8_t v, bool seal)
+static int sealed_memfd(uint8_t v, bool seal, bool holes)
 {
     int fd = memfd_create("test-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(ftruncate(fd, SEG_BYTES), 0);
+    if (holes) return fd; /* sparse: nothing written */
     uint8_t *p = mmap(NULL, SEG_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ck_assert_ptr_ne(p, MAP_FAILED);
     memset(p, v, SEG_BYTES);
@@ -410,7 +411,7 @@ static void forged(uint32_t seg, uint64_t off, uint64_t len, const char *why_has
     S.trust_on_accept = true;
     int sock = raw_connect(NULL);
     PUMP_UNTIL(&S, NULL, S.accepts == 1);
-    int mfd = sealed_memfd(0x42, true);
+    int mfd = sealed_memfd(0x42, true, false);
     raw_attach(sock, 0, SEG_BYTES, mfd);
     close(mfd);
     raw_ring_frame(sock, seg, off, len);
@@ -478,7 +479,7 @@ START_TEST(a_segment_that_could_shrink_is_not_mapped)
     S.trust_on_accept = true;
     int sock = raw_connect(NULL);
     PUMP_UNTIL(&S, NULL, S.accepts == 1);
-    int mfd = sealed_memfd(0x42, false);
+    int mfd = sealed_memfd(0x42, false, false);
     raw_attach(sock, 0, SEG_BYTES, mfd);
     close(mfd);
     PUMP_UNTIL(&S, NULL, S.closes == 1);
@@ -500,11 +501,29 @@ START_TEST(an_attach_without_a_descriptor_or_larger_than_the_file_is_refused)
     close(sock);
     sock = raw_connect(NULL);
     PUMP_UNTIL(&S, NULL, S.accepts == 2);
-    int mfd = sealed_memfd(0x42, true);
+    int mfd = sealed_memfd(0x42, true, false);
     raw_attach(sock, 0, 2ull * SEG_BYTES, mfd);
     close(mfd);
     PUMP_UNTIL(&S, NULL, S.closes == 2);
     ck_assert_ptr_nonnull(strstr(S.close_why, "not a file of"));
+    ck_assert_uint_eq(S.tp->shm_mapped, 0);
+    close(sock);
+}
+END_TEST
+
+START_TEST(a_sparse_segment_is_not_mapped)
+{
+    /* reading its holes would allocate memory on the consumer's side */
+    S.trust_on_accept = true;
+    int sock = raw_connect(NULL);
+    PUMP_UNTIL(&S, NULL, S.accepts == 1);
+    int mfd = sealed_memfd(0, false, true);
+    ck_assert_int_eq(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    raw_attach(sock, 0, SEG_BYTES, mfd);
+    close(mfd);
+    PUMP_UNTIL(&S, NULL, S.closes == 1);
+    ck_assert_int_eq(S.close_reason, HS_ERR_PROTO);
+    ck_assert_ptr_nonnull(strstr(S.close_why, "has holes"));
     ck_assert_uint_eq(S.tp->shm_mapped, 0);
     close(sock);
 }
@@ -538,6 +557,7 @@ int main(void)
     tcase_add_test(tc, a_descriptor_for_another_producers_segment_is_refused);
     tcase_add_test(tc, a_segment_that_could_shrink_is_not_mapped);
     tcase_add_test(tc, an_attach_without_a_descriptor_or_larger_than_the_file_is_refused);
+    tcase_add_test(tc, a_sparse_segment_is_not_mapped);
     tcase_add_test(tc, a_peer_on_another_kernel_is_refused_before_any_frame);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
