@@ -432,7 +432,7 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     }
     hs_info("hsflow %s listening on %s:%u (%s), cache %.2f GiB, %u epoch(s), order %s, rank %u "
             "of %u (uneven %s), %s",
-            hs_version_line(), cfg->listen_host, c->port, hs_tp_kind_str(tc.kind),
+            hs_version_line(), cfg->listen_host, c->port, hs_tp_kind_describe(c->tp),
             (double)hs_cache_capacity(c->cache) / (1 << 30), cfg->epochs,
             cfg->order == HS_ORDER_PLAN ? "plan" : "arrival", cfg->rank, cfg->world,
             hs_shard_uneven_str((hs_shard_uneven_t)cfg->uneven),

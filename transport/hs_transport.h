@@ -193,6 +193,9 @@ void hs_tp_mem_free(hs_tp_t *tp, void *p); /* NULL ok */
 /* The transport this hs_tp_t is after hs_tp_create() resolved AUTO (AUTO
  * stays AUTO when it became TCP with shared memory for local peers). */
 hs_tp_kind_t hs_tp_get_kind(const hs_tp_t *tp);
+/* That in words: "tcp", "ucx", "shm (producers on this host only)", "auto:
+ * shared memory on this host, tcp across hosts". */
+const char *hs_tp_kind_describe(const hs_tp_t *tp);
 
 /* Registers memory that payloads will be sent from or received into (UCX
  * maps it once and passes the handle with every payload inside it; TCP does

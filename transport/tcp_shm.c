@@ -203,6 +203,7 @@ static hs_status_t shm_try(tcp_tp_t *tp, uint16_t port, uint64_t deadline, tcp_c
 hs_status_t hs__tcp_shm_connect(tcp_tp_t *tp, const char *host, uint16_t port, uint64_t deadline,
                                 bool once, tcp_conn_t **out, char *why, size_t cap)
 {
+    (void)host; /* the consumer is on this host: its port names it */
     for (;;) {
         hs_status_t st = shm_try(tp, port, deadline, out, why, cap);
         if (st != HS_ERR_CLOSED || once) return st;
@@ -210,7 +211,6 @@ hs_status_t hs__tcp_shm_connect(tcp_tp_t *tp, const char *host, uint16_t port, u
         int ms = hs__sock_ms_left(deadline);
         poll(NULL, 0, ms < 0 || ms > HS__SOCK_RETRY_MS ? HS__SOCK_RETRY_MS : ms);
     }
-    (void)host;
 }
 
 /* ---- payload memory ------------------------------------------------------- */

@@ -356,6 +356,18 @@ void hs_tp_mem_free(hs_tp_t *tp, void *p)
 
 hs_tp_kind_t hs_tp_get_kind(const hs_tp_t *tp) { return tp ? tp->cfg.kind : HS_TP_TCP; }
 
+const char *hs_tp_kind_describe(const hs_tp_t *tp)
+{
+    switch (hs_tp_get_kind(tp)) {
+    case HS_TP_AUTO:
+        return "auto: shared memory on this host, tcp across hosts";
+    case HS_TP_SHM:
+        return "shm: producers on this host only";
+    default:
+        return hs_tp_kind_str(hs_tp_get_kind(tp));
+    }
+}
+
 hs_status_t hs_tp_mem_register(hs_tp_t *tp, void *addr, size_t len)
 {
     if (!tp || !addr || len == 0) return HS_ERR_INVALID;

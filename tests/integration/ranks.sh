@@ -34,6 +34,13 @@ n=$(plan_batches "$data" 4096)
 
 popts=(--data "$data" --token-budget 4096 --hidden-size 64 --layers 2,16 --source synthetic
     --gpus cpu:1 --prefetch 2 --connect-timeout 60)
+# An optional second argument names the transport of every process (faults:
+# the stopped producer must still hold leases when it is killed, which the
+# faster transports on one host, shared memory and TCP, can leave it without:
+# CMake gives UCX where it is built, as auto did before it picked per link).
+tp=()
+[ -z "${2:-}" ] || tp=(--transport "$2")
+popts+=("${tp[@]}")
 
 # start_rank R UNEVEN [consumer options]: rank R of W on port PORT[R].
 start_rank() {
@@ -42,7 +49,7 @@ start_rank() {
     start "rank$r" "$CONSUMER" --rank "$r" --world $W --uneven "$uneven" \
         --listen "127.0.0.1:${PORT[$r]}" --cache-gb 0.05 --epochs 2 --verify-synthetic \
         --journal "$SCRATCH/rank$r.journal" --status-interval 0.1 \
-        --summary-json "$SCRATCH/rank$r.json" "$@"
+        --summary-json "$SCRATCH/rank$r.json" "${tp[@]}" "$@"
 }
 
 # check_shards UNEVEN: the journals against the rules of the --uneven mode.
