@@ -125,8 +125,9 @@ static const char usage[] =
     "                         instead of asking producers, which get only what DIR lacks; a\n"
     "                         complete store needs no producer. A store of another run refuses\n"
     "                         the producers, naming what differs. Written off the trainer's path;\n"
-    "                         a full disk stops it growing (one warning). hsflow-data store\n"
-    "                         info|verify|export DIR reads it (docs/store.md)\n"
+    "                         a full disk stops it growing (one warning). One consumer per DIR\n"
+    "                         (locked while it runs): give each rank a store of its own.\n"
+    "                         hsflow-data store info|verify|export DIR reads it (docs/store.md)\n"
     "  --loopback N           run N local hs-producer processes against 127.0.0.1; the\n"
     "                         arguments after -- (at least --data and the layout) go to each\n"
     "                         of them; --loopback sets their --to and --name\n"
@@ -584,7 +585,10 @@ int main(int argc, char **argv)
     free(resume_text); /* copied by create */
     /* 2: a bad state file, or a --cache-gb the machine cannot give */
     if (cst != HS_OK)
-        return cst == HS_ERR_FORMAT || cst == HS_ERR_MISMATCH || cst == HS_ERR_NOSPACE ? 2 : 1;
+        return cst == HS_ERR_FORMAT || cst == HS_ERR_MISMATCH || cst == HS_ERR_NOSPACE ||
+                       cst == HS_ERR_BUSY
+                   ? 2
+                   : 1;
     char *state_buf = NULL;
     size_t state_cap = 0;
     double t_state = hs_now_s();

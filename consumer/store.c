@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,6 +62,8 @@ struct hs_store {
     hs_store_free_cb free_cb;
     void *free_arg;
     hs_store_stats_t st;
+
+    int lock_fd; /* DIR/lock, flock()ed while the store is open; -1: none */
 
     /* the writer's own */
     int shard_fd, index_fd;
@@ -377,6 +380,48 @@ static hs_status_t read_index(hs_store_t *s)
     return HS_OK;
 }
 
+/* One consumer per store: an exclusive flock() on DIR/lock (opened inside
+ * the folder, never through a link), held until close. Two writers would
+ * each take shard 0 and rewrite the other's index. A folder this user
+ * cannot write has no writer to fear: it is opened without the lock. */
+static hs_status_t store_lock(hs_store_t *s)
+{
+    int dfd = s->dir_fd;
+    int fd = openat(dfd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+    if (fd < 0 && (errno == EACCES || errno == EROFS))
+        fd = openat(dfd, "lock", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int err = errno;
+    if (fd < 0 && (err == EACCES || err == EROFS || err == ENOENT)) return HS_OK; /* read only */
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        errno = fd < 0 ? err : EINVAL;
+        hs_error("store %s: its lock file cannot be opened as a regular file (%m); remove "
+                 "%s/lock and start again",
+                 s->dir, s->dir);
+        if (fd >= 0) close(fd);
+        return HS_ERR_IO;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char holder[32] = "";
+        ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+        holder[n > 0 ? n : 0] = 0;
+        holder[strspn(holder, "0123456789")] = 0; /* a pid, or nothing */
+        char who[48] = "";
+        if (holder[0]) snprintf(who, sizeof(who), " (pid %s)", holder);
+        hs_error("store %s is in use by another consumer%s: a store has one consumer at a time; "
+                 "give each rank (each consumer) a --store of its own, such as %s-rank0, "
+                 "%s-rank1, ..., or wait for that consumer to end",
+                 s->dir, who, s->dir, s->dir);
+        close(fd);
+        return HS_ERR_BUSY;
+    }
+    char pid[24];
+    int len = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) == 0) (void)!pwrite(fd, pid, (size_t)len, 0);
+    s->lock_fd = fd;
+    return HS_OK;
+}
+
 hs_status_t hs_store_open(const char *dir, hs_store_t **out)
 {
     if (!dir || !dir[0] || strlen(dir) >= 1000) {
@@ -409,8 +454,9 @@ hs_status_t hs_store_open(const char *dir, hs_store_t **out)
     s->dir_fd = dir_fd;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
-    s->shard_fd = s->index_fd = -1;
-    hs_status_t st = read_manifest(s);
+    s->shard_fd = s->index_fd = s->lock_fd = -1;
+    hs_status_t st = store_lock(s);
+    if (st == HS_OK) st = read_manifest(s);
     if (st == HS_OK) st = scan_shards(s);
     if (st == HS_OK && s->has_run) st = read_index(s);
     if (st != HS_OK) {
@@ -950,6 +996,7 @@ void hs_store_close(hs_store_t *s)
         fdatasync(s->index_fd);
         close(s->index_fd);
     }
+    if (s->lock_fd >= 0) close(s->lock_fd); /* and the lock with it */
     if (s->dir_fd >= 0) close(s->dir_fd);
     pthread_cond_destroy(&s->cond);
     pthread_mutex_destroy(&s->lock);

@@ -13,8 +13,12 @@
 #             dtype refuses the producer, naming what differs
 #   enospc    the disk fills (a test hook fails the 3rd write with ENOSPC):
 #             one warning, the store stops growing, the run completes
+#   shared    two ranks given the same --store: the second is refused at
+#             start (exit 2) naming the folder and the first's pid, the
+#             first completes and its store verifies; once it has ended the
+#             folder is free again
 . "$(dirname "$0")/lib.sh"
-mode=${1:?usage: store.sh replay|killed|mismatch|enospc [tcp|shm]}
+mode=${1:?usage: store.sh replay|killed|mismatch|enospc|shared [tcp|shm]}
 tpk=${2:-tcp} # the transport of every process
 
 data=$SCRATCH/d.jsonl
@@ -157,6 +161,31 @@ enospc)
     expect_json "$SCRATCH/second.json" 'd["complete"] is True' 'd["store_hits"] == 2' \
         'd["store_bad"] == 0'
     pass "enospc: one warning, the run completed, the store kept what it had"
+    ;;
+shared)
+    reserve_port p0
+    reserve_port p1
+    start rank0 "$CONSUMER" --rank 0 --world 2 --listen 127.0.0.1:$p0 "${copts[@]}" --epochs 1 \
+        --store "$store" --summary-json "$SCRATCH/rank0.json"
+    wait_log rank0 'listening' 30
+    start rank1 "$CONSUMER" --rank 1 --world 2 --listen 127.0.0.1:$p1 "${copts[@]}" --epochs 1 \
+        --store "$store"
+    expect_exit rank1 2 30
+    log_has rank1 "store $store is in use by another consumer \\(pid $(pid_of rank0)\\).*--store of its own"
+    start prod "$PRODUCER" --to 127.0.0.1:$p0 "${popts[@]}" --connect-timeout 30
+    expect_exit rank0 0 90
+    expect_exit prod 0 30
+    expect_json "$SCRATCH/rank0.json" 'd["complete"] is True' 'd["checksum_failures"] == 0' \
+        'd["batches_delivered"] == d["batches_planned"] > 0'
+    "$HS_BIN/hsflow-data" store verify "$store" >"$SCRATCH/verify.log" 2>&1 ||
+        fail "the store does not verify: $(cat "$SCRATCH/verify.log")"
+    # the lock went with its holder: the folder opens again
+    start again "$CONSUMER" --rank 0 --world 2 --listen 127.0.0.1:0 "${copts[@]}" --epochs 1 \
+        --store "$store"
+    wait_log again "store $store: [0-9]+ of $per_epoch batches stored" 30
+    kill -TERM "$(pid_of again)"
+    wait_exit again 30
+    pass "shared: the second consumer of one store refused naming it, the first completed"
     ;;
 *) fail "unknown mode $mode" ;;
 esac
