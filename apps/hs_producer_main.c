@@ -437,6 +437,7 @@ int main(int argc, char **argv)
      * stand-in /sys for device discovery. */
     o.cfg.attn = hs_model_attn_parse(getenv("HS_ATTN_BACKEND"));
     hs_dev_sysfs_root_set(getenv("HS_SYSFS_ROOT"));
+    hs_producer_plan_fault_set(getenv("HS_PLAN_FAULT"));
     hs_log_set_tag("producer");
     int first;
     int rc = hs_cli_parse(argc, argv, "h", long_options, apply, &o, &first);

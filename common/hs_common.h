@@ -104,6 +104,18 @@ void hs_checksum_stream_update(hs_checksum_stream_t *s, const void *data, size_t
 /* == hs_checksum64() of everything fed since the reset. */
 uint64_t hs_checksum_stream_final(hs_checksum_stream_t *s);
 
+/* ---- the plan hash ---------------------------------------------------- */
+
+/* The plan hash a run is pinned by (--expect-plan) and every producer
+ * proves: BLAKE2b of "HSPLAN02", the plan's basis (XXH3-64 of what defines
+ * it: the dataset fingerprint, the planning flags and the samples of every
+ * batch; hs_plan_basis()), n, then n_seqs[n] and n_tokens[n] as u32
+ * little-endian, cut to 64 bits. A consumer, which has no dataset, checks
+ * the batch shapes a producer sends (PLAN pages) or a store holds against
+ * it: no other shapes give a pinned hash short of breaking BLAKE2b. */
+uint64_t hs_plan_hash_of(uint64_t basis, uint32_t n, const uint32_t *n_seqs,
+                         const uint32_t *n_tokens);
+
 /* ---- deterministic shuffles ------------------------------------------- */
 
 /* splitmix64 step: the project's one PRNG for plans and synthetic data. */

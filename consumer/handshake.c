@@ -278,6 +278,7 @@ void hs__on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len
         goto out;
     }
     o->plan_hash = h->plan_hash;
+    o->plan_basis = h->plan_basis;
     o->dataset_fingerprint = h->dataset_fingerprint;
     o->n_batches = h->n_batches; /* 1..HS_PLAN_MAX_BATCHES (hs_msg_unpack) */
     o->seed = h->seed;
@@ -412,6 +413,7 @@ static void plan_complete(hs_consumer_t *c)
     if (c->store) {
         hs_store_run_t sr = {.dataset_fingerprint = o->dataset_fingerprint,
                              .plan_hash = o->plan_hash,
+                             .plan_basis = o->plan_basis,
                              .seed = o->seed,
                              .layout = o->layout,
                              .n_batches = n,
@@ -572,6 +574,7 @@ void hs__run_from_store(hs_consumer_t *c)
     pp->received = pp->cap = r->n_batches;
     pp->offer = (run_offer_t){.layout = r->layout,
                               .plan_hash = r->plan_hash,
+                              .plan_basis = r->plan_basis,
                               .seed = r->seed,
                               .dataset_fingerprint = r->dataset_fingerprint,
                               .n_batches = r->n_batches,
@@ -580,6 +583,22 @@ void hs__run_from_store(hs_consumer_t *c)
     pp->t_page = hs_now_s();
     c->run.pending = pp;
     plan_complete(c);
+}
+
+/* The pending plan's shapes, all in, against the plan hash its sender
+ * offered (and a pin holds): a sender whose pages do not hash to it is
+ * dropped, and the next producer waiting sends its own plan. */
+static bool plan_shapes_proven(hs_consumer_t *c, peer_t *p)
+{
+    const pending_plan_t *pp = c->run.pending;
+    uint64_t got = hs_plan_hash_of(pp->offer.plan_basis, pp->received, pp->n_seqs, pp->n_tokens);
+    if (got == pp->offer.plan_hash) return true;
+    hs__peer_drop(c, p, HS_ERR_PROTO,
+                  "its PLAN pages are not the plan of its plan hash %016llx (the shapes hash to "
+                  "%016llx): its batch shapes are false; run it with this hsflow release and "
+                  "its data unchanged",
+                  (unsigned long long)pp->offer.plan_hash, (unsigned long long)got);
+    return false;
 }
 
 void hs__on_plan(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
@@ -631,7 +650,7 @@ void hs__on_plan(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
         hs__peer_drop(c, p, HS_ERR_PROTO, "PLAN ended at %u of %u batches", pp->received, n);
         goto out;
     }
-    if (pl->last) plan_complete(c);
+    if (pl->last && plan_shapes_proven(c, p)) plan_complete(c);
 out:
     hs_msg_free(m);
 }

@@ -34,10 +34,10 @@ typedef enum {
 /* What a producer's HELLO offers; becomes the run once its plan is complete. */
 typedef struct {
     hs_layout_t layout;
-    uint64_t plan_hash, seed;
-    uint64_t dataset_fingerprint;     /* 0 from a producer that did not say */
-    uint32_t n_batches, token_budget; /* n_batches in 1..HS_PLAN_MAX_BATCHES */
-    char model[256];                  /* HELLO's target name, cut to fit */
+    uint64_t plan_hash, plan_basis, seed; /* plan_hash == hs_plan_hash_of(plan_basis, shapes) */
+    uint64_t dataset_fingerprint;         /* 0 from a producer that did not say */
+    uint32_t n_batches, token_budget;     /* n_batches in 1..HS_PLAN_MAX_BATCHES */
+    char model[256];                      /* HELLO's target name, cut to fit */
 } run_offer_t;
 
 /* A consumer's claim on a rank, as a producer reported it (RANKS). */

@@ -19,6 +19,7 @@
 _Static_assert(sizeof(hs_store_rec_t) == HS_STORE_REC_BYTES, "index record is 64 bytes");
 
 #define PLAN_MAGIC 0x31505348u        /* "HSP1" */
+#define STORE_VERSION 2               /* 1: before the plan hash covered the shapes */
 #define MANIFEST_MAX_BYTES (1u << 20) /* store.json is a few hundred bytes */
 #define SHARD_MAX 100000u             /* shard-NNNNN */
 #define INDEX_RECS_PER_BATCH 4u       /* index_max_bytes() */
@@ -227,10 +228,19 @@ static hs_status_t read_manifest(hs_store_t *s)
     const cJSON *model = root ? cJSON_GetObjectItemCaseSensitive(root, "model") : NULL;
     uint32_t version = 0;
     char why[160] = "";
+    if (root && json_u32(root, "version", 1, STORE_VERSION - 1, &version)) {
+        cJSON_Delete(root);
+        hs_error("store %s: version %u, written by an earlier hsflow whose plan hash did not "
+                 "cover the batch shapes nor name the target: its states cannot be checked; "
+                 "move the store away and give --store a new folder",
+                 path, version);
+        return HS_ERR_FORMAT;
+    }
     bool ok = root && cJSON_IsString(fmt) && !strcmp(fmt->valuestring, "hsflow-store") &&
-              json_u32(root, "version", 1, 1, &version) &&
+              json_u32(root, "version", STORE_VERSION, STORE_VERSION, &version) &&
               json_hex(root, "dataset_fingerprint", &r->dataset_fingerprint) &&
-              json_hex(root, "plan_hash", &r->plan_hash) && json_hex(root, "seed", &r->seed) &&
+              json_hex(root, "plan_hash", &r->plan_hash) &&
+              json_hex(root, "plan_basis", &r->plan_basis) && json_hex(root, "seed", &r->seed) &&
               json_u32(root, "n_batches", 1, HS_PLAN_MAX_BATCHES, &r->n_batches) &&
               json_u32(root, "token_budget", 1, UINT32_MAX, &r->token_budget) &&
               cJSON_IsString(layout) && cJSON_IsString(model) &&
@@ -238,8 +248,9 @@ static hs_status_t read_manifest(hs_store_t *s)
     if (ok) snprintf(r->model, sizeof(r->model), "%s", model->valuestring);
     cJSON_Delete(root);
     if (!ok) {
-        hs_error("store %s: not an hsflow store record%s%s (format, version 1, "
-                 "dataset_fingerprint, plan_hash, seed, n_batches, token_budget, layout, model); "
+        hs_error("store %s: not an hsflow store record%s%s (format, version 2, "
+                 "dataset_fingerprint, plan_hash, plan_basis, seed, n_batches, token_budget, "
+                 "layout, model); "
                  "give --store an empty folder or one an hsflow consumer wrote",
                  path, why[0] ? ": " : "", why);
         return HS_ERR_FORMAT;
@@ -278,6 +289,14 @@ static hs_status_t read_manifest(hs_store_t *s)
                      path, b, r->n_seqs[b], r->n_tokens[b], r->token_budget);
             return HS_ERR_FORMAT;
         }
+    uint64_t got = hs_plan_hash_of(r->plan_basis, r->n_batches, r->n_seqs, r->n_tokens);
+    if (got != r->plan_hash) {
+        hs_error("store %s: its batch shapes hash to %016" PRIx64 ", not to the plan %016" PRIx64
+                 " of store.json: the plan was not the run's (written by a producer that lied "
+                 "about its shapes, or altered); move the store away and start a new one",
+                 path, got, r->plan_hash);
+        return HS_ERR_FORMAT;
+    }
     s->has_run = true;
     return HS_OK;
 }
@@ -540,16 +559,18 @@ static hs_status_t write_manifest(hs_store_t *s, const hs_store_run_t *r)
     path_of(s, "store.json", path, sizeof(path));
     hs_layout_spec(&r->layout, spec, sizeof(spec));
     cJSON *root = cJSON_CreateObject();
-    char hex[3][20];
+    char hex[4][20];
     snprintf(hex[0], sizeof(hex[0]), "%016" PRIx64, r->dataset_fingerprint);
     snprintf(hex[1], sizeof(hex[1]), "%016" PRIx64, r->plan_hash);
     snprintf(hex[2], sizeof(hex[2]), "%016" PRIx64, r->seed);
+    snprintf(hex[3], sizeof(hex[3]), "%016" PRIx64, r->plan_basis);
     bool ok = root && cJSON_AddStringToObject(root, "format", "hsflow-store") &&
-              cJSON_AddNumberToObject(root, "version", 1) &&
+              cJSON_AddNumberToObject(root, "version", STORE_VERSION) &&
               cJSON_AddStringToObject(root, "dataset_fingerprint", hex[0]) &&
               cJSON_AddStringToObject(root, "layout", spec) &&
               cJSON_AddStringToObject(root, "dtype", hs_dtype_str(r->layout.dtype)) &&
               cJSON_AddStringToObject(root, "plan_hash", hex[1]) &&
+              cJSON_AddStringToObject(root, "plan_basis", hex[3]) &&
               cJSON_AddStringToObject(root, "seed", hex[2]) &&
               cJSON_AddNumberToObject(root, "n_batches", r->n_batches) &&
               cJSON_AddNumberToObject(root, "token_budget", r->token_budget) &&

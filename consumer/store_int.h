@@ -5,11 +5,15 @@
  *
  * A store is a folder bound to one run:
  *
- *   store.json        dataset fingerprint, layout (with its dtype), plan hash,
- *                     seed, batches per epoch, token budget, model; written
- *                     once, atomically, when the run is first defined
+ *   store.json        dataset fingerprint, layout (with its dtype), plan hash
+ *                     and basis, seed, batches per epoch, token budget,
+ *                     model; written once, atomically, when the run is
+ *                     first defined (format version 2)
  *   plan.bin          the plan's shape: "HSP1", n, n_seqs[n], n_tokens[n]
- *                     (u32 little-endian), then XXH3-64 of all of it
+ *                     (u32 little-endian), then XXH3-64 of all of it; at
+ *                     open the shapes must give store.json's plan hash
+ *                     (hs_plan_hash_of), or the store is refused
+ *   lock              flock()ed by the one consumer using the store
  *   shard-NNNNN.hsd   batch regions exactly as verified (header, body and
  *                     checksum untouched), each at a 4096-byte boundary;
  *                     every consumer session appends to a shard of its own
@@ -66,6 +70,7 @@ typedef struct {
 /* The run a store is bound to. */
 typedef struct {
     uint64_t dataset_fingerprint, plan_hash, seed;
+    uint64_t plan_basis; /* plan_hash == hs_plan_hash_of(plan_basis, the shapes) */
     hs_layout_t layout;
     uint32_t n_batches, token_budget;
     char model[256];

@@ -22,7 +22,7 @@
 struct hs_plan {
     hs_plan_config_t cfg;
     uint64_t fingerprint;
-    uint64_t hash;
+    uint64_t basis, hash;
     uint32_t n_batches;
     uint64_t *batch_start;  /* n_batches+1 indices into sample_ids/lengths */
     uint32_t *batch_tokens; /* n_batches */
@@ -66,8 +66,9 @@ static int item_cmp(const void *pa, const void *pb)
 static void hash_u32(XXH3_state_t *st, uint32_t v) { XXH3_64bits_update(st, &v, 4); }
 static void hash_u64(XXH3_state_t *st, uint64_t v) { XXH3_64bits_update(st, &v, 8); }
 
-/* Canonical little-endian form of everything that defines the plan. */
-static uint64_t plan_compute_hash(const hs_plan_t *p, uint64_t n_kept)
+/* Canonical little-endian form of everything that defines the plan: its
+ * basis, which the plan hash binds to the batch shapes (plan_seal). */
+static uint64_t plan_compute_basis(const hs_plan_t *p, uint64_t n_kept)
 {
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
@@ -83,6 +84,18 @@ static uint64_t plan_compute_hash(const hs_plan_t *p, uint64_t n_kept)
     XXH3_64bits_update(&st, p->sample_ids, (size_t)n_kept * sizeof(uint64_t));
     XXH3_64bits_update(&st, p->lengths, (size_t)n_kept * sizeof(uint32_t));
     return XXH3_64bits_digest(&st);
+}
+
+/* The plan hash: the basis and every batch's shape (hs_plan_hash_of). */
+static hs_status_t plan_seal(hs_plan_t *p)
+{
+    uint32_t *n_seqs = malloc(((size_t)p->n_batches + 1) * sizeof(uint32_t));
+    if (!n_seqs) return HS_ERR_NOMEM;
+    for (uint32_t b = 0; b < p->n_batches; b++)
+        n_seqs[b] = (uint32_t)(p->batch_start[b + 1] - p->batch_start[b]);
+    p->hash = hs_plan_hash_of(p->basis, p->n_batches, n_seqs, p->batch_tokens);
+    free(n_seqs);
+    return HS_OK;
 }
 
 /* First-fit-decreasing over sorted items; sets each item's bin and returns
@@ -264,7 +277,9 @@ hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, h
     }
     p->stats.mean_fill_pct =
         100.0 * (double)p->stats.tokens / ((double)p->n_batches * (double)c.token_budget);
-    p->hash = plan_compute_hash(p, k);
+    p->basis = plan_compute_basis(p, k);
+    st = plan_seal(p);
+    if (st != HS_OK) goto err_free;
     hs_debug("plan: %" PRIu64 " sequences -> %" PRIu32 " batches, budget %" PRIu32
              ", fill %.1f%%, hash %016" PRIx64,
              k, p->n_batches, c.token_budget, p->stats.mean_fill_pct, p->hash);
@@ -293,6 +308,7 @@ void hs_plan_destroy(hs_plan_t *plan)
 
 uint32_t hs_plan_n_batches(const hs_plan_t *plan) { return plan->n_batches; }
 uint64_t hs_plan_hash(const hs_plan_t *plan) { return plan->hash; }
+uint64_t hs_plan_basis(const hs_plan_t *plan) { return plan->basis; }
 uint64_t hs_plan_fingerprint(const hs_plan_t *plan) { return plan->fingerprint; }
 const hs_plan_config_t *hs_plan_config(const hs_plan_t *plan) { return &plan->cfg; }
 void hs_plan_stats(const hs_plan_t *plan, hs_plan_stats_t *out) { *out = plan->stats; }

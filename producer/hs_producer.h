@@ -107,6 +107,12 @@ HS_MUST_CHECK hs_status_t hs_producer_run(const hs_producer_config_t *cfg);
 HS_MUST_CHECK hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg,
                                                 uint32_t *budget_out);
 
+/* Tests: "lie" makes the PLAN pages this process sends claim one token
+ * fewer per batch than its plan holds (the plan hash unchanged), as a peer
+ * lying about its shapes would; NULL or "" = none. Process-wide
+ * (hs-producer: HS_PLAN_FAULT). */
+void hs_producer_plan_fault_set(const char *spec);
+
 /* Parses a "--gpus" value into cfg->n_workers and cfg->gpu_ids: "cpu:N" for
  * N CPU workers, or "0,1,2" for one worker per GPU id. */
 HS_MUST_CHECK hs_status_t hs_producer_parse_devices(const char *s, hs_producer_config_t *cfg);

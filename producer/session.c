@@ -108,6 +108,14 @@ static ProtobufCMessage *consumer_unpack(link_t *l, uint16_t type, const uint8_t
     return consumer_unpack_in(l, NULL, type, body, len);
 }
 
+static bool g_plan_lie; /* hs_producer_plan_fault_set("lie") */
+
+void hs_producer_plan_fault_set(const char *spec)
+{
+    g_plan_lie = spec && !strcmp(spec, "lie");
+    if (spec && spec[0] && !g_plan_lie) hs_warn("plan fault '%s' is not 'lie'; ignored", spec);
+}
+
 static void send_plan(link_t *l)
 {
     producer_t *pr = l->pr;
@@ -126,7 +134,7 @@ static void send_plan(link_t *l)
             hs_plan_batch_t b = {0};
             if (hs_plan_batch(pr->plan, first + i, &b) != HS_OK) break; /* ids < n: cannot */
             ns[i] = b.n_seqs;
-            nt[i] = b.n_tokens;
+            nt[i] = b.n_tokens - (g_plan_lie && b.n_tokens > b.n_seqs); /* tests: a false shape */
         }
         Hsflow__Plan m = HSFLOW__PLAN__INIT;
         m.first_batch = first;
@@ -547,6 +555,7 @@ hs_status_t hs__link_send_hello(link_t *l)
     h.prefetch_per_worker = cfg->prefetch;
     h.layout = &lm;
     h.plan_hash = hs_plan_hash(pr->plan);
+    h.plan_basis = hs_plan_basis(pr->plan);
     h.n_batches = hs_plan_n_batches(pr->plan);
     h.seed = cfg->seed;
     h.token_budget = cfg->token_budget;

@@ -195,7 +195,7 @@ HS_MUST_CHECK hs_status_t hs_batch_synth_check(const hs_batch_view_t *v, const h
  * ==================================================================== */
 
 #define HS_FRAME_MAGIC 0x46534848u /* "HHSF" little-endian */
-#define HS_PROTO_VERSION 1u
+#define HS_PROTO_VERSION 2u        /* 2: HELLO's plan_basis and target_fingerprint */
 #define HS_FRAME_HEADER_BYTES 16u
 #define HS_FRAME_MAX_BODY (4u << 20) /* larger bodies are rejected before allocating */
 

@@ -21,10 +21,15 @@ static uint32_t n_tokens[N_BATCHES] = {10, 7, 12};
 static hs_layout_t layout = {
     .hidden_size = 8, .dtype = HS_DTYPE_BF16, .n_layers = 2, .layers = {1, 2}};
 
+/* The plan hash of the test's shapes (the store checks it at open). */
+#define PLAN_BASIS 0x4444u
+#define PLAN_HASH hs_plan_hash_of(PLAN_BASIS, N_BATCHES, n_seqs, n_tokens)
+
 static hs_store_run_t test_run(void)
 {
     hs_store_run_t r = {.dataset_fingerprint = 0x1111,
-                        .plan_hash = 0x2222,
+                        .plan_hash = PLAN_HASH,
+                        .plan_basis = PLAN_BASIS,
                         .seed = 3,
                         .layout = layout,
                         .n_batches = N_BATCHES,
@@ -40,7 +45,8 @@ static uint64_t make_region(uint8_t *buf, uint32_t b)
 {
     uint64_t bytes = hs_batch_bytes(n_seqs[b], n_tokens[b], &layout);
     memset(buf, 0, bytes);
-    hs_batch_header_init((hs_batch_header_t *)buf, 0, b, n_seqs[b], n_tokens[b], &layout, 0x2222);
+    hs_batch_header_init((hs_batch_header_t *)buf, 0, b, n_seqs[b], n_tokens[b], &layout,
+                         PLAN_HASH);
     hs_batch_view_t v = hs_batch_view(buf, n_seqs[b], n_tokens[b], &layout);
     for (uint32_t s = 0; s <= n_seqs[b]; s++)
         v.cu_seqlens[s] = (int32_t)(s == n_seqs[b] ? n_tokens[b] : s * 3);
@@ -94,7 +100,7 @@ START_TEST(region_written_is_read_back_byte_for_byte_by_a_reopened_store)
     ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
     const hs_store_run_t *got = hs_store_run(s);
     ck_assert_ptr_nonnull(got);
-    ck_assert_uint_eq(got->plan_hash, 0x2222);
+    ck_assert_uint_eq(got->plan_hash, PLAN_HASH);
     ck_assert_str_eq(got->model, "tiny");
     ck_assert_int_eq(hs_store_bind(s, &r, cache, 1 << 20, on_free, NULL), HS_OK);
     ck_assert(hs_store_has(s, 0) && hs_store_has(s, 1) && !hs_store_has(s, 2));
@@ -154,12 +160,13 @@ START_TEST(a_run_that_differs_is_refused_naming_each_field)
     hs_store_t *s;
     ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
     char why[900] = "";
-    ck_assert_int_eq(hs_store_check(s, 0x1111, &layout, 0x2222, N_BATCHES, "tiny", why, sizeof why),
-                     HS_OK);
+    ck_assert_int_eq(
+        hs_store_check(s, 0x1111, &layout, PLAN_HASH, N_BATCHES, "tiny", why, sizeof why), HS_OK);
     hs_layout_t fp8 = layout;
     fp8.dtype = HS_DTYPE_FP8;
-    ck_assert_int_eq(hs_store_check(s, 0x9999, &fp8, 0x2222, N_BATCHES, "other", why, sizeof why),
-                     HS_ERR_MISMATCH);
+    ck_assert_int_eq(
+        hs_store_check(s, 0x9999, &fp8, PLAN_HASH, N_BATCHES, "other", why, sizeof why),
+        HS_ERR_MISMATCH);
     ck_assert_msg(strstr(why, "dataset fingerprint 0000000000009999, the store holds "
                               "0000000000001111") &&
                       strstr(why, "dtype=fp8, the store holds H=8,layers=1,2,dtype=bf16") &&
@@ -334,6 +341,37 @@ START_TEST(an_index_larger_than_the_plan_can_need_is_refused_unread)
 }
 END_TEST
 
+/* A plan.bin whose shapes are not those of store.json's plan hash (a peer
+ * lied about them, or the file was altered and sealed again) is refused at
+ * open, and so is a store of the version before the hash covered them. */
+START_TEST(a_plan_file_that_is_not_the_plan_hashs_is_refused_at_open)
+{
+    char dir[] = "/tmp/hs-test-store-XXXXXX", path[600];
+    mkstore(dir);
+    uint8_t *cache = aligned_alloc(4096, 4 * 65536);
+    fill(dir, 1, cache);
+    hs_store_t *s;
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
+    hs_store_close(s);
+    /* batch 1 claims 8 tokens instead of 7; the file's own seal made anew */
+    snprintf(path, sizeof(path), "%s/plan.bin", dir);
+    uint8_t bin[8 + 8 * N_BATCHES + 8];
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fread(bin, 1, sizeof(bin), f), sizeof(bin));
+    uint32_t t = 8;
+    memcpy(bin + 8 + 4 * N_BATCHES + 4, &t, 4);
+    uint64_t seal = hs_checksum64(bin, sizeof(bin) - 8);
+    memcpy(bin + sizeof(bin) - 8, &seal, 8);
+    rewind(f);
+    ck_assert_uint_eq(fwrite(bin, 1, sizeof(bin), f), sizeof(bin));
+    fclose(f);
+    ck_assert_int_eq(hs_store_open(dir, &s), HS_ERR_FORMAT);
+    free(cache);
+    rmstore(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("store");
@@ -343,6 +381,7 @@ int main(void)
     tcase_add_test(tc, torn_and_wrongly_sealed_index_records_are_dropped_at_open);
     tcase_add_test(tc, a_run_that_differs_is_refused_naming_each_field);
     tcase_add_test(tc, full_disk_stops_the_store_growing_with_nothing_torn_left);
+    tcase_add_test(tc, a_plan_file_that_is_not_the_plan_hashs_is_refused_at_open);
     suite_add_tcase(s, tc);
     /* planted files: a FIFO waited on would hang, so these fail in seconds */
     TCase *planted = tcase_create("planted");

@@ -5,7 +5,11 @@
 # producer that differs, the first to connect included, naming what differs
 # and the value expected, and then runs the right producer to completion.
 # Without the pins the first wrong producer would define the run and lock
-# the right one out.
+# the right one out. Then a peer whose HELLO matches every pin but whose
+# PLAN pages lie about the batch shapes (HS_PLAN_FAULT=lie, a test hook) is
+# refused once its pages are in (the plan hash covers the shapes), defines
+# nothing and leaves no plan in the store; the honest producer after it runs
+# the pinned store to completion, and the store then replays alone.
 . "$(dirname "$0")/lib.sh"
 
 data=$SCRATCH/d.jsonl
@@ -72,6 +76,33 @@ expect_json "$SCRATCH/summary.json" \
     'd["producers_seen"] == 5' \
     'd["producers_dropped"] == 4'
 
+store=$SCRATCH/store
+reserve_port port2
+copts=(--transport tcp --cache-gb 0.25 --epochs 1 --verify-synthetic --store "$store")
+start pinned "$CONSUMER" --listen 127.0.0.1:$port2 "${copts[@]}" \
+    --summary-json "$SCRATCH/pinned.json" "${PIN[@]}"
+wait_log pinned 'run pinned to plan '"$plan_hash" 30
+right=(--to 127.0.0.1:$port2 --transport tcp --source synthetic --gpus cpu:1 --connect-timeout 30
+    --token-budget 4096 --data "$data" --seed 1 --hidden-size 64 --layers 2,5)
+start liar env HS_PLAN_FAULT=lie "$PRODUCER" "${right[@]}" --name liar
+wait_exit liar 30
+[ "${RC_OF[liar]}" -ne 0 ] || fail "the lying producer was not refused"
+log_has pinned "producer liar .* dropped: its PLAN pages are not the plan of its plan hash $plan_hash"
+if grep -q 'run defined by' "$SCRATCH/pinned.log"; then fail "the lying producer defined the run"; fi
+[ ! -e "$store/plan.bin" ] || fail "the lying producer's plan reached the store"
+# 150 ms a ticket: the store's writer keeps up and stores every batch
+start honest "$PRODUCER" "${right[@]}" --name honest --fault delay_ms=150
+expect_exit pinned 0 90
+expect_exit honest 0 30
+log_has pinned "run defined by honest"
+expect_json "$SCRATCH/pinned.json" 'd["complete"] is True' 'd["checksum_failures"] == 0' \
+    'd["batches_delivered"] == d["batches_planned"] > 0' 'd["store_misses"] == d["batches_planned"]'
+start replay "$CONSUMER" --listen 127.0.0.1:0 "${copts[@]}" --summary-json "$SCRATCH/replay.json" \
+    "${PIN[@]}"
+expect_exit replay 0 60
+expect_json "$SCRATCH/replay.json" 'd["complete"] is True' 'd["producers_seen"] == 0' \
+    'd["store_hits"] == d["batches_delivered"] > 0'
+
 # A malformed pin is a usage error naming the flag.
 for bad in "--expect-plan xyz" "--expect-dataset 12345678901234567" \
     "--expect-layout H=64,layers=5,2" "--expect-layout layers=2,5"; do
@@ -81,4 +112,4 @@ for bad in "--expect-plan xyz" "--expect-dataset 12345678901234567" \
     [ $rc -eq 2 ] || fail "'$bad' exited $rc, expected 2"
     grep -q -- "${B[0]}" "$SCRATCH/bad.out" || fail "'$bad': the message does not name ${B[0]}"
 done
-pass "four wrong producers refused before the run existed; the right one completed it"
+pass "four wrong producers and a lying plan refused before the run existed; the right one completed it"

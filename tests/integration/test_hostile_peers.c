@@ -406,6 +406,7 @@ static void hello_fill(Hsflow__Hello *out, const char *name, Hsflow__Layout *lm,
     h.prefetch_per_worker = 2;
     h.layout = lm;
     h.plan_hash = hs_plan_hash(g_plan);
+    h.plan_basis = hs_plan_basis(g_plan);
     h.n_batches = hs_plan_n_batches(g_plan);
     h.seed = 7;
     h.token_budget = BUDGET;

@@ -516,6 +516,24 @@ START_TEST(same_inputs_give_the_same_plan_and_hash)
     assert_same_packing(p1, p2);
     hs_plan_destroy(p2);
 
+    /* the hash is its basis and the batch shapes: a consumer with the shapes
+     * alone checks it, and one token moved between batches changes it */
+    uint32_t n = hs_plan_n_batches(p1);
+    uint32_t *ns = malloc(n * sizeof(uint32_t)), *nt = malloc(n * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++) {
+        hs_plan_batch_t pb;
+        ck_assert_int_eq(hs_plan_batch(p1, i, &pb), HS_OK);
+        ns[i] = pb.n_seqs;
+        nt[i] = pb.n_tokens;
+    }
+    ck_assert_uint_eq(hs_plan_hash_of(hs_plan_basis(p1), n, ns, nt), hs_plan_hash(p1));
+    ck_assert_uint_gt(n, 1);
+    nt[0]--;
+    nt[1]++;
+    ck_assert_uint_ne(hs_plan_hash_of(hs_plan_basis(p1), n, ns, nt), hs_plan_hash(p1));
+    free(ns);
+    free(nt);
+
     /* every input that defines the plan changes its hash */
     hs_plan_config_t v[] = {
         {.token_budget = 8193, .max_seq_len = 2048, .seed = 11},

@@ -17,6 +17,7 @@ bf16 nearest even).
 """
 import argparse
 import ctypes
+import hashlib
 import json
 import os
 import struct
@@ -27,6 +28,7 @@ import numpy as np
 REC = struct.Struct("<6I5Q")  # hs_store_rec_t: 64 bytes
 REC_MAGIC = 0x31495348
 PLAN_MAGIC = 0x31505348
+STORE_VERSION = 2
 BATCH_MAGIC = 0x31425348
 ALIGN = 256
 HEADER = 256
@@ -51,6 +53,15 @@ def _checksum64(lib, buf):
 
 def _seal(lib, rec_bytes):
     return _checksum64(lib, rec_bytes[:56])
+
+
+def plan_hash_of(basis, shapes, n):
+    """hs_plan_hash_of() (hs_common.h): BLAKE2b of "HSPLAN02", the basis, n and the
+    shapes (n_seqs[n] then n_tokens[n], u32 little-endian), its first 8 bytes."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"HSPLAN02" + struct.pack("<QI", basis, n))
+    h.update(shapes)
+    return struct.unpack_from("<Q", h.digest())[0]
 
 
 def _align(x):
@@ -104,9 +115,13 @@ class Store:
                              "has not defined its run yet)" % path) from None
         except (OSError, ValueError) as e:
             raise StoreError("%s/store.json: %s" % (path, e)) from None
-        if man.get("format") != "hsflow-store" or man.get("version") != 1:
+        if man.get("format") == "hsflow-store" and man.get("version") == 1:
+            raise StoreError("%s/store.json: version 1, written by an earlier hsflow whose plan "
+                             "hash did not cover the batch shapes nor name the target; move the "
+                             "store away and start a new one" % path)
+        if man.get("format") != "hsflow-store" or man.get("version") != STORE_VERSION:
             raise StoreError("%s/store.json: not an hsflow store record (format "
-                             "hsflow-store, version 1)" % path)
+                             "hsflow-store, version %d)" % (path, STORE_VERSION))
         self.manifest = man
         self.n_batches = int(man["n_batches"])
         if not 0 < self.n_batches <= 1 << 24:
@@ -123,6 +138,11 @@ class Store:
                              "checksum wrong)" % path)
         self.n_seqs = np.frombuffer(plan, "<u4", self.n_batches, 8)
         self.n_tokens = np.frombuffer(plan, "<u4", self.n_batches, 8 + 4 * self.n_batches)
+        got = plan_hash_of(int(man["plan_basis"], 16), plan[8:-8], self.n_batches)
+        if got != self.plan_hash:
+            raise StoreError("%s/plan.bin: its batch shapes hash to %016x, not to the plan %s of "
+                             "store.json; move the store away and start a new one"
+                             % (path, got, man["plan_hash"]))
         self.loc, self.dropped = {}, 0
         try:
             with open(os.path.join(path, "index.hsi"), "rb") as f:
