@@ -119,8 +119,13 @@ static const char usage[] =
     "  --expect-layout H=N,layers=L1,L2,...,dtype=bf16  pin the layout: refuse producers\n"
     "                         with another --hidden-size or --layers. `hs-data plan FILE\n"
     "                         --hidden-size H --layers L1,L2,...` prints all three flags\n"
+    "  --expect-target FP     pin the target: refuse producers and a --store whose target\n"
+    "                         (model config and weights) has another fingerprint, naming both;\n"
+    "                         a producer logs its own (\"target DIR: fingerprint FP\")\n"
     "  --store DIR            keep every verified batch once on disk in DIR (made if missing),\n"
-    "                         bound to the dataset, layout (dtype included), plan and model:\n"
+    "                         bound to the dataset, layout (dtype included), plan and target\n"
+    "                         (the fingerprint of its config and weights; a store replayed\n"
+    "                         alone logs it and --summary-json holds it):\n"
     "                         later epochs and later runs of that plan read it back, verified,\n"
     "                         instead of asking producers, which get only what DIR lacks; a\n"
     "                         complete store needs no producer. A store of another run refuses\n"
@@ -193,6 +198,7 @@ enum {
     OPT_EXPECT_PLAN,
     OPT_EXPECT_LAYOUT,
     OPT_EXPECT_DATASET,
+    OPT_EXPECT_TARGET,
     OPT_STORE,
 };
 
@@ -227,6 +233,7 @@ static const struct option long_options[] = {
     {"expect-plan", required_argument, NULL, OPT_EXPECT_PLAN},
     {"expect-layout", required_argument, NULL, OPT_EXPECT_LAYOUT},
     {"expect-dataset", required_argument, NULL, OPT_EXPECT_DATASET},
+    {"expect-target", required_argument, NULL, OPT_EXPECT_TARGET},
     {"store", required_argument, NULL, OPT_STORE},
     HS_CLI_NET_OPTIONS,
     HS_CLI_NET_OPTION_INSECURE,
@@ -407,6 +414,12 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
                        "expected the dataset fingerprint hs-data plan prints, 16 hex digits");
         o->cfg.expect_dataset = arg;
         return 0;
+    case OPT_EXPECT_TARGET:
+        if (!is_hash(arg))
+            return bad("expect-target", arg, from,
+                       "expected the target fingerprint a producer logs, 16 hex digits");
+        o->cfg.expect_target = arg;
+        return 0;
     case OPT_EXPECT_LAYOUT: {
         hs_layout_t l;
         char why[160], msg[256];
@@ -549,11 +562,12 @@ int main(int argc, char **argv)
     }
     hs_info("config: rank %u of %u, uneven %s", o.cfg.rank, o.cfg.world,
             o.cfg.uneven == HS_UNEVEN_REPEAT ? "repeat" : "drop");
-    if (o.cfg.expect_plan || o.cfg.expect_layout || o.cfg.expect_dataset)
-        hs_info("config: run pinned to plan %s, layout %s, dataset %s",
+    if (o.cfg.expect_plan || o.cfg.expect_layout || o.cfg.expect_dataset || o.cfg.expect_target)
+        hs_info("config: run pinned to plan %s, layout %s, dataset %s, target %s",
                 o.cfg.expect_plan ? o.cfg.expect_plan : "any",
                 o.cfg.expect_layout ? o.cfg.expect_layout : "any",
-                o.cfg.expect_dataset ? o.cfg.expect_dataset : "any");
+                o.cfg.expect_dataset ? o.cfg.expect_dataset : "any",
+                o.cfg.expect_target ? o.cfg.expect_target : "any");
     hs_info("config: listen %s:%u, cache %.3f GiB, epochs %u, gpu %d, order %s, prefetch %u, "
             "lease-timeout %g s, verify-synthetic %s, transport %s, net devices %s, require-rdma "
             "%s, loopback %d, "

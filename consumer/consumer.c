@@ -205,6 +205,13 @@ static hs_status_t store_expected(hs_consumer_t *c)
                  hs_store_dir(c->store), a, b);
         bad = true;
     }
+    if (e->target && e->target_fingerprint != r->target_fingerprint) {
+        hs_error("store %s holds the states of target %016llx (%.200s), --expect-target is "
+                 "%016llx: give another --store, or the expectation of that run",
+                 hs_store_dir(c->store), (unsigned long long)r->target_fingerprint, r->model,
+                 (unsigned long long)e->target_fingerprint);
+        bad = true;
+    }
     return bad ? HS_ERR_MISMATCH : HS_OK;
 }
 
@@ -330,6 +337,7 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     c->expect = expect;
     /* the config's strings are the caller's: none is kept past create */
     c->cfg.expect_plan = c->cfg.expect_layout = c->cfg.expect_dataset = NULL;
+    c->cfg.expect_target = NULL;
     c->net.frame_buf = malloc(HS__FRAME_BUF_BYTES);
     if (!c->net.frame_buf) {
         hs_mem_claim_release(c->mem_claim);

@@ -58,6 +58,8 @@ typedef struct {
     uint64_t plan_hash, seed;
     uint32_t n_batches, token_budget;
     uint64_t tokens_per_epoch;
+    uint64_t target_fingerprint; /* the target computing the states (never 0 once set) */
+    char target_name[256];
     /* The resume state given at create (cfg.resume_state), else an empty
      * one; set at create, read by the network thread and, under the
      * delivery lock, by hs_consumer_state_save(). */

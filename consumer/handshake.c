@@ -118,6 +118,15 @@ static bool offer_matches_run(hs_consumer_t *c, peer_t *p)
                       mine, theirs);
         return false;
     }
+    if (o->target_fingerprint != c->run.target_fingerprint) {
+        hs__peer_drop(c, p, HS_ERR_MISMATCH,
+                      "target mismatch: this run's states are of target %016llx (%.200s), the "
+                      "producer's of %016llx (%.200s); give every producer the same model "
+                      "(config and weights), or start another run (and --store) for that one",
+                      (unsigned long long)c->run.target_fingerprint, c->run.target_name,
+                      (unsigned long long)o->target_fingerprint, o->model);
+        return false;
+    }
     if (o->plan_hash != c->run.plan_hash || o->n_batches != c->run.n_batches) {
         hs__peer_drop(c, p, HS_ERR_MISMATCH,
                       "plan mismatch: this run's plan hash is %016llx (%u batches), producer's is "
@@ -156,6 +165,13 @@ hs_status_t hs__expect_parse(const hs_consumer_config_t *cfg, hs__run_expect_t *
                  cfg->expect_dataset);
         return HS_ERR_INVALID;
     }
+    if (cfg->expect_target &&
+        !(out->target = parse_hash(cfg->expect_target, &out->target_fingerprint))) {
+        hs_error("consumer: --expect-target '%s': expected the target fingerprint a producer "
+                 "logs (\"target DIR: fingerprint ...\"), 16 hex digits such as 5d0c3e8a91f2b746",
+                 cfg->expect_target);
+        return HS_ERR_INVALID;
+    }
     if (cfg->expect_layout) {
         char why[160];
         if (hs_layout_parse(cfg->expect_layout, &out->layout_v, why, sizeof(why)) != HS_OK) {
@@ -190,6 +206,12 @@ static bool offer_matches_expect(hs_consumer_t *c, peer_t *p)
                               "--seed hs-data plan was given",
                               n ? "; " : "", (unsigned long long)o->plan_hash,
                               (unsigned long long)e->plan_hash);
+    if (e->target && o->target_fingerprint != e->target_fingerprint && n < sizeof(why))
+        n += (size_t)snprintf(why + n, sizeof(why) - n,
+                              "%sits target is %016llx (%.200s), expected %016llx "
+                              "(--expect-target): start it with the model the run is pinned to",
+                              n ? "; " : "", (unsigned long long)o->target_fingerprint, o->model,
+                              (unsigned long long)e->target_fingerprint);
     if (e->layout && hs_layout_id(&o->layout) != hs_layout_id(&e->layout_v) && n < sizeof(why)) {
         char mine[160], theirs[160];
         hs_layout_spec(&e->layout_v, mine, sizeof(mine));
@@ -224,7 +246,7 @@ static void peer_admit(hs_consumer_t *c, peer_t *p)
         const run_offer_t *o = &p->offer;
         char why[900];
         if (hs_store_check(c->store, o->dataset_fingerprint, &o->layout, o->plan_hash, o->n_batches,
-                           o->model, why, sizeof(why)) != HS_OK) {
+                           o->target_fingerprint, o->model, why, sizeof(why)) != HS_OK) {
             hs__peer_drop(c, p, HS_ERR_MISMATCH, "producer refused, not the run of the store: %s",
                           why);
             return;
@@ -279,6 +301,7 @@ void hs__on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len
     }
     o->plan_hash = h->plan_hash;
     o->plan_basis = h->plan_basis;
+    o->target_fingerprint = h->target_fingerprint;
     o->dataset_fingerprint = h->dataset_fingerprint;
     o->n_batches = h->n_batches; /* 1..HS_PLAN_MAX_BATCHES (hs_msg_unpack) */
     o->seed = h->seed;
@@ -398,6 +421,8 @@ static void plan_complete(hs_consumer_t *c)
     c->run.seed = o->seed;
     c->run.token_budget = o->token_budget;
     c->run.tokens_per_epoch = tokens;
+    c->run.target_fingerprint = o->target_fingerprint;
+    snprintf(c->run.target_name, sizeof(c->run.target_name), "%s", o->model);
     c->run.have_run = true;
     char desc[160], by[1100];
     hs_layout_describe(&c->run.layout, desc, sizeof(desc));
@@ -410,10 +435,14 @@ static void plan_complete(hs_consumer_t *c)
         snprintf(by, sizeof(by), "a producer");
     hs_info("run defined by %s: %s, plan %016llx, %u batches/epoch, budget %u tokens", by, desc,
             (unsigned long long)c->run.plan_hash, c->run.n_batches, c->run.token_budget);
+    hs_info("run target: %016llx (%s)%s", (unsigned long long)c->run.target_fingerprint,
+            c->run.target_name,
+            pp->sender == 0 ? ": the states the store holds were computed by it" : "");
     if (c->store) {
         hs_store_run_t sr = {.dataset_fingerprint = o->dataset_fingerprint,
                              .plan_hash = o->plan_hash,
                              .plan_basis = o->plan_basis,
+                             .target_fingerprint = o->target_fingerprint,
                              .seed = o->seed,
                              .layout = o->layout,
                              .n_batches = n,
@@ -575,6 +604,7 @@ void hs__run_from_store(hs_consumer_t *c)
     pp->offer = (run_offer_t){.layout = r->layout,
                               .plan_hash = r->plan_hash,
                               .plan_basis = r->plan_basis,
+                              .target_fingerprint = r->target_fingerprint,
                               .seed = r->seed,
                               .dataset_fingerprint = r->dataset_fingerprint,
                               .n_batches = r->n_batches,

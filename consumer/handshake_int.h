@@ -27,10 +27,10 @@ typedef struct {
 } pending_plan_t;
 
 /* The run as the configuration pins it (expect_plan, expect_layout,
- * expect_dataset): what is not pinned is not checked. Fixed at create. */
+ * expect_dataset, expect_target): what is not pinned is not checked. Fixed at create. */
 typedef struct {
-    bool plan, layout, dataset; /* which are pinned */
-    uint64_t plan_hash, dataset_fingerprint;
+    bool plan, layout, dataset, target; /* which are pinned */
+    uint64_t plan_hash, dataset_fingerprint, target_fingerprint;
     hs_layout_t layout_v;
 } hs__run_expect_t;
 

@@ -38,6 +38,7 @@ typedef struct {
     uint64_t dataset_fingerprint;         /* 0 from a producer that did not say */
     uint32_t n_batches, token_budget;     /* n_batches in 1..HS_PLAN_MAX_BATCHES */
     char model[256];                      /* HELLO's target name, cut to fit */
+    uint64_t target_fingerprint;          /* HELLO's; never 0 (hs_msg_unpack) */
 } run_offer_t;
 
 /* A consumer's claim on a rank, as a producer reported it (RANKS). */

@@ -144,6 +144,10 @@ void hs_consumer_stats(hs_consumer_t *c, hs_consumer_stats_t *s)
     s->batches_planned = c->delivery.batches_planned;
     s->batches_resumed = c->delivery.batches_resumed;
     s->batches_delivered = c->delivery.batches_delivered;
+    if (c->delivery.t_start > 0) { /* set under this lock after the run's fields */
+        s->target_fingerprint = c->run.target_fingerprint;
+        snprintf(s->target_name, sizeof(s->target_name), "%s", c->run.target_name);
+    }
     s->checksum_failures = c->delivery.checksum_failures;
     s->bytes_received = c->delivery.bytes_received;
     s->tokens_delivered = c->delivery.tokens_delivered;
@@ -358,9 +362,23 @@ void hs_consumer_status_line(hs_consumer_t *c, char *buf, size_t cap)
                  alone);
 }
 
+/* A name for a JSON string: quotes, backslashes and control bytes become '_'. */
+static void json_safe(const char *in, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (; *in && n + 1 < cap; in++)
+        out[n++] = (*in == '"' || *in == '\\' || (unsigned char)*in < 0x20) ? '_' : *in;
+    out[n] = 0;
+}
+
 int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
 {
     double secs = s->seconds > 0 ? s->seconds : 1e-9;
+    char target[sizeof(s->target_name)], target_fp[20] = "";
+    json_safe(s->target_name, target, sizeof(target));
+    if (s->target_fingerprint)
+        snprintf(target_fp, sizeof(target_fp), "%016llx",
+                 (unsigned long long)s->target_fingerprint);
     char limit[256];
     hs_consumer_bottleneck_text(s, limit, sizeof(limit)); /* no quote nor backslash in it */
     return snprintf(
@@ -388,7 +406,7 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         "  \"store_skipped\": %llu,\n  \"store_bad\": %llu,\n  \"store_batches\": %llu,\n"
         "  \"store_bytes_written\": %llu,\n  \"store_full\": %s,\n"
         "  \"producer_transports\": {\"shm\": %llu, \"tcp\": %llu, \"ucx\": %llu},\n"
-        "  \"complete\": %s\n}\n",
+        "  \"target_fingerprint\": \"%s\",\n  \"target\": \"%s\",\n  \"complete\": %s\n}\n",
         (unsigned long long)s->batches_planned, (unsigned long long)s->batches_resumed,
         (unsigned long long)s->batches_delivered, (unsigned long long)s->duplicates,
         (unsigned long long)s->checksum_failures, (unsigned long long)s->protocol_errors,
@@ -410,6 +428,7 @@ int hs_consumer_stats_json(const hs_consumer_stats_t *s, char *buf, size_t cap)
         (unsigned long long)s->store_batches, (unsigned long long)s->store_bytes_written,
         s->store_full ? "true" : "false", (unsigned long long)s->producers_seen_shm,
         (unsigned long long)s->producers_seen_tcp, (unsigned long long)s->producers_seen_ucx,
+        target_fp, target,
         (s->batches_planned || s->batches_resumed) && s->batches_delivered == s->batches_planned
             ? "true"
             : "false");

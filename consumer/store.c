@@ -241,6 +241,8 @@ static hs_status_t read_manifest(hs_store_t *s)
               json_hex(root, "dataset_fingerprint", &r->dataset_fingerprint) &&
               json_hex(root, "plan_hash", &r->plan_hash) &&
               json_hex(root, "plan_basis", &r->plan_basis) && json_hex(root, "seed", &r->seed) &&
+              json_hex(root, "target_fingerprint", &r->target_fingerprint) &&
+              r->target_fingerprint != 0 &&
               json_u32(root, "n_batches", 1, HS_PLAN_MAX_BATCHES, &r->n_batches) &&
               json_u32(root, "token_budget", 1, UINT32_MAX, &r->token_budget) &&
               cJSON_IsString(layout) && cJSON_IsString(model) &&
@@ -250,7 +252,7 @@ static hs_status_t read_manifest(hs_store_t *s)
     if (!ok) {
         hs_error("store %s: not an hsflow store record%s%s (format, version 2, "
                  "dataset_fingerprint, plan_hash, plan_basis, seed, n_batches, token_budget, "
-                 "layout, model); "
+                 "layout, target_fingerprint, model); "
                  "give --store an empty folder or one an hsflow consumer wrote",
                  path, why[0] ? ": " : "", why);
         return HS_ERR_FORMAT;
@@ -490,7 +492,7 @@ hs_status_t hs_store_open(const char *dir, hs_store_t **out)
 
 hs_status_t hs_store_check(const hs_store_t *s, uint64_t dataset_fingerprint,
                            const hs_layout_t *layout, uint64_t plan_hash, uint32_t n_batches,
-                           const char *model, char *why, size_t whycap)
+                           uint64_t target_fingerprint, const char *model, char *why, size_t whycap)
 {
     if (!s->has_run) return HS_OK;
     const hs_store_run_t *r = &s->run;
@@ -512,8 +514,10 @@ hs_status_t hs_store_check(const hs_store_t *s, uint64_t dataset_fingerprint,
     if (plan_hash != r->plan_hash || n_batches != r->n_batches)
         SAY("%splan %016" PRIx64 " (%u batches), the store holds %016" PRIx64 " (%u batches)",
             n ? "; " : "", plan_hash, n_batches, r->plan_hash, r->n_batches);
-    if (model && model[0] && r->model[0] && strcmp(model, r->model) != 0)
-        SAY("%smodel '%.100s', the store holds '%.100s'", n ? "; " : "", model, r->model);
+    if (target_fingerprint != r->target_fingerprint)
+        SAY("%starget %016" PRIx64 " ('%.100s'), the store holds the states of %016" PRIx64
+            " ('%.100s')",
+            n ? "; " : "", target_fingerprint, model ? model : "", r->target_fingerprint, r->model);
 #undef SAY
     if (!n) return HS_OK;
     if (n < whycap)
@@ -559,11 +563,12 @@ static hs_status_t write_manifest(hs_store_t *s, const hs_store_run_t *r)
     path_of(s, "store.json", path, sizeof(path));
     hs_layout_spec(&r->layout, spec, sizeof(spec));
     cJSON *root = cJSON_CreateObject();
-    char hex[4][20];
+    char hex[5][20];
     snprintf(hex[0], sizeof(hex[0]), "%016" PRIx64, r->dataset_fingerprint);
     snprintf(hex[1], sizeof(hex[1]), "%016" PRIx64, r->plan_hash);
     snprintf(hex[2], sizeof(hex[2]), "%016" PRIx64, r->seed);
     snprintf(hex[3], sizeof(hex[3]), "%016" PRIx64, r->plan_basis);
+    snprintf(hex[4], sizeof(hex[4]), "%016" PRIx64, r->target_fingerprint);
     bool ok = root && cJSON_AddStringToObject(root, "format", "hsflow-store") &&
               cJSON_AddNumberToObject(root, "version", STORE_VERSION) &&
               cJSON_AddStringToObject(root, "dataset_fingerprint", hex[0]) &&
@@ -574,6 +579,7 @@ static hs_status_t write_manifest(hs_store_t *s, const hs_store_run_t *r)
               cJSON_AddStringToObject(root, "seed", hex[2]) &&
               cJSON_AddNumberToObject(root, "n_batches", r->n_batches) &&
               cJSON_AddNumberToObject(root, "token_budget", r->token_budget) &&
+              cJSON_AddStringToObject(root, "target_fingerprint", hex[4]) &&
               cJSON_AddStringToObject(root, "model", r->model);
     char *text = ok ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
@@ -692,9 +698,11 @@ hs_status_t hs_store_bind(hs_store_t *s, const hs_store_run_t *run, const void *
     s->free_cb = free_cb;
     s->free_arg = free_arg;
     fault_parse(s);
-    hs_info("store %s: %llu of %u batches stored (%.2f GB), %s, plan %016" PRIx64 "%s", s->dir,
-            (unsigned long long)s->st.batches, s->run.n_batches, (double)s->st.bytes / 1e9,
-            hs_dtype_str(s->run.layout.dtype), s->run.plan_hash, s->writable ? "" : "; read only");
+    hs_info("store %s: %llu of %u batches stored (%.2f GB), %s, plan %016" PRIx64
+            ", target %016" PRIx64 " (%s)%s",
+            s->dir, (unsigned long long)s->st.batches, s->run.n_batches, (double)s->st.bytes / 1e9,
+            hs_dtype_str(s->run.layout.dtype), s->run.plan_hash, s->run.target_fingerprint,
+            s->run.model, s->writable ? "" : "; read only");
     if (!s->writable || s->st.batches == s->run.n_batches) {
         s->writable = s->writable && s->st.batches < s->run.n_batches;
         return HS_OK;

@@ -6,8 +6,8 @@
  * A store is a folder bound to one run:
  *
  *   store.json        dataset fingerprint, layout (with its dtype), plan hash
- *                     and basis, seed, batches per epoch, token budget,
- *                     model; written once, atomically, when the run is
+ *                     and basis, seed, batches per epoch, token budget, the
+ *                     target (fingerprint and name); written once, atomically, when the run is
  *                     first defined (format version 2)
  *   plan.bin          the plan's shape: "HSP1", n, n_seqs[n], n_tokens[n]
  *                     (u32 little-endian), then XXH3-64 of all of it; at
@@ -70,7 +70,8 @@ typedef struct {
 /* The run a store is bound to. */
 typedef struct {
     uint64_t dataset_fingerprint, plan_hash, seed;
-    uint64_t plan_basis; /* plan_hash == hs_plan_hash_of(plan_basis, the shapes) */
+    uint64_t plan_basis;         /* plan_hash == hs_plan_hash_of(plan_basis, the shapes) */
+    uint64_t target_fingerprint; /* the target whose states it holds (hs_target_fingerprint) */
     hs_layout_t layout;
     uint32_t n_batches, token_budget;
     char model[256];
@@ -115,12 +116,12 @@ const char *hs_store_dir(const hs_store_t *s);
 const hs_store_run_t *hs_store_run(const hs_store_t *s);
 /* A run (or a producer's offer of one) against the store's: HS_OK when the
  * store has none or they are the same; else HS_ERR_MISMATCH with every
- * field that differs named in why, both values each. `model` "" or NULL:
- * not compared; dataset_fingerprint 0 likewise. */
+ * field that differs named in why, both values each. The target is its
+ * fingerprint (`model` only names it); dataset_fingerprint 0: not compared. */
 HS_MUST_CHECK hs_status_t hs_store_check(const hs_store_t *s, uint64_t dataset_fingerprint,
                                          const hs_layout_t *layout, uint64_t plan_hash,
-                                         uint32_t n_batches, const char *model, char *why,
-                                         size_t whycap);
+                                         uint32_t n_batches, uint64_t target_fingerprint,
+                                         const char *model, char *why, size_t whycap);
 
 /* Slots whose region the writer has written or given up on go back through
  * this (any thread but the caller's of submit, which never calls it). */

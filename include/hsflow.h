@@ -102,6 +102,21 @@ HSFLOW_API const char *hsflow_status_str(hs_status_t status);
 HSFLOW_API uint16_t hs_synth_value(uint64_t sample_id, int32_t layer, uint32_t pos,
                                    uint32_t channel);
 
+/* The target that computes a run's hidden states, as a fingerprint (never
+ * 0) that every producer announces: a run, and its store, hold the states of
+ * one target, and a producer or a store of another is refused.
+ * hs_target_fingerprint(): a Hugging Face model folder's config.json and
+ * the content of every *.safetensors file in it (XXH3-64 each, combined
+ * with their names and sizes). Weights are read once: each file's hash is
+ * kept in the folder's .hsflow-target under its size, mtime, ctime and
+ * inode, so a later call reads only files that changed; a folder this user
+ * cannot write is read whole each time. HS_ERR_IO or HS_ERR_INVALID
+ * (logged, naming the file) for a folder without config.json or weights.
+ * hs_target_synthetic_fingerprint(): the synthetic source's (hs_synth_value
+ * and hsflow.synthetic: its version is its one parameter). */
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_target_fingerprint(const char *model_dir, uint64_t *out);
+HSFLOW_API uint64_t hs_target_synthetic_fingerprint(void);
+
 /* The checksum a batch region's header holds, over the len bytes after its
  * 256-byte header (XXH3-64 of 1 MiB chunks, combined): what the consumer
  * verifies every batch with, for tools that check stored regions
@@ -228,6 +243,11 @@ typedef struct {
      * ticketing a producer, and a complete store needs no producer at all.
      * A store of another run refuses its producers, naming what differs. */
     const char *store;
+    /* Pin the target (--expect-target; 16 hex digits, the fingerprint a
+     * producer logs as "target DIR: fingerprint F", hs_target_fingerprint):
+     * a producer or a store of another target is refused, naming both.
+     * NULL = the run's target is its first producer's (or its store's). */
+    const char *expect_target;
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */
@@ -314,6 +334,11 @@ typedef struct {
      * admitted since the start (shared memory, hsflow's TCP, UCX). */
     uint64_t producers_shm, producers_tcp, producers_ucx;
     uint64_t producers_seen_shm, producers_seen_tcp, producers_seen_ucx;
+    /* The target whose states the run delivers (hs_target_fingerprint): its
+     * fingerprint (0 until the run is defined) and name, from the producer
+     * that defined the run or from the store. */
+    uint64_t target_fingerprint;
+    char target_name[256];
 } hs_consumer_stats_t;
 
 /* Which side limits the run, from the recent window's figures: the trainer
@@ -453,6 +478,14 @@ typedef struct {
      * one batch's memory, but then a caller that computes batch N+1 before
      * it submits N waits for N's whole send before it can take N+2. */
     uint32_t staging_buffers;
+    /* The target that computes the hidden states (never 0: hs_producer_open
+     * refuses it): hs_target_fingerprint() of its model folder,
+     * hs_target_synthetic_fingerprint() for hs_synth_value's states, or a
+     * 64-bit fingerprint of the caller's own. A run and its store hold one
+     * target; a consumer refuses a producer of another. target_name names it
+     * in logs and stores (NULL = "unnamed"). */
+    uint64_t target_fingerprint;
+    const char *target_name;
 } hs_producer_client_config_t;
 
 typedef struct {

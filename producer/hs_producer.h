@@ -88,6 +88,12 @@ typedef struct {
     /* Staging buffers per worker (2..STAGING_MAX of producer_int.h); 0 = 2.
      * hs_producer_open() gives its caller 3 by default. */
     uint32_t staging_buffers;
+    /* The target computing the states, announced in HELLO (hsflow.h,
+     * hs_target_fingerprint). HS_SOURCE_EXTERNAL: the caller's, never 0,
+     * with a name for logs and stores; otherwise set when the producer opens
+     * (the model folder's fingerprint, or the synthetic source's). */
+    uint64_t target_fingerprint;
+    const char *target_name;
 } hs_producer_config_t;
 
 void hs_producer_config_default(hs_producer_config_t *cfg);

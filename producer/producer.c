@@ -208,6 +208,42 @@ static hs_status_t load_model(producer_t *pr)
     return HS_OK;
 }
 
+/* The target the states come from (hs_target_fingerprint): the model
+ * folder's config and weights, with the precision its Linear weights are
+ * computed in when --dtype changes it; the synthetic source's; or the
+ * library caller's own, which it must give. */
+static hs_status_t target_identify(producer_t *pr)
+{
+    hs_producer_config_t *cfg = &pr->config;
+    if (cfg->source == HS_SOURCE_SYNTHETIC) {
+        cfg->target_fingerprint = hs_target_synthetic_fingerprint();
+        cfg->target_name = "synthetic";
+    } else if (cfg->source == HS_SOURCE_MODEL) {
+        uint64_t fp;
+        hs_status_t st = hs_target_fingerprint(cfg->model_dir, &fp);
+        if (st != HS_OK) return st;
+        if (cfg->weights) { /* weights quantised or dequantised at load: other states */
+            char mix[64];
+            int n = snprintf(mix, sizeof(mix), "%016llx weights=%s", (unsigned long long)fp,
+                             hs_model_weights_name((hs_model_weights_t)cfg->weights));
+            fp = hs_checksum64(mix, (size_t)n);
+            fp = fp ? fp : 1;
+            hs_info("target %s computed with --dtype %s: fingerprint %016llx", cfg->model_dir,
+                    hs_model_weights_name((hs_model_weights_t)cfg->weights),
+                    (unsigned long long)fp);
+        }
+        cfg->target_fingerprint = fp;
+        cfg->target_name = cfg->model_dir;
+    } else if (!cfg->target_fingerprint) {
+        hs_error("producer: say which target computes the states: target_fingerprint is 0 (give "
+                 "hs_target_fingerprint() of the model folder, hs_target_synthetic_fingerprint() "
+                 "for hs_synth_value's states, or a fingerprint of your own)");
+        return HS_ERR_INVALID;
+    }
+    if (!cfg->target_name || !cfg->target_name[0]) cfg->target_name = "unnamed";
+    return HS_OK;
+}
+
 /* Frees everything producer_open() made; worker threads must be joined. */
 static void producer_free(producer_t *pr)
 {
@@ -270,6 +306,8 @@ static hs_status_t producer_open(const hs_producer_config_t *config, producer_t 
         st = load_model(pr);
         if (st != HS_OK) goto err;
     }
+    st = target_identify(pr);
+    if (st != HS_OK) goto err;
     if (hs_layout_check(&cfg->layout) != HS_OK || cfg->n_workers == 0 ||
         cfg->n_workers > HS_PRODUCER_MAX_WORKERS || cfg->prefetch == 0) {
         hs_error("invalid producer configuration (layout, workers or prefetch)");
@@ -504,6 +542,8 @@ hs_status_code_t hs_producer_open(const hs_producer_client_config_t *cc, hs_prod
     }
     cfg.staging_buffers = cc->staging_buffers ? cc->staging_buffers : STAGING_API_DEFAULT;
     cfg.source = HS_SOURCE_EXTERNAL;
+    cfg.target_fingerprint = cc->target_fingerprint;
+    cfg.target_name = cc->target_name;
     cfg.n_workers = 1;
     cfg.gpu_ids[0] = -1;
     if (cc->prefetch) cfg.prefetch = cc->prefetch;

@@ -563,7 +563,8 @@ hs_status_t hs__link_send_hello(link_t *l)
     h.dataset_fingerprint = hs_dataset_fingerprint(pr->ds);
     h.total_tokens = ps.tokens;
     h.total_seqs = ps.n_kept;
-    h.target_name = cfg->source == HS_SOURCE_MODEL ? (char *)cfg->model_dir : "synthetic";
+    h.target_name = (char *)cfg->target_name;
+    h.target_fingerprint = cfg->target_fingerprint;
     hs_status_t st = hs_auth_nonce(l->client_nonce);
     if (st != HS_OK) {
         hs_error("libsodium could not draw the handshake's nonce: %s", hs_status_str(st));

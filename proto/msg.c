@@ -130,6 +130,10 @@ static hs_status_t check_hello(const Hsflow__Hello *m, char *why, size_t whycap)
                    m->n_batches, HS_PLAN_MAX_BATCHES);
     if (m->token_budget < 1) return bad(why, whycap, "hello.token_budget is 0");
     if (m->max_seq_len < 1) return bad(why, whycap, "hello.max_seq_len is 0");
+    if (m->target_fingerprint == 0)
+        return bad(why, whycap,
+                   "hello.target_fingerprint is 0: the producer does not say which target "
+                   "computes its states");
     return check_bytes("hello.client_nonce", m->client_nonce, HS_AUTH_NONCE_BYTES, false, why,
                        whycap);
 }

@@ -21,7 +21,8 @@ path.
 from ._lib import HsflowError, find_tool, library_path, library_version, status_str
 from ._arrays import bf16_bits_to_f32, f32_to_bf16_bits
 from .consumer import Batch, Consumer
-from .producer import Producer, Ticket, quantize_fp8
+from .producer import (Producer, Ticket, quantize_fp8, synthetic_target_fingerprint,
+                       target_fingerprint)
 from .synthetic import synthetic_hidden
 
 # The release, as include/hsflow.h's HSFLOW_VERSION_STRING (tests check that
@@ -29,4 +30,5 @@ from .synthetic import synthetic_hidden
 __version__ = "0.1.0"
 __all__ = ["Consumer", "Batch", "Producer", "Ticket", "HsflowError", "find_tool",
            "library_path", "library_version", "status_str", "f32_to_bf16_bits", "bf16_bits_to_f32",
-           "synthetic_hidden", "quantize_fp8", "__version__"]
+           "synthetic_hidden", "quantize_fp8", "target_fingerprint",
+           "synthetic_target_fingerprint", "__version__"]

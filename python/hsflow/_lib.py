@@ -63,6 +63,7 @@ class ConsumerConfig(ctypes.Structure):
         ("deliver", ctypes.c_int),  # hs_hidden_dtype_t
         ("lease_min_tokens_per_s", ctypes.c_double),
         ("store", ctypes.c_char_p),
+        ("expect_target", ctypes.c_char_p),
     ]
 
 
@@ -120,7 +121,10 @@ class ConsumerStats(ctypes.Structure):
         ("recent_verify_pct", ctypes.c_double),
     ] + [(n, _c_u64) for n in (
         "producers_shm", "producers_tcp", "producers_ucx",
-        "producers_seen_shm", "producers_seen_tcp", "producers_seen_ucx")]
+        "producers_seen_shm", "producers_seen_tcp", "producers_seen_ucx")] + [
+        ("target_fingerprint", _c_u64),
+        ("target_name", ctypes.c_char * 256),
+    ]
 
 
 class ProducerClientConfig(ctypes.Structure):
@@ -144,6 +148,8 @@ class ProducerClientConfig(ctypes.Structure):
         ("hs_dtype", ctypes.c_int),
         ("status_interval_s", ctypes.c_double),
         ("staging_buffers", _c_u32),
+        ("target_fingerprint", _c_u64),
+        ("target_name", ctypes.c_char_p),
     ]
 
 
@@ -325,6 +331,8 @@ def _declare(lib):
         "hs_producer_info": (i, [vp, P(ProducerInfo)]),
         "hs_fp8_quantize_rows": (i, [vp, ctypes.c_uint64, ctypes.c_uint64, vp, vp,
                                      P(ctypes.c_uint64)]),
+        "hs_target_fingerprint": (i, [ctypes.c_char_p, P(ctypes.c_uint64)]),
+        "hs_target_synthetic_fingerprint": (ctypes.c_uint64, []),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

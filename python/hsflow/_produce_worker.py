@@ -489,7 +489,8 @@ class Worker:
             secret_file=s["secret_file"], transport=s["transport"], name=name,
             connect_timeout_s=s["connect_timeout"], arrays="torch", reconnect=s["reconnect"],
             status_interval_s=s["status_interval"] if s["status_interval"] > 0 else -1,
-            hs_dtype=s.get("hs_dtype", "bf16"), staging_buffers=s.get("staging_buffers", 0))
+            hs_dtype=s.get("hs_dtype", "bf16"), staging_buffers=s.get("staging_buffers", 0),
+            target=s["model"], target_fingerprint=s["target_fingerprint"])
         p = self.producer
         self.fig["plan_hash"] = "%016x" % p.plan_hash
         self.fig["staging_buffers"] = len(p.staging())

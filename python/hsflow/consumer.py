@@ -159,7 +159,7 @@ class Batch:
                    " released" if self._released else ""))
 
 
-_EXPECT_KEYS = ("plan", "layout", "dataset")
+_EXPECT_KEYS = ("plan", "layout", "dataset", "target")
 _HEX = set("0123456789abcdefABCDEF")
 
 
@@ -191,8 +191,8 @@ def _expect_pins(expect):
     out = {}
     for key, val in expect.items():
         if key not in _EXPECT_KEYS:
-            raise ValueError("expect: unknown key %r; expected 'plan', 'layout' or 'dataset'"
-                             % (key,))
+            raise ValueError("expect: unknown key %r; expected 'plan', 'layout', 'dataset' or "
+                             "'target'" % (key,))
         if val is None:
             continue
         if key == "layout" and isinstance(val, dict):
@@ -292,8 +292,12 @@ class Consumer(Endpoint):
     or a dict {'H': 4096, 'layers': [2, 16, 29]}), or the string `hs-data plan
     FILE --hidden-size H --layers ...` prints after "pin" ("--expect-plan X
     --expect-dataset Y --expect-layout Z"; "plan=X dataset=Y layout=Z" works
-    too). A producer that differs in any of them is refused, naming what
-    differs, and the consumer waits for the right ones.
+    too), and 'target': the fingerprint of the target model (its config and
+    weights, hsflow.target_fingerprint(DIR); producers log it). A producer
+    (or a store) that differs in any of them is refused, naming what
+    differs, and the consumer waits for the right ones. stats()['target']
+    and ['target_fingerprint'] name the target whose states the run
+    delivers.
 
     deliver= says how the hidden states of an fp8 run (producers'
     --hs-dtype fp8) reach the trainer: 'bf16' (default) dequantised, on the
@@ -366,7 +370,7 @@ class Consumer(Endpoint):
                       os.fsencode(journal) if journal else None,
                       _resume_text(resume) if resume is not None else None,
                       pins.get("plan"), pins.get("layout"), pins.get("dataset"),
-                      os.fsencode(store) if store else None]
+                      os.fsencode(store) if store else None, pins.get("target")]
         cfg.listen_host = self._keep[0]
         cfg.listen_port = port
         cfg.cache_bytes = int(cache_gb * (1 << 30))
@@ -396,6 +400,7 @@ class Consumer(Endpoint):
         cfg.uneven = 1 if uneven == "repeat" else 0
         cfg.expect_plan, cfg.expect_layout, cfg.expect_dataset = self._keep[6:9]
         cfg.store = self._keep[9]
+        cfg.expect_target = self._keep[10]
         # HS_SYSTEM_ROOT: a stand-in /proc and /sys (tests), as for hs-consumer
         lib.hsflow_set_system_root(os.environ.get("HS_SYSTEM_ROOT", "").encode())
         h = ctypes.c_void_p()
@@ -593,6 +598,7 @@ class Consumer(Endpoint):
         plus the derived keys of hs_consumer_stats_json (tokens_per_s, ...)."""
         s = self._raw_stats()
         out = {name: getattr(s, name) for name, _ in s._fields_}
+        out["target_name"] = s.target_name.decode(errors="replace")
         n = self._lib.hs_consumer_stats_json(ctypes.byref(s), None, 0)
         buf = ctypes.create_string_buffer(max(n, 0) + 1)
         self._lib.hs_consumer_stats_json(ctypes.byref(s), buf, len(buf))

@@ -324,6 +324,10 @@ def parse(argv):
         return _fail("--batching packed with --attn-implementation %s needs a transformers that "
                      "masks packed sequences apart (4.56 or later); use --batching padded"
                      % args.attn_implementation)
+    try:
+        target = _target_fingerprint(args.model, args.dtype)
+    except (ValueError, _lib.HsflowError) as e:
+        return _fail("--model %s: its fingerprint cannot be taken: %s" % (args.model, e))
     spec = {"to": args.to, "data": args.data, "token_budget": args.token_budget,
             "max_seq_len": args.max_seq_len or 0, "overflow": args.overflow, "seed": args.seed,
             "layers": layers, "hidden_size": info["hidden_size"], "n_layers": n,
@@ -335,8 +339,25 @@ def parse(argv):
             "gpus": args.gpus, "prefetch": args.prefetch,
             "staging_buffers": args.staging_buffers, "secret_file": args.secret_file,
             "transport": args.transport, "connect_timeout": args.connect_timeout,
-            "reconnect": args.reconnect, "name": args.name, "info": info}
+            "reconnect": args.reconnect, "name": args.name, "info": info,
+            "target_fingerprint": target}
     return args, spec
+
+
+def _target_fingerprint(model_dir, dtype):
+    """The model folder's fingerprint (hs_target_fingerprint, as hs-producer
+    announces it), taken once here for every worker; a --dtype other than
+    bf16 computes other states, so it is another target."""
+    from .producer import target_fingerprint
+    fp = target_fingerprint(model_dir)
+    if dtype != "bfloat16":
+        import ctypes
+        lib = _lib.load()
+        lib.hs_checksum64.restype = ctypes.c_uint64
+        lib.hs_checksum64.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        mix = ("%016x dtype=%s" % (fp, dtype)).encode()
+        fp = int(lib.hs_checksum64(mix, len(mix))) or 1
+    return fp
 
 
 def _describe_exit(p):

@@ -235,13 +235,67 @@ def _copy_one(dst, src):
                         "(rounded to bf16), uint16 (bf16 bits) or bfloat16" % (src.dtype,))
 
 
+def target_fingerprint(model_dir):
+    """The fingerprint of a Hugging Face model folder as every hsflow producer
+    announces it (hs_target_fingerprint): its config.json and the content of
+    each *.safetensors file, read once and then kept in the folder's
+    .hsflow-target under each file's size, mtime, ctime and inode (a folder
+    this user cannot write is read whole each time). An int, never 0."""
+    if not isinstance(model_dir, (str, os.PathLike)) or not os.path.isdir(model_dir):
+        raise ValueError("target=%r: not a folder; expected the model folder (config.json and "
+                         "*.safetensors) whose states are sent" % (model_dir,))
+    out = ctypes.c_uint64()
+    st = load().hs_target_fingerprint(os.fsencode(model_dir), ctypes.byref(out))
+    if st != HS_OK:
+        raise HsflowError("hs_target_fingerprint(%s) failed; the log above says why"
+                          % (model_dir,), st)
+    return int(out.value)
+
+
+def synthetic_target_fingerprint():
+    """The synthetic source's fingerprint (hsflow.synthetic_hidden, hs-producer
+    --source synthetic)."""
+    return int(load().hs_target_synthetic_fingerprint())
+
+
+def _resolve_target(target, fingerprint):
+    """Producer(target=, target_fingerprint=) -> (fingerprint, name)."""
+    if fingerprint is not None:
+        value = fingerprint
+        if isinstance(value, str):
+            h = value[2:] if value.lower().startswith("0x") else value
+            value = int(h, 16) if 0 < len(h) <= 16 and set(h.lower()) <= set(
+                "0123456789abcdef") else -1
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                or not 0 < int(value) < 1 << 64:
+            raise ValueError("target_fingerprint=%r: expected a 64-bit fingerprint other than 0 "
+                             "(an int or 16 hex digits)" % (fingerprint,))
+        return int(value), os.fspath(target) if target is not None else "unnamed"
+    if target == "synthetic":
+        return synthetic_target_fingerprint(), "synthetic"
+    if target is None:
+        raise ValueError("say which target computes the states: target=MODEL_DIR (the folder "
+                         "of its config and weights, fingerprinted), target='synthetic' "
+                         "(hsflow.synthetic_hidden's states), or target_fingerprint= a 64-bit "
+                         "fingerprint of your own; a run and its store hold one target")
+    return target_fingerprint(target), os.fspath(target)
+
+
 class Producer(Endpoint):
     """Connects to a consumer and yields the tickets it hands out:
 
         with hsflow.Producer(to="drafter:7000", data="train.hst", token_budget=65536,
-                             hidden_size=4096, layers=[2, 16, 29]) as p:
+                             hidden_size=4096, layers=[2, 16, 29],
+                             target="/models/my-target") as p:
             for t in p.tickets():
                 t.send(hidden_states=my_model(t.input_ids, t.cu_seqlens))
+
+    target names the target that computes the states, which the consumer
+    checks (a run and its store hold one target): the model folder (its
+    config.json and *.safetensors are fingerprinted, target_fingerprint()),
+    'synthetic' for hsflow.synthetic_hidden's states, or, with
+    target_fingerprint=, a name for a 64-bit fingerprint of the caller's own.
+    One of them is required.
 
     For the ranks of a data-parallel trainer (DESIGN §11), `to` names every
     rank: "d1:7000,d1:7001" or a range "d1:7000-7003" (several comma-separated
@@ -270,7 +324,7 @@ class Producer(Endpoint):
     def __init__(self, to, data, token_budget, hidden_size, layers, seed=0, max_seq_len=0,
                  overflow="truncate", prefetch=2, secret_file=None, transport="auto", name=None,
                  connect_timeout_s=0, arrays="auto", reconnect=False, status_interval_s=0,
-                 hs_dtype="bf16", staging_buffers=0):
+                 hs_dtype="bf16", staging_buffers=0, target=None, target_fingerprint=None):
         self._p = None
         lib = load()
         if not isinstance(to, str) or any(":" not in a for a in to.split(",")):
@@ -305,12 +359,13 @@ class Producer(Endpoint):
             raise ValueError("hs_dtype=%r: expected 'bf16' or 'fp8' (e4m3 values and one fp32 "
                              "scale per token: half the bytes)" % (hs_dtype,))
         self.hs_dtype = hs_dtype
+        self.target_fingerprint, self.target_name = _resolve_target(target, target_fingerprint)
         self._mode = _arrays.resolve_arrays(arrays)
         self._layers = layers
 
         enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
         self._keep = [enc(to), enc(data), enc(secret_file), enc(transport), enc(name),
-                      (ctypes.c_int32 * len(layers))(*layers)]
+                      (ctypes.c_int32 * len(layers))(*layers), enc(self.target_name)]
         cfg = ProducerClientConfig()
         cfg.to, cfg.data_path, cfg.secret_file, cfg.transport, cfg.name = self._keep[:5]
         cfg.token_budget = int(token_budget)
@@ -326,6 +381,8 @@ class Producer(Endpoint):
         cfg.status_interval_s = float(status_interval_s)
         cfg.hs_dtype = HS_HIDDEN_FP8 if hs_dtype == "fp8" else HS_HIDDEN_BF16
         cfg.staging_buffers = int(staging_buffers)
+        cfg.target_fingerprint = self.target_fingerprint
+        cfg.target_name = self._keep[6]
         h = ctypes.c_void_p()
         st = lib.hs_producer_open(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK:

@@ -30,6 +30,7 @@ static hs_store_run_t test_run(void)
     hs_store_run_t r = {.dataset_fingerprint = 0x1111,
                         .plan_hash = PLAN_HASH,
                         .plan_basis = PLAN_BASIS,
+                        .target_fingerprint = 0x7777,
                         .seed = 3,
                         .layout = layout,
                         .n_batches = N_BATCHES,
@@ -161,16 +162,31 @@ START_TEST(a_run_that_differs_is_refused_naming_each_field)
     ck_assert_int_eq(hs_store_open(dir, &s), HS_OK);
     char why[900] = "";
     ck_assert_int_eq(
-        hs_store_check(s, 0x1111, &layout, PLAN_HASH, N_BATCHES, "tiny", why, sizeof why), HS_OK);
+        hs_store_check(s, 0x1111, &layout, PLAN_HASH, N_BATCHES, 0x7777, "tiny", why, sizeof why),
+        HS_OK);
+    /* the same target under another name is the same target; another one
+     * (new weights in the same folder) is refused, whatever its name */
+    ck_assert_int_eq(hs_store_check(s, 0x1111, &layout, PLAN_HASH, N_BATCHES, 0x7777, "/elsewhere",
+                                    why, sizeof why),
+                     HS_OK);
+    ck_assert_int_eq(
+        hs_store_check(s, 0x1111, &layout, PLAN_HASH, N_BATCHES, 0x7778, "tiny", why, sizeof why),
+        HS_ERR_MISMATCH);
+    ck_assert_msg(strstr(why, "target 0000000000007778 ('tiny'), the store holds the states of "
+                              "0000000000007777 ('tiny')"),
+                  "%s", why);
     hs_layout_t fp8 = layout;
     fp8.dtype = HS_DTYPE_FP8;
     ck_assert_int_eq(
-        hs_store_check(s, 0x9999, &fp8, PLAN_HASH, N_BATCHES, "other", why, sizeof why),
+        hs_store_check(s, 0x9999, &fp8, PLAN_HASH, N_BATCHES, 0x8888, "other", why, sizeof why),
         HS_ERR_MISMATCH);
     ck_assert_msg(strstr(why, "dataset fingerprint 0000000000009999, the store holds "
                               "0000000000001111") &&
                       strstr(why, "dtype=fp8, the store holds H=8,layers=1,2,dtype=bf16") &&
-                      strstr(why, "model 'other', the store holds 'tiny'") && !strstr(why, "plan"),
+                      strstr(why,
+                             "target 0000000000008888 ('other'), the store holds the states of "
+                             "0000000000007777 ('tiny')") &&
+                      !strstr(why, "plan"),
                   "%s", why);
     hs_store_close(s);
     free(cache);

@@ -103,6 +103,7 @@ static void make_messages(void)
     h.total_tokens = 150000;
     h.client_nonce = (ProtobufCBinaryData){32, nonce};
     h.target_name = "synthetic";
+    h.target_fingerprint = hs_target_synthetic_fingerprint();
     h.total_seqs = 200;
     put_msg("hello", HS_MSG_HELLO, &h.base);
     hs_layout_t big = {65536, HS_DTYPE_BF16, HS_MAX_LAYERS, {0}};

@@ -13,12 +13,19 @@
 #             dtype refuses the producer, naming what differs
 #   enospc    the disk fills (a test hook fails the 3rd write with ENOSPC):
 #             one warning, the store stops growing, the run completes
+#   target    a store filled by a model producer names its target (the
+#             fingerprint of config.json and the weights); replayed alone it
+#             says which (log and --summary-json); --expect-target of another
+#             target is refused at start, naming both; new weights copied
+#             into the same folder give another fingerprint, and a producer
+#             of them is refused by the store (naming both) when the store
+#             lacks batches
 #   shared    two ranks given the same --store: the second is refused at
 #             start (exit 2) naming the folder and the first's pid, the
 #             first completes and its store verifies; once it has ended the
 #             folder is free again
 . "$(dirname "$0")/lib.sh"
-mode=${1:?usage: store.sh replay|killed|mismatch|enospc|shared [tcp|shm]}
+mode=${1:?usage: store.sh replay|killed|mismatch|enospc|target|shared [tcp|shm]}
 tpk=${2:-tcp} # the transport of every process
 
 data=$SCRATCH/d.jsonl
@@ -161,6 +168,60 @@ enospc)
     expect_json "$SCRATCH/second.json" 'd["complete"] is True' 'd["store_hits"] == 2' \
         'd["store_bad"] == 0'
     pass "enospc: one warning, the run completed, the store kept what it had"
+    ;;
+target)
+    root=$(cd "$(dirname "$0")/../.." && pwd)
+    model=$SCRATCH/model
+    cp -r "$root/tests/data/qwen3" "$model"
+    mdata=$SCRATCH/m.jsonl
+    synth "$mdata" --sequences 24 --min-len 4 --max-len 150 --vocab 128 --seed 3
+    mbatches=$(plan_batches "$mdata" 512)
+    mopts=(--data "$mdata" --token-budget 512 --source model --model "$model" --layers 1,3
+        --gpus cpu:1 --transport tcp)
+    start first "$CONSUMER" --loopback 1 --cache-gb 0.05 --transport tcp --epochs 1 \
+        --store "$store" --summary-json "$SCRATCH/first.json" -- "${mopts[@]}" --fault delay_ms=100
+    expect_exit first 0 120
+    fp=$(sed -n 's/.*target .*: fingerprint \([0-9a-f]\{16\}\) .*/\1/p' "$SCRATCH/first.log" | head -n 1)
+    [ -n "$fp" ] || fail "the producer did not log its target's fingerprint"
+    expect_json "$SCRATCH/first.json" 'd["complete"] is True' "d['target_fingerprint'] == '$fp'" \
+        "d['store_misses'] == $mbatches" "d['target'] == '$model'"
+    [ -f "$model/.hsflow-target" ] || fail "no fingerprint cache beside the weights"
+    # the store alone: complete, and it says whose states it holds
+    start third "$CONSUMER" --listen 127.0.0.1:0 --cache-gb 0.05 --transport tcp --epochs 1 \
+        --store "$store" --summary-json "$SCRATCH/third.json" --expect-target "$fp"
+    expect_exit third 0 60
+    log_has third "run target: $fp \\($model\\): the states the store holds were computed by it"
+    expect_json "$SCRATCH/third.json" 'd["complete"] is True' 'd["producers_seen"] == 0' \
+        "d['target_fingerprint'] == '$fp'" "d['store_hits'] == $mbatches"
+    start fourth "$CONSUMER" --listen 127.0.0.1:0 --cache-gb 0.05 --transport tcp --epochs 1 \
+        --store "$store" --expect-target 00000000000000aa
+    expect_exit fourth 2 30
+    log_has fourth "holds the states of target $fp \\($model\\), --expect-target is 00000000000000aa"
+    # new weights in the same folder: one bf16 weight changes in its last bit
+    python3 - "$model/model.safetensors" <<'PY' || fail "could not change the weights"
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(-2, 2)
+    b = f.read(1)
+    f.seek(-2, 2)
+    f.write(bytes([b[0] ^ 1]))
+PY
+    # the store keeps one batch, so the consumer waits for producers of the rest
+    truncate -s 64 "$store/index.hsi"
+    reserve_port port
+    start c2 "$CONSUMER" --listen 127.0.0.1:$port --cache-gb 0.05 --transport tcp --epochs 1 \
+        --store "$store"
+    wait_log c2 "run target: $fp \\($model\\): the states the store holds" 30
+    start q "$PRODUCER" --to 127.0.0.1:$port --connect-timeout 30 --name q "${mopts[@]}"
+    expect_exit q 2 60
+    log_has q "target [0-9a-f]{16} \\('$model'\\), the store holds the states of $fp \\('$model'\\)"
+    # the changed file is read again, the other one comes from the cache
+    log_has first "target $model: fingerprint $fp \\(config.json and 2 weight file\\(s\\): 2 read"
+    log_has q "target $model: fingerprint [0-9a-f]{16} \\(config.json and 2 weight file\\(s\\): 1 read .* 1 unchanged"
+    if grep -q "fingerprint $fp" "$SCRATCH/q.log"; then fail "new weights gave the old fingerprint"; fi
+    kill -TERM "$(pid_of c2)"
+    wait_exit c2 30
+    pass "target: new weights refused by the store naming both fingerprints; the store names its target"
     ;;
 shared)
     reserve_port p0

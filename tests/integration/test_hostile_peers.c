@@ -417,6 +417,7 @@ static void hello_fill(Hsflow__Hello *out, const char *name, Hsflow__Layout *lm,
     h.client_nonce.data = nonce;
     h.client_nonce.len = HS_AUTH_NONCE_BYTES;
     h.target_name = "synthetic";
+    h.target_fingerprint = hs_target_synthetic_fingerprint();
     *out = h;
 }
 

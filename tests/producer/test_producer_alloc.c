@@ -125,7 +125,9 @@ static hs_producer_t *api_open(uint16_t port, char *to, size_t cap)
                                       .n_layers = 2,
                                       .transport = "tcp",
                                       .name = "alloc-test",
-                                      .connect_timeout_s = 60};
+                                      .connect_timeout_s = 60,
+                                      .target_fingerprint = hs_target_synthetic_fingerprint(),
+                                      .target_name = "synthetic"};
     hs_producer_t *p = NULL;
     ck_assert_int_eq(hs_producer_open(&cc, &p), HS_OK);
     return p;

@@ -83,6 +83,7 @@ static Hsflow__Hello valid_hello(Hsflow__Layout *lm)
     h.client_nonce.len = 32;
     h.client_nonce.data = nonce_a;
     h.target_name = "Qwen3-8B";
+    h.target_fingerprint = 0x5157454e38420001ull;
     h.total_seqs = 1000001; /* a multi-byte varint in the last field */
     return h;
 }
@@ -708,6 +709,11 @@ START_TEST(strings_and_counts_are_bounded)
     ck_assert_int_eq(unpack_raw(HS_MSG_HELLO, &h.base), HS_ERR_FORMAT);
     ck_assert_ptr_nonnull(strstr(why, "hello.workers"));
     h.workers = 1;
+    uint64_t target = h.target_fingerprint; /* a producer must name its target */
+    h.target_fingerprint = 0;
+    ck_assert_int_eq(unpack_raw(HS_MSG_HELLO, &h.base), HS_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(why, "hello.target_fingerprint"));
+    h.target_fingerprint = target;
 
     char *text = malloc(HS_MSG_TEXT_MAX + 1);
     memset(text, 't', HS_MSG_TEXT_MAX);

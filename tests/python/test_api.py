@@ -121,10 +121,14 @@ def test_consumer_refuses_bad_arguments_with_a_clear_message(kw, msg):
     (dict(overflow="wrap"), "overflow='wrap'"),
     (dict(prefetch=0), "prefetch=0"),
     (dict(transport="rdma"), "transport='rdma'"),
+    (dict(target=None), "say which target computes the states"),
+    (dict(target="/nonexistent-model"), "not a folder"),
+    (dict(target_fingerprint=0), "target_fingerprint=0"),
+    (dict(target_fingerprint="xyz"), "target_fingerprint='xyz'"),
 ])
 def test_producer_refuses_bad_arguments_with_a_clear_message(kw, msg, dataset):
     args = dict(to="127.0.0.1:1", data=dataset[0], token_budget=256, hidden_size=8,
-                layers=[1, 2])
+                layers=[1, 2], target="synthetic")
     args.update(kw)
     with pytest.raises(ValueError, match=msg):
         hsflow.Producer(**args)
@@ -143,7 +147,8 @@ def test_producer_with_no_consumer_fails_after_its_connect_timeout(dataset):
     port = reserve_port()  # a port nobody listens on
     with pytest.raises(hsflow.HsflowError, match="hs_producer_open") as e:
         hsflow.Producer(to="127.0.0.1:%d" % port, data=dataset[0], token_budget=256,
-                        hidden_size=8, layers=[1, 2], connect_timeout_s=1, transport="tcp")
+                        hidden_size=8, layers=[1, 2], connect_timeout_s=1, transport="tcp",
+                        target="synthetic")
     assert e.value.status < 0
 
 

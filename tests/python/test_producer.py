@@ -42,7 +42,8 @@ def send_held_then_the_rest(p, held):
 def producer(port, data, **kw):
     return hsflow.Producer(to="127.0.0.1:%d" % port, data=data, token_budget=BUDGET,
                            hidden_size=H, layers=LAYERS, connect_timeout_s=20,
-                           arrays=kw.pop("arrays", "numpy"), **kw)
+                           arrays=kw.pop("arrays", "numpy"), target=kw.pop("target", "synthetic"),
+                           **kw)
 
 
 def test_python_producer_synthetic_states_pass_the_consumers_end_to_end_check(dataset):

@@ -49,7 +49,7 @@ def run(data, slow):
         ct = ConsumerThread(c, train, deadline_s=120)
         with hsflow.Producer(to="127.0.0.1:%d" % c.port, data=data, token_budget=BUDGET,
                              hidden_size=h, layers=LAYERS, connect_timeout_s=20,
-                             arrays="numpy") as p:
+                             arrays="numpy", target="synthetic") as p:
             for t in p.tickets():
                 pace("producer")
                 t0 = time.monotonic()

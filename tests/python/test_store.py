@@ -164,3 +164,101 @@ def test_export_refuses_fp8_rows_whose_scale_or_codes_mean_no_number():
         st, region = fp8_store_with_one_batch(scales, codes)
         with pytest.raises(StoreError, match=r"batch 0 token \d: fp8 scale .* mean no number"):
             list(st.samples(0, region))
+
+
+def fill_with_library_producer(data, store, **target):
+    """One epoch from an hsflow.Producer of `target` (synthetic states) into
+    the store; returns the consumer's stats."""
+    from conftest import ConsumerThread
+    from test_producer import producer
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, arrays="numpy",
+                         store=store) as c:
+        ct = ConsumerThread(c, lambda b: None)
+        with producer(c.port, data, **target) as p:
+            for t in p.tickets():
+                t.send(hidden_states=hsflow.synthetic_hidden(t.sample_ids, t.cu_seqlens,
+                                                             t.layers, t.hidden_size))
+        ct.join()
+        return c.stats()
+
+
+def test_a_store_filled_by_one_library_producer_refuses_another_target(dataset, tmp_path,
+                                                                       capfd):
+    data, _ = dataset
+    store = str(tmp_path / "store")
+    a, b = 0x1111222233334444, 0x5555666677778888
+    s = fill_with_library_producer(data, store, target="model-a", target_fingerprint=a)
+    assert s["complete"] and s["target_fingerprint"] == "%016x" % a and s["target"] == "model-a"
+    man = json.load(open(os.path.join(store, "store.json")))
+    assert man["target_fingerprint"] == "%016x" % a and man["model"] == "model-a"
+    # a complete store replayed alone names its target; pinned to another, it is refused
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, arrays="numpy",
+                         store=store) as c:
+        assert sum(1 for _ in c) == s["batches_delivered"]
+        assert c.stats()["target_fingerprint"] == "%016x" % a
+    with pytest.raises(hsflow.HsflowError):
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, store=store,
+                        expect={"target": b})
+    assert "holds the states of target %016x (model-a), --expect-target is %016x" % (a, b) \
+        in capfd.readouterr().err
+    # the store keeps one batch: the others are asked of producers, and
+    # another library producer's states are not mixed in: it is refused
+    with open(os.path.join(store, "index.hsi"), "r+b") as f:
+        f.truncate(64)
+    with pytest.raises(hsflow.HsflowError):
+        fill_with_library_producer(data, store, target="model-b", target_fingerprint=b)
+    err = capfd.readouterr().err
+    assert ("target %016x ('model-b'), the store holds the states of %016x ('model-a')"
+            % (b, a)) in err, err[-3000:]
+    # the same target under another name is the same target
+    s = fill_with_library_producer(data, store, target="model-a-copy", target_fingerprint=a)
+    assert s["complete"] and s["store_hits"] == 1 and s["batches_delivered"] > 1
+    info = store_cli("info", store)
+    assert "target      %016x (model-a)" % a in info.stdout, info.stdout
+
+
+def test_a_library_producer_must_name_its_target(dataset):
+    data, _ = dataset
+    with pytest.raises(ValueError, match="say which target computes the states"):
+        hsflow.Producer(to="127.0.0.1:1", data=data, token_budget=256, hidden_size=8,
+                        layers=[1, 2])
+
+
+def test_target_fingerprint_covers_config_and_weights_and_is_cached_beside_them(tmp_path):
+    import shutil
+    root = os.path.join(os.path.dirname(__file__), "..", "data", "qwen3")
+    model = tmp_path / "model"
+    shutil.copytree(root, model)
+    fp = hsflow.target_fingerprint(model)
+    cache = model / ".hsflow-target"
+    assert cache.is_file() and fp == hsflow.target_fingerprint(str(model))
+    assert fp == hsflow.target_fingerprint(shutil.copytree(model, tmp_path / "copy"))
+    assert fp != hsflow.synthetic_target_fingerprint()
+    # a poisoned cache of another user is not believed
+    text = cache.read_text()
+    cache.write_text(text.replace(text.split()[-1], "0" * 16))
+    if os.geteuid() == 0:
+        os.chown(cache, 65534, 65534)
+        assert hsflow.target_fingerprint(model) == fp
+        cache.unlink()
+    # new weights in the same place (same size) and a changed config: other targets
+    w = model / "model.safetensors"
+    blob = bytearray(w.read_bytes())
+    blob[-2] ^= 1
+    w.write_bytes(bytes(blob))
+    fp2 = hsflow.target_fingerprint(model)
+    assert fp2 != fp
+    cfg = model / "config.json"
+    conf = json.loads(cfg.read_text())
+    conf["x_extra"] = 1
+    cfg.write_text(json.dumps(conf))
+    assert hsflow.target_fingerprint(model) not in (fp, fp2)
+    # a folder this user cannot write keeps no cache and still gives the fingerprint
+    ro = shutil.copytree(root, tmp_path / "ro")
+    os.chmod(ro, 0o555)
+    try:
+        assert hsflow.target_fingerprint(ro) == fp
+        if os.geteuid() != 0:
+            assert not os.path.exists(os.path.join(ro, ".hsflow-target"))
+    finally:
+        os.chmod(ro, 0o755)

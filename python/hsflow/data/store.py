@@ -292,7 +292,7 @@ def cmd_info(st):
     print("dtype       %s" % st.dtype)
     print("plan        %s (%d batches/epoch, budget %d tokens, seed %s)"
           % (m["plan_hash"], st.n_batches, m["token_budget"], m["seed"]))
-    print("model       %s" % (m.get("model") or "(not given)"))
+    print("target      %s (%s)" % (m["target_fingerprint"], m.get("model") or "unnamed"))
     print("stored      %d of %d batches (%.1f%%)%s" % (
         len(st.loc), st.n_batches, 100.0 * len(st.loc) / st.n_batches,
         ", complete" if len(st.loc) == st.n_batches else ""))
@@ -334,7 +334,9 @@ def cmd_export(st, out, fmt):
     lengths, lib = {}, _lib()
     meta = {"layers": ",".join(map(str, st.layers)), "source": "hsflow store",
             "plan_hash": st.manifest["plan_hash"],
-            "dataset_fingerprint": st.manifest["dataset_fingerprint"]}
+            "dataset_fingerprint": st.manifest["dataset_fingerprint"],
+            "target_fingerprint": st.manifest["target_fingerprint"],
+            "target": st.manifest.get("model", "")}
     for b in sorted(st.loc):
         region = st.read(b)
         if _checksum64(lib, region[HEADER:]) != st.loc[b][3]:
