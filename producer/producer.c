@@ -209,9 +209,10 @@ static hs_status_t load_model(producer_t *pr)
 }
 
 /* The target the states come from (hs_target_fingerprint): the model
- * folder's config and weights, with the precision its Linear weights are
- * computed in when --dtype changes it; the synthetic source's; or the
- * library caller's own, which it must give. */
+ * folder's config and weights, marked when its Linear layers run as FP8
+ * (other states than the same weights in bf16, which hsflow-produce and
+ * hs-producer share); the synthetic source's; or the library caller's own,
+ * which it must give. */
 static hs_status_t target_identify(producer_t *pr)
 {
     hs_producer_config_t *cfg = &pr->config;
@@ -222,14 +223,12 @@ static hs_status_t target_identify(producer_t *pr)
         uint64_t fp;
         hs_status_t st = hs_target_fingerprint(cfg->model_dir, &fp);
         if (st != HS_OK) return st;
-        if (cfg->weights) { /* weights quantised or dequantised at load: other states */
+        if (hs_model_fp8_weights(pr->model) > 0) {
             char mix[64];
-            int n = snprintf(mix, sizeof(mix), "%016llx weights=%s", (unsigned long long)fp,
-                             hs_model_weights_name((hs_model_weights_t)cfg->weights));
+            int n = snprintf(mix, sizeof(mix), "%016llx linear=fp8", (unsigned long long)fp);
             fp = hs_checksum64(mix, (size_t)n);
             fp = fp ? fp : 1;
-            hs_info("target %s computed with --dtype %s: fingerprint %016llx", cfg->model_dir,
-                    hs_model_weights_name((hs_model_weights_t)cfg->weights),
+            hs_info("target %s with FP8 Linear weights: fingerprint %016llx", cfg->model_dir,
                     (unsigned long long)fp);
         }
         cfg->target_fingerprint = fp;

@@ -325,7 +325,7 @@ def parse(argv):
                      "masks packed sequences apart (4.56 or later); use --batching padded"
                      % args.attn_implementation)
     try:
-        target = _target_fingerprint(args.model, args.dtype)
+        target = _target_fingerprint(args.model)
     except (ValueError, _lib.HsflowError) as e:
         return _fail("--model %s: its fingerprint cannot be taken: %s" % (args.model, e))
     spec = {"to": args.to, "data": args.data, "token_budget": args.token_budget,
@@ -344,20 +344,11 @@ def parse(argv):
     return args, spec
 
 
-def _target_fingerprint(model_dir, dtype):
+def _target_fingerprint(model_dir):
     """The model folder's fingerprint (hs_target_fingerprint, as hs-producer
-    announces it), taken once here for every worker; a --dtype other than
-    bf16 computes other states, so it is another target."""
+    announces it), taken once here for every worker."""
     from .producer import target_fingerprint
-    fp = target_fingerprint(model_dir)
-    if dtype != "bfloat16":
-        import ctypes
-        lib = _lib.load()
-        lib.hs_checksum64.restype = ctypes.c_uint64
-        lib.hs_checksum64.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        mix = ("%016x dtype=%s" % (fp, dtype)).encode()
-        fp = int(lib.hs_checksum64(mix, len(mix))) or 1
-    return fp
+    return target_fingerprint(model_dir)
 
 
 def _describe_exit(p):
