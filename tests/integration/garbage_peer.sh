@@ -34,7 +34,11 @@ wait_delivered consumer 1 60
 # Four kinds of garbage; each must get ERROR (type 7) or a closed stream.
 # The wrong-magic one must get a real ERROR frame: it proves the consumer
 # was still in the run (a finished consumer answers BYE instead).
-python3 - "$port" "$mode" >"$SCRATCH/garbage.log" 2>&1 <<'PY' || fail "garbage peers: $(cat "$SCRATCH/garbage.log")"
+# the oversized frame speaks this build's protocol, so its size is what is refused
+version=$(sed -n 's/^#define HS_PROTO_VERSION \([0-9]*\)u.*/\1/p' \
+    "$(dirname "$0")/../../proto/hs_proto.h")
+[ -n "$version" ] || fail "HS_PROTO_VERSION not found in proto/hs_proto.h"
+python3 - "$port" "$mode" "$version" >"$SCRATCH/garbage.log" 2>&1 <<'PY' || fail "garbage peers: $(cat "$SCRATCH/garbage.log")"
 import os, socket, struct, sys
 port = int(sys.argv[1])
 framed = sys.argv[2] == "tcp"  # the consumer speaks the TCP framing on this port
@@ -82,7 +86,7 @@ hdr = struct.pack("<QIHHII", 0, 0xDEADBEEF, 1, 1, 0, 0)
 talk("wrong magic", hdr, framed)
 talk("http request", b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", False)
 talk("random bytes", os.urandom(4096), False)
-big = struct.pack("<QIHHII", 0, MAGIC, 1, 1, 0xFFFFFFF0, 0)
+big = struct.pack("<QIHHII", 0, MAGIC, int(sys.argv[3]), 1, 0xFFFFFFF0, 0)
 talk("oversized body_len", big, framed)
 PY
 
