@@ -9,7 +9,7 @@ Pure-ctypes binding over libhsflow.so (include/hsflow.h):
             ...
 
     with hsflow.Producer(to="drafter:7000", data="train.hst", token_budget=65536,
-                         hidden_size=4096, layers=[2, 16, 29]) as p:
+                         hidden_size=4096, layers=[2, 16, 29], target="/models/target") as p:
         for t in p.tickets():
             t.send(hidden_states=forward(t.input_ids, t.cu_seqlens))
 

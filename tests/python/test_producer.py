@@ -339,7 +339,7 @@ with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, arrays="nump
     ct = ConsumerThread(c, lambda b: None)
     with hsflow.Producer(to="127.0.0.1:%%d" %% c.port, data=%r, token_budget=256,
                          hidden_size=32, layers=[0, 2], connect_timeout_s=20,
-                         arrays="numpy") as p:
+                         arrays="numpy", target="synthetic") as p:
         for t in p.tickets():
             t.send(hidden_states=hsflow.synthetic_hidden(t.sample_ids, t.cu_seqlens,
                                                          t.layers, 32))
