@@ -3,7 +3,10 @@
 two more epochs come from the store alone (no producer), every view checked
 against the dataset and the synthetic source; the store's run is pinned
 against expect=; `hsflow-data store` reports, re-checksums and exports it as
-speculators' per-sample safetensors, read back here with safetensors."""
+speculators' per-sample safetensors with the dataset rows beside them, read
+back here with safetensors and datasets; an incomplete store, a normed last
+layer without --normed-final-state, a failed write, planted links and FIFOs
+are refused with nothing left behind."""
 import json
 import os
 import struct
@@ -84,21 +87,46 @@ def read_safetensors_raw(path):
             for k, v in header.items()}
 
 
-def test_export_writes_speculators_safetensors_read_back_with_safetensors(producer_bin, dataset,
-                                                                          tmp_path):
-    safetensors = pytest.importorskip("safetensors")
+def write_verifier(path, n_layers=LAYERS[-1], hidden=H):
+    """A target folder's config.json: all export reads of it (N and H)."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"model_type": "llama", "num_hidden_layers": n_layers, "hidden_size": hidden},
+                  f)
+    return path
+
+
+@pytest.fixture
+def full_store(producer_bin, dataset, tmp_path):
     data, rows = dataset
     store = str(tmp_path / "store")
     fill_store(producer_bin, data, rows, store)
+    return store, rows, write_verifier(str(tmp_path / "target"))
+
+
+def test_export_writes_speculators_safetensors_read_back_with_safetensors(full_store, tmp_path):
+    safetensors = pytest.importorskip("safetensors")
+    datasets = pytest.importorskip("datasets")
+    store, rows, verifier = full_store
     ver = store_cli("verify", store)
     assert ver.returncode == 0 and " 0 bad" in ver.stdout, ver.stdout + ver.stderr
     out = str(tmp_path / "out")
-    ex = store_cli("export", store, out)
+    ex = store_cli("export", store, out, "--verifier", verifier, "--normed-final-state")
     assert ex.returncode == 0, ex.stderr
+    assert "last layer %d = N after the final norm" % LAYERS[-1] in ex.stdout, ex.stdout
     folder = os.path.join(out, "hidden_states")
     files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
     assert len(files) == len(rows)
     lengths = json.load(open(os.path.join(folder, "sample_lengths.json")))
+    record = json.load(open(os.path.join(out, "hsflow_export.json")))
+    assert record["final_state"] == "normed" and record["samples"] == len(rows)
+    # the rows speculators' ArrowDataset reads: row i is hs_<i>, in dataset order
+    ds = datasets.load_from_disk(out).with_format(None)
+    assert ds["sample_id"] == list(range(len(rows)))
+    assert ds["seq_len"] == [len(r[0]) for r in rows]
+    assert [list(x) for x in ds["input_ids"]] == [r[0] for r in rows]
+    assert [list(x) for x in ds["loss_mask"]] == [r[1] for r in rows]
+    assert not [f for f in os.listdir(str(tmp_path)) if ".export-" in f]
     for sid in (0, 17, len(rows) - 1):
         path = os.path.join(folder, "hs_%d.safetensors" % sid)
         want_ids, want_mask = rows[sid]
@@ -123,6 +151,148 @@ def test_export_writes_speculators_safetensors_read_back_with_safetensors(produc
             dtype, shape, raw = read_safetensors_raw(path)["hidden_states"]
             assert np.array_equal(np.frombuffer(raw, "<u2").reshape(shape), want)
 
+
+def test_export_with_a_seed_permutes_rows_and_files_together(full_store, tmp_path):
+    safetensors = pytest.importorskip("safetensors")
+    datasets = pytest.importorskip("datasets")
+    store, rows, verifier = full_store
+    out = str(tmp_path / "out")
+    ex = store_cli("export", store, out, "--verifier", verifier, "--normed-final-state",
+                   "--seed", "3")
+    assert ex.returncode == 0, ex.stderr
+    ds = datasets.load_from_disk(out).with_format(None)
+    order = ds["sample_id"]
+    assert sorted(order) == list(range(len(rows))) and order != sorted(order)
+    for i in (0, 5, len(rows) - 1):
+        with safetensors.safe_open(os.path.join(out, "hidden_states", "hs_%d.safetensors" % i),
+                                   framework="numpy") as f:
+            assert f.get_tensor("token_ids").tolist() == rows[order[i]][0] == \
+                list(ds[i]["input_ids"])
+
+
+def test_export_refuses_a_normed_last_layer_or_a_last_layer_that_is_not_n(full_store, tmp_path):
+    store, _, verifier = full_store
+    out = str(tmp_path / "out")
+    r = store_cli("export", store, out, "--verifier", verifier)
+    assert r.returncode == 1
+    assert "after* the target's final norm" in r.stderr and "--normed-final-state" in r.stderr, \
+        r.stderr
+    deeper = write_verifier(str(tmp_path / "deeper"), n_layers=LAYERS[-1] + 3)
+    r = store_cli("export", store, out, "--verifier", deeper, "--normed-final-state")
+    assert r.returncode == 1
+    assert "layers 1,4,9 end with 9, not N: fill a store with the drafter's target_layer_ids " \
+           "and then N (--layers ...,12" in r.stderr, r.stderr
+    r = store_cli("export", store, out, "--normed-final-state")
+    assert r.returncode == 1 and "give --verifier DIR" in r.stderr, r.stderr
+    wider = write_verifier(str(tmp_path / "wider"), hidden=2 * H)
+    r = store_cli("export", store, out, "--verifier", wider, "--normed-final-state")
+    assert r.returncode == 1 and "hidden size %d, the store's states %d" % (2 * H, H) in r.stderr
+    assert not os.path.exists(out)
+
+
+def test_export_of_an_incomplete_store_names_the_missing_batches(full_store, tmp_path):
+    store, _, verifier = full_store
+    with open(os.path.join(store, "index.hsi"), "r+b") as f:
+        index = f.read()
+        n = len(index) // 64
+        f.seek(0)
+        f.truncate(64 * (n - 2))  # the last two records lost
+        lost = [struct.unpack_from("<I", index, 64 * i + 4)[0] for i in (n - 2, n - 1)]
+    out = str(tmp_path / "out")
+    r = store_cli("export", store, out, "--verifier", verifier, "--normed-final-state")
+    assert r.returncode == 1
+    assert "holds %d of %d batches; missing: batch(es)" % (n - 2, n) in r.stderr, r.stderr
+    for b in lost:
+        assert str(b) in r.stderr.split("missing:")[1]
+    assert "nothing was exported" in r.stderr and not os.path.exists(out)
+
+
+def test_a_failed_write_leaves_nothing_under_out(full_store, tmp_path):
+    """A write that fails midway (RLIMIT_FSIZE: a file past 64 KiB fails with
+    EFBIG, as a full disk fails with ENOSPC: every hs_<i> file fits, the
+    dataset rows' Arrow file, written last, does not) is an error naming it,
+    and neither OUT nor the temporary folder is left."""
+    import resource
+    import signal
+    store, rows, verifier = full_store
+    out = str(tmp_path / "out")
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+    r = subprocess.run([sys.executable, "-m", "hsflow.data", "store", "export", store, out,
+                        "--verifier", verifier, "--normed-final-state"], capture_output=True,
+                       text=True, timeout=120, preexec_fn=limit)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "writing the export failed after" in r.stderr and "nothing was left under" in \
+        r.stderr, r.stderr
+    assert "after %d of %d sample(s)" % (len(rows), len(rows)) in r.stderr, r.stderr
+    assert sorted(os.listdir(str(tmp_path))) == ["data.jsonl", "store", "target"]
+
+
+def test_export_into_a_folder_that_holds_files_is_refused(full_store, tmp_path):
+    store, _, verifier = full_store
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    r = store_cli("export", store, str(out), "--verifier", verifier, "--normed-final-state")
+    assert r.returncode == 1 and "is not an empty folder" in r.stderr, r.stderr
+    assert os.listdir(str(out)) == ["keep.txt"]
+    # links planted where the old export wrote (hs_N.safetensors.tmp, sample_lengths.json)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root only\n")
+    planted = tmp_path / "planted"
+    (planted / "hidden_states").mkdir(parents=True)
+    os.symlink(str(secret), str(planted / "hidden_states" / "sample_lengths.json"))
+    os.symlink(str(secret), str(planted / "hidden_states" / "hs_0.safetensors.tmp"))
+    link = tmp_path / "link"
+    os.symlink(str(tmp_path / "empty"), str(link))
+    (tmp_path / "empty").mkdir()
+    for where in (planted, link):
+        r = store_cli("export", store, str(where), "--verifier", verifier,
+                      "--normed-final-state")
+        assert r.returncode == 1 and "is not an empty folder" in r.stderr, r.stderr
+    assert secret.read_bytes() == b"root only\n" and os.listdir(str(tmp_path / "empty")) == []
+
+
+def test_planted_links_and_fifos_in_a_store_are_refused_not_followed(full_store, tmp_path):
+    """A store folder others can write: a symlinked or FIFO store.json, a
+    symlinked shard, are refused (never followed, never waited on); the file
+    a link points to is untouched."""
+    store, _, verifier = full_store
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root only\n")
+    os.chmod(str(secret), 0o600)
+    man = os.path.join(store, "store.json")
+    saved = open(man, "rb").read()
+    os.rename(man, man + ".real")
+    os.symlink(man + ".real", man)
+    r = store_cli("info", store)
+    assert r.returncode == 1 and "store.json is a symbolic link: refused" in r.stderr, r.stderr
+    os.unlink(man)
+    os.mkfifo(man)
+    r = store_cli("info", store)  # would hang on open() without O_NONBLOCK
+    assert r.returncode == 1 and "store.json is not a regular file" in r.stderr, r.stderr
+    os.unlink(man)
+    with open(man, "wb") as f:
+        f.write(saved)
+    os.unlink(man + ".real")
+    shard = os.path.join(store, "shard-00000.hsd")
+    os.rename(shard, shard + ".real")
+    os.symlink(str(secret), shard)
+    r = store_cli("info", store)
+    assert r.returncode == 0 and "stored      0 of" in r.stdout, r.stdout + r.stderr
+    r = store_cli("export", store, str(tmp_path / "out"), "--verifier", verifier,
+                  "--normed-final-state")
+    assert r.returncode == 1 and "missing" in r.stderr
+    assert secret.read_bytes() == b"root only\n"
+    os.unlink(shard)
+    os.rename(shard + ".real", shard)
+    big = os.path.join(store, "index.hsi")
+    with open(big, "r+b") as f:  # a sparse index far past what the plan can have written
+        f.truncate(1 << 31)
+    r = store_cli("info", store)
+    assert r.returncode == 1 and "index.hsi is 2147483648 bytes, more than" in r.stderr, r.stderr
 
 def fp8_store_with_one_batch(scales, codes):
     """A Store of one fp8 batch (2 sequences of 2 tokens, H=3, 2 layers) whose
