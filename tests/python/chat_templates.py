@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Chat templates of the families hsflow.data claims, written for the tests,
 each with {% generation %} blocks around every assistant reply (from the end
-of its header through its end-of-turn marker). strip_generation() gives the
+of its header through its end-of-turn marker, not the newline ChatML puts
+after it, as the common twins mark). strip_generation() gives the
 template as the model ships it; the version with blocks is its twin, whose
 mask transformers computes."""
 import re
@@ -11,8 +12,8 @@ CHATML = (
     "{% for m in messages %}"
     "{% if loop.first and m['role'] != 'system' %}<|im_start|>system\nYou are helpful.<|im_end|>\n"
     "{% endif %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>\n"
-    "{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>"
+    "{% endgeneration %}{{ '\\n' }}{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 # Llama 3.1 with tools (JSON tool calls, tool results in the ipython role)
@@ -91,7 +92,7 @@ QWEN3 = (
     "{%- if tool_call.arguments is string %}{{- tool_call.arguments }}"
     "{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}{% endgeneration %}"
+    "{{- '<|im_end|>' }}{% endgeneration %}{{- '\\n' }}"
     "{%- elif message.role == 'tool' %}"
     "{%- if loop.first or (messages[loop.index0 - 1].role != 'tool') %}"
     "{{- '<|im_start|>user' }}{%- endif %}"

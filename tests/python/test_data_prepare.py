@@ -41,7 +41,7 @@ HEADERS = (
 REWRITES = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
     "{% if m['role'] == 'assistant' %}{% generation %}{% if not loop.last %}(earlier){% endif %}"
-    "{{ m['content'] }}<|im_end|>\n{% endgeneration %}"
+    "{{ m['content'] }}<|im_end|>{% endgeneration %}{{ '\\n' }}"
     "{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 

@@ -193,8 +193,30 @@ def test_qwen3_reasoning_field_and_inline_give_one_sequence_reasoning_on_the_las
     # history rewritten: earlier reasoning gone, the last kept and trained on
     assert "they greet me" not in text and "be brief" not in text
     assert loss_text(tok, ids, mask).endswith(
-        "<think>\nthe last thought\n</think>\n\ndone<|im_end|>\n")
+        "<think>\nthe last thought\n</think>\n\ndone<|im_end|>")
     assert "I am fine<|im_end|>" in loss_text(tok, ids, mask)
+
+
+@pytest.mark.parametrize("method", ["render", "prefix"])
+def test_mask_end_marks_the_end_marker_and_not_the_newline_unless_turn(tmp_path, dirs, method):
+    """--mask-end marker (default): ChatML's <|im_end|> gets loss, the newline
+    after it does not, as the generation-block twins mark; --mask-end turn:
+    the newline too (one token more per reply)."""
+    plain, _ = dirs["chatml"]
+    tok = load(plain)
+    rec = {"messages": [user("hi"), assistant("hello there"), user("and?"), assistant("bye")]}
+    (ids, mask), = run(tmp_path, [rec], plain, mask_method=method)[0]
+    (ids2, mask2), = run(tmp_path, [rec], plain, out="turn.hst", mask_method=method,
+                         mask_end="turn")[0]
+    assert ids == ids2
+    nl = tok.convert_tokens_to_ids(tok.tokenize("\n"))
+    ends = [i for i, t in enumerate(ids) if t == tok.convert_tokens_to_ids("<|im_end|>")]
+    replies = [i for i in ends if mask[i]]
+    assert len(replies) == 2 and all(not mask[i + 1] for i in replies if i + 1 < len(ids))
+    assert sum(mask2) - sum(mask) == sum(1 for i in replies if i + 1 < len(ids)) == 2, nl
+    assert all(mask2[i + 1] for i in replies if i + 1 < len(ids))
+    with pytest.raises(Exception, match="--mask-end last: one of marker, turn"):
+        run(tmp_path, [rec], plain, out="bad.hst", mask_end="last")
 
 
 def test_r1_and_chatml_take_reasoning_inline(tmp_path, dirs):
@@ -303,8 +325,8 @@ def test_inspect_marks_the_loss_tokens_with_brackets_off_a_terminal(tmp_path, di
                    + "{broken\n")
     r = cli("inspect", str(src), "--tokenizer", dirs["qwen3"][0], "-n", "2")
     assert r.returncode == 0, r.stderr
-    assert "[[I am fine<|im_end|>\n]]" in r.stdout
-    assert "[[<think>\nthe last thought\n</think>\n\ndone<|im_end|>\n]]" in r.stdout
+    assert "[[I am fine<|im_end|>]]\n" in r.stdout
+    assert "[[<think>\nthe last thought\n</think>\n\ndone<|im_end|>]]\n" in r.stdout
     assert "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n[[" in r.stdout
     assert f"{src}:2: skipped (bad_json)" in r.stdout
 

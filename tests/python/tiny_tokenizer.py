@@ -12,11 +12,12 @@ CORPUS = [
     "héllo ✓ naïve café",
 ]
 
-# ChatML with {% generation %} around each reply and its end-of-turn
+# ChatML with {% generation %} around each reply and its end-of-turn marker (not
+# the newline after it, as the common twins mark)
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>\n"
-    "{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>"
+    "{% endgeneration %}{{ '\\n' }}{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 

@@ -12,10 +12,11 @@ for the text that opens an assistant reply (the header) and the text that
 closes it (the end-of-turn marker), by rendering conversations whose
 contents are known words. The "render" mask method then renders each
 conversation once and gives loss to every reply as that render shows it,
-from the end of each header through the end marker that follows: the mask
-of the same template with {% generation %} put after the header and
-{% endgeneration %} after the end marker, whether or not the template
-rewrites earlier turns (reasoning stripped from history).
+from the end of each header through the end marker that follows (without
+the white space after it, by default: MASK_ENDS): the mask of the same
+template with {% generation %} put after the header and {% endgeneration %}
+after the end marker, whether or not the template rewrites earlier turns
+(reasoning stripped from history).
 """
 import json
 import re
@@ -255,12 +256,28 @@ class TemplateShape:
         self.prefix_stable, self.prefix_why = prefix_stable, prefix_why
 
 
-def reply_spans(text, header, end):
+# where a reply's loss ends in a template without {% generation %} blocks (--mask-end):
+#   marker  through the end-of-turn marker, not the white space the template puts after it
+#           (ChatML's <|im_end|> included, its newline not), as the common twins mark
+#   turn    through everything up to the next turn (the marker and that white space)
+MASK_ENDS = ("marker", "turn")
+
+
+def end_keep(end, mask_end):
+    """How many characters of the end-of-turn text `end` get loss."""
+    if mask_end not in MASK_ENDS:
+        raise ValueError(f"mask end {mask_end!r}: one of {', '.join(MASK_ENDS)}")
+    return len(end.rstrip()) if mask_end == "marker" else len(end)
+
+
+def reply_spans(text, header, end, keep=None):
     """[(start, stop)] character spans of the replies in a rendered conversation:
-    each from the end of a header through the end marker that follows it."""
+    each from the end of a header through the first `keep` characters (default
+    all) of the end marker that follows it."""
     spans = []
     pos = 0
     hl, el = len(header), len(end)
+    kl = el if keep is None else keep
     while True:
         i = text.find(header, pos)
         if i < 0:
@@ -270,7 +287,7 @@ def reply_spans(text, header, end):
         if j < 0:
             raise Malformed(f"a reply opened by {header!r} has no end marker {end!r} after it",
                             "ambiguous_render")
-        spans.append((s, j + el))
+        spans.append((s, j + kl))
         pos = j + el
 
 

@@ -98,6 +98,7 @@ class PrepareOptions:
     format: str = "auto"
     chat_template: str = None  # a file; default: the tokenizer's own template
     mask_method: str = "auto"
+    mask_end: str = "marker"  # where a reply's loss ends without {% generation %}: chat.MASK_ENDS
     template_args: dict = None  # extra template variables, e.g. {"enable_thinking": False}
     system_prompt: str = None
     max_seq_len: int = 0  # 0: no limit
@@ -469,6 +470,8 @@ class Encoder:
         if self.template is None:
             return
         self.reasoning_key = chat.reasoning_key(self.template)
+        if opts.mask_end not in chat.MASK_ENDS:
+            raise UsageError(f"--mask-end {opts.mask_end}: one of {', '.join(chat.MASK_ENDS)}")
         has_gen = bool(_GENERATION_RE.search(self.template))
         method = opts.mask_method
         if method == "generation" and not has_gen:
@@ -518,8 +521,9 @@ class Encoder:
                 raise Malformed(f"the chat template renders turn {i} differently inside the "
                                 "whole conversation than on its own (not prefix-stable); use "
                                 "--mask-method auto", "not_prefix_stable")
-            if len(body) > len(head):
-                spans.append((len(head), len(body)))
+            stop = len(body.rstrip()) if self.opts.mask_end == "marker" else len(body)
+            if stop > len(head):
+                spans.append((len(head), stop))
         return spans
 
     def encode_chat(self, msgs, tools=None):
@@ -539,7 +543,8 @@ class Encoder:
                 return ids, mask
             full = self._render(msgs, tools, False)
             if self.method == "render":
-                spans = chat.reply_spans(full, self.shape.header, self.shape.end)
+                spans = chat.reply_spans(full, self.shape.header, self.shape.end,
+                                         chat.end_keep(self.shape.end, self.opts.mask_end))
                 chat.check_spans(full, spans, msgs)
             else:
                 spans = self._prefix_spans(msgs, tools, full)
@@ -723,6 +728,7 @@ def _sidecar(in_path, out_path, opts, enc, counts, fingerprint, seconds):
         template = {"source": opts.chat_template or "tokenizer",
                     "sha256": hashlib.sha256(enc.template.encode("utf-8")).hexdigest(),
                     "mask_method": enc.method,
+                    "mask_end": None if enc.method == "generation" else opts.mask_end,
                     "args": dict(enc.template_args),
                     "reasoning_key": enc.reasoning_key}
         if enc.method == "render":
@@ -973,6 +979,13 @@ def _template_args(p):
                         "probing the template; prefix: render turn by turn (prefix-stable "
                         "templates); default auto: generation when the template has the "
                         "blocks, else render where probing finds it exact, else prefix")
+    p.add_argument("--mask-end", choices=chat.MASK_ENDS,
+                   default=_env_default("mask-end", "marker"),
+                   help="where a reply's loss ends when the template has no {%% generation %%} "
+                        "blocks (theirs decide otherwise): marker (default) through the "
+                        "end-of-turn marker, not the white space after it (ChatML's <|im_end|> "
+                        "included, its newline not), as generation-block twins commonly mark; "
+                        "turn: through that white space too")
     p.add_argument("--system-prompt", metavar="TEXT",
                    default=_env_default("system-prompt", None),
                    help="a system message for conversations that have none")
@@ -1135,7 +1148,7 @@ def main(argv=None):
         return 2
     opts = PrepareOptions(
         tokenizer=args.tokenizer, format=args.format, chat_template=args.chat_template,
-        mask_method=args.mask_method, template_args=template_args,
+        mask_method=args.mask_method, mask_end=args.mask_end, template_args=template_args,
         system_prompt=args.system_prompt, max_seq_len=max_seq_len,
         overflow=getattr(args, "overflow", "truncate"), last_turn_only=args.last_turn_only,
         workers=workers, strict=getattr(args, "strict", False),
