@@ -11,6 +11,8 @@ targets as speculators' drafter computes it (verifier_lm_head(verifier_norm(
 last layer)), with verifier_norm an identity, as use_normed_targets
 makes it for such files) equals the verifier's own on every token, where the
 norm applied again misses most of them."""
+import os
+import re
 import subprocess
 import sys
 
@@ -151,3 +153,74 @@ def test_verifier_top_token_from_the_exported_targets_is_the_verifiers_own(expor
           % (same, tokens, twice_same, worst_margin, worst_diff))
     assert same == tokens
     assert twice_same < 0.9 * tokens, "the norm applied twice went unseen"
+
+
+# -- speculators' own train CLI on the store: hsflow-speculators-train ---------
+
+CPU_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speculators_cpu.py")
+
+
+@pytest.fixture(scope="module")
+def rows_only(exported, target, tmp_path_factory):  # noqa: F811
+    rows, store, _ = exported
+    out = str(tmp_path_factory.mktemp("rows") / "rows")
+    r = subprocess.run([sys.executable, "-m", "hsflow.data", "store", "export", store, out,
+                        "--format", "rows", "--verifier", target], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not os.path.exists(os.path.join(out, "hidden_states"))
+    return rows, store, out
+
+
+def test_the_hsflow_backend_serves_each_row_as_the_file_backend_does(exported, rows_only):
+    from hs_connectors import FileTransfer, HiddenStatesBackend
+    from pathlib import Path
+    from types import SimpleNamespace as NS
+    from hsflow.integrations import speculators_train  # noqa: F401 (registers "hsflow")
+    rows, store, files = exported
+    _, _, out = rows_only
+    hs = HiddenStatesBackend.registry["hsflow"].from_train_args(NS(hsflow_store=None), out)
+    assert hs.store_path == os.path.abspath(store)  # from hsflow_export.json
+    fs = FileTransfer(Path(files) / "hidden_states")
+    import pickle
+    hs2 = pickle.loads(pickle.dumps(hs))  # as speculators' spawned loader workers get it
+    for i in range(len(rows)):
+        a, b, c = hs.get_cached(i), fs.get_cached(i), hs2.get_cached(i)
+        for key in ("hidden_states", "token_ids"):
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), (i, key)
+            assert torch.equal(c[key], b[key])
+    with pytest.raises(Exception, match="outside the %d rows" % len(rows)):
+        hs.get_cached(len(rows))
+
+
+def run_train(args, timeout=600):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, CPU_LAUNCHER] + args, capture_output=True, text=True,
+                       env=env, timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("alg", ["eagle3", "dflash"])
+def test_hsflow_speculators_train_trains_an_epoch_with_its_scheduler_and_validation(
+        rows_only, target, tmp_path, alg):  # noqa: F811
+    _, _, out = rows_only
+    save = str(tmp_path / "ckpt")
+    extra = ["--block-size", "4", "--max-anchors", "16"] if alg == "dflash" else []
+    rc, log = run_train([
+        "--data-path", out, "--hidden-states-backend", "hsflow", "--verifier-name-or-path",
+        target, "--speculator-type", alg, "--num-layers", "1", "--epochs", "1",
+        "--total-seq-len", "128", "--num-workers", "0", "--draft-attn-impl", "sdpa",
+        "--loss-implementation", "eager", "--save-path", save, "--log-dir", str(tmp_path / "logs"),
+        "--mask-token-id", str(VOCAB - 1), "--scheduler-type", "cosine",
+        "--scheduler-warmup-steps", "2", "--train-data-ratio", "0.75", "--lr", "1e-3"] + extra)
+    assert rc == 0, log[-6000:]
+    assert "verifier_norm passes them through" in log, log[-3000:]
+    assert "Training epoch 1/1 completed" in log and "Validation epoch 1/1 completed" in log, \
+        log[-3000:]
+    lrs = [float(x) for x in re.findall(r"lr/\w+=([\d.e+-]+)", log)]
+    assert lrs and lrs[0] < 1e-3, lrs  # warm-up: the first step's rate is below --lr
+    losses = [float(x) for x in re.findall(r"val/loss_epoch=([\d.]+)", log)]
+    assert len(losses) == 1 and losses[0] > 0, log[-3000:]
+    # speculators' own checkpoint: its save_pretrained, the drafter vLLM loads
+    assert os.path.isfile(os.path.join(save, "0", "config.json"))
+    assert any(f.endswith(".safetensors") for f in os.listdir(os.path.join(save, "0")))

@@ -566,7 +566,8 @@ def cmd_export(st, out, fmt, verifier=None, normed=False, seed=None):
             % (st.path, len(st.loc), st.n_batches, _ranges(missing), len(missing),
                ", %d index record(s) dropped as torn or sealed wrong" % st.dropped
                if st.dropped else "", st.path))
-    final = final_state(st, verifier, normed)
+    # rows alone carry no state: the hsflow backend serves them from the store
+    final = final_state(st, verifier, normed or fmt == "rows")
     out = os.path.abspath(out)
     if os.path.lexists(out):
         if os.path.islink(out) or not os.path.isdir(out) or os.listdir(out):
@@ -577,7 +578,7 @@ def cmd_export(st, out, fmt, verifier=None, normed=False, seed=None):
     try:
         if fmt == "pt":
             import torch
-        else:
+        if fmt != "pt":
             import datasets
     except ImportError as e:
         raise StoreError("--format %s needs %s (%s); speculators' environment has it"
@@ -612,7 +613,9 @@ def cmd_export(st, out, fmt, verifier=None, normed=False, seed=None):
                                          "again" % b)
                     i = pos[sid]
                     rows_ids[i], rows_mask[i] = tok.astype(np.int64), mask.astype(np.int64)
-                    if fmt == "safetensors":
+                    if fmt == "rows":
+                        pass
+                    elif fmt == "safetensors":
                         _create(dfd, "hs_%d.safetensors" % i, _safetensors_bytes({
                             "hidden_states": ("BF16", hid.shape,
                                               np.ascontiguousarray(hid).tobytes()),
@@ -631,7 +634,7 @@ def cmd_export(st, out, fmt, verifier=None, normed=False, seed=None):
             _create(dfd, "sample_lengths.json", [json.dumps(lengths).encode()])
         finally:
             os.close(dfd)
-        if fmt == "safetensors":
+        if fmt != "pt":
             ds = datasets.Dataset.from_dict({
                 "input_ids": rows_ids, "loss_mask": rows_mask,
                 "seq_len": [len(r) for r in rows_ids], "sample_id": order},
@@ -666,8 +669,9 @@ def cmd_export(st, out, fmt, verifier=None, normed=False, seed=None):
     print("exported %d sample(s) of %d batch(es) to %s (%s%s, hidden_states [T, %d, %d] bf16, "
           "last layer %d = N %s the final norm)"
           % (len(order), len(st.loc), out, fmt,
-             ": the dataset rows and hidden_states/hs_<row>.safetensors"
-             if fmt == "safetensors" else "", k, h, st.layers[-1],
+             {"safetensors": ": the dataset rows and hidden_states/hs_<row>.safetensors",
+              "rows": ": the dataset rows, their states served from the store"}.get(fmt, ""),
+             k, h, st.layers[-1],
              "after" if final["final_state"] == "normed" else "before"))
     return 0
 
@@ -695,9 +699,11 @@ def main(argv=None):
                        help="speculators' offline layout of a complete store")
     p.add_argument("dir")
     p.add_argument("out", help="a new folder (or an empty one): written whole or not at all")
-    p.add_argument("--format", choices=("safetensors", "pt"), default="safetensors",
-                   help="the dataset rows and OUT/hidden_states/hs_<row>.safetensors (default), "
-                        "or speculators' older data_<row>.pt (needs torch)")
+    p.add_argument("--format", choices=("safetensors", "rows", "pt"), default="safetensors",
+                   help="the dataset rows and OUT/hidden_states/hs_<row>.safetensors (default); "
+                        "rows: the dataset rows alone, for hsflow-speculators-train "
+                        "--hidden-states-backend hsflow, which reads the states from the store; "
+                        "pt: speculators' older data_<row>.pt (needs torch)")
     p.add_argument("--verifier", metavar="DIR",
                    help="the target's folder (its config.json gives N), as speculators' "
                         "--verifier-name-or-path; default: the model store.json names, where it "
