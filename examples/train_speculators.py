@@ -11,8 +11,17 @@ data is hsflow's: one consumer per rank, each batch turned into the dict
 speculators' collate makes (hsflow.integrations.speculators.batches).
 
 A checkpoint (--checkpoint PATH; one file per rank under torchrun, PATH.rankR)
-holds the model, the optimiser and consumer.state_dict(); --resume starts
-from it and the consumers deliver exactly the batches not trained on yet.
+holds the model, the optimiser, the LR schedule and consumer.state_dict();
+--resume starts from it and the consumers deliver exactly the batches not
+trained on yet. The learning rate follows speculators' schedules (linear by
+default, or cosine, or none; warm-up --warmup-steps, 1% of the run's steps by
+default, as speculators), over the run's planned batches. --val-fraction F
+holds out a fixed share of the plan's batches (by batch id, the same every
+epoch): never trained on, their loss is computed as they come and reported
+per epoch. --save-pretrained DIR writes the drafter with speculators' own
+save_pretrained at the end, the format vLLM loads. --store DIR reads and
+keeps the states in an hsflow store (a complete one needs no producer);
+--expect PIN (the `pin` line of `hs-data plan`) pins the run.
 
 GPU node, 8 ranks, producers on the target nodes pointed at every rank:
 
@@ -22,6 +31,13 @@ GPU node, 8 ranks, producers on the target nodes pointed at every rank:
     # it prints the producers' --layers (the drafter's target_layer_ids, then L):
     hs-producer --to drafter:7000-7007 --data train.hst --token-budget 32768 \\
         --model /models/Qwen3-8B --layers 2,18,33,36 --gpus 0,1,2,3
+
+From a complete store alone, pinned, with validation, saved as vLLM loads it:
+
+    python examples/train_speculators.py --algorithm eagle3 --target /models/Qwen3-8B \
+        --gpu-per-rank --store /data/hs-store --expect "$(hs-data plan train.hst \
+        --token-budget 32768 --hidden-size 4096 --layers 2,18,33,36 | sed -n 's/^pin *//p')" \
+        --epochs 3 --lr-schedule cosine --val-fraction 0.05 --save-pretrained /ckpt/eagle3
 
 One box on the CPU, N local hs-producer processes getting the arguments
 after `--` (--layers is added when not given):
@@ -101,7 +117,26 @@ def parse_args(argv):
     ap.add_argument("--optimizer", default=None, choices=["muon", "adamw"],
                     help="speculators' optimiser: muon (its default: Muon for 2D weights, "
                          "AdamW for the rest) or adamw")
-    ap.add_argument("--seed", type=int, default=0, help="seed for the drafter's init (0)")
+    ap.add_argument("--lr-schedule", default="linear", choices=["linear", "cosine", "none"],
+                    help="speculators' schedules (transformers' with warm-up): linear decay to "
+                         "0 (its default), cosine, or none (constant)")
+    ap.add_argument("--warmup-steps", type=int, default=None,
+                    help="warm-up steps (default: 1%% of the run's steps, as speculators)")
+    ap.add_argument("--val-fraction", type=float, default=0.0,
+                    help="hold out this share of the plan's batches for validation (by batch "
+                         "id, the same each epoch; one rank only); default 0: none")
+    ap.add_argument("--save-pretrained", metavar="DIR", default=None,
+                    help="write the trained drafter to DIR with speculators' save_pretrained "
+                         "(config.json and safetensors, as vLLM loads it)")
+    ap.add_argument("--store", metavar="DIR", default=None,
+                    help="the consumer's hidden-state store: read what it holds, keep what "
+                         "producers send (a complete store needs no producer)")
+    ap.add_argument("--expect", metavar="PIN", default=None,
+                    help="pin the run: the `pin` line of hs-data plan (--expect-plan X "
+                         "--expect-dataset Y --expect-layout Z); producers or a store that "
+                         "differ are refused")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed for the drafter's init and the validation split (0)")
     ap.add_argument("--checkpoint", default=None,
                     help="checkpoint file (model, optimiser, consumer position); written at "
                          "the end, every --save-every batches and at --max-batches")
@@ -117,7 +152,33 @@ def parse_args(argv):
                                          "--model DIR)")
     if args.resume and not args.checkpoint:
         ap.error("--resume needs --checkpoint PATH")
+    if not 0.0 <= args.val_fraction < 1.0:
+        ap.error("--val-fraction %g: give a share in [0, 1)" % args.val_fraction)
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        ap.error("--warmup-steps must be >= 0")
+    if not os.path.isfile(os.path.join(args.target, "config.json")):
+        ap.error("--target %s: %s; give the target (verifier) model's local folder, the one "
+                 "with config.json and the weights" % (
+                     args.target, "no config.json there" if os.path.isdir(args.target)
+                     else "no such folder"))
     return args
+
+
+def is_val(batch, fraction, seed):
+    """Whether plan batch `batch` is held out (the same in every epoch and run)."""
+    import random
+    return fraction > 0 and random.Random("%d:%d" % (seed, batch)).random() < fraction
+
+
+def make_schedulers(opts, kind, warmup, total):
+    """speculators' schedulers (its Trainer: transformers' linear or cosine
+    with warm-up), one per optimiser; none: constant."""
+    if kind == "none":
+        return []
+    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
+    make = get_linear_schedule_with_warmup if kind == "linear" else \
+        get_cosine_schedule_with_warmup
+    return [make(o, num_warmup_steps=warmup, num_training_steps=total) for o in opts]
 
 
 def speculators_config(args, on_gpu):
@@ -161,11 +222,11 @@ def checkpoint_path(args, rank, world):
     return args.checkpoint if world == 1 else "%s.rank%d" % (args.checkpoint, rank)
 
 
-def save_checkpoint(torch, path, model, opts, consumer, step, epoch_losses):
+def save_checkpoint(torch, path, model, opts, consumer, step, epoch_losses, sched=None):
     tmp = path + ".tmp"
     torch.save({"model": model.state_dict(), "optimizers": [o.state_dict() for o in opts],
                 "consumer": consumer.state_dict(), "step": step,
-                "epoch_losses": epoch_losses}, tmp)
+                "epoch_losses": epoch_losses, "schedule": sched}, tmp)
     os.replace(tmp, path)
 
 
@@ -189,12 +250,15 @@ def main(argv):
         torch.cuda.set_device(device)
     if distributed:
         dist.init_process_group("nccl" if gpu is not None else "gloo")
+    if args.val_fraction and world > 1:
+        sys.exit("train_speculators: --val-fraction with %d ranks: DDP needs every rank to step "
+                 "on every batch; validate with one rank" % world)
 
     torch.manual_seed(args.seed)
     flat = speculators_config(args, gpu is not None)
     model, model_class = build_model(args, flat)
     model.to(device)
-    train_kwargs, _ = model_class.get_trainer_kwargs(**flat)
+    train_kwargs, val_kwargs = model_class.get_trainer_kwargs(**flat)
     layers = hs_spec.producer_layers(model)
     if rank == 0:
         print("train_speculators: %s drafter, %d layers, target layers %s; the producers must "
@@ -206,7 +270,7 @@ def main(argv):
     opts = build_optimizers(model, argparse.Namespace(**flat))
 
     ckpt = checkpoint_path(args, rank, world) if args.checkpoint else None
-    resume, step, epoch_losses = None, 0, {}
+    resume, step, epoch_losses, saved_sched = None, 0, {}, None
     if args.resume and os.path.exists(ckpt):
         state = torch.load(ckpt, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
@@ -214,6 +278,7 @@ def main(argv):
             o.load_state_dict(sd)
         resume, step = state["consumer"], state["step"]
         epoch_losses = state.get("epoch_losses", {})
+        saved_sched = state.get("schedule")
         print("train_speculators rank %d: resumed from %s at step %d" % (rank, ckpt, step),
               flush=True)
     train_model = model
@@ -224,9 +289,12 @@ def main(argv):
     port = args.base_port + local
     if args.loopback and world == 1:
         port = 0
-    consumer = hsflow.Consumer(listen="%s:%d" % (args.listen_host, port), gpu=gpu,
-                               cache_gb=args.cache_gb, epochs=args.epochs, arrays="torch",
-                               resume=resume)
+    try:
+        consumer = hsflow.Consumer(listen="%s:%d" % (args.listen_host, port), gpu=gpu,
+                                   cache_gb=args.cache_gb, epochs=args.epochs, arrays="torch",
+                                   resume=resume, store=args.store, expect=args.expect)
+    except (hsflow.HsflowError, ValueError) as e:  # a store or pin that refuses the run
+        sys.exit("train_speculators: the consumer refused to start: %s" % e)
     procs = []
     if args.loopback and rank == 0:
         exe = hsflow.find_tool("hs-producer")
@@ -242,7 +310,9 @@ def main(argv):
 
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
     done = tokens = 0
-    sums = {}
+    sums, vals = {}, {}
+    sched = saved_sched  # {"total", "warmup", "kind", "states"}
+    schedulers = None
     t0 = time.perf_counter()
     rc = 0
     try:
@@ -255,14 +325,46 @@ def main(argv):
         for b, d in hs_spec.batches(consumer, train_model, with_batch=True, pad_to=args.pad_to,
                                     idle=producers_alive if procs else None):
             epoch = b.epoch
+            if is_val(b.batch, args.val_fraction, args.seed):
+                model.eval()
+                with torch.no_grad(), autocast:
+                    _, vloss, _ = model(**d, **val_kwargs)
+                model.train()
+                v = vals.setdefault(epoch, [0.0, 0])
+                v[0] += float(vloss.item())
+                v[1] += 1
+                done += 1
+                continue
+            if schedulers is None:  # the run's length is known once its plan is
+                if sched is None:
+                    # this run's batches less the held-out ones (one rank: every batch id
+                    # of the plan in each epoch; refused with several)
+                    planned = consumer.stats()["batches_planned"]
+                    per_epoch = -(-planned // args.epochs)
+                    held = sum(is_val(i, args.val_fraction, args.seed) for i in range(per_epoch))
+                    total = step + max(1, planned - held * args.epochs)
+                    warmup = args.warmup_steps if args.warmup_steps is not None else total // 100
+                    sched = {"total": total, "warmup": warmup, "kind": args.lr_schedule}
+                schedulers = make_schedulers(opts, sched["kind"], sched["warmup"], sched["total"])
+                for sc, sd in zip(schedulers, sched.get("states") or []):
+                    sc.load_state_dict(sd)
+                if rank == 0:
+                    print("train_speculators: lr %s, %s schedule over %d steps, %d of warm-up"
+                          % (flat["lr"], sched["kind"], sched["total"], sched["warmup"]),
+                          flush=True)
             with autocast:
                 _, loss, _ = train_model(**d, **train_kwargs)
             for o in opts:
                 o.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            cur_lr = opts[0].param_groups[0]["lr"]
             for o in opts:
                 o.step()
+            for sc in schedulers:
+                sc.step()
+            if schedulers:
+                sched["states"] = [sc.state_dict() for sc in schedulers]
             step += 1
             done += 1
             tokens += int(d["input_ids"].shape[1])
@@ -270,14 +372,19 @@ def main(argv):
             s = sums.setdefault(epoch, [0.0, 0])
             s[0] += lv
             s[1] += 1
-            print("step %d epoch %d loss %.4f" % (step, epoch, lv), flush=True)
+            print("step %d epoch %d loss %.4f lr %.3g" % (step, epoch, lv, cur_lr), flush=True)
             if ckpt and args.save_every and step % args.save_every == 0:
                 save_checkpoint(torch, ckpt, model, opts, consumer, step,
-                                _merge(epoch_losses, sums))
+                                _merge(epoch_losses, sums), sched)
             if args.max_batches and done >= args.max_batches:
                 break
         if ckpt:
-            save_checkpoint(torch, ckpt, model, opts, consumer, step, _merge(epoch_losses, sums))
+            save_checkpoint(torch, ckpt, model, opts, consumer, step, _merge(epoch_losses, sums),
+                            sched)
+        if args.save_pretrained and rank == 0:
+            model.save_pretrained(args.save_pretrained)  # speculators' own: what vLLM loads
+            print("train_speculators: drafter saved to %s (speculators' save_pretrained)"
+                  % args.save_pretrained, flush=True)
     except KeyboardInterrupt:
         rc = 130
     except RuntimeError as e:
@@ -293,6 +400,9 @@ def main(argv):
     for e, (tot, n) in sorted(_merge(epoch_losses, sums).items()):
         _support.say("train_speculators rank %d: epoch %d mean loss %.4f over %d batches"
                      % (rank, e, tot / n, n))
+    for e, (tot, n) in sorted(vals.items()):
+        _support.say("train_speculators rank %d: epoch %d validation loss %.4f over %d held-out "
+                     "batches" % (rank, e, tot / n, n))
     _support.say("train_speculators rank %d/%d: %d batches this run (%d steps in all), %d tokens, "
                  "%.0f tokens/s, consumer %d/%d batches delivered"
                  % (rank, world, done, step, tokens, tokens / el if el > 0 else 0.0,

@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 
 from conftest import ROOT, write_dataset  # noqa: E402
 
+import hsflow  # noqa: E402
 from hsflow import _hf  # noqa: E402
 from hsflow.integrations import speculators as hs_spec  # noqa: E402
 
@@ -435,3 +436,70 @@ def test_fp8_and_bf16_streams_of_the_same_samples_give_loss_curves_within_2_perc
           % (curves["bf16"], curves["fp8"], max(rel), rel.index(max(rel)) + 1))
     assert len(curves["fp8"]) == len(curves["bf16"])
     assert max(rel) <= 0.02, rel
+
+
+def test_store_pin_schedule_validation_and_save_pretrained(target, tmp_path, producer_bin):
+    """The example as a team runs it: a first run fills --store from a
+    producer; a second, pinned with hs-data plan's `pin` line, trains two
+    epochs from the store alone with a cosine schedule and warm-up, holds
+    out a fixed quarter of the batches for validation, and saves the
+    drafter with speculators' save_pretrained, which its from_pretrained
+    loads back; a pin of another plan is refused."""
+    from ports import reserve_port
+    from hsflow.data.store import Store
+    data = str(tmp_path / "d.jsonl")
+    write_dataset(data, 40, 20, 100, VOCAB, seed=6)
+    store = str(tmp_path / "store")
+    common = ["--algorithm", "eagle3", "--target", target, "--num-layers", "1",
+              "--mask-token-id", str(VOCAB - 1), "--cache-gb", "0.05", "--store", store]
+    for _ in range(3):  # a batch the writer skipped is stored by the next run
+        run_example(*common, "--lr-schedule", "none", "--loopback", "1",
+                    *producer_args(data, target), "--layers", "2,4,5,8")
+        with Store(store) as st:
+            if not st.missing():
+                break
+    else:
+        pytest.fail("the store is still incomplete after 3 runs")
+    plan = subprocess.run([hsflow.find_tool("hs-data"), "plan", data, "--token-budget", "384",
+                           "--hidden-size", str(HIDDEN), "--layers", "2,4,5,8"],
+                          capture_output=True, text=True, timeout=60)
+    pin = re.search(r"^pin\s+(.*)$", plan.stdout, re.M).group(1)
+    saved = str(tmp_path / "drafter")
+    out, means, (done, steps, delivered, planned) = run_example(
+        *common, "--epochs", "2", "--expect", pin, "--base-port", str(reserve_port(1)),
+        "--lr", "3e-3", "--lr-schedule", "cosine", "--warmup-steps", "3",
+        "--val-fraction", "0.25", "--save-pretrained", saved)
+    vals = {int(m.group(1)): int(m.group(2)) for m in re.finditer(
+        r"epoch (\d+) validation loss [\d.]+ over (\d+) held-out batches", out)}
+    assert sorted(vals) == [0, 1] and vals[0] == vals[1] > 0, out[-3000:]
+    assert done == delivered == planned and steps == planned - 2 * vals[0], out[-3000:]
+    lrs = [float(x) for x in re.findall(r"step \d+ epoch \d+ loss [\d.]+ lr ([\d.e+-]+)", out)]
+    assert len(lrs) == steps and lrs[0] == 0.0 and lrs[1] < lrs[2] < lrs[3] == 3e-3, lrs
+    assert lrs[-1] < 0.1 * 3e-3, lrs  # cosine down to ~0 over the run
+    assert "cosine schedule over %d steps, 3 of warm-up" % steps in out
+    from speculators.models.eagle3 import Eagle3DraftModel
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        back = Eagle3DraftModel.from_pretrained(saved)
+    assert os.path.isfile(os.path.join(saved, "config.json"))
+    assert back.config.speculators_config.algorithm == "eagle3"
+    # a pin of another plan: refused before any step
+    other = re.sub(r"--expect-plan \w+", "--expect-plan 0123456789abcdef", pin)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, EXAMPLE, *common, "--expect", other, "--base-port",
+                        str(reserve_port(1))], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode != 0 and "0123456789abcdef" in r.stdout + r.stderr, \
+        (r.stdout + r.stderr)[-3000:]
+
+
+def test_a_missing_or_mistyped_target_is_named_without_a_traceback(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    (tmp_path / "empty").mkdir()
+    for where, why in ((str(tmp_path / "tagret"), "no such folder"),
+                       (str(tmp_path / "empty"), "no config.json there")):
+        r = subprocess.run([sys.executable, EXAMPLE, "--algorithm", "eagle3", "--target", where],
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 2, r.stderr
+        assert "--target %s: %s; give the target (verifier) model's local folder" % (where, why) \
+            in r.stderr and "Traceback" not in r.stderr, r.stderr
