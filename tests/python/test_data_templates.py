@@ -145,19 +145,25 @@ def test_masks_equal_transformers_on_the_generation_block_twin(tmp_path, dirs, f
         max_len = lengths[len(lengths) // 2] - 1
     want = [twin_expected(twin, template, r, max_len) for _, r in recs]
     ok = [(n, r) for (n, r), w in zip(recs, want) if w is not None]
+    # ChatML and R1 render no tool calls: the tool-calling turns would be empty replies
+    # with loss (the twin marks them so); prepare refuses the record and counts it
+    unrendered = [n == "tools" and family in ("chatml", "r1") for n, _ in recs]
     # cut at max_len, a record whose first max_len tokens have no loss is skipped
-    trained = [w is not None and any(w[1]) for w in want]
+    trained = [w is not None and any(w[1]) and not u for w, u in zip(want, unrendered)]
     got, meta, logs = run(tmp_path, [r for _, r in ok], plain, max_seq_len=max_len,
                           max_skip="100%")
     assert meta["chat_template"]["mask_method"] == ("prefix" if family == "mistral" else "render")
     assert meta["counts"]["read"] == len(ok), logs
     assert meta["counts"]["written"] == sum(trained), logs
+    assert meta["skipped"].get("not_rendered", 0) == sum(unrendered), meta["skipped"]
+    if any(unrendered):
+        assert any("does not render its tool call 'get_weather'" in line for line in logs), logs
     if max_len:
         assert meta["counts"]["truncated"] >= 1 and meta["tokens"]["lost"] > 0
         assert any("WARNING" in line and f"lost at --max-seq-len {max_len}" in line
                    for line in logs), logs
     ok = [x for x, t in zip(ok, [t for t, w in zip(trained, want) if w is not None]) if t]
-    want = [w for w in want if w is not None and any(w[1])]
+    want = [w for w, t in zip(want, trained) if t]
     assert len(got) == len(want)
     for (name, _), (ids, mask), w in zip(ok, got, want):
         tok = load(plain)
@@ -257,6 +263,32 @@ def test_sharegpt_llama_factory_tools_equal_openai_messages(tmp_path, dirs):
         text = tok.decode(a[0][0])
         assert "get_weather" in text and "Zürich" in text and "rain" in text
         assert '"city": "Paris"' in loss_text(tok, *a[0])  # the call is trained on
+
+
+def test_a_reply_the_template_does_not_render_is_counted_and_refused(tmp_path, dirs):
+    """A template that renders a tool call in place of the reply's content
+    drops that content; one that ignores tool calls (ChatML) renders the
+    calling turn empty. Either record is skipped as not_rendered, naming the
+    message, never trained as an empty or partial turn; the others pass."""
+    tpl = tmp_path / "calls_only.jinja"
+    tpl.write_text(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m.tool_calls %}<tool>"
+        "{{ m.tool_calls[0].function.name }}</tool>{% else %}{{ m['content'] }}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% endif %}")
+    call = [{"type": "function", "function": {"name": "get_weather", "arguments": {}}}]
+    recs = [{"messages": [user("weather?"), assistant("let me look", tool_calls=call)]},
+            {"messages": [user("hello"), assistant("world")]},
+            {"messages": [user("weather?"), assistant("", tool_calls=call)]}]
+    got, meta, logs = run(tmp_path, recs, dirs["chatml"][0], chat_template=str(tpl),
+                          max_skip="100%")
+    assert meta["skipped"] == {"not_rendered": 1} and meta["counts"]["written"] == 2, logs
+    assert any("message 1 (assistant): the chat template does not render its content "
+               "('let me look')" in line for line in logs), logs
+    got, meta, logs = run(tmp_path, recs[1:], dirs["chatml"][0], out="chatml.hst",
+                          max_skip="100%")
+    assert meta["skipped"] == {"not_rendered": 1} and meta["counts"]["written"] == 1, logs
+    assert any("does not render its tool call 'get_weather'" in line for line in logs), logs
 
 
 def test_unknown_role_error_lists_every_accepted_role(tmp_path, dirs):

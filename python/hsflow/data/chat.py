@@ -308,6 +308,28 @@ def check_spans(text, spans, msgs):
                             "guess", "ambiguous_render")
 
 
+def check_rendered(text, msgs):
+    """Refuses a render that leaves out what an assistant message holds: its
+    answer (the content after any reasoning, which templates may drop from
+    history) or the name of one of its tool calls. Such a turn would be
+    trained as an empty or partial reply; the record is skipped as
+    `not_rendered` instead, naming the message."""
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        answer = _split_inline(m["content"])[1].strip()
+        if answer and answer not in text:
+            raise Malformed(f"message {i} (assistant): the chat template does not render its "
+                            f"content ({answer!r:.60}); it would be trained as an empty turn",
+                            "not_rendered")
+        for c in m.get("tool_calls") or ():
+            name = c["function"]["name"]
+            if name not in text:
+                raise Malformed(f"message {i} (assistant): the chat template does not render its "
+                                f"tool call {name!r} (a template that ignores tool_calls?); it "
+                                "would be trained as an empty turn", "not_rendered")
+
+
 def _find_all(text, words):
     pos, out = 0, []
     for w in words:

@@ -540,8 +540,10 @@ class Encoder:
                                                    **self.template_args)
                 ids = np.asarray(out["input_ids"], dtype=np.int64)
                 mask = np.asarray(out["assistant_masks"], dtype=np.int64)
+                chat.check_rendered(self._render(msgs, tools, False), msgs)
                 return ids, mask
             full = self._render(msgs, tools, False)
+            chat.check_rendered(full, msgs)
             if self.method == "render":
                 spans = chat.reply_spans(full, self.shape.header, self.shape.end,
                                          chat.end_keep(self.shape.end, self.opts.mask_end))
