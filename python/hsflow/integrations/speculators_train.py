@@ -44,7 +44,7 @@ except ImportError as _e:  # main() says what to install; nothing registers
     HiddenStatesBackend, HiddenStatesTransfer, _MISSING = None, object, _e
 
 from ..data.store import HEADER, Store, StoreError, _checksum64, _fp8_to_bf16_bits, _lib, \
-    _read_fd, offsets, sample_index
+    _read_fd, check_fp8_rows, offsets, sample_index
 
 EXPORT_RECORD = "hsflow_export.json"
 
@@ -143,6 +143,7 @@ class HsflowTransfer(HiddenStatesTransfer):
                               "u1").reshape(b - a, k * h)
             scales = np.frombuffer(_read_fd(fd, 4 * (b - a), what, off + o["scales"] + 4 * a),
                                    "<f4")
+            check_fp8_rows(batch, q, scales)  # as the consumer and export refuse them
             hid = _fp8_to_bf16_bits(q, scales)
         else:
             hid = np.frombuffer(_read_fd(fd, 2 * (b - a) * k * h, what,
