@@ -3,7 +3,7 @@
 that transformers can load. It takes hs-producer's flags, computes the same
 plan (the same plan hash, so it can serve a run beside hs-producer
 processes) and runs one worker process per GPU, each with its own model
-replica and connection; see _produce_worker.py for the loop and _hf.py for
+replica and connection; see transformers.py for the loop and ../_hf.py for
 the model side."""
 import argparse
 import json
@@ -14,9 +14,9 @@ import socket
 import sys
 import time
 
-from . import _deps, _hf, _lib, _log
-from ._outfile import output_conflict
-from ._produce_worker import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, profile_first_batch,
+from .. import _deps, _hf, _lib, _log
+from .._outfile import output_conflict
+from .transformers import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, profile_first_batch,
                               worker_main)
 
 PROG = "hsflow-produce"
@@ -347,7 +347,7 @@ def parse(argv):
 def _target_fingerprint(model_dir):
     """The model folder's fingerprint (hs_target_fingerprint, as hs-producer
     announces it), taken once here for every worker."""
-    from .producer import target_fingerprint
+    from ..producer import target_fingerprint
     return target_fingerprint(model_dir)
 
 
@@ -556,7 +556,3 @@ def main(argv=None):
     signal.signal(signal.SIGINT, lambda *a: sup.stop())
     log.debug("host %s, pid %d", socket.gethostname(), os.getpid())
     return sup.run()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
