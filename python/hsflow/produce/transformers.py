@@ -10,34 +10,23 @@ cudaHostRegister) while batch k+1's forward is queued. Batch k is sealed
 and sent once its copy is done. On the CPU the hooks write into the staging
 buffer directly and the same loop runs with the copies done in place.
 
-Messages to the parent (a multiprocessing queue): ("ready", i, info),
-("error", i, code, text), ("stats", i, figures), ("exit", i, code, figures).
-Exit codes, hs-producer's: 0 run over, 1 failure (no consumer, lost, a
-crash), 2 bad model/flags or refused by the consumer, 3 out of memory (the
-ticket went back; lower the token budget).
+Messages to the parent and exit codes: _common.py.
 """
 import contextlib
 import math
 import os
-import signal
 import time
 import traceback
 import warnings
 
-EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_OOM = 0, 1, 2, 3
-# What hs-producer exits 2 for too: the consumer refused this producer (plan,
-# layout, dataset, version, secret) or the flags name what cannot work
-# (HS_ERR_INVALID, _IO, _FORMAT, _MISMATCH, _AUTH, _NOT_FOUND, _UNSUPPORTED).
-REFUSED_STATUS = (-1, -3, -4, -6, -7, -13, -14)
+from . import _common
+from ._common import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, REFUSED_STATUS,  # noqa: F401
+                      SelfCheckError, late_busy_pct)
+from ._common import Stop as _Stop  # noqa: F401
+from ._common import is_oom as _is_oom
 
-
-class _Stop(Exception):
-    pass
-
-
-class SelfCheckError(Exception):
-    """The first batch's states of a sequence differ from that sequence run
-    alone beyond bf16 noise: nothing is streamed."""
+# what this engine's workers import, named before any process starts
+DEPS = ("torch", "transformers")
 
 
 def _fault(spec_text, worker):
@@ -63,28 +52,6 @@ def profile_first_batch(text):
     if not text.isdigit() or int(text) < 2:
         raise ValueError("HS_PRODUCE_PROFILE_FROM=%s: expected a batch number, 2 or more" % text)
     return int(text)
-
-
-def late_busy_pct(sent):
-    """GPU busy % over the second half of a worker's batches: their forward
-    time over the wall time from the send of the batch before them to the
-    send of the last (None under 4 batches). Beside the whole run's busy %,
-    it leaves out a fresh process's first batches, which load and tune
-    kernels for each new shape."""
-    n = len(sent)
-    if n < 4:
-        return None
-    h = n // 2
-    span = sent[-1][0] - sent[h - 1][0]
-    return round(100.0 * sum(b for _, b in sent[h:]) / span, 1) if span > 0 else None
-
-
-def _is_oom(e):
-    import torch
-    if isinstance(e, torch.OutOfMemoryError):
-        return True
-    return isinstance(e, RuntimeError) and ("out of memory" in str(e).lower() or
-                                            "can't allocate memory" in str(e).lower())
 
 
 def _alloc_counts(torch, device):
@@ -639,66 +606,4 @@ class Worker:
 
 def worker_main(index, spec, queue, go, abort):
     """Entry point of a spawned worker process."""
-    from .. import _log
-    log = _log.setup("producer w%d" % index)
-
-    def on_term(signum, frame):
-        raise _Stop()
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us with SIGTERM
-    w = Worker(index, spec, queue)
-    w.log = log
-    code = EXIT_FAIL
-    try:
-        try:
-            info = w.load()
-        except Exception as e:
-            code = EXIT_INPUT  # a folder transformers cannot load, or too big for the device
-            queue.put(("error", index, code,
-                       "worker %d (%s): cannot load %s: %s" % (
-                           index, w.label, spec["model"],
-                           str(e).splitlines()[0] if str(e) else type(e).__name__)))
-            return
-        queue.put(("ready", index, info))
-        ppid = os.getppid()
-        code = EXIT_OK
-        while not go.wait(0.5):
-            if abort.is_set() or os.getppid() != ppid:
-                return
-        if abort.is_set():
-            return
-        code = w.run()
-    except _Stop:
-        code = EXIT_OK
-    except SelfCheckError as e:
-        code = EXIT_INPUT
-        queue.put(("error", index, code, "worker %d (%s): %s" % (index, w.label, e)))
-    except Exception as e:
-        import hsflow
-        if (isinstance(e, hsflow.HsflowError) and w.fig["batches"] == 0 and
-                e.status in REFUSED_STATUS):
-            code = EXIT_INPUT
-            queue.put(("error", index, code,
-                       "worker %d (%s): %s. The consumer refused this producer or is not there: "
-                       "every producer of a run needs the same --data, --token-budget, "
-                       "--max-seq-len, --overflow, --seed and --layers, and the model's hidden "
-                       "size (%d) must be the run's" % (index, w.label, e, spec["hidden_size"])))
-        elif isinstance(e, hsflow.HsflowError) and w.fig["batches"] == 0:
-            code = EXIT_FAIL  # nobody there, or lost: the same command may work later
-            queue.put(("error", index, code,
-                       "worker %d (%s): %s. No consumer took this producer at --to %s within "
-                       "--connect-timeout, or it was lost: start the consumer first, check the "
-                       "address, or give --reconnect" % (index, w.label, e, spec.get("to"))))
-        else:
-            code = EXIT_FAIL
-            log.exception("worker %d (%s) failed", index, w.label)
-            queue.put(("error", index, code, "worker %d (%s) failed: %s" % (index, w.label, e)))
-    finally:
-        try:
-            w.close()
-        except _Stop:
-            pass
-        queue.put(("exit", index, code, dict(w.fig)))
-        queue.close()
-        queue.join_thread()
-        os._exit(code)  # skips torch's and CUDA's slow teardown; everything is closed
+    _common.serve(Worker, index, spec, queue, go, abort)
