@@ -346,7 +346,8 @@ def parse(argv):
             "vllm" if args.engine == "transformers" else "transformers"))
     engine = engine_module(args.engine)
     try:  # the workers' packages, named before any process starts
-        _deps.check(engine.DEPS, "hsflow-produce --engine %s" % args.engine,
+        _deps.check(engine.DEPS, PROG if args.engine == "transformers" else
+                    "%s --engine %s" % (PROG, args.engine),
                     "produce" if args.engine == "transformers" else "vllm")
     except _deps.MissingPackage as e:
         return _fail(str(e))
