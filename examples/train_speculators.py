@@ -47,7 +47,7 @@ after `--` (--layers is added when not given):
         --source model --model ./tiny-llama --gpus cpu:1
 
 Needs speculators 0.9 (pip install 'hsflow[speculators]'; its pins:
-torch <= 2.14.1, transformers <= 5.19; scripts/install-speculators-venv).
+torch <= 2.14.1, transformers <= 5.19; scripts/install-engine-venv).
 """
 import argparse
 import os
@@ -239,7 +239,7 @@ def main(argv):
         from hsflow.integrations import speculators as hs_spec
     except ImportError as e:
         sys.exit("train_speculators: needs speculators 0.9 and torch (%s): pip install "
-                 "'hsflow[speculators]', or scripts/install-speculators-venv" % e)
+                 "'hsflow[speculators]', or scripts/install-engine-venv" % e)
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))

@@ -50,21 +50,23 @@ def _round_to_bf16(model):
             p.copy_(p.to(torch.bfloat16).float())
 
 
-def make_model(family, path):
+def make_model(family, path, head_dim=16):
+    """head_dim: vLLM's CPU attention takes 32 and more (test_vllm.py)."""
     torch.manual_seed(1234)
-    common = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=64 // head_dim,
+                  num_key_value_heads=max(1, 32 // head_dim),
                   max_position_embeddings=1024, tie_word_embeddings=False)
     if family == "llama":
         cfg = transformers.LlamaConfig(intermediate_size=96, num_hidden_layers=4, **common)
         model = transformers.LlamaForCausalLM(cfg)
     elif family == "qwen3":
-        cfg = transformers.Qwen3Config(intermediate_size=96, num_hidden_layers=4, head_dim=16,
-                                       **common)
+        cfg = transformers.Qwen3Config(intermediate_size=96, num_hidden_layers=4,
+                                       head_dim=head_dim, **common)
         model = transformers.Qwen3ForCausalLM(cfg)
     elif family == "qwen3_moe":
         cfg = transformers.Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32,
                                           num_experts=4, num_experts_per_tok=2,
-                                          num_hidden_layers=3, head_dim=16,
+                                          num_hidden_layers=3, head_dim=head_dim,
                                           decoder_sparse_step=1, norm_topk_prob=True, **common)
         model = transformers.Qwen3MoeForCausalLM(cfg)
     else:

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """hsflow.integrations.speculators against speculators 0.9 itself.
 
-Runs in .venv-speculators (scripts/install-speculators-venv: speculators
-pins torch <= 2.14.1 and transformers <= 5.19), through speculators_venv.sh,
+Runs in .venv-engines (scripts/install-engine-venv: speculators
+pins torch <= 2.14.1 and transformers <= 5.19), through engine_venv.sh,
 which reports the test skipped (77) when that venv is absent. The target is
 a tiny Llama with random weights (its norms' weights random too, so that a
 norm applied twice shows), written to a temporary folder."""
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 speculators = pytest.importorskip(
-    "speculators", reason="speculators is not installed here; run scripts/install-speculators-"
-    "venv and these tests through tests/python/speculators_venv.sh")
+    "speculators", reason="speculators is not installed here; run scripts/install-engine-"
+    "venv and these tests through tests/python/engine_venv.sh")
 torch = pytest.importorskip("torch")
 
 from conftest import ROOT, write_dataset  # noqa: E402

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""An hsflow store as speculators' own loaders read it, in .venv-speculators.
+"""An hsflow store as speculators' own loaders read it, in .venv-engines.
 
 hs-producer --source model (the built-in CPU forward of a tiny random Llama
 whose norm weights are random, so a norm applied twice shows) fills a store
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 speculators = pytest.importorskip(
-    "speculators", reason="speculators is not installed here; run scripts/install-speculators-"
-    "venv and these tests through tests/python/speculators_venv.sh")
+    "speculators", reason="speculators is not installed here; run scripts/install-engine-"
+    "venv and these tests through tests/python/engine_venv.sh")
 torch = pytest.importorskip("torch")
 
 from test_speculators import N_LAYERS, VOCAB, build, target  # noqa: E402,F401 (a fixture)

@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """hsflow-produce (python -m hsflow.produce): a producer for any causal LM
-that transformers can load. It takes hs-producer's flags, computes the same
-plan (the same plan hash, so it can serve a run beside hs-producer
-processes) and runs one worker process per GPU, each with its own model
-replica and connection; see _produce_worker.py for the loop and _hf.py for
-the model side."""
+that an engine runs: transformers (--engine transformers, the default) or
+vLLM (--engine vllm). It takes hs-producer's flags, computes the same plan
+(the same plan hash, so it can serve a run beside hs-producer processes)
+and runs one worker process per replica (a GPU, or a vLLM replica of
+several), each with its own engine and connection. The engines live one a
+module: transformers.py (and ../_hf.py for the model side), vllm.py (with
+_vllm_connector.py and _rows.py); _common.py says what an engine provides.
+ENGINES is the only place this module names them."""
 import argparse
 import json
 import multiprocessing
@@ -14,25 +17,43 @@ import socket
 import sys
 import time
 
-from . import _deps, _hf, _lib, _log
-from ._outfile import output_conflict
-from ._produce_worker import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM, profile_first_batch,
-                              worker_main)
+import importlib
+
+from .. import _deps, _hf, _lib, _log
+from .._outfile import output_conflict
+from . import _common
+from ._common import EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM
+from .transformers import profile_first_batch
+
+# --engine NAME: the module hsflow.produce.NAME (add_arguments, check, DEPS,
+# worker_main; _common.py)
+ENGINES = ("transformers", "vllm")
+
+
+def engine_module(name):
+    return importlib.import_module("%s.%s" % (__name__, name))
 
 PROG = "hsflow-produce"
 
 DESCRIPTION = """\
 Computes the hidden states a consumer tickets with a transformers model (any
 causal LM, mixture-of-experts models, the decoder of a vision-language
-checkpoint) and streams them to it. Flags have hs-producer's spellings and
+checkpoint) or with vLLM (--engine vllm: any model vLLM serves, over its
+tensor, pipeline and expert parallelism, quantised checkpoints included)
+and streams them to it. Flags have hs-producer's spellings and
 meanings; every producer of a run (this one and hs-producer alike) must use
 the same --data, --token-budget, --max-seq-len, --overflow, --seed and --layers:
 the consumer checks the plan hash and layout. Each flag is also settable as
 HS_<NAME>, e.g. HS_TOKEN_BUDGET=65536.
 
-One worker process per GPU (--gpus 0,1,2) or N CPU workers (--gpus cpu:N),
-each with its own model replica holding only the decoder layers up to the
-highest captured one (no LM head). Exit status, as hs-producer's: 0 the
+transformers engine: one worker process per GPU (--gpus 0,1,2) or N CPU
+workers (--gpus cpu:N), each with its own model replica holding only the
+decoder layers up to the highest captured one (no LM head). vLLM engine: one
+worker process per replica of --tensor-parallel-size x
+--pipeline-parallel-size GPUs (--gpus 0,1,2,3 --tensor-parallel-size 2: two
+replicas), or --gpus cpu:R replicas on vLLM's CPU build, each an in-process
+vllm.LLM whose KV connector hands the captured rows over through shared
+memory (docs/pyproducer.md). Exit status, as hs-producer's: 0 the
 run is over, 1 the run failed (no consumer within --connect-timeout, the
 consumer lost, a worker failed or died), 2 bad flags, model or data, or
 refused by the consumer (plan, layout, dataset, version, secret), 3 out of
@@ -46,16 +67,13 @@ examples:
       --model ./tiny-llama --dflash-layers 3 --gpus cpu:2 --dtype float32
   hsflow-produce --to d1:7000-7003,d2:7000-7003 --data train.hst --token-budget 32768 \\
       --model /models/Qwen3-30B-A3B --layers 2,24,45 --gpus 0,1,2,3   # 8 consumer ranks
+  hsflow-produce --engine vllm --to drafter:7000 --data train.hst --token-budget 65536 \\
+      --model /models/Qwen3-235B-A22B-FP8 --eagle3-layers --gpus 0,1,2,3,4,5,6,7 \\
+      --tensor-parallel-size 4 --enable-expert-parallel        # two replicas of 4 GPUs
 """
 
 
-def _env(name, default=None):
-    return os.environ.get("HS_" + name.upper().replace("-", "_"), default)
-
-
-def _env_flag(name):
-    v = _env(name)
-    return v is not None and v.lower() in ("1", "true", "yes")
+_env, _env_flag, _uint = _common.env, _common.env_flag, _common.uint
 
 
 def _to(s):
@@ -100,18 +118,6 @@ def _maxlen(s):
     if not 0 < v <= 1 << 30:
         raise argparse.ArgumentTypeError("'%s': expected a length in tokens" % s)
     return v
-
-
-def _uint(lo, hi, what):
-    def parse(s):
-        try:
-            v = int(s)
-        except ValueError:
-            v = lo - 1
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError("'%s': expected %s" % (s, what))
-        return v
-    return parse
 
 
 def _layers(s):
@@ -170,6 +176,11 @@ def build_parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     a = p.add_argument
+    a("--engine", choices=ENGINES, default=_env("engine", "transformers"),
+      help="what computes the states: transformers (default; --attn-implementation, "
+           "--sdpa-backends, --batching) or vllm (vLLM's extract_hidden_states with hsflow's "
+           "KV connector; the vLLM flags below; needs vLLM installed: "
+           "scripts/install-engine-venv)")
     a("--to", type=_to, default=_env("to"),
       help="the consumer (hs-consumer --listen), HOST:PORT; for data-parallel ranks every "
            "rank's address, HOST:PORT,HOST:PORT,... or a range HOST:7000-7007: each worker "
@@ -227,7 +238,9 @@ def build_parser():
            "every captured layer with the batch's states; beyond bf16 noise the worker refuses "
            "to stream, naming the layer, the sequence and the error (default 4; 0 = skip)")
     a("--gpus", type=_gpus, default=_env("gpus", "cpu:1"),
-      help="one worker process per GPU id (0,1,2) or N CPU workers (cpu:N; default cpu:1)")
+      help="one worker process per GPU id (0,1,2) or N CPU workers (cpu:N; default cpu:1); "
+           "with --engine vllm one per replica of --tensor-parallel-size x "
+           "--pipeline-parallel-size GPUs, or cpu:R replicas")
     a("--prefetch", type=_uint(1, 64, "1..64"), default=_env("prefetch", "4"),
       help="tickets each worker asks to keep queued (default 4; the consumer grants at most its "
            "own --prefetch, and the worker warns when that is fewer): with 4 tickets and 4 "
@@ -255,8 +268,26 @@ def build_parser():
       help="identity in the consumer's logs (default host:pid; NAME/i per worker)")
     a("--status-interval", type=float, default=_env("status-interval", "5"),
       help="seconds between status lines (default 5; 0 = off)")
+    for name in ENGINES:
+        mod = engine_module(name)
+        if hasattr(mod, "add_arguments"):
+            mod.add_arguments(p)
     _lib.add_version_flag(p)
     return p
+
+
+# flags of one engine only, with the value that means "not given"
+_TRANSFORMERS_ONLY = {"attn_implementation": "auto", "sdpa_backends": "auto", "batching": "auto"}
+_VLLM_ONLY = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1,
+              "enable_expert_parallel": False, "quantization": None,
+              "max_num_batched_tokens": None, "gpu_memory_utilization": None, "vllm_arg": []}
+
+
+def _other_engines_flags(args):
+    """The flags given that the chosen engine does not take."""
+    other = _VLLM_ONLY if args.engine == "transformers" else _TRANSFORMERS_ONLY
+    return ["--" + k.replace("_", "-") for k, unset in other.items()
+            if getattr(args, k) != unset]
 
 
 def _fail(msg):
@@ -308,8 +339,16 @@ def parse(argv):
         profile_first_batch(os.environ.get("HS_PRODUCE_PROFILE_FROM"))
     except ValueError as e:
         return _fail(str(e))
+    wrong = _other_engines_flags(args)
+    if wrong:
+        return _fail("%s: not a flag of --engine %s (%s is the %s engine's)" % (
+            ", ".join(wrong), args.engine, "it" if len(wrong) == 1 else "they",
+            "vllm" if args.engine == "transformers" else "transformers"))
+    engine = engine_module(args.engine)
     try:  # the workers' packages, named before any process starts
-        _deps.check(("torch", "transformers"), "hsflow-produce", "produce")
+        _deps.check(engine.DEPS, PROG if args.engine == "transformers" else
+                    "%s --engine %s" % (PROG, args.engine),
+                    "produce" if args.engine == "transformers" else "vllm")
     except _deps.MissingPackage as e:
         return _fail(str(e))
     if args.hidden_size and args.hidden_size != info["hidden_size"]:
@@ -340,14 +379,19 @@ def parse(argv):
             "staging_buffers": args.staging_buffers, "secret_file": args.secret_file,
             "transport": args.transport, "connect_timeout": args.connect_timeout,
             "reconnect": args.reconnect, "name": args.name, "info": info,
-            "target_fingerprint": target}
+            "target_fingerprint": target,
+            "engine": args.engine, "n_workers": len(args.gpus)}
+    if hasattr(engine, "check"):
+        why = engine.check(args, spec)
+        if why:
+            return _fail(why)
     return args, spec
 
 
 def _target_fingerprint(model_dir):
     """The model folder's fingerprint (hs_target_fingerprint, as hs-producer
     announces it), taken once here for every worker."""
-    from .producer import target_fingerprint
+    from ..producer import target_fingerprint
     return target_fingerprint(model_dir)
 
 
@@ -368,12 +412,14 @@ class Supervisor:
 
     def __init__(self, args, spec, log):
         self.args, self.spec, self.log = args, spec, log
-        n = len(spec["gpus"])
+        n = spec["n_workers"]
         ctx = multiprocessing.get_context("spawn")  # CUDA is initialised in the children only
         self.q = ctx.Queue()
         self.go, self.abort = ctx.Event(), ctx.Event()
-        self.procs = [ctx.Process(target=worker_main, args=(i, spec, self.q, self.go, self.abort),
+        target = engine_module(spec["engine"]).worker_main
+        self.procs = [ctx.Process(target=target, args=(i, spec, self.q, self.go, self.abort),
                                   name="hsflow-produce-w%d" % i, daemon=False) for i in range(n)]
+        self.children = [[] for _ in range(n)]  # an engine's own processes, per worker
         self.fig = [None] * n
         self.batching = [None] * n
         self.codes = [None] * n
@@ -381,6 +427,8 @@ class Supervisor:
         self.t_start = None
 
     def label(self, i):
+        if "labels" in self.spec:
+            return self.spec["labels"][i]
         g = self.spec["gpus"][i]
         return "cpu %d" % i if g < 0 else "gpu %d" % g
 
@@ -398,13 +446,19 @@ class Supervisor:
             if kind == "ready":
                 info = msg[2]
                 self.ready[i] = True
-                self.log.info("worker %d (%s): pid %d, model loaded in %.1f s (%.1fM parameters), "
-                              "%s attention, %s batches", i, self.label(i), info["pid"],
-                              info["load_s"], info["params"] / 1e6, info["attn_implementation"],
-                              info["batching"])
+                if info["params"]:
+                    self.log.info("worker %d (%s): pid %d, model loaded in %.1f s (%.1fM "
+                                  "parameters), %s attention, %s batches", i, self.label(i),
+                                  info["pid"], info["load_s"], info["params"] / 1e6,
+                                  info["attn_implementation"], info["batching"])
+                else:
+                    self.log.info("worker %d (%s): pid %d, model loaded in %.1f s by %s",
+                                  i, self.label(i), info["pid"], info["load_s"],
+                                  info["attn_implementation"])
                 if info["note"]:
                     self.log.info("worker %d (%s): %s", i, self.label(i), info["note"])
                 self.batching[i] = info["batching"]
+                self.children[i] = info.get("children") or []
             elif kind == "error":
                 self.codes[i] = msg[2]
                 self.reported[i] = True
@@ -422,6 +476,7 @@ class Supervisor:
                 continue
             self._drain(0.2)  # its last messages
             self.reported[i] = True
+            _common.end_children(self.children[i])  # an engine's processes go with it
             if self.codes[i] is None or p.exitcode not in (0, self.codes[i]):
                 self.codes[i] = EXIT_FAIL
                 alive = sum(1 for q in self.procs if q.exitcode is None)
@@ -454,13 +509,20 @@ class Supervisor:
     def run(self):
         s = self.spec
         info = s["info"]
-        self.log.info("model %s (%s, %s): %d layers, hidden %d; capturing %s; running decoder "
-                      "layers 0..%d, %s, %s attention, %s batches; %d worker(s)",
-                      s["model"], info["architecture"], info["model_type"], s["n_layers"],
-                      s["hidden_size"], ",".join(map(str, s["layers"])), s["n_run"] - 1,
-                      s["dtype"], s["attn_implementation"],
-                      {True: "packed (if exact)", False: "padded"}.get(s["packed"], "auto"),
-                      len(self.procs))
+        if s["engine"] == "vllm":
+            self.log.info("model %s (%s, %s): %d layers, hidden %d; capturing %s with vLLM, "
+                          "%s, tensor parallel %d, pipeline parallel %d; %d replica(s)",
+                          s["model"], info["architecture"], info["model_type"], s["n_layers"],
+                          s["hidden_size"], ",".join(map(str, s["layers"])), s["dtype"], s["tp"],
+                          s["pp"], len(self.procs))
+        else:
+            self.log.info("model %s (%s, %s): %d layers, hidden %d; capturing %s; running decoder "
+                          "layers 0..%d, %s, %s attention, %s batches; %d worker(s)",
+                          s["model"], info["architecture"], info["model_type"], s["n_layers"],
+                          s["hidden_size"], ",".join(map(str, s["layers"])), s["n_run"] - 1,
+                          s["dtype"], s["attn_implementation"],
+                          {True: "packed (if exact)", False: "padded"}.get(s["packed"], "auto"),
+                          len(self.procs))
         self.ready = [False] * len(self.procs)
         for p in self.procs:
             p.start()
@@ -493,6 +555,8 @@ class Supervisor:
         self._reap()
         for p in self.procs:
             p.join(10)
+        for c in self.children:
+            _common.end_children(c)
         return self.summary()
 
     def summary(self):
@@ -514,7 +578,9 @@ class Supervisor:
                           "%.1f sealing and sending", i, self.label(i), f["batches"], f["tokens"],
                           busy, "" if late is None else " (%.0f%% over its second half)" % late,
                           stall, per["launch"], per["wait"], per["send"])
-            rows.append({"worker": i, "gpu": self.spec["gpus"][i], "batches": f["batches"],
+            gpu = (self.spec["replicas"][i] or -1) if "replicas" in self.spec else \
+                self.spec["gpus"][i]
+            rows.append({"worker": i, "gpu": gpu, "batches": f["batches"],
                          "tokens": f["tokens"], "busy_pct": round(busy, 2),
                          "late_busy_pct": f.get("late_busy_pct"),
                          "stall_pct": round(stall, 2), "exit": self.codes[i],
@@ -534,6 +600,7 @@ class Supervisor:
                    "padding_pct": round(100.0 * (pad - tok) / pad, 2) if pad else 0.0,
                    "plan_hash": hashes[0] if len(hashes) == 1 else hashes,
                    "model": self.spec["model"], "layers": self.spec["layers"],
+                   "engine": self.spec["engine"],
                    "batching": "/".join(sorted({b for b in self.batching if b})) or "none",
                    "status": "ok" if code == EXIT_OK else "failed", "exit": code}
             try:
@@ -556,7 +623,3 @@ def main(argv=None):
     signal.signal(signal.SIGINT, lambda *a: sup.stop())
     log.debug("host %s, pid %d", socket.gethostname(), os.getpid())
     return sup.run()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,264 @@
+# SPDX-License-Identifier: Apache-2.0
+"""hsflow-produce --engine vllm end to end on the CPU (vLLM's CPU build, in
+.venv-engines: scripts/install-engine-venv; run through engine_venv.sh,
+skipped without it): tiny random models built here, served to a real
+consumer over loopback; every captured layer of every sample, the final
+normed index N included, against transformers' output_hidden_states of
+that sequence alone; tensor parallel over two CPU ranks; chunked prefill;
+a token that reaches the engine changed is refused naming the batch and
+the sample; an engine that dies and a SIGTERM return their tickets, the run
+completes with another producer, and no vLLM process outlives the
+producer."""
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed here (.venv-engines: "
+                           "scripts/install-engine-venv)")
+psutil = pytest.importorskip("psutil")
+
+import hsflow  # noqa: E402
+from conftest import ConsumerThread, write_dataset  # noqa: E402
+from test_produce import BUDGET, VOCAB, Proc, Refs, check_batch, make_model  # noqa: E402
+
+# vLLM's CPU build: a small KV cache (GiB) and its own processes spawned
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    out = {}
+    for fam in ("llama", "qwen3_moe"):
+        out[fam] = (str(root / fam), make_model(fam, str(root / fam), head_dim=32))
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("data") / "data.jsonl")
+    rows = write_dataset(path, 24, 3, 150, VOCAB, seed=11)
+    return path, rows
+
+
+def vllm_cmd(port, data, model, layers, *extra):
+    import sys
+    return [sys.executable, "-m", "hsflow.produce", "--engine", "vllm",
+            "--to", "127.0.0.1:%d" % port, "--data", data, "--token-budget", str(BUDGET),
+            "--model", model, "--layers", layers, "--dtype", "fp32", "--connect-timeout", "120",
+            "--status-interval", "0",
+            # no torch.compile warm-up: minutes on a loaded 2-core machine
+            "--vllm-arg", "enforce_eager=true"] + list(extra)
+
+
+def descendants(pid):
+    try:
+        return [p for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def assert_gone(procs, text):
+    deadline = time.monotonic() + 30
+    alive = procs
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.2)
+    assert not alive, "vLLM processes outlived the producer: %s\n%s" % (
+        [(p.pid, p.name()) for p in alive], text)
+
+
+@pytest.mark.parametrize("family,layers,extra", [
+    # embeddings, a middle layer, the final normed output; prompts up to 150
+    # tokens prefilled in chunks of 64
+    ("llama", "0,2,4", ["--max-num-batched-tokens", "64", "--self-check", "3"]),
+    ("qwen3_moe", "1,3", ["--staging-buffers", "2"]),
+    ("llama", "1,4", ["--tensor-parallel-size", "2"]),
+])
+def test_every_sample_equals_transformers_output_hidden_states(models, data, tmp_path, family,
+                                                               layers, extra):
+    path, model = models[family]
+    data_path, rows = data
+    lay = [int(x) for x in layers.split(",")]
+    H = model.config.hidden_size
+    refs, worst = Refs(model, rows), {}
+    summary = str(tmp_path / "summary.json")
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, arrays="numpy") as c:
+        ct = ConsumerThread(c, lambda b: check_batch(b, refs, lay, H, worst), deadline_s=500)
+        pr = Proc(vllm_cmd(c.port, data_path, path, layers, "--summary-json", summary, *extra),
+                  env=ENV)
+        try:
+            pr.wait_for(r"model loaded", timeout=400)
+            kids = descendants(pr.p.pid)
+            rc = pr.wait(500)
+            assert rc == 0, pr.text
+            seen = ct.join(240)
+        finally:
+            pr.kill()
+        s = c.stats()
+    assert len(seen) == len(set(seen)) == s["batches_planned"] > 3
+    js = json.load(open(summary))
+    assert js["batches"] == len(seen) and js["status"] == "ok" and js["layers"] == lay
+    if "--self-check" in extra:
+        assert "self-check passed: 3 of" in pr.text, pr.text
+    if lay[-1] == model.config.num_hidden_layers:
+        assert "index N gets the model's own final norm" in pr.text, pr.text
+    assert_gone(kids, pr.text)
+    print("%s %s: worst error / bound per layer: %s" % (family, extra, worst))
+
+
+def finish_with_hs_producer(producer_bin, port, data_path, path, layers):
+    cp = Proc([producer_bin, "--to", "127.0.0.1:%d" % port, "--data", data_path,
+               "--token-budget", str(BUDGET), "--source", "model", "--model", path,
+               "--layers", layers])
+    assert cp.wait(300) == 0, cp.text
+
+
+@pytest.mark.parametrize("fault", ["token", "die", "sigterm"])
+def test_a_failure_loses_nothing_and_the_run_completes_with_another_producer(
+        models, data, producer_bin, fault):
+    """token: the last sequence of batch 2 reaches vLLM with one token
+    changed: refused before that batch is sent, naming it and the sample.
+    die: vLLM's engine is killed before batch 2. sigterm: the producer is
+    stopped after its first batch. Each time the producer's tickets go back,
+    hs-producer completes the run (every batch exact, once), and no vLLM
+    process outlives the producer."""
+    path, model = models["llama"]
+    data_path, rows = data
+    H = model.config.hidden_size
+    refs, worst, delivered = Refs(model, rows), {}, []
+
+    def check(b):
+        check_batch(b, refs, [2], H, worst)
+        delivered.append((b.epoch, b.batch))
+
+    env = dict(ENV)
+    if fault != "sigterm":
+        env["HS_PRODUCE_FAULT"] = "%s:0:2" % fault
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.02, epochs=1, arrays="numpy") as c:
+        ct = ConsumerThread(c, check, deadline_s=600)
+        pr = Proc(vllm_cmd(c.port, data_path, path, "2", "--self-check", "0"), env=env)
+        try:
+            pr.wait_for(r"model loaded", timeout=400)
+            kids = descendants(pr.p.pid)
+            assert kids, pr.text
+            if fault == "sigterm":
+                deadline = time.monotonic() + 300
+                while not delivered:
+                    assert time.monotonic() < deadline and pr.p.poll() is None, pr.text
+                    time.sleep(0.05)
+                pr.p.send_signal(signal.SIGTERM)
+            rc = pr.wait(300)
+        finally:
+            pr.kill()
+        assert_gone(kids, pr.text)
+        if fault == "token":
+            assert rc == 1, pr.text
+            assert re.search(r"batch 0/\d+: sequence \d+ \(sample \d+\) reached the engine with "
+                             r"token \d+ at position 0 where the plan has \d+: its states are "
+                             r"not the plan's; nothing was sent", pr.text), pr.text
+        elif fault == "die":
+            assert rc == 1, pr.text
+            assert "vLLM's engine died with" in pr.text, pr.text
+        else:
+            assert rc == 0, pr.text
+        assert len(delivered) <= 1 or fault == "sigterm"
+        finish_with_hs_producer(producer_bin, c.port, data_path, path, "2")
+        ct.join(300)
+        s = c.stats()
+    assert len(delivered) == len(set(delivered)) == s["batches_planned"]
+
+
+def test_bad_vllm_flags_are_refused_before_anything_runs(models, data):
+    path, _ = models["llama"]
+    data_path, _ = data
+    for extra, want in ((["--gpus", "0,1,2", "--tensor-parallel-size", "2"],
+                         "do not split into replicas"),
+                        (["--vllm-arg", "model=/x"], "hsflow sets it"),
+                        (["--vllm-arg", "nonsense"], "expected KEY=VALUE"),
+                        (["--attn-implementation", "eager"], "transformers engine")):
+        pr = Proc(vllm_cmd(1, data_path, path, "2", *extra), env=ENV)
+        assert pr.wait(120) == 2, pr.text
+        assert want in pr.text, pr.text
+
+
+def test_eagle3_trains_with_the_loss_falling_fed_by_hsflow_produce_vllm(tmp_path):
+    """End to end: hsflow-produce --engine vllm -> the consumer of
+    examples/train_speculators.py (speculators' EAGLE-3 drafter): three
+    epochs, every batch delivered, each epoch's mean loss below the one
+    before."""
+    pytest.importorskip("speculators")
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from conftest import ROOT
+    from ports import reserve_port
+    vocab = 96
+    target = str(tmp_path / "target")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=8, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=32, max_position_embeddings=512, initializer_range=0.1,
+                      tie_word_embeddings=False)
+    m = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.ndim == 1:
+                p.copy_(torch.rand_like(p) * 1.5 + 0.25)
+    m.save_pretrained(target)
+    data = str(tmp_path / "d.jsonl")
+    write_dataset(data, 40, 20, 100, vocab, seed=3)
+    port = reserve_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               PYTHONPATH=os.path.join(ROOT, "python"))
+    ex = subprocess.Popen([sys.executable, os.path.join(ROOT, "examples", "train_speculators.py"),
+                           "--algorithm", "eagle3", "--target", target, "--num-layers", "1",
+                           "--epochs", "3", "--mask-token-id", str(vocab - 1), "--lr", "3e-3",
+                           "--cache-gb", "0.05", "--base-port", str(port)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    pr = Proc(vllm_cmd(port, data, target, "2,4,5,8", "--self-check", "2"), env=ENV)
+    try:
+        out, _ = ex.communicate(timeout=900)
+        assert pr.wait(120) == 0, pr.text
+    finally:
+        if ex.poll() is None:
+            ex.kill()
+        pr.kill()
+    assert ex.returncode == 0, out[-6000:]
+    means = {int(g.group(1)): float(g.group(2)) for g in re.finditer(
+        r"epoch (\d+) mean loss ([\d.]+) over \d+ batches", out)}
+    done = re.search(r"(\d+) batches this run \((\d+) steps in all\).*consumer (\d+)/(\d+) "
+                     r"batches delivered", out)
+    assert done, out[-3000:]
+    n, steps, delivered, planned = (int(x) for x in done.groups())
+    assert n == steps == delivered == planned > 6, out[-3000:]
+    assert sorted(means) == [0, 1, 2], out[-2000:]
+    assert means[2] < means[1] < means[0], means
+
+
+def test_an_architecture_without_vllms_eagle3_interface_is_refused_naming_it(data, tmp_path):
+    """OLMoE: vLLM's model has no auxiliary hidden-state outputs, so
+    extract_hidden_states cannot run on it; refused (exit 2) before vLLM
+    starts or any ticket is taken, naming the architecture and the way out."""
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.OlmoeConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=32,
+                                   num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                   max_position_embeddings=512)
+    path = str(tmp_path / "olmoe")
+    transformers.OlmoeForCausalLM(cfg).save_pretrained(path)
+    data_path, _ = data
+    pr = Proc(vllm_cmd(1, data_path, path, "1"), env=ENV)
+    assert pr.wait(300) == 2, pr.text
+    assert re.search(r"vLLM cannot capture hidden states of .*\(OlmoeForCausalLM\): its "
+                     r"extract_hidden_states needs the model's EAGLE-3 interface .* use "
+                     r"--engine transformers for it", pr.text), pr.text
