@@ -18,18 +18,22 @@
 #   late     2 ranks, the second started after the first has delivered: the
 #            producers feed rank 0 while they keep trying rank 1 (no ticket
 #            of rank 0 waits for a rank that is not up), then rank 1
+#   store    chaos over fp8 states and a --store per rank: 2 ranks, one
+#            producer frozen and then SIGKILLed holding leases, another
+#            frozen and thawed; every kept batch exactly once per rank per
+#            epoch, and both stores verify offline (hsflow-data store verify)
 . "$(dirname "$0")/lib.sh"
 mode=${1:-drop}
 W=4
-[ "$mode" != late ] && [ "$mode" != collision ] || W=2
+[ "$mode" != late ] && [ "$mode" != collision ] && [ "$mode" != store ] || W=2
 
 data=$SCRATCH/d.jsonl
 # faults: a longer run (14 batches per rank per epoch), so both kills land mid-run
 seqs=150
-[ "$mode" != faults ] || seqs=300
+[ "$mode" != faults ] && [ "$mode" != store ] || seqs=300
 synth "$data" --sequences $seqs --min-len 16 --max-len 1500 --seed 5
 n=$(plan_batches "$data" 4096)
-[ "$mode" = late ] || [ "$mode" = collision ] || [ $((n % W)) -ne 0 ] ||
+[ "$mode" = late ] || [ "$mode" = collision ] || [ "$mode" = store ] || [ $((n % W)) -ne 0 ] ||
     fail "the test wants a plan that does not divide by $W ranks; got $n"
 
 popts=(--data "$data" --token-budget 4096 --hidden-size 64 --layers 2,16 --source synthetic
@@ -188,6 +192,43 @@ late)
     done
     check_shards drop
     pass "rank 0 fed while rank 1 was not up; rank 1 fed when it came"
+    ;;
+store)
+    # fp8 rows into each rank's own store. p1 is frozen once both ranks
+    # have given it tickets, p2 and p3 then carry the run; p3 is frozen for
+    # 3 s (short of the lease) and thawed, and p1 is killed holding leases.
+    # The second epoch is served from each rank's store where it holds the
+    # batch, by the producers otherwise.
+    popts+=(--hs-dtype fp8)
+    for r in 0 1; do
+        start_rank "$r" drop --train-ms 150 --cache-gb 0.004 --lease-timeout 20 \
+            --store "$SCRATCH/store$r"
+    done
+    start p1 "$PRODUCER" --to "$to" "${popts[@]}" --name p1
+    for r in 0 1; do wait_log "rank$r" "producer p1 .* ready" 60; done
+    kill -STOP "$(pid_of p1)"
+    for p in 2 3; do start "p$p" "$PRODUCER" --to "$to" "${popts[@]}" --name "p$p"; done
+    for r in 0 1; do
+        for p in 2 3; do wait_log "rank$r" "producer p$p .* ready" 60; done
+    done
+    wait_delivered rank0 3 60
+    kill -STOP "$(pid_of p3)"
+    sleep 3
+    kill -CONT "$(pid_of p3)"
+    kill -KILL "$(pid_of p1)"
+    wait_exit p1 10
+    [ "${RC_OF[p1]}" -eq 137 ] || fail "p1 ended with ${RC_OF[p1]}, not by SIGKILL"
+    for r in 0 1; do expect_exit "rank$r" 0 120; done
+    for p in 2 3; do expect_exit "p$p" 0 60; done
+    for r in 0 1; do
+        log_has "rank$r" 'dtype=fp8'
+        expect_json "$SCRATCH/rank$r.json" 'd["complete"] is True' 'd["duplicates"] == 0' \
+            'd["checksum_failures"] == 0' 'd["store_bad"] == 0'
+        "$DATA" store verify "$SCRATCH/store$r" >"$SCRATCH/verify$r.log" 2>&1 ||
+            fail "rank $r's store does not verify: $(tail -n 3 "$SCRATCH/verify$r.log")"
+    done
+    check_shards drop
+    pass "fp8 into a store per rank, p1 frozen then killed, p3 frozen and thawed: exactly once, both stores verify"
     ;;
 collision)
     # a (rank 0) and c (rank 1) fed by p1; later b, a second rank 0, fed by
