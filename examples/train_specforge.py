@@ -40,8 +40,8 @@ after `--` (--layers is added when not given):
         --mask-token-id 95 --epochs 3 --loopback 1 -- --data train.jsonl \\
         --token-budget 2048 --source model --model ./tiny-qwen3 --gpus cpu:1
 
-Needs SpecForge 0.2 and its torch and transformers (scripts/install-specforge-venv;
-SGLang is not needed).
+Needs SpecForge 0.2's training code with torch and transformers
+(scripts/install-engine-venv makes .venv-engines; SGLang is not needed).
 """
 import argparse
 import os
@@ -186,7 +186,7 @@ def main(argv):
         from hsflow.integrations import specforge as hs_sf
     except ImportError as e:
         sys.exit("train_specforge: needs SpecForge 0.2 and torch (%s): "
-                 "scripts/install-specforge-venv" % e)
+                 "scripts/install-engine-venv" % e)
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """hsflow.integrations.specforge against SpecForge 0.2 itself.
 
-Runs in .venv-specforge (scripts/install-specforge-venv: SpecForge pins torch
-2.11.0 and transformers 5.8.1), through specforge_venv.sh, which reports the
+Runs in .venv-engines (scripts/install-engine-venv: SpecForge's training code
+beside vLLM's torch 2.13.0 and transformers 5.19), through engine_venv.sh, which reports the
 test skipped (77) when that venv is absent. The same samples go through
 SpecForge's own offline path (its feature files, load_feature_file,
 normalize_offline_sample / normalize_dspark_offline_sample and the
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 specforge = pytest.importorskip(
-    "specforge", reason="specforge is not installed here; run scripts/install-specforge-venv "
-    "and these tests through tests/python/specforge_venv.sh")
+    "specforge", reason="specforge is not installed here; run scripts/install-engine-venv "
+    "and these tests through tests/python/engine_venv.sh")
 torch = pytest.importorskip("torch")
 
 from conftest import ROOT, write_dataset  # noqa: E402

@@ -78,8 +78,8 @@ def _torch():
         import torch
     except ImportError as e:
         raise ImportError("hsflow.integrations.specforge needs torch and specforge (%s): "
-                          "scripts/install-specforge-venv, or pip install torch==2.11.0 "
-                          "transformers==5.8.1 and pip install --no-deps specforge==0.2.*"
+                          "scripts/install-engine-venv, or pip install torch transformers "
+                          "pyyaml psutil and pip install --no-deps specforge==0.2.*"
                           % e) from None
     return torch
 
