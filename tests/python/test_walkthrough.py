@@ -3,10 +3,12 @@
 
 The shell blocks between the <!-- walkthrough --> markers of README.md are
 run by bash on a small ShareGPT file, with only these substitutions: the
-tokenizer folder (a BPE built here), build/bin/ (the binaries under test),
-python3 (this interpreter), the port (a free one) and the example's path;
-and in a clean environment (no PYTHONPATH, no HSFLOW_*), as on a fresh clone
-after the README's two set-up commands."""
+tokenizer folder (a BPE built here), build/bin/ (the binaries under test,
+build/bin/hsflow-python included), the port (a free one) and the example's
+path; and in a clean environment (no PYTHONPATH, no HSFLOW_*), as on a fresh
+clone after the README's two set-up commands. The trainer's block runs with a
+python3 first on PATH that has no site-packages (no numpy, no torch), as a
+pyenv or conda shell has its own."""
 import json
 import os
 import random
@@ -72,7 +74,9 @@ def script_for(block, tok_dir, port):
     s = block.replace(README_TOKENIZER, tok_dir).replace(README_PORT, f"127.0.0.1:{port}")
     s = s.replace("build/bin/", bin_dir() + "/")
     s = s.replace("examples/drafter_loop.py", os.path.join(ROOT, "examples", "drafter_loop.py"))
-    s = re.sub(r"^python3 ", sys.executable + " ", s, flags=re.M)
+    # no interpreter of the test's own: the block names build/bin/hsflow-python,
+    # which must work whichever python3 comes first on PATH
+    assert not re.search(r"^python3? ", s, flags=re.M), "a bare python in the README block"
     return "set -euo pipefail\n" + s
 
 
@@ -94,10 +98,13 @@ def clean_env():
     return env
 
 
-def run_script(d, script, timeout=300):
+def run_script(d, script, timeout=300, path_first=None):
     """Runs script with bash in its own process group, all of which is
-    killed if it has not finished within `timeout` seconds."""
+    killed if it has not finished within `timeout` seconds; path_first: a
+    folder put first on PATH."""
     env = clean_env()
+    if path_first:
+        env["PATH"] = str(path_first) + os.pathsep + env.get("PATH", "")
     p = subprocess.Popen(["bash", "-c", script], cwd=d, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -136,6 +143,13 @@ def test_readme_walkthrough_trainer_step(workdir):
     d, tok_dir = workdir
     if not os.path.exists(d / "train.hst"):
         pytest.skip("needs the train.hst of the walk-through test")
-    r = run_script(d, script_for(readme_block("walkthrough-trainer"), tok_dir, reserve_port()))
+    # a python3 without numpy or torch first on PATH: the block must not use it
+    bare = d / "bare-python"
+    bare.mkdir(exist_ok=True)
+    (bare / "python3").write_text("#!/bin/sh\nexec %s -S \"$@\"\n" % sys.executable)
+    (bare / "python3").chmod(0o755)
+    block = readme_block("walkthrough-trainer")
+    assert "build/bin/hsflow-python examples/drafter_loop.py" in block and 'wait "$trainer"' in block
+    r = run_script(d, script_for(block, tok_dir, reserve_port()), path_first=bare)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "tokens/s" in r.stdout + r.stderr
