@@ -64,6 +64,7 @@ class ConsumerConfig(ctypes.Structure):
         ("lease_min_tokens_per_s", ctypes.c_double),
         ("store", ctypes.c_char_p),
         ("expect_target", ctypes.c_char_p),
+        ("more", _c_u64 * 16),  # options newer than the fields above, set by name
     ]
 
 
