@@ -106,7 +106,7 @@ static const option_t options[] = {
      "start with such a --cache-gb anyway (a warning instead)"),
     OPT("epochs", T_U32, FIELD(epochs), "1", 1, 1000000, "", "epochs", "E", "epochs to deliver"),
     OPT("gpu", T_INT, FIELD(gpu), "none", -1, 1023, "", "gpu", "none|K",
-     "deliver batches to GPU K, or keep them in host memory (none)"),
+     "deliver batches to GPU K, or keep them in host memory: none"),
     OPT("order", T_ENUM, FIELD(order), "arrival", 0, 0, "", "order", "arrival|plan",
      "delivery order: as verified (arrival) or strict plan order (plan)",
      .choices = "arrival|plan", .values = {HS_ORDER_ARRIVAL, HS_ORDER_PLAN}),
