@@ -68,6 +68,14 @@ class ConsumerConfig(ctypes.Structure):
     ]
 
 
+class OptionInfo(ctypes.Structure):
+    """hs_option_info_t: one option of the consumer's table."""
+    _fields_ = ([(n, ctypes.c_char_p) for n in ("name", "type", "flag", "env", "metavar",
+                                                "default_text", "unit", "choices", "help")]
+                + [("min", ctypes.c_double), ("max", ctypes.c_double),
+                   ("min_open", ctypes.c_bool), ("shared_flag", ctypes.c_bool)])
+
+
 def _fields(ctype, *names):
     return [(n, ctype) for n in names]
 
@@ -314,6 +322,10 @@ def _declare(lib):
         "hsflow_set_system_root": (v, [ctypes.c_char_p]),
         "hs_consumer_config_default": (v, [P(ConsumerConfig)]),
         "hs_consumer_create": (i, [P(ConsumerConfig), P(vp)]),
+        "hs_consumer_config_set": (i, [P(ConsumerConfig), ctypes.c_char_p, ctypes.c_char_p,
+                                       ctypes.c_char_p, ctypes.c_size_t]),
+        "hs_consumer_option_count": (ctypes.c_uint32, []),
+        "hs_consumer_option_info": (i, [ctypes.c_uint32, P(OptionInfo)]),
         "hs_consumer_port": (ctypes.c_uint16, [vp]),
         "hs_consumer_next": (i, [vp, P(CBatch), i]),
         "hs_consumer_release": (i, [vp, P(CBatch)]),
