@@ -187,6 +187,8 @@ static const option_t options[] = {
      "accept non-loopback producers without a secret", .shared_flag = true),
     OPT("require_rdma", T_BOOL, FIELD(require_rdma), "", 0, 0, "", "require-rdma", "",
      "fail instead of running without an RDMA lane (no silent TCP)", .shared_flag = true),
+    OPT("max_producers", T_U32, MORE(0), "0", 0, 1 << 16, "", "max-producers", "N",
+     "producers admitted at once; one more is refused at its HELLO, naming this flag (0 = any)"),
     OPT("peer_timeout_s", T_U32, FIELD(peer_timeout_s), "10", 0, 86400, "s", "", "S",
      "a connected peer silent this long is closed (0 = 10)"),
 };

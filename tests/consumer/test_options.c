@@ -135,6 +135,13 @@ START_TEST(test_info_names_flag_env_and_bounds)
     ck_assert(o.min_open);
     ck_assert_str_eq(info_of("order").choices, "arrival|plan");
     ck_assert_str_eq(info_of("peer_timeout_s").env, "");
+    /* an option kept in cfg.more: set by name, read by name */
+    hs_consumer_config_t cfg;
+    hs_consumer_config_default(&cfg);
+    ck_assert_uint_eq(hs__consumer_option_u32(&cfg, "max_producers"), 0);
+    set_ok(&cfg, "max_producers", "3");
+    ck_assert_uint_eq(hs__consumer_option_u32(&cfg, "max_producers"), 3);
+    ck_assert_str_eq(info_of("max_producers").env, "HS_MAX_PRODUCERS");
 }
 END_TEST
 

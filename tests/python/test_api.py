@@ -226,5 +226,8 @@ def test_consumer_options_come_from_the_table():
     # a table option without a keyword of its own, bounds from the table
     with pytest.raises(ValueError, match=r"handshake_timeout_s=0: expected s more than 0"):
         hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.01, handshake_timeout_s=0)
-    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.01, handshake_timeout_s=5) as c:
+    with pytest.raises(ValueError, match=r"max_producers=-1: expected a whole number"):
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.01, max_producers=-1)
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.01, handshake_timeout_s=5,
+                         max_producers=2) as c:
         assert c.port > 0
