@@ -21,8 +21,9 @@
 #include "hs_consumer_files_int.h"
 #include "hs_consumer_loopback_int.h"
 #include "hs_consumer_options_int.h"
-#include "store_int.h"  /* hs_store_fault_set */
-#include "verify_int.h" /* hs__verify_fault_set */
+#include "options_int.h" /* hs__consumer_fault_set */
+#include "store_int.h"   /* hs_store_fault_set */
+#include "verify_int.h"  /* hs__verify_fault_set */
 
 #define MAX_LOOPBACK 64
 
@@ -329,6 +330,7 @@ int main(int argc, char **argv)
         }
     }
     HS_CLI_NET_CONFIGURE(&o.cfg, &o.net);
+    hs__consumer_fault_set(o.net.fault);
     o.cfg.insecure = o.net.insecure;
     if (check_outputs(&o) != 0) return 2;
     if (o.net.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;

@@ -371,7 +371,7 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     tc.allow_remote = cfg->insecure;
     tc.tcp_sockbuf = cfg->tcp_sockbuf;
     tc.ucx_no_memh = cfg->ucx_no_memh;
-    tc.fault = cfg->fault;
+    tc.fault = hs__consumer_fault();
     st = hs_tp_create(&tc, &consumer_callbacks, c, &c->tp);
     if (st != HS_OK) goto err_cache;
     st = hs_tp_listen(c->tp, cfg->listen_host, cfg->listen_port, &c->port);

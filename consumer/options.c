@@ -472,6 +472,13 @@ hs_status_t hs__consumer_options_check(const hs_consumer_config_t *cfg, char *wh
     return HS_OK;
 }
 
+/* hs__consumer_fault_set()'s spec: a test hook, not an option */
+static const char *fault_spec;
+
+void hs__consumer_fault_set(const char *spec) { fault_spec = spec; }
+
+const char *hs__consumer_fault(void) { return fault_spec; }
+
 static const option_t *option_typed(const char *name, opt_type_t type)
 {
     const option_t *o = option_find(name);

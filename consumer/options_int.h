@@ -2,8 +2,8 @@
 /* options_int.h - the consumer's option table (options.c) as the library
  * uses it: the bounds hs_consumer_create checks, and the values of the
  * options kept in hs_consumer_config_t.more. */
-#ifndef HS_CONSUMER_OPTIONS_INT_H
-#define HS_CONSUMER_OPTIONS_INT_H
+#ifndef HS_OPTIONS_INT_H
+#define HS_OPTIONS_INT_H
 
 #include "hsflow.h"
 
@@ -21,4 +21,12 @@ HS_MUST_CHECK hs_status_t hs__consumer_options_check(const hs_consumer_config_t 
 uint32_t hs__consumer_option_u32(const hs_consumer_config_t *cfg, const char *name);
 double hs__consumer_option_double(const hs_consumer_config_t *cfg, const char *name);
 
-#endif /* HS_CONSUMER_OPTIONS_INT_H */
+/* Tests: faults injected into what every consumer created after this call
+ * receives, "corrupt=N,cut=N,delay_ms=MS" (hs-consumer --fault, checked
+ * where the transport starts); NULL = none. The string is the caller's and
+ * must outlive those consumers (argv or the environment). Process-wide;
+ * main's thread, before hs_consumer_create. */
+void hs__consumer_fault_set(const char *spec);
+const char *hs__consumer_fault(void);
+
+#endif /* HS_OPTIONS_INT_H */

@@ -211,9 +211,9 @@ typedef struct {
      * their registered memory handle (for comparisons only). */
     uint64_t tcp_sockbuf;
     bool ucx_no_memh;
-    /* Tests: faults injected into what this consumer receives,
-     * "corrupt=N,cut=N,delay_ms=MS" (--fault); NULL = none. */
-    const char *fault;
+    /* Not read: it held a test hook (now hs-consumer's --fault alone);
+     * kept so that the fields after it stay where they are. */
+    const char *reserved0;
     /* Pin the run (--expect-plan, --expect-layout, --expect-dataset; the
      * values `hs-data plan` prints): a producer whose plan hash, layout or
      * dataset fingerprint differs is refused, naming what differs and the

@@ -56,7 +56,7 @@ class ConsumerConfig(ctypes.Structure):
         ("no_producer_warn_s", ctypes.c_double),
         ("tcp_sockbuf", _c_u64),
         ("ucx_no_memh", ctypes.c_bool),
-        ("fault", ctypes.c_char_p),
+        ("reserved0", ctypes.c_char_p),
         ("expect_plan", ctypes.c_char_p),
         ("expect_layout", ctypes.c_char_p),
         ("expect_dataset", ctypes.c_char_p),
