@@ -230,7 +230,7 @@ uint32_t hs_consumer_option_count(void) { return (uint32_t)N_OPTIONS; }
 
 hs_status_t hs_consumer_option_info(uint32_t i, hs_option_info_t *out)
 {
-    if (i >= N_OPTIONS) return HS_ERR_INVALID;
+    if (i >= N_OPTIONS || !out) return HS_ERR_INVALID;
     const option_t *o = &options[i];
     pthread_once(&envs_once, envs_make);
     *out = (hs_option_info_t){.name = o->name,
@@ -426,7 +426,9 @@ hs_status_t hs_consumer_config_set(hs_consumer_config_t *cfg, const char *name, 
         why_cap = sizeof(buf);
     }
     const option_t *o = name ? option_find(name) : NULL;
-    if (!o) {
+    if (!cfg) {
+        snprintf(why, why_cap, "no configuration given (cfg is NULL)");
+    } else if (!o) {
         snprintf(why, why_cap, "unknown option '%s': hs_consumer_option_info lists them",
                  name ? name : "(null)");
     } else if (!value) {

@@ -94,6 +94,10 @@ START_TEST(test_bounds_and_forms_are_refused_naming_them)
     set_bad("metrics", "nowhere", "HOST:PORT");
     set_bad("store", "", "a folder");
     set_bad("no_such_option", "1", "unknown option 'no_such_option'");
+    set_bad("epochs", NULL, "no value given");
+    char why[128];
+    ck_assert_int_eq(hs_consumer_config_set(NULL, "epochs", "1", why, sizeof why), HS_ERR_INVALID);
+    ck_assert_int_eq(hs_consumer_option_info(0, NULL), HS_ERR_INVALID);
 }
 END_TEST
 
