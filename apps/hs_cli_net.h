@@ -69,14 +69,15 @@ typedef struct {
 
 /* The flags into `cfg`, a configuration with the same field names
  * (hs_consumer_config_t, hs_producer_config_t): what was given replaces
- * the default. --insecure, which only the consumer has, is the caller's. */
+ * the default. --insecure, which only the consumer has, is the caller's,
+ * and so is --fault: hs_producer_config_t.fault, the consumer's
+ * hs__consumer_fault_set(). */
 #define HS_CLI_NET_CONFIGURE(cfg, n)                                                               \
     do {                                                                                           \
         (cfg)->secret_file = (n)->secret_file;                                                     \
         if ((n)->transport) (cfg)->transport = (n)->transport;                                     \
         if ((n)->tcp_sockbuf) (cfg)->tcp_sockbuf = (n)->tcp_sockbuf;                               \
         (cfg)->ucx_no_memh = (n)->ucx_no_memh;                                                     \
-        (cfg)->fault = (n)->fault;                                                                 \
         (cfg)->require_rdma = (n)->require_rdma;                                                   \
     } while (0)
 

@@ -20,12 +20,15 @@
 #include "hs_proto.h"
 #include "hs_consumer_files_int.h"
 #include "hs_consumer_loopback_int.h"
-#include "store_int.h"  /* hs_store_fault_set */
-#include "verify_int.h" /* hs__verify_fault_set */
+#include "hs_consumer_options_int.h"
+#include "options_int.h" /* hs__consumer_fault_set */
+#include "store_int.h"   /* hs_store_fault_set */
+#include "verify_int.h"  /* hs__verify_fault_set */
 
 #define MAX_LOOPBACK 64
 
-static const char usage[] =
+/* --help: the command's head, the option table's flags, then its own. */
+static const char usage_head[] =
     "usage: hs-consumer --listen HOST:PORT --cache-gb N --epochs E [options]\n"
     "       hs-consumer --loopback N [consumer options] -- [hs-producer options]\n"
     "\n"
@@ -34,41 +37,9 @@ static const char usage[] =
     "delivers each batch of each epoch exactly once.\n"
     "\n"
     "options (each also settable as HS_<NAME>, e.g. HS_CACHE_GB=64):\n"
-    "  --listen HOST:PORT     address to listen on (default 0.0.0.0:7000)\n"
-    "  --cache-gb N           host-RAM cache in GiB, fractions allowed (default 4); more than\n"
-    "                         the memory this process can get (MemAvailable, or the cgroup's\n"
-    "                         limit less its usage) is refused, since it would be OOM-killed\n"
-    "                         once it fills; the caches other consumers on this node have\n"
-    "                         claimed and not yet filled are counted too\n"
-    "  --force                start with such a --cache-gb anyway (a warning instead)\n"
-    "  --epochs E             epochs to deliver (default 1)\n"
-    "  --gpu none|K           deliver batches to GPU K, or keep them in host memory (default "
-    "none)\n"
-    "  --order arrival|plan   delivery order: as verified (default) or strict plan order\n"
-    "  --rank R --world W     data-parallel ranks: this consumer delivers only rank R's shard of\n"
-    "                         each epoch of a plan shared by W consumers (one per trainer GPU),\n"
-    "                         the same number of batches per epoch on every rank; each rank has\n"
-    "                         its own port, cache, journal and state (default rank 0 of 1)\n"
-    "  --uneven drop|repeat   batches left over when an epoch does not divide by W: skipped\n"
-    "                         (drop, default; counted) or the short ranks take batches from the\n"
-    "                         epoch's start (repeat)\n"
-    "  --prefetch N           most tickets queued per producer worker (default 4); each\n"
-    "                         producer asks its own number and gets the lesser; a producer's\n"
-    "                         tickets pin at most a fair share of the cache (capacity / ready\n"
-    "                         producers, at least one batch), whatever workers it claims\n"
-    "  --lease-timeout S      a producer holding tickets that shows no progress for S seconds\n"
-    "                         (no finished batch, no payload bytes arriving, no heartbeat from a\n"
-    "                         computing worker: it was stopped or hangs) is dropped and its\n"
-    "                         tickets go back to the queue (default 60; 0 = never)\n"
-    "  --lease-min-rate R     heartbeats without a finished batch hold tickets for at most the\n"
-    "                         lease timeout plus the plan's largest batch at R tokens/s\n"
-    "                         (default 200; lower it for slow CPU forwards)\n"
-    "  --verify-synthetic     check every hidden-state element against the synthetic source\n"
-    "  --deliver bf16|fp8     how an fp8 run (producers' --hs-dtype fp8) reaches the trainer:\n"
-    "                         bf16 (default; dequantised on the --gpu as part of the copy)\n"
-    "                         or the raw e4m3 bytes and per-token scales\n"
-    "  --verify-threads N     checksum threads (default 1); raise it when the status line says\n"
-    "                         this consumer's verification is the limit\n"
+    "  --listen HOST:PORT     address to listen on (default 0.0.0.0:7000)\n";
+
+static const char usage_tail[] =
     "  --secret-file FILE     shared secret: producers must prove they hold it (HMAC)\n"
     "  --insecure             accept non-loopback producers without a secret\n"
     "  --transport KIND       auto, shm, tcp or ucx (default auto, per producer: shared memory\n"
@@ -88,9 +59,6 @@ static const char usage[] =
     "  --status-interval S    seconds between status lines (default 5; 0 = off); with\n"
     "                         --loopback its producers inherit it. Rates, starve and the\n"
     "                         limit are over the last 30 s, the run's averages in brackets\n"
-    "  --handshake-timeout S  a peer must finish its handshake S seconds after connecting, and\n"
-    "                         send each page of its plan within S (default 15)\n"
-    "  --no-producer-warn S   warn when no producer has connected for S seconds (default 30)\n"
     "  --tcp-sockbuf SIZE     TCP socket buffers, e.g. 16M, at most 1G; 0 = the kernel's\n"
     "                         autotuning (default: 16M where net.core.rmem_max and wmem_max\n"
     "                         allow it, else autotuning)\n"
@@ -98,12 +66,8 @@ static const char usage[] =
     "                         (for comparisons only; default 1)\n"
     "  --fault SPEC           tests only: inject faults into what arrives here,\n"
     "                         corrupt=N,cut=N,delay_ms=MS (Nth payload / Nth frame)\n"
-    "  --metrics HOST:PORT    serve Prometheus metrics at http://HOST:PORT/metrics (no secret:\n"
-    "                         at most 16 connections, 4 from one address, 5 s idle)\n"
     "  --stats-jsonl FILE     append the figures as one JSON line per second, \"time\" in\n"
     "                         Unix seconds (plot: python -m hsflow.plot FILE -o run.png)\n"
-    "  --journal FILE         record every released batch; a restarted consumer with the same\n"
-    "                         journal skips them and resumes each epoch where it stopped\n"
     "  --resume-state FILE    start from a saved position (--save-state, or the trainer's\n"
     "                         Consumer.state_dict()): deliver exactly the batches it does not\n"
     "                         name; it must come from the same plan, --epochs and --order.\n"
@@ -112,31 +76,11 @@ static const char usage[] =
     "                         at exit and every --save-state-interval, atomically\n"
     "  --save-state-interval S  seconds between --save-state writes (default 10; 0 = at exit\n"
     "                         only)\n"
-    "  --expect-plan HASH     pin the run: refuse every producer whose plan hash differs, the\n"
-    "                         first to connect too, and wait for the right ones (default: the\n"
-    "                         first complete plan defines the run)\n"
-    "  --expect-dataset FP    pin the dataset: refuse producers whose dataset fingerprint differs\n"
-    "  --expect-layout H=N,layers=L1,L2,...,dtype=bf16  pin the layout: refuse producers\n"
-    "                         with another --hidden-size or --layers. `hs-data plan FILE\n"
-    "                         --hidden-size H --layers L1,L2,...` prints all three flags\n"
-    "  --expect-target FP     pin the target: refuse producers and a --store whose target\n"
-    "                         (model config and weights) has another fingerprint, naming both;\n"
-    "                         a producer logs its own (\"target DIR: fingerprint FP\")\n"
-    "  --store DIR            keep every verified batch once on disk in DIR (made if missing),\n"
-    "                         bound to the dataset, layout (dtype included), plan and target\n"
-    "                         (the fingerprint of its config and weights; a store replayed\n"
-    "                         alone logs it and --summary-json holds it):\n"
-    "                         later epochs and later runs of that plan read it back, verified,\n"
-    "                         instead of asking producers, which get only what DIR lacks; a\n"
-    "                         complete store needs no producer. A store of another run refuses\n"
-    "                         the producers, naming what differs. Written off the trainer's path;\n"
-    "                         a full disk stops it growing (one warning). One consumer per DIR\n"
-    "                         (locked while it runs): give each rank a store of its own.\n"
-    "                         hsflow-data store info|verify|export DIR reads it (docs/store.md)\n"
     "  --loopback N           run N local hs-producer processes against 127.0.0.1; the\n"
     "                         arguments after -- (at least --data and the layout) go to each\n"
     "                         of them; --loopback sets their --to and --name\n"
     "  -h, --help             this text\n"
+    "  --help-markdown        print docs/cli.md (the table's options as Markdown)\n"
     "  --version              the release, git checkout and build options\n"
     "\n"
     "examples:\n"
@@ -169,89 +113,51 @@ typedef struct {
 
 enum {
     OPT_LISTEN = 1000,
-    OPT_CACHE_GB,
-    OPT_EPOCHS,
-    OPT_GPU,
-    OPT_ORDER,
-    OPT_PREFETCH,
-    OPT_VERIFY_SYNTH,
-    OPT_DELIVER,
-    OPT_VERIFY_THREADS,
     OPT_TRAIN_MS,
     OPT_SUMMARY,
     OPT_STATUS,
     OPT_LOOPBACK,
-    OPT_METRICS,
     OPT_STATS_JSONL,
-    OPT_JOURNAL,
     OPT_RESUME_STATE,
     OPT_SAVE_STATE,
     OPT_SAVE_STATE_INTERVAL,
-    OPT_LEASE_TIMEOUT,
-    OPT_LEASE_MIN_RATE,
-    OPT_FORCE,
-    OPT_RANK,
-    OPT_WORLD,
-    OPT_UNEVEN,
-    OPT_HANDSHAKE_TIMEOUT,
-    OPT_NO_PRODUCER_WARN,
-    OPT_EXPECT_PLAN,
-    OPT_EXPECT_LAYOUT,
-    OPT_EXPECT_DATASET,
-    OPT_EXPECT_TARGET,
-    OPT_STORE,
+    OPT_HELP_MARKDOWN,
 };
 
-static const struct option long_options[] = {
+/* The command's own flags; the option table's are added to them (main). */
+static const struct option own_options[] = {
     {"listen", required_argument, NULL, OPT_LISTEN},
-    {"cache-gb", required_argument, NULL, OPT_CACHE_GB},
-    {"epochs", required_argument, NULL, OPT_EPOCHS},
-    {"gpu", required_argument, NULL, OPT_GPU},
-    {"order", required_argument, NULL, OPT_ORDER},
-    {"prefetch", required_argument, NULL, OPT_PREFETCH},
-    {"verify-synthetic", no_argument, NULL, OPT_VERIFY_SYNTH},
-    {"deliver", required_argument, NULL, OPT_DELIVER},
-    {"verify-threads", required_argument, NULL, OPT_VERIFY_THREADS},
     {"train-ms", required_argument, NULL, OPT_TRAIN_MS},
     {"summary-json", required_argument, NULL, OPT_SUMMARY},
     {"status-interval", required_argument, NULL, OPT_STATUS},
     {"loopback", required_argument, NULL, OPT_LOOPBACK},
-    {"metrics", required_argument, NULL, OPT_METRICS},
     {"stats-jsonl", required_argument, NULL, OPT_STATS_JSONL},
-    {"journal", required_argument, NULL, OPT_JOURNAL},
     {"resume-state", required_argument, NULL, OPT_RESUME_STATE},
     {"save-state", required_argument, NULL, OPT_SAVE_STATE},
     {"save-state-interval", required_argument, NULL, OPT_SAVE_STATE_INTERVAL},
-    {"lease-timeout", required_argument, NULL, OPT_LEASE_TIMEOUT},
-    {"lease-min-rate", required_argument, NULL, OPT_LEASE_MIN_RATE},
-    {"force", no_argument, NULL, OPT_FORCE},
-    {"rank", required_argument, NULL, OPT_RANK},
-    {"world", required_argument, NULL, OPT_WORLD},
-    {"uneven", required_argument, NULL, OPT_UNEVEN},
-    {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
-    {"no-producer-warn", required_argument, NULL, OPT_NO_PRODUCER_WARN},
-    {"expect-plan", required_argument, NULL, OPT_EXPECT_PLAN},
-    {"expect-layout", required_argument, NULL, OPT_EXPECT_LAYOUT},
-    {"expect-dataset", required_argument, NULL, OPT_EXPECT_DATASET},
-    {"expect-target", required_argument, NULL, OPT_EXPECT_TARGET},
-    {"store", required_argument, NULL, OPT_STORE},
     HS_CLI_NET_OPTIONS,
     HS_CLI_NET_OPTION_INSECURE,
     {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
+    {"help-markdown", no_argument, NULL, OPT_HELP_MARKDOWN},
 };
+
+/* The getopt_long table: the command's flags, the option table's, the end. */
+#define N_OWN_OPTIONS (sizeof(own_options) / sizeof(own_options[0]))
+static struct option long_options[N_OWN_OPTIONS + 128];
+
+static bool long_options_make(void)
+{
+    size_t n = N_OWN_OPTIONS;
+    memcpy(long_options, own_options, sizeof(own_options));
+    if (!hs__cli_options_add(long_options, &n, sizeof(long_options) / sizeof(long_options[0]) - 1))
+        return false;
+    long_options[n] = (struct option){NULL, 0, NULL, 0};
+    return true;
+}
 
 static int bad(const char *flag, const char *arg, const char *from, const char *expect)
 {
     return hs_cli_bad("hs-consumer", flag, arg, from, expect);
-}
-
-/* 16 hex digits (an optional 0x, fewer digits), as hs-data plan prints a hash. */
-static bool is_hash(const char *s)
-{
-    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s += 2;
-    size_t n = strlen(s);
-    return n > 0 && n <= 16 && strspn(s, "0123456789abcdefABCDEF") == n;
 }
 
 static int apply(void *ctx, int opt, const char *arg, const char *from)
@@ -261,9 +167,16 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     double d;
     int net = hs_cli_net_apply(&o->net, "hs-consumer", opt, arg, from);
     if (net >= 0) return net;
+    int table = hs__cli_options_apply(&o->cfg, opt, arg, from);
+    if (table >= 0) return table;
     switch (opt) {
     case 'h':
-        fputs(usage, stdout);
+        fputs(usage_head, stdout);
+        hs__cli_options_help(stdout);
+        fputs(usage_tail, stdout);
+        return 3;
+    case OPT_HELP_MARKDOWN:
+        hs__cli_options_markdown(stdout);
         return 3;
     case OPT_LISTEN: {
         uint16_t port;
@@ -273,53 +186,6 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
         o->cfg.listen_port = port;
         return 0;
     }
-    case OPT_CACHE_GB:
-        if (hs_parse_double(arg, &d) != HS_OK || d < 0.001 || d > 1 << 20)
-            return bad("cache-gb", arg, from, "expected a size in GiB such as 64 or 0.5");
-        o->cfg.cache_bytes = (uint64_t)(d * (double)(1ull << 30));
-        return 0;
-    case OPT_EPOCHS:
-        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 1000000)
-            return bad("epochs", arg, from, "expected a whole number >= 1");
-        o->cfg.epochs = (uint32_t)u;
-        return 0;
-    case OPT_GPU:
-        if (!strcmp(arg, "none")) {
-            o->cfg.gpu = -1;
-            return 0;
-        }
-        if (hs_parse_u64(arg, &u) != HS_OK || u > 1023)
-            return bad("gpu", arg, from, "expected none or a GPU index such as 3");
-        o->cfg.gpu = (int)u;
-        return 0;
-    case OPT_ORDER:
-        if (!strcmp(arg, "arrival"))
-            o->cfg.order = HS_ORDER_ARRIVAL;
-        else if (!strcmp(arg, "plan"))
-            o->cfg.order = HS_ORDER_PLAN;
-        else
-            return bad("order", arg, from, "expected arrival or plan");
-        return 0;
-    case OPT_PREFETCH:
-        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 64)
-            return bad("prefetch", arg, from, "expected 1..64");
-        o->cfg.prefetch = (uint32_t)u;
-        return 0;
-    case OPT_VERIFY_SYNTH:
-        o->cfg.verify_synthetic = true;
-        return 0;
-    case OPT_DELIVER: {
-        uint32_t dt;
-        if (hs_dtype_parse(arg, &dt) != HS_OK)
-            return bad("deliver", arg, from, "expected bf16 or fp8");
-        o->cfg.deliver = dt == HS_DTYPE_FP8 ? HS_HIDDEN_FP8 : HS_HIDDEN_BF16;
-        return 0;
-    }
-    case OPT_VERIFY_THREADS:
-        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 64)
-            return bad("verify-threads", arg, from, "expected 1..64");
-        o->cfg.verify_threads = (uint32_t)u;
-        return 0;
     case OPT_TRAIN_MS:
         if (hs_parse_u64(arg, &u) != HS_OK || u > 600000)
             return bad("train-ms", arg, from, "expected milliseconds, 0..600000");
@@ -328,19 +194,8 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
     case OPT_SUMMARY:
         o->summary_json = arg;
         return 0;
-    case OPT_METRICS: {
-        char h[64];
-        uint16_t port;
-        if (hs_parse_hostport(arg, h, sizeof(h), &port) != HS_OK)
-            return bad("metrics", arg, from, "expected HOST:PORT, e.g. 0.0.0.0:9400");
-        o->cfg.metrics = arg;
-        return 0;
-    }
     case OPT_STATS_JSONL:
         o->stats_jsonl = arg;
-        return 0;
-    case OPT_JOURNAL:
-        o->cfg.journal = arg;
         return 0;
     case OPT_RESUME_STATE:
         if (!arg[0]) return bad("resume-state", arg, from, "expected a state file");
@@ -355,84 +210,11 @@ static int apply(void *ctx, int opt, const char *arg, const char *from)
             return bad("save-state-interval", arg, from, "expected seconds >= 0");
         o->save_state_interval = d;
         return 0;
-    case OPT_LEASE_TIMEOUT:
-        if (hs_parse_double(arg, &d) != HS_OK || d < 0 || d > 1e6)
-            return bad("lease-timeout", arg, from, "expected seconds >= 0 such as 60 (0 = never)");
-        o->cfg.lease_timeout_s = d;
-        return 0;
-    case OPT_LEASE_MIN_RATE:
-        if (hs_parse_double(arg, &d) != HS_OK || !(d > 0) || d > 1e9)
-            return bad("lease-min-rate", arg, from, "expected tokens/s > 0 such as 200");
-        o->cfg.lease_min_tokens_per_s = d;
-        return 0;
-    case OPT_FORCE:
-        o->cfg.force = true;
-        return 0;
-    case OPT_RANK:
-        if (hs_parse_u64(arg, &u) != HS_OK || u >= 1u << 20)
-            return bad("rank", arg, from, "expected a rank 0..world-1");
-        o->cfg.rank = (uint32_t)u;
-        return 0;
-    case OPT_WORLD:
-        if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > 1u << 20)
-            return bad("world", arg, from, "expected the number of ranks, >= 1");
-        o->cfg.world = (uint32_t)u;
-        return 0;
-    case OPT_UNEVEN:
-        if (!strcmp(arg, "drop"))
-            o->cfg.uneven = HS_UNEVEN_DROP;
-        else if (!strcmp(arg, "repeat"))
-            o->cfg.uneven = HS_UNEVEN_REPEAT;
-        else
-            return bad("uneven", arg, from, "expected drop or repeat");
-        return 0;
     case OPT_STATUS:
         if (hs_parse_double(arg, &d) != HS_OK || d < 0 || d > 1e6)
             return bad("status-interval", arg, from, "expected seconds >= 0 (0 = off)");
         o->cfg.status_interval_s = d > 0 ? d : -1;
         setenv("HS_STATUS_INTERVAL", arg, 1); /* for the --loopback producers */
-        return 0;
-    case OPT_HANDSHAKE_TIMEOUT:
-        if (hs_parse_double(arg, &d) != HS_OK || !(d > 0) || d > 1e6)
-            return bad("handshake-timeout", arg, from, "expected seconds > 0 such as 15");
-        o->cfg.handshake_timeout_s = d;
-        return 0;
-    case OPT_NO_PRODUCER_WARN:
-        if (hs_parse_double(arg, &d) != HS_OK || !(d > 0) || d > 1e6)
-            return bad("no-producer-warn", arg, from, "expected seconds > 0 such as 30");
-        o->cfg.no_producer_warn_s = d;
-        return 0;
-    case OPT_EXPECT_PLAN:
-        if (!is_hash(arg))
-            return bad("expect-plan", arg, from,
-                       "expected the plan hash hs-data plan prints, 16 hex digits");
-        o->cfg.expect_plan = arg;
-        return 0;
-    case OPT_EXPECT_DATASET:
-        if (!is_hash(arg))
-            return bad("expect-dataset", arg, from,
-                       "expected the dataset fingerprint hs-data plan prints, 16 hex digits");
-        o->cfg.expect_dataset = arg;
-        return 0;
-    case OPT_EXPECT_TARGET:
-        if (!is_hash(arg))
-            return bad("expect-target", arg, from,
-                       "expected the target fingerprint a producer logs, 16 hex digits");
-        o->cfg.expect_target = arg;
-        return 0;
-    case OPT_EXPECT_LAYOUT: {
-        hs_layout_t l;
-        char why[160], msg[256];
-        if (hs_layout_parse(arg, &l, why, sizeof(why)) != HS_OK) {
-            snprintf(msg, sizeof(msg), "%s (e.g. H=4096,layers=2,16,29,dtype=bf16)", why);
-            return bad("expect-layout", arg, from, msg);
-        }
-        o->cfg.expect_layout = arg;
-        return 0;
-    }
-    case OPT_STORE:
-        if (!arg[0]) return bad("store", arg, from, "expected a folder, e.g. /data/hs-store");
-        o->cfg.store = arg;
         return 0;
     case OPT_LOOPBACK:
         if (hs_parse_u64(arg, &u) != HS_OK || u == 0 || u > MAX_LOOPBACK)
@@ -489,6 +271,10 @@ int main(int argc, char **argv)
     snprintf(o.host, sizeof(o.host), "0.0.0.0");
     o.cfg.listen_host = o.host;
     hs_log_set_tag("consumer");
+    if (!long_options_make()) {
+        fprintf(stderr, "hs-consumer: more options than its getopt table holds\n");
+        return 1;
+    }
     /* Settings of the library's parts, read here and nowhere else; test
      * hooks: a stand-in system for the memory this process may take and for
      * device discovery, the node's cache registry, faults of the store, slow
@@ -544,6 +330,7 @@ int main(int argc, char **argv)
         }
     }
     HS_CLI_NET_CONFIGURE(&o.cfg, &o.net);
+    hs__consumer_fault_set(o.net.fault);
     o.cfg.insecure = o.net.insecure;
     if (check_outputs(&o) != 0) return 2;
     if (o.net.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;

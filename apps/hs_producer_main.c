@@ -451,6 +451,7 @@ int main(int argc, char **argv)
         return 2;
     }
     HS_CLI_NET_CONFIGURE(&o.cfg, &o.net);
+    o.cfg.fault = o.net.fault;
     if (o.net.list_devices) return hs_dev_list_print(stdout) == HS_OK ? 0 : 1;
     if (check(&o)) return 2;
     if (o.cfg.name) {

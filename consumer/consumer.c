@@ -13,6 +13,7 @@
  * delivery lock) and in the cache, which has its own lock. */
 #include "consumer_int.h"
 #include "metrics_int.h"
+#include "options_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,29 +152,6 @@ static void *net_main(void *arg)
     return NULL;
 }
 
-void hs_consumer_config_default(hs_consumer_config_t *cfg)
-{
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->listen_host = "0.0.0.0";
-    cfg->listen_port = 7000;
-    cfg->cache_bytes = 4ull << 30;
-    cfg->epochs = 1;
-    cfg->gpu = -1;
-    cfg->order = HS_ORDER_ARRIVAL;
-    cfg->prefetch = 4; /* a cap: each producer asks its own (hs-producer 2, hsflow-produce 4) */
-    cfg->transport = "auto";
-    cfg->verify_threads = 1;
-    cfg->peer_timeout_s = 10;
-    cfg->lease_timeout_s = 60;
-    cfg->lease_min_tokens_per_s = 200;
-    cfg->status_interval_s = 5;
-    cfg->handshake_timeout_s = 15;
-    cfg->no_producer_warn_s = 30;
-    cfg->rank = 0;
-    cfg->world = 1;
-    cfg->uneven = HS_UNEVEN_DROP;
-}
-
 /* The run a store holds against the run the configuration pins
  * (--expect-*): HS_ERR_MISMATCH, logged naming each value, when they differ. */
 static hs_status_t store_expected(hs_consumer_t *c)
@@ -276,44 +254,23 @@ static void log_effective_config(const hs_consumer_t *c, const hs_tp_config_t *t
 hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer_t **out)
 {
     hs_status_t st;
-    if (cfg->epochs == 0 || cfg->prefetch == 0 || cfg->cache_bytes < (1u << 20) ||
-        cfg->verify_threads == 0 || cfg->verify_threads > 64) {
-        hs_error("consumer: epochs, prefetch and verify threads must be >= 1 and the cache at "
-                 "least 1 MiB");
+    char invalid[320];
+    hs_consumer_config_t checked = *cfg;
+    if (checked.deliver == 0) checked.deliver = HS_HIDDEN_BF16; /* 0 means the same */
+    if (hs__consumer_options_check(&checked, invalid, sizeof(invalid)) != HS_OK) {
+        hs_error("consumer: %s", invalid);
         return HS_ERR_INVALID;
     }
-    if (cfg->world == 0 || cfg->world > (1u << 20) || cfg->rank >= cfg->world) {
-        hs_error("consumer: rank %u of a world of %u: the world size must be 1..1048576 and the "
-                 "rank 0..world-1 (--rank R --world W, or torchrun's RANK and WORLD_SIZE)",
+    if (cfg->rank >= cfg->world) {
+        hs_error("consumer: rank %u of a world of %u: the rank must be 0..world-1 (--rank R "
+                 "--world W, or torchrun's RANK and WORLD_SIZE)",
                  cfg->rank, cfg->world);
         return HS_ERR_INVALID;
     }
-    if (cfg->deliver != 0 && cfg->deliver != HS_HIDDEN_BF16 && cfg->deliver != HS_HIDDEN_FP8) {
-        hs_error("consumer: deliver %d: expected HS_HIDDEN_BF16 or HS_HIDDEN_FP8 (--deliver bf16 "
-                 "or fp8)",
-                 (int)cfg->deliver);
-        return HS_ERR_INVALID;
-    }
-    if (cfg->uneven != HS_UNEVEN_DROP && cfg->uneven != HS_UNEVEN_REPEAT) {
-        hs_error("consumer: --uneven %d: expected drop or repeat", (int)cfg->uneven);
-        return HS_ERR_INVALID;
-    }
-    if (!(cfg->lease_min_tokens_per_s > 0 && cfg->lease_min_tokens_per_s <= 1e9)) {
-        hs_error("consumer: lease min rate %g tokens/s: expected more than 0, such as 200",
-                 cfg->lease_min_tokens_per_s);
-        return HS_ERR_INVALID;
-    }
-    if (!(cfg->lease_timeout_s >= 0 && cfg->lease_timeout_s <= 1e6)) {
-        hs_error("consumer: lease timeout %g s: expected 0 (never) to 1000000 seconds",
-                 cfg->lease_timeout_s);
-        return HS_ERR_INVALID;
-    }
-    if (!(cfg->status_interval_s <= 1e6) || !(cfg->handshake_timeout_s >= 0) ||
-        !(cfg->handshake_timeout_s <= 1e6) || !(cfg->no_producer_warn_s >= 0) ||
-        !(cfg->no_producer_warn_s <= 1e6)) {
-        hs_error("consumer: status interval %g s, handshake timeout %g s, no-producer warning "
-                 "%g s: expected seconds up to 1000000 (0 = the default)",
-                 cfg->status_interval_s, cfg->handshake_timeout_s, cfg->no_producer_warn_s);
+    if (!(cfg->status_interval_s <= 1e6)) {
+        hs_error("consumer: status interval %g s: expected seconds up to 1000000 (0 = the "
+                 "default, negative = never)",
+                 cfg->status_interval_s);
         return HS_ERR_INVALID;
     }
     hs__run_expect_t expect;
@@ -414,7 +371,7 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     tc.allow_remote = cfg->insecure;
     tc.tcp_sockbuf = cfg->tcp_sockbuf;
     tc.ucx_no_memh = cfg->ucx_no_memh;
-    tc.fault = cfg->fault;
+    tc.fault = hs__consumer_fault();
     st = hs_tp_create(&tc, &consumer_callbacks, c, &c->tp);
     if (st != HS_OK) goto err_cache;
     st = hs_tp_listen(c->tp, cfg->listen_host, cfg->listen_port, &c->port);

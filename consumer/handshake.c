@@ -3,6 +3,7 @@
  * is set, WELCOME, and the plan exchange that defines the run; the resume
  * state read at create. The network thread (see handshake_int.h). */
 #include "consumer_int.h"
+#include "options_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,6 +279,15 @@ static void peer_admit(hs_consumer_t *c, peer_t *p)
         p->state = PEER_WAIT_PLAN; /* WELCOME, or a mismatch, once the plan is complete */
 }
 
+/* Producers past their HELLO on a live connection, p aside. */
+static uint32_t producers_admitted(const hs_consumer_t *c, const peer_t *p)
+{
+    uint32_t n = 0;
+    for (const peer_t *q = c->net.peers; q; q = q->next)
+        n += q != p && q->conn && q->state != PEER_NEW && q->state != PEER_GONE;
+    return n;
+}
+
 void hs__on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len)
 {
     char why[256];
@@ -293,6 +303,14 @@ void hs__on_hello(hs_consumer_t *c, peer_t *p, const uint8_t *body, uint32_t len
     if (h->version != HS_PROTO_VERSION) {
         hs__peer_drop(c, p, HS_ERR_MISMATCH, "producer speaks protocol version %u, consumer %u",
                       h->version, HS_PROTO_VERSION);
+        goto out;
+    }
+    uint32_t max_producers = hs__consumer_option_u32(&c->cfg, "max_producers");
+    if (max_producers && producers_admitted(c, p) >= max_producers) {
+        hs__peer_drop(c, p, HS_ERR_BUSY,
+                      "producer refused: this consumer takes at most %u at once "
+                      "(--max-producers); stop another producer or raise --max-producers",
+                      max_producers);
         goto out;
     }
     if (hs_layout_from_msg(h->layout, &o->layout, why, sizeof(why)) != HS_OK) {

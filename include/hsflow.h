@@ -211,9 +211,9 @@ typedef struct {
      * their registered memory handle (for comparisons only). */
     uint64_t tcp_sockbuf;
     bool ucx_no_memh;
-    /* Tests: faults injected into what this consumer receives,
-     * "corrupt=N,cut=N,delay_ms=MS" (--fault); NULL = none. */
-    const char *fault;
+    /* Not read: it held a test hook (now hs-consumer's --fault alone);
+     * kept so that the fields after it stay where they are. */
+    const char *reserved0;
     /* Pin the run (--expect-plan, --expect-layout, --expect-dataset; the
      * values `hs-data plan` prints): a producer whose plan hash, layout or
      * dataset fingerprint differs is refused, naming what differs and the
@@ -248,6 +248,11 @@ typedef struct {
      * a producer or a store of another target is refused, naming both.
      * NULL = the run's target is its first producer's (or its store's). */
     const char *expect_target;
+    /* Settings newer than the fields above: each is an option of the table
+     * (hs_consumer_option_info), set by name with hs_consumer_config_set
+     * and defaulted by hs_consumer_config_default; the slots are the
+     * library's to lay out. */
+    uint64_t more[16];
 } hs_consumer_config_t;
 
 /* One batch, as views into consumer-owned memory (host or device). */
@@ -366,7 +371,41 @@ HSFLOW_API int hs_consumer_bottleneck_text(const hs_consumer_stats_t *s, char *b
 
 typedef struct hs_consumer hs_consumer_t;
 
+/* Every setting at the default of its option (hs_consumer_option_info). */
 HSFLOW_API void hs_consumer_config_default(hs_consumer_config_t *cfg);
+
+/* One setting of the consumer's option table: how hs-consumer spells it
+ * (--FLAG, and HS_ENV in the environment), how Python's Consumer does
+ * (the keyword argument `name`), and the bounds hs_consumer_create and
+ * hs_consumer_config_set hold it to. Static strings, never NULL. */
+typedef struct {
+    const char *name;         /* "cache_gb": hs_consumer_config_set's name */
+    const char *type;         /* "bool", "u32", "int", "double", "string" or "enum" */
+    const char *flag;         /* "cache-gb" for --cache-gb; "" when hs-consumer has none */
+    const char *env;          /* "HS_CACHE_GB"; "" when hs-consumer has none */
+    const char *metavar;      /* "N", "arrival|plan"; "" for a bool */
+    const char *default_text; /* "4"; "" when unset */
+    const char *unit;         /* "GiB", "s", "tokens/s"; "" for none */
+    const char *choices;      /* enum and checked strings: "arrival|plan"; "" for any */
+    const char *help;         /* one paragraph, unwrapped */
+    double min, max;          /* numbers: the bounds, in `unit`; both 0 for the others */
+    bool min_open;            /* more than min, not min itself */
+    bool shared_flag;         /* hs-consumer parses the flag with hs-producer's network flags */
+} hs_option_info_t;
+
+/* The number of options, and the i-th (0..count-1) into *out:
+ * HS_ERR_INVALID past the end. */
+HSFLOW_API uint32_t hs_consumer_option_count(void);
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_consumer_option_info(uint32_t i, hs_option_info_t *out);
+/* Sets the option `name` ("cache_gb") from its text ("64", "0.5", "plan",
+ * "true"), checked against its type and bounds. HS_ERR_INVALID for an
+ * unknown name or a bad value, with why[why_cap] (when not NULL) saying
+ * what was expected ("expected GiB from 0.0009765625 to 1048576"), else
+ * logged; cfg is then unchanged. A string option keeps the pointer `value`
+ * (the caller's, until hs_consumer_create has copied what it needs). */
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_consumer_config_set(hs_consumer_config_t *cfg,
+                                                            const char *name, const char *value,
+                                                            char *why, size_t why_cap);
 /* Validates the config, allocates the cache, starts listening and the
  * network thread. On failure nothing is left running. */
 HSFLOW_API HS_MUST_CHECK hs_status_t hs_consumer_create(const hs_consumer_config_t *cfg,

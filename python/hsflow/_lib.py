@@ -56,7 +56,7 @@ class ConsumerConfig(ctypes.Structure):
         ("no_producer_warn_s", ctypes.c_double),
         ("tcp_sockbuf", _c_u64),
         ("ucx_no_memh", ctypes.c_bool),
-        ("fault", ctypes.c_char_p),
+        ("reserved0", ctypes.c_char_p),
         ("expect_plan", ctypes.c_char_p),
         ("expect_layout", ctypes.c_char_p),
         ("expect_dataset", ctypes.c_char_p),
@@ -64,7 +64,16 @@ class ConsumerConfig(ctypes.Structure):
         ("lease_min_tokens_per_s", ctypes.c_double),
         ("store", ctypes.c_char_p),
         ("expect_target", ctypes.c_char_p),
+        ("more", _c_u64 * 16),  # options newer than the fields above, set by name
     ]
+
+
+class OptionInfo(ctypes.Structure):
+    """hs_option_info_t: one option of the consumer's table."""
+    _fields_ = ([(n, ctypes.c_char_p) for n in ("name", "type", "flag", "env", "metavar",
+                                                "default_text", "unit", "choices", "help")]
+                + [("min", ctypes.c_double), ("max", ctypes.c_double),
+                   ("min_open", ctypes.c_bool), ("shared_flag", ctypes.c_bool)])
 
 
 def _fields(ctype, *names):
@@ -313,6 +322,10 @@ def _declare(lib):
         "hsflow_set_system_root": (v, [ctypes.c_char_p]),
         "hs_consumer_config_default": (v, [P(ConsumerConfig)]),
         "hs_consumer_create": (i, [P(ConsumerConfig), P(vp)]),
+        "hs_consumer_config_set": (i, [P(ConsumerConfig), ctypes.c_char_p, ctypes.c_char_p,
+                                       ctypes.c_char_p, ctypes.c_size_t]),
+        "hs_consumer_option_count": (ctypes.c_uint32, []),
+        "hs_consumer_option_info": (i, [ctypes.c_uint32, P(OptionInfo)]),
         "hs_consumer_port": (ctypes.c_uint16, [vp]),
         "hs_consumer_next": (i, [vp, P(CBatch), i]),
         "hs_consumer_release": (i, [vp, P(CBatch)]),

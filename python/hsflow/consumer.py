@@ -9,9 +9,8 @@ import threading
 import numpy as np
 
 from . import _arrays, _log
-from ._lib import (HS_ERR_NOSPACE, HS_HIDDEN_BF16, HS_HIDDEN_FP8, HS_OK, HS_ORDER_ARRIVAL,
-                   HS_ORDER_PLAN, CBatch, ConsumerConfig, ConsumerStats, Endpoint, HsflowError,
-                   load, status_str)
+from ._lib import (HS_ERR_NOSPACE, HS_HIDDEN_FP8, HS_OK, CBatch, ConsumerConfig, ConsumerStats,
+                   Endpoint, HsflowError, OptionInfo, load, status_str)
 
 # CBatch.hidden_dtype before hs_consumer_next() fills it (it sets 1 or 2)
 _NOT_FILLED = 0
@@ -216,6 +215,42 @@ def _expect_pins(expect):
     return out
 
 
+class OptionError(HsflowError, ValueError):
+    """A setting the consumer's option table refuses (the library's
+    HS_ERR_INVALID): names the option, the value and what was expected."""
+
+
+def option_names(lib=None):
+    """The names of the consumer's options (its table, docs/cli.md): each is
+    a keyword argument of Consumer."""
+    lib = lib or load()
+    info = OptionInfo()
+    names = []
+    for i in range(lib.hs_consumer_option_count()):
+        if lib.hs_consumer_option_info(i, ctypes.byref(info)) == HS_OK:
+            names.append(info.name.decode())
+    return names
+
+
+def _config_set(lib, cfg, name, value):
+    """Sets option `name` of cfg from a Python value through the table;
+    returns the bytes cfg may now point to (the caller keeps them)."""
+    if isinstance(value, bool):
+        text = b"true" if value else b"false"
+    elif isinstance(value, (int, float)):
+        text = repr(value).encode()
+    elif isinstance(value, bytes):
+        text = value
+    elif isinstance(value, (str, os.PathLike)):
+        text = os.fsencode(value)
+    else:
+        raise ValueError("%s=%r: expected a number, a string or a bool" % (name, value))
+    why = ctypes.create_string_buffer(256)
+    if lib.hs_consumer_config_set(ctypes.byref(cfg), name.encode(), text, why, 256) != HS_OK:
+        raise OptionError("%s=%r: %s" % (name, value, why.value.decode(errors="replace")))
+    return text
+
+
 def _rank_world(rank, world):
     """rank and world as given, else from torchrun's RANK / WORLD_SIZE, else 0 of 1."""
     def env(name):
@@ -311,6 +346,11 @@ class Consumer(Endpoint):
     instead of asking producers, and a complete store needs no producer at
     all. stats() counts store_hits, store_misses and store_writes.
 
+    Every setting but listen, arrays, resume and expect is an option of the
+    consumer's table (docs/cli.md: the same bounds as hs-consumer's flags),
+    set by its name; an option of the table with no keyword above is given
+    as a keyword argument all the same (hsflow.consumer.option_names()).
+
     A process forked from this one (os.fork(), a torch DataLoader worker)
     gets an inert copy: close() and garbage collection there do nothing to
     the consumer, and any other call raises HsflowError."""
@@ -320,87 +360,46 @@ class Consumer(Endpoint):
                  insecure=False, transport="auto", verify_threads=1, peer_timeout_s=10,
                  arrays="auto", metrics=None, journal=None, resume=None,
                  lease_timeout_s=60, force=False, rank=None, world=None, uneven="drop",
-                 expect=None, deliver="bf16", lease_min_tokens_per_s=200, store=None):
+                 expect=None, deliver="bf16", lease_min_tokens_per_s=200, store=None,
+                 **options):
         self._c = None
         # the process this consumer belongs to: a forked child's copy is inert
         self._owner_pid = os.getpid()
         lib = load()
         host, port = _parse_listen(listen)
-        if gpu is None or (isinstance(gpu, str) and gpu.lower() == "none"):
-            gpu = -1
-        if not isinstance(gpu, int) or gpu < -1:
-            raise ValueError("gpu=%r: expected None (host delivery) or a GPU index >= 0" % (gpu,))
-        if not isinstance(cache_gb, (int, float)) or not cache_gb > 0:
-            raise ValueError("cache_gb=%r: expected a size in GiB > 0, e.g. 4 or 0.5" % (cache_gb,))
-        if not isinstance(epochs, int) or epochs < 1:
-            raise ValueError("epochs=%r: expected an integer >= 1" % (epochs,))
-        orders = {"arrival": HS_ORDER_ARRIVAL, "plan": HS_ORDER_PLAN}
-        if order not in orders:
-            raise ValueError("order=%r: expected 'arrival' (as completed) or 'plan' (strict "
-                             "plan order)" % (order,))
-        if not isinstance(prefetch, int) or prefetch < 1:
-            raise ValueError("prefetch=%r: expected tickets per producer worker >= 1" % (prefetch,))
-        if (not isinstance(lease_timeout_s, (int, float)) or isinstance(lease_timeout_s, bool)
-                or not 0 <= lease_timeout_s <= 1e6):
-            raise ValueError("lease_timeout_s=%r: expected seconds >= 0, e.g. 60 (0 = never)"
-                             % (lease_timeout_s,))
-        if transport not in ("auto", "shm", "tcp", "ucx"):
-            raise ValueError("transport=%r: expected 'auto', 'shm', 'tcp' or 'ucx'" % (transport,))
+        if gpu is None or (isinstance(gpu, str) and gpu.lower() == "none") or gpu == -1:
+            gpu = "none"
         rank, world = _rank_world(rank, world)
-        if uneven not in ("drop", "repeat"):
-            raise ValueError("uneven=%r: expected 'drop' (skip the leftover batches of an epoch) "
-                             "or 'repeat' (the short ranks take batches from its start)"
-                             % (uneven,))
         pins = _expect_pins(expect)
-        if deliver not in ("bf16", "fp8"):
-            raise ValueError("deliver=%r: expected 'bf16' (fp8 runs dequantised) or 'fp8' (the "
-                             "raw e4m3 bytes and per-token scales)" % (deliver,))
         self.rank, self.world = rank, world
         self._mode = _arrays.resolve_arrays(arrays)
-        self._gpu = gpu
 
         cfg = ConsumerConfig()
         lib.hs_consumer_config_default(ctypes.byref(cfg))
-        if metrics is not None and (not isinstance(metrics, str) or ":" not in metrics):
-            raise ValueError("metrics=%r: expected 'HOST:PORT' for the Prometheus endpoint, "
-                             "e.g. '0.0.0.0:9400'" % (metrics,))
-        self._keep = [host.encode(), transport.encode(),
-                      secret_file.encode() if secret_file else None,
-                      metrics.encode() if metrics else None,
-                      os.fsencode(journal) if journal else None,
-                      _resume_text(resume) if resume is not None else None,
-                      pins.get("plan"), pins.get("layout"), pins.get("dataset"),
-                      os.fsencode(store) if store else None, pins.get("target")]
+        self._keep = [host.encode(), _resume_text(resume) if resume is not None else None]
         cfg.listen_host = self._keep[0]
         cfg.listen_port = port
-        cfg.cache_bytes = int(cache_gb * (1 << 30))
-        cfg.epochs = epochs
-        cfg.gpu = gpu
-        cfg.order = orders[order]
-        cfg.prefetch = prefetch
-        cfg.verify_synthetic = bool(verify_synthetic)
-        cfg.insecure = bool(insecure)
-        cfg.secret_file = self._keep[2]
-        cfg.transport = self._keep[1]
-        cfg.verify_threads = int(verify_threads)
-        cfg.peer_timeout_s = int(peer_timeout_s)
-        cfg.metrics = self._keep[3]
-        cfg.journal = self._keep[4]
-        cfg.resume_state = self._keep[5]
-        cfg.lease_timeout_s = float(lease_timeout_s)
-        if (not isinstance(lease_min_tokens_per_s, (int, float))
-                or isinstance(lease_min_tokens_per_s, bool) or not lease_min_tokens_per_s > 0):
-            raise ValueError("lease_min_tokens_per_s=%r: expected tokens/s > 0, e.g. 200"
-                             % (lease_min_tokens_per_s,))
-        cfg.lease_min_tokens_per_s = float(lease_min_tokens_per_s)
-        cfg.force = bool(force)
-        cfg.rank = rank
-        cfg.world = world
-        cfg.deliver = HS_HIDDEN_FP8 if deliver == "fp8" else HS_HIDDEN_BF16
-        cfg.uneven = 1 if uneven == "repeat" else 0
-        cfg.expect_plan, cfg.expect_layout, cfg.expect_dataset = self._keep[6:9]
-        cfg.store = self._keep[9]
-        cfg.expect_target = self._keep[10]
+        cfg.resume_state = self._keep[1]
+        # every other setting by its name in the consumer's option table
+        # (docs/cli.md), checked there against the table's type and bounds
+        settings = dict(cache_gb=cache_gb, epochs=epochs, gpu=gpu, order=order,
+                        prefetch=prefetch, verify_synthetic=verify_synthetic,
+                        secret_file=secret_file, insecure=insecure, transport=transport,
+                        verify_threads=verify_threads, peer_timeout_s=peer_timeout_s,
+                        metrics=metrics, journal=journal, lease_timeout_s=lease_timeout_s,
+                        force=force, rank=rank, world=world, uneven=uneven, deliver=deliver,
+                        lease_min_tokens_per_s=lease_min_tokens_per_s, store=store)
+        settings.update(("expect_" + k, v) for k, v in pins.items())
+        unknown = set(options) - set(option_names(lib))
+        if unknown:
+            raise TypeError("Consumer() got an unexpected keyword argument %r (the consumer's "
+                            "options are in docs/cli.md)" % sorted(unknown)[0])
+        settings.update(options)
+        for name, value in settings.items():
+            if value is not None:
+                self._keep.append(_config_set(lib, cfg, name, value))
+        gpu = cfg.gpu
+        self._gpu = gpu
         # HS_SYSTEM_ROOT: a stand-in /proc and /sys (tests), as for hs-consumer
         lib.hsflow_set_system_root(os.environ.get("HS_SYSTEM_ROOT", "").encode())
         h = ctypes.c_void_p()

@@ -213,3 +213,21 @@ def test_version_is_the_same_in_python_the_library_the_header_and_every_binary()
         if info["git"]:
             assert "(git %s)" % info["git"] in first
         assert build == "build: " + info["build"]
+
+
+def test_consumer_options_come_from_the_table():
+    from hsflow.consumer import option_names
+    names = option_names()
+    for kw in ("cache_gb", "epochs", "gpu", "order", "prefetch", "store", "deliver",
+               "lease_min_tokens_per_s", "expect_plan", "handshake_timeout_s"):
+        assert kw in names
+    with pytest.raises(TypeError, match="no_such_setting"):
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.01, no_such_setting=1)
+    # a table option without a keyword of its own, bounds from the table
+    with pytest.raises(ValueError, match=r"handshake_timeout_s=0: expected s more than 0"):
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.01, handshake_timeout_s=0)
+    with pytest.raises(ValueError, match=r"max_producers=-1: expected a whole number"):
+        hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.01, max_producers=-1)
+    with hsflow.Consumer(listen="127.0.0.1:0", cache_gb=0.01, handshake_timeout_s=5,
+                         max_producers=2) as c:
+        assert c.port > 0
