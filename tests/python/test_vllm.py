@@ -233,6 +233,22 @@ def test_every_sample_of_a_gated_deltanet_hybrid_equals_transformers_in_bf16(tmp
     print("%s %s: worst ||got-ref||/||ref|| per index: %s" % (family, extra, worst))
 
 
+def test_a_gated_deltanet_hybrid_off_bf16_on_the_cpu_is_refused_naming_it(data, tmp_path):
+    """vLLM's CPU Gated DeltaNet runs in bf16 only: --dtype fp32 or fp16 on
+    the CPU is refused (exit 2) before vLLM starts, naming the architecture
+    and the way out, not an engine dead at the first batch."""
+    path = str(tmp_path / "qwen3_5")
+    make_hybrid("qwen3_5", path)
+    data_path, _ = data
+    for dtype in ("fp32", "fp16"):
+        pr = Proc(vllm_cmd(1, data_path, path, "1", dtype=dtype), env=ENV)
+        assert pr.wait(120) == 2, pr.text
+        assert re.search(r"--dtype float(32|16): vLLM's CPU build runs the Gated DeltaNet layers "
+                         r"of .* \(Qwen3_5ForCausalLM\) in bf16 only .* use --dtype bf16",
+                         pr.text), pr.text
+        assert "model loaded" not in pr.text, pr.text
+
+
 def finish_with_hs_producer(producer_bin, port, data_path, path, layers):
     cp = Proc([producer_bin, "--to", "127.0.0.1:%d" % port, "--data", data_path,
                "--token-budget", str(BUDGET), "--source", "model", "--model", path,
