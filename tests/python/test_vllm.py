@@ -3,15 +3,15 @@
 .venv-engines: scripts/install-engine-venv; run through engine_venv.sh,
 skipped without it): tiny random models built here, served to a real
 consumer over loopback; every captured layer of every sample, the final
-normed index N included, against transformers' output_hidden_states of
-that sequence alone: Llama and Qwen3-MoE in fp32 to bf16 rounding, and the
-Gated DeltaNet hybrids (a Qwen3.5-style dense one and Qwen3-Next, MoE) in
-bf16 within bf16 compute noise (BF16_L2) of the fp32 reference (such a
-hybrid off bf16 on the CPU is refused at start); tensor parallel over two
-CPU ranks; chunked prefill; a token that reaches the
-engine changed is refused naming the batch and the sample; an engine that
-dies and a SIGTERM return their tickets, the run completes with another
-producer, and no vLLM process outlives the producer."""
+normed index N included, against transformers' output_hidden_states of that
+sequence alone: Llama and Qwen3-MoE in fp32 to bf16 rounding, and the Gated
+DeltaNet hybrids (a Qwen3.5-style dense one and Qwen3-Next, MoE) in bf16
+within bf16 compute noise (BF16_L2) of the fp32 reference (such a hybrid off
+bf16 on the CPU is refused at start); tensor parallel over two CPU ranks;
+chunked prefill; a token that reaches the engine changed is refused naming
+the batch and the sample; an engine that dies and a SIGTERM return their
+tickets, the run completes with another producer, and no vLLM process
+outlives the producer."""
 import json
 import os
 import re
