@@ -76,10 +76,22 @@ _OWN = ("model", "speculative_config", "kv_transfer_config", "enable_prefix_cach
         "skip_tokenizer_init", "tokenizer")
 
 
+# model types whose Gated DeltaNet layers vLLM 0.32's CPU build runs in bf16
+# only (its CPU kernel asserts "CPU GDN attention requires BF16", at the first
+# batch, after the whole load)
+_CPU_BF16_ONLY = ("qwen3_next", "qwen3_5")
+
+
 def check(args, spec):
     """Checks the vLLM flags and splits --gpus into replicas; fills spec.
     Returns None, or the message of what is wrong."""
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    info = spec.get("info") or {}
+    if (spec["gpus"][0] < 0 and args.dtype != "bfloat16" and
+            str(info.get("model_type", "")).startswith(_CPU_BF16_ONLY)):
+        return ("--dtype %s: vLLM's CPU build runs the Gated DeltaNet layers of %s (%s) in "
+                "bf16 only (\"CPU GDN attention requires BF16\"); use --dtype bf16, or GPUs"
+                % (args.dtype, spec["model"], info.get("architecture", "?")))
     try:
         extra = _vllm_args(args.vllm_arg)
     except ValueError as e:
