@@ -31,6 +31,7 @@
 static const char usage_head[] =
     "usage: hs-consumer --listen HOST:PORT --cache-gb N --epochs E [options]\n"
     "       hs-consumer --loopback N [consumer options] -- [hs-producer options]\n"
+    "       hs-consumer --loopback N [consumer options] -- COMMAND [its arguments]\n"
     "\n"
     "Receives packed hidden states from hs-producer processes into a host-RAM cache,\n"
     "hands out work tickets so producers never overrun it, verifies every batch and\n"
@@ -78,7 +79,10 @@ static const char usage_tail[] =
     "                         only)\n"
     "  --loopback N           run N local hs-producer processes against 127.0.0.1; the\n"
     "                         arguments after -- (at least --data and the layout) go to each\n"
-    "                         of them; --loopback sets their --to and --name\n"
+    "                         of them; --loopback sets their --to and --name. When they start\n"
+    "                         with a word, it is the producer command to run instead\n"
+    "                         (hsflow-produce, python3 -m hsflow.produce, a script), with\n"
+    "                         --to and --name added after its arguments\n"
     "  -h, --help             this text\n"
     "  --help-markdown        print docs/cli.md (the table's options as Markdown)\n"
     "  --version              the release, git checkout and build options\n"
@@ -91,6 +95,8 @@ static const char usage_tail[] =
     "  hs-consumer --loopback 2 --cache-gb 1 --epochs 2 --save-state pos.json -- ...\n"
     "  hs-consumer --loopback 2 --cache-gb 1 --epochs 2 --resume-state pos.json -- ...\n"
     "  hs-consumer --loopback 2 --cache-gb 1 --epochs 1 --store /data/hs-store -- ...\n"
+    "  hs-consumer --loopback 1 --cache-gb 4 --epochs 1 -- hsflow-produce --engine vllm \\\n"
+    "      --model /models/target --data train.hst --token-budget 16K --layers 2,16,29\n"
     "  hs-consumer --listen 0.0.0.0:7000 --cache-gb 64 --epochs 5 --store /data/hs-store\n"
     "  hs-consumer --list-devices\n"
     "  hs-consumer --listen 0.0.0.0:7000 --cache-gb 64 --secret-file KEY \\\n"
@@ -315,7 +321,7 @@ int main(int argc, char **argv)
                 "hs-consumer: --loopback %d starts hs-producer processes, which need their "
                 "options after --, e.g.\n  hs-consumer --loopback %d --cache-gb 1 -- --data "
                 "data.jsonl --token-budget 8192 --hidden-size 1024 --layers 2,16,29 --source "
-                "synthetic\n",
+                "synthetic\n(or a producer command after --: -- hsflow-produce --model M ...)\n",
                 o.loopback, o.loopback);
         return 2;
     }
@@ -398,10 +404,12 @@ int main(int argc, char **argv)
     int alive = 0;
     if (o.loopback) {
         char bin[PATH_MAX];
-        hs__cli_producer_path(bin, sizeof(bin));
+        char **pargs = argv + split + 1;
+        hs__cli_producer_path(hs__cli_loopback_has_command(n_producer_args, pargs) ? pargs[0]
+                                                                                   : NULL,
+                              bin, sizeof(bin));
         for (int i = 0; i < o.loopback; i++) {
-            pids[i] = hs__cli_spawn_producer(bin, hs_consumer_port(c), i, n_producer_args,
-                                             argv + split + 1);
+            pids[i] = hs__cli_spawn_producer(bin, hs_consumer_port(c), i, n_producer_args, pargs);
             if (pids[i] > 0) alive++;
         }
         hs_info("started %d local producer(s): %s --to 127.0.0.1:%u ...", alive, bin,

@@ -407,6 +407,25 @@ def test_both_producers_exit_2_when_refused_and_1_when_no_consumer_answers(model
         assert "Traceback" not in pr.text, (name, pr.text)
 
 
+def test_hs_consumer_loopback_runs_hsflow_produce_as_its_producer_command(models, data,
+                                                                         tmp_path):
+    """hs-consumer --loopback N -- COMMAND ...: the word after -- is the
+    producer command (hsflow-produce, found next to hs-consumer in build/bin),
+    run with its own arguments and --to/--name added; the run completes."""
+    path, _ = models["llama"]
+    data_path, _ = data
+    summary = tmp_path / "run.json"
+    pr = Proc([hsflow.find_tool("hs-consumer"), "--loopback", "1", "--cache-gb", "0.05",
+               "--epochs", "1", "--status-interval", "0", "--summary-json", str(summary), "--",
+               "hsflow-produce", "--data", data_path, "--token-budget", str(BUDGET),
+               "--model", path, "--layers", "1,4", "--dtype", "fp32", "--self-check", "0"])
+    assert pr.wait(300) == 0, pr.text
+    assert re.search(r"started 1 local producer\(s\): \S*hsflow-produce", pr.text), pr.text
+    s = json.load(open(summary))
+    assert s["complete"] is True and s["producers_seen"] == 1, s
+    assert s["batches_delivered"] == s["batches_planned"] > 0 and s["duplicates"] == 0, s
+
+
 @pytest.mark.parametrize("value", ["1", "5", "two"])
 def test_staging_buffers_outside_2_to_4_are_refused_before_anything_runs(models, data, value):
     path, _ = models["llama"]
