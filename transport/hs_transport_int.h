@@ -62,6 +62,12 @@ struct hs_tp {
     uint64_t shm_mapped, shm_refused, shm_ring_payloads, shm_plain_payloads;
     /* Listeners pause after a failed accept (hs__tp_accept_failed). */
     uint64_t accept_refused, accept_last_log_ns;
+    /* Payload memory hs_tp_mem_alloc() took from the heap (where the backend
+     * has no memory of its own to give): freed by hs_tp_mem_free() or, after
+     * the backend's destroy has run the last send callbacks, by
+     * hs_tp_destroy(). */
+    void **heap_mem;
+    uint32_t n_heap_mem, cap_heap_mem;
 };
 
 /* Common head of every backend's connection object. */

@@ -174,8 +174,13 @@ void hs_tp_destroy(hs_tp_t *tp)
     if (!tp) return;
     char *nd = tp->net_devices;
     hs__tp_fault_t *f = tp->fault;
-    hs_auth_key_clear(&tp->key); /* no handshake runs during destroy */
-    tp->ops->destroy(tp);        /* callbacks may still run through the fault layer */
+    void **heap = tp->heap_mem;
+    uint32_t n_heap = tp->n_heap_mem;
+    hs_auth_key_clear(&tp->key);          /* no handshake runs during destroy */
+    tp->ops->destroy(tp);                 /* callbacks may still run through the fault layer */
+    for (uint32_t i = 0; i < n_heap; i++) /* no send uses them any more */
+        hs_aligned_free(heap[i]);
+    free(heap);
     free(nd);
     hs__tp_fault_free(f);
 }
@@ -332,11 +337,19 @@ hs_status_t hs_tp_mem_alloc(hs_tp_t *tp, size_t len, void **out)
         hs_status_t st = tp->ops->mem_alloc(tp, len, out);
         if (st != HS_ERR_UNSUPPORTED) return st;
     }
+    if (tp->n_heap_mem == tp->cap_heap_mem) {
+        uint32_t cap = tp->cap_heap_mem ? 2 * tp->cap_heap_mem : 16;
+        void **grown = realloc(tp->heap_mem, cap * sizeof(*grown));
+        if (!grown) return HS_ERR_NOMEM;
+        tp->heap_mem = grown;
+        tp->cap_heap_mem = cap;
+    }
     void *p = hs_aligned_alloc(4096, len);
     if (!p) {
         hs_error("cannot allocate %.1f MiB of payload memory", (double)len / (1 << 20));
         return HS_ERR_NOMEM;
     }
+    tp->heap_mem[tp->n_heap_mem++] = p;
     memset(p, 0, len);
     hs_status_t reg = hs_tp_mem_register(tp, p, len);
     if (reg != HS_OK)
@@ -351,7 +364,14 @@ void hs_tp_mem_free(hs_tp_t *tp, void *p)
 {
     if (!tp || !p) return;
     if (tp->ops->mem_free && tp->ops->mem_free(tp, p)) return;
-    hs_aligned_free(p);
+    for (uint32_t i = 0; i < tp->n_heap_mem; i++) {
+        if (tp->heap_mem[i] == p) {
+            tp->heap_mem[i] = tp->heap_mem[--tp->n_heap_mem];
+            hs_aligned_free(p);
+            return;
+        }
+    }
+    hs_error("hs_tp_mem_free: %p is not payload memory of this transport; not freed", p);
 }
 
 hs_tp_kind_t hs_tp_get_kind(const hs_tp_t *tp) { return tp ? tp->cfg.kind : HS_TP_TCP; }
