@@ -208,3 +208,16 @@ synth() {
     shift
     "$DATA" synth "$file" "$@" >/dev/null 2>"$SCRATCH/synth.err" || fail "hs-data synth failed: $(cat "$SCRATCH/synth.err")"
 }
+
+# hsflow_data ARGS...: the Python hsflow-data of this build (its store
+# commands). Under ASan the interpreter is not instrumented while the
+# library it loads is, so the sanitizer runtime is preloaded, without leak
+# checking (Python keeps memory until exit on purpose), as for tests/python.
+hsflow_data() {
+    if [ "${HS_SANITIZE:-}" = address ]; then
+        LD_PRELOAD="$(${CC:-cc} -print-file-name=libasan.so)" \
+            ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" "$HS_BIN/hsflow-data" "$@"
+    else
+        "$HS_BIN/hsflow-data" "$@"
+    fi
+}

@@ -224,7 +224,7 @@ store)
         log_has "rank$r" 'dtype=fp8'
         expect_json "$SCRATCH/rank$r.json" 'd["complete"] is True' 'd["duplicates"] == 0' \
             'd["checksum_failures"] == 0' 'd["store_bad"] == 0'
-        "$HS_BIN/hsflow-data" store verify "$SCRATCH/store$r" >"$SCRATCH/verify$r.log" 2>&1 ||
+        hsflow_data store verify "$SCRATCH/store$r" >"$SCRATCH/verify$r.log" 2>&1 ||
             fail "rank $r's store does not verify: $(tail -n 3 "$SCRATCH/verify$r.log")"
         grep -Eq 'verified [1-9][0-9]* region\(s\): [0-9]+ good, 0 bad' "$SCRATCH/verify$r.log" ||
             fail "rank $r's store holds no verified region: $(cat "$SCRATCH/verify$r.log")"

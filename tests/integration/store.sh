@@ -238,7 +238,7 @@ shared)
     expect_exit prod 0 30
     expect_json "$SCRATCH/rank0.json" 'd["complete"] is True' 'd["checksum_failures"] == 0' \
         'd["batches_delivered"] == d["batches_planned"] > 0'
-    "$HS_BIN/hsflow-data" store verify "$store" >"$SCRATCH/verify.log" 2>&1 ||
+    hsflow_data store verify "$store" >"$SCRATCH/verify.log" 2>&1 ||
         fail "the store does not verify: $(cat "$SCRATCH/verify.log")"
     # the lock went with its holder: the folder opens again
     start again "$CONSUMER" --rank 0 --world 2 --listen 127.0.0.1:0 "${copts[@]}" --epochs 1 \
