@@ -34,6 +34,7 @@
 #define HS_DATA_H
 
 #include "hs_common.h"
+#include "hs_region.h" /* hs_batch_view_t, which the plan fills */
 
 #ifdef __cplusplus
 extern "C" {
@@ -152,10 +153,6 @@ typedef struct {
 } hs_plan_config_t;
 
 typedef struct hs_plan hs_plan_t;
-
-/* The batch region views of hs_proto.h (hs_batch_view_t): the plan fills
- * one without the data module depending on the wire format. */
-struct hs_batch_view;
 
 typedef struct {
     uint32_t n_seqs;

@@ -9,7 +9,7 @@
  * the short ones top up their leftover room, so batches come out nearly full
  * while sequences of similar length still tend to share a batch. */
 #include "hs_data.h"
-#include "hs_proto.h" /* hs_batch_view_t: its layout only, no call into proto/ */
+#include "hs_region.h" /* hs_batch_view_t */
 
 #include <inttypes.h>
 #include <stdio.h>

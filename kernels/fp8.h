@@ -6,7 +6,7 @@
  * Math (per row of n values, one row per token): scale = amax / 448 (1 for
  * a row of zeros), q = e4m3(x / scale); back, bf16(e4m3(q) * scale); every
  * rounding to nearest even in IEEE single precision. The C twins are
- * hs_fp8_quantize_row_bf16 / hs_fp8_dequantize_row_bf16 (proto/fp8.c, the
+ * hs_fp8_quantize_row_bf16 / hs_fp8_dequantize_row_bf16 (common/fp8.c, the
  * same scalar code of hs_float.h): the kernels give the same bits. */
 #ifndef HS_KN_FP8_H
 #define HS_KN_FP8_H

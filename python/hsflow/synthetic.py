@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The synthetic hidden states of hsflow's test source, in numpy.
 
-Bit-identical to hs_batch_synth_fill (proto/batch.c): a producer that sends
+Bit-identical to hs_batch_synth_fill (common/region.c): a producer that sends
 these lets a consumer started with verify_synthetic=True check every element
 end to end. Each value is a finite bf16 in [2^-7, 2)."""
 import numpy as np

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* fuzz_batch.c - the batch region checks (proto/batch.c): hs_batch_verify,
+/* fuzz_batch.c - the batch region checks (common/region.c): hs_batch_verify,
  * which the consumer runs on every payload a producer delivers, and
  * hs_batch_synth_check behind --verify-synthetic.
  *

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* test_fp8_cuda.c - the fp8 kernels against their C twins (proto/fp8.c),
+/* test_fp8_cuda.c - the fp8 kernels against their C twins (common/fp8.c),
  * bit for bit: rows of odd and vector-friendly lengths, rows of zeros and of
  * both signs over many binades, the dequantisation of what the quantiser
  * wrote, and a NaN or infinity flagged with its row. Skipped (exit 77)

@@ -8,7 +8,7 @@
  * division or one multiplication per value, so kernels/fp8.cu gives the
  * same bits. */
 #include "hs_float.h"
-#include "hs_proto.h"
+#include "hs_region.h"
 #include "hsflow.h"
 
 #include <inttypes.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* batch.c - the layout and the batch region (DESIGN §1): offsets, header,
+/* region.c - the layout and the batch region (DESIGN §1): offsets, header,
  * seal/verify, and the synthetic hidden states used by tests and by the
  * synthetic producer source.
  *
@@ -7,7 +7,7 @@
  *         [loss_mask u8 T][hidden bf16 T*k*H], each part 256-aligned.
  * The region is little-endian; so is every host hsflow builds for. */
 #include "hs_float.h"
-#include "hs_proto.h"
+#include "hs_region.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
