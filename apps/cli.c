@@ -2,7 +2,6 @@
 /* cli.c - getopt_long with HS_* environment defaults (STYLE: every flag is
  * also settable from the environment; the command line wins), and --version. */
 #include "hs_cli.h"
-#include "hs_common.h"
 
 #include <getopt.h>
 #include <ctype.h>

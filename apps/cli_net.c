@@ -4,6 +4,8 @@
  * secret flags, one check of --require-rdma and --nic, one pair of signal
  * handlers. */
 #include "hs_cli_net.h"
+#include "hs_log.h"
+#include "hs_parse.h"
 
 #include <stdio.h>
 #include <stdlib.h>

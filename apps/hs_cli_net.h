@@ -19,9 +19,10 @@
 
 #include <getopt.h>
 #include <signal.h>
+#include <stdint.h>
+#include <stdbool.h>
 
 #include "hs_cli.h"
-#include "hs_common.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -3,6 +3,9 @@
  * --stats-jsonl lines, the --resume-state file read and the --save-state
  * file written whole. */
 #include "hs_consumer_files_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_outfile.h"
 
 #include <fcntl.h>
 #include <stdio.h>

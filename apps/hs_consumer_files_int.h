@@ -6,9 +6,9 @@
 #define HS_CONSUMER_FILES_INT_H
 
 #include <stdio.h>
+#include <stddef.h>
 
 #include "hsflow.h"
-#include "hs_common.h"
 
 /* Appends one JSON object on one line to f: the summary's figures now, with
  * the wall-clock and monotonic times; flushed. */

@@ -14,7 +14,13 @@
 #include <limits.h>
 
 #include "hsflow.h"
-#include "hs_common.h"
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_outfile.h"
+#include "hs_memclaim.h"
+#include "hs_parse.h"
+#include "hs_version.h"
 #include "hs_cli_net.h"
 #include "hs_devices.h"
 #include "hs_proto.h"

@@ -6,6 +6,7 @@
 #include "hs_cli.h"
 
 #include <string.h>
+#include <stdio.h>
 
 /* The columns of --help: flags from 2, their text from 25, lines up to 92. */
 #define HELP_INDENT 25

@@ -18,7 +18,12 @@
 #include <unistd.h>
 
 #include "hs_cli.h"
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_shuffle.h"
+#include "hs_parse.h"
+#include "hs_version.h"
 #include "hs_data.h"
 #include "hs_proto.h"
 

@@ -14,7 +14,12 @@
 #include <string.h>
 
 #include "hs_cli.h"
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_outfile.h"
+#include "hs_parse.h"
+#include "hs_version.h"
 #include "hs_data.h"
 #include "hs_model.h"
 #include "safetensors_int.h"

@@ -12,6 +12,11 @@
 #include "hs_model.h"
 #include "hs_data.h"
 #include "preflight_int.h" /* --preflight-headroom */
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_outfile.h"
+#include "hs_parse.h"
+#include "hs_version.h"
 
 static const char usage[] =
     "usage: hs-producer --to HOST:PORT --data FILE --token-budget N --layers L1,L2,...\n"

@@ -4,7 +4,8 @@
  * CRC-32C: hardware crc32 instruction (SSE4.2) when present, else a
  * byte-wise table. Both give the standard Castagnoli value (crc32c("123456789")
  * = 0xe3069283). No Debian library packages CRC-32C, hence the 40 lines here. */
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_checksum.h"
 
 #include <pthread.h>
 #include <stdbool.h>

@@ -4,7 +4,7 @@
  * scale = amax / 448 over the row's k*H values (1 for a row of zeros), so
  * the largest value maps to 448 and nothing saturates but rounding at the
  * top; q = e4m3(x / scale). Back: bf16(e4m3(q) * scale). Both round to
- * nearest even in IEEE single precision (the scalars of hs_common.h), one
+ * nearest even in IEEE single precision (the scalars of hs_float.h), one
  * division or one multiplication per value, so kernels/fp8.cu gives the
  * same bits. */
 #include "hs_float.h"

@@ -11,7 +11,11 @@
 #ifndef HS_REGION_H
 #define HS_REGION_H
 
-#include "hs_common.h"
+#include <stdint.h>
+#include <stddef.h>
+
+#include "hsflow.h"
+#include "hs_checksum.h"
 
 #ifdef __cplusplus
 extern "C" {

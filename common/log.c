@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* log.c - one logger for every module: "[time tag LEVEL] message" on stderr.
  * The level comes from HS_LOG_LEVEL once, at first use. */
-#include "hs_common.h"
+#include "hs_log.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -28,7 +28,10 @@
  * the claims and adding one happen under an exclusive flock() of the
  * folder's .lock file, so of two consumers starting at once, the second
  * sees the first; that lock is waited for at most LOCK_WAIT_MS. */
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_memclaim.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -7,7 +7,9 @@
  * stray temporary file next to it). Before anything is created, PATH is
  * compared with the inputs by device and inode, so a symlink or hard link to
  * an input is caught as well as the same name. */
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_log.h"
+#include "hs_outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>

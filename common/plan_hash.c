@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* plan_hash.c - the plan hash: what a run is pinned by, bound to every
- * batch's shape (see hs_common.h). */
-#include "hs_common.h"
+ * batch's shape (see hs_plan_hash.h). */
+#include "hs_plan_hash.h"
+#include "hs_bytes.h"
 
 #include <pthread.h>
 #include <sodium.h>

@@ -8,6 +8,10 @@
  * The region is little-endian; so is every host hsflow builds for. */
 #include "hs_float.h"
 #include "hs_region.h"
+#include "hs_log.h"
+#include "hs_checksum.h"
+#include "hs_shuffle.h"
+#include "hs_memory.h"
 
 #include <inttypes.h>
 #include <stdarg.h>

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* status.c - hs_status_t to text. */
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_status.h"
 
 const char *hs_status_str(hs_status_t status)
 {

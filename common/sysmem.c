@@ -4,7 +4,8 @@
  * parents (v2 memory.max / memory.current, v1 memory.limit_in_bytes /
  * memory.usage_in_bytes), less the inactive page cache the kernel would
  * reclaim before it kills anything. */
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_memclaim.h"
 
 #include <inttypes.h>
 #include <stdio.h>

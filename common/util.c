@@ -1,6 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* util.c - clocks, aligned memory and the parsers behind every CLI flag. */
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_time.h"
+#include "hs_shuffle.h"
+#include "hs_memory.h"
+#include "hs_parse.h"
 
 #include <ctype.h>
 #include <errno.h>

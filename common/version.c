@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "hs_build_config.h"
-#include "hs_common.h"
+#include "hs_version.h"
 #include "hs_git_describe.h"
 #include "hsflow.h"
 

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* window.c - recent windows of counters (hs_common.h): a ring of samples
+/* window.c - recent windows of counters (hs_window.h): a ring of samples
  * from which the status lines take rates over the last 30 s. */
-#include "hs_common.h"
+#include "hs_window.h"
+
+#include <stddef.h>
 
 bool hs_window_take(hs_window_t *w, const hs_window_sample_t *now, hs_window_sample_t *base)
 {

@@ -3,6 +3,10 @@
  * by a best-fit allocator over address-ordered, coalescing extents, prepared
  * (pinned / prefaulted) chunk by chunk in the background. See cache_int.h. */
 #include "cache_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_memory.h"
+#include "hs_memclaim.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -11,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <stdio.h>
 
 #ifdef HS_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -38,7 +38,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_memclaim.h"
 
 #ifdef __cplusplus
 extern "C" {

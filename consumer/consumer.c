@@ -14,6 +14,13 @@
 #include "consumer_int.h"
 #include "metrics_int.h"
 #include "options_int.h"
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_memory.h"
+#include "hs_memclaim.h"
+#include "hs_parse.h"
+#include "hs_version.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -26,9 +26,12 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <sodium.h>
+#include <stdint.h>
+#include <stdbool.h>
 
 #include "hsflow.h"
-#include "hs_common.h"
+#include "hs_window.h"
+#include "hs_memclaim.h"
 #include "hs_proto.h"
 #include "hs_transport.h"
 #include "cache_int.h"

@@ -5,6 +5,9 @@
  * slots back; hs_consumer_unget() takes back a batch that never reached the
  * trainer; hs_consumer_state_save() writes the position. */
 #include "consumer_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_memory.h"
 
 #include <errno.h>
 #include <stdlib.h>

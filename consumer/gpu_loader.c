@@ -2,6 +2,8 @@
 /* gpu_loader.c - host-to-device delivery of verified batches; see
  * gpu_loader_int.h. */
 #include "gpu_loader_int.h"
+#include "hs_status.h"
+#include "hs_log.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

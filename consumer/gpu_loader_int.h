@@ -14,7 +14,9 @@
 #ifndef HS_GPU_LOADER_INT_H
 #define HS_GPU_LOADER_INT_H
 
-#include "hs_common.h"
+#include <stdint.h>
+
+#include "hsflow.h"
 #include "cache_int.h"
 
 typedef struct hs__loader hs__loader_t;

@@ -4,6 +4,10 @@
  * state read at create. The network thread (see handshake_int.h). */
 #include "consumer_int.h"
 #include "options_int.h"
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_plan_hash.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* journal.c - the resume journal; see journal_int.h. */
 #include "journal_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -15,7 +15,10 @@
 #ifndef HS_JOURNAL_INT_H
 #define HS_JOURNAL_INT_H
 
-#include "hs_common.h"
+#include <stdint.h>
+#include <stddef.h>
+
+#include "hsflow.h"
 #include "state_int.h"
 
 typedef struct hs_journal hs_journal_t;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* metrics.c - Prometheus text exposition of the consumer's figures. */
 #include "metrics_int.h"
+#include "hs_log.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

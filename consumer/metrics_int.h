@@ -14,7 +14,8 @@
 #define HS_METRICS_INT_H
 
 #include "hsflow.h"
-#include "hs_common.h"
+#include <stdint.h>
+#include <stddef.h>
 
 #define HS_METRICS_MAX_CONNS 16u    /* connections at once, at most */
 #define HS_METRICS_FD_SHARE 16u     /* ... and at most 1/16 of RLIMIT_NOFILE */

@@ -7,7 +7,9 @@
  * docs/cli.md all come from it (through hs_consumer_option_info). */
 #include "options_int.h"
 
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_log.h"
+#include "hs_parse.h"
 #include "hs_proto.h" /* hs_layout_parse */
 
 #include <assert.h>

@@ -3,6 +3,9 @@
  * connection from accept until its payloads settle, the pre-authentication
  * limits, sending to a peer and dropping one. The network thread only. */
 #include "consumer_int.h"
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <stdio.h>
 #include <stdlib.h>

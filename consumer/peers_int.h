@@ -11,8 +11,9 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 #include "hs_proto.h"
 #include "hs_transport.h"
 

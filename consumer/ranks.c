@@ -14,6 +14,7 @@
  * says so and goes on. Two claimants are found when some consumer is fed by
  * a producer of each, or one producer feeds both (it refuses that itself). */
 #include "consumer_int.h"
+#include "hs_log.h"
 
 #include <inttypes.h>
 #include <stdio.h>

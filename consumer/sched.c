@@ -3,6 +3,8 @@
  * the ready list. See sched_int.h for the state machine. */
 #include "sched_int.h"
 #include "ticket_table_int.h"
+#include "hs_log.h"
+#include "hs_shuffle.h"
 
 #include <assert.h>
 #include <stdlib.h>

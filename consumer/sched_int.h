@@ -32,7 +32,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 #include "shard_int.h"
 
 #ifdef __cplusplus

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* shard.c - each epoch's batches dealt to ranks; see shard_int.h. */
 #include "shard_int.h"
+#include "hs_log.h"
+#include "hs_shuffle.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -27,7 +27,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* state.c - the resume state; see state_int.h. */
 #include "state_int.h"
+#include "hs_log.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>

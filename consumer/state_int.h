@@ -27,7 +27,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "hs_common.h"
 #include "hsflow.h"
 
 #ifdef __cplusplus

@@ -3,6 +3,8 @@
  * counters, the cache and the network thread's snapshot; the derived
  * progress, ETAs and bottleneck; the status line and the summary's JSON. */
 #include "consumer_int.h"
+#include "hs_time.h"
+#include "hs_window.h"
 
 #include <stdio.h>
 #include <string.h>

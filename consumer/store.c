@@ -1,6 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* store.c - the consumer's hidden-state store; see store_int.h. */
 #include "store_int.h"
+#include "hs_log.h"
+#include "hs_checksum.h"
+#include "hs_plan_hash.h"
+#include "hs_outfile.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

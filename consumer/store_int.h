@@ -42,8 +42,9 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stddef.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 #include "hs_proto.h"
 
 #define HS_STORE_REC_BYTES 64u

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* ticket_table.c - live tickets to scheduler records; see ticket_table_int.h. */
 #include "ticket_table_int.h"
+#include "hs_log.h"
 
 #include <stdbool.h>
 #include <stdlib.h>

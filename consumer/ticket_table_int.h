@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 
 #define HS__TICKET_NONE UINT32_MAX /* what find answers for a ticket not in the table */
 

@@ -4,6 +4,8 @@
  * threads' verdicts, deliverable batches onto the delivery queue, and the
  * leases of producers that stopped making progress (see tickets_int.h). */
 #include "consumer_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <string.h>
 

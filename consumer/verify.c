@@ -8,6 +8,8 @@
  * being checked or waiting to be taken), so a checksum thread never finds
  * the verdicts' ring full. */
 #include "verify_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -15,7 +15,10 @@
 #ifndef HS_VERIFY_INT_H
 #define HS_VERIFY_INT_H
 
-#include "hs_common.h"
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "hsflow.h"
 #include "sched_int.h"
 
 /* One received batch to check, and then its verdict. */

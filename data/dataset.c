@@ -5,6 +5,7 @@
  * dataset_jsonl.c and dataset_hst.c, the writers dataset_write.c;
  * dataset_int.h has the .hst format. */
 #include "dataset_int.h"
+#include "hs_log.h"
 
 #include <errno.h>
 #include <fcntl.h>

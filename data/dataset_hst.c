@@ -4,6 +4,9 @@
  * its arrays used in place, without a copy, and the guard that keeps a file
  * shrinking under its mapping from killing the process (hs_dataset_check). */
 #include "dataset_int.h"
+#include "hs_log.h"
+#include "hs_checksum.h"
+#include "hs_bytes.h"
 
 #include <fcntl.h>
 #include <inttypes.h>

@@ -4,6 +4,7 @@
  * writers produce and by cJSON otherwise (which decides what is accepted and
  * what each error says); whole files into a dataset of its own memory. */
 #include "dataset_int.h"
+#include "hs_log.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -3,12 +3,15 @@
  * told apart by content, then the JSONL reader (dataset_jsonl.c) or the .hst
  * reader (dataset_hst.c); see hs_data.h. */
 #include "dataset_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <stdio.h>
 
 hs_status_t hs_dataset_open(const char *path, hs_dataset_t **out)
 {

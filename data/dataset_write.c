@@ -5,6 +5,9 @@
  * file too large to load (hs_dataset_summarize). Every .hst is written to a
  * temporary file, flushed and renamed over its target. */
 #include "dataset_int.h"
+#include "hs_log.h"
+#include "hs_checksum.h"
+#include "hs_outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>

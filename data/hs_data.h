@@ -33,7 +33,10 @@
 #ifndef HS_DATA_H
 #define HS_DATA_H
 
-#include "hs_common.h"
+#include <stdint.h>
+#include <stddef.h>
+
+#include "hsflow.h"
 #include "hs_region.h" /* hs_batch_view_t, which the plan fills */
 
 #ifdef __cplusplus
@@ -185,7 +188,7 @@ void hs_plan_destroy(hs_plan_t *plan); /* NULL is fine */
 uint32_t hs_plan_n_batches(const hs_plan_t *plan);
 /* Batch `id` (< n_batches) into *out; HS_ERR_INVALID for a bad id. */
 HS_MUST_CHECK hs_status_t hs_plan_batch(const hs_plan_t *plan, uint32_t id, hs_plan_batch_t *out);
-/* hs_plan_hash_of() (hs_common.h) of the basis and the batch shapes. */
+/* hs_plan_hash_of() (hs_plan_hash.h) of the basis and the batch shapes. */
 uint64_t hs_plan_hash(const hs_plan_t *plan);
 /* What the plan hash is built on besides the shapes (hs_plan_hash_of), sent
  * in HELLO so that the consumer checks the shapes against the hash. */

@@ -10,6 +10,10 @@
  * while sequences of similar length still tend to share a batch. */
 #include "hs_data.h"
 #include "hs_region.h" /* hs_batch_view_t */
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_plan_hash.h"
+#include "hs_shuffle.h"
 
 #include <inttypes.h>
 #include <stdio.h>

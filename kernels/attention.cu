@@ -29,6 +29,8 @@
 #include "attention.h"
 #include "cublaslt.h"
 #include "mma_bf16.cuh"
+#include "hs_log.h"
+#include "hs_time.h"
 #ifdef HS_HAVE_CUDNN
 #include "attention_int.h"
 #endif

@@ -29,6 +29,7 @@
 
 #include "attention_int.h"
 #include "cublaslt.h"
+#include "hs_log.h"
 
 namespace fe = cudnn_frontend;
 

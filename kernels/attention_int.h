@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -20,6 +20,7 @@
 
 #include "conv1d.h"
 #include "cublaslt.h"
+#include "hs_log.h"
 
 typedef __nv_bfloat16 bf16;
 

@@ -8,6 +8,8 @@
  * are the output features. */
 #include "cublaslt.h"
 #include "fp8_block.h"
+#include "hs_log.h"
+#include "hs_memory.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -21,8 +21,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <cuda_runtime_api.h>
+#include <stddef.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_log.h"
 
 #ifdef __cplusplus
 extern "C" {

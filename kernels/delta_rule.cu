@@ -20,6 +20,7 @@
 #include "delta_rule_int.h"
 #include "mma_bf16.cuh"
 #include "wgmma.cuh"
+#include "hs_log.h"
 
 typedef __nv_bfloat16 bf16;
 

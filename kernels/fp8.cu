@@ -6,13 +6,13 @@
  * e4m3 bytes. Dequantise: each thread turns 16 bytes into 16 bf16 through a
  * table of the 256 codes where the row length allows, else one value.
  * Memory-bound both.
- * The scalar conversions are hs_common.h's, shared with the C twins, with
+ * The scalar conversions are hs_float.h's, shared with the C twins, with
  * __fdiv_rn / __fmul_rn so no contraction or fast path changes a bit. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "fp8.h"
-#include "hs_common.h"
+#include "hsflow.h"
 #include "hs_float.h"
 
 #define QUANT_THREADS 256

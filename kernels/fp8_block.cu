@@ -31,6 +31,7 @@
 #include "rmsnorm_gated.h"
 #include "swiglu.cuh"
 #include "swiglu.h"
+#include "hs_log.h"
 
 #define WARPS 4
 

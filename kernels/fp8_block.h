@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 #include "hs_float.h"
 
 #ifdef __cplusplus

@@ -10,6 +10,7 @@
 
 #include "cublaslt.h"
 #include "gdn_gates.h"
+#include "hs_log.h"
 
 typedef __nv_bfloat16 bf16;
 

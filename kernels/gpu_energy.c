@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "hs_common.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 typedef void *nvml_device_t;
 typedef struct {

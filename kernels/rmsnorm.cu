@@ -31,6 +31,7 @@
 #include "fp8_group.cuh"
 #include "row_rms.cuh"
 #include "rmsnorm.h"
+#include "hs_log.h"
 
 typedef __nv_bfloat16 bf16;
 

@@ -19,6 +19,7 @@
 #include "rmsnorm_gated.cuh"
 #include "rmsnorm_gated.h"
 #include "row_rms.cuh"
+#include "hs_log.h"
 
 typedef __nv_bfloat16 bf16;
 

@@ -21,6 +21,7 @@
 
 #include "cublaslt.h"
 #include "rope.h"
+#include "hs_log.h"
 
 typedef __nv_bfloat16 bf16;
 

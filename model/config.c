@@ -13,6 +13,7 @@
 #include "attention.h"
 #include "model_int.h"
 #include "rope.h"
+#include "hs_log.h"
 
 static const struct {
     const char *name;

@@ -38,6 +38,7 @@
 #include "rope.h"
 #include "sigmoid_gate.h"
 #include "swiglu.h"
+#include "hs_log.h"
 
 /* Here, beside its first caller (the CUDA forward, hs-forward and the
  * preflight call it too). */

@@ -67,6 +67,9 @@
 #include "rope.h"
 #include "sigmoid_gate.h"
 #include "swiglu.h"
+#include "hs_log.h"
+#include "hs_shuffle.h"
+#include "hs_memory.h"
 
 #define ALIGN 256
 

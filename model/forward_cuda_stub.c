@@ -2,6 +2,7 @@
 /* forward_cuda_stub.c - the CUDA forward's entry points in a build without
  * CUDA: each says so and returns HS_ERR_UNSUPPORTED. */
 #include "hs_model.h"
+#include "hs_log.h"
 
 static hs_status_t no_cuda(const char *what)
 {

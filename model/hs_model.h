@@ -23,8 +23,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdbool.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 
 #ifdef __cplusplus
 extern "C" {

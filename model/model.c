@@ -12,6 +12,7 @@
 #include "fp8_block.h"
 #include "model_int.h"
 #include "rope.h"
+#include "hs_log.h"
 
 static char *read_file(const char *path, size_t *len)
 {

@@ -3,6 +3,9 @@
  * sharded via model.safetensors.index.json) and writer. See
  * safetensors_int.h for the format and the ownership rules. */
 #include "safetensors_int.h"
+#include "hs_log.h"
+#include "hs_bytes.h"
+#include "hs_outfile.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -8,7 +8,9 @@
  * owns) is hashed whole every time. */
 #include "hsflow.h"
 
-#include "hs_common.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_bytes.h"
 
 #include <dirent.h>
 #include <errno.h>

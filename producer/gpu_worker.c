@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* gpu_worker.c - see gpu_worker_int.h. */
 #include "gpu_worker_int.h"
+#include "hs_log.h"
 
 #include <stdlib.h>
 

@@ -14,7 +14,10 @@
 #ifndef HS_GPU_WORKER_INT_H
 #define HS_GPU_WORKER_INT_H
 
-#include "hs_common.h"
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "hsflow.h"
 #include "hs_proto.h"
 #include "hs_model.h"
 

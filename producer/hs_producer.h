@@ -10,8 +10,10 @@
 #define HS_PRODUCER_H
 
 #include <signal.h>
+#include <stdint.h>
+#include <stdbool.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 #include "hs_proto.h"
 #include "hs_model.h" /* hs_model_attn_t */
 

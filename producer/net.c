@@ -5,6 +5,8 @@
  * frame + payload straight from its staging buffer, given back when the send
  * completes), drains on a stop request, and sends the heartbeat. */
 #include "net_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -19,6 +19,8 @@
 #include "hs_model.h"
 #include "hs_producer.h"
 #include "preflight_int.h"
+#include "hs_log.h"
+#include "hs_parse.h"
 
 hs_status_t hs_producer_preflight(const hs_producer_config_t *cfg, uint32_t *budget_out);
 

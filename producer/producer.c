@@ -9,6 +9,11 @@
  * handshake), net.c (the network loop), report.c (STATS, status, summary);
  * producer_int.h says which thread owns which state. */
 #include "producer_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_checksum.h"
+#include "hs_parse.h"
+#include "hs_version.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -27,6 +27,8 @@
 #include "hs_transport.h"
 #include "hs_model.h"
 #include "gpu_worker_int.h"
+#include "hs_window.h"
+#include "hs_checksum.h"
 
 /* Staging buffers (one batch each) per worker. A built-in worker sends one
  * batch while it computes the next: two. A worker of the API gets three

@@ -3,6 +3,11 @@
  * the consumer's lease watches), the live status line naming the limit, and
  * the summary at the end (log and --summary-json). */
 #include "report_int.h"
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_window.h"
+#include "hs_outfile.h"
 
 #include <math.h>
 

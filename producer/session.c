@@ -12,6 +12,9 @@
  * its ticket came from (net.c). */
 #include "session_int.h"
 #include "worker_int.h" /* ticket records */
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <stdarg.h>
 #include <stdio.h>

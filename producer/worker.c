@@ -6,6 +6,9 @@
  * back when the send completes. So worker k computes batch n+1 while batch
  * n is on the wire. */
 #include "worker_int.h"
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <stdlib.h>
 #include <time.h>

@@ -3,6 +3,7 @@
  * (libsodium: BLAKE2b for the key, HMAC-SHA256 for the proofs, constant-time
  * comparison). The protocol is described in hs_proto.h. */
 #include "hs_proto.h"
+#include "hs_log.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -4,6 +4,8 @@
  * all little-endian. Decoding rejects a bad header before anyone allocates
  * for its body. */
 #include "hs_proto.h"
+#include "hs_checksum.h"
+#include "hs_bytes.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -12,7 +12,11 @@
 #ifndef HS_PROTO_H
 #define HS_PROTO_H
 
-#include "hs_common.h"
+#include <stdint.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "hsflow.h"
 /* The layout, fp8 rows and the batch region: no protobuf. */
 #include "hs_region.h"
 /* The Hsflow__* message types, generated from hsflow.proto by protoc-c into

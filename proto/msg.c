@@ -6,6 +6,8 @@
  * to make us misbehave (nonce lengths, array lengths, counts, string sizes)
  * is checked here, so the rest of hsflow can trust a decoded message. */
 #include "hs_proto.h"
+#include "hs_log.h"
+#include "hs_memory.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -9,6 +9,7 @@
  * their deepest common bridge (what nvidia-smi topo calls PIX/PXB/PHB). This
  * needs neither CUDA nor hwloc. */
 #include "hs_devices.h"
+#include "hs_log.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -13,6 +13,8 @@
  * otherwise; they let tests prove that a checksum catches corruption and a
  * cut connection loses no batch. */
 #include "hs_transport_int.h"
+#include "hs_log.h"
+#include "hs_parse.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,8 +10,10 @@
 #define HS_DEVICES_H
 
 #include <stdio.h>
+#include <stdbool.h>
+#include <stddef.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -36,7 +36,11 @@
 #ifndef HS_TRANSPORT_H
 #define HS_TRANSPORT_H
 
-#include "hs_common.h"
+#include <stdint.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "hsflow.h"
 #include "hs_proto.h" /* hs_auth_key_t */
 
 #ifdef __cplusplus

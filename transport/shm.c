@@ -3,6 +3,8 @@
  * (shm_int.h): the preamble, segments (memfd rings), descriptors passed and
  * mapped, RING descriptors checked, payloads waiting for their RELEASE. */
 #include "shm_int.h"
+#include "hs_log.h"
+#include "hs_bytes.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -47,8 +47,9 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/un.h>
+#include <stddef.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 #include "hs_transport.h"
 
 #ifdef __cplusplus

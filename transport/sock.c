@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* sock.c - the TCP socket layer under both transports (sock_int.h). */
 #include "sock_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <errno.h>
 #include <netdb.h>

@@ -12,8 +12,11 @@
 #define HS_SOCK_INT_H
 
 #include <sys/socket.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include <stddef.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
 
 #ifdef __cplusplus
 extern "C" {

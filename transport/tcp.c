@@ -4,6 +4,9 @@
  * I/O is in tcp_conn.c. */
 
 #include "tcp_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_checksum.h"
 
 #include <assert.h>
 #include <errno.h>

@@ -5,6 +5,11 @@
  * its close. */
 
 #include "tcp_int.h"
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_checksum.h"
+#include "hs_bytes.h"
 
 #include <assert.h>
 #include <errno.h>

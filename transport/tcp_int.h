@@ -50,6 +50,7 @@
 #include "hs_transport_int.h"
 #include "shm_int.h"
 #include "sock_int.h"
+#include "hs_checksum.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -4,6 +4,8 @@
  * preambles), connecting from a producer on the same host, and the
  * transport's shared payload memory (hs_tp_mem_alloc). */
 #include "tcp_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -4,6 +4,10 @@
  * the helpers the backends share (frame checks, peer addresses, resolving,
  * the ERROR frame). */
 #include "hs_transport_int.h"
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_memory.h"
 
 #include "hs_devices.h"
 

@@ -43,6 +43,8 @@
  */
 
 #include "ucx_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <assert.h>
 #include <errno.h>

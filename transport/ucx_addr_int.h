@@ -35,7 +35,10 @@
 #ifndef HS_UCX_ADDR_INT_H
 #define HS_UCX_ADDR_INT_H
 
-#include "hs_common.h"
+#include <stdint.h>
+#include <stddef.h>
+
+#include "hsflow.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -3,6 +3,8 @@
  * exchange is described in ucx_boot_server.c): hs_tp_connect() over UCX. */
 
 #include "ucx_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <assert.h>
 #include <errno.h>

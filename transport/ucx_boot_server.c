@@ -4,6 +4,8 @@
  * endpoint of each peer that proved itself. */
 
 #include "ucx_int.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <assert.h>
 #include <errno.h>

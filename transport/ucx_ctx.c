@@ -4,6 +4,7 @@
  * listen (ucx_boot_server.c), closed at destroy; and a peer's worker address
  * matched against this worker's own (both bootstrap sides). */
 #include "ucx_int.h"
+#include "hs_log.h"
 
 #include "hs_devices.h"
 

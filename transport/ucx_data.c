@@ -4,6 +4,9 @@
  * out, payloads straight into the receiver's memory. */
 
 #include "ucx_int.h"
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_time.h"
 
 #include <assert.h>
 #include <errno.h>

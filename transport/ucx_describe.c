@@ -4,6 +4,7 @@
  * (require_rdma, memory handles). A part of ucx.c's transport that calls
  * none of the others. */
 #include "ucx_int.h"
+#include "hs_log.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,6 +3,7 @@
  * ucx_hello_int.h). Nothing here needs UCX: the checks run before a single
  * byte from the peer reaches it. */
 #include "ucx_hello_int.h"
+#include "hs_bytes.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -24,7 +24,10 @@
 #ifndef HS_UCX_HELLO_INT_H
 #define HS_UCX_HELLO_INT_H
 
-#include "hs_common.h"
+#include <stdint.h>
+#include <stddef.h>
+
+#include "hsflow.h"
 
 #ifdef __cplusplus
 extern "C" {

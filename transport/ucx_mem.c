@@ -4,6 +4,7 @@
  * (see hs_tp_mem_register). */
 
 #include "ucx_int.h"
+#include "hs_log.h"
 
 #include <assert.h>
 #include <errno.h>

@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hs_common.h"
+#include "hs_time.h"
+#include "hs_shuffle.h"
 #include "hs_float.h"
 #include "hs_proto.h"
 

@@ -24,7 +24,11 @@
 #include "attention.h"
 #include "hs_float.h"
 #include "hs_cli.h"
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_shuffle.h"
+#include "hs_parse.h"
 #include "hs_model.h"
 
 #define MAX_SHAPES 16

@@ -21,7 +21,8 @@
 #include "delta_rule.h"
 #include "delta_rule_int.h"
 #include "hs_cli.h"
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_shuffle.h"
 
 #define MAX_SHAPES 16
 

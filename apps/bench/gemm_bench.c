@@ -21,7 +21,7 @@
 
 #include "hs_float.h"
 #include "hs_cli.h"
-#include "hs_common.h"
+#include "hs_shuffle.h"
 
 #define MAX_SHAPES 16
 #define MAX_ALGOS 32

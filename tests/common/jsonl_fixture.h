@@ -13,8 +13,10 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <stddef.h>
 
-#include "hs_common.h" /* hs_splitmix64 */
+#include "hs_time.h"
+#include "hs_shuffle.h"
 
 /* A new folder $TMPDIR/TAG.XXXXXX (TMPDIR defaults to /tmp) into dir. */
 static inline void hs_test_tmpdir(char *dir, size_t cap, const char *tag)

@@ -9,7 +9,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_window.h"
+#include "hs_checksum.h"
+#include "hs_bytes.h"
+#include "hs_outfile.h"
+#include "hs_memclaim.h"
+#include "hs_parse.h"
 
 START_TEST(crc32c_matches_the_castagnoli_check_value)
 {

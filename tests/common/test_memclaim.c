@@ -18,7 +18,8 @@
 #include <unistd.h>
 
 #include "hsflow.h"
-#include "hs_common.h"
+#include "hs_time.h"
+#include "hs_memclaim.h"
 
 #define NOBODY 65534
 

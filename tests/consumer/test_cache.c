@@ -11,6 +11,10 @@
 #include <unistd.h>
 
 #include "cache_int.h"
+#include "hs_log.h"
+#include "hs_shuffle.h"
+#include "hs_memory.h"
+#include "hs_memclaim.h"
 
 #ifdef HS_HAVE_CUDA
 #include <cuda_runtime_api.h>

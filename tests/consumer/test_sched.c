@@ -7,10 +7,13 @@
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 
 #include "cache_int.h"
 #include "common/alloc_count.h"
 #include "sched_int.h"
+#include "hs_log.h"
+#include "hs_shuffle.h"
 
 #define SEED 0x5eedull
 

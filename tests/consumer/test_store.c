@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 #include "store_int.h"
+#include "hs_time.h"
+#include "hs_checksum.h"
+#include "hs_plan_hash.h"
 
 #define N_BATCHES 3
 static uint32_t n_seqs[N_BATCHES] = {2, 1, 3};

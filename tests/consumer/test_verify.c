@@ -15,9 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <stdio.h>
 
 #include "common/alloc_count.h"
 #include "verify_int.h"
+#include "hs_time.h"
 
 /* ---- pthread_create, counted and made to fail on demand ------------------ */
 

@@ -17,6 +17,8 @@
 #include <string.h>
 
 #include "hs_proto.h"
+#include "hs_checksum.h"
+#include "hs_memory.h"
 
 typedef struct {
     const uint8_t *p;

@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "fuzz_dataset_common.h"
+#include "hs_checksum.h"
 
 static void try_open(const uint8_t *p, size_t n)
 {

@@ -22,6 +22,7 @@
 #include "hs_proto.h"
 #include "safetensors_int.h"
 #include "state_int.h"
+#include "hs_log.h"
 
 static const char *g_out;
 

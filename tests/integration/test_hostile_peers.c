@@ -36,6 +36,11 @@
 #include "hsflow.h"
 #include "hs_producer.h"
 #include "hs_data.h"
+#include "hs_status.h"
+#include "hs_log.h"
+#include "hs_time.h"
+#include "hs_bytes.h"
+#include "hs_memory.h"
 
 #define EPOCHS 2u
 #define BUDGET 256u

@@ -19,7 +19,7 @@
 
 #include "common/jsonl_fixture.h"
 #include "hsflow.h"
-#include "hs_common.h"
+#include "hs_status.h"
 #include "hs_proto.h"
 
 #define EPOCHS 2u

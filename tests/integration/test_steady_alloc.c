@@ -22,7 +22,7 @@
 #include "common/jsonl_fixture.h"
 #include "common/alloc_count.h"
 #include "hsflow.h"
-#include "hs_common.h"
+#include "hs_time.h"
 
 #define EPOCHS 24u
 #define COUNT_FROM 6u   /* epochs of warm-up before the count */

@@ -13,9 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cuda_runtime_api.h>
+#include <stddef.h>
 
 #include "hs_float.h"
-#include "hs_common.h" /* hs_splitmix64 */
+#include "hs_shuffle.h"
 #include "cuda_test_main.h"
 
 static uint64_t g_rng = 0x1234;

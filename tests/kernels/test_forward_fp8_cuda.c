@@ -25,6 +25,7 @@
 #include "cuda_test_main.h"
 #include "hs_model.h"
 #include "safetensors_int.h"
+#include "hs_shuffle.h"
 
 #ifndef HS_TEST_DATA_DIR
 #error "HS_TEST_DATA_DIR must point at tests/data"

@@ -23,6 +23,8 @@
 #include "rmsnorm.h"
 #include "rmsnorm_gated.h"
 #include "swiglu.h"
+#include "hs_shuffle.h"
+#include "hs_memory.h"
 
 static void quant_case(int M, int K, int64_t ldx, int64_t ldq)
 {

@@ -15,6 +15,7 @@
 #include "cuda_test_main.h"
 #include "hs_float.h"
 #include "hs_proto.h"
+#include "hs_shuffle.h"
 
 static uint64_t g_rng = 0x51;
 

@@ -9,7 +9,7 @@
 
 #include "cuda_test_main.h"
 #include "gpu_energy.h"
-#include "hs_common.h"
+#include "hs_time.h"
 
 START_TEST(a_meter_for_no_such_device_is_null_and_reads_nothing)
 {

@@ -26,6 +26,7 @@
 #include "rope.h"
 #include "sigmoid_gate.h"
 #include "swiglu.h"
+#include "hs_shuffle.h"
 
 /* ---- tests --------------------------------------------------------------- */
 

@@ -30,6 +30,8 @@
 #include "safetensors_int.h"
 #include "sigmoid_gate.h"
 #include "swiglu.h"
+#include "hs_shuffle.h"
+#include "hs_bytes.h"
 
 #ifndef HS_TEST_DATA_DIR
 #error "HS_TEST_DATA_DIR must point at tests/data"

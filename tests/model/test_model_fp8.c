@@ -21,6 +21,7 @@
 #include "fp8_block.h"
 #include "hs_model.h"
 #include "model_int.h"
+#include "hs_shuffle.h"
 
 #ifndef HS_TEST_DATA_DIR
 #error "HS_TEST_DATA_DIR must point at tests/data"

@@ -13,7 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_parse.h"
 #include "hs_model.h"
 #include "hs_producer.h"
 #include "preflight_int.h"

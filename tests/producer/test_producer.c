@@ -15,7 +15,11 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "hs_common.h"
+#include "hsflow.h"
+#include "hs_checksum.h"
+#include "hs_plan_hash.h"
+#include "hs_shuffle.h"
+#include "hs_memory.h"
 #include "hs_data.h"
 #include "hs_proto.h"
 #include "hs_producer.h"

@@ -12,6 +12,10 @@
 
 #include "hs_float.h"
 #include "hs_proto.h"
+#include "hs_status.h"
+#include "hs_checksum.h"
+#include "hs_shuffle.h"
+#include "hs_memory.h"
 
 static char why[512];
 

@@ -10,6 +10,8 @@
 
 #include "hs_proto.h"
 #include "hs_transport.h"
+#include "hs_status.h"
+#include "hs_time.h"
 
 typedef struct {
     hs_tp_t *tp;

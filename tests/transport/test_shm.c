@@ -26,6 +26,9 @@
 #include "hs_transport.h"
 #include "hs_transport_int.h" /* the shared-memory counters */
 #include "shm_int.h"
+#include "hs_time.h"
+#include "hs_checksum.h"
+#include "hs_bytes.h"
 
 #define PUMP_LIMIT_S 30.0 /* a hang guard, not a timing assertion */
 #define MAX_CONNS 4

@@ -27,6 +27,10 @@
 #include "hs_transport_int.h" /* bootstrap counters, the loopback-as-remote switch */
 #include "ucx_addr_int.h"
 #include "ucx_hello_int.h"
+#include "hs_status.h"
+#include "hs_time.h"
+#include "hs_shuffle.h"
+#include "hs_bytes.h"
 
 #define PUMP_LIMIT_S 30.0 /* a guard against hanging, not a timing assertion */
 #define MAX_CONNS 8

@@ -77,7 +77,7 @@ def _seal(lib, rec_bytes):
 
 
 def plan_hash_of(basis, shapes, n):
-    """hs_plan_hash_of() (hs_common.h): BLAKE2b of "HSPLAN02", the basis, n and the
+    """hs_plan_hash_of() (hs_plan_hash.h): BLAKE2b of "HSPLAN02", the basis, n and the
     shapes (n_seqs[n] then n_tokens[n], u32 little-endian), its first 8 bytes."""
     h = hashlib.blake2b(digest_size=16)
     h.update(b"HSPLAN02" + struct.pack("<QI", basis, n))
