@@ -29,19 +29,13 @@ from ._common import is_oom as _is_oom
 DEPS = ("torch", "transformers")
 
 
-def _fault(spec_text, worker):
-    """HS_PRODUCE_FAULT for tests: 'oom:W:N' raises an out-of-memory error at
-    worker W's N-th batch; 'hang:W:N' makes worker W stop there (holding the
-    ticket) until it is killed; 'leak:W:I' makes worker W's decoder layer I
-    leak across the sequences of a packed row; 'shape_noise:W:I' makes its
-    layer I's output depend slightly on the call's shape, as kernels chosen
-    by shape do in bf16. Several separated by commas."""
-    out = {}
-    for part in filter(None, (spec_text or "").split(",")):
-        kind, w, n = part.split(":")
-        if int(w) == worker:
-            out[int(n)] = kind
-    return out
+# HS_PRODUCE_FAULT (_common.fault), as this engine reads it: 'oom:W:N' raises
+# an out-of-memory error at worker W's N-th batch; 'hang:W:N' makes worker W
+# stop there (holding the ticket) until it is killed; 'leak:W:I' makes worker
+# W's decoder layer I leak across the sequences of a packed row;
+# 'shape_noise:W:I' makes its layer I's output depend slightly on the call's
+# shape, as kernels chosen by shape do in bf16.
+_fault = _common.fault
 
 
 def profile_first_batch(text):
@@ -62,23 +56,19 @@ def _alloc_counts(torch, device):
                                             "num_alloc_retries")}
 
 
-class Worker:
+class Worker(_common.WorkerBase):
+    """One transformers replica: its figures (launch_s, wait_s and send_s are
+    host seconds queueing forwards, waiting for the GPU, sealing and
+    sending; sent_at's busy seconds are GPU seconds, for late_busy_pct),
+    faults and hsflow.Producer as every engine's (WorkerBase)."""
+
     def __init__(self, index, spec, queue):
-        self.index, self.spec, self.q = index, spec, queue
-        self.gpu = spec["gpus"][index]  # -1 = CPU
+        super().__init__(index, spec, queue)
         self.label = "cpu %d" % index if self.gpu < 0 else "gpu %d" % self.gpu
-        self.fig = {"worker": index, "gpu": self.gpu, "batches": 0, "tokens": 0, "bytes": 0,
-                    "busy_s": 0.0, "stall_s": 0.0, "padded_tokens": 0, "seconds": 0.0,
-                    # host seconds: queueing forwards, waiting for the GPU, sealing and sending
-                    "launch_s": 0.0, "wait_s": 0.0, "send_s": 0.0,
-                    "plan_hash": None, "pid": os.getpid()}
-        self.faults = _fault(os.environ.get("HS_PRODUCE_FAULT"), index)
         self.profile_dir = os.environ.get("HS_PRODUCE_PROFILE") if index == 0 else None
         self.profile_from = profile_first_batch(os.environ.get("HS_PRODUCE_PROFILE_FROM"))
         self.profiler = None
-        self.producer = None
         self.pinned = []
-        self.sent_at = []  # (monotonic time sent, GPU seconds) per batch, for late_busy_pct
 
     # ---- setup ---------------------------------------------------------------
 
@@ -444,26 +434,8 @@ class Worker:
     # ---- the loop --------------------------------------------------------------
 
     def run(self):
-        import hsflow
         s = self.spec
-        name = s["name"]
-        if name and len(s["gpus"]) > 1:
-            name = "%s/%d" % (name, self.index)
-        self.producer = hsflow.Producer(
-            to=s["to"], data=s["data"], token_budget=s["token_budget"],
-            hidden_size=s["hidden_size"], layers=s["layers"], seed=s["seed"],
-            max_seq_len=s["max_seq_len"], overflow=s["overflow"], prefetch=s["prefetch"],
-            secret_file=s["secret_file"], transport=s["transport"], name=name,
-            connect_timeout_s=s["connect_timeout"], arrays="torch", reconnect=s["reconnect"],
-            status_interval_s=s["status_interval"] if s["status_interval"] > 0 else -1,
-            hs_dtype=s.get("hs_dtype", "bf16"), staging_buffers=s.get("staging_buffers", 0),
-            target=s["model"], target_fingerprint=s["target_fingerprint"])
-        p = self.producer
-        self.fig["plan_hash"] = "%016x" % p.plan_hash
-        self.fig["staging_buffers"] = len(p.staging())
-        if p.max_batch_tokens > s["token_budget"]:
-            raise RuntimeError("the plan has a batch of %d tokens, over the budget %d"
-                               % (p.max_batch_tokens, s["token_budget"]))
+        p = self.connect()
         if self.gpu >= 0:
             self._pin_staging()
         t_start = time.monotonic()
