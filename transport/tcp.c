@@ -142,13 +142,8 @@ static void tcp_accept(tcp_tp_t *tp, tcp_listener_t *l)
     }
 }
 
-static hs_status_t tcp_listen(hs_tp_t *t, const char *host, uint16_t port, uint16_t *bound_port)
+hs_status_t hs__tcp_listener_add(tcp_tp_t *tp, int fd, bool unix_sock)
 {
-    tcp_tp_t *tp = tp_of(t);
-    int fd;
-    hs_status_t st =
-        hs__sock_listen("tcp transport", host, port, tune_listener, tp, &fd, bound_port);
-    if (st != HS_OK) return st;
     tcp_listener_t *l = calloc(1, sizeof *l);
     if (!l) {
         close(fd);
@@ -156,15 +151,27 @@ static hs_status_t tcp_listen(hs_tp_t *t, const char *host, uint16_t port, uint1
     }
     l->obj.kind = OBJ_LISTENER;
     l->fd = fd;
+    l->unix_sock = unix_sock;
     struct epoll_event e = {.events = EPOLLIN, .data.ptr = &l->obj};
     if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
-        hs_error("epoll_ctl(ADD) for a listener: %m");
+        hs_error("epoll_ctl(ADD) for a %slistener: %m", unix_sock ? "shared-memory " : "");
         close(fd);
         free(l);
         return HS_ERR_IO;
     }
     l->next = tp->listeners;
     tp->listeners = l;
+    return HS_OK;
+}
+
+static hs_status_t tcp_listen(hs_tp_t *t, const char *host, uint16_t port, uint16_t *bound_port)
+{
+    tcp_tp_t *tp = tp_of(t);
+    int fd;
+    hs_status_t st =
+        hs__sock_listen("tcp transport", host, port, tune_listener, tp, &fd, bound_port);
+    if (st != HS_OK) return st;
+    if ((st = hs__tcp_listener_add(tp, fd, false)) != HS_OK) return st;
     if (tp->shm_mode != SHM_OFF) {
         uint16_t p = port;
         struct sockaddr_storage ss;

@@ -66,23 +66,8 @@ hs_status_t hs__tcp_shm_listen(tcp_tp_t *tp, uint16_t port)
         tp->shm_mode = SHM_OFF;
         return HS_OK;
     }
-    tcp_listener_t *l = calloc(1, sizeof *l);
-    if (!l) {
-        close(fd);
-        return HS_ERR_NOMEM;
-    }
-    l->obj.kind = OBJ_LISTENER;
-    l->fd = fd;
-    l->unix_sock = true;
-    struct epoll_event e = {.events = EPOLLIN, .data.ptr = &l->obj};
-    if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
-        hs_error("epoll_ctl(ADD) for the shared-memory listener: %m");
-        close(fd);
-        free(l);
-        return HS_ERR_IO;
-    }
-    l->next = tp->listeners;
-    tp->listeners = l;
+    hs_status_t st = hs__tcp_listener_add(tp, fd, true);
+    if (st != HS_OK) return st;
     hs_info("shared-memory listener for producers on this host: @hsflow-shm-%u", port);
     return HS_OK;
 }
