@@ -130,6 +130,19 @@ class WorkerBase:
                                % (p.max_batch_tokens, s["token_budget"]))
         return p
 
+    def count_sent(self, t, t_send, busy, padded):
+        """The figures of ticket t, just sent: t_send is when its packing or
+        sealing began, busy its compute seconds, padded its padding tokens."""
+        f = self.fig
+        now = time.monotonic()
+        f["send_s"] += now - t_send
+        self.sent_at.append((now, busy))
+        f["busy_s"] += busy
+        f["batches"] += 1
+        f["tokens"] += t.n_tokens
+        f["bytes"] += t.nbytes
+        f["padded_tokens"] += padded
+
     def close(self):
         if self.producer is not None:
             self.producer.close()

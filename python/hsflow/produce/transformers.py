@@ -421,15 +421,7 @@ class Worker(_common.WorkerBase):
             t.send(quantized=True)
         else:
             t.send()
-        f = self.fig
-        now = time.monotonic()
-        f["send_s"] += now - t_send
-        self.sent_at.append((now, busy))
-        f["busy_s"] += busy
-        f["batches"] += 1
-        f["tokens"] += t.n_tokens
-        f["bytes"] += t.nbytes
-        f["padded_tokens"] += rec["padded"]
+        self.count_sent(t, t_send, busy, rec["padded"])
 
     # ---- the loop --------------------------------------------------------------
 

@@ -382,16 +382,7 @@ class Worker(_common.WorkerBase):
         self.pack(rec)
         self.free_areas.append(rec["area"])
         t.send()
-        now = time.monotonic()
-        f = self.fig
-        f["send_s"] += now - t_send
-        busy = t_send - rec["t0"]
-        self.sent_at.append((now, busy))
-        f["busy_s"] += busy
-        f["batches"] += 1
-        f["tokens"] += t.n_tokens
-        f["bytes"] += t.nbytes
-        f["padded_tokens"] += rec["padded"]
+        self.count_sent(t, t_send, t_send - rec["t0"], rec["padded"])
 
     def self_check(self, rec):
         """--self-check N: up to N sequences of the first batch (spread over
