@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the example trainers share: hsflow found in this checkout when it is
-not installed, and for --loopback their command line split at `--` (what
-follows goes to hs-producer) and the local hs-producer processes started and
-stopped around the run. The scripts import it from their own folder (the
+not installed, their rank under torchrun, and for --loopback their command
+line split at `--` (what follows goes to hs-producer) and the local
+hs-producer processes started and stopped around the run. The scripts import it from their own folder (the
 first entry of sys.path when a script is run), before hsflow."""
 import os
 import subprocess
@@ -35,6 +35,33 @@ def parse_args(ap, argv, needs=""):
         ap.error("--loopback needs hs-producer arguments after `--`" + needs)
     args.producer_args = producer_args
     return args
+
+
+def torchrun_rank():
+    """(distributed, rank, world, local rank) from torchrun's environment
+    (RANK, WORLD_SIZE, LOCAL_RANK); without it, rank 0 of 1, not distributed."""
+    distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    return distributed, rank, world, int(os.environ.get("LOCAL_RANK", rank))
+
+
+def start_loopback_producers(prog, args, consumer_port, world, layers):
+    """--loopback N of a trainer: N local hs-producer processes with the
+    arguments after `--`, sending to this rank's consumer (one rank) or to
+    every rank's port from --base-port (several), with --layers added when
+    those arguments name no layers. Returns their Popen objects."""
+    import hsflow
+    exe = hsflow.find_tool("hs-producer")
+    if not exe:
+        sys.exit("%s: hs-producer not found next to %s, in $HSFLOW_BIN_DIR or on PATH"
+                 % (prog, hsflow.library_path()))
+    to = "127.0.0.1:%d" % consumer_port if world == 1 else \
+        "127.0.0.1:%d-%d" % (args.base_port, args.base_port + world - 1)
+    extra = list(args.producer_args)
+    if not any(a in extra for a in ("--layers", "--dflash-layers", "--eagle3-layers")):
+        extra += ["--layers", ",".join(map(str, layers))]
+    return start_producers(prog, exe, args.loopback, to, extra)
 
 
 def start_producers(prog, exe, n, to, producer_args):

@@ -240,10 +240,7 @@ def main(argv):
     except ImportError as e:
         sys.exit("train_speculators: needs speculators 0.9 and torch (%s): pip install "
                  "'hsflow[speculators]', or scripts/install-engine-venv" % e)
-    distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", rank))
+    distributed, rank, world, local = _support.torchrun_rank()
     gpu = local if args.gpu_per_rank else None
     device = torch.device("cuda:%d" % local if gpu is not None else "cpu")
     if gpu is not None:
@@ -297,16 +294,8 @@ def main(argv):
         sys.exit("train_speculators: the consumer refused to start: %s" % e)
     procs = []
     if args.loopback and rank == 0:
-        exe = hsflow.find_tool("hs-producer")
-        if not exe:
-            sys.exit("train_speculators: hs-producer not found next to %s, in "
-                     "$HSFLOW_BIN_DIR or on PATH" % hsflow.library_path())
-        to = "127.0.0.1:%d" % consumer.port if world == 1 else \
-            "127.0.0.1:%d-%d" % (args.base_port, args.base_port + world - 1)
-        extra = list(args.producer_args)
-        if not any(a in extra for a in ("--layers", "--dflash-layers", "--eagle3-layers")):
-            extra += ["--layers", ",".join(map(str, layers))]
-        procs = _support.start_producers("train_speculators", exe, args.loopback, to, extra)
+        procs = _support.start_loopback_producers("train_speculators", args, consumer.port,
+                                                  world, layers)
 
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
     done = tokens = 0
