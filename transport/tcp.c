@@ -142,28 +142,6 @@ static void tcp_accept(tcp_tp_t *tp, tcp_listener_t *l)
     }
 }
 
-hs_status_t hs__tcp_listener_add(tcp_tp_t *tp, int fd, bool unix_sock)
-{
-    tcp_listener_t *l = calloc(1, sizeof *l);
-    if (!l) {
-        close(fd);
-        return HS_ERR_NOMEM;
-    }
-    l->obj.kind = OBJ_LISTENER;
-    l->fd = fd;
-    l->unix_sock = unix_sock;
-    struct epoll_event e = {.events = EPOLLIN, .data.ptr = &l->obj};
-    if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
-        hs_error("epoll_ctl(ADD) for a %slistener: %m", unix_sock ? "shared-memory " : "");
-        close(fd);
-        free(l);
-        return HS_ERR_IO;
-    }
-    l->next = tp->listeners;
-    tp->listeners = l;
-    return HS_OK;
-}
-
 static hs_status_t tcp_listen(hs_tp_t *t, const char *host, uint16_t port, uint16_t *bound_port)
 {
     tcp_tp_t *tp = tp_of(t);

@@ -744,3 +744,25 @@ void hs__tcp_close(hs_tp_conn_t *conn, hs_status_t reason)
     snprintf(why, sizeof why, "closed by this side (%s)", hs_status_str(reason));
     hs__tcp_conn_begin_close(c, reason, why);
 }
+
+hs_status_t hs__tcp_listener_add(tcp_tp_t *tp, int fd, bool unix_sock)
+{
+    tcp_listener_t *l = calloc(1, sizeof *l);
+    if (!l) {
+        close(fd);
+        return HS_ERR_NOMEM;
+    }
+    l->obj.kind = OBJ_LISTENER;
+    l->fd = fd;
+    l->unix_sock = unix_sock;
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = &l->obj};
+    if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
+        hs_error("epoll_ctl(ADD) for a %slistener: %m", unix_sock ? "shared-memory " : "");
+        close(fd);
+        free(l);
+        return HS_ERR_IO;
+    }
+    l->next = tp->listeners;
+    tp->listeners = l;
+    return HS_OK;
+}

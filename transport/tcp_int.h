@@ -167,9 +167,9 @@ HS_MUST_CHECK hs_status_t hs__tcp_recv_payload(hs_tp_conn_t *conn, void *dest, u
                                                uint64_t cookie);
 void hs__tcp_conn_read(tcp_conn_t *c);
 void hs__tcp_close(hs_tp_conn_t *conn, hs_status_t reason);
-/* tcp.c: puts the listening socket fd (ours from now on, closed on failure)
- * on the transport's epoll set and its list of listeners; unix_sock marks
- * the shared-memory listener. */
+/* Puts the listening socket fd (ours from now on, closed on failure) on the
+ * transport's epoll set and its list of listeners; unix_sock marks the
+ * shared-memory listener. */
 HS_MUST_CHECK hs_status_t hs__tcp_listener_add(tcp_tp_t *tp, int fd, bool unix_sock);
 /* tcp_shm.c: shared-memory connections (shm_int.h). */
 HS_MUST_CHECK hs_status_t hs__tcp_shm_listen(tcp_tp_t *tp, uint16_t port);
