@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -523,6 +524,17 @@ int main(int argc, char **argv)
     hs_consumer_bottleneck_text(&s, limit, sizeof(limit));
     printf("hsflow summary: epoch %u/%u, %.1f%% of the run; producer stall %.1f%%; %s\n", s.epoch,
            s.epochs, s.run_pct, s.producer_stall_pct, limit);
+    /* This process's CPU (its receive, copy and verify threads); the
+     * producers --loopback started are children and not in it. */
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        double user = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6;
+        double sys = (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+        double gb = (double)s.bytes_received / 1e9;
+        printf("hsflow summary: consumer CPU %.2f s (user %.2f, system %.2f), %.3f CPU s per GB "
+               "delivered\n",
+               user + sys, user, sys, gb > 0 ? (user + sys) / gb : 0.0);
+    }
     if (o.summary_json) {
         char json[4096];
         hs_consumer_stats_json(&s, json, sizeof(json));

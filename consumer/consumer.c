@@ -378,6 +378,7 @@ hs_status_code_t hs_consumer_create(const hs_consumer_config_t *cfg, hs_consumer
     tc.allow_remote = cfg->insecure;
     tc.tcp_sockbuf = cfg->tcp_sockbuf;
     tc.ucx_no_memh = cfg->ucx_no_memh;
+    tc.shm_copiers = hs__consumer_option_u32(cfg, "shm_copiers");
     tc.fault = hs__consumer_fault();
     st = hs_tp_create(&tc, &consumer_callbacks, c, &c->tp);
     if (st != HS_OK) goto err_cache;

@@ -191,6 +191,9 @@ static const option_t options[] = {
      "fail instead of running without an RDMA lane (no silent TCP)", .shared_flag = true),
     OPT("max_producers", T_U32, MORE(0), "0", 0, 1 << 16, "", "max-producers", "N",
      "producers admitted at once; one more is refused at its HELLO, naming this flag (0 = any)"),
+    OPT("shm_copiers", T_U32, MORE(1), "0", 0, 8, "", "shm-copiers", "N",
+     "threads that copy same-host producers' batches out of their shared memory into the cache "
+     "(0 = half the CPUs, 1 to 4)"),
     OPT("peer_timeout_s", T_U32, FIELD(peer_timeout_s), "10", 0, 86400, "s", "", "S",
      "a connected peer silent this long is closed (0 = 10)"),
 };

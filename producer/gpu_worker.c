@@ -27,7 +27,8 @@ typedef struct {
     uint8_t *d_q;
     float *d_scales;
     int *d_bad, *h_bad;
-    cudaEvent_t fwd_start, fwd_end, copied;
+    cudaEvent_t fwd_start, fwd_end, copy_start, copied;
+    uint64_t d2h_bytes; /* of the batch last launched in this slot */
 } gpu_slot_t;
 
 struct hs__gpu_worker {
@@ -66,7 +67,8 @@ static hs_status_t create(hs__gpu_worker_t *w, hs_model_t *model, void *const st
         }
         CU(cudaEventCreate(&s->fwd_start));
         CU(cudaEventCreate(&s->fwd_end));
-        CU(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming));
+        CU(cudaEventCreate(&s->copy_start));
+        CU(cudaEventCreate(&s->copied));
         /* Pinned once, so the D2H runs at copy-engine speed and overlaps. */
         CU(cudaHostRegister(staging[i], staging_bytes, cudaHostRegisterPortable));
         w->staging[i] = staging[i];
@@ -114,6 +116,7 @@ void hs__gpu_worker_destroy(hs__gpu_worker_t *w)
         cudaFreeHost(s->h_bad);
         if (s->fwd_start) cudaEventDestroy(s->fwd_start);
         if (s->fwd_end) cudaEventDestroy(s->fwd_end);
+        if (s->copy_start) cudaEventDestroy(s->copy_start);
         if (s->copied) cudaEventDestroy(s->copied);
         if (w->pinned[i]) cudaHostUnregister(w->staging[i]);
     }
@@ -151,13 +154,16 @@ hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot, const hs_batch_v
     }
     CU(cudaEventRecord(s->fwd_end, w->compute));
     CU(cudaStreamWaitEvent(w->copy, s->fwd_end, 0));
+    CU(cudaEventRecord(s->copy_start, w->copy));
     if (w->layout.dtype == HS_DTYPE_FP8) {
+        s->d2h_bytes = (uint64_t)n_tokens * (row_elems + sizeof(float));
         CU(cudaMemcpyAsync(view->hidden_fp8, s->d_q, (size_t)n_tokens * row_elems,
                            cudaMemcpyDeviceToHost, w->copy));
         CU(cudaMemcpyAsync(view->scales, s->d_scales, (size_t)n_tokens * sizeof(float),
                            cudaMemcpyDeviceToHost, w->copy));
         CU(cudaMemcpyAsync(s->h_bad, s->d_bad, sizeof(int), cudaMemcpyDeviceToHost, w->copy));
     } else {
+        s->d2h_bytes = (uint64_t)n_tokens * row_elems * 2;
         CU(cudaMemcpyAsync(view->hidden, s->d_out, (size_t)n_tokens * row_elems * 2,
                            cudaMemcpyDeviceToHost, w->copy));
     }
@@ -171,14 +177,17 @@ bool hs__gpu_batch_done(hs__gpu_worker_t *w, int slot)
     return cudaEventQuery(w->slot[slot].copied) == cudaSuccess;
 }
 
-hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, double *forward_ms)
+hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, hs__gpu_batch_times_t *times)
 {
     gpu_slot_t *s = &w->slot[slot];
     CU(cudaSetDevice(w->device));
     CU(cudaEventSynchronize(s->copied));
-    float ms = 0;
-    CU(cudaEventElapsedTime(&ms, s->fwd_start, s->fwd_end));
-    *forward_ms = ms;
+    float fwd_ms = 0, d2h_ms = 0;
+    CU(cudaEventElapsedTime(&fwd_ms, s->fwd_start, s->fwd_end));
+    CU(cudaEventElapsedTime(&d2h_ms, s->copy_start, s->copied));
+    times->forward_ms = fwd_ms;
+    times->d2h_ms = d2h_ms;
+    times->d2h_bytes = s->d2h_bytes;
     if (s->h_bad && *s->h_bad) {
         hs_error("gpu %d: token %d's hidden state is not finite; it cannot be quantised to fp8: "
                  "check the model's weights",
@@ -214,9 +223,9 @@ bool hs__gpu_batch_done(hs__gpu_worker_t *w, int slot)
     (void)w, (void)slot;
     return true;
 }
-hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, double *forward_ms)
+hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, hs__gpu_batch_times_t *times)
 {
-    (void)w, (void)slot, (void)forward_ms;
+    (void)w, (void)slot, (void)times;
     return HS_ERR_UNSUPPORTED;
 }
 #endif

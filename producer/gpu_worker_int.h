@@ -39,8 +39,16 @@ HS_MUST_CHECK hs_status_t hs__gpu_batch_launch(hs__gpu_worker_t *w, int slot,
 /* Whether batch `slot`'s hidden states are already in its staging buffer
  * (does not wait). */
 bool hs__gpu_batch_done(hs__gpu_worker_t *w, int slot);
-/* Waits until batch `slot`'s hidden states are in its staging buffer;
- * *forward_ms is the GPU time of its forward (CUDA events). */
-HS_MUST_CHECK hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot, double *forward_ms);
+/* A batch's GPU times (CUDA events): its forward, and its device-to-host
+ * copy of d2h_bytes into the staging buffer (a shared-memory ring's, over
+ * --transport shm). */
+typedef struct {
+    double forward_ms, d2h_ms;
+    uint64_t d2h_bytes;
+} hs__gpu_batch_times_t;
+
+/* Waits until batch `slot`'s hidden states are in its staging buffer. */
+HS_MUST_CHECK hs_status_t hs__gpu_batch_wait(hs__gpu_worker_t *w, int slot,
+                                             hs__gpu_batch_times_t *times);
 
 #endif /* HS_GPU_WORKER_INT_H */

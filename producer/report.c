@@ -170,15 +170,24 @@ void hs__report_print_summary(producer_t *pr)
         batches += w->batches;
         double busy = elapsed > 0 ? 100.0 * w->busy_s / elapsed : 0;
         double stall = elapsed > 0 ? 100.0 * w->stall_s / elapsed : 0;
-        hs_info("worker %u (%s%d): %llu batches, %llu tokens, busy %.0f%%, stall %.0f%%", i,
+        /* GPU workers: the device-to-host copy's own rate (CUDA events), into
+         * the staging buffer the transport gave (a shared ring over shm) */
+        double d2h_gbs = w->d2h_s > 0 ? (double)w->d2h_bytes / w->d2h_s / 1e9 : 0;
+        char d2h[96] = "";
+        if (w->d2h_bytes)
+            snprintf(d2h, sizeof(d2h), ", device-to-host %.2f GB/s (%.2f GB in %.3f s)", d2h_gbs,
+                     (double)w->d2h_bytes / 1e9, w->d2h_s);
+        hs_info("worker %u (%s%d): %llu batches, %llu tokens, busy %.0f%%, stall %.0f%%%s", i,
                 w->gpu < 0 ? "cpu" : "gpu", w->gpu < 0 ? (int)i : w->gpu,
-                (unsigned long long)w->batches, (unsigned long long)w->tokens, busy, stall);
+                (unsigned long long)w->batches, (unsigned long long)w->tokens, busy, stall, d2h);
         if (f)
             fprintf(f,
                     "    {\"worker\": %u, \"gpu\": %d, \"batches\": %llu, \"tokens\": %llu, "
-                    "\"busy_pct\": %.2f, \"stall_pct\": %.2f}%s\n",
+                    "\"busy_pct\": %.2f, \"stall_pct\": %.2f, \"d2h_bytes\": %llu, "
+                    "\"d2h_gbytes_per_s\": %.3f}%s\n",
                     i, w->gpu, (unsigned long long)w->batches, (unsigned long long)w->tokens, busy,
-                    stall, i + 1 < cfg->n_workers ? "," : "");
+                    stall, (unsigned long long)w->d2h_bytes, d2h_gbs,
+                    i + 1 < cfg->n_workers ? "," : "");
     }
     hs_info("done: %llu batches, %llu tokens in %.2f s (%.0f tokens/s)",
             (unsigned long long)batches, (unsigned long long)tokens, elapsed,

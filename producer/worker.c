@@ -197,8 +197,9 @@ typedef struct {
 /* Waits for an in-flight batch's hidden states, seals it, hands it over. */
 static hs_status_t gpu_finish(producer_t *pr, worker_t *w, inflight_t *f)
 {
-    double ms = 0;
-    hs_status_t rc = hs__gpu_batch_wait(w->gpu_w, f->slot, &ms);
+    hs__gpu_batch_times_t times = {0};
+    hs_status_t rc = hs__gpu_batch_wait(w->gpu_w, f->slot, &times);
+    double ms = times.forward_ms;
     if (rc == HS_OK) hs_batch_seal(f->st->buf, f->t.bytes);
     outgoing_t *o = &f->st->out;
     pthread_mutex_lock(&pr->sh.lock);
@@ -214,6 +215,8 @@ static hs_status_t gpu_finish(producer_t *pr, worker_t *w, inflight_t *f)
         return HS_ERR_CUDA;
     }
     w->busy_s += ms * 1e-3; /* GPU busy: forward time from CUDA events */
+    w->d2h_s += times.d2h_ms * 1e-3;
+    w->d2h_bytes += times.d2h_bytes;
     w->t_progress = hs_now_s();
     w->batches++;
     w->tokens += f->t.n_tokens;
@@ -227,8 +230,8 @@ static hs_status_t gpu_finish(producer_t *pr, worker_t *w, inflight_t *f)
     pr->sh.outbox = o;
     f->st->queued = true;
     pthread_mutex_unlock(&pr->sh.lock);
-    hs_trace("worker %u (gpu %d): batch %u/%u forward %.1f ms", w->index, w->gpu, f->t.epoch,
-             f->t.batch, ms);
+    hs_trace("worker %u (gpu %d): batch %u/%u forward %.1f ms, device-to-host %.2f ms",
+             w->index, w->gpu, f->t.epoch, f->t.batch, ms, times.d2h_ms);
     hs_tp_wakeup(pr->tp);
     return HS_OK;
 }
@@ -316,8 +319,8 @@ void *hs__worker_gpu_main(void *arg)
     if (pending.st) {
         /* the GPU must be done with the buffers; the batch is not sent, so a
          * failure here loses nothing, but says the GPU is in trouble */
-        double ms;
-        hs_status_t wait = hs__gpu_batch_wait(w->gpu_w, pending.slot, &ms);
+        hs__gpu_batch_times_t times;
+        hs_status_t wait = hs__gpu_batch_wait(w->gpu_w, pending.slot, &times);
         if (wait != HS_OK)
             hs_warn("worker %u (gpu %d): the batch in flight at exit failed: %s", w->index, w->gpu,
                     hs_status_str(wait));

@@ -103,6 +103,9 @@ typedef struct {
      * net.core.rmem_max and wmem_max allow it, else the kernel's autotuning;
      * HS_TP_SOCKBUF_AUTOTUNE = always the kernel's autotuning. */
     uint64_t tcp_sockbuf;
+    /* Shared memory, receiving side: threads that copy payloads out of the
+     * producers' segments (1..8; 0 = half the CPUs, 1 to 4). */
+    uint32_t shm_copiers;
     /* UCX: send payloads without their registered memory handle, so UCX
      * registers on the fly (for comparisons only). */
     bool ucx_no_memh;

@@ -34,8 +34,8 @@
  *   (a segment this connection attached, offset + length inside it, the
  *   length the prefix said); a bad one is a protocol error and closes the
  *   connection with nothing delivered. An accepted payload is copied from
- *   the mapping into `dest` in one pass on the loop thread, then on_payload
- *   runs and RELEASE goes back. The receiver verifies its copy (the
+ *   the mapping into `dest` in one pass by a copier thread (shm_copy_int.h),
+ *   then, on the loop thread, RELEASE goes back and on_payload runs. The receiver verifies its copy (the
  *   checksum of what landed in `dest`), so a producer writing into its
  *   segment after DONE, or dying in the middle, changes nothing delivered.
  */

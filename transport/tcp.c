@@ -314,6 +314,7 @@ static hs_status_t tcp_progress(hs_tp_t *t, int timeout_ms)
             uint64_t v;
             while (read(tp->wake_fd, &v, sizeof v) > 0) {
             }
+            hs__tcp_copies_finish(tp); /* the copiers wake the loop too */
         } else if (o->kind == OBJ_LISTENER) {
             tcp_accept(tp, (tcp_listener_t *)o);
         } else {
@@ -367,6 +368,7 @@ static hs_status_t tcp_create(const hs_tp_config_t *cfg, hs_tp_t **out)
     }
     tp->sockbuf = choose_sockbuf(cfg->tcp_sockbuf);
     tp->shm_mode = cfg->kind == HS_TP_SHM ? SHM_ONLY : cfg->kind == HS_TP_AUTO ? SHM_AUTO : SHM_OFF;
+    tp->copiers = cfg->shm_copiers ? cfg->shm_copiers : hs__shm_copier_threads_default();
     *out = &tp->base;
     return HS_OK;
 
@@ -399,7 +401,7 @@ static void tcp_destroy(hs_tp_t *t)
     close(tp->wake_fd);
     close(tp->epfd);
     hs__shm_ring_destroy(&tp->ring);
-    hs_checksum_stream_destroy(tp->sum);
+    hs__shm_copier_destroy(tp->copier); /* idle: every connection waited for its copy */
     free(tp);
 }
 

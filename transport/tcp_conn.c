@@ -32,7 +32,7 @@ static void conn_set_events(tcp_conn_t *c)
 {
     if (c->fd < 0) return;
     uint32_t ev = 0;
-    if (!c->closing) ev |= EPOLLIN;
+    if (!c->closing && c->rx_state != RX_COPY) ev |= EPOLLIN;
     if (c->seg_count > 0) ev |= EPOLLOUT;
     if (ev == c->events) return;
     struct epoll_event e = {.events = ev, .data.ptr = &c->obj};
@@ -216,6 +216,12 @@ static void conn_finalize(tcp_conn_t *c)
         c->fd = -1;
     }
     c->closing = true; /* sends from the callbacks below fail */
+    if (c->rx_state == RX_COPY) {
+        /* the copier may still write into dest and read the segment: both
+         * stay until it is done; on_payload(HS_ERR_CLOSED) follows */
+        hs__shm_copier_wait(tp->copier, &c->copy);
+        c->rx_state = RX_HEAD;
+    }
     if (c->tx_tail > c->tx_head || c->seg_count > 0)
         hs_debug("connection %s: dropping %zu queued segments at close", c->base.peer,
                  c->seg_count);
@@ -485,33 +491,73 @@ static bool rx_shm_ctl(tcp_conn_t *c, unsigned tag)
     return true;
 }
 
-/* Copies a payload out of a peer's segment. When the receiver asked for the
- * checksum (hs_tp_recv_payload_sum), it is computed from dest piece by
- * piece right after each piece is written, while it is in cache. */
-#define SHM_COPY_PIECE (256u << 10)
-static void shm_copy(tcp_conn_t *c, uint8_t *dest, const uint8_t *src, uint64_t len)
+/* Hands an accepted shared-memory payload to a copier: it goes from the
+ * peer's segment into dest in one pass that also computes the checksum the
+ * receiver asked for (hs_tp_recv_payload_sum); hs__tcp_copies_finish takes
+ * it from there. */
+static void shm_copy_submit(tcp_conn_t *c, const uint8_t *src, uint64_t len)
 {
-    hs_tp_conn_t *b = &c->base;
-    b->sum_valid = false;
-    if (!b->sum_wanted || b->sum_from > len) {
-        memcpy(dest, src, len);
-        return;
+    tcp_tp_t *tp = c->tp;
+    if (!tp->copier) {
+        tp->copier = hs__shm_copier_create(tp->copiers, tp->wake_fd);
+        if (!tp->copier) {
+            hs__tcp_conn_begin_close(c, HS_ERR_NOMEM, "cannot start a shared-memory copier");
+            c->pl_active = true; /* on_payload(HS_ERR_CLOSED) at finalize */
+            return;
+        }
     }
-    if (!c->tp->sum) c->tp->sum = hs_checksum_stream_create();
-    if (!c->tp->sum) {
-        memcpy(dest, src, len); /* the receiver computes it */
-        return;
+    c->copy = (shm_copy_job_t){.dest = c->pl_dest,
+                               .src = src,
+                               .len = len,
+                               .sum_wanted = c->base.sum_wanted,
+                               .sum_from = c->base.sum_from,
+                               .owner = c};
+    c->pl_active = true;
+    c->pl_len = len;
+    c->rx_state = RX_COPY;
+    conn_set_events(c);
+    hs__shm_copier_submit(tp->copier, &c->copy);
+}
+
+/* A copy is back: RELEASE to the peer, then on_payload with its checksum. */
+static void shm_copy_finish(tcp_conn_t *c)
+{
+    shm_conn_t *sh = c->shm;
+    c->rx_state = RX_HEAD;
+    c->pl_active = false;
+    c->base.payload_bytes_in += c->copy.len;
+    c->tp->base.shm_ring_payloads++;
+    sh->ring_payloads++;
+    if (hs__tcp_send_ctl(c, SHM_TAG_RELEASE, sh->rx_token, 0, -1) != HS_OK)
+        hs__tcp_conn_begin_close(c, HS_ERR_NOMEM, "cannot queue a release");
+    c->base.sum_valid = c->copy.sum_valid;
+    c->base.sum = c->copy.sum;
+    if (c->tp->base.cb.on_payload)
+        c->tp->base.cb.on_payload(c->tp->base.arg, &c->base, c->pl_cookie, HS_OK);
+    c->base.sum_valid = false;
+    c->base.sum_wanted = false;
+    conn_set_events(c);
+}
+
+void hs__tcp_copies_finish(tcp_tp_t *tp)
+{
+    if (!tp->copier) return;
+    shm_copy_job_t *j = hs__shm_copier_take_done(tp->copier);
+    while (j) {
+        shm_copy_job_t *next = j->next;
+        tcp_conn_t *c = j->owner;
+        if (c->closing) {
+            /* closed while copying: the payload is not delivered, and
+             * finalize runs on_payload(HS_ERR_CLOSED) (pl_active) */
+            c->rx_state = RX_HEAD;
+            j = next;
+            continue;
+        }
+        shm_copy_finish(c);
+        /* what arrived meanwhile: EPOLLIN was off, the socket may hold it */
+        if (!c->closing && !c->finalize) hs__tcp_conn_read(c);
+        j = next;
     }
-    memcpy(dest, src, b->sum_from);
-    hs_checksum_stream_reset(c->tp->sum);
-    for (uint64_t off = b->sum_from; off < len;) {
-        size_t n = len - off < SHM_COPY_PIECE ? (size_t)(len - off) : SHM_COPY_PIECE;
-        memcpy(dest + off, src + off, n);
-        hs_checksum_stream_update(c->tp->sum, dest + off, n);
-        off += n;
-    }
-    b->sum = hs_checksum_stream_final(c->tp->sum);
-    b->sum_valid = true;
 }
 
 /* Header complete in rx[0, TCP_HEAD): decode, make room for the body. */
@@ -595,16 +641,7 @@ static void rx_deliver(tcp_conn_t *c)
         }
         /* one pass out of the peer's segment into dest; the receiver
          * verifies dest, so the peer's later writes change nothing */
-        shm_copy(c, c->pl_dest, sh->map[sh->rx_seg] + sh->rx_off, plen);
-        c->base.payload_bytes_in += plen;
-        c->tp->base.shm_ring_payloads++;
-        sh->ring_payloads++;
-        if (hs__tcp_send_ctl(c, SHM_TAG_RELEASE, sh->rx_token, 0, -1) != HS_OK)
-            hs__tcp_conn_begin_close(c, HS_ERR_NOMEM, "cannot queue a release");
-        if (c->tp->base.cb.on_payload)
-            c->tp->base.cb.on_payload(c->tp->base.arg, &c->base, c->pl_cookie, HS_OK);
-        c->base.sum_valid = false;
-        c->base.sum_wanted = false;
+        shm_copy_submit(c, sh->map[sh->rx_seg] + sh->rx_off, plen);
         return;
     }
     c->base.sum_wanted = false; /* a payload over the socket: the receiver checks it */
@@ -658,7 +695,7 @@ static void conn_read_closed(tcp_conn_t *c, ssize_t r)
 void hs__tcp_conn_read(tcp_conn_t *c)
 {
     size_t budget = TCP_READ_BUDGET;
-    while (!c->closing) {
+    while (!c->closing && c->rx_state != RX_COPY) {
         if (c->rx_state == RX_PAYLOAD) {
             uint64_t left = c->pl_len - c->pl_done;
             size_t want = left > TCP_IO_CHUNK ? TCP_IO_CHUNK : (size_t)left;

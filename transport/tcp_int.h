@@ -49,6 +49,7 @@
 
 #include "hs_transport_int.h"
 #include "shm_int.h"
+#include "shm_copy_int.h"
 #include "sock_int.h"
 #include "hs_checksum.h"
 
@@ -96,7 +97,9 @@ typedef struct {
     void *cb_arg;
 } tcp_seg_t;
 
-typedef enum { RX_HEAD, RX_BODY, RX_PAYLOAD } rx_state_t;
+/* RX_COPY: a shared-memory payload is with a copier (shm_copy_int.h); the
+ * connection reads nothing more until it is back. */
+typedef enum { RX_HEAD, RX_BODY, RX_PAYLOAD, RX_COPY } rx_state_t;
 
 typedef struct tcp_tp tcp_tp_t;
 
@@ -118,6 +121,7 @@ typedef struct tcp_conn {
     bool pl_active; /* a payload is being received into pl_dest */
     uint8_t *pl_dest;
     uint64_t pl_len, pl_done, pl_cookie;
+    shm_copy_job_t copy; /* RX_COPY: the payload's copy */
 
     /* send */
     uint8_t *tx;
@@ -145,7 +149,8 @@ struct tcp_tp {
     int sockbuf;               /* SO_SNDBUF/SO_RCVBUF to ask for, 0 = leave autotuning */
     shm_mode_t shm_mode;       /* shared memory with peers on this host (shm_int.h) */
     shm_ring_t ring;           /* producer side: the segments hs_tp_mem_alloc() made */
-    hs_checksum_stream_t *sum; /* checksums computed while copying (tcp_conn.c) */
+    shm_copier_t *copier;      /* receiving side: made with the first shared-memory payload */
+    unsigned copiers;          /* its threads */
 };
 
 static inline tcp_conn_t *conn_of(hs_tp_conn_t *c) { return (tcp_conn_t *)c; }
@@ -166,6 +171,9 @@ HS_MUST_CHECK hs_status_t hs__tcp_send_payload(hs_tp_conn_t *conn, const void *f
 HS_MUST_CHECK hs_status_t hs__tcp_recv_payload(hs_tp_conn_t *conn, void *dest, uint64_t bytes,
                                                uint64_t cookie);
 void hs__tcp_conn_read(tcp_conn_t *c);
+/* Finishes the shared-memory payloads whose copies are done (from the loop,
+ * after the wake-up eventfd fired). */
+void hs__tcp_copies_finish(tcp_tp_t *tp);
 void hs__tcp_close(hs_tp_conn_t *conn, hs_status_t reason);
 /* Puts the listening socket fd (ours from now on, closed on failure) on the
  * transport's epoll set and its list of listeners; unix_sock marks the

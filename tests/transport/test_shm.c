@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* test_shm.c - shared memory between a producer and a consumer on one host
- * (transport/shm_int.h): payloads copied out of the producer's segment,
- * released, and unchanged by the producer's later writes; descriptors past
+ * (transport/shm_int.h): payloads copied out of the producer's segment by
+ * the copier threads, released, and unchanged by the producer's later
+ * writes; a close while a copy is out reported once; descriptors past
  * a segment, for a segment never attached or for another producer's
  * segment refused with nothing delivered; no memory taken from a peer
  * before it is trusted, nor from a file that could shrink; peers of another
@@ -341,6 +342,81 @@ START_TEST(a_payload_is_copied_out_of_the_ring_and_later_writes_change_nothing)
 }
 END_TEST
 
+/* The copy of a payload runs on a copier thread and is finished by a later
+ * progress. A receiver that closes the connection in between (its producer
+ * dropped, say) gets on_payload(HS_ERR_CLOSED) once, never HS_OK, and the
+ * close waits for the copier: nothing writes into dest afterwards (ASan,
+ * TSan). */
+START_TEST(a_connection_closed_while_its_payload_is_copied_reports_it_once_as_closed)
+{
+    S.trust_on_accept = true;
+    side_create(&C, HS_TP_SHM);
+    hs_tp_conn_t *cc = NULL;
+    ck_assert_int_eq(connect_while_serving(&S, &C, g_port, &cc), HS_OK);
+    PUMP_UNTIL(&S, &C, S.accepts == 1);
+    uint8_t *ring = NULL;
+    ck_assert_int_eq(hs_tp_mem_alloc(C.tp, SEG_BYTES, (void **)&ring), HS_OK);
+    memset(ring, 0x42, SEG_BYTES);
+    uint8_t frame[256];
+    size_t flen = make_frame(frame, 40);
+    S.sum_from = 64;
+    ck_assert_int_eq(hs_tp_send_payload(cc, frame, flen, ring, SEG_BYTES, send_done, NULL), HS_OK);
+    PUMP_UNTIL(&S, &C, S.frames == 1); /* the copy is handed out in this progress */
+    hs_tp_close(S.accepted[0], HS_ERR_CLOSED);
+    PUMP_UNTIL(&S, &C, S.closes == 1 && g_sends_failed + g_sends_ok == 1);
+    ck_assert_int_eq(S.payloads_ok, 0);
+    ck_assert_int_eq(S.payloads_failed, 1);
+    ck_assert_uint_eq(S.tp->shm_ring_payloads, 0); /* not delivered */
+    ck_assert_int_eq(g_sends_failed, 1);            /* never released: the sender knows */
+    pump_for(&S, &C, 20);
+    ck_assert_int_eq(S.payloads_ok + S.payloads_failed, 1);
+}
+END_TEST
+
+/* Payloads of several producers are copied by several copiers, each whole
+ * and with its own checksum. */
+START_TEST(payloads_of_two_producers_are_each_copied_whole_with_their_own_checksum)
+{
+    S.trust_on_accept = true;
+    side_create(&C, HS_TP_SHM);
+    side_create(&C2, HS_TP_SHM);
+    hs_tp_conn_t *c1 = NULL, *c2 = NULL;
+    ck_assert_int_eq(connect_while_serving(&S, &C, g_port, &c1), HS_OK);
+    ck_assert_int_eq(connect_while_serving(&S, &C2, g_port, &c2), HS_OK);
+    PUMP_UNTIL(&S, &C, S.accepts == 2);
+    uint8_t *r1 = NULL, *r2 = NULL;
+    ck_assert_int_eq(hs_tp_mem_alloc(C.tp, SEG_BYTES, (void **)&r1), HS_OK);
+    ck_assert_int_eq(hs_tp_mem_alloc(C2.tp, SEG_BYTES, (void **)&r2), HS_OK);
+    memset(r1, 0x11, SEG_BYTES);
+    memset(r2, 0x22, SEG_BYTES);
+    uint8_t frame[256];
+    size_t flen = make_frame(frame, 40);
+    S.sum_from = 8;
+    /* one at a time into S.dest, the two connections alternating */
+    for (int round = 0; round < 6; round++) {
+        hs_tp_conn_t *c = round % 2 ? c2 : c1;
+        side_t *peer = round % 2 ? &C2 : &C;
+        ck_assert_int_eq(hs_tp_send_payload(c, frame, flen, round % 2 ? r2 : r1, SEG_BYTES / 2,
+                                            send_done, NULL),
+                         HS_OK);
+        PUMP_UNTIL(&S, peer, S.payloads_ok == round + 1);
+        ck_assert(S.sum_valid);
+        ck_assert_uint_eq(S.dest[0], round % 2 ? 0x22 : 0x11);
+        ck_assert_uint_eq(S.dest[SEG_BYTES / 2 - 1], round % 2 ? 0x22 : 0x11);
+        ck_assert_uint_eq(S.sum, hs_checksum64(S.dest + 8, SEG_BYTES / 2 - 8));
+    }
+    /* the releases reach both producers */
+    double t0 = hs_now_s();
+    while (g_sends_ok < 6) {
+        ck_assert_msg(hs_now_s() - t0 < PUMP_LIMIT_S, "the releases never came");
+        pump_once(&S, &C);
+        pump_once(NULL, &C2);
+    }
+    ck_assert_uint_eq(S.tp->shm_ring_payloads, 6);
+    ck_assert_int_eq(S.closes, 0);
+}
+END_TEST
+
 START_TEST(a_peer_not_yet_trusted_gets_no_memory_mapped)
 {
     side_create(&C, HS_TP_SHM);
@@ -550,6 +626,9 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, a_payload_is_copied_out_of_the_ring_and_later_writes_change_nothing);
+    tcase_add_test(tc,
+                   a_connection_closed_while_its_payload_is_copied_reports_it_once_as_closed);
+    tcase_add_test(tc, payloads_of_two_producers_are_each_copied_whole_with_their_own_checksum);
     tcase_add_test(tc, a_peer_not_yet_trusted_gets_no_memory_mapped);
     tcase_add_test(tc, auto_picks_shared_memory_on_loopback_and_tcp_where_none_is_offered);
     tcase_add_test(tc,
