@@ -6,13 +6,16 @@
 #include "hs_log.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* The checksum follows the copy piece by piece, while each piece is in the
- * CPU's cache. */
-#define COPY_PIECE (256u << 10)
+/* The taker checksums the piece it copies itself in steps of this size,
+ * each right after copying it, while it is in the core's cache. */
+#define HASH_STEP (256u << 10)
+#define PIECE_MIN (1u << 20)
 
 enum { JOB_IDLE, JOB_QUEUED, JOB_COPYING, JOB_DONE };
 
@@ -20,29 +23,147 @@ struct shm_copier {
     pthread_mutex_t lock;
     pthread_cond_t work, finished;
     shm_copy_job_t *queue_head, *queue_tail, *done;
+    shm_copy_job_t *shared; /* jobs being copied whose pieces others may take */
     bool stop;
     int wake_fd;
     unsigned n_threads;
     pthread_t threads[SHM_COPY_THREADS_MAX];
 };
 
-static void copy_job(shm_copy_job_t *j, hs_checksum_stream_t *sum)
+static uint64_t piece_start(const shm_copy_job_t *j, uint32_t i) { return (uint64_t)i * j->piece; }
+
+static uint64_t piece_len(const shm_copy_job_t *j, uint32_t i)
 {
-    j->sum_valid = false;
-    if (!j->sum_wanted || j->sum_from > j->len || !sum) {
-        memcpy(j->dest, j->src, j->len); /* the receiver checksums dest itself */
-        return;
-    }
-    memcpy(j->dest, j->src, j->sum_from);
-    hs_checksum_stream_reset(sum);
-    for (uint64_t off = j->sum_from; off < j->len;) {
-        size_t n = j->len - off < COPY_PIECE ? (size_t)(j->len - off) : COPY_PIECE;
+    uint64_t start = piece_start(j, i);
+    return j->len - start < j->piece ? j->len - start : j->piece;
+}
+
+static void copy_piece(shm_copy_job_t *j, uint32_t i)
+{
+    uint64_t at = piece_start(j, i);
+    memcpy(j->dest + at, j->src + at, piece_len(j, i));
+    atomic_store_explicit(&j->piece_done[i], 1, memory_order_release);
+}
+
+/* The part of piece i that the checksum covers: [from, end). */
+static void hash_range(const shm_copy_job_t *j, uint32_t i, uint64_t *from, uint64_t *end)
+{
+    uint64_t start = piece_start(j, i);
+    *end = start + piece_len(j, i);
+    *from = start > j->sum_from ? start : j->sum_from;
+    if (*from > *end) *from = *end;
+}
+
+/* Copies piece i and checksums it step by step, each step while in cache. */
+static void copy_and_hash_piece(shm_copy_job_t *j, uint32_t i, hs_checksum_stream_t *sum)
+{
+    uint64_t start = piece_start(j, i), from, end;
+    hash_range(j, i, &from, &end);
+    if (from > start) memcpy(j->dest + start, j->src + start, from - start);
+    for (uint64_t off = from; off < end;) {
+        size_t n = end - off < HASH_STEP ? (size_t)(end - off) : HASH_STEP;
         memcpy(j->dest + off, j->src + off, n);
         hs_checksum_stream_update(sum, j->dest + off, n);
         off += n;
     }
-    j->sum = hs_checksum_stream_final(sum);
-    j->sum_valid = true;
+    atomic_store_explicit(&j->piece_done[i], 1, memory_order_release);
+}
+
+/* A helper: copies pieces of a job it did not take until none is left.
+ * Called and returns with the lock held. */
+static void help(shm_copier_t *p, shm_copy_job_t *j)
+{
+    j->helpers++;
+    pthread_mutex_unlock(&p->lock);
+    for (;;) {
+        uint32_t i = atomic_fetch_add_explicit(&j->next_piece, 1, memory_order_relaxed);
+        if (i >= j->n_pieces) break;
+        copy_piece(j, i);
+    }
+    pthread_mutex_lock(&p->lock);
+    j->helpers--;
+    if (j->shared) { /* every piece is claimed: nothing more to help with */
+        for (shm_copy_job_t **pp = &p->shared; *pp; pp = &(*pp)->next_shared) {
+            if (*pp != j) continue;
+            *pp = j->next_shared;
+            break;
+        }
+        j->shared = false;
+    }
+    pthread_cond_broadcast(&p->finished);
+}
+
+/* The taker: splits the job, lets idle copiers help, copies pieces too and
+ * checksums every piece in order; completes once every helper has left. */
+static void take(shm_copier_t *p, shm_copy_job_t *j, hs_checksum_stream_t *sum)
+{
+    bool hashing = j->sum_wanted && j->sum_from <= j->len && sum;
+    uint64_t piece = (j->len + SHM_COPY_PIECES_MAX - 1) / SHM_COPY_PIECES_MAX;
+    if (piece < PIECE_MIN) piece = PIECE_MIN;
+    j->piece = piece;
+    j->n_pieces = j->len ? (uint32_t)((j->len + piece - 1) / piece) : 0;
+    atomic_store_explicit(&j->next_piece, 0, memory_order_relaxed);
+    for (uint32_t i = 0; i < j->n_pieces; i++)
+        atomic_store_explicit(&j->piece_done[i], 0, memory_order_relaxed);
+    j->sum_valid = false;
+    pthread_mutex_lock(&p->lock);
+    if (j->n_pieces > 1 && p->n_threads > 1) {
+        j->shared = true;
+        j->next_shared = p->shared;
+        p->shared = j;
+        pthread_cond_broadcast(&p->work);
+    }
+    pthread_mutex_unlock(&p->lock);
+
+    if (hashing) hs_checksum_stream_reset(sum);
+    uint32_t hashed = 0; /* pieces checksummed, in order */
+    for (;;) {
+        if (hashing && hashed < j->n_pieces &&
+            atomic_load_explicit(&j->piece_done[hashed], memory_order_acquire)) {
+            uint64_t from, end; /* a piece a helper copied: checksum it now */
+            hash_range(j, hashed, &from, &end);
+            if (end > from) hs_checksum_stream_update(sum, j->dest + from, end - from);
+            hashed++;
+            continue;
+        }
+        uint32_t i = atomic_fetch_add_explicit(&j->next_piece, 1, memory_order_relaxed);
+        if (i < j->n_pieces) {
+            if (hashing && i == hashed) {
+                copy_and_hash_piece(j, i, sum);
+                hashed++;
+            } else {
+                copy_piece(j, i);
+            }
+            continue;
+        }
+        if (!hashing || hashed == j->n_pieces) break;
+        sched_yield(); /* the next piece to checksum is still being copied by a helper */
+    }
+
+    pthread_mutex_lock(&p->lock);
+    if (j->shared) {
+        for (shm_copy_job_t **pp = &p->shared; *pp; pp = &(*pp)->next_shared) {
+            if (*pp != j) continue;
+            *pp = j->next_shared;
+            break;
+        }
+        j->shared = false;
+    }
+    while (j->helpers > 0) /* a helper may still be copying its last piece */
+        pthread_cond_wait(&p->finished, &p->lock);
+    pthread_mutex_unlock(&p->lock);
+    if (hashing) {
+        j->sum = hs_checksum_stream_final(sum);
+        j->sum_valid = true;
+    }
+}
+
+/* A job with pieces left to claim, or NULL. Lock held. */
+static shm_copy_job_t *shared_with_work(shm_copier_t *p)
+{
+    for (shm_copy_job_t *j = p->shared; j; j = j->next_shared)
+        if (atomic_load_explicit(&j->next_piece, memory_order_relaxed) < j->n_pieces) return j;
+    return NULL;
 }
 
 static void *copier_main(void *arg)
@@ -51,15 +172,20 @@ static void *copier_main(void *arg)
     hs_checksum_stream_t *sum = hs_checksum_stream_create(); /* NULL: copies without */
     pthread_mutex_lock(&p->lock);
     for (;;) {
-        while (!p->stop && !p->queue_head)
+        shm_copy_job_t *helpable = NULL;
+        while (!p->stop && !p->queue_head && !(helpable = shared_with_work(p)))
             pthread_cond_wait(&p->work, &p->lock);
+        if (!p->queue_head && helpable) { /* no whole job waits: help with one */
+            help(p, helpable);
+            continue;
+        }
         if (!p->queue_head) break; /* stopping, nothing left */
         shm_copy_job_t *j = p->queue_head;
         p->queue_head = j->next;
         if (!p->queue_head) p->queue_tail = NULL;
         j->state = JOB_COPYING;
         pthread_mutex_unlock(&p->lock);
-        copy_job(j, sum);
+        take(p, j, sum);
         pthread_mutex_lock(&p->lock);
         j->state = JOB_DONE;
         j->next = p->done;
@@ -84,11 +210,18 @@ shm_copier_t *hs__shm_copier_create(unsigned threads, int wake_fd)
     pthread_cond_init(&p->work, NULL);
     pthread_cond_init(&p->finished, NULL);
     p->wake_fd = wake_fd;
-    for (unsigned i = 0; i < threads; i++) {
-        if (pthread_create(&p->threads[i], NULL, copier_main, p) != 0) break;
-        p->n_threads++;
+    /* n_threads is what take() reads to decide whether to share: set it
+     * before any copier runs */
+    p->n_threads = threads;
+    unsigned started = 0;
+    for (; started < threads; started++)
+        if (pthread_create(&p->threads[started], NULL, copier_main, p) != 0) break;
+    if (started < threads) {
+        pthread_mutex_lock(&p->lock);
+        p->n_threads = started;
+        pthread_mutex_unlock(&p->lock);
     }
-    if (p->n_threads == 0) {
+    if (started == 0) {
         hs_error("cannot start a shared-memory copier thread");
         hs__shm_copier_destroy(p);
         return NULL;

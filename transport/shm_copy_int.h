@@ -16,7 +16,16 @@
  * there (hs__shm_copier_take_done) and finishes the payload. A connection
  * that closes with its job in flight waits for it first
  * (hs__shm_copier_wait): a copier never writes into memory that was given
- * back, nor reads a segment that was unmapped. */
+ * back, nor reads a segment that was unmapped.
+ *
+ * One payload, several copiers: the copier that takes a job splits it into
+ * pieces of at least 1 MiB; copiers with no whole job of their own claim
+ * pieces of it and copy them, while the taker copies pieces too and
+ * checksums them in order, each right after it or a helper wrote it (the
+ * checksum is one stream over the payload, so it cannot be split). A
+ * single producer's batches then move at more than one core's memcpy rate.
+ * The taker completes the job only when every helper has left it.
+ */
 #ifndef HS_SHM_COPY_INT_H
 #define HS_SHM_COPY_INT_H
 
@@ -30,6 +39,7 @@ extern "C" {
 #endif
 
 #define SHM_COPY_THREADS_MAX 8u
+#define SHM_COPY_PIECES_MAX 256u
 
 typedef struct shm_copy_job {
     /* in: set by the submitter */
@@ -42,9 +52,15 @@ typedef struct shm_copy_job {
     /* out: valid once the job is done */
     uint64_t sum;
     bool sum_valid;
-    /* the copier's (under its lock) */
-    int state; /* 0 idle, 1 queued, 2 copying, 3 done */
-    struct shm_copy_job *next;
+    /* the copiers' (shm_copy.c) */
+    int state;          /* idle, queued, copying, done (under the copier lock) */
+    uint64_t piece;     /* bytes of each piece but the last */
+    uint32_t n_pieces;
+    uint32_t helpers;   /* copiers inside the job besides its taker (lock) */
+    bool shared;        /* on the list of jobs others may help with (lock) */
+    _Atomic uint32_t next_piece;                 /* the next piece to claim */
+    _Atomic uint8_t piece_done[SHM_COPY_PIECES_MAX]; /* written whole */
+    struct shm_copy_job *next, *next_shared;
 } shm_copy_job_t;
 
 typedef struct shm_copier shm_copier_t;
