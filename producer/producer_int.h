@@ -110,10 +110,10 @@ typedef struct worker {
     /* figures (lock) */
     uint64_t batches, tokens, bytes;
     double busy_s, stall_s;
-    double d2h_s;        /* GPU workers: device-to-host copy time (CUDA events) */
-    uint64_t d2h_bytes;  /* ... and the bytes it moved */
-    double t_stall; /* waits for a ticket since then (counted in the figures); 0 when not */
-    double t_taken; /* external source: when the caller took its batch */
+    double d2h_s;       /* GPU workers: device-to-host copy time (CUDA events) */
+    uint64_t d2h_bytes; /* ... and the bytes it moved */
+    double t_stall;     /* waits for a ticket since then (counted in the figures); 0 when not */
+    double t_taken;     /* external source: when the caller took its batch */
     /* progress, for the heartbeat (lock): when it last took, launched or
      * finished a batch, and whether it holds one now */
     double t_progress;

@@ -230,8 +230,8 @@ static hs_status_t gpu_finish(producer_t *pr, worker_t *w, inflight_t *f)
     pr->sh.outbox = o;
     f->st->queued = true;
     pthread_mutex_unlock(&pr->sh.lock);
-    hs_trace("worker %u (gpu %d): batch %u/%u forward %.1f ms, device-to-host %.2f ms",
-             w->index, w->gpu, f->t.epoch, f->t.batch, ms, times.d2h_ms);
+    hs_trace("worker %u (gpu %d): batch %u/%u forward %.1f ms, device-to-host %.2f ms", w->index,
+             w->gpu, f->t.epoch, f->t.batch, ms, times.d2h_ms);
     hs_tp_wakeup(pr->tp);
     return HS_OK;
 }

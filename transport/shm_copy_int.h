@@ -46,19 +46,19 @@ typedef struct shm_copy_job {
     uint8_t *dest;
     const uint8_t *src;
     uint64_t len;
-    bool sum_wanted;   /* the checksum of dest[sum_from, len) */
+    bool sum_wanted; /* the checksum of dest[sum_from, len) */
     uint64_t sum_from;
-    void *owner;       /* the connection */
+    void *owner; /* the connection */
     /* out: valid once the job is done */
     uint64_t sum;
     bool sum_valid;
     /* the copiers' (shm_copy.c) */
-    int state;          /* idle, queued, copying, done (under the copier lock) */
-    uint64_t piece;     /* bytes of each piece but the last */
+    int state;      /* idle, queued, copying, done (under the copier lock) */
+    uint64_t piece; /* bytes of each piece but the last */
     uint32_t n_pieces;
-    uint32_t helpers;   /* copiers inside the job besides its taker (lock) */
-    bool shared;        /* on the list of jobs others may help with (lock) */
-    _Atomic uint32_t next_piece;                 /* the next piece to claim */
+    uint32_t helpers;            /* copiers inside the job besides its taker (lock) */
+    bool shared;                 /* on the list of jobs others may help with (lock) */
+    _Atomic uint32_t next_piece; /* the next piece to claim */
     _Atomic uint8_t piece_done[SHM_COPY_PIECES_MAX]; /* written whole */
     struct shm_copy_job *next, *next_shared;
 } shm_copy_job_t;

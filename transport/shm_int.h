@@ -35,9 +35,9 @@
  *   length the prefix said); a bad one is a protocol error and closes the
  *   connection with nothing delivered. An accepted payload is copied from
  *   the mapping into `dest` in one pass by a copier thread (shm_copy_int.h),
- *   then, on the loop thread, RELEASE goes back and on_payload runs. The receiver verifies its copy (the
- *   checksum of what landed in `dest`), so a producer writing into its
- *   segment after DONE, or dying in the middle, changes nothing delivered.
+ *   then, on the loop thread, RELEASE goes back and on_payload runs. The receiver verifies its copy
+ * (the checksum of what landed in `dest`), so a producer writing into its segment after DONE, or
+ * dying in the middle, changes nothing delivered.
  */
 #ifndef HS_SHM_INT_H
 #define HS_SHM_INT_H

@@ -146,11 +146,11 @@ struct tcp_tp {
     tcp_conn_t *conns;
     size_t n_finalize;
     bool in_progress;
-    int sockbuf;               /* SO_SNDBUF/SO_RCVBUF to ask for, 0 = leave autotuning */
-    shm_mode_t shm_mode;       /* shared memory with peers on this host (shm_int.h) */
-    shm_ring_t ring;           /* producer side: the segments hs_tp_mem_alloc() made */
-    shm_copier_t *copier;      /* receiving side: made with the first shared-memory payload */
-    unsigned copiers;          /* its threads */
+    int sockbuf;          /* SO_SNDBUF/SO_RCVBUF to ask for, 0 = leave autotuning */
+    shm_mode_t shm_mode;  /* shared memory with peers on this host (shm_int.h) */
+    shm_ring_t ring;      /* producer side: the segments hs_tp_mem_alloc() made */
+    shm_copier_t *copier; /* receiving side: made with the first shared-memory payload */
+    unsigned copiers;     /* its threads */
 };
 
 static inline tcp_conn_t *conn_of(hs_tp_conn_t *c) { return (tcp_conn_t *)c; }

@@ -367,7 +367,7 @@ START_TEST(a_connection_closed_while_its_payload_is_copied_reports_it_once_as_cl
     ck_assert_int_eq(S.payloads_ok, 0);
     ck_assert_int_eq(S.payloads_failed, 1);
     ck_assert_uint_eq(S.tp->shm_ring_payloads, 0); /* not delivered */
-    ck_assert_int_eq(g_sends_failed, 1);            /* never released: the sender knows */
+    ck_assert_int_eq(g_sends_failed, 1);           /* never released: the sender knows */
     pump_for(&S, &C, 20);
     ck_assert_int_eq(S.payloads_ok + S.payloads_failed, 1);
 }
@@ -396,9 +396,9 @@ START_TEST(payloads_of_two_producers_are_each_copied_whole_with_their_own_checks
     for (int round = 0; round < 6; round++) {
         hs_tp_conn_t *c = round % 2 ? c2 : c1;
         side_t *peer = round % 2 ? &C2 : &C;
-        ck_assert_int_eq(hs_tp_send_payload(c, frame, flen, round % 2 ? r2 : r1, SEG_BYTES / 2,
-                                            send_done, NULL),
-                         HS_OK);
+        ck_assert_int_eq(
+            hs_tp_send_payload(c, frame, flen, round % 2 ? r2 : r1, SEG_BYTES / 2, send_done, NULL),
+            HS_OK);
         PUMP_UNTIL(&S, peer, S.payloads_ok == round + 1);
         ck_assert(S.sum_valid);
         ck_assert_uint_eq(S.dest[0], round % 2 ? 0x22 : 0x11);
@@ -626,8 +626,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, a_payload_is_copied_out_of_the_ring_and_later_writes_change_nothing);
-    tcase_add_test(tc,
-                   a_connection_closed_while_its_payload_is_copied_reports_it_once_as_closed);
+    tcase_add_test(tc, a_connection_closed_while_its_payload_is_copied_reports_it_once_as_closed);
     tcase_add_test(tc, payloads_of_two_producers_are_each_copied_whole_with_their_own_checksum);
     tcase_add_test(tc, a_peer_not_yet_trusted_gets_no_memory_mapped);
     tcase_add_test(tc, auto_picks_shared_memory_on_loopback_and_tcp_where_none_is_offered);

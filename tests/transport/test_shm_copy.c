@@ -106,8 +106,11 @@ START_TEST(several_payloads_at_once_each_land_whole)
         srcs[i] = pattern(lens[i], (unsigned)i + 10);
         dests[i] = calloc(1, lens[i]);
         memset(&jobs[i], 0, sizeof jobs[i]);
-        jobs[i] = (shm_copy_job_t){.dest = dests[i], .src = srcs[i], .len = lens[i],
-                                   .sum_wanted = i % 3 != 2, .sum_from = i == 4 ? lens[i] : 0};
+        jobs[i] = (shm_copy_job_t){.dest = dests[i],
+                                   .src = srcs[i],
+                                   .len = lens[i],
+                                   .sum_wanted = i % 3 != 2,
+                                   .sum_from = i == 4 ? lens[i] : 0};
     }
     for (int i = 0; i < N; i++)
         hs__shm_copier_submit(p, &jobs[i]);
