@@ -178,9 +178,9 @@ static void expect_text(const hs_opt_t *o, char *buf, size_t cap)
     }
 }
 
-static bool in_bounds(const hs_opt_t *o, double v)
+/* v within the bounds (or among the choices); the word's value apart */
+static bool in_range(const hs_opt_t *o, double v)
 {
-    if (o->word && v == o->word_value) return true;
     if (o->type == HS_OPT_ENUM) {
         size_t n = 1;
         for (const char *c = o->choices; *c; c++)
@@ -191,6 +191,13 @@ static bool in_bounds(const hs_opt_t *o, double v)
     }
     bool above = o->min_open ? v > o->min : v >= o->min;
     return above && v <= o->max; /* false for NaN */
+}
+
+/* v a value the option may hold: in range, or the word's (given as text
+ * only by its spelling) */
+static bool in_bounds(const hs_opt_t *o, double v)
+{
+    return (o->word && v == o->word_value) || in_range(o, v);
 }
 
 /* The index of `value` among "a|b|c", or -1. */
@@ -250,21 +257,21 @@ static bool value_set(void *cfg, const hs_opt_t *o, const char *value, char *why
         return true;
     }
     case HS_OPT_U64: /* beyond a double's 53 bits: written as parsed */
-        if (hs_parse_u64(value, &u) != HS_OK || !in_bounds(o, (double)u)) break;
+        if (hs_parse_u64(value, &u) != HS_OK || !in_range(o, (double)u)) break;
         memcpy(p, &u, sizeof(u));
         return true;
     case HS_OPT_SIZE:
-        if (hs_parse_size(value, &u) != HS_OK || !in_bounds(o, (double)u)) break;
+        if (hs_parse_size(value, &u) != HS_OK || !in_range(o, (double)u)) break;
         value_put(cfg, o, (double)u);
         return true;
     case HS_OPT_U32:
     case HS_OPT_INT:
-        if (hs_parse_u64(value, &u) != HS_OK || !in_bounds(o, (double)u)) break;
+        if (hs_parse_u64(value, &u) != HS_OK || !in_range(o, (double)u)) break;
         value_put(cfg, o, (double)u);
         return true;
     case HS_OPT_DOUBLE:
     case HS_OPT_GIB:
-        if (hs_parse_double(value, &d) != HS_OK || !in_bounds(o, d)) break;
+        if (hs_parse_double(value, &d) != HS_OK || !in_range(o, d)) break;
         value_put(cfg, o, d);
         return true;
     }
