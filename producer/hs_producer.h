@@ -40,8 +40,14 @@ HS_MUST_CHECK hs_status_t hs_producer_parse_to(const char *s, hs_producer_addrs_
 /* EXTERNAL: the library caller fills the hidden states (hs_producer_next). */
 typedef enum { HS_SOURCE_SYNTHETIC = 1, HS_SOURCE_MODEL = 2, HS_SOURCE_EXTERNAL = 3 } hs_source_t;
 
+/* The settings a caller chooses have an option each in the producer's
+ * table (producer/options.c, docs/cli.md): hs_producer_config_default sets
+ * them, hs_producer_config_set sets one by name, hs_producer_config_check
+ * holds a config to their bounds and to each other. */
 typedef struct {
-    const char *to_host; /* consumer address (when `to` is NULL or empty) */
+    const char *to_list; /* every consumer, "HOST:PORT[,HOST:PORT...]" (hs_producer_parse_to),
+                          * parsed when the run starts; used when `to` is NULL */
+    const char *to_host; /* consumer address (when `to` and to_list are NULL or empty) */
     uint16_t to_port;
     const hs_producer_addrs_t *to; /* every consumer to feed, or NULL; borrowed */
     const char *data_path;         /* JSONL or .hst */
@@ -98,7 +104,31 @@ typedef struct {
     const char *target_name;
 } hs_producer_config_t;
 
+/* Every setting at the default of its option (hs_producer_option_info). */
 void hs_producer_config_default(hs_producer_config_t *cfg);
+
+/* The number of options of the producer's table, and the i-th
+ * (0..count-1) into *out (static strings): how hs-producer spells it, its
+ * environment variable, type, default, bounds and help. HS_ERR_INVALID past
+ * the end. */
+uint32_t hs_producer_option_count(void);
+HS_MUST_CHECK hs_status_t hs_producer_option_info(uint32_t i, hs_option_info_t *out);
+/* Sets the option `name` ("token_budget") from its text ("64K", "auto",
+ * "model", "true"), checked against its type and bounds. HS_ERR_INVALID
+ * for an unknown name or a bad value, with why[why_cap] (when not NULL)
+ * saying what was expected, else logged; cfg is then unchanged. A string
+ * option keeps the pointer `value` (the caller's, for as long as cfg is
+ * used). */
+HS_MUST_CHECK hs_status_t hs_producer_config_set(hs_producer_config_t *cfg, const char *name,
+                                                 const char *value, char *why, size_t why_cap);
+/* Every option within its bounds and the options consistent with each
+ * other (a consumer to feed, unless `preflight`: the config is for
+ * hs_producer_preflight; --data; one layer set; --model with --source
+ * model; ...): HS_OK, or HS_ERR_INVALID with why[cap] naming the option in
+ * hs-producer's spelling ("--source model needs --model DIR").
+ * hs_producer_run checks its config with it. */
+HS_MUST_CHECK hs_status_t hs_producer_config_check(const hs_producer_config_t *cfg, bool preflight,
+                                                   char *why, size_t cap);
 
 /* Runs until the consumer says BYE (HS_OK), or a requested stop is done
  * (HS_OK, see stop_requested), or fails: HS_ERR_CLOSED when the consumer

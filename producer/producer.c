@@ -26,106 +26,6 @@
 #include "worker_int.h"
 #include "preflight_int.h" /* the default headroom */
 
-hs_status_t hs_producer_parse_to(const char *s, hs_producer_addrs_t *out)
-{
-    memset(out, 0, sizeof(*out));
-    if (!s || !*s) {
-        hs_error("--to: expected HOST:PORT[,HOST:PORT...] or HOST:LO-HI, got nothing");
-        return HS_ERR_INVALID;
-    }
-    const char *p = s;
-    while (*p) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        char item[300];
-        if (len == 0 || len >= sizeof(item)) {
-            hs_error("--to '%s': an empty or overlong address in the list", s);
-            return HS_ERR_INVALID;
-        }
-        memcpy(item, p, len);
-        item[len] = 0;
-        char *colon = strrchr(item, ':');
-        char *dash = colon ? strchr(colon, '-') : NULL;
-        uint64_t lo, hi;
-        char host[256];
-        uint16_t port;
-        if (dash) {
-            *dash = 0;
-            if (hs_parse_hostport(item, host, sizeof(host), &port) != HS_OK ||
-                hs_parse_u64(dash + 1, &hi) != HS_OK || hi > 65535 || hi < port) {
-                hs_error(
-                    "--to '%s': '%.*s' is not HOST:LO-HI with LO <= HI, e.g. drafter:7000-7007", s,
-                    (int)len, p);
-                return HS_ERR_INVALID;
-            }
-            lo = port;
-        } else {
-            if (hs_parse_hostport(item, host, sizeof(host), &port) != HS_OK) {
-                hs_error("--to '%s': '%s' is not HOST:PORT, e.g. drafter:7000", s, item);
-                return HS_ERR_INVALID;
-            }
-            lo = hi = port;
-        }
-        for (uint64_t q = lo; q <= hi; q++) {
-            if (out->n == HS_PRODUCER_MAX_LINKS) {
-                hs_error("--to '%s': more than %d consumers; one producer feeds at most that many",
-                         s, HS_PRODUCER_MAX_LINKS);
-                return HS_ERR_INVALID;
-            }
-            for (uint32_t i = 0; i < out->n; i++)
-                if (out->port[i] == q && !strcmp(out->host[i], host)) {
-                    hs_error("--to '%s': %s:%llu is given twice", s, host, (unsigned long long)q);
-                    return HS_ERR_INVALID;
-                }
-            snprintf(out->host[out->n], sizeof(out->host[0]), "%s", host);
-            out->port[out->n] = (uint16_t)q;
-            out->n++;
-        }
-        p += len;
-        if (*p == ',') p++;
-    }
-    return HS_OK;
-}
-
-void hs_producer_config_default(hs_producer_config_t *cfg)
-{
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->to_port = 7000;
-    cfg->token_budget = 65536;
-    cfg->overflow = HS_OVERFLOW_TRUNCATE;
-    cfg->source = HS_SOURCE_SYNTHETIC;
-    cfg->n_workers = 1;
-    cfg->gpu_ids[0] = -1;
-    cfg->prefetch = 2;
-    cfg->transport = "auto";
-    cfg->connect_timeout_s = 30;
-    cfg->status_interval_s = 5;
-    cfg->preflight_headroom = HS__PREFLIGHT_HEADROOM;
-}
-
-hs_status_t hs_producer_parse_devices(const char *s, hs_producer_config_t *cfg)
-{
-    uint64_t n;
-    if (!strncmp(s, "cpu:", 4)) {
-        if (hs_parse_u64(s + 4, &n) != HS_OK || n == 0 || n > HS_PRODUCER_MAX_WORKERS)
-            return HS_ERR_INVALID;
-        cfg->n_workers = (uint32_t)n;
-        for (uint32_t i = 0; i < n; i++)
-            cfg->gpu_ids[i] = -1;
-        return HS_OK;
-    }
-    int ids[HS_PRODUCER_MAX_WORKERS], cnt;
-    if (hs_parse_int_list(s, ids, HS_PRODUCER_MAX_WORKERS, &cnt) != HS_OK) return HS_ERR_INVALID;
-    for (int i = 0; i < cnt; i++) {
-        if (ids[i] < 0) return HS_ERR_INVALID;
-        for (int j = 0; j < i; j++)
-            if (ids[j] == ids[i]) return HS_ERR_INVALID;
-    }
-    cfg->n_workers = (uint32_t)cnt;
-    memcpy(cfg->gpu_ids, ids, sizeof(int) * (size_t)cnt);
-    return HS_OK;
-}
-
 static hs_status_t load_inputs(producer_t *pr)
 {
     const hs_producer_config_t *cfg = pr->cfg;
@@ -468,9 +368,26 @@ err:
 
 hs_status_t hs_producer_run(const hs_producer_config_t *config)
 {
+    char why[256];
+    if (hs_producer_config_check(config, false, why, sizeof why) != HS_OK) {
+        hs_error("producer: %s", why);
+        return HS_ERR_INVALID;
+    }
+    hs_producer_config_t cfg = *config;
+    hs_producer_addrs_t *addrs = NULL;
+    if (!cfg.to && cfg.to_list && cfg.to_list[0]) {
+        if (!(addrs = malloc(sizeof(*addrs)))) return HS_ERR_NOMEM;
+        if (hs_producer_parse_to(cfg.to_list, addrs) != HS_OK) { /* logged */
+            free(addrs);
+            return HS_ERR_INVALID;
+        }
+        cfg.to = addrs;
+    }
     producer_t *pr;
-    hs_status_t st = producer_open(config, &pr);
+    hs_status_t st = producer_open(&cfg, &pr);
+    free(addrs);
     if (st != HS_OK) return st;
+    pr->config.to = NULL; /* `addrs` is gone; only used to connect (links keep the addresses) */
     uint32_t started = 0;
     for (; started < pr->cfg->n_workers; started++) {
         worker_t *w = &pr->workers[started];
