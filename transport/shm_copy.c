@@ -38,6 +38,31 @@ static uint64_t piece_len(const shm_copy_job_t *j, uint32_t i)
     return j->len - start < j->piece ? j->len - start : j->piece;
 }
 
+/* Pieces are claimed from both ends: the taker from the front, in the
+ * order it checksums them, helpers from the back, so the taker seldom
+ * waits for a piece it must checksum next. `claims` holds the count taken
+ * from the front (low 32 bits) and from the back (high 32 bits). */
+static bool claim(shm_copy_job_t *j, bool front, uint32_t *piece)
+{
+    uint64_t v = atomic_load_explicit(&j->claims, memory_order_relaxed);
+    for (;;) {
+        uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
+        if (f + b >= j->n_pieces) return false;
+        uint64_t nv = v + (front ? 1u : 1ull << 32);
+        if (atomic_compare_exchange_weak_explicit(&j->claims, &v, nv, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *piece = front ? f : j->n_pieces - 1 - b;
+            return true;
+        }
+    }
+}
+
+static bool unclaimed(shm_copy_job_t *j)
+{
+    uint64_t v = atomic_load_explicit(&j->claims, memory_order_relaxed);
+    return (uint64_t)(uint32_t)v + (v >> 32) < j->n_pieces;
+}
+
 static void copy_piece(shm_copy_job_t *j, uint32_t i)
 {
     uint64_t at = piece_start(j, i);
@@ -75,11 +100,9 @@ static void help(shm_copier_t *p, shm_copy_job_t *j)
 {
     j->helpers++;
     pthread_mutex_unlock(&p->lock);
-    for (;;) {
-        uint32_t i = atomic_fetch_add_explicit(&j->next_piece, 1, memory_order_relaxed);
-        if (i >= j->n_pieces) break;
+    uint32_t i;
+    while (claim(j, false, &i))
         copy_piece(j, i);
-    }
     pthread_mutex_lock(&p->lock);
     j->helpers--;
     if (j->shared) { /* every piece is claimed: nothing more to help with */
@@ -102,7 +125,7 @@ static void take(shm_copier_t *p, shm_copy_job_t *j, hs_checksum_stream_t *sum)
     if (piece < PIECE_MIN) piece = PIECE_MIN;
     j->piece = piece;
     j->n_pieces = j->len ? (uint32_t)((j->len + piece - 1) / piece) : 0;
-    atomic_store_explicit(&j->next_piece, 0, memory_order_relaxed);
+    atomic_store_explicit(&j->claims, 0, memory_order_relaxed);
     for (uint32_t i = 0; i < j->n_pieces; i++)
         atomic_store_explicit(&j->piece_done[i], 0, memory_order_relaxed);
     j->sum_valid = false;
@@ -116,28 +139,24 @@ static void take(shm_copier_t *p, shm_copy_job_t *j, hs_checksum_stream_t *sum)
     pthread_mutex_unlock(&p->lock);
 
     if (hashing) hs_checksum_stream_reset(sum);
-    uint32_t hashed = 0; /* pieces checksummed, in order */
-    for (;;) {
-        if (hashing && hashed < j->n_pieces &&
-            atomic_load_explicit(&j->piece_done[hashed], memory_order_acquire)) {
-            uint64_t from, end; /* a piece a helper copied: checksum it now */
-            hash_range(j, hashed, &from, &end);
-            if (end > from) hs_checksum_stream_update(sum, j->dest + from, end - from);
-            hashed++;
+    uint32_t i;
+    while (claim(j, true, &i)) { /* from the front: piece i is the next to checksum */
+        if (hashing)
+            copy_and_hash_piece(j, i, sum);
+        else
+            copy_piece(j, i);
+    }
+    /* the pieces helpers took from the back, in order, once each is whole */
+    for (i = hashing ? (uint32_t)atomic_load_explicit(&j->claims, memory_order_relaxed) : 0;
+         hashing && i < j->n_pieces;) {
+        if (!atomic_load_explicit(&j->piece_done[i], memory_order_acquire)) {
+            sched_yield(); /* a helper is still copying it */
             continue;
         }
-        uint32_t i = atomic_fetch_add_explicit(&j->next_piece, 1, memory_order_relaxed);
-        if (i < j->n_pieces) {
-            if (hashing && i == hashed) {
-                copy_and_hash_piece(j, i, sum);
-                hashed++;
-            } else {
-                copy_piece(j, i);
-            }
-            continue;
-        }
-        if (!hashing || hashed == j->n_pieces) break;
-        sched_yield(); /* the next piece to checksum is still being copied by a helper */
+        uint64_t from, end;
+        hash_range(j, i, &from, &end);
+        if (end > from) hs_checksum_stream_update(sum, j->dest + from, end - from);
+        i++;
     }
 
     pthread_mutex_lock(&p->lock);
@@ -162,7 +181,7 @@ static void take(shm_copier_t *p, shm_copy_job_t *j, hs_checksum_stream_t *sum)
 static shm_copy_job_t *shared_with_work(shm_copier_t *p)
 {
     for (shm_copy_job_t *j = p->shared; j; j = j->next_shared)
-        if (atomic_load_explicit(&j->next_piece, memory_order_relaxed) < j->n_pieces) return j;
+        if (unclaimed(j)) return j;
     return NULL;
 }
 

@@ -19,10 +19,10 @@
  * back, nor reads a segment that was unmapped.
  *
  * One payload, several copiers: the copier that takes a job splits it into
- * pieces of at least 1 MiB; copiers with no whole job of their own claim
- * pieces of it and copy them, while the taker copies pieces too and
- * checksums them in order, each right after it or a helper wrote it (the
- * checksum is one stream over the payload, so it cannot be split). A
+ * pieces of at least 1 MiB. It copies them from the front, checksumming
+ * each right after writing it; copiers with no whole job of their own copy
+ * pieces from the back meanwhile, and the taker checksums those last, in
+ * order (the checksum is one stream over the payload: it cannot be split). A
  * single producer's batches then move at more than one core's memcpy rate.
  * The taker completes the job only when every helper has left it.
  */
@@ -56,9 +56,9 @@ typedef struct shm_copy_job {
     int state;      /* idle, queued, copying, done (under the copier lock) */
     uint64_t piece; /* bytes of each piece but the last */
     uint32_t n_pieces;
-    uint32_t helpers;            /* copiers inside the job besides its taker (lock) */
-    bool shared;                 /* on the list of jobs others may help with (lock) */
-    _Atomic uint32_t next_piece; /* the next piece to claim */
+    uint32_t helpers;        /* copiers inside the job besides its taker (lock) */
+    bool shared;             /* on the list of jobs others may help with (lock) */
+    _Atomic uint64_t claims; /* pieces taken from the front and from the back */
     _Atomic uint8_t piece_done[SHM_COPY_PIECES_MAX]; /* written whole */
     struct shm_copy_job *next, *next_shared;
 } shm_copy_job_t;
