@@ -3,8 +3,9 @@
  * also settable from the environment; the command line wins), and --version. */
 #include "hs_cli.h"
 
-#include <getopt.h>
+#include <assert.h>
 #include <ctype.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,56 @@ int hs_cli_parse_flags(int argc, char **argv, const struct option *longopts, hs_
     if (rc == 0) fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[first]);
     usage(stderr);
     return 2;
+}
+
+/* hs_cli_parse_table's apply: a flag's getopt value is 256 + its index. */
+typedef struct {
+    const hs_cli_flag_t *flags;
+    const char *prog;
+} cli_table_t;
+
+static int cli_table_apply(void *ctx, int opt, const char *arg, const char *from)
+{
+    const cli_table_t *t = ctx;
+    const hs_cli_flag_t *f = &t->flags[opt - 256];
+    switch (f->kind) {
+    case HS_CLI_KIND_STR:
+        *(const char **)f->dst = arg;
+        break;
+    case HS_CLI_KIND_INT:
+        *(int *)f->dst = atoi(arg);
+        break;
+    case HS_CLI_KIND_DOUBLE:
+        *(double *)f->dst = atof(arg);
+        break;
+    case HS_CLI_KIND_TRUE:
+        *(bool *)f->dst = true;
+        break;
+    case HS_CLI_KIND_CLEAR:
+        *(const char **)f->dst = NULL;
+        break;
+    case HS_CLI_KIND_FN:
+        if (f->fn(f->dst, arg)) return hs_cli_bad(t->prog, f->name, arg, from, f->expect);
+        break;
+    }
+    return 0;
+}
+
+int hs_cli_parse_table(int argc, char **argv, const hs_cli_flag_t *flags, const char *prog,
+                       void (*usage)(FILE *out))
+{
+    struct option opts[HS_CLI_MAX_FLAGS + 2];
+    int n = 0;
+    for (; flags[n].name; n++) {
+        assert(n < HS_CLI_MAX_FLAGS);
+        const bool takes = flags[n].kind != HS_CLI_KIND_TRUE && flags[n].kind != HS_CLI_KIND_CLEAR;
+        opts[n] =
+            (struct option){flags[n].name, takes ? required_argument : no_argument, 0, 256 + n};
+    }
+    opts[n] = (struct option){"help", no_argument, 0, 'h'};
+    opts[n + 1] = (struct option){0, 0, 0, 0};
+    cli_table_t t = {flags, prog};
+    return hs_cli_parse_flags(argc, argv, opts, cli_table_apply, &t, prog, usage);
 }
 
 const char *hs_env_for_flag(const char *long_name)

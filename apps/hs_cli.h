@@ -44,6 +44,39 @@ int hs_cli_bad(const char *prog, const char *flag, const char *arg, const char *
 int hs_cli_parse_flags(int argc, char **argv, const struct option *longopts, hs_cli_apply_cb apply,
                        void *ctx, const char *prog, void (*usage)(FILE *out));
 
+/* A flag of a table-driven command line: what --NAME stores where. Tables
+ * are written with the macros below, which check dst's type. */
+typedef enum {
+    HS_CLI_KIND_STR,    /* const char **: the argument (argv's or the environment's, not copied) */
+    HS_CLI_KIND_INT,    /* int *: atoi(argument) */
+    HS_CLI_KIND_DOUBLE, /* double *: atof(argument) */
+    HS_CLI_KIND_TRUE,   /* bool *: true; takes no argument */
+    HS_CLI_KIND_CLEAR,  /* const char **: NULL; takes no argument */
+    HS_CLI_KIND_FN,     /* fn(dst, argument): 0, or non-zero for a bad value */
+} hs_cli_kind_t;
+typedef struct {
+    const char *name; /* long name without "--"; NULL ends the table */
+    hs_cli_kind_t kind;
+    void *dst;
+    int (*fn)(void *dst, const char *arg); /* HS_CLI_KIND_FN only */
+    const char *expect; /* HS_CLI_KIND_FN only: what a good value is, for "--NAME 'ARG': EXPECT" */
+} hs_cli_flag_t;
+/* clang-format off */
+#define HS_CLI_STR(name, p) {(name), HS_CLI_KIND_STR, (1 ? (p) : (const char **)0), NULL, NULL}
+#define HS_CLI_INT(name, p) {(name), HS_CLI_KIND_INT, (1 ? (p) : (int *)0), NULL, NULL}
+#define HS_CLI_DOUBLE(name, p) {(name), HS_CLI_KIND_DOUBLE, (1 ? (p) : (double *)0), NULL, NULL}
+#define HS_CLI_TRUE(name, p) {(name), HS_CLI_KIND_TRUE, (1 ? (p) : (bool *)0), NULL, NULL}
+#define HS_CLI_CLEAR(name, p) {(name), HS_CLI_KIND_CLEAR, (1 ? (p) : (const char **)0), NULL, NULL}
+#define HS_CLI_FN(name, fn, p, expect) {(name), HS_CLI_KIND_FN, (p), (fn), (expect)}
+/* clang-format on */
+#define HS_CLI_MAX_FLAGS 31
+/* hs_cli_parse_flags over a table of at most HS_CLI_MAX_FLAGS flags (plus
+ * -h/--help, which it adds last): each flag stores into its dst as its kind
+ * says, the environment first (HS_<NAME>, in table order), then argv. Same
+ * return as hs_cli_parse_flags: -1 to go on, else main's exit status. */
+int hs_cli_parse_table(int argc, char **argv, const hs_cli_flag_t *flags, const char *prog,
+                       void (*usage)(FILE *out));
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,7 +8,6 @@
  * (F32 on cpu, BF16 on cuda), plus "cu_seqlens" I32 [n+1] and "input_ids"
  * I32 [T_total]; __metadata__ holds the model folder and the layers. */
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,57 +190,6 @@ typedef struct {
     bool plan_only;
 } options_t;
 
-static const struct option opts[] = {
-    {"plan", no_argument, 0, 'P'},
-    {"model", required_argument, 0, 'm'},
-    {"data", required_argument, 0, 'd'},
-    {"layers", required_argument, 0, 'l'},
-    {"dflash-layers", required_argument, 0, 'f'},
-    {"device", required_argument, 0, 'D'},
-    {"token-budget", required_argument, 0, 'b'},
-    {"dtype", required_argument, 0, 'w'}, /* Linear weights: auto, bf16, fp8 */
-    {"out", required_argument, 0, 'o'},
-    {"help", no_argument, 0, 'h'},
-    {0, 0, 0, 0},
-};
-
-/* hs_cli_parse_flags' callback: every flag is checked later, in main. */
-static int apply(void *ctx, int opt, const char *arg, const char *from)
-{
-    (void)from;
-    options_t *o = ctx;
-    switch (opt) {
-    case 'P':
-        o->plan_only = true;
-        break;
-    case 'm':
-        o->model = arg;
-        break;
-    case 'd':
-        o->data = arg;
-        break;
-    case 'l':
-        o->layers = arg;
-        break;
-    case 'f':
-        o->dflash = arg;
-        break;
-    case 'D':
-        o->device = arg;
-        break;
-    case 'b':
-        o->budget = arg;
-        break;
-    case 'w':
-        o->dtype = arg;
-        break;
-    case 'o':
-        o->out = arg;
-        break;
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     if (hs_cli_wants_version(argc, argv)) {
@@ -249,7 +197,19 @@ int main(int argc, char **argv)
         return 0;
     }
     options_t o = {0};
-    int exit_now = hs_cli_parse_flags(argc, argv, opts, apply, &o, "hs-forward", usage);
+    const hs_cli_flag_t flags[] = {
+        HS_CLI_TRUE("plan", &o.plan_only),
+        HS_CLI_STR("model", &o.model),
+        HS_CLI_STR("data", &o.data),
+        HS_CLI_STR("layers", &o.layers),
+        HS_CLI_STR("dflash-layers", &o.dflash),
+        HS_CLI_STR("device", &o.device),
+        HS_CLI_STR("token-budget", &o.budget),
+        HS_CLI_STR("dtype", &o.dtype), /* Linear weights: auto, bf16, fp8 */
+        HS_CLI_STR("out", &o.out),
+        {0},
+    };
+    int exit_now = hs_cli_parse_table(argc, argv, flags, "hs-forward", usage);
     if (exit_now >= 0) return exit_now;
     if (!o.model || (!o.plan_only && (!o.data || !o.out))) {
         fprintf(stderr, "hs-forward: --model, --data and --out are required (--plan: --model "

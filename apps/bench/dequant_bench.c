@@ -13,21 +13,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hs_time.h"
+#include "hs_bench.h"
+#include "hs_cli.h"
 #include "hs_shuffle.h"
 #include "hs_float.h"
 #include "hs_proto.h"
 
-static double median(double *v, int n)
+static void usage(FILE *fp)
 {
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return v[n / 2];
+    fprintf(fp, "usage: hs-bench-dequant [--tokens T] [--row N] [--reps R]\n"
+                "example: hs-bench-dequant --tokens 16384 --row 12288 --reps 5\n");
 }
+
+/* A whole number for --tokens, --row, --reps: 0, or 1 for anything else. */
+static int parse_long(void *dst, const char *arg)
+{
+    char *end;
+    *(long *)dst = strtol(arg, &end, 10);
+    return end == arg || *end;
+}
+
+/* The rows of one batch: the fp8 codes, their scales, the two outputs. */
+typedef struct {
+    long T, N;
+    const uint8_t *q;
+    const float *scales;
+    uint16_t *out, *ref;
+} batch_t;
 
 static void per_value(const uint8_t *q, uint64_t n, float scale, uint16_t *out)
 {
@@ -35,23 +47,41 @@ static void per_value(const uint8_t *q, uint64_t n, float scale, uint16_t *out)
         out[i] = hs_f32_to_bf16(hs_fp8_to_f32(q[i]) * scale);
 }
 
+static int run_per_value(void *ctx)
+{
+    batch_t *b = ctx;
+    for (long t = 0; t < b->T; t++)
+        per_value(b->q + (size_t)t * b->N, (uint64_t)b->N, b->scales[t], b->ref + (size_t)t * b->N);
+    return 0;
+}
+
+static int run_table(void *ctx)
+{
+    batch_t *b = ctx;
+    for (long t = 0; t < b->T; t++)
+        hs_fp8_dequantize_row_bf16(b->q + (size_t)t * b->N, (uint64_t)b->N, b->scales[t],
+                                   b->out + (size_t)t * b->N);
+    return 0;
+}
+
+static int run_memcpy(void *ctx)
+{
+    batch_t *b = ctx;
+    memcpy(b->ref, b->out, (size_t)b->T * (size_t)b->N * 2);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     long T = 16384, N = 12288, reps = 5;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        long v = strtol(argv[i + 1], NULL, 10);
-        if (!strcmp(argv[i], "--tokens"))
-            T = v;
-        else if (!strcmp(argv[i], "--row"))
-            N = v;
-        else if (!strcmp(argv[i], "--reps"))
-            reps = v;
-        else {
-            fprintf(stderr, "usage: hs-bench-dequant [--tokens T] [--row N] [--reps R]\n");
-            return 2;
-        }
-    }
-    if (T < 1 || N < 1 || reps < 1 || reps > 100 || T * N > (1L << 32)) {
+    const char *expect = "expected a whole number";
+    const hs_cli_flag_t flags[] = {HS_CLI_FN("tokens", parse_long, &T, expect),
+                                   HS_CLI_FN("row", parse_long, &N, expect),
+                                   HS_CLI_FN("reps", parse_long, &reps, expect),
+                                   {0}};
+    int exit_now = hs_cli_parse_table(argc, argv, flags, "hs-bench-dequant", usage);
+    if (exit_now >= 0) return exit_now;
+    if (T < 1 || N < 1 || reps < 1 || reps > HS_BENCH_MAX_REPS || T * N > (1L << 32)) {
         fprintf(stderr, "hs-bench-dequant: --tokens, --row >= 1, --reps 1..100, at most 2^32 "
                         "values\n");
         return 2;
@@ -69,37 +99,21 @@ int main(int argc, char **argv)
         q[i] = (uint8_t)hs_splitmix64(&rng);
     for (long t = 0; t < T; t++)
         scales[t] = 1e-3f * (float)(1 + t % 97);
-    double ms[3][100];
-    for (long r = 0; r < reps; r++) {
-        double t0 = hs_now_s();
-        for (long t = 0; t < T; t++)
-            per_value(q + (size_t)t * N, (uint64_t)N, scales[t], ref + (size_t)t * N);
-        double t1 = hs_now_s();
-        for (long t = 0; t < T; t++)
-            hs_fp8_dequantize_row_bf16(q + (size_t)t * N, (uint64_t)N, scales[t],
-                                       out + (size_t)t * N);
-        double t2 = hs_now_s();
-        memcpy(ref, out, n * 2);
-        double t3 = hs_now_s();
-        ms[0][r] = 1e3 * (t1 - t0);
-        ms[1][r] = 1e3 * (t2 - t1);
-        ms[2][r] = 1e3 * (t3 - t2);
-    }
-    for (long t = 0; t < T; t++) /* the two give the same bits */
-        per_value(q + (size_t)t * N, (uint64_t)N, scales[t], ref + (size_t)t * N);
+    batch_t b = {T, N, q, scales, out, ref};
+    const hs_bench_call_cb calls[3] = {run_per_value, run_table, run_memcpy};
+    double ms[3];
+    hs_bench_wall_rounds(calls, 3, &b, (int)reps, ms);
+    run_per_value(&b); /* the two give the same bits */
     if (memcmp(ref, out, n * 2)) {
         fprintf(stderr, "hs-bench-dequant: the table and the per-value rows differ\n");
         return 1;
     }
     const char *names[3] = {"per value (before)", "hs_fp8_dequantize_row_bf16",
                             "memcpy of the bf16"};
-    double base = median(ms[0], (int)reps);
     printf("%ld tokens x %ld values, median of %ld\n", T, N, reps);
-    for (int k = 0; k < 3; k++) {
-        double m = k ? median(ms[k], (int)reps) : base;
-        printf("%-28s %8.1f ms %6.2f GB/s  %.2fx the per-value rows\n", names[k], m,
-               (double)n * 2 / (m * 1e6), base / m);
-    }
+    for (int k = 0; k < 3; k++)
+        printf("%-28s %8.1f ms %6.2f GB/s  %.2fx the per-value rows\n", names[k], ms[k],
+               (double)n * 2 / (ms[k] * 1e6), ms[0] / ms[k]);
     free(q);
     free(out);
     free(ref);

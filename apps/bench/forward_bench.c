@@ -13,7 +13,6 @@
  * of head_dim 256, needs no model, then runs torch's SDPA (flash and cuDNN
  * backends) at the same shapes through scripts/bench/attn_torch.py
  * (--torch-script PATH; $HS_PYTHON or python3) and prints a table of both. */
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,16 +21,14 @@
 #include <cuda_runtime_api.h>
 
 #include "attention.h"
-#include "hs_float.h"
+#include "hs_bench.h"
 #include "hs_cli.h"
 #include "hsflow.h"
 #include "hs_log.h"
 #include "hs_time.h"
-#include "hs_shuffle.h"
 #include "hs_parse.h"
 #include "hs_model.h"
 
-#define MAX_SHAPES 16
 #define MAX_LAYERS 64
 
 static void usage(FILE *fp)
@@ -56,40 +53,33 @@ typedef struct {
     const char *backend;
 } attn_row_t;
 
-/* Best of iters calls of a prepared plan at n x L; ms, or < 0 on failure. */
-static double attn_time(hs_kn_attn_plan_t *plan, const uint16_t *x, void *o, int hq, int hkv, int d,
-                        int iters)
+/* One call of a prepared attention plan on the rows x (q, k, v of each token). */
+typedef struct {
+    hs_kn_attn_plan_t *plan;
+    const uint16_t *x;
+    void *o;
+    int hq, hkv, d;
+} attn_call_t;
+
+static int attn_run(void *ctx)
 {
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    float best = 1e30f;
-    int rc = 0;
-    for (int i = 0; i <= iters && !rc; i++) {
-        cudaEventRecord(e0, 0);
-        rc = hs_kn_attn_plan_run(plan, x, x + hq * d, x + (hq + hkv) * d, o, 0);
-        cudaEventRecord(e1, 0);
-        cudaEventSynchronize(e1);
-        float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (i && ms < best) best = ms;
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return rc || cudaDeviceSynchronize() != cudaSuccess ? -1 : best;
+    const attn_call_t *c = ctx;
+    return hs_kn_attn_plan_run(c->plan, c->x, c->x + c->hq * c->d, c->x + (c->hq + c->hkv) * c->d,
+                               c->o, 0) != HS_OK;
 }
 
 /* Times the attention plan at every shape and head layout on random inputs
  * (per layout one plan for the largest shape, as a forward builds it; plus
  * the mma.sync kernel alone where it has a tensor-core path), one JSON line
  * each, into rows[layout][shape]. */
-static int attn_bench_hsflow(const int *sn, const int *sl, int n_shapes, int iters, double peak,
-                             attn_row_t rows[][MAX_SHAPES])
+static int attn_bench_hsflow(const hs_bench_shape_t *shapes, int n_shapes, int iters, double peak,
+                             attn_row_t rows[][HS_BENCH_MAX_SHAPES])
 {
     int max_T = 0, max_n = 0;
     for (int i = 0; i < n_shapes; i++) {
-        if (sn[i] * sl[i] > max_T) max_T = sn[i] * sl[i];
-        if (sn[i] > max_n) max_n = sn[i];
+        const int T = shapes[i].n_seqs * shapes[i].seq_len;
+        if (T > max_T) max_T = T;
+        if (shapes[i].n_seqs > max_n) max_n = shapes[i].n_seqs;
     }
     for (int h = 0; h < N_ATTN_HEADS; h++) {
         const int hq = attn_heads[h].hq, hkv = attn_heads[h].hkv, d = attn_heads[h].d;
@@ -98,18 +88,14 @@ static int attn_bench_hsflow(const int *sn, const int *sl, int n_shapes, int ite
         uint16_t *hb = malloc(blk * 2);
         int32_t *cu = malloc(((size_t)max_n + 1) * 4);
         uint64_t rng = 99;
-        for (size_t i = 0; i < blk; i++)
-            hb[i] = hs_f32_to_bf16(
-                (float)((double)(hs_splitmix64(&rng) >> 11) / 9007199254740992.0 * 4 - 2));
+        hs_bench_random_bf16(hb, blk, &rng, 2.f); /* uniform [-2, 2) */
         void *x = NULL, *o = NULL, *dcu = NULL;
         if (cudaMalloc(&x, elems * 2) || cudaMalloc(&o, (size_t)max_T * hq * d * 2) ||
             cudaMalloc(&dcu, ((size_t)max_n + 1) * 4)) {
             fprintf(stderr, "attn bench: cudaMalloc failed\n");
             return 1;
         }
-        for (size_t off = 0; off < elems; off += blk)
-            cudaMemcpy((uint16_t *)x + off, hb, (elems - off < blk ? elems - off : blk) * 2,
-                       cudaMemcpyHostToDevice);
+        if (hs_bench_upload_tiled(x, elems * 2, hb, blk * 2)) return 1;
         hs_kn_attn_desc_t desc = {
             max_T, max_n, hq, hkv, d, stride, stride, hq * d, 1.f / sqrtf((float)d), 0, false};
         hs_kn_attn_plan_t *plan = NULL, *mma = NULL;
@@ -121,7 +107,7 @@ static int attn_bench_hsflow(const int *sn, const int *sl, int n_shapes, int ite
             if (hs_kn_attn_plan_create(&mma_desc, &mma) != HS_OK) return 1;
         }
         for (int i = 0; i < n_shapes; i++) {
-            const int n = sn[i], L = sl[i];
+            const int n = shapes[i].n_seqs, L = shapes[i].seq_len;
             for (int j = 0; j <= n; j++)
                 cu[j] = j * L;
             cudaMemcpy(dcu, cu, ((size_t)n + 1) * 4, cudaMemcpyHostToDevice);
@@ -129,8 +115,9 @@ static int attn_bench_hsflow(const int *sn, const int *sl, int n_shapes, int ite
             for (int which = 0; which < 1 + tc; which++) {
                 hs_kn_attn_plan_t *p = which ? mma : plan;
                 if (hs_kn_attn_plan_prepare(p, dcu, n, n * L, L, 0) != HS_OK) return 1;
-                double ms = attn_time(p, x, o, hq, hkv, d, iters);
-                if (ms < 0) return 1;
+                attn_call_t call = {p, x, o, hq, hkv, d};
+                double ms; /* the best of iters calls, after one warm-up */
+                if (hs_bench_cuda_time(attn_run, &call, 1, iters, HS_BENCH_BEST, &ms)) return 1;
                 const double tf = fl / (ms / 1e3) / 1e12;
                 const char *be = hs_kn_attn_plan_backend(p);
                 if (which)
@@ -155,8 +142,9 @@ static int attn_bench_hsflow(const int *sn, const int *sl, int n_shapes, int ite
 /* Runs the torch script (attn_torch.py) at the same shapes and fills the
  * torch columns of rows from its JSON lines; a missing script or python
  * leaves them empty. */
-static void attn_bench_torch(const char *script, const char *shapes_s, int iters, const int *sn,
-                             const int *sl, int n_shapes, attn_row_t rows[][MAX_SHAPES])
+static void attn_bench_torch(const char *script, const char *shapes_s, int iters,
+                             const hs_bench_shape_t *shapes, int n_shapes,
+                             attn_row_t rows[][HS_BENCH_MAX_SHAPES])
 {
     FILE *f = fopen(script, "r");
     if (!f) {
@@ -193,7 +181,7 @@ static void attn_bench_torch(const char *script, const char *shapes_s, int iters
         for (int h = 0; h < N_ATTN_HEADS; h++)
             for (int i = 0; i < n_shapes; i++)
                 if (attn_heads[h].hq == hq && attn_heads[h].hkv == hkv && attn_heads[h].d == d &&
-                    sn[i] == n && sl[i] == L) {
+                    shapes[i].n_seqs == n && shapes[i].seq_len == L) {
                     if (strcmp(be, "flash") == 0) rows[h][i].flash = tf;
                     if (strcmp(be, "cudnn") == 0) rows[h][i].cudnn = tf;
                 }
@@ -210,115 +198,59 @@ static void attn_cell(double v)
         printf(" - |");
 }
 
-/* The flags (command line over HS_* environment), checked in main. */
-typedef struct {
-    const char *model, *layers, *shapes, *torch_script;
-    int iters, device;
-    bool attn_only;
-    double peak;
-    hs_model_weights_t weights;
-} options_t;
-
-static const struct option opts[] = {{"model", required_argument, 0, 'm'},
-                                     {"dtype", required_argument, 0, 'w'},
-                                     {"layers", required_argument, 0, 'l'},
-                                     {"shapes", required_argument, 0, 's'},
-                                     {"iters", required_argument, 0, 'i'},
-                                     {"device", required_argument, 0, 'd'},
-                                     {"peak-tflops", required_argument, 0, 'p'},
-                                     {"attn-only", no_argument, 0, 'a'},
-                                     {"torch-script", required_argument, 0, 't'},
-                                     {"no-torch", no_argument, 0, 'n'},
-                                     {"help", no_argument, 0, 'h'},
-                                     {0, 0, 0, 0}};
-
-/* hs_cli_parse_flags' callback: 2 for a bad --dtype, else 0. */
-static int apply(void *ctx, int opt, const char *arg, const char *from)
+/* --dtype auto|bf16|fp8: 0, or 1 for anything else. */
+static int parse_weights(void *dst, const char *arg)
 {
-    options_t *o = ctx;
-    switch (opt) {
-    case 'm':
-        o->model = arg;
-        break;
-    case 'l':
-        o->layers = arg;
-        break;
-    case 'w':
-        if (hs_model_weights_parse(arg, &o->weights) != HS_OK)
-            return hs_cli_bad("hs-bench-forward", "dtype", arg, from, "use auto, bf16 or fp8");
-        break;
-    case 's':
-        o->shapes = arg;
-        break;
-    case 'i':
-        o->iters = atoi(arg);
-        break;
-    case 'd':
-        o->device = atoi(arg);
-        break;
-    case 'p':
-        o->peak = atof(arg);
-        break;
-    case 'a':
-        o->attn_only = true;
-        break;
-    case 't':
-        o->torch_script = arg;
-        break;
-    case 'n':
-        o->torch_script = NULL;
-        break;
-    }
-    return 0;
-}
-
-/* --shapes "NxL,NxL,...": 0, or 2 (said why) for a bad entry or too many. */
-static int parse_shapes(const char *shapes, int *sn, int *sl, int *n_shapes)
-{
-    char *dup = strdup(shapes), *save = NULL;
-    if (!dup) return 2;
-    int rc = 0;
-    *n_shapes = 0;
-    for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int k = *n_shapes;
-        if (k == MAX_SHAPES || sscanf(tok, "%dx%d", &sn[k], &sl[k]) != 2 || sn[k] < 1 ||
-            sl[k] < 1) {
-            fprintf(stderr, "hs-bench-forward: --shapes '%s': give NxL entries such as 16x4096\n",
-                    tok);
-            rc = 2;
-            break;
-        }
-        (*n_shapes)++;
-    }
-    free(dup);
-    return rc;
+    return hs_model_weights_parse(arg, dst) != HS_OK;
 }
 
 int main(int argc, char **argv)
 {
-    options_t o = {.torch_script = "scripts/bench/attn_torch.py", .iters = 5};
-    int exit_now = hs_cli_parse_flags(argc, argv, opts, apply, &o, "hs-bench-forward", usage);
+    /* the flags (command line over HS_* environment), checked below */
+    struct {
+        const char *model, *layers, *shapes, *torch_script;
+        int iters, device;
+        bool attn_only;
+        double peak;
+        hs_model_weights_t weights;
+    } o = {.torch_script = "scripts/bench/attn_torch.py", .iters = 5};
+    const hs_cli_flag_t flags[] = {
+        HS_CLI_STR("model", &o.model),
+        HS_CLI_FN("dtype", parse_weights, &o.weights, "use auto, bf16 or fp8"),
+        HS_CLI_STR("layers", &o.layers),
+        HS_CLI_STR("shapes", &o.shapes),
+        HS_CLI_INT("iters", &o.iters),
+        HS_CLI_INT("device", &o.device),
+        HS_CLI_DOUBLE("peak-tflops", &o.peak),
+        HS_CLI_TRUE("attn-only", &o.attn_only),
+        HS_CLI_STR("torch-script", &o.torch_script),
+        HS_CLI_CLEAR("no-torch", &o.torch_script),
+        {0},
+    };
+    int exit_now = hs_cli_parse_table(argc, argv, flags, "hs-bench-forward", usage);
     if (exit_now >= 0) return exit_now;
+    hs_bench_shape_t shapes[HS_BENCH_MAX_SHAPES];
+    int n_shapes;
     if (o.attn_only) {
         if (!o.shapes) o.shapes = "64x1024,32x2048,16x4096,8x8192";
-        int sn[MAX_SHAPES], sl[MAX_SHAPES], n_shapes;
-        if (parse_shapes(o.shapes, sn, sl, &n_shapes)) return 2;
-        static attn_row_t rows[N_ATTN_HEADS][MAX_SHAPES];
+        if (hs_bench_shapes_parse("hs-bench-forward", o.shapes, shapes, &n_shapes)) return 2;
+        static attn_row_t rows[N_ATTN_HEADS][HS_BENCH_MAX_SHAPES];
         if (cudaSetDevice(o.device) != cudaSuccess) {
             fprintf(stderr, "hs-bench-forward: no CUDA device %d\n", o.device);
             return 1;
         }
-        if (attn_bench_hsflow(sn, sl, n_shapes, o.iters, o.peak, rows)) return 1;
+        if (attn_bench_hsflow(shapes, n_shapes, o.iters, o.peak, rows)) return 1;
         if (o.torch_script)
-            attn_bench_torch(o.torch_script, o.shapes, o.iters, sn, sl, n_shapes, rows);
+            attn_bench_torch(o.torch_script, o.shapes, o.iters, shapes, n_shapes, rows);
         printf("\n| shape | heads/kv/d | hsflow (kernel) | hsflow mma.sync | torch flash | torch "
                "cudnn "
                "| hsflow / torch cudnn |\n|---|---|---|---|---|---|---|\n");
         for (int h = 0; h < N_ATTN_HEADS; h++)
             for (int i = 0; i < n_shapes; i++) {
                 const attn_row_t *r = &rows[h][i];
-                printf("| %dx%d | %d/%d/%d | %.0f (%s) |", sn[i], sl[i], attn_heads[h].hq,
-                       attn_heads[h].hkv, attn_heads[h].d, r->hs, r->backend ? r->backend : "-");
+                printf("| %dx%d | %d/%d/%d | %.0f (%s) |", shapes[i].n_seqs, shapes[i].seq_len,
+                       attn_heads[h].hq, attn_heads[h].hkv, attn_heads[h].d, r->hs,
+                       r->backend ? r->backend : "-");
                 attn_cell(r->mma);
                 attn_cell(r->flash);
                 attn_cell(r->cudnn);
@@ -341,13 +273,12 @@ int main(int argc, char **argv)
     int32_t layers[MAX_LAYERS];
     for (int j = 0; j < n_layers; j++)
         layers[j] = layers_i[j];
-    int sn[MAX_SHAPES], sl[MAX_SHAPES], n_shapes;
-    if (parse_shapes(o.shapes, sn, sl, &n_shapes)) return 2;
+    if (hs_bench_shapes_parse("hs-bench-forward", o.shapes, shapes, &n_shapes)) return 2;
     uint32_t budget = 0, max_seqs = 0;
     for (int i = 0; i < n_shapes; i++) {
-        uint32_t T = (uint32_t)sn[i] * (uint32_t)sl[i];
+        uint32_t T = (uint32_t)shapes[i].n_seqs * (uint32_t)shapes[i].seq_len;
         if (T > budget) budget = T;
-        if ((uint32_t)sn[i] > max_seqs) max_seqs = (uint32_t)sn[i];
+        if ((uint32_t)shapes[i].n_seqs > max_seqs) max_seqs = (uint32_t)shapes[i].n_seqs;
     }
     double t0 = hs_now_s();
     hs_model_t *m = NULL;
@@ -358,9 +289,9 @@ int main(int argc, char **argv)
     hs_info("bench: model loaded and uploaded in %.1f s", hs_now_s() - t0);
     int rc = 0;
     for (int i = 0; i < n_shapes; i++) {
+        const int n = shapes[i].n_seqs, L = shapes[i].seq_len;
         hs_model_cuda_preflight_t r;
-        if (hs_model_cuda_preflight(mc, sn[i], sl[i], layers, n_layers, o.iters, o.peak, &r) !=
-            HS_OK) {
+        if (hs_model_cuda_preflight(mc, n, L, layers, n_layers, o.iters, o.peak, &r) != HS_OK) {
             rc = 1;
             break;
         }
@@ -368,9 +299,9 @@ int main(int argc, char **argv)
                "\"tokens_per_s\": %.1f, "
                "\"us_per_token\": %.3f, \"tflop\": %.3f, \"tflops\": %.1f, \"mfu\": %.4f, "
                "\"peak_gib\": %.3f, \"device_used_gib\": %.3f",
-               sn[i], sl[i], hs_model_weights_name(o.weights), sn[i] * sl[i], r.ms, r.tokens_per_s,
-               r.us_per_token, r.tflop, r.tflop / (r.ms / 1000.0), r.mfu,
-               r.peak_bytes / 1073741824.0, r.device_used_bytes / 1073741824.0);
+               n, L, hs_model_weights_name(o.weights), n * L, r.ms, r.tokens_per_s, r.us_per_token,
+               r.tflop, r.tflop / (r.ms / 1000.0), r.mfu, r.peak_bytes / 1073741824.0,
+               r.device_used_bytes / 1073741824.0);
         if (r.metered) /* the GPU's energy counter over the timed runs */
             printf(", \"j_per_token\": %.6f, \"watts\": %.1f, \"limit_watts\": %.1f, "
                    "\"power_capped\": %.3f",

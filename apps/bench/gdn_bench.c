@@ -9,37 +9,25 @@
  *
  *   hs-bench-gdn --shapes 8x8192,64x1024 [--iters 10] [--heads 16/48] [--dim 128]
  */
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <cuda_runtime_api.h>
 
 #include "hs_float.h"
 #include "delta_rule.h"
 #include "delta_rule_int.h"
+#include "hs_bench.h"
 #include "hs_cli.h"
 #include "hsflow.h"
 #include "hs_shuffle.h"
-
-#define MAX_SHAPES 16
 
 static void usage(FILE *fp)
 {
     fprintf(fp, "usage: hs-bench-gdn --shapes NxL[,NxL...] [--iters N] [--heads NK/NV] [--dim D]\n"
                 "example: hs-bench-gdn --shapes 8x8192,64x1024 --iters 10\n");
 }
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "hs-bench-gdn: %s: %s\n", #call, cudaGetErrorString(e_));              \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 typedef hs_status_t (*form_fn)(const void *, const void *, const void *, int64_t, const float *,
                                const float *, void *, int64_t, const int32_t *, int, int, int, int,
@@ -55,28 +43,35 @@ static hs_status_t run_recurrent(const void *q, const void *k, const void *v, in
                                        nv, dk, dv, stream);
 }
 
-/* Mean milliseconds of one call over iters calls, after one warm-up. */
-static double time_form(form_fn f, const void *q, const void *k, const void *v, int64_t stride,
-                        const float *g, const float *beta, void *out, int64_t ov, const int32_t *cu,
-                        int n, int T, int nk, int nv, int dk, int dv, void *ws, size_t ws_bytes,
-                        int iters)
+/* One form's call on a batch: what hs_bench_cuda_time runs. */
+typedef struct {
+    form_fn f;
+    const void *q, *k, *v;
+    int64_t stride, ov;
+    const float *g, *beta;
+    void *out;
+    const int32_t *cu;
+    int n, T, nk, nv, dk, dv;
+    void *ws;
+    size_t ws_bytes;
+} form_call_t;
+
+static int form_run(void *ctx)
 {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    if (f(q, k, v, stride, g, beta, out, ov, cu, n, T, nk, nv, dk, dv, ws, ws_bytes, 0) != HS_OK) {
-        fprintf(stderr, "hs-bench-gdn: the kernel refused the shape\n");
-        exit(1);
-    }
-    CK(cudaEventRecord(a, 0));
-    for (int i = 0; i < iters; i++)
-        f(q, k, v, stride, g, beta, out, ov, cu, n, T, nk, nv, dk, dv, ws, ws_bytes, 0);
-    CK(cudaEventRecord(b, 0));
-    CK(cudaEventSynchronize(b));
-    float ms = 0.f;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a), cudaEventDestroy(b);
-    return ms / iters;
+    const form_call_t *c = ctx;
+    return c->f(c->q, c->k, c->v, c->stride, c->g, c->beta, c->out, c->ov, c->cu, c->n, c->T, c->nk,
+                c->nv, c->dk, c->dv, c->ws, c->ws_bytes, 0) != HS_OK;
+}
+
+/* Mean milliseconds of one call of f into out over iters calls, after one warm-up. */
+static double time_form(form_call_t *c, form_fn f, void *out, int iters)
+{
+    c->f = f, c->out = out;
+    double ms = 0;
+    int rc = hs_bench_cuda_time(form_run, c, 1, iters, HS_BENCH_MEAN, &ms);
+    if (rc > 0) fprintf(stderr, "hs-bench-gdn: the kernel refused the shape\n");
+    if (rc) exit(1);
+    return ms;
 }
 
 static void bench_shape(int n, int L, int iters, int nk, int nv, int d)
@@ -89,10 +84,7 @@ static void bench_shape(int n, int L, int iters, int nk, int nv, int d)
     float *hg = malloc((size_t)T * nv * 4), *hbeta = malloc((size_t)T * nv * 4);
     int32_t *cu = malloc((size_t)(n + 1) * 4);
     if (!hb || !hg || !hbeta || !cu) exit(1);
-    for (size_t i = 0; i < block; i++) {
-        double u = (double)(hs_splitmix64(&rng) >> 11) / 9007199254740992.0;
-        hb[i] = hs_f32_to_bf16((float)(2.0 * u - 1.0) * 1.7f);
-    }
+    hs_bench_random_bf16(hb, block, &rng, 1.7f);
     for (size_t i = 0; i < (size_t)T * nv; i++) {
         double u1 = (double)(hs_splitmix64(&rng) >> 11) / 9007199254740992.0;
         double u2 = (double)(hs_splitmix64(&rng) >> 11) / 9007199254740992.0;
@@ -103,36 +95,32 @@ static void bench_shape(int n, int L, int iters, int nk, int nv, int d)
         cu[s] = s * L;
     void *dx, *dg, *dbeta, *dcu, *dout, *drec, *ws;
     size_t ws_bytes = hs_kn_delta_rule_workspace_bytes(T, n, nk, nv, d, d);
-    CK(cudaMalloc(&dx, total * 2));
-    for (size_t at = 0; at < total; at += block) {
-        size_t len = total - at < block ? total - at : block;
-        CK(cudaMemcpy((uint16_t *)dx + at, hb, len * 2, cudaMemcpyHostToDevice));
-    }
-    CK(cudaMalloc(&dg, (size_t)T * nv * 4));
-    CK(cudaMalloc(&dbeta, (size_t)T * nv * 4));
-    CK(cudaMalloc(&dcu, (size_t)(n + 1) * 4));
-    CK(cudaMalloc(&dout, (size_t)T * ov * 2));
-    CK(cudaMalloc(&drec, (size_t)T * ov * 2));
-    CK(cudaMalloc(&ws, ws_bytes ? ws_bytes : 1));
-    CK(cudaMemcpy(dg, hg, (size_t)T * nv * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dbeta, hbeta, (size_t)T * nv * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dcu, cu, (size_t)(n + 1) * 4, cudaMemcpyHostToDevice));
+    HS_BENCH_CUDA(cudaMalloc(&dx, total * 2));
+    if (hs_bench_upload_tiled(dx, total * 2, hb, block * 2)) exit(1);
+    HS_BENCH_CUDA(cudaMalloc(&dg, (size_t)T * nv * 4));
+    HS_BENCH_CUDA(cudaMalloc(&dbeta, (size_t)T * nv * 4));
+    HS_BENCH_CUDA(cudaMalloc(&dcu, (size_t)(n + 1) * 4));
+    HS_BENCH_CUDA(cudaMalloc(&dout, (size_t)T * ov * 2));
+    HS_BENCH_CUDA(cudaMalloc(&drec, (size_t)T * ov * 2));
+    HS_BENCH_CUDA(cudaMalloc(&ws, ws_bytes ? ws_bytes : 1));
+    HS_BENCH_CUDA(cudaMemcpy(dg, hg, (size_t)T * nv * 4, cudaMemcpyHostToDevice));
+    HS_BENCH_CUDA(cudaMemcpy(dbeta, hbeta, (size_t)T * nv * 4, cudaMemcpyHostToDevice));
+    HS_BENCH_CUDA(cudaMemcpy(dcu, cu, (size_t)(n + 1) * 4, cudaMemcpyHostToDevice));
     const uint16_t *q = dx, *k = q + nk * d, *v = k + nk * d;
 
-    double ms_c = time_form(hs__kn_delta_rule_chunked, q, k, v, stride, dg, dbeta, dout, ov, dcu, n,
-                            T, nk, nv, d, d, ws, ws_bytes, iters);
-    double ms_m = time_form(hs__kn_delta_rule_chunked_mma, q, k, v, stride, dg, dbeta, drec, ov,
-                            dcu, n, T, nk, nv, d, d, ws, ws_bytes, iters);
-    int rec_iters = iters / 4 > 1 ? iters / 4 : 1;
-    double ms_r = time_form(run_recurrent, q, k, v, stride, dg, dbeta, drec, ov, dcu, n, T, nk, nv,
-                            d, d, ws, ws_bytes, rec_iters);
+    /* f and out: each form's own, set by time_form */
+    form_call_t c = {NULL, q, k, v,  stride, ov, dg, dbeta, NULL,
+                     dcu,  n, T, nk, nv,     d,  d,  ws,    ws_bytes};
+    double ms_c = time_form(&c, hs__kn_delta_rule_chunked, dout, iters);
+    double ms_m = time_form(&c, hs__kn_delta_rule_chunked_mma, drec, iters);
+    double ms_r = time_form(&c, run_recurrent, drec, iters / 4 > 1 ? iters / 4 : 1);
 
     /* chunked against recurrent over the whole batch */
     size_t m = (size_t)T * ov;
     uint16_t *a = malloc(m * 2), *b = malloc(m * 2);
     if (!a || !b) exit(1);
-    CK(cudaMemcpy(a, dout, m * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(b, drec, m * 2, cudaMemcpyDeviceToHost));
+    HS_BENCH_CUDA(cudaMemcpy(a, dout, m * 2, cudaMemcpyDeviceToHost));
+    HS_BENCH_CUDA(cudaMemcpy(b, drec, m * 2, cudaMemcpyDeviceToHost));
     double max_diff = 0, sum_diff = 0, max_ref = 0;
     for (size_t i = 0; i < m; i++) {
         double x = hs_bf16_to_f32(a[i]), y = hs_bf16_to_f32(b[i]);
@@ -160,62 +148,41 @@ static void bench_shape(int n, int L, int iters, int nk, int nv, int d)
     cudaFree(ws);
 }
 
-/* The flags (command line over HS_* environment), checked in main. */
-typedef struct {
-    const char *shapes;
-    int iters, nk, nv, d;
-} options_t;
-
-static const struct option opts[] = {
-    {"shapes", required_argument, 0, 's'}, {"iters", required_argument, 0, 'i'},
-    {"heads", required_argument, 0, 'H'},  {"dim", required_argument, 0, 'd'},
-    {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
-
-/* hs_cli_parse_flags' callback: 2 for a bad --heads, else 0. */
-static int apply(void *ctx, int opt, const char *arg, const char *from)
+/* --heads NK/NV: 0, or 1 for anything else. */
+static int parse_heads(void *dst, const char *arg)
 {
-    options_t *o = ctx;
-    switch (opt) {
-    case 's':
-        o->shapes = arg;
-        break;
-    case 'i':
-        o->iters = atoi(arg);
-        break;
-    case 'H':
-        if (sscanf(arg, "%d/%d", &o->nk, &o->nv) != 2)
-            return hs_cli_bad("hs-bench-gdn", "heads", arg, from, "expected NK/NV, like 16/48");
-        break;
-    case 'd':
-        o->d = atoi(arg);
-        break;
-    }
-    return 0;
+    int *nk_nv = dst;
+    return sscanf(arg, "%d/%d", &nk_nv[0], &nk_nv[1]) != 2;
 }
 
 int main(int argc, char **argv)
 {
-    options_t o = {.shapes = "8x8192,64x1024", .iters = 10, .nk = 16, .nv = 48, .d = 128};
-    int exit_now = hs_cli_parse_flags(argc, argv, opts, apply, &o, "hs-bench-gdn", usage);
+    const char *shapes = "8x8192,64x1024";
+    int iters = 10, heads[2] = {16, 48}, d = 128;
+    const hs_cli_flag_t flags[] = {
+        HS_CLI_STR("shapes", &shapes),
+        HS_CLI_INT("iters", &iters),
+        HS_CLI_FN("heads", parse_heads, heads, "expected NK/NV, like 16/48"),
+        HS_CLI_INT("dim", &d),
+        {0}};
+    int exit_now = hs_cli_parse_table(argc, argv, flags, "hs-bench-gdn", usage);
     if (exit_now >= 0) return exit_now;
-    if (o.iters < 1 || o.nk < 1 || o.nv < o.nk || o.nv % o.nk || (o.d != 64 && o.d != 128)) {
+    const int nk = heads[0], nv = heads[1];
+    if (iters < 1 || nk < 1 || nv < nk || nv % nk || (d != 64 && d != 128)) {
         fprintf(stderr, "hs-bench-gdn: --iters >= 1, --heads NK/NV with NV a multiple of NK, "
                         "--dim 64 or 128\n");
         return 2;
     }
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", o.shapes);
-    int count = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int n, L;
-        if (sscanf(tok, "%dx%d", &n, &L) != 2 || n < 1 || L < 1 || n > 65535 ||
-            (long long)n * L > (1LL << 20) || ++count > MAX_SHAPES) {
-            fprintf(stderr, "hs-bench-gdn: bad shape '%s' (NxL, N <= 65535, N*L <= 1048576)\n",
-                    tok);
+    hs_bench_shape_t s[HS_BENCH_MAX_SHAPES];
+    int n_shapes;
+    if (hs_bench_shapes_parse("hs-bench-gdn", shapes, s, &n_shapes)) return 2;
+    for (int i = 0; i < n_shapes; i++)
+        if (s[i].n_seqs > 65535 || (long long)s[i].n_seqs * s[i].seq_len > (1LL << 20)) {
+            fprintf(stderr, "hs-bench-gdn: bad shape '%dx%d' (NxL, N <= 65535, N*L <= 1048576)\n",
+                    s[i].n_seqs, s[i].seq_len);
             return 2;
         }
-        bench_shape(n, L, o.iters, o.nk, o.nv, o.d);
-    }
+    for (int i = 0; i < n_shapes; i++)
+        bench_shape(s[i].n_seqs, s[i].seq_len, iters, nk, nv, d);
     return 0;
 }

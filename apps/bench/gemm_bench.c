@@ -10,7 +10,6 @@
  *   hs-bench-gemm --shapes 65536:34816:5120,65536:5120:17408:acc [--dtype bf16|fp8]
  *                 [--algos 16] [--iters 10]
  */
-#include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,11 +18,10 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-#include "hs_float.h"
+#include "hs_bench.h"
 #include "hs_cli.h"
 #include "hs_shuffle.h"
 
-#define MAX_SHAPES 16
 #define MAX_ALGOS 32
 #define WORKSPACE_BYTES (32u << 20)
 
@@ -38,14 +36,6 @@ static void usage(FILE *fp)
             MAX_ALGOS);
 }
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "hs-bench-gemm: %s: %s\n", #call, cudaGetErrorString(e_));             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 #define LK(call)                                                                                   \
     do {                                                                                           \
         cublasStatus_t s_ = (call);                                                                \
@@ -72,15 +62,9 @@ static void fill_random(void *dst, size_t bytes, bool fp8, uint64_t seed)
         for (size_t i = 0; i < block; i++)
             h[i] = (uint8_t)(hs_splitmix64(&rng) & 0x77u) | (uint8_t)((i & 1) << 7);
     } else {
-        uint16_t *hb = (uint16_t *)h;
-        for (size_t i = 0; i < block / 2; i++) {
-            double u = (double)(hs_splitmix64(&rng) >> 11) / 9007199254740992.0;
-            hb[i] = hs_f32_to_bf16((float)(2.0 * u - 1.0));
-        }
+        hs_bench_random_bf16((uint16_t *)h, block / 2, &rng, 1.f);
     }
-    for (size_t at = 0; at < bytes; at += block)
-        CK(cudaMemcpy((uint8_t *)dst + at, h, bytes - at < block ? bytes - at : block,
-                      cudaMemcpyHostToDevice));
+    if (hs_bench_upload_tiled(dst, bytes, h, block)) exit(1);
     free(h);
 }
 
@@ -90,8 +74,27 @@ static void fill_floats(float *dst, size_t n, float value)
     if (!h) exit(1);
     for (size_t i = 0; i < n; i++)
         h[i] = value;
-    CK(cudaMemcpy(dst, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    HS_BENCH_CUDA(cudaMemcpy(dst, h, n * sizeof(float), cudaMemcpyHostToDevice));
     free(h);
+}
+
+/* One algorithm's call on a shape: what hs_bench_cuda_time runs. */
+typedef struct {
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    const void *w, *x;
+    void *y, *ws;
+    size_t ws_bytes;
+    float alpha, beta;
+    const cublasLtMatmulAlgo_t *algo;
+} matmul_t;
+
+static int matmul_run(void *ctx)
+{
+    const matmul_t *m = ctx;
+    return cublasLtMatmul(m->lt, m->op, &m->alpha, m->w, m->a, m->x, m->b, &m->beta, m->y, m->c,
+                          m->y, m->c, m->algo, m->ws, m->ws_bytes, 0) != CUBLAS_STATUS_SUCCESS;
 }
 
 static void bench_shape(cublasLtHandle_t lt, void *ws, shape_t s, bool fp8, int n_algos, int iters,
@@ -100,9 +103,9 @@ static void bench_shape(cublasLtHandle_t lt, void *ws, shape_t s, bool fp8, int 
     const size_t in_size = fp8 ? 1 : 2;
     void *x, *w, *y;
     float *xs = NULL, *wsc = NULL;
-    CK(cudaMalloc(&x, (size_t)s.M * s.K * in_size));
-    CK(cudaMalloc(&w, (size_t)s.N * s.K * in_size));
-    CK(cudaMalloc(&y, (size_t)s.M * s.N * 2));
+    HS_BENCH_CUDA(cudaMalloc(&x, (size_t)s.M * s.K * in_size));
+    HS_BENCH_CUDA(cudaMalloc(&w, (size_t)s.N * s.K * in_size));
+    HS_BENCH_CUDA(cudaMalloc(&y, (size_t)s.M * s.N * 2));
     fill_random(x, (size_t)s.M * s.K * in_size, fp8, 0x5eed + (uint64_t)s.K);
     fill_random(w, (size_t)s.N * s.K * in_size, fp8, 0xbeef + (uint64_t)s.N);
     fill_random(y, (size_t)s.M * s.N * 2, false, 0xcafe);
@@ -116,8 +119,8 @@ static void bench_shape(cublasLtHandle_t lt, void *ws, shape_t s, bool fp8, int 
     if (fp8) {
         const int64_t kb = (s.K + 127) / 128, nb = (s.N + 127) / 128;
         const int64_t w_count = nb * ((kb + 3) / 4 * 4), x_count = kb * (((int64_t)s.M + 3) & ~3);
-        CK(cudaMalloc((void **)&wsc, (size_t)w_count * 4));
-        CK(cudaMalloc((void **)&xs, (size_t)x_count * 4));
+        HS_BENCH_CUDA(cudaMalloc((void **)&wsc, (size_t)w_count * 4));
+        HS_BENCH_CUDA(cudaMalloc((void **)&xs, (size_t)x_count * 4));
         fill_floats(wsc, (size_t)w_count, 1.f / 448.f);
         fill_floats(xs, (size_t)x_count, 1.f / 64.f);
         int32_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
@@ -145,31 +148,20 @@ static void bench_shape(cublasLtHandle_t lt, void *ws, shape_t s, bool fp8, int 
         printf("{\"M\": %d, \"N\": %d, \"K\": %d, \"error\": \"cuBLASLt has no algorithm\"}\n", s.M,
                s.N, s.K);
 
-    const float alpha = 1.f, beta = s.acc ? 1.f : 0.f;
     const double flop = 2.0 * s.M * s.N * s.K;
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    matmul_t mm = {lt, op, a, b, c, w, x, y, ws, ws_bytes, 1.f, s.acc ? 1.f : 0.f, NULL};
     *rank0_tflops = 0, *best_tflops = 0, *best_rank = -1;
     for (int r = 0; r < n_heur; r++) {
-        bool ok = true;
-        for (int i = 0; i < 2 && ok; i++) /* warm-up */
-            ok = cublasLtMatmul(lt, op, &alpha, w, a, x, b, &beta, y, c, y, c, &heur[r].algo, ws,
-                                ws_bytes, 0) == CUBLAS_STATUS_SUCCESS;
-        if (!ok) {
+        mm.algo = &heur[r].algo;
+        double ms = 0; /* a call's mean, after two warm-up calls */
+        int rc = hs_bench_cuda_time(matmul_run, &mm, 2, iters, HS_BENCH_MEAN, &ms);
+        if (rc < 0) exit(1);
+        if (rc) {
             printf("{\"M\": %d, \"N\": %d, \"K\": %d, \"rank\": %d, \"error\": \"does not run\"}\n",
                    s.M, s.N, s.K, r);
             continue;
         }
-        CK(cudaEventRecord(e0, 0));
-        for (int i = 0; i < iters; i++)
-            cublasLtMatmul(lt, op, &alpha, w, a, x, b, &beta, y, c, y, c, &heur[r].algo, ws,
-                           ws_bytes, 0);
-        CK(cudaEventRecord(e1, 0));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        const double t = flop / (ms / iters * 1e-3) / 1e12;
+        const double t = flop / (ms * 1e-3) / 1e12;
         int tile = 0, stages = 0, splitk = 0, cluster = 0;
         size_t got;
         cublasLtMatmulAlgoConfigGetAttribute(&heur[r].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
@@ -183,62 +175,44 @@ static void bench_shape(cublasLtHandle_t lt, void *ws, shape_t s, bool fp8, int 
         printf("{\"M\": %d, \"N\": %d, \"K\": %d, \"acc\": %s, \"dtype\": \"%s\", \"rank\": %d, "
                "\"ms\": %.4f, \"tflops\": %.1f, \"tile\": %d, \"stages\": %d, \"splitk\": %d, "
                "\"cluster\": %d, \"workspace\": %zu}\n",
-               s.M, s.N, s.K, s.acc ? "true" : "false", fp8 ? "fp8" : "bf16", r, ms / iters, t,
-               tile, stages, splitk, cluster, heur[r].workspaceSize);
+               s.M, s.N, s.K, s.acc ? "true" : "false", fp8 ? "fp8" : "bf16", r, ms, t, tile,
+               stages, splitk, cluster, heur[r].workspaceSize);
         fflush(stdout);
         if (r == 0) *rank0_tflops = t;
         if (t > *best_tflops) *best_tflops = t, *best_rank = r;
     }
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(a), cublasLtMatrixLayoutDestroy(b), cublasLtMatrixLayoutDestroy(c);
     cublasLtMatmulDescDestroy(op);
     cudaFree(x), cudaFree(w), cudaFree(y), cudaFree(xs), cudaFree(wsc);
 }
 
-typedef struct {
-    const char *shapes;
-    bool fp8;
-    int algos, iters;
-} options_t;
-
-static const struct option opts[] = {
-    {"shapes", required_argument, 0, 's'}, {"dtype", required_argument, 0, 'd'},
-    {"algos", required_argument, 0, 'a'},  {"iters", required_argument, 0, 'i'},
-    {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
-
-static int apply(void *ctx, int opt, const char *arg, const char *from)
+/* --dtype bf16|fp8 into a bool (fp8): 0, or 1 for anything else. */
+static int parse_dtype(void *dst, const char *arg)
 {
-    options_t *o = ctx;
-    switch (opt) {
-    case 's':
-        o->shapes = arg;
-        break;
-    case 'd':
-        if (strcmp(arg, "bf16") && strcmp(arg, "fp8"))
-            return hs_cli_bad("hs-bench-gemm", "dtype", arg, from, "expected bf16 or fp8");
-        o->fp8 = !strcmp(arg, "fp8");
-        break;
-    case 'a':
-        o->algos = atoi(arg);
-        break;
-    case 'i':
-        o->iters = atoi(arg);
-        break;
-    }
-    return 0;
+    *(bool *)dst = !strcmp(arg, "fp8");
+    return strcmp(arg, "bf16") && strcmp(arg, "fp8");
 }
 
 int main(int argc, char **argv)
 {
-    options_t o = {.shapes = "65536:34816:5120,65536:5120:17408:acc", .algos = 16, .iters = 10};
-    int exit_now = hs_cli_parse_flags(argc, argv, opts, apply, &o, "hs-bench-gemm", usage);
+    struct {
+        const char *shapes;
+        bool fp8;
+        int algos, iters;
+    } o = {.shapes = "65536:34816:5120,65536:5120:17408:acc", .algos = 16, .iters = 10};
+    const hs_cli_flag_t flags[] = {HS_CLI_STR("shapes", &o.shapes),
+                                   HS_CLI_FN("dtype", parse_dtype, &o.fp8, "expected bf16 or fp8"),
+                                   HS_CLI_INT("algos", &o.algos),
+                                   HS_CLI_INT("iters", &o.iters),
+                                   {0}};
+    int exit_now = hs_cli_parse_table(argc, argv, flags, "hs-bench-gemm", usage);
     if (exit_now >= 0) return exit_now;
     if (o.iters < 1 || o.algos < 1 || o.algos > MAX_ALGOS) {
         fprintf(stderr, "hs-bench-gemm: --iters >= 1, --algos 1..%d\n", MAX_ALGOS);
         return 2;
     }
-    shape_t shapes[MAX_SHAPES];
+    shape_t shapes[HS_BENCH_MAX_SHAPES];
     int n = 0;
     char buf[512];
     if (strlen(o.shapes) >= sizeof buf) {
@@ -251,12 +225,12 @@ int main(int argc, char **argv)
         char acc[8] = "";
         shape_t s = {0};
         int got = sscanf(tok, "%d:%d:%d:%7s", &s.M, &s.N, &s.K, acc);
-        if (n == MAX_SHAPES || got < 3 || s.M < 1 || s.N < 1 || s.K < 1 ||
+        if (n == HS_BENCH_MAX_SHAPES || got < 3 || s.M < 1 || s.N < 1 || s.K < 1 ||
             (got == 4 && strcmp(acc, "acc")) || s.K % 16 || s.N % 8) {
             fprintf(stderr,
                     "hs-bench-gemm: bad shape '%s': expected M:N:K or M:N:K:acc, K a multiple "
                     "of 16 and N of 8, at most %d shapes\n",
-                    tok, MAX_SHAPES);
+                    tok, HS_BENCH_MAX_SHAPES);
             return 2;
         }
         s.acc = got == 4;
@@ -269,9 +243,9 @@ int main(int argc, char **argv)
     cublasLtHandle_t lt;
     void *ws;
     LK(cublasLtCreate(&lt));
-    CK(cudaMalloc(&ws, WORKSPACE_BYTES));
-    double r0[MAX_SHAPES], best[MAX_SHAPES];
-    int rank[MAX_SHAPES];
+    HS_BENCH_CUDA(cudaMalloc(&ws, WORKSPACE_BYTES));
+    double r0[HS_BENCH_MAX_SHAPES], best[HS_BENCH_MAX_SHAPES];
+    int rank[HS_BENCH_MAX_SHAPES];
     for (int i = 0; i < n; i++)
         bench_shape(lt, ws, shapes[i], o.fp8, o.algos, o.iters, &r0[i], &best[i], &rank[i]);
     printf("\n| M | N | K | acc | %s rank 0 TFLOP/s | fastest TFLOP/s (rank) | fastest / rank 0 |\n"

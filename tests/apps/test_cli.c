@@ -4,6 +4,7 @@
  * answered with main's exit status, --version found before "--". */
 #include <check.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,54 @@ START_TEST(cli_flags_take_the_environment_answer_help_and_refuse_operands)
 }
 END_TEST
 
+/* hs_cli_parse_table: each kind stores where its flag says, the environment
+ * first, and a bad value of an HS_CLI_FN flag is a mistake (exit status 2). */
+static int parse_pair(void *dst, const char *arg)
+{
+    int *p = dst;
+    return sscanf(arg, "%d/%d", &p[0], &p[1]) != 2;
+}
+
+START_TEST(cli_table_stores_each_kind)
+{
+    const char *name = NULL, *script = "default";
+    int iters = 0, pair[2] = {0, 0};
+    double peak = 0;
+    bool only = false;
+    const hs_cli_flag_t flags[] = {HS_CLI_STR("name", &name),
+                                   HS_CLI_INT("iters", &iters),
+                                   HS_CLI_DOUBLE("peak", &peak),
+                                   HS_CLI_TRUE("only", &only),
+                                   HS_CLI_CLEAR("no-script", &script),
+                                   HS_CLI_FN("pair", parse_pair, pair, "NK/NV"),
+                                   {0}};
+    char prog[] = "prog", n[] = "--name", nv[] = "cli", i[] = "--iters", iv[] = "7", p[] = "--peak",
+         pv[] = "2.5", o[] = "--only", ns[] = "--no-script", pr[] = "--pair", prv[] = "16/48",
+         bad[] = "16";
+    setenv("HS_NAME", "env", 1);
+    setenv("HS_ITERS", "3", 1);
+    char *env_only[] = {prog, NULL};
+    ck_assert_int_eq(hs_cli_parse_table(1, env_only, flags, "prog", count_usage), -1);
+    ck_assert_str_eq(name, "env");
+    ck_assert_int_eq(iters, 3);
+    char *all[] = {prog, n, nv, i, iv, p, pv, o, ns, pr, prv, NULL};
+    ck_assert_int_eq(hs_cli_parse_table(11, all, flags, "prog", count_usage), -1);
+    unsetenv("HS_NAME");
+    unsetenv("HS_ITERS");
+    ck_assert_str_eq(name, "cli");
+    ck_assert_int_eq(iters, 7);
+    ck_assert(peak == 2.5);
+    ck_assert(only);
+    ck_assert_ptr_null(script);
+    ck_assert_int_eq(pair[0], 16);
+    ck_assert_int_eq(pair[1], 48);
+    int err = usage_err;
+    char *bad_pair[] = {prog, pr, bad, NULL};
+    ck_assert_int_eq(hs_cli_parse_table(3, bad_pair, flags, "prog", count_usage), 2);
+    ck_assert_int_eq(usage_err, err + 1);
+}
+END_TEST
+
 START_TEST(version_is_asked_only_before_a_double_dash)
 {
     char prog[] = "prog", version[] = "--version", dd[] = "--", other[] = "--cache-gb";
@@ -80,6 +129,7 @@ int main(void)
     TCase *tc = tcase_create("all");
     tcase_add_test(tc, flags_map_to_hs_environment_variables);
     tcase_add_test(tc, cli_flags_take_the_environment_answer_help_and_refuse_operands);
+    tcase_add_test(tc, cli_table_stores_each_kind);
     tcase_add_test(tc, version_is_asked_only_before_a_double_dash);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
