@@ -19,15 +19,17 @@ The library is found through $HSFLOW_LIB, then this package's directory
 path.
 """
 from ._lib import HsflowError, find_tool, library_path, library_version, status_str
+from ._lib import release_version as _release_version
 from ._arrays import bf16_bits_to_f32, f32_to_bf16_bits
 from .consumer import Batch, Consumer
 from .producer import (Producer, Ticket, quantize_fp8, synthetic_target_fingerprint,
                        target_fingerprint)
 from .synthetic import synthetic_hidden
 
-# The release, as include/hsflow.h's HSFLOW_VERSION_STRING (tests check that
-# the library and every binary say the same).
-__version__ = "0.1.0"
+# The release: include/hsflow.h's HSFLOW_VERSION_STRING, read from the header
+# in a checkout and from the installed distribution's metadata otherwise
+# (tests check that the library and every binary say the same).
+__version__ = _release_version()
 __all__ = ["Consumer", "Batch", "Producer", "Ticket", "HsflowError", "find_tool",
            "library_path", "library_version", "status_str", "f32_to_bf16_bits", "bf16_bits_to_f32",
            "synthetic_hidden", "quantize_fp8", "target_fingerprint",

@@ -8,6 +8,7 @@ C offsets and compares them with these. Change both together.
 import ctypes
 import ctypes.util
 import os
+import re
 import shutil
 
 HS_OK = 0
@@ -262,6 +263,25 @@ if not (os.path.isfile(os.path.join(_REPO_DIR, "include", "hsflow.h")) and
 
 _lib = None
 _lib_path = None
+
+_VERSION_RE = re.compile(r'^#define HSFLOW_VERSION_STRING "([^"]+)"', re.M)
+
+
+def release_version():
+    """The release this package is, from its one home, HSFLOW_VERSION_STRING
+    in include/hsflow.h: read from the header when run from a checkout
+    (PYTHONPATH=python), else the installed distribution's version (the
+    wheel's, which pyproject.toml reads from the same header)."""
+    if _REPO_DIR:
+        with open(os.path.join(_REPO_DIR, "include", "hsflow.h")) as f:
+            m = _VERSION_RE.search(f.read())
+        if m:
+            return m.group(1)
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return version("hsflow")
+    except PackageNotFoundError:
+        return "0+unknown"  # copied without its metadata: library_version() still says
 
 
 def _candidates():

@@ -52,6 +52,26 @@ def test_ctypes_structs_match_the_c_header_field_by_field(tmp_path):
     assert got == want
 
 
+def test_version_in_a_checkout_is_read_from_its_header_not_held_in_python(tmp_path):
+    """A checkout whose header says another release: the package says it too
+    (nothing in python/ holds a copy), without loading any library."""
+    import re
+    repo = tmp_path / "repo"
+    shutil.copytree(os.path.join(ROOT, "python"), str(repo / "python"),
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "bin"))
+    (repo / "include").mkdir()
+    header = open(os.path.join(ROOT, "include", "hsflow.h")).read()
+    header, n = re.subn(r'(#define HSFLOW_VERSION_STRING )"[0-9.]+"', r'\1"9.8.7"', header)
+    assert n == 1
+    (repo / "include" / "hsflow.h").write_text(header)
+    env = dict(os.environ, HSFLOW_LIB=str(tmp_path / "nowhere" / "libhsflow.so"),
+               PYTHONPATH=str(repo / "python"))
+    r = subprocess.run([sys.executable, "-c", "import hsflow; print(hsflow.__version__)"],
+                       capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "9.8.7"
+
+
 def test_missing_library_names_what_was_tried_and_how_to_build_it(tmp_path):
     code = ("import hsflow\n"
             "try:\n    hsflow.Consumer()\n"
