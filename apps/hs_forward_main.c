@@ -235,7 +235,9 @@ int main(int argc, char **argv)
     }
     hs_model_weights_t weights = HS_MODEL_WEIGHTS_AUTO;
     if (o.dtype && hs_model_weights_parse(o.dtype, &weights) != HS_OK) {
-        fprintf(stderr, "hs-forward: --dtype '%s': use auto, bf16 or fp8\n", o.dtype);
+        char names[64];
+        fprintf(stderr, "hs-forward: --dtype '%s': use %s\n", o.dtype,
+                hs_dtype_names(names, sizeof names, "auto", ", ", " or "));
         return 2;
     }
     uint64_t budget = 16384;

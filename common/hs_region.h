@@ -16,6 +16,7 @@
 
 #include "hsflow.h"
 #include "hs_checksum.h"
+#include "hs_dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,14 +29,10 @@ extern "C" {
  * ==================================================================== */
 
 #define HS_MAX_LAYERS 32
-#define HS_DTYPE_BF16 1u
-/* float8_e4m3fn values and one fp32 scale per token over all of its k*H
- * values (amax / 448, as speculators stores hidden states): half the bytes */
-#define HS_DTYPE_FP8 2u
 
 typedef struct {
     uint32_t hidden_size;          /* H */
-    uint32_t dtype;                /* HS_DTYPE_BF16 or HS_DTYPE_FP8 */
+    uint32_t dtype;                /* hs_dtype_t: HS_DTYPE_BF16 or HS_DTYPE_FP8 */
     uint32_t n_layers;             /* k, 1..HS_MAX_LAYERS */
     int32_t layers[HS_MAX_LAYERS]; /* captured indices, strictly increasing */
 } hs_layout_t;
@@ -58,19 +55,18 @@ void hs_layout_spec(const hs_layout_t *layout, char *buf, size_t cap);
  * reason in why[whycap] (nothing logged). */
 HS_MUST_CHECK hs_status_t hs_layout_parse(const char *spec, hs_layout_t *out, char *why,
                                           size_t whycap);
-/* "bf16", "fp8" (or "?"), and back: HS_ERR_INVALID for another name. */
-const char *hs_dtype_str(uint32_t dtype);
-HS_MUST_CHECK hs_status_t hs_dtype_parse(const char *s, uint32_t *out);
 /* Hidden-state values per token: k * H. */
 static inline uint64_t hs_layout_row_elems(const hs_layout_t *l)
 {
     return (uint64_t)l->n_layers * l->hidden_size;
 }
-/* Bytes of hidden state per token: k * H * 2 in bf16, k * H + 4 (its
- * scale) in fp8. */
+/* Bytes of hidden state per token, from the dtype table: k * H * 2 in
+ * bf16, k * H + 4 (its scale) in fp8 (an unknown dtype counts as bf16). */
 static inline uint64_t hs_layout_token_bytes(const hs_layout_t *l)
 {
-    return l->dtype == HS_DTYPE_FP8 ? hs_layout_row_elems(l) + 4u : hs_layout_row_elems(l) * 2u;
+    const hs_dtype_info_t *d = hs_dtype_info(l->dtype);
+    return d ? hs_layout_row_elems(l) * d->elem_bytes + d->row_scale_bytes
+             : hs_layout_row_elems(l) * 2u;
 }
 
 /* fp8 rows (HS_DTYPE_FP8): one token's n = k*H values with one scale.

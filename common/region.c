@@ -47,9 +47,14 @@ hs_status_t hs_layout_validate(const hs_layout_t *l, char *why, size_t whycap)
             HS_LAYOUT_MAX_HIDDEN);
         return HS_ERR_INVALID;
     }
-    if (l->dtype != HS_DTYPE_BF16 && l->dtype != HS_DTYPE_FP8) {
-        say(why, whycap, "dtype %u is not supported (bf16 = %u, fp8 = %u)", l->dtype, HS_DTYPE_BF16,
-            HS_DTYPE_FP8);
+    if (!hs_dtype_info(l->dtype)) {
+        char known[64] = "";
+        size_t n = 0, count;
+        const hs_dtype_info_t *t = hs_dtype_table(&count);
+        for (size_t i = 0; i < count && n < sizeof known; i++)
+            n += (size_t)snprintf(known + n, sizeof known - n, "%s%s = %u", i ? ", " : "",
+                                  t[i].name, t[i].id);
+        say(why, whycap, "dtype %u is not supported (%s)", l->dtype, known);
         return HS_ERR_INVALID;
     }
     if (l->n_layers < 1 || l->n_layers > HS_MAX_LAYERS) {
@@ -79,24 +84,6 @@ hs_status_t hs_layout_check(const hs_layout_t *layout)
     hs_status_t st = hs_layout_validate(layout, why, sizeof why);
     if (st != HS_OK) hs_error("invalid layout: %s", why);
     return st;
-}
-
-const char *hs_dtype_str(uint32_t dtype)
-{
-    return dtype == HS_DTYPE_BF16 ? "bf16" : dtype == HS_DTYPE_FP8 ? "fp8" : "?";
-}
-
-hs_status_t hs_dtype_parse(const char *s, uint32_t *out)
-{
-    if (s && !strcmp(s, "bf16")) {
-        *out = HS_DTYPE_BF16;
-        return HS_OK;
-    }
-    if (s && !strcmp(s, "fp8")) {
-        *out = HS_DTYPE_FP8;
-        return HS_OK;
-    }
-    return HS_ERR_INVALID;
 }
 
 uint64_t hs_layout_id(const hs_layout_t *l)
@@ -185,7 +172,9 @@ hs_status_t hs_layout_parse(const char *spec, hs_layout_t *out, char *why, size_
                 char name[8] = "";
                 if (vlen < sizeof name) memcpy(name, v, vlen);
                 if (have_dtype || vlen >= sizeof name || hs_dtype_parse(name, &l.dtype) != HS_OK) {
-                    say(why, whycap, "dtype= must be given once and be bf16 or fp8");
+                    char names[64];
+                    say(why, whycap, "dtype= must be given once and be %s",
+                        hs_dtype_names(names, sizeof names, NULL, ", ", " or "));
                     return HS_ERR_INVALID;
                 }
                 have_dtype = true;
@@ -233,12 +222,11 @@ hs_batch_offsets_t hs_batch_offsets(uint32_t n_seqs, uint32_t n_tokens, const hs
     o.input_ids = hs_align_up(o.sample_ids + 8ull * n_seqs, a);
     o.loss_mask = hs_align_up(o.input_ids + 4ull * T, a);
     o.hidden = hs_align_up(o.loss_mask + T, a);
-    if (layout->dtype == HS_DTYPE_FP8) {
-        o.scales = hs_align_up(o.hidden + T * hs_layout_row_elems(layout), a);
-        o.total = hs_align_up(o.scales + 4 * T, a);
-    } else {
-        o.total = o.scales = hs_align_up(o.hidden + T * hs_layout_row_elems(layout) * 2, a);
-    }
+    /* the values, then (fp8) one scale per token; an unknown dtype counts as bf16 */
+    const hs_dtype_info_t *d = hs_dtype_info(layout->dtype);
+    uint64_t elem = d ? d->elem_bytes : 2, scale = d ? d->row_scale_bytes : 0;
+    o.scales = hs_align_up(o.hidden + T * hs_layout_row_elems(layout) * elem, a);
+    o.total = scale ? hs_align_up(o.scales + scale * T, a) : o.scales;
     return o;
 }
 

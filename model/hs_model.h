@@ -26,6 +26,7 @@
 #include <stdbool.h>
 
 #include "hsflow.h"
+#include "hs_dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -112,13 +113,15 @@ static inline int hs_model_layer_is_linear(const hs_model_config_t *c, int l)
  * embeddings, norms and small tensors stay as the checkpoint has them. */
 typedef enum {
     HS_MODEL_WEIGHTS_AUTO = 0, /* as stored: bf16, or FP8 where an FP8 checkpoint has it */
-    HS_MODEL_WEIGHTS_BF16 = 1, /* FP8 weights dequantised to bf16 at load */
-    HS_MODEL_WEIGHTS_FP8 = 2,  /* bf16 weights quantised at load as FP8 checkpoints are
-                                  (128x128 blocks, scale_inv = amax / 448), except the
-                                  tiny in_proj_a / in_proj_b, which FP8 checkpoints keep */
+    HS_MODEL_WEIGHTS_BF16 = HS_DTYPE_BF16, /* FP8 weights dequantised to bf16 at load */
+    HS_MODEL_WEIGHTS_FP8 = HS_DTYPE_FP8,   /* bf16 weights quantised at load as FP8
+                                              checkpoints are (128x128 blocks, scale_inv =
+                                              amax / 448), except the tiny in_proj_a /
+                                              in_proj_b, which FP8 checkpoints keep */
 } hs_model_weights_t;
 
-/* "auto", "bf16", "fp8" into *out; HS_ERR_INVALID for another name. */
+/* "auto", then the names of hs_dtype.h ("bf16", "fp8") into *out;
+ * HS_ERR_INVALID for another name. */
 HS_MUST_CHECK hs_status_t hs_model_weights_parse(const char *s, hs_model_weights_t *out);
 const char *hs_model_weights_name(hs_model_weights_t w);
 

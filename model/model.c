@@ -291,19 +291,20 @@ hs_status_t hs_model_read_config(const char *dir, hs_model_config_t *out)
 
 hs_status_t hs_model_weights_parse(const char *s, hs_model_weights_t *out)
 {
-    static const char *names[] = {"auto", "bf16", "fp8"};
-    for (int i = 0; s && i < 3; i++) {
-        if (strcmp(s, names[i]) == 0) {
-            *out = (hs_model_weights_t)i;
-            return HS_OK;
-        }
+    uint32_t d;
+    if (s && strcmp(s, "auto") == 0) {
+        *out = HS_MODEL_WEIGHTS_AUTO;
+        return HS_OK;
     }
-    return HS_ERR_INVALID;
+    if (hs_dtype_parse(s, &d) != HS_OK) return HS_ERR_INVALID;
+    *out = (hs_model_weights_t)d; /* the weights' values past auto are dtype ids */
+    return HS_OK;
 }
 
 const char *hs_model_weights_name(hs_model_weights_t w)
 {
-    return w == HS_MODEL_WEIGHTS_BF16 ? "bf16" : w == HS_MODEL_WEIGHTS_FP8 ? "fp8" : "auto";
+    const hs_dtype_info_t *d = w == HS_MODEL_WEIGHTS_AUTO ? NULL : hs_dtype_info((uint32_t)w);
+    return d ? d->name : "auto";
 }
 
 int hs_model_fp8_weights(const hs_model_t *m) { return m ? m->n_fp8 : 0; }
@@ -361,7 +362,8 @@ hs_status_t hs_model_load_ex(const char *dir, hs_model_weights_t weights, hs_mod
     if (m->n_fp8 || c->fp8_checkpoint || weights != HS_MODEL_WEIGHTS_AUTO)
         hs_info("model %s: %s checkpoint, --dtype %s: %d Linear weights held in fp8 (128x128 "
                 "block factors), the rest in bf16",
-                dir, c->fp8_checkpoint ? "fp8" : "bf16", hs_model_weights_name(weights), m->n_fp8);
+                dir, hs_dtype_str(c->fp8_checkpoint ? HS_DTYPE_FP8 : HS_DTYPE_BF16),
+                hs_model_weights_name(weights), m->n_fp8);
     hs_info("model %s: %s, H=%d I=%d layers=%d heads=%d/%d head_dim=%d vocab=%d%s%s%s rope "
             "theta=%g%s",
             dir, c->architecture, c->hidden_size, c->intermediate_size, c->num_layers, c->num_heads,

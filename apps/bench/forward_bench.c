@@ -214,9 +214,12 @@ int main(int argc, char **argv)
         double peak;
         hs_model_weights_t weights;
     } o = {.torch_script = "scripts/bench/attn_torch.py", .iters = 5};
+    char names[64], dtype_why[80];
+    snprintf(dtype_why, sizeof dtype_why, "use %s",
+             hs_dtype_names(names, sizeof names, "auto", ", ", " or "));
     const hs_cli_flag_t flags[] = {
         HS_CLI_STR("model", &o.model),
-        HS_CLI_FN("dtype", parse_weights, &o.weights, "use auto, bf16 or fp8"),
+        HS_CLI_FN("dtype", parse_weights, &o.weights, dtype_why),
         HS_CLI_STR("layers", &o.layers),
         HS_CLI_STR("shapes", &o.shapes),
         HS_CLI_INT("iters", &o.iters),

@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "hs_bench.h"
+#include "hs_dtype.h"
 #include "hs_cli.h"
 #include "hs_shuffle.h"
 
@@ -175,8 +176,9 @@ static void bench_shape(cublasLtHandle_t lt, void *ws, shape_t s, bool fp8, int 
         printf("{\"M\": %d, \"N\": %d, \"K\": %d, \"acc\": %s, \"dtype\": \"%s\", \"rank\": %d, "
                "\"ms\": %.4f, \"tflops\": %.1f, \"tile\": %d, \"stages\": %d, \"splitk\": %d, "
                "\"cluster\": %d, \"workspace\": %zu}\n",
-               s.M, s.N, s.K, s.acc ? "true" : "false", fp8 ? "fp8" : "bf16", r, ms, t, tile,
-               stages, splitk, cluster, heur[r].workspaceSize);
+               s.M, s.N, s.K, s.acc ? "true" : "false",
+               hs_dtype_str(fp8 ? HS_DTYPE_FP8 : HS_DTYPE_BF16), r, ms, t, tile, stages, splitk,
+               cluster, heur[r].workspaceSize);
         fflush(stdout);
         if (r == 0) *rank0_tflops = t;
         if (t > *best_tflops) *best_tflops = t, *best_rank = r;
@@ -187,11 +189,13 @@ static void bench_shape(cublasLtHandle_t lt, void *ws, shape_t s, bool fp8, int 
     cudaFree(x), cudaFree(w), cudaFree(y), cudaFree(xs), cudaFree(wsc);
 }
 
-/* --dtype bf16|fp8 into a bool (fp8): 0, or 1 for anything else. */
+/* --dtype bf16|fp8 (hs_dtype.h's names) into a bool (fp8): 0, or 1 for anything else. */
 static int parse_dtype(void *dst, const char *arg)
 {
-    *(bool *)dst = !strcmp(arg, "fp8");
-    return strcmp(arg, "bf16") && strcmp(arg, "fp8");
+    uint32_t d;
+    if (hs_dtype_parse(arg, &d) != HS_OK) return 1;
+    *(bool *)dst = d == HS_DTYPE_FP8;
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -201,8 +205,11 @@ int main(int argc, char **argv)
         bool fp8;
         int algos, iters;
     } o = {.shapes = "65536:34816:5120,65536:5120:17408:acc", .algos = 16, .iters = 10};
+    char names[64], dtype_why[80];
+    snprintf(dtype_why, sizeof dtype_why, "expected %s",
+             hs_dtype_names(names, sizeof names, NULL, ", ", " or "));
     const hs_cli_flag_t flags[] = {HS_CLI_STR("shapes", &o.shapes),
-                                   HS_CLI_FN("dtype", parse_dtype, &o.fp8, "expected bf16 or fp8"),
+                                   HS_CLI_FN("dtype", parse_dtype, &o.fp8, dtype_why),
                                    HS_CLI_INT("algos", &o.algos),
                                    HS_CLI_INT("iters", &o.iters),
                                    {0}};
@@ -250,7 +257,7 @@ int main(int argc, char **argv)
         bench_shape(lt, ws, shapes[i], o.fp8, o.algos, o.iters, &r0[i], &best[i], &rank[i]);
     printf("\n| M | N | K | acc | %s rank 0 TFLOP/s | fastest TFLOP/s (rank) | fastest / rank 0 |\n"
            "|---|---|---|---|---|---|---|\n",
-           o.fp8 ? "fp8" : "bf16");
+           hs_dtype_str(o.fp8 ? HS_DTYPE_FP8 : HS_DTYPE_BF16));
     for (int i = 0; i < n; i++) {
         if (rank[i] < 0) { /* no algorithm, or none that ran */
             printf("| %d | %d | %d | %s | - | - | - |\n", shapes[i].M, shapes[i].N, shapes[i].K,

@@ -11,6 +11,8 @@ import os
 import re
 import shutil
 
+from . import _dtypes
+
 HS_OK = 0
 HS_ERR_CLOSED = -9
 HS_ERR_TIMEOUT = -11
@@ -18,8 +20,8 @@ HS_ERR_NOSPACE = -12
 
 HS_ORDER_ARRIVAL = 0
 HS_ORDER_PLAN = 1
-HS_HIDDEN_BF16 = 1  # hs_hidden_dtype_t
-HS_HIDDEN_FP8 = 2
+HS_HIDDEN_BF16 = _dtypes.BF16.id  # hs_hidden_dtype_t
+HS_HIDDEN_FP8 = _dtypes.FP8.id
 
 _c_u16 = ctypes.c_uint16
 _c_u32 = ctypes.c_uint32

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from . import _arrays, _log
+from . import _arrays, _dtypes, _log
 from ._lib import (HS_ERR_NOSPACE, HS_HIDDEN_FP8, HS_OK, CBatch, ConsumerConfig, ConsumerStats,
                    Endpoint, HsflowError, OptionInfo, load, status_str)
 
@@ -83,7 +83,8 @@ class Batch:
         lay = ctypes.cast(cb.layers, ctypes.POINTER(ctypes.c_int32))
         self.layers = tuple(lay[i] for i in range(cb.n_layers)) if cb.layers else ()
         T, n, kH = cb.n_tokens, cb.n_seqs, cb.n_layers * cb.hidden_size
-        self.hidden_dtype = "fp8" if cb.hidden_dtype == HS_HIDDEN_FP8 else "bf16"
+        fp8 = cb.hidden_dtype == HS_HIDDEN_FP8
+        self.hidden_dtype = (_dtypes.FP8 if fp8 else _dtypes.BF16).name
         if self.hidden_dtype == "fp8":
             spec = {"hidden_fp8": (cb.hidden_fp8, (T, kH), np.uint8),
                     "hidden_scales": (cb.hidden_scales, (T,), np.float32)}
@@ -198,7 +199,7 @@ def _expect_pins(expect):
             try:
                 layers = ",".join(str(int(x)) for x in val["layers"])
                 val = "H=%d,layers=%s,dtype=%s" % (int(val["H"]), layers,
-                                                   val.get("dtype", "bf16"))
+                                                   val.get("dtype", _dtypes.DEFAULT))
             except (KeyError, TypeError, ValueError):
                 raise ValueError("expect['layout']=%r: expected {'H': 4096, 'layers': [2, 16, "
                                  "29]} or 'H=4096,layers=2,16,29,dtype=bf16'" % (val,)) from None

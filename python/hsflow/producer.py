@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 
-from . import _arrays
-from ._lib import (HS_HIDDEN_BF16, HS_HIDDEN_FP8, HS_OK, CWork, Endpoint, HsflowError,
-                   PRODUCER_STAGING_MAX, ProducerClientConfig, ProducerInfo, load)
+from . import _arrays, _dtypes
+from ._lib import (HS_OK, PRODUCER_STAGING_MAX, CWork, Endpoint, HsflowError, ProducerClientConfig,
+                   ProducerInfo, load)
 
 
 
@@ -50,7 +50,7 @@ class Ticket:
             "cu_seqlens": hv(work.cu_seqlens, (n + 1,), np.int32, False),
             "sample_ids": hv(work.sample_ids, (n,), np.uint64, False),
         }
-        self.hs_dtype = "fp8" if scratch is not None else "bf16"
+        self.hs_dtype = (_dtypes.FP8 if scratch is not None else _dtypes.BF16).name
         if scratch is None:
             self._views["hidden_bits"] = hv(work.hidden, (T, kH), np.uint16, True)
         else:
@@ -355,9 +355,9 @@ class Producer(Endpoint):
                 or staging_buffers not in (0,) + tuple(range(2, PRODUCER_STAGING_MAX + 1)):
             raise ValueError("staging_buffers=%r: expected 2..%d, or 0 for the library's default "
                              "(3)" % (staging_buffers, PRODUCER_STAGING_MAX))
-        if hs_dtype not in ("bf16", "fp8"):
-            raise ValueError("hs_dtype=%r: expected 'bf16' or 'fp8' (e4m3 values and one fp32 "
-                             "scale per token: half the bytes)" % (hs_dtype,))
+        if hs_dtype not in _dtypes.BY_NAME:
+            raise ValueError("hs_dtype=%r: expected %s (fp8: e4m3 values and one fp32 scale per "
+                             "token: half the bytes)" % (hs_dtype, _dtypes.names(quote="'")))
         self.hs_dtype = hs_dtype
         self.target_fingerprint, self.target_name = _resolve_target(target, target_fingerprint)
         self._mode = _arrays.resolve_arrays(arrays)
@@ -379,7 +379,7 @@ class Producer(Endpoint):
         cfg.connect_timeout_s = int(connect_timeout_s)
         cfg.reconnect = bool(reconnect)
         cfg.status_interval_s = float(status_interval_s)
-        cfg.hs_dtype = HS_HIDDEN_FP8 if hs_dtype == "fp8" else HS_HIDDEN_BF16
+        cfg.hs_dtype = _dtypes.BY_NAME[hs_dtype].id  # hs_hidden_dtype_t
         cfg.staging_buffers = int(staging_buffers)
         cfg.target_fingerprint = self.target_fingerprint
         cfg.target_name = self._keep[6]

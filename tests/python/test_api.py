@@ -72,6 +72,53 @@ def test_version_in_a_checkout_is_read_from_its_header_not_held_in_python(tmp_pa
     assert r.stdout.strip() == "9.8.7"
 
 
+def test_python_dtype_names_are_the_c_table_of_hs_dtype_h(tmp_path):
+    """hsflow._dtypes against common/dtype.c compiled here: the same ids,
+    names, sizes and order, the same joined names in messages, and the same
+    answers of the parser for every name and a few near misses."""
+    from hsflow import _dtypes
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler to build common/dtype.c")
+    probes = list(_dtypes.NAMES) + ["auto", "BF16", "fp16", "fp32", "e4m3", "bf16 ", "", "?"]
+    src = tmp_path / "dtypes.c"
+    src.write_text("\n".join([
+        '#include <stdio.h>', '#include "hs_dtype.h"', 'int main(void) {',
+        'size_t n; const hs_dtype_info_t *t = hs_dtype_table(&n); char buf[128];',
+        'for (size_t i = 0; i < n; i++) printf("dtype %u %s %u %u %s\\n", t[i].id, t[i].name,',
+        '    t[i].elem_bytes, t[i].row_scale_bytes, hs_dtype_str(t[i].id));',
+        'printf("unknown %s\\n", hs_dtype_str(0));',
+        'printf("or %s\\n", hs_dtype_names(buf, sizeof buf, NULL, ", ", " or "));',
+        'printf("bar %s\\n", hs_dtype_names(buf, sizeof buf, "auto", "|", "|"));',
+        'const char *probes[] = {%s};' % ", ".join('"%s"' % p for p in probes),
+        'for (size_t i = 0; i < sizeof probes / sizeof *probes; i++) {',
+        '    uint32_t d = 0; int st = hs_dtype_parse(probes[i], &d);',
+        '    printf("parse [%s] %d %u\\n", probes[i], st == HS_OK, st == HS_OK ? d : 0u); }',
+        'return 0; }']))
+    exe = str(tmp_path / "dtypes")
+    r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "include"),
+                        "-I", os.path.join(ROOT, "common"), str(src),
+                        os.path.join(ROOT, "common", "dtype.c"), "-o", exe],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = subprocess.run([exe], capture_output=True, text=True, check=True).stdout.splitlines()
+    want = ["dtype %d %s %d %d %s" % (d.id, d.name, d.elem_bytes, d.row_scale_bytes, d.name)
+            for d in _dtypes.TABLE]
+    want += ["unknown ?", "or " + _dtypes.names(), "bar " + "|".join(_dtypes.WEIGHTS)]
+    want += ["parse [%s] %d %d" % (p, p in _dtypes.BY_NAME,
+                                   _dtypes.BY_NAME[p].id if p in _dtypes.BY_NAME else 0)
+             for p in probes]
+    assert got == want
+    assert (_lib.HS_HIDDEN_BF16, _lib.HS_HIDDEN_FP8) == (_dtypes.BF16.id, _dtypes.FP8.id)
+    # the consumer's option table spells --deliver's choices itself: the same names
+    lib, info = hsflow._lib.load(), _lib.OptionInfo()
+    choices = {}
+    for i in range(lib.hs_consumer_option_count()):
+        assert lib.hs_consumer_option_info(i, ctypes.byref(info)) == 0
+        choices[info.name.decode()] = (info.choices or b"").decode()
+    assert choices["deliver"] == _dtypes.names(sep="|", last_sep="|")
+
+
 def test_missing_library_names_what_was_tried_and_how_to_build_it(tmp_path):
     code = ("import hsflow\n"
             "try:\n    hsflow.Consumer()\n"

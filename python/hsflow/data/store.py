@@ -43,6 +43,8 @@ import tempfile
 
 import numpy as np
 
+from .. import _dtypes
+
 REC = struct.Struct("<6I5Q")  # hs_store_rec_t: 64 bytes
 REC_MAGIC = 0x31495348
 MANIFEST_MAX = 1 << 20         # store.json, and a verifier's config.json
@@ -91,7 +93,7 @@ def _align(x):
 
 def parse_layout(spec):
     """'H=256,layers=2,16,29,dtype=bf16' -> (H, [layers], dtype)."""
-    h, layers, dtype, key = None, [], "bf16", None
+    h, layers, dtype, key = None, [], _dtypes.DEFAULT, None
     for tok in spec.split(","):
         if "=" in tok:
             key, val = tok.split("=", 1)
@@ -103,8 +105,9 @@ def parse_layout(spec):
             layers.append(int(val))
         elif key == "dtype":
             dtype = val
-    if not h or not layers or dtype not in ("bf16", "fp8"):
-        raise StoreError("layout %r in store.json is not H=..,layers=..,dtype=bf16|fp8" % spec)
+    if not h or not layers or dtype not in _dtypes.BY_NAME:
+        raise StoreError("layout %r in store.json is not H=..,layers=..,dtype=%s"
+                         % (spec, _dtypes.names(sep="|", last_sep="|")))
     return h, layers, dtype
 
 
@@ -115,11 +118,9 @@ def offsets(n, t, h, k, dtype):
     o["input_ids"] = _align(o["sample_ids"] + 8 * n)
     o["loss_mask"] = _align(o["input_ids"] + 4 * t)
     o["hidden"] = _align(o["loss_mask"] + t)
-    if dtype == "fp8":
-        o["scales"] = _align(o["hidden"] + t * k * h)
-        o["total"] = _align(o["scales"] + 4 * t)
-    else:
-        o["total"] = o["scales"] = _align(o["hidden"] + 2 * t * k * h)
+    d = _dtypes.BY_NAME[dtype]  # the values, then (fp8) one scale per token
+    o["scales"] = _align(o["hidden"] + d.elem_bytes * t * k * h)
+    o["total"] = _align(o["scales"] + d.row_scale_bytes * t) if d.row_scale_bytes else o["scales"]
     return o
 
 

@@ -19,7 +19,7 @@ import time
 
 import importlib
 
-from .. import _deps, _hf, _lib, _log
+from .. import _deps, _dtypes, _hf, _lib, _log
 from .._outfile import output_conflict
 from . import _common
 from ._common import EXIT_FAIL, EXIT_INPUT, EXIT_OK, EXIT_OOM
@@ -211,7 +211,7 @@ def build_parser():
     a("--dtype", type=_dtype, default=_env("dtype", "bf16"),
       help="weights and activations: bf16 (default), fp16 or fp32; states are captured as "
            "bf16 (and travel as --hs-dtype says)")
-    a("--hs-dtype", choices=("bf16", "fp8"), default=_env("hs-dtype", "bf16"),
+    a("--hs-dtype", choices=_dtypes.NAMES, default=_env("hs-dtype", _dtypes.DEFAULT),
       help="how hidden states travel and wait in the consumer's cache: bf16 (default) or fp8 "
            "(e4m3 values and one fp32 scale per token, quantised on the worker's GPU; half "
            "the bytes; every producer of a run must use the same: the consumer refuses one "

@@ -17,6 +17,8 @@ import os
 import signal
 import time
 
+from .. import _dtypes
+
 EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_OOM = 0, 1, 2, 3
 # What hs-producer exits 2 for too: the consumer refused this producer (plan,
 # layout, dataset, version, secret) or the flags name what cannot work
