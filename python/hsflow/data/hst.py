@@ -152,17 +152,27 @@ if struct.pack("=Q", 1) != struct.pack("<Q", 1):  # offsets are written in nativ
                       "supported")
 
 
-def read_hst(path):
-    """Reads an .hst file whole: (offsets, input_ids, loss_mask) as numpy arrays.
-    For tests and small files; hsflow's C tools map it instead."""
-    with open(path, "rb") as f:
-        data = f.read()
+def read_hst_header(data, path="<.hst>"):
+    """The header fields of an .hst file's first HEADER_BYTES bytes, checked
+    (magic, version, header size, CRC-32C): {"version", "header_bytes",
+    "n_sequences", "n_tokens", "fingerprint", "crc"}; ValueError otherwise."""
     if len(data) < HEADER_BYTES or data[:4] != MAGIC:
         raise ValueError(f"{path}: not an .hst file")
     version, hbytes, n, total, fp = struct.unpack_from("<HHQQQ", data, 4)
     (crc,) = struct.unpack_from("<I", data, 60)
     if version != VERSION or hbytes != HEADER_BYTES or crc != crc32c(data[:60]):
         raise ValueError(f"{path}: corrupt .hst header")
+    return {"version": version, "header_bytes": hbytes, "n_sequences": n, "n_tokens": total,
+            "fingerprint": fp, "crc": crc}
+
+
+def read_hst(path):
+    """Reads an .hst file whole: (offsets, input_ids, loss_mask) as numpy arrays.
+    For tests and small files; hsflow's C tools map it instead."""
+    with open(path, "rb") as f:
+        data = f.read()
+    head = read_hst_header(data, path)
+    n, total, fp = head["n_sequences"], head["n_tokens"], head["fingerprint"]
     if len(data) != HEADER_BYTES + 8 * (n + 1) + 5 * total:
         raise ValueError(f"{path}: .hst size does not match its header")
     offsets = np.frombuffer(data, "<u8", n + 1, HEADER_BYTES)
