@@ -45,7 +45,7 @@ static const hs_opt_t options[] = {
      "seed of the per-epoch batch order"),
     HS_OPT("progress_interval_s", HS_OPT_DOUBLE, FIELD(progress_interval_s), "5", 0, 1e6, "s",
      "status-interval", "S",
-     "a progress line every S seconds while a large plan is built (0 = none)",
+     "a progress line every S seconds while a large plan is built; 0 = none",
      .parse = parse_progress_interval, .word = "", .word_value = -1),
 };
 /* clang-format on */
