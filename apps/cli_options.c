@@ -23,7 +23,7 @@ bool hs_cli_options_add(const hs_cli_options_t *t, struct option *longopts, size
         if (*n >= cap) return false;
         bool is_bool = !strcmp(o.type, "bool");
         longopts[(*n)++] = (struct option){o.flag, is_bool ? no_argument : required_argument, NULL,
-                                           HS_CLI_OPTION_BASE + (int)i};
+                                           HS_CLI_OPTION_BASE + t->offset + (int)i};
     }
     return true;
 }
@@ -32,8 +32,8 @@ int hs_cli_options_apply(const hs_cli_options_t *t, void *cfg, int opt, const ch
                          const char *from)
 {
     hs_option_info_t o;
-    if (opt < HS_CLI_OPTION_BASE || t->info((uint32_t)(opt - HS_CLI_OPTION_BASE), &o) != HS_OK)
-        return -1;
+    int base = HS_CLI_OPTION_BASE + t->offset;
+    if (opt < base || t->info((uint32_t)(opt - base), &o) != HS_OK) return -1;
     char why[256];
     if (t->set(cfg, o.name, arg ? arg : "1", why, sizeof why) == HS_OK) return 0;
     return hs_cli_bad(t->prog, o.flag, arg, from, why);

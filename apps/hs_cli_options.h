@@ -17,7 +17,8 @@
 extern "C" {
 #endif
 
-/* The getopt value of the table's option i is HS_CLI_OPTION_BASE + i. */
+/* The getopt value of the table's option i is HS_CLI_OPTION_BASE + i
+ * (+ the table's offset). */
 #define HS_CLI_OPTION_BASE 0x5000
 
 /* A table as a command sees it. */
@@ -27,6 +28,9 @@ typedef struct {
     hs_status_t (*info)(uint32_t i, hs_option_info_t *out);
     /* the module's by-name setter on the command's config */
     hs_status_t (*set)(void *cfg, const char *name, const char *value, char *why, size_t cap);
+    /* option i's getopt value is HS_CLI_OPTION_BASE + offset + i: a command
+     * that parses several tables at once gives each its own (0, 256, ...) */
+    int offset;
 } hs_cli_options_t;
 
 /* Appends the table's flags (those the command parses itself, not the

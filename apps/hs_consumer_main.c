@@ -165,7 +165,7 @@ static hs_status_t config_set(void *cfg, const char *name, const char *value, ch
 
 /* The consumer's option table as hs-consumer parses and prints it. */
 static const hs_cli_options_t table = {"hs-consumer", hs_consumer_option_count,
-                                       hs_consumer_option_info, config_set};
+                                       hs_consumer_option_info, config_set, 0};
 
 /* The head of docs/cli.md (hs-consumer --help-markdown). */
 static const char markdown_intro[] =

@@ -10,6 +10,7 @@
 #include <getopt.h>
 #include <stdbool.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,8 @@
 #include <unistd.h>
 
 #include "hs_cli.h"
+#include "hs_cli_options.h"
+#include "hs_options.h"
 #include "hsflow.h"
 #include "hs_log.h"
 #include "hs_time.h"
@@ -27,123 +30,272 @@
 #include "hs_data.h"
 #include "hs_proto.h"
 
-enum { CMD_IMPORT = 1, CMD_INFO = 2, CMD_PLAN = 4, CMD_SYNTH = 8, CMD_ALL = 15 };
+/* ---- the options ------------------------------------------------------------
+ *
+ * One table per command that has options, the command's rows written once:
+ * plan's are the plan library's (data/options.c: the bounds hs_plan_build
+ * checks) and three of hs-data's own; synth's and every command's are
+ * hs-data's. Each gives that command's flags (getopt), their HS_* variables,
+ * their --help lines and their part of docs/cli.md. */
 
-enum {
-    OPT_TOKEN_BUDGET = 256,
-    OPT_MAX_SEQ_LEN,
-    OPT_OVERFLOW,
-    OPT_SEED,
-    OPT_EPOCHS,
-    OPT_SEQUENCES,
-    OPT_MIN_LEN,
-    OPT_MAX_LEN,
-    OPT_VOCAB,
-    OPT_LOG_LEVEL,
-    OPT_STATUS_INTERVAL,
-    OPT_HIDDEN_SIZE,
-    OPT_LAYERS,
-};
-
-static const struct option long_opts[] = {
-    {"token-budget", required_argument, NULL, OPT_TOKEN_BUDGET},
-    {"max-seq-len", required_argument, NULL, OPT_MAX_SEQ_LEN},
-    {"overflow", required_argument, NULL, OPT_OVERFLOW},
-    {"seed", required_argument, NULL, OPT_SEED},
-    {"epochs", required_argument, NULL, OPT_EPOCHS},
-    {"sequences", required_argument, NULL, OPT_SEQUENCES},
-    {"min-len", required_argument, NULL, OPT_MIN_LEN},
-    {"max-len", required_argument, NULL, OPT_MAX_LEN},
-    {"vocab", required_argument, NULL, OPT_VOCAB},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"status-interval", required_argument, NULL, OPT_STATUS_INTERVAL},
-    {"hidden-size", required_argument, NULL, OPT_HIDDEN_SIZE},
-    {"layers", required_argument, NULL, OPT_LAYERS},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
-};
-
-/* Which commands each option applies to (indexed by option - OPT_TOKEN_BUDGET). */
-static const int opt_cmds[] = {
-    CMD_PLAN,  CMD_PLAN,  CMD_PLAN,  CMD_PLAN | CMD_SYNTH,
-    CMD_PLAN,  CMD_SYNTH, CMD_SYNTH, CMD_SYNTH,
-    CMD_SYNTH, CMD_ALL,   CMD_PLAN,  CMD_PLAN,
-    CMD_PLAN,
-};
+/* plan: the library's plan settings, then what hs-data plan prints */
+typedef struct {
+    hs_plan_config_t plan;
+    uint32_t epochs;      /* the batch order of this many epochs is shown */
+    uint32_t hidden_size; /* with layers: the pin line's --expect-layout; 0 = not given */
+    const char *layers;
+} plan_opts_t;
 
 typedef struct {
-    uint64_t token_budget; /* 0 = not given */
-    uint64_t max_seq_len;
-    hs_overflow_t overflow;
+    uint32_t sequences; /* 0 = not given */
+    uint32_t min_len, max_len, vocab;
     uint64_t seed;
-    uint64_t epochs;
-    uint64_t sequences; /* 0 = not given */
-    uint64_t min_len, max_len, vocab;
-    double status_interval; /* plan progress; 0 = 5 s, < 0 = never */
-    uint64_t hidden_size;   /* plan: the producers' layout, for --expect-layout; 0 = not given */
-    const char *layers;
+} synth_opts_t;
+
+typedef struct {
+    int log_level; /* hs_log_level_t */
+} common_opts_t;
+
+static const char *parse_log_level(void *cfg, const char *v, char *why, size_t cap)
+{
+    static const char *names[] = {"error", "warn", "info", "debug", "trace"};
+    for (int i = 0; i < 5; i++) {
+        if (strcasecmp(v, names[i]) == 0) {
+            ((common_opts_t *)cfg)->log_level = i;
+            return NULL;
+        }
+    }
+    snprintf(why, cap, "expected error, warn, info, debug or trace");
+    return why;
+}
+
+/* clang-format off */
+static const hs_opt_t plan_rows[] = {
+    /* name, type, where, default, min, max, unit, flag, metavar, help */
+    HS_OPT("epochs", HS_OPT_U32, offsetof(plan_opts_t, epochs), "1", 1, 1000000, "", "epochs", "E",
+     "show the batch order of the first E epochs"),
+    HS_OPT("hidden_size", HS_OPT_U32, offsetof(plan_opts_t, hidden_size), "", 1, 65536, "",
+     "hidden-size", "H", "the producers' hidden size; with --layers, the pin line also has "
+     "--expect-layout", .word = ""),
+    HS_OPT("layers", HS_OPT_STRING, offsetof(plan_opts_t, layers), "", 0, 0, "", "layers",
+     "L1,L2,...", "the producers' captured layers, with --hidden-size"),
+};
+static const hs_opt_t synth_rows[] = {
+    HS_OPT("sequences", HS_OPT_SIZE, offsetof(synth_opts_t, sequences), "", 1, INT32_MAX, "",
+     "sequences", "N", "how many sequences (required)"),
+    HS_OPT("min_len", HS_OPT_SIZE, offsetof(synth_opts_t, min_len), "16", 1, INT32_MAX, "tokens",
+     "min-len", "A", "shortest sequence"),
+    HS_OPT("max_len", HS_OPT_SIZE, offsetof(synth_opts_t, max_len), "2048", 1, INT32_MAX, "tokens",
+     "max-len", "B", "longest sequence"),
+    HS_OPT("seed", HS_OPT_U64, offsetof(synth_opts_t, seed), "0", 0, 18446744073709551615.0, "",
+     "seed", "S", "random seed"),
+    HS_OPT("vocab", HS_OPT_SIZE, offsetof(synth_opts_t, vocab), "32000", 1, INT32_MAX, "", "vocab",
+     "V", "token ids are drawn from 0..V-1"),
+};
+/* an enum read by parse_log_level (five levels: more than .values holds) */
+static const hs_opt_t common_rows[] = {
+    HS_OPT("log_level", HS_OPT_ENUM, offsetof(common_opts_t, log_level), "info", 0, 0, "",
+     "log-level", "L", "error, warn, info, debug or trace",
+     .choices = "error|warn|info|debug|trace", .parse = parse_log_level),
+};
+/* clang-format on */
+
+#define N_ROWS(a) (sizeof(a) / sizeof((a)[0]))
+
+static char plan_envs[N_ROWS(plan_rows)][HS_OPT_ENV_CAP];
+static char synth_envs[N_ROWS(synth_rows)][HS_OPT_ENV_CAP];
+static char common_envs[N_ROWS(common_rows)][HS_OPT_ENV_CAP];
+static hs_opt_table_t plan_table = {"hs-data plan", plan_rows, N_ROWS(plan_rows), plan_envs, false};
+static hs_opt_table_t synth_table = {"hs-data synth", synth_rows, N_ROWS(synth_rows), synth_envs,
+                                     false};
+static hs_opt_table_t common_table = {"hs-data", common_rows, N_ROWS(common_rows), common_envs,
+                                      false};
+
+/* plan's table: the library's rows (hs_plan_option_info), then plan_rows */
+static uint32_t plan_count(void) { return hs_plan_option_count() + (uint32_t)N_ROWS(plan_rows); }
+
+static hs_status_t plan_info(uint32_t i, hs_option_info_t *out)
+{
+    uint32_t n = hs_plan_option_count();
+    return i < n ? hs_plan_option_info(i, out) : hs_opt_table_info(&plan_table, i - n, out);
+}
+
+static hs_status_t plan_set(void *cfg, const char *name, const char *value, char *why, size_t cap)
+{
+    for (size_t i = 0; i < N_ROWS(plan_rows); i++)
+        if (!strcmp(plan_rows[i].name, name))
+            return hs_opt_table_set(&plan_table, cfg, name, value, why, cap);
+    return hs_plan_config_set(&((plan_opts_t *)cfg)->plan, name, value, why, cap);
+}
+
+static uint32_t synth_count(void) { return (uint32_t)N_ROWS(synth_rows); }
+
+static hs_status_t synth_info(uint32_t i, hs_option_info_t *out)
+{
+    return hs_opt_table_info(&synth_table, i, out);
+}
+
+static hs_status_t synth_set(void *cfg, const char *name, const char *value, char *why, size_t cap)
+{
+    return hs_opt_table_set(&synth_table, cfg, name, value, why, cap);
+}
+
+static uint32_t common_count(void) { return (uint32_t)N_ROWS(common_rows); }
+
+static hs_status_t common_info(uint32_t i, hs_option_info_t *out)
+{
+    return hs_opt_table_info(&common_table, i, out);
+}
+
+static hs_status_t common_set(void *cfg, const char *name, const char *value, char *why, size_t cap)
+{
+    return hs_opt_table_set(&common_table, cfg, name, value, why, cap);
+}
+
+/* A command's table at offset 0, every command's after it. */
+static const hs_cli_options_t plan_options = {"hs-data", plan_count, plan_info, plan_set, 0};
+static const hs_cli_options_t synth_options = {"hs-data", synth_count, synth_info, synth_set, 0};
+static const hs_cli_options_t common_options = {"hs-data", common_count, common_info, common_set,
+                                                256};
+
+typedef struct {
+    plan_opts_t plan;
+    synth_opts_t synth;
+    common_opts_t common;
 } opts_t;
 
-static void usage(FILE *f)
+/* The commands: their operands, what they do (--help), their table. */
+typedef struct {
+    const char *name, *operands;
+    int n_operands;
+    const char *about;             /* --help's lines, indented to the column of the flags' help */
+    const hs_cli_options_t *table; /* NULL: only every command's options */
+    size_t at;                     /* where the table's config is in opts_t */
+} command_t;
+
+static const command_t commands[] = {
+    {"import", "IN OUT.hst", 2,
+     "convert a dataset (JSONL or .hst) to hsflow's binary .hst\n"
+     "                         format; prints sequences, tokens and fingerprint\n",
+     NULL, 0},
+    {"info", "FILE", 1, "format, sequences, tokens, min/mean/max length, fingerprint\n", NULL, 0},
+    {"plan", "FILE", 1,
+     "pack FILE into batches as a producer would; prints batches,\n"
+     "                         fill, truncated/dropped sequences, plan hash, batch shapes,\n"
+     "                         and the hs-consumer flags that pin the run to it\n",
+     &plan_options, offsetof(opts_t, plan)},
+    {"synth", "OUT.jsonl", 1, "write a random JSONL dataset (demos and tests)\n", &synth_options,
+     offsetof(opts_t, synth)},
+};
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static const char usage_about[] =
+    "A JSONL dataset has one JSON object per line: {\"input_ids\": [1, 2, 3]} with an\n"
+    "optional \"loss_mask\": [0, 1, 1] (default all ones); a line giving either key\n"
+    "twice is refused. The format of a file is recognised by its content, not its\n"
+    "name. Conversations and text become such a file with `python -m hsflow.data\n"
+    "prepare` (docs/data.md).\n"
+    "\n"
+    "import and info stream the file: their memory does not grow with it (info on a\n"
+    "JSONL file writes a temporary .hst, 5 bytes per token, to $TMPDIR, default\n"
+    "/var/tmp, for the fingerprint). On a terminal they show their progress on\n"
+    "stderr; both end with the elapsed time. import refuses an OUT that is IN (also\n"
+    "through a link) and writes through a temporary file renamed at the end.\n";
+
+static const char usage_help_markdown[] =
+    "  --help-markdown        print hs-data's part of docs/cli.md (its options as Markdown)\n";
+
+static const char usage_common[] =
+    "  -h, --help             this text\n"
+    "  --version              the release, git checkout and build options\n";
+
+static const char usage_env[] =
+    "\n"
+    "Every option can also come from the environment: --token-budget as\n"
+    "HS_TOKEN_BUDGET, --max-seq-len as HS_MAX_SEQ_LEN, and so on; the command line wins.\n";
+
+/* one a line; `hs-data COMMAND --help` shows those of COMMAND */
+static const char usage_examples[] =
+    "  hs-data synth demo.jsonl --sequences 20000 --min-len 64 --max-len 8192 --seed 1\n"
+    "  hs-data import demo.jsonl demo.hst\n"
+    "  hs-data info demo.hst\n"
+    "  hs-data plan demo.hst --token-budget 64K --max-seq-len 8192 --overflow drop --seed 7\n"
+    "  HS_TOKEN_BUDGET=32768 hs-data plan demo.hst --epochs 3\n"
+    "  hs-data plan demo.hst --token-budget 64K --hidden-size 4096 --layers 2,16,29\n";
+
+/* `hs-data --help` (cmd NULL): every command; `hs-data COMMAND --help`: one. */
+static void usage(FILE *f, const command_t *cmd)
 {
-    fprintf(
-        f,
-        "usage: hs-data COMMAND ARGS [OPTIONS]\n"
-        "\n"
-        "Prepare and inspect the token datasets hsflow producers read.\n"
-        "\n"
-        "commands:\n"
-        "  import IN OUT.hst    convert a dataset (JSONL or .hst) to hsflow's binary .hst\n"
-        "                       format; prints sequences, tokens and fingerprint\n"
-        "  info FILE            format, sequences, tokens, min/mean/max length, fingerprint\n"
-        "  plan FILE            pack FILE into batches as a producer would; prints batches,\n"
-        "                       fill, truncated/dropped sequences, plan hash, batch shapes,\n"
-        "                       and the hs-consumer flags that pin the run to it\n"
-        "  synth OUT.jsonl      write a random JSONL dataset (demos and tests)\n"
-        "\n"
-        "A JSONL dataset has one JSON object per line: {\"input_ids\": [1, 2, 3]} with an\n"
-        "optional \"loss_mask\": [0, 1, 1] (default all ones); a line giving either key\n"
-        "twice is refused. The format of a file is recognised by its content, not its\n"
-        "name. Conversations and text become such a file with `python -m hsflow.data\n"
-        "prepare` (docs/data.md).\n"
-        "\n"
-        "import and info stream the file: their memory does not grow with it (info on a\n"
-        "JSONL file writes a temporary .hst, 5 bytes per token, to $TMPDIR, default\n"
-        "/var/tmp, for the fingerprint). On a terminal they show their progress on\n"
-        "stderr; both end with the elapsed time. import refuses an OUT that is IN (also\n"
-        "through a link) and writes through a temporary file renamed at the end.\n"
-        "\n"
-        "plan options:\n"
-        "  --token-budget N     tokens per batch (required; K/M suffixes, e.g. 64K)\n"
-        "  --max-seq-len M      longest sequence kept whole (default: the token budget)\n"
-        "  --overflow P         what to do with longer sequences: truncate (default) or drop\n"
-        "  --seed S             seed of the per-epoch batch order (default 0)\n"
-        "  --epochs E           show the batch order of the first E epochs (default 1)\n"
-        "  --status-interval S  a progress line every S seconds while a large plan is\n"
-        "                       built (default 5; 0 = none)\n"
-        "  --hidden-size H      the producers' hidden size and captured --layers: with both,\n"
-        "  --layers L1,L2,...   the pin line also has --expect-layout\n"
-        "synth options:\n"
-        "  --sequences N        how many sequences (required)\n"
-        "  --min-len A          shortest sequence (default 16)\n"
-        "  --max-len B          longest sequence (default 2048)\n"
-        "  --seed S             random seed (default 0)\n"
-        "  --vocab V            token ids are drawn from 0..V-1 (default 32000)\n"
-        "common:\n"
-        "  --log-level L        error, warn, info, debug or trace (default info)\n"
-        "  -h, --help           this text\n"
-        "  --version            the release, git checkout and build options\n"
-        "\n"
-        "Every option can also come from the environment: --token-budget as\n"
-        "HS_TOKEN_BUDGET, --max-seq-len as HS_MAX_SEQ_LEN, and so on; the command line wins.\n"
-        "\n"
-        "examples:\n"
-        "  hs-data synth demo.jsonl --sequences 20000 --min-len 64 --max-len 8192 --seed 1\n"
-        "  hs-data import demo.jsonl demo.hst\n"
-        "  hs-data info demo.hst\n"
-        "  hs-data plan demo.hst --token-budget 64K --max-seq-len 8192 --overflow drop --seed 7\n"
-        "  HS_TOKEN_BUDGET=32768 hs-data plan demo.hst --epochs 3\n"
-        "  hs-data plan demo.hst --token-budget 64K --hidden-size 4096 --layers 2,16,29\n");
+    if (cmd) {
+        char left[64];
+        snprintf(left, sizeof(left), "%s %s", cmd->name, cmd->operands);
+        fprintf(f, "usage: hs-data %s [OPTIONS]\n\n  %-22s %s", left, left, cmd->about);
+        if (cmd == &commands[0] || cmd == &commands[1]) fprintf(f, "\n%s", usage_about);
+        if (cmd->table) {
+            fprintf(f, "\noptions:\n");
+            hs_cli_options_help(cmd->table, f);
+        }
+    } else {
+        fprintf(f, "usage: hs-data COMMAND ARGS [OPTIONS]\n"
+                   "\n"
+                   "Prepare and inspect the token datasets hsflow producers read.\n"
+                   "\n"
+                   "commands:\n");
+        for (size_t i = 0; i < N_COMMANDS; i++) {
+            char left[64];
+            snprintf(left, sizeof(left), "%s %s", commands[i].name, commands[i].operands);
+            fprintf(f, "  %-22s %s", left, commands[i].about);
+        }
+        fprintf(f, "\n%s", usage_about);
+        for (size_t i = 0; i < N_COMMANDS; i++) {
+            if (!commands[i].table) continue;
+            fprintf(f, "\n%s options:\n", commands[i].name);
+            hs_cli_options_help(commands[i].table, f);
+        }
+    }
+    fprintf(f, "\nevery command:\n");
+    hs_cli_options_help(&common_options, f);
+    fputs(usage_common, f);
+    if (!cmd) fputs(usage_help_markdown, f);
+    fputs(usage_env, f);
+    if (!cmd) {
+        fprintf(f, "\nexamples:\n%s", usage_examples);
+        return;
+    }
+    fprintf(f, "\nexamples:\n");
+    char word[32];
+    snprintf(word, sizeof(word), "hs-data %s ", cmd->name);
+    for (const char *l = usage_examples; *l;) {
+        size_t n = strcspn(l, "\n");
+        const char *w = strstr(l, word);
+        if (w && w < l + n) fprintf(f, "%.*s\n", (int)n, l);
+        l += n + (l[n] == '\n');
+    }
+}
+
+/* The head of hs-data's part of docs/cli.md (hs-data --help-markdown). */
+static const char markdown_intro[] =
+    "\n# hs-data options\n\n"
+    "<!-- Generated by `hs-data --help-markdown` from hs-data's option tables (the\n"
+    "     plan's in data/options.c, the rest in apps/hs_data_main.c); edit a table,\n"
+    "     then `cmake --build build --target docs-cli`. A test fails while this file\n"
+    "     and the tables differ. -->\n\n"
+    "The options of each hs-data command, as the command line and the environment\n"
+    "spell them (the command line wins). The plan's are the settings of\n"
+    "`hs_plan_config_t`: the name is what `hs_plan_config_set()` takes in C, and\n"
+    "`hs_plan_build()` checks the same bounds.\n";
+
+static void markdown(FILE *f)
+{
+    fputs(markdown_intro, f);
+    char head[128];
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        if (!commands[i].table) continue;
+        snprintf(head, sizeof(head), "\n## hs-data %s %s\n\n", commands[i].name,
+                 commands[i].operands);
+        hs_cli_options_markdown(commands[i].table, head, f);
+    }
+    hs_cli_options_markdown(&common_options, "\n## every command\n\n", f);
 }
 
 static int die_usage(const char *fmt, const char *a, const char *b)
@@ -154,76 +306,40 @@ static int die_usage(const char *fmt, const char *a, const char *b)
     return 2;
 }
 
-static const char *opt_name(int id)
+/* The flag ("token-budget") of argument `arg` ("--token-budget" or
+ * "--token-budget=64K") when another command than `cmd` takes it, or NULL. */
+static const char *flag_owner(const char *arg, const command_t *cmd)
 {
-    for (const struct option *o = long_opts; o->name; o++)
-        if (o->val == id) return o->name;
-    return "?";
+    if (strncmp(arg, "--", 2) != 0) return NULL;
+    size_t len = strcspn(arg + 2, "=");
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        const hs_cli_options_t *t = commands[i].table;
+        if (!t || &commands[i] == cmd) continue;
+        for (uint32_t j = 0; j < t->count(); j++) {
+            hs_option_info_t o;
+            if (t->info(j, &o) == HS_OK && strlen(o.flag) == len && !strncmp(o.flag, arg + 2, len))
+                return o.flag;
+        }
+    }
+    return NULL;
 }
 
-/* Applies one option value; `src` names where it came from for messages.
- * Returns 0 or 2 (usage error, message printed). */
-static int opt_apply(opts_t *o, int id, const char *val, const char *src)
+/* The environment's values of table t's flags into cfg: 0, or 2 after a bad
+ * one (printed, naming the variable and its flag). */
+static int options_from_env(const hs_cli_options_t *t, void *cfg)
 {
-    uint64_t v = 0;
-    switch (id) {
-    case OPT_TOKEN_BUDGET:
-    case OPT_MAX_SEQ_LEN:
-    case OPT_SEQUENCES:
-    case OPT_MIN_LEN:
-    case OPT_MAX_LEN:
-    case OPT_VOCAB:
-        if (hs_parse_size(val, &v) != HS_OK || v == 0 || v > INT32_MAX)
-            return die_usage("%s: '%s' is not a count in 1..2147483647 (e.g. 65536 or 64K)", src,
-                             val);
-        if (id == OPT_TOKEN_BUDGET) o->token_budget = v;
-        if (id == OPT_MAX_SEQ_LEN) o->max_seq_len = v;
-        if (id == OPT_SEQUENCES) o->sequences = v;
-        if (id == OPT_MIN_LEN) o->min_len = v;
-        if (id == OPT_MAX_LEN) o->max_len = v;
-        if (id == OPT_VOCAB) o->vocab = v;
-        return 0;
-    case OPT_OVERFLOW:
-        if (hs_overflow_parse(val, &o->overflow) != HS_OK)
-            return die_usage("%s: '%s' is not an overflow policy; use truncate or drop", src, val);
-        return 0;
-    case OPT_SEED:
-        if (hs_parse_u64(val, &o->seed) != HS_OK)
-            return die_usage("%s: '%s' is not an unsigned 64-bit seed", src, val);
-        return 0;
-    case OPT_EPOCHS:
-        if (hs_parse_u64(val, &v) != HS_OK || v == 0 || v > 1000000)
-            return die_usage("%s: '%s' is not a number of epochs in 1..1000000", src, val);
-        o->epochs = v;
-        return 0;
-    case OPT_HIDDEN_SIZE:
-        if (hs_parse_u64(val, &v) != HS_OK || v == 0 || v > 65536)
-            return die_usage("%s: '%s' is not a hidden size in 1..65536", src, val);
-        o->hidden_size = v;
-        return 0;
-    case OPT_LAYERS:
-        o->layers = val; /* checked with the hidden size (pin_layout) */
-        return 0;
-    case OPT_STATUS_INTERVAL: {
-        double d;
-        if (hs_parse_double(val, &d) != HS_OK || d < 0 || d > 1e6)
-            return die_usage("%s: '%s' is not seconds >= 0 (0 = no progress lines)", src, val);
-        o->status_interval = d > 0 ? d : -1;
-        return 0;
+    for (uint32_t i = 0; i < t->count(); i++) {
+        hs_option_info_t o;
+        if (t->info(i, &o) != HS_OK || !o.flag[0]) continue;
+        const char *v = hs_env_for_flag(o.flag);
+        char why[256];
+        if (!v || t->set(cfg, o.name, v, why, sizeof(why)) == HS_OK) continue;
+        fprintf(stderr, "hs-data: %s '%s' (environment variable for --%s): %s\n", o.env, v, o.flag,
+                why);
+        fprintf(stderr, "run `hs-data --help` for usage and examples\n");
+        return 2;
     }
-    case OPT_LOG_LEVEL: {
-        static const char *names[] = {"error", "warn", "info", "debug", "trace"};
-        for (int i = 0; i < 5; i++) {
-            if (strcasecmp(val, names[i]) == 0) {
-                hs_log_set_level((hs_log_level_t)i);
-                return 0;
-            }
-        }
-        return die_usage("%s: '%s' is not a log level; use error, warn, info, debug or trace", src,
-                         val);
-    }
-    }
-    return 2;
+    return 0;
 }
 
 /* ---- commands --------------------------------------------------------------- */
@@ -321,7 +437,7 @@ static int cmd_info(const char *path)
 /* The layout --hidden-size and --layers give, as --expect-layout takes it,
  * into buf; "" when neither is given. 2 (message printed) when only one is
  * or they are not a valid layout. */
-static int pin_layout(const opts_t *o, char *buf, size_t cap)
+static int pin_layout(const plan_opts_t *o, char *buf, size_t cap)
 {
     buf[0] = 0;
     if (!o->hidden_size && !o->layers) return 0;
@@ -330,7 +446,7 @@ static int pin_layout(const opts_t *o, char *buf, size_t cap)
                          "--expect-layout of the run)",
                          o->layers ? "--layers" : "--hidden-size", "");
     char spec[512], why[160];
-    snprintf(spec, sizeof(spec), "H=%" PRIu64 ",layers=%s,dtype=bf16", o->hidden_size, o->layers);
+    snprintf(spec, sizeof(spec), "H=%" PRIu32 ",layers=%s,dtype=bf16", o->hidden_size, o->layers);
     hs_layout_t l;
     if (hs_layout_parse(spec, &l, why, sizeof(why)) != HS_OK)
         return die_usage("--layers %s: %s", o->layers, why);
@@ -338,7 +454,7 @@ static int pin_layout(const opts_t *o, char *buf, size_t cap)
     return 0;
 }
 
-static int cmd_plan(const char *path, const opts_t *o)
+static int cmd_plan(const char *path, const plan_opts_t *o)
 {
     hs_dataset_t *ds = NULL;
     hs_plan_t *plan = NULL;
@@ -347,15 +463,8 @@ static int cmd_plan(const char *path, const opts_t *o)
     char layout[512];
     if (pin_layout(o, layout, sizeof(layout))) return 2;
     if (hs_dataset_open(path, &ds) != HS_OK) return 1;
-    hs_plan_config_t cfg = {
-        .token_budget = (uint32_t)o->token_budget,
-        .max_seq_len = (uint32_t)o->max_seq_len,
-        .overflow = o->overflow,
-        .seed = o->seed,
-        .progress_interval_s = o->status_interval,
-    };
     double t0 = hs_now_s();
-    if (hs_plan_build(ds, &cfg, &plan) != HS_OK) goto out;
+    if (hs_plan_build(ds, &o->plan, &plan) != HS_OK) goto out;
     double took = hs_now_s() - t0;
     hs_plan_stats_t s;
     hs_plan_stats(plan, &s);
@@ -415,10 +524,9 @@ static int cmd_plan(const char *path, const opts_t *o)
 
     order = malloc((size_t)s.n_batches * sizeof(uint32_t));
     if (!order) goto out;
-    uint64_t epochs = o->epochs ? o->epochs : 1;
-    for (uint64_t e = 0; e < epochs; e++) {
-        hs_plan_epoch_order(plan, (uint32_t)e, order);
-        printf("epoch %-7" PRIu64 " order:", e);
+    for (uint32_t e = 0; e < o->epochs; e++) {
+        hs_plan_epoch_order(plan, e, order);
+        printf("epoch %-7" PRIu32 " order:", e);
         uint32_t show = s.n_batches < 16 ? s.n_batches : 16;
         for (uint32_t i = 0; i < show; i++)
             printf(" %" PRIu32, order[i]);
@@ -432,10 +540,9 @@ out:
     return rc;
 }
 
-static int cmd_synth(const char *path, const opts_t *o)
+static int cmd_synth(const char *path, const synth_opts_t *o)
 {
-    uint64_t min_len = o->min_len ? o->min_len : 16, max_len = o->max_len ? o->max_len : 2048;
-    uint64_t vocab = o->vocab ? o->vocab : 32000;
+    uint64_t min_len = o->min_len, max_len = o->max_len, vocab = o->vocab;
     if (min_len > max_len) {
         fprintf(stderr,
                 "hs-data: --min-len %" PRIu64 " is above --max-len %" PRIu64 "; give min <= max\n",
@@ -456,7 +563,7 @@ static int cmd_synth(const char *path, const opts_t *o)
         return 1;
     }
     uint64_t rng = o->seed ^ 0x5EEDDA7A5EEDDA7Aull, total = 0;
-    for (uint64_t i = 0; i < o->sequences; i++) {
+    for (uint32_t i = 0; i < o->sequences; i++) {
         uint64_t len = min_len + hs_splitmix64(&rng) % (max_len - min_len + 1);
         /* a prompt of up to half the sequence carries no loss, like chat data */
         uint64_t prompt = hs_splitmix64(&rng) % (len / 2 + 1);
@@ -478,10 +585,22 @@ static int cmd_synth(const char *path, const opts_t *o)
         return 1;
     }
     free(tmp);
-    printf("wrote %s: %" PRIu64 " sequences, %" PRIu64 " tokens (lengths %" PRIu64 "..%" PRIu64
+    printf("wrote %s: %" PRIu32 " sequences, %" PRIu64 " tokens (lengths %" PRIu64 "..%" PRIu64
            ", vocab %" PRIu64 ", seed %" PRIu64 ")\n",
            path, o->sequences, total, min_len, max_len, vocab, o->seed);
     return 0;
+}
+
+/* hs-data COMMAND's getopt table: -h/--help, the command's table, every
+ * command's; false when it does not fit. */
+static bool long_options_make(const command_t *cmd, struct option *lo, size_t cap)
+{
+    size_t n = 0;
+    lo[n++] = (struct option){"help", no_argument, NULL, 'h'};
+    if (cmd->table && !hs_cli_options_add(cmd->table, lo, &n, cap - 1)) return false;
+    if (!hs_cli_options_add(&common_options, lo, &n, cap - 1)) return false;
+    lo[n] = (struct option){NULL, 0, NULL, 0};
+    return true;
 }
 
 int main(int argc, char **argv)
@@ -492,85 +611,86 @@ int main(int argc, char **argv)
     }
     hs_log_set_tag("hs-data");
     if (argc < 2) {
-        usage(stderr);
+        usage(stderr, NULL);
         return 2;
     }
     const char *cmd_name = argv[1];
-    int cmd = 0;
     if (!strcmp(cmd_name, "-h") || !strcmp(cmd_name, "--help") || !strcmp(cmd_name, "help")) {
-        usage(stdout);
+        usage(stdout, NULL);
         return 0;
     }
-    if (!strcmp(cmd_name, "import"))
-        cmd = CMD_IMPORT;
-    else if (!strcmp(cmd_name, "info"))
-        cmd = CMD_INFO;
-    else if (!strcmp(cmd_name, "plan"))
-        cmd = CMD_PLAN;
-    else if (!strcmp(cmd_name, "synth"))
-        cmd = CMD_SYNTH;
-    else
+    if (!strcmp(cmd_name, "--help-markdown")) {
+        markdown(stdout);
+        return 0;
+    }
+    const command_t *cmd = NULL;
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(cmd_name, commands[i].name)) cmd = &commands[i];
+    if (!cmd)
         return die_usage("unknown command '%s'%s; use import, info, plan or synth", cmd_name, "");
 
-    opts_t o = {.overflow = HS_OVERFLOW_TRUNCATE, .epochs = 1};
-    /* environment first (only options that apply to this command), then the
+    opts_t o;
+    hs_opt_table_defaults(&plan_table, &o.plan, sizeof(o.plan)); /* o.plan.plan zeroed, then */
+    hs_plan_config_default(&o.plan.plan);
+    hs_opt_table_defaults(&synth_table, &o.synth, sizeof(o.synth));
+    hs_opt_table_defaults(&common_table, &o.common, sizeof(o.common));
+    void *cfg = (char *)&o + cmd->at;
+
+    /* the environment first (only this command's options), then the
      * command line, which wins */
-    for (const struct option *lo = long_opts; lo->name; lo++) {
-        if (lo->val < OPT_TOKEN_BUDGET || !(opt_cmds[lo->val - OPT_TOKEN_BUDGET] & cmd)) continue;
-        const char *v = hs_env_for_flag(lo->name);
-        if (!v) continue;
-        char src[64] = "HS_";
-        for (size_t i = 0, j = 3; lo->name[i] && j + 1 < sizeof(src); i++, j++)
-            src[j] = lo->name[i] == '-' ? '_' : (char)(lo->name[i] & ~0x20);
-        if (opt_apply(&o, lo->val, v, src)) return 2;
+    if (cmd->table && options_from_env(cmd->table, cfg)) return 2;
+    if (options_from_env(&common_options, &o.common)) return 2;
+    struct option long_opts[64];
+    if (!long_options_make(cmd, long_opts, sizeof(long_opts) / sizeof(long_opts[0]))) {
+        fprintf(stderr, "hs-data: more options than its getopt table holds\n");
+        return 2;
     }
     opterr = 0;
     optind = 2;
     int c;
     while ((c = getopt_long(argc, argv, ":h", long_opts, NULL)) != -1) {
         if (c == 'h') {
-            usage(stdout);
+            usage(stdout, cmd);
             return 0;
         }
-        if (c == '?') return die_usage("unknown option '%s'%s", argv[optind - 1], "");
+        if (c == '?') {
+            const char *owner = flag_owner(argv[optind - 1], cmd);
+            if (owner) return die_usage("--%s does not apply to '%s'", owner, cmd_name);
+            return die_usage("unknown option '%s'%s", argv[optind - 1], "");
+        }
         if (c == ':') return die_usage("option '%s' needs a value%s", argv[optind - 1], "");
-        if (!(opt_cmds[c - OPT_TOKEN_BUDGET] & cmd))
-            return die_usage("--%s does not apply to '%s'", opt_name(c), cmd_name);
-        char src[64];
-        snprintf(src, sizeof(src), "--%s", opt_name(c));
-        if (opt_apply(&o, c, optarg, src)) return 2;
-    }
-    int npos = argc - optind;
-    char **pos = argv + optind;
-    int want = cmd == CMD_IMPORT ? 2 : 1;
-    if (npos != want) {
-        static const char *forms[] = {"", "import IN OUT.hst", "info FILE", "", "plan FILE", "", "",
-                                      "", "synth OUT.jsonl"};
-        return die_usage("wrong number of arguments; usage: hs-data %s%s", forms[cmd],
-                         " [OPTIONS]");
-    }
-    switch (cmd) {
-    case CMD_IMPORT:
-        return cmd_import(pos[0], pos[1]);
-    case CMD_INFO:
-        return cmd_info(pos[0]);
-    case CMD_PLAN:
-        if (!o.token_budget)
-            return die_usage("plan needs --token-budget N (or HS_TOKEN_BUDGET), e.g. %s%s",
-                             "--token-budget 64K", "");
-        if (o.max_seq_len > o.token_budget) {
-            fprintf(stderr,
-                    "hs-data: --max-seq-len %" PRIu64 " is above --token-budget %" PRIu64
-                    "; a sequence must fit one batch\n",
-                    o.max_seq_len, o.token_budget);
+        int rc = cmd->table ? hs_cli_options_apply(cmd->table, cfg, c, optarg, "command line") : -1;
+        if (rc < 0)
+            rc = hs_cli_options_apply(&common_options, &o.common, c, optarg, "command line");
+        if (rc) {
+            fprintf(stderr, "run `hs-data --help` for usage and examples\n");
             return 2;
         }
-        return cmd_plan(pos[0], &o);
-    case CMD_SYNTH:
-        if (!o.sequences)
-            return die_usage("synth needs --sequences N (or HS_SEQUENCES), e.g. %s%s",
-                             "--sequences 10000", "");
-        return cmd_synth(pos[0], &o);
     }
-    return 2;
+    hs_log_set_level((hs_log_level_t)o.common.log_level);
+    int npos = argc - optind;
+    char **pos = argv + optind;
+    if (npos != cmd->n_operands)
+        return die_usage("wrong number of arguments; usage: hs-data %s %s [OPTIONS]", cmd->name,
+                         cmd->operands);
+    if (!strcmp(cmd->name, "import")) return cmd_import(pos[0], pos[1]);
+    if (!strcmp(cmd->name, "info")) return cmd_info(pos[0]);
+    if (!strcmp(cmd->name, "plan")) {
+        const hs_plan_config_t *p = &o.plan.plan;
+        if (!p->token_budget)
+            return die_usage("plan needs --token-budget N (or HS_TOKEN_BUDGET), e.g. %s%s",
+                             "--token-budget 64K", "");
+        if (p->max_seq_len > p->token_budget) {
+            fprintf(stderr,
+                    "hs-data: --max-seq-len %" PRIu32 " is above --token-budget %" PRIu32
+                    "; a sequence must fit one batch\n",
+                    p->max_seq_len, p->token_budget);
+            return 2;
+        }
+        return cmd_plan(pos[0], &o.plan);
+    }
+    if (!o.synth.sequences)
+        return die_usage("synth needs --sequences N (or HS_SEQUENCES), e.g. %s%s",
+                         "--sequences 10000", "");
+    return cmd_synth(pos[0], &o.synth);
 }

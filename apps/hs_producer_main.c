@@ -111,7 +111,7 @@ static hs_status_t config_set(void *cfg, const char *name, const char *value, ch
 
 /* The producer's option table as hs-producer parses and prints it. */
 static const hs_cli_options_t table = {"hs-producer", hs_producer_option_count,
-                                       hs_producer_option_info, config_set};
+                                       hs_producer_option_info, config_set, 0};
 
 /* The getopt_long table: the command's flags, the option table's, the end. */
 #define N_OWN_OPTIONS (sizeof(own_options) / sizeof(own_options[0]))

@@ -142,4 +142,10 @@ void hs__hst_unregister(int slot);
 /* Writes buf[len] to fd, resuming after short writes and EINTR. */
 hs_status_t hs__write_all(int fd, const void *buf, size_t len);
 
+/* ---- the plan's option table (options.c) ---- */
+
+/* Every number and choice of cfg within its option's bounds: HS_OK, or
+ * HS_ERR_INVALID with why[cap] naming the first that is not. */
+hs_status_t hs__plan_config_check(const hs_plan_config_t *cfg, char *why, size_t cap);
+
 #endif /* HS_DATASET_INT_H */

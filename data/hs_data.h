@@ -155,6 +155,20 @@ typedef struct {
     double progress_interval_s;
 } hs_plan_config_t;
 
+/* The plan's option table (data/options.c): each setting's name, flag
+ * (hs-data plan's), default and bounds, which hs_plan_build checks; see
+ * hs_option_info_t (hsflow.h). */
+uint32_t hs_plan_option_count(void);
+HS_MUST_CHECK hs_status_t hs_plan_option_info(uint32_t i, hs_option_info_t *out);
+/* Every setting at its option's default: token_budget 0 (it has none: give
+ * one), max_seq_len 0 (the budget), truncate, seed 0, progress every 5 s. */
+void hs_plan_config_default(hs_plan_config_t *cfg);
+/* Sets the option `name` ("token_budget") of cfg from its text, checked
+ * against its bounds: HS_OK, or HS_ERR_INVALID with why[why_cap] saying
+ * what was expected (logged when why is NULL); cfg is then unchanged. */
+HS_MUST_CHECK hs_status_t hs_plan_config_set(hs_plan_config_t *cfg, const char *name,
+                                             const char *value, char *why, size_t why_cap);
+
 typedef struct hs_plan hs_plan_t;
 
 typedef struct {
@@ -179,8 +193,9 @@ typedef struct {
 } hs_plan_stats_t;
 
 /* Builds the plan of `ds` under `cfg`. Fails with HS_ERR_INVALID (and a
- * message saying which value to change) for a budget of 0 or above
- * INT32_MAX, max_seq_len > token_budget, or a plan with no sequence left. */
+ * message saying which value to change) for a setting out of its option's
+ * bounds (a budget of 0 or above INT32_MAX, ...), max_seq_len >
+ * token_budget, or a plan with no sequence left. */
 HS_MUST_CHECK hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg,
                                         hs_plan_t **out);
 void hs_plan_destroy(hs_plan_t *plan); /* NULL is fine */

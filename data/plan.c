@@ -9,7 +9,8 @@
  * the short ones top up their leftover room, so batches come out nearly full
  * while sequences of similar length still tend to share a batch. */
 #include "hs_data.h"
-#include "hs_region.h" /* hs_batch_view_t */
+#include "dataset_int.h" /* hs__plan_config_check */
+#include "hs_region.h"   /* hs_batch_view_t */
 #include "hs_log.h"
 #include "hs_time.h"
 #include "hs_plan_hash.h"
@@ -174,10 +175,9 @@ hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, h
 {
     if (!ds || !cfg || !out) return HS_ERR_INVALID;
     hs_plan_config_t c = *cfg;
-    if (c.token_budget == 0 || c.token_budget > INT32_MAX) {
-        hs_error("plan: token budget %" PRIu32 " is out of range; give 1..%d tokens per batch "
-                 "(e.g. --token-budget 65536)",
-                 c.token_budget, INT32_MAX);
+    char why[256];
+    if (hs__plan_config_check(&c, why, sizeof(why)) != HS_OK) {
+        hs_error("plan: %s", why);
         return HS_ERR_INVALID;
     }
     if (c.max_seq_len == 0) c.max_seq_len = c.token_budget;
@@ -185,10 +185,6 @@ hs_status_t hs_plan_build(const hs_dataset_t *ds, const hs_plan_config_t *cfg, h
         hs_error("plan: max sequence length %" PRIu32 " exceeds the token budget %" PRIu32
                  "; a sequence must fit in one batch: lower --max-seq-len or raise --token-budget",
                  c.max_seq_len, c.token_budget);
-        return HS_ERR_INVALID;
-    }
-    if (c.overflow != HS_OVERFLOW_TRUNCATE && c.overflow != HS_OVERFLOW_DROP) {
-        hs_error("plan: unknown overflow policy %d; use truncate or drop", (int)c.overflow);
         return HS_ERR_INVALID;
     }
 
