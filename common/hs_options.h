@@ -4,7 +4,9 @@
  * flag, metavar, help), and what every table does with them: the defaults,
  * setting one by name from text, the bounds check of a whole config, and
  * hs_option_info_t (hsflow.h) for the commands' --help and docs/cli.md.
- * consumer/options.c and producer/options.c are the two tables.
+ * consumer/options.c, producer/options.c (hs-producer's table and the
+ * library producer's, hs_producer_client_config_t) and data/options.c hold
+ * the tables.
  *
  * Ownership: rows and tables are static; a string option keeps the
  * caller's pointer. Nothing allocates; nothing is logged except by
@@ -23,7 +25,7 @@ extern "C" {
 #endif
 
 typedef enum {
-    HS_OPT_BOOL,   /* bool */
+    HS_OPT_BOOL,   /* bool; with .choices "a|b", a is false and b true */
     HS_OPT_U32,    /* uint32_t */
     HS_OPT_SIZE,   /* uint32_t, with K, M, G suffixes (hs_parse_size) */
     HS_OPT_U64,    /* uint64_t */
@@ -49,7 +51,7 @@ typedef struct {
     const char *unit, *flag, *metavar, *help;
     /* optional */
     bool min_open;
-    const char *choices;   /* "a|b" */
+    const char *choices;   /* "a|b": HS_OPT_ENUM, HS_OPT_BOOL, HS_OPT_STRING */
     int values[4];         /* HS_OPT_ENUM: the value of each choice */
     hs_opt_check_fn check; /* HS_OPT_STRING */
     hs_opt_parse_fn parse; /* reads the text instead of the type's parser */

@@ -163,7 +163,7 @@ static void expect_text(const hs_opt_t *o, char *buf, size_t cap)
     char b[96], w[40] = "";
     bounds_text(o, b, sizeof(b));
     if (o->word && o->word[0]) snprintf(w, sizeof(w), "%s or ", o->word);
-    if (o->type == HS_OPT_ENUM) {
+    if (o->type == HS_OPT_ENUM || (o->type == HS_OPT_BOOL && o->choices)) {
         choices_text(o->choices, buf, cap);
     } else if (o->type == HS_OPT_BOOL) {
         snprintf(buf, cap, "expected 1 or 0 (true/false, yes/no, on/off)");
@@ -239,7 +239,13 @@ static bool value_set(void *cfg, const hs_opt_t *o, const char *value, char *why
     }
     switch (o->type) {
     case HS_OPT_BOOL:
-        if (!parse_bool(value, &ok)) break;
+        if (o->choices) { /* spelled by two choices: the first false, the second true */
+            int i = choice_index(o->choices, value);
+            if (i < 0) break;
+            ok = i == 1;
+        } else if (!parse_bool(value, &ok)) {
+            break;
+        }
         memcpy(p, &ok, sizeof(ok));
         return true;
     case HS_OPT_STRING:

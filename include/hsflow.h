@@ -546,6 +546,24 @@ typedef struct {
 
 typedef struct hs_producer hs_producer_t;
 
+/* Every setting at its option's default (token_budget 65536, prefetch 2,
+ * transport "auto", connect_timeout_s 30, status_interval_s 5,
+ * staging_buffers 3, ...); the rest zero or NULL. The options are
+ * hs-producer's where the setting is the same (hs_producer_option_info for
+ * their bounds), plus staging_buffers and target_name. */
+HSFLOW_API void hs_producer_client_config_default(hs_producer_client_config_t *cfg);
+/* Sets the option `name` of cfg ("token_budget", "overflow", "hs_dtype",
+ * "staging_buffers", ...: the field's name, "data" for data_path and
+ * "overflow" ("truncate" or "drop") for overflow_drop) from its text,
+ * checked against its type and bounds. HS_ERR_INVALID for an unknown name
+ * or a bad value, with why[why_cap] (when not NULL) saying what was
+ * expected, else logged; cfg is then unchanged. A string option keeps the
+ * pointer `value` (the caller's, until hs_producer_open returns). layers,
+ * target_fingerprint and n_layers are not options: set the fields. */
+HSFLOW_API HS_MUST_CHECK hs_status_t hs_producer_client_config_set(hs_producer_client_config_t *cfg,
+                                                                   const char *name,
+                                                                   const char *value, char *why,
+                                                                   size_t why_cap);
 /* Loads the dataset, builds the plan, connects and starts the network thread. */
 HSFLOW_API HS_MUST_CHECK hs_status_t hs_producer_open(const hs_producer_client_config_t *cfg,
                                                       hs_producer_t **out);

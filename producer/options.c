@@ -146,18 +146,6 @@ static const char *parse_gpus(void *cfg, const char *v, char *why, size_t cap)
     return why;
 }
 
-/* "0 = off" on the command line; negative in the config (0 there is 5). */
-static const char *parse_status_interval(void *cfg, const char *v, char *why, size_t cap)
-{
-    double d;
-    if (hs_parse_double(v, &d) != HS_OK || !(d >= 0) || d > 1e6) {
-        snprintf(why, cap, "expected seconds >= 0 (0 = off)");
-        return why;
-    }
-    ((hs_producer_config_t *)cfg)->status_interval_s = d > 0 ? d : -1;
-    return NULL;
-}
-
 static const char *parse_headroom(void *cfg, const char *v, char *why, size_t cap)
 {
     if (hs__preflight_headroom_parse(v, &((hs_producer_config_t *)cfg)->preflight_headroom) ==
@@ -167,30 +155,115 @@ static const char *parse_headroom(void *cfg, const char *v, char *why, size_t ca
     return why;
 }
 
+/* Status lines at most this many seconds apart (both tables). */
+#define STATUS_INTERVAL_MAX 1e6
+
+/* "0 = off" on the command line; negative in the config (0 there is 5). */
+static const char *parse_status_interval(void *cfg, const char *v, char *why, size_t cap)
+{
+    double d;
+    if (hs_parse_double(v, &d) != HS_OK || !(d >= 0) || d > STATUS_INTERVAL_MAX) {
+        snprintf(why, cap, "expected seconds >= 0 (0 = off)");
+        return why;
+    }
+    ((hs_producer_config_t *)cfg)->status_interval_s = d > 0 ? d : -1;
+    return NULL;
+}
+
+/* The client config's own: 0 = the default 5, negative = off, as given. */
+static const char *parse_client_status_interval(void *cfg, const char *v, char *why, size_t cap)
+{
+    double d;
+    if (hs_parse_double(v, &d) != HS_OK || !(d <= STATUS_INTERVAL_MAX)) {
+        snprintf(why, cap, "expected seconds up to %g (0 = the default 5, negative = off)",
+                 STATUS_INTERVAL_MAX);
+        return why;
+    }
+    ((hs_producer_client_config_t *)cfg)->status_interval_s = d;
+    return NULL;
+}
+
+/* ---- the rows both tables hold ----
+ *
+ * A setting of hs-producer (hs_producer_config_t) that the library's
+ * producer (hs_producer_client_config_t) has too: its name, type, default,
+ * bounds, flag and help once, here; each table gives the place of its field
+ * (at_) and what only it has (a word, a parser, an enum's values). */
+
+/* clang-format off */
+#define ROW_TO(at_, ...)                                                                           \
+    HS_OPT("to", HS_OPT_STRING, at_, "", 0, 0, "", "to", "HOST:PORT",                              \
+     "the consumer (hs-consumer --listen); for data-parallel ranks every rank's address, "         \
+     "HOST:PORT,HOST:PORT,... or a range HOST:7000-7007: tickets are taken from all of them, a "   \
+     "slower rank simply holds fewer; a set whose ranks or world sizes do not fit together is "    \
+     "refused", .check = check_to, __VA_ARGS__)
+#define ROW_DATA(at_, ...)                                                                         \
+    HS_OPT("data", HS_OPT_STRING, at_, "", 0, 0, "", "data", "FILE",                               \
+     "dataset: JSONL lines {\"input_ids\": [...], \"loss_mask\": [...]} or a .hst file from "     \
+     "hs-data import", __VA_ARGS__)
+#define ROW_TOKEN_BUDGET(at_, ...)                                                                 \
+    HS_OPT("token_budget", HS_OPT_SIZE, at_, "65536", 1, 1 << 30, "tokens", "token-budget",        \
+     "N|auto", "tokens per batch; auto: the largest that fits every GPU with headroom (runs the "  \
+     "preflight first)", __VA_ARGS__)
+#define ROW_MAX_SEQ_LEN(at_, ...)                                                                  \
+    HS_OPT("max_seq_len", HS_OPT_SIZE, at_, "", 1, 1 << 30, "tokens", "max-seq-len", "M",          \
+     "longer sequences are truncated or dropped (unset: the budget)", __VA_ARGS__)
+#define ROW_OVERFLOW(type_, at_, ...)                                                              \
+    HS_OPT("overflow", type_, at_, "truncate", 0, 0, "", "overflow", "truncate|drop",              \
+     "what to do with sequences longer than --max-seq-len", .choices = "truncate|drop",           \
+     __VA_ARGS__)
+#define ROW_SEED(at_, ...)                                                                         \
+    HS_OPT("seed", HS_OPT_U64, at_, "0", 0, 18446744073709551615.0, "", "seed", "S",               \
+     "epoch shuffle seed", __VA_ARGS__)
+#define ROW_HIDDEN_SIZE(at_, ...)                                                                  \
+    HS_OPT("hidden_size", HS_OPT_U32, at_, "", 1, 65536, "", "hidden-size", "H",                   \
+     "hidden size (taken from the model with --source model)", __VA_ARGS__)
+#define ROW_HS_DTYPE(at_, bf16_, fp8_)                                                             \
+    HS_OPT("hs_dtype", HS_OPT_ENUM, at_, "bf16", 0, 0, "", "hs-dtype", "bf16|fp8",                 \
+     "how hidden states travel and wait in the cache: bf16, or fp8 (e4m3 and one fp32 scale per "  \
+     "token over its captured layers, amax / 448: half the bytes); the consumer must agree",      \
+     .choices = "bf16|fp8", .values = {bf16_, fp8_})
+#define ROW_PREFETCH(at_, ...)                                                                     \
+    HS_OPT("prefetch", HS_OPT_U32, at_, "2", 1, 64, "", "prefetch", "N",                           \
+     "tickets each worker keeps queued", __VA_ARGS__)
+#define ROW_TRANSPORT(at_, ...)                                                                    \
+    HS_OPT("transport", HS_OPT_STRING, at_, "auto", 0, 0, "", "transport", "KIND",                 \
+     "auto, shm, tcp or ucx (auto: shared memory with a consumer on this host, ucx where an RDMA " \
+     "device is present, else tcp); shm fails unless the consumer is on this host",               \
+     .choices = "auto|shm|tcp|ucx", .shared_flag = true, __VA_ARGS__)
+#define ROW_SECRET_FILE(at_, ...)                                                                  \
+    HS_OPT("secret_file", HS_OPT_STRING, at_, "", 0, 0, "", "secret-file", "FILE",                 \
+     "shared secret for the HMAC handshake", .shared_flag = true, __VA_ARGS__)
+#define ROW_CONNECT_TIMEOUT(at_, ...)                                                              \
+    HS_OPT("connect_timeout_s", HS_OPT_U32, at_, "30", 0, 86400, "s", "connect-timeout", "S",      \
+     "seconds to keep trying to reach the consumer", __VA_ARGS__)
+#define ROW_RECONNECT(at_, ...)                                                                    \
+    HS_OPT("reconnect", HS_OPT_BOOL, at_, "", 0, 0, "", "reconnect", "",                           \
+     "when the consumer goes away mid-run, connect again (for up to --connect-timeout) and carry " \
+     "on with a restarted consumer; also rejoin when the consumer took our tickets back "         \
+     "(--lease-timeout)", __VA_ARGS__)
+#define ROW_STATUS_INTERVAL(at_, ...)                                                              \
+    HS_OPT("status_interval_s", HS_OPT_DOUBLE, at_, "5", 0, STATUS_INTERVAL_MAX, "s",              \
+     "status-interval", "S", "seconds between status lines, and between progress lines while a "   \
+     "large plan is built (0 = off)", .word = "", .word_value = -1, __VA_ARGS__)
+#define ROW_NAME(at_, ...)                                                                         \
+    HS_OPT("name", HS_OPT_STRING, at_, "", 0, 0, "", "name", "NAME",                               \
+     "identity in the consumer's logs (unset: host:pid)", __VA_ARGS__)
+/* clang-format on */
+
+/* ---- hs-producer's table ---- */
+
 #define FIELD(f) offsetof(hs_producer_config_t, f)
 
 /* clang-format off */
 static const hs_opt_t options[] = {
     /* name, type, where, default, min, max, unit, flag, metavar, help */
-    HS_OPT("to", HS_OPT_STRING, FIELD(to_list), "", 0, 0, "", "to", "HOST:PORT",
-     "the consumer (hs-consumer --listen); for data-parallel ranks every rank's address, "
-     "HOST:PORT,HOST:PORT,... or a range HOST:7000-7007: tickets are taken from all of them, a "
-     "slower rank simply holds fewer; a set whose ranks or world sizes do not fit together is "
-     "refused", .check = check_to),
-    HS_OPT("data", HS_OPT_STRING, FIELD(data_path), "", 0, 0, "", "data", "FILE",
-     "dataset: JSONL lines {\"input_ids\": [...], \"loss_mask\": [...]} or a .hst file from "
-     "hs-data import"),
-    HS_OPT("token_budget", HS_OPT_SIZE, FIELD(token_budget), "65536", 1, 1 << 30, "tokens",
-     "token-budget", "N|auto",
-     "tokens per batch; auto: the largest that fits every GPU with headroom (runs the preflight "
-     "first)", .word = "auto", .word_value = 0),
-    HS_OPT("max_seq_len", HS_OPT_SIZE, FIELD(max_seq_len), "", 1, 1 << 30, "tokens", "max-seq-len",
-     "M", "longer sequences are truncated or dropped (unset: the budget)", .word = ""),
-    HS_OPT("overflow", HS_OPT_ENUM, FIELD(overflow), "truncate", 0, 0, "", "overflow",
-     "truncate|drop", "what to do with sequences longer than --max-seq-len",
-     .choices = "truncate|drop", .values = {HS_OVERFLOW_TRUNCATE, HS_OVERFLOW_DROP}),
-    HS_OPT("seed", HS_OPT_U64, FIELD(seed), "0", 0, 18446744073709551615.0, "", "seed", "S",
-     "epoch shuffle seed"),
+    ROW_TO(FIELD(to_list)),
+    ROW_DATA(FIELD(data_path)),
+    ROW_TOKEN_BUDGET(FIELD(token_budget), .word = "auto", .word_value = 0),
+    ROW_MAX_SEQ_LEN(FIELD(max_seq_len), .word = ""),
+    ROW_OVERFLOW(HS_OPT_ENUM, FIELD(overflow), .values = {HS_OVERFLOW_TRUNCATE, HS_OVERFLOW_DROP}),
+    ROW_SEED(FIELD(seed)),
     HS_OPT("layers", HS_OPT_STRING, 0, "", 0, 0, "", "layers", "L1,L2,...",
      "captured layers as Hugging Face output_hidden_states indices (0 = embeddings, i = output "
      "of decoder layer i-1)", .parse = parse_layers),
@@ -200,12 +273,8 @@ static const hs_opt_t options[] = {
     HS_OPT("eagle3_layers", HS_OPT_BOOL, FIELD(eagle3_layers), "", 0, 0, "", "eagle3-layers", "",
      "EAGLE-3's default set 2,N/2,N-3,N for an N-layer model (needs --model; checked against the "
      "depth before any weight is read)"),
-    HS_OPT("hidden_size", HS_OPT_U32, FIELD(layout.hidden_size), "", 1, 65536, "", "hidden-size",
-     "H", "hidden size (taken from the model with --source model)", .word = ""),
-    HS_OPT("hs_dtype", HS_OPT_ENUM, FIELD(layout.dtype), "bf16", 0, 0, "", "hs-dtype", "bf16|fp8",
-     "how hidden states travel and wait in the cache: bf16, or fp8 (e4m3 and one fp32 scale per "
-     "token over its captured layers, amax / 448: half the bytes); the consumer must agree",
-     .choices = "bf16|fp8", .values = {HS_DTYPE_BF16, HS_DTYPE_FP8}),
+    ROW_HIDDEN_SIZE(FIELD(layout.hidden_size), .word = ""),
+    ROW_HS_DTYPE(FIELD(layout.dtype), HS_DTYPE_BF16, HS_DTYPE_FP8),
     HS_OPT("source", HS_OPT_ENUM, FIELD(source), "synthetic", 0, 0, "", "source",
      "synthetic|model", "synthetic: deterministic bytes the consumer can verify "
      "(--verify-synthetic); model: the built-in target forward",
@@ -221,30 +290,17 @@ static const hs_opt_t options[] = {
      .values = {HS_MODEL_WEIGHTS_AUTO, HS_MODEL_WEIGHTS_BF16, HS_MODEL_WEIGHTS_FP8}),
     HS_OPT("gpus", HS_OPT_STRING, 0, "cpu:1", 0, 0, "", "gpus", "cpu:N|LIST",
      "N CPU workers, or one worker per GPU id", .parse = parse_gpus),
-    HS_OPT("prefetch", HS_OPT_U32, FIELD(prefetch), "2", 1, 64, "", "prefetch", "N",
-     "tickets each worker keeps queued"),
-    HS_OPT("transport", HS_OPT_STRING, FIELD(transport), "auto", 0, 0, "", "transport", "KIND",
-     "auto, shm, tcp or ucx (auto: shared memory with a consumer on this host, ucx where an RDMA "
-     "device is present, else tcp); shm fails unless the consumer is on this host",
-     .choices = "auto|shm|tcp|ucx", .shared_flag = true),
-    HS_OPT("secret_file", HS_OPT_STRING, FIELD(secret_file), "", 0, 0, "", "secret-file", "FILE",
-     "shared secret for the HMAC handshake", .shared_flag = true),
+    ROW_PREFETCH(FIELD(prefetch)),
+    ROW_TRANSPORT(FIELD(transport)),
+    ROW_SECRET_FILE(FIELD(secret_file)),
     HS_OPT("require_rdma", HS_OPT_BOOL, FIELD(require_rdma), "", 0, 0, "", "require-rdma", "",
      "fail instead of running without an RDMA lane (no silent TCP)", .shared_flag = true),
-    HS_OPT("connect_timeout_s", HS_OPT_U32, FIELD(connect_timeout_s), "30", 0, 86400, "s",
-     "connect-timeout", "S", "seconds to keep trying to reach the consumer"),
-    HS_OPT("reconnect", HS_OPT_BOOL, FIELD(reconnect), "", 0, 0, "", "reconnect", "",
-     "when the consumer goes away mid-run, connect again (for up to --connect-timeout) and carry "
-     "on with a restarted consumer; also rejoin when the consumer took our tickets back "
-     "(--lease-timeout)"),
-    HS_OPT("status_interval_s", HS_OPT_DOUBLE, FIELD(status_interval_s), "5", 0, 1e6, "s",
-     "status-interval", "S",
-     "seconds between status lines, and between progress lines while a large plan is built "
-     "(0 = off)", .parse = parse_status_interval, .word = "", .word_value = -1),
+    ROW_CONNECT_TIMEOUT(FIELD(connect_timeout_s)),
+    ROW_RECONNECT(FIELD(reconnect)),
+    ROW_STATUS_INTERVAL(FIELD(status_interval_s), .parse = parse_status_interval),
     HS_OPT("summary_json", HS_OPT_STRING, FIELD(summary_json), "", 0, 0, "", "summary-json", "FILE",
      "write this producer's summary as JSON"),
-    HS_OPT("name", HS_OPT_STRING, FIELD(name), "", 0, 0, "", "name", "NAME",
-     "identity in the consumer's logs (unset: host:pid)"),
+    ROW_NAME(FIELD(name)),
     HS_OPT("preflight_headroom", HS_OPT_DOUBLE, FIELD(preflight_headroom), "0.1", 0, 1, "",
      "preflight-headroom", "F",
      "share of each GPU's memory the preflight keeps free: 0.1 or 10%",
@@ -280,6 +336,70 @@ void hs_producer_config_default(hs_producer_config_t *cfg)
 {
     hs_opt_table_defaults(&table, cfg, sizeof(*cfg));
     cfg->to_port = 7000;
+}
+
+/* ---- the library producer's table (hs_producer_client_config_t) ----
+ *
+ * The shared rows at the client struct's fields, where 0 keeps meaning "the
+ * default" as the struct says; its own rows after them. `layers` is not a
+ * row: the struct points at the caller's int32 array, which text cannot
+ * fill. */
+
+#define CLIENT(f) offsetof(hs_producer_client_config_t, f)
+
+/* clang-format off */
+static const hs_opt_t client_options[] = {
+    ROW_TO(CLIENT(to)),
+    ROW_DATA(CLIENT(data_path)),
+    ROW_TOKEN_BUDGET(CLIENT(token_budget)),
+    ROW_MAX_SEQ_LEN(CLIENT(max_seq_len), .word = "0", .word_value = 0),
+    ROW_OVERFLOW(HS_OPT_BOOL, CLIENT(overflow_drop)),
+    ROW_SEED(CLIENT(seed)),
+    ROW_HIDDEN_SIZE(CLIENT(hidden_size)),
+    ROW_PREFETCH(CLIENT(prefetch)),
+    ROW_SECRET_FILE(CLIENT(secret_file)),
+    ROW_TRANSPORT(CLIENT(transport)),
+    ROW_NAME(CLIENT(name)),
+    ROW_CONNECT_TIMEOUT(CLIENT(connect_timeout_s)),
+    ROW_RECONNECT(CLIENT(reconnect)),
+    ROW_HS_DTYPE(CLIENT(hs_dtype), HS_HIDDEN_BF16, HS_HIDDEN_FP8),
+    ROW_STATUS_INTERVAL(CLIENT(status_interval_s), .parse = parse_client_status_interval),
+    HS_OPT("staging_buffers", HS_OPT_U32, CLIENT(staging_buffers), "3", 2,
+     HS_PRODUCER_STAGING_MAX, "", "", "N",
+     "batch-sized host buffers; at most that many batches are taken or on the wire at once "
+     "(0 = 3)", .word = "0", .word_value = 0),
+    HS_OPT("target_name", HS_OPT_STRING, CLIENT(target_name), "", 0, 0, "", "", "NAME",
+     "the target's name in logs and stores (unset: unnamed)"),
+};
+/* clang-format on */
+
+#define N_CLIENT_OPTIONS (sizeof(client_options) / sizeof(client_options[0]))
+
+static char client_envs[N_CLIENT_OPTIONS][HS_OPT_ENV_CAP];
+static hs_opt_table_t client_table = {"producer", client_options, N_CLIENT_OPTIONS, client_envs,
+                                      false};
+
+void hs_producer_client_config_default(hs_producer_client_config_t *cfg)
+{
+    hs_opt_table_defaults(&client_table, cfg, sizeof(*cfg));
+}
+
+hs_status_t hs_producer_client_config_set(hs_producer_client_config_t *cfg, const char *name,
+                                          const char *value, char *why, size_t why_cap)
+{
+    char buf[256];
+    for (size_t i = 0; name && i < N_CLIENT_OPTIONS; i++)
+        if (!strcmp(client_options[i].name, name))
+            return hs_opt_table_set(&client_table, cfg, name, value, why, why_cap);
+    /* unknown: no option_info lists this table's names, so the message does */
+    char *w = why && why_cap ? why : buf;
+    size_t cap = why && why_cap ? why_cap : sizeof(buf);
+    size_t n =
+        (size_t)snprintf(w, cap, "unknown option '%s': expected one of", name ? name : "(null)");
+    for (size_t i = 0; i < N_CLIENT_OPTIONS && n < cap; i++)
+        n += (size_t)snprintf(w + n, cap - n, "%s %s", i ? "," : "", client_options[i].name);
+    if (w == buf) hs_error("producer: %s", buf);
+    return HS_ERR_INVALID;
 }
 
 /* why[cap] = the message; HS_ERR_INVALID */

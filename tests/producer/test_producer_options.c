@@ -3,7 +3,8 @@
  * hs_producer_config_set for each type, bounds and unknown names refused
  * with the config unchanged, the defaults from the table, and
  * hs_producer_config_check naming the option of each check between
- * options. */
+ * options; the library producer's config (hs_producer_client_config_set)
+ * from the rows it shares with that table. */
 #include <check.h>
 #include <stdio.h>
 #include <string.h>
@@ -154,6 +155,83 @@ START_TEST(checks_between_options_name_the_option)
 }
 END_TEST
 
+/* hs_producer_client_config_set, from the rows the producer's table
+ * shares with it */
+static void client_bad(const char *name, const char *value, const char *expect)
+{
+    hs_producer_client_config_t cfg, before;
+    hs_producer_client_config_default(&cfg);
+    before = cfg;
+    char why[256] = "";
+    ck_assert_int_eq(hs_producer_client_config_set(&cfg, name, value, why, sizeof why),
+                     HS_ERR_INVALID);
+    ck_assert_msg(strstr(why, expect), "%s=%s: '%s' lacks '%s'", name, value, why, expect);
+    ck_assert_int_eq(memcmp(&cfg, &before, sizeof cfg), 0);
+}
+
+static void client_ok(hs_producer_client_config_t *cfg, const char *name, const char *value)
+{
+    char why[256] = "";
+    ck_assert_msg(hs_producer_client_config_set(cfg, name, value, why, sizeof why) == HS_OK,
+                  "%s=%s: %s", name, value, why);
+}
+
+START_TEST(the_client_config_is_set_by_name_from_the_shared_rows)
+{
+    hs_producer_client_config_t cfg;
+    hs_producer_client_config_default(&cfg);
+    ck_assert_uint_eq(cfg.token_budget, 65536); /* the producer table's defaults */
+    ck_assert_uint_eq(cfg.prefetch, 2);
+    ck_assert_uint_eq(cfg.connect_timeout_s, 30);
+    ck_assert_str_eq(cfg.transport, "auto");
+    ck_assert(!cfg.overflow_drop);
+    ck_assert_int_eq(cfg.hs_dtype, HS_HIDDEN_BF16);
+    ck_assert(cfg.status_interval_s == 5);
+    ck_assert_uint_eq(cfg.staging_buffers, 3);
+    ck_assert(!cfg.to && !cfg.data_path && !cfg.layers && !cfg.name && !cfg.secret_file);
+    ck_assert_uint_eq(cfg.max_seq_len, 0);
+
+    client_ok(&cfg, "overflow", "drop"); /* a choice into a bool */
+    ck_assert(cfg.overflow_drop);
+    client_ok(&cfg, "overflow", "truncate");
+    ck_assert(!cfg.overflow_drop);
+    client_ok(&cfg, "hs_dtype", "fp8"); /* the client's enum values */
+    ck_assert_int_eq(cfg.hs_dtype, HS_HIDDEN_FP8);
+    client_ok(&cfg, "token_budget", "4K");
+    ck_assert_uint_eq(cfg.token_budget, 4096);
+    client_ok(&cfg, "max_seq_len", "0"); /* 0 = the budget, as the struct says */
+    ck_assert_uint_eq(cfg.max_seq_len, 0);
+    client_ok(&cfg, "staging_buffers", "0");
+    ck_assert_uint_eq(cfg.staging_buffers, 0);
+    client_ok(&cfg, "staging_buffers", "2");
+    ck_assert_uint_eq(cfg.staging_buffers, 2);
+    client_ok(&cfg, "status_interval_s", "0"); /* 0 = the default 5, negative = off */
+    ck_assert(cfg.status_interval_s == 0);
+    client_ok(&cfg, "status_interval_s", "-1");
+    ck_assert(cfg.status_interval_s == -1);
+    client_ok(&cfg, "seed", "18446744073709551615");
+    ck_assert(cfg.seed == UINT64_MAX);
+    client_ok(&cfg, "data", "train.hst");
+    ck_assert_str_eq(cfg.data_path, "train.hst");
+    client_ok(&cfg, "to", "127.0.0.1:7000-7001");
+    client_ok(&cfg, "reconnect", "true");
+    ck_assert(cfg.reconnect);
+
+    /* the producer table's bounds, named */
+    client_bad("token_budget", "0", "expected a whole number from 1 to 1073741824 tokens");
+    client_bad("token_budget", "auto", "expected a whole number"); /* hs-producer's only */
+    client_bad("prefetch", "0", "from 1 to 64");
+    client_bad("hidden_size", "-1", "from 1 to 65536");
+    client_bad("staging_buffers", "1", "expected 0 or a whole number from 2 to 4");
+    client_bad("staging_buffers", "5", "from 2 to 4");
+    client_bad("overflow", "wrap", "expected 'truncate' or 'drop'");
+    client_bad("hs_dtype", "int4", "expected 'bf16' or 'fp8'");
+    client_bad("transport", "rdma", "expected 'auto', 'shm', 'tcp' or 'ucx'");
+    client_bad("status_interval_s", "nan", "expected seconds");
+    client_bad("layers", "2,16", "unknown option 'layers': expected one of to, data,");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("producer_options");
@@ -162,6 +240,7 @@ int main(void)
     tcase_add_test(tc, each_type_is_set_from_text);
     tcase_add_test(tc, bad_values_are_refused_naming_what_was_expected);
     tcase_add_test(tc, checks_between_options_name_the_option);
+    tcase_add_test(tc, the_client_config_is_set_by_name_from_the_shared_rows);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
