@@ -217,8 +217,8 @@ def _expect_pins(expect):
 
 
 class OptionError(HsflowError, ValueError):
-    """A setting the consumer's option table refuses (the library's
-    HS_ERR_INVALID): names the option, the value and what was expected."""
+    """A setting an option table of the library refuses (HS_ERR_INVALID):
+    names the option, the value and what was expected."""
 
 
 def option_names(lib=None):
@@ -233,11 +233,14 @@ def option_names(lib=None):
     return names
 
 
-def _config_set(lib, cfg, name, value):
-    """Sets option `name` of cfg from a Python value through the table;
+def _config_set(lib, cfg, name, value, setter="hs_consumer_config_set"):
+    """Sets option `name` of cfg from a Python value through the table of
+    `setter` (hs_consumer_config_set, hs_producer_client_config_set);
     returns the bytes cfg may now point to (the caller keeps them)."""
     if isinstance(value, bool):
         text = b"true" if value else b"false"
+    elif isinstance(value, np.integer):
+        text = str(int(value)).encode()
     elif isinstance(value, (int, float)):
         text = repr(value).encode()
     elif isinstance(value, bytes):
@@ -247,7 +250,7 @@ def _config_set(lib, cfg, name, value):
     else:
         raise ValueError("%s=%r: expected a number, a string or a bool" % (name, value))
     why = ctypes.create_string_buffer(256)
-    if lib.hs_consumer_config_set(ctypes.byref(cfg), name.encode(), text, why, 256) != HS_OK:
+    if getattr(lib, setter)(ctypes.byref(cfg), name.encode(), text, why, 256) != HS_OK:
         raise OptionError("%s=%r: %s" % (name, value, why.value.decode(errors="replace")))
     return text
 

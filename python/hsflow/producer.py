@@ -9,8 +9,8 @@ import sys
 import numpy as np
 
 from . import _arrays, _dtypes
-from ._lib import (HS_OK, PRODUCER_STAGING_MAX, CWork, Endpoint, HsflowError, ProducerClientConfig,
-                   ProducerInfo, load)
+from ._lib import HS_OK, CWork, Endpoint, HsflowError, ProducerClientConfig, ProducerInfo, load
+from .consumer import _config_set
 
 
 
@@ -334,11 +334,6 @@ class Producer(Endpoint):
         if not isinstance(data, (str, os.PathLike)) or not os.path.isfile(data):
             raise ValueError("data=%r: not a file; expected a JSONL or .hst dataset (the same "
                              "for every producer of the run)" % (data,))
-        for nm, v, lo in (("token_budget", token_budget, 1), ("hidden_size", hidden_size, 1),
-                          ("max_seq_len", max_seq_len, 0), ("seed", seed, 0),
-                          ("prefetch", prefetch, 1), ("connect_timeout_s", connect_timeout_s, 0)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-                raise ValueError("%s=%r: expected an integer >= %d" % (nm, v, lo))
         try:
             layers = [int(x) for x in layers]
         except (TypeError, ValueError):
@@ -347,42 +342,31 @@ class Producer(Endpoint):
         if not layers or any(b <= a for a, b in zip(layers, layers[1:])) or layers[0] < 0:
             raise ValueError("layers=%r: expected a non-empty, strictly increasing list of "
                              "indices >= 0" % (layers,))
-        if overflow not in ("truncate", "drop"):
-            raise ValueError("overflow=%r: expected 'truncate' or 'drop'" % (overflow,))
-        if transport not in ("auto", "shm", "tcp", "ucx"):
-            raise ValueError("transport=%r: expected 'auto', 'shm', 'tcp' or 'ucx'" % (transport,))
-        if isinstance(staging_buffers, bool) or not isinstance(staging_buffers, (int, np.integer)) \
-                or staging_buffers not in (0,) + tuple(range(2, PRODUCER_STAGING_MAX + 1)):
-            raise ValueError("staging_buffers=%r: expected 2..%d, or 0 for the library's default "
-                             "(3)" % (staging_buffers, PRODUCER_STAGING_MAX))
-        if hs_dtype not in _dtypes.BY_NAME:
-            raise ValueError("hs_dtype=%r: expected %s (fp8: e4m3 values and one fp32 scale per "
-                             "token: half the bytes)" % (hs_dtype, _dtypes.names(quote="'")))
+        # the settings, through the library's table (hs_producer_client_config_set): its
+        # bounds and messages; layers and the target are fields (arrays, fingerprints)
+        cfg = ProducerClientConfig()
+        lib.hs_producer_client_config_default(ctypes.byref(cfg))
+        self._keep = []
+        for nm, v in (("to", to), ("data", os.fspath(data)), ("token_budget", token_budget),
+                      ("max_seq_len", max_seq_len), ("overflow", overflow), ("seed", seed),
+                      ("hidden_size", hidden_size), ("prefetch", prefetch),
+                      ("secret_file", secret_file), ("transport", transport), ("name", name),
+                      ("connect_timeout_s", connect_timeout_s), ("reconnect", reconnect),
+                      ("status_interval_s", status_interval_s), ("hs_dtype", hs_dtype),
+                      ("staging_buffers", staging_buffers)):
+            if v is not None:
+                self._keep.append(_config_set(lib, cfg, nm, v, "hs_producer_client_config_set"))
         self.hs_dtype = hs_dtype
         self.target_fingerprint, self.target_name = _resolve_target(target, target_fingerprint)
         self._mode = _arrays.resolve_arrays(arrays)
         self._layers = layers
 
-        enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
-        self._keep = [enc(to), enc(data), enc(secret_file), enc(transport), enc(name),
-                      (ctypes.c_int32 * len(layers))(*layers), enc(self.target_name)]
-        cfg = ProducerClientConfig()
-        cfg.to, cfg.data_path, cfg.secret_file, cfg.transport, cfg.name = self._keep[:5]
-        cfg.token_budget = int(token_budget)
-        cfg.max_seq_len = int(max_seq_len)
-        cfg.overflow_drop = overflow == "drop"
-        cfg.seed = int(seed)
-        cfg.hidden_size = int(hidden_size)
-        cfg.layers = ctypes.cast(self._keep[5], ctypes.POINTER(ctypes.c_int32))
+        self._keep.append(_config_set(lib, cfg, "target_name", self.target_name,
+                                      "hs_producer_client_config_set"))
+        self._keep.append((ctypes.c_int32 * len(layers))(*layers))
+        cfg.layers = ctypes.cast(self._keep[-1], ctypes.POINTER(ctypes.c_int32))
         cfg.n_layers = len(layers)
-        cfg.prefetch = int(prefetch)
-        cfg.connect_timeout_s = int(connect_timeout_s)
-        cfg.reconnect = bool(reconnect)
-        cfg.status_interval_s = float(status_interval_s)
-        cfg.hs_dtype = _dtypes.BY_NAME[hs_dtype].id  # hs_hidden_dtype_t
-        cfg.staging_buffers = int(staging_buffers)
         cfg.target_fingerprint = self.target_fingerprint
-        cfg.target_name = self._keep[6]
         h = ctypes.c_void_p()
         st = lib.hs_producer_open(ctypes.byref(cfg), ctypes.byref(h))
         if st != HS_OK:
