@@ -28,6 +28,17 @@ bool hs_cli_options_add(const hs_cli_options_t *t, struct option *longopts, size
     return true;
 }
 
+bool hs_cli_options_getopt(const hs_cli_options_t *t, const struct option *own, size_t n_own,
+                           struct option *out, size_t cap)
+{
+    if (cap == 0 || n_own > cap - 1) return false;
+    memcpy(out, own, n_own * sizeof(*own));
+    size_t n = n_own;
+    if (!hs_cli_options_add(t, out, &n, cap - 1)) return false;
+    out[n] = (struct option){NULL, 0, NULL, 0};
+    return true;
+}
+
 int hs_cli_options_apply(const hs_cli_options_t *t, void *cfg, int opt, const char *arg,
                          const char *from)
 {

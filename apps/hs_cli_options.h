@@ -37,6 +37,11 @@ typedef struct {
  * shared network ones) to longopts[*n..cap), advancing *n; false when they
  * do not fit. */
 bool hs_cli_options_add(const hs_cli_options_t *t, struct option *longopts, size_t *n, size_t cap);
+/* A command's getopt_long table: its own flags (n_own of them), then the
+ * table's, then the terminating entry, in out[cap]; false when they do not
+ * fit. */
+bool hs_cli_options_getopt(const hs_cli_options_t *t, const struct option *own, size_t n_own,
+                           struct option *out, size_t cap);
 /* One parsed option into cfg: 0 when `opt` is a table flag and its value
  * good, 2 when the value is bad (printed as "PROG: --FLAG 'VALUE' (FROM):
  * what was expected"), -1 when `opt` is not a table flag. A string value is

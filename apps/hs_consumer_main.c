@@ -181,17 +181,6 @@ static const char markdown_intro[] =
     "also lists the command's own flags (`--listen`, `--loopback`, `--status-interval`,\n"
     "`--save-state`, `--resume-state`, `--train-ms`, ...).\n\n";
 
-static bool long_options_make(void)
-{
-    size_t n = N_OWN_OPTIONS;
-    memcpy(long_options, own_options, sizeof(own_options));
-    if (!hs_cli_options_add(&table, long_options, &n,
-                            sizeof(long_options) / sizeof(long_options[0]) - 1))
-        return false;
-    long_options[n] = (struct option){NULL, 0, NULL, 0};
-    return true;
-}
-
 static int bad(const char *flag, const char *arg, const char *from, const char *expect)
 {
     return hs_cli_bad("hs-consumer", flag, arg, from, expect);
@@ -308,7 +297,8 @@ int main(int argc, char **argv)
     snprintf(o.host, sizeof(o.host), "0.0.0.0");
     o.cfg.listen_host = o.host;
     hs_log_set_tag("consumer");
-    if (!long_options_make()) {
+    if (!hs_cli_options_getopt(&table, own_options, N_OWN_OPTIONS, long_options,
+                               sizeof(long_options) / sizeof(long_options[0]))) {
         fprintf(stderr, "hs-consumer: more options than its getopt table holds\n");
         return 1;
     }

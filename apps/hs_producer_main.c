@@ -117,17 +117,6 @@ static const hs_cli_options_t table = {"hs-producer", hs_producer_option_count,
 #define N_OWN_OPTIONS (sizeof(own_options) / sizeof(own_options[0]))
 static struct option long_options[N_OWN_OPTIONS + 64];
 
-static bool long_options_make(void)
-{
-    size_t n = N_OWN_OPTIONS;
-    memcpy(long_options, own_options, sizeof(own_options));
-    if (!hs_cli_options_add(&table, long_options, &n,
-                            sizeof(long_options) / sizeof(long_options[0]) - 1))
-        return false;
-    long_options[n] = (struct option){NULL, 0, NULL, 0};
-    return true;
-}
-
 typedef struct {
     hs_producer_config_t cfg;
     bool preflight;
@@ -188,7 +177,8 @@ int main(int argc, char **argv)
     }
     options_t o = {0};
     hs_producer_config_default(&o.cfg);
-    if (!long_options_make()) {
+    if (!hs_cli_options_getopt(&table, own_options, N_OWN_OPTIONS, long_options,
+                               sizeof(long_options) / sizeof(long_options[0]))) {
         fprintf(stderr, "hs-producer: too many options for the getopt table\n");
         return 2;
     }
